@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""carry's command line: build an upstream project with the patches it has not merged yet.
+
+The flags are parsed here; the work is done by the `carry` package.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from carry import commands
+from carry.errors import CarryError
+
+
+class Context:
+    """What every command needs: the config path and, on first use, the loaded config."""
+
+    def __init__(self, config_path: Path):
+        self.config_path = config_path
+
+    def session(self) -> commands.Session:
+        return commands.Session.open(self.config_path)
+
+
+def echo_notes(notes) -> None:
+    for note in notes:
+        click.echo(f"carry: {note}", err=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default="build.yaml",
+    show_default=True,
+    help="The build.yaml to use; VERSION and patches/ are found relative to it.",
+)
+@click.pass_context
+def cli(ctx: click.Context, config_path: Path) -> None:
+    """carry: fetch an upstream PR at a pinned commit, prove the patch series applies in order,
+    and build a versioned wheel and container image from the patched tree.
+
+    The cache (mirrors, bundles, build dirs, artifacts, logs) lives in $CARRY_CACHE
+    (default ~/.cache/carry).
+    """
+    ctx.obj = Context(config_path)
+
+
+@cli.group(invoke_without_command=True)
+@click.pass_context
+def version(ctx: click.Context) -> None:
+    """Print VERSION (YYYYMMDD.N)."""
+    if ctx.invoked_subcommand is None:
+        click.echo(commands.read_version(ctx.obj.config_path))
+
+
+@version.command("bump")
+@click.pass_obj
+def version_bump(obj: Context) -> None:
+    """Write today's UTC date with .1, or .N+1 when VERSION already holds today."""
+    click.echo(commands.bump_version(obj.config_path))
+
+
+@cli.command()
+@click.option("--update-pin", is_flag=True, help="Move upstream.commit in build.yaml to the PR head.")
+@click.pass_obj
+def fetch(obj: Context, update_pin: bool) -> None:
+    """Fetch the pinned commit (and the PR head) into the cache mirror; print the base commit."""
+    result = obj.session().fetch(update_pin=update_pin)
+    echo_notes(result.notes)
+    click.echo(result.base)
+
+
+@cli.command()
+@click.option("--against", "against", metavar="REF", help="Apply onto this upstream ref instead of the pin.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_obj
+def check(obj: Context, against: str | None, as_json: bool) -> None:
+    """Apply the series in order onto the pinned base (or REF) in a private index; exit 1 if any fails."""
+    result = obj.session().check(against)
+    echo_notes(result.notes)
+    click.echo(json.dumps(result.report.to_json(), indent=2) if as_json else commands.check_table(result.report))
+    sys.exit(0 if result.report.ok else 1)
+
+
+def main() -> None:
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("carry: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"carry: error: {exc.format_message()}; see --help", err=True)
+        sys.exit(2)
+    except CarryError as exc:
+        click.echo(f"carry: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""What each CLI command does, wired from the modules in data-flow order; returns results for build.py to print."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from carry import apply, config, series, upstream, version
+from carry.cache import Cache
+from carry.errors import BadInput
+
+
+def read_version(config_path: Path) -> str:
+    return str(version.read(_version_file(config_path)))
+
+
+def bump_version(config_path: Path) -> str:
+    return str(version.bump(_version_file(config_path)))
+
+
+def _version_file(config_path: Path) -> Path:
+    """VERSION's path: from the config when it loads, else beside it (so `version` works on a broken config)."""
+    if config_path.exists():
+        return config.load(config_path).version_file
+    return config_path.absolute().parent / "VERSION"
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchResult:
+    base: str
+    notes: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+    report: apply.CheckReport
+    notes: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+    config: config.Config
+    cache: Cache
+
+    @classmethod
+    def open(cls, config_path: Path) -> Session:
+        return cls(config.load(config_path), Cache.from_env())
+
+    def series(self) -> series.Series:
+        return series.load(self.config.patches_dir)
+
+    def fetch(self, update_pin: bool = False) -> FetchResult:
+        report = upstream.fetch(self.config, self.cache)
+        notes = list(report.notes)
+        pr_head = report.pr_head
+        if pr_head is not None:
+            warning = pr_head.describe(self.config.upstream.commit)
+            if update_pin and pr_head.sha != self.config.upstream.commit:
+                upstream.update_pin(self.config, pr_head.sha)
+                notes.append(f"pin moved {self.config.upstream.commit[:12]} -> {pr_head.sha} in {self.config.path}")
+                return FetchResult(pr_head.sha, tuple(notes))
+            if warning:
+                notes.append(f"warning: {warning}")
+        elif update_pin:
+            raise BadInput(f"{self.config.path}: --update-pin needs upstream.pr and a reachable upstream")
+        return FetchResult(report.base, tuple(notes))
+
+    def check(self, against: str | None = None) -> CheckResult:
+        patches = self.series()
+        mirror, notes = upstream.ensure_base(self.config, self.cache)
+        base = self.config.upstream.commit
+        if against:
+            base, more = upstream.resolve_ref(self.config, self.cache, against)
+            notes += more
+        report = apply.check(mirror, base, patches, self.cache.scratch)
+        return CheckResult(report, notes)
+
+
+def check_table(report: apply.CheckReport) -> str:
+    """The check report as a readable table."""
+    rows = [f"base   {report.base}", f"series {report.series_hash}", ""]
+    width = max([len(r.patch.name) for r in report.results] + [5])
+    rows.append(f"{'patch':<{width}}  {'status':<7} {'+':>4} {'-':>4}  files")
+    for result in report.results:
+        p = result.patch
+        rows.append(f"{p.name:<{width}}  {result.status.value:<7} {p.added:>4} {p.removed:>4}  {', '.join(p.files)}")
+        for offset in result.offsets:
+            rows.append(f"{'':<{width}}  warning: {offset}")
+        if result.failure:
+            rows.append(f"{'':<{width}}  failed: {result.failure.describe()}")
+    rows.append("")
+    rows.append(f"tree   {report.tree}" if report.tree else "tree   (not written: a patch failed)")
+    return "\n".join(rows)

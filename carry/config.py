@@ -1,0 +1,304 @@
+"""build.yaml, read once with `yaml.safe_load` and resolved into frozen dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from carry.arch import ArchList
+from carry.errors import BadInput
+
+SHA_RE = re.compile(r"^[0-9a-f]{40}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SCP_LIKE_RE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^:]")
+ALLOWED_SCHEMES = ("https", "ssh", "git", "file")
+DEFAULT_IMAGE_TAGS = ("{version}",)
+TAG_FIELDS = ("version", "base_short", "cuda", "series_short")
+
+
+class CompilerCache(enum.Enum):
+    """The compiler launcher wired into the upstream build."""
+
+    CCACHE = "ccache"
+    SCCACHE = "sccache"
+    NONE = "none"
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> CompilerCache:
+        try:
+            return cls(text)
+        except ValueError:
+            allowed = ", ".join(m.value for m in cls)
+            raise BadInput(f"{where}: unknown compiler cache {text!r}; use one of: {allowed}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Upstream:
+    url: str
+    pr: int | None
+    commit: str
+    main: str
+
+    @property
+    def pr_ref(self) -> str | None:
+        return f"refs/pull/{self.pr}/head" if self.pr is not None else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Build:
+    cuda_arches: ArchList
+    env: dict[str, str]
+    wheel_version: str
+    version_env: tuple[str, ...]
+    build_isolation: bool
+    compiler_cache: CompilerCache
+
+
+@dataclasses.dataclass(frozen=True)
+class Image:
+    name: str
+    tags: tuple[str, ...]
+    platforms: tuple[str, ...]
+    base_image: str | None
+    runtime_image: str | None
+    build_args: dict[str, str]
+    labels: dict[str, str]
+    env: dict[str, str]
+    docker: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    path: Path
+    upstream: Upstream
+    patches_dir: Path
+    version_file: Path
+    build: Build
+    image: Image
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+
+class _Section:
+    """Typed access to one mapping of build.yaml; every error names the key, the file and the form wanted."""
+
+    def __init__(self, data: Any, prefix: str, path: Path, allowed: tuple[str, ...]):
+        self.prefix = prefix
+        self.path = path
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise BadInput(f"{path}: {prefix or 'the file'} must be a mapping of keys, got {type(data).__name__}")
+        unknown = sorted(str(k) for k in data if k not in allowed)
+        if unknown:
+            raise BadInput(
+                f"{path}: unknown key {self._key(unknown[0])}; allowed keys here: {', '.join(allowed)}"
+            )
+        self.data = data
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}.{key}" if self.prefix else key
+
+    def fail(self, key: str, form: str) -> BadInput:
+        return BadInput(f"{self.path}: {self._key(key)} must be {form}, got {self.data.get(key)!r}")
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def section(self, key: str, allowed: tuple[str, ...]) -> _Section:
+        return _Section(self.data.get(key), self._key(key), self.path, allowed)
+
+    def string(self, key: str, default: str | None = None, required: bool = False) -> str | None:
+        value = self.data.get(key, default)
+        if value is None:
+            if required:
+                raise BadInput(f"{self.path}: {self._key(key)} is required (a string)")
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(key, "a non-empty string")
+        return value
+
+    def integer(self, key: str) -> int | None:
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise self.fail(key, "a positive integer")
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.data.get(key, default)
+        if not isinstance(value, bool):
+            raise self.fail(key, "true or false")
+        return value
+
+    def strings(self, key: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            raise self.fail(key, "a list of non-empty strings")
+        return tuple(value)
+
+    def env(self, key: str) -> dict[str, str]:
+        value = self.data.get(key) or {}
+        if not isinstance(value, dict):
+            raise self.fail(key, "a mapping of NAME: value")
+        result = {}
+        for name, item in value.items():
+            if not isinstance(name, str) or not ENV_NAME_RE.match(name):
+                raise BadInput(f"{self.path}: {self._key(key)} has an invalid name {name!r}; use NAME: value")
+            if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+                raise BadInput(f"{self.path}: {self._key(key)}.{name} must be a string or number, got {item!r}")
+            result[name] = str(item)
+        return result
+
+
+def check_url(url: str, path: Path) -> str:
+    """Accept only https, ssh, git and file URLs, scp-like ssh and local paths (repos or bundles)."""
+    if url.startswith("-"):
+        raise BadInput(f"{path}: upstream.url {url!r} starts with '-'; give a URL or a path")
+    if "::" in url.split("/", 1)[0]:
+        raise BadInput(
+            f"{path}: upstream.url {url!r} uses a git remote helper transport; "
+            f"use one of {', '.join(ALLOWED_SCHEMES)} or a local path"
+        )
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", url)
+    if scheme:
+        if scheme.group(1).lower() not in ALLOWED_SCHEMES:
+            raise BadInput(
+                f"{path}: upstream.url scheme {scheme.group(1)!r} is not allowed; "
+                f"use one of {', '.join(ALLOWED_SCHEMES)} or a local path"
+            )
+        return url
+    if SCP_LIKE_RE.match(url):
+        return url
+    resolved = Path(url) if Path(url).is_absolute() else (path.parent / url)
+    return str(resolved.resolve())
+
+
+def check_image_name(name: str, path: Path) -> str:
+    """A docker repository name: optional registry host[:port], lowercase path components."""
+    pattern = r"^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$"
+    if not re.match(pattern, name):
+        raise BadInput(
+            f"{path}: image.name {name!r} is not a valid image name; use lowercase letters, digits, "
+            f"'.', '_', '-' and '/', e.g. registry.example:5000/team/vllm-gb10"
+        )
+    return name
+
+
+def check_tag_template(template: str, path: Path) -> str:
+    """A tag template may use only the known fields and must render to a valid tag."""
+    for field in re.findall(r"{([^{}]*)}", template):
+        if field not in TAG_FIELDS:
+            raise BadInput(
+                f"{path}: image.tags template {template!r} uses unknown field {{{field}}}; "
+                f"allowed: {', '.join('{' + f + '}' for f in TAG_FIELDS)}"
+            )
+    sample = template.format(version="20260101.1", base_short="0" * 12, cuda="130", series_short="0" * 12)
+    if not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$", sample):
+        raise BadInput(
+            f"{path}: image.tags template {template!r} does not render to a valid tag "
+            f"(letters, digits, '_', '.', '-'; at most 128; not starting with '.' or '-')"
+        )
+    return template
+
+
+def load(path: Path) -> Config:
+    """Read and validate build.yaml."""
+    path = Path(path).absolute()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise BadInput(f"{path}: config file not found; pass --config PATH to an existing build.yaml") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: cannot read config ({exc}); check the file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise BadInput(f"{path}: YAML syntax error{where}: {problem}; fix the file") from None
+    top = _Section(data, "", path, ("upstream", "patches", "version_file", "build", "image"))
+    return Config(
+        path=path,
+        upstream=_upstream(top.section("upstream", ("url", "pr", "commit", "main")), path),
+        patches_dir=path.parent / top.section("patches", ("dir",)).string("dir", "patches"),
+        version_file=path.parent / top.string("version_file", "VERSION"),
+        build=_build(top.section("build", BUILD_KEYS)),
+        image=_image(top.section("image", IMAGE_KEYS), path),
+    )
+
+
+BUILD_KEYS = ("cuda_arches", "env", "wheel_version", "version_env", "build_isolation", "compiler_cache")
+IMAGE_KEYS = (
+    "name", "tags", "platforms", "base_image", "runtime_image", "build_args", "labels", "env", "docker",
+)
+
+
+def _upstream(section: _Section, path: Path) -> Upstream:
+    if not section.data:
+        raise BadInput(f"{path}: the upstream section is required (url, commit, optional pr and main)")
+    commit = section.data.get("commit")
+    if not isinstance(commit, str) or not SHA_RE.match(commit):
+        raise section.fail("commit", "a full 40-hex commit SHA (git rev-parse <commit>)")
+    return Upstream(
+        url=check_url(section.string("url", required=True), path),
+        pr=section.integer("pr"),
+        commit=commit,
+        main=section.string("main", "main"),
+    )
+
+
+def _build(section: _Section) -> Build:
+    arches = section.data.get("cuda_arches", "")
+    if not isinstance(arches, (str, list)):
+        raise section.fail("cuda_arches", "a string like '9.0,12.1' or a list of arches")
+    version_env = section.strings("version_env")
+    for name in version_env:
+        if not ENV_NAME_RE.match(name):
+            raise section.fail("version_env", "a list of environment variable names")
+    wheel_version = section.string("wheel_version", "0+carry.{version}")
+    if "{version}" not in wheel_version:
+        raise section.fail("wheel_version", "a template containing {version}, e.g. '0.11.0+carry.{version}'")
+    return Build(
+        cuda_arches=ArchList.parse(arches) if arches else ArchList.parse([]),
+        env=section.env("env"),
+        wheel_version=wheel_version,
+        version_env=version_env,
+        build_isolation=section.boolean("build_isolation", True),
+        compiler_cache=CompilerCache.parse(section.string("compiler_cache", "ccache"), f"{section.path}: build"),
+    )
+
+
+def _image(section: _Section, path: Path) -> Image:
+    name = section.string("name", "carry")
+    return Image(
+        name=check_image_name(name, path),
+        tags=tuple(check_tag_template(t, path) for t in section.strings("tags", DEFAULT_IMAGE_TAGS)),
+        platforms=section.strings("platforms"),
+        base_image=section.string("base_image"),
+        runtime_image=section.string("runtime_image"),
+        build_args=section.env("build_args"),
+        labels=_labels(section),
+        env=section.env("env"),
+        docker=section.string("docker", "docker"),
+    )
+
+
+def _labels(section: _Section) -> dict[str, str]:
+    value = section.data.get("labels") or {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise section.fail("labels", "a mapping of label: string")
+    return dict(value)

@@ -1,0 +1,178 @@
+"""Small functions around git, through GitPython's command runner (argument lists, never a shell)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Iterator
+
+import git as gitpython
+
+from carry.errors import Failed
+
+# Only these transports may ever be used, whatever a URL or a config says.
+SAFE_ENV = {
+    "GIT_ALLOW_PROTOCOL": "https:ssh:git:file",
+    "GIT_TERMINAL_PROMPT": "0",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_AUTHOR_NAME": "carry",
+    "GIT_AUTHOR_EMAIL": "carry@localhost",
+    "GIT_COMMITTER_NAME": "carry",
+    "GIT_COMMITTER_EMAIL": "carry@localhost",
+}
+NETWORK_TIMEOUT_S = 600
+
+
+class GitError(Failed):
+    """A git command failed; `stderr` holds what git said."""
+
+    def __init__(self, message: str, stderr: str = ""):
+        super().__init__(message)
+        self.stderr = stderr
+
+
+def run(
+    repo: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    stdin: Path | None = None,
+    timeout: float | None = None,
+    strip: bool = True,
+) -> str:
+    """Run `git args...` in `repo` and return stdout; raise GitError with git's stderr on failure."""
+    command = gitpython.Git(str(repo))
+    full_env = {**SAFE_ENV, **(env or {})}
+    try:
+        with open(stdin, "rb") if stdin else contextlib.nullcontext() as handle:
+            out = command.execute(
+                ["git", *args],
+                env=full_env,
+                istream=handle,
+                kill_after_timeout=timeout,
+                strip_newline_in_stdout=strip,
+                with_extended_output=False,
+            )
+    except gitpython.GitCommandError as exc:
+        stderr = exc.stderr if isinstance(exc.stderr, str) else str(exc.stderr)
+        stderr = stderr.strip().removeprefix("stderr:").strip().strip("'").strip()
+        raise GitError(f"git {args[0]} failed: {stderr.splitlines()[-1] if stderr else exc}", stderr) from None
+    return out
+
+
+def run_status(
+    repo: Path, *args: str, env: dict[str, str] | None = None, strip: bool = True
+) -> tuple[int, str, str]:
+    """Run git and return (exit status, stdout, stderr) without raising."""
+    command = gitpython.Git(str(repo))
+    status, out, err = command.execute(
+        ["git", *args],
+        env={**SAFE_ENV, **(env or {})},
+        with_extended_output=True,
+        with_exceptions=False,
+        strip_newline_in_stdout=strip,
+    )
+    return status, out, err
+
+
+def init_bare(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    gitpython.Repo.init(str(path), bare=True)
+    run(path, "config", "gc.auto", "0")
+
+
+def has_commit(repo: Path, sha: str) -> bool:
+    status, _, _ = run_status(repo, "cat-file", "-e", f"{sha}^{{commit}}")
+    return status == 0
+
+
+def resolve(repo: Path, ref: str) -> str | None:
+    """The commit `ref` names in `repo`, or None."""
+    status, out, _ = run_status(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}")
+    return out.strip() if status == 0 else None
+
+
+def update_ref(repo: Path, ref: str, sha: str) -> None:
+    run(repo, "update-ref", ref, sha)
+
+
+def is_ancestor(repo: Path, ancestor: str, descendant: str) -> bool:
+    status, _, _ = run_status(repo, "merge-base", "--is-ancestor", ancestor, descendant)
+    return status == 0
+
+
+def rev_list(repo: Path, *args: str) -> list[str]:
+    return run(repo, "rev-list", *args).split()
+
+
+def shallow_commits(repo: Path) -> set[str]:
+    shallow = Path(run(repo, "rev-parse", "--git-path", "shallow"))
+    shallow = shallow if shallow.is_absolute() else repo / shallow
+    return set(shallow.read_text().split()) if shallow.exists() else set()
+
+
+def add_shallow(repo: Path, sha: str) -> None:
+    """Mark `sha` as a shallow boundary, so objects without its parents are accepted."""
+    shallow = repo / "shallow"
+    current = shallow.read_text().split() if shallow.exists() else []
+    if sha not in current:
+        shallow.write_text("".join(f"{c}\n" for c in [*current, sha]))
+
+
+def fetch(repo: Path, url: str, *refspecs: str, depth: int | None = None, extra: tuple[str, ...] = ()) -> str:
+    args = ["fetch", "--no-tags", "--no-write-fetch-head", "--quiet", *extra]
+    if depth is not None:
+        args.append(f"--depth={depth}")
+    return run(repo, *args, "--end-of-options", url, *refspecs, timeout=NETWORK_TIMEOUT_S)
+
+
+def bundle_create(repo: Path, dest: Path, *refs: str) -> None:
+    run(repo, "bundle", "create", str(dest), *refs)
+
+
+def bundle_heads(repo: Path, bundle: Path) -> dict[str, str]:
+    """ref -> sha for every head in a bundle file."""
+    heads = {}
+    for line in run(repo, "bundle", "list-heads", str(bundle)).splitlines():
+        sha, _, ref = line.partition(" ")
+        heads[ref] = sha
+    return heads
+
+
+@contextlib.contextmanager
+def temp_index(repo: Path, scratch: Path) -> Iterator[dict[str, str]]:
+    """An env that points git at a private index file under `scratch`, removed afterwards."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    index = scratch / f"index-{os.getpid()}-{id(scratch)}"
+    try:
+        yield {"GIT_INDEX_FILE": str(index)}
+    finally:
+        for path in (index, Path(f"{index}.lock")):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def read_tree(repo: Path, treeish: str, env: dict[str, str]) -> None:
+    run(repo, "read-tree", treeish, env=env)
+
+
+def write_tree(repo: Path, env: dict[str, str]) -> str:
+    return run(repo, "write-tree", env=env)
+
+
+def apply_cached(repo: Path, patch: Path, env: dict[str, str], *flags: str) -> tuple[int, str]:
+    """`git apply --cached -v` into the index in `env`; return (status, git's verbose report)."""
+    status, out, err = run_status(repo, "apply", "--cached", "-v", *flags, str(patch), env=env)
+    return status, f"{out}\n{err}".strip()
+
+
+def show_blob(repo: Path, spec: str, env: dict[str, str] | None = None) -> str | None:
+    status, out, _ = run_status(repo, "cat-file", "blob", spec, env=env, strip=False)
+    return out if status == 0 else None
+
+
+def checkout_tree(repo: Path, tree: str, dest: Path, scratch: Path) -> None:
+    """Write the files of `tree` into `dest` (no .git there)."""
+    with temp_index(repo, scratch) as env:
+        read_tree(repo, tree, env)
+        run(repo, "--work-tree", str(dest), "checkout-index", "--all", "--force", env=env)

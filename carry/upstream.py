@@ -1,0 +1,207 @@
+"""The upstream mirror: fetch the pinned commit (and the PR head), keep a bundle, fall back to it offline."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from pathlib import Path
+
+import yaml
+
+from carry import git
+from carry.cache import Cache
+from carry.config import SHA_RE, Config
+from carry.errors import BadInput
+from carry.fsutil import atomic_write_text
+
+PIN_REF = "refs/carry/pin"
+FIRST_PR_DEPTH = 64
+MAX_PR_DEPTH = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class PrHead:
+    sha: str
+    ahead: int | None
+    pin_is_ancestor: bool
+    searched: int
+
+    def describe(self, pin: str) -> str | None:
+        """A warning when the PR head is not the pin, else None."""
+        if self.sha == pin:
+            return None
+        if self.pin_is_ancestor:
+            return (
+                f"PR head {self.sha[:12]} is {self.ahead} commit(s) ahead of the pin {pin[:12]}; "
+                f"run `fetch --update-pin` to move the pin"
+            )
+        return (
+            f"PR head {self.sha[:12]} does not contain the pin {pin[:12]} (searched {self.searched} commits): "
+            f"force-push detected; the pin survives only in the cache, review before `fetch --update-pin`"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchReport:
+    base: str
+    mirror: Path
+    source: str
+    notes: tuple[str, ...] = ()
+    pr_head: PrHead | None = None
+
+
+def mirror_for(config: Config, cache: Cache) -> Path:
+    cache.ensure_writable()
+    mirror = cache.mirror(config.upstream.url)
+    if not (mirror / "HEAD").exists():
+        git.init_bare(mirror)
+    return mirror
+
+
+def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
+    """Fetch the pin (and the PR head); fall back to the cached bundle when upstream can't give the pin."""
+    created = not (cache.mirror(config.upstream.url) / "HEAD").exists()
+    mirror = mirror_for(config, cache)
+    pin = config.upstream.commit
+    with cache.lock(mirror.name):
+        error = _fetch_pin(config, mirror)
+        if error is None:
+            _write_bundle(mirror, cache, pin)
+            source, notes = "upstream", ()
+        else:
+            try:
+                source, notes = "bundle", (_restore_from_bundle(config, cache, mirror, error),)
+            except BadInput:
+                if created:
+                    shutil.rmtree(mirror, ignore_errors=True)
+                raise
+        pr_head = None
+        if with_pr and config.upstream.pr is not None and source == "upstream":
+            pr_head = _fetch_pr_head(config, mirror)
+    return FetchReport(base=pin, mirror=mirror, source=source, notes=notes, pr_head=pr_head)
+
+
+def ensure_base(config: Config, cache: Cache) -> tuple[Path, tuple[str, ...]]:
+    """The mirror holding the pinned commit, fetching only when it is not there yet."""
+    mirror = mirror_for(config, cache)
+    if git.has_commit(mirror, config.upstream.commit):
+        return mirror, ()
+    report = fetch(config, cache, with_pr=False)
+    return report.mirror, report.notes
+
+
+def resolve_ref(config: Config, cache: Cache, ref: str) -> tuple[str, tuple[str, ...]]:
+    """The commit an upstream ref (branch, `refs/pull/N/head`, SHA) names now, fetching it when possible."""
+    mirror = mirror_for(config, cache)
+    if SHA_RE.match(ref) and git.has_commit(mirror, ref):
+        return ref, ()
+    upstream_ref = ref if ref.startswith("refs/") or SHA_RE.match(ref) else f"refs/heads/{ref}"
+    local = f"refs/carry/upstream/{upstream_ref.removeprefix('refs/')}"
+    with cache.lock(mirror.name):
+        try:
+            if SHA_RE.match(ref):
+                git.fetch(mirror, config.upstream.url, ref)
+                return ref, ()
+            git.fetch(mirror, config.upstream.url, f"+{upstream_ref}:{local}", extra=_since_base(config, mirror))
+        except git.GitError as exc:
+            known = git.resolve(mirror, local)
+            if known is None:
+                raise BadInput(
+                    f"unknown ref {ref!r}: upstream {config.upstream.url} cannot give it ({_reason(exc)}); "
+                    f"check the ref name or the network"
+                ) from None
+            return known, (f"upstream unreachable ({_reason(exc)}); using the cached {ref} {known[:12]}",)
+    return git.resolve(mirror, local), ()
+
+
+def update_pin(config: Config, new_commit: str) -> None:
+    """Rewrite only `upstream.commit` in build.yaml, keeping comments and layout."""
+    text = config.path.read_text()
+    node = yaml.compose(text)
+    for key, value in node.value:
+        if key.value == "upstream":
+            for sub_key, sub_value in value.value:
+                if sub_key.value == "commit":
+                    start, end = sub_value.start_mark.index, sub_value.end_mark.index
+                    quote = text[start] if text[start] in "'\"" else ""
+                    atomic_write_text(config.path, f"{text[:start]}{quote}{new_commit}{quote}{text[end:]}")
+                    return
+    raise BadInput(f"{config.path}: upstream.commit not found; add it")
+
+
+def _fetch_pin(config: Config, mirror: Path) -> git.GitError | None:
+    """Fetch the pinned commit shallowly; return the error when upstream can't give it."""
+    pin = config.upstream.commit
+    try:
+        if not git.has_commit(mirror, pin):
+            git.fetch(mirror, config.upstream.url, pin, depth=1)
+        if not git.has_commit(mirror, pin):
+            return git.GitError(f"upstream did not send commit {pin}")
+    except git.GitError as exc:
+        return exc
+    git.update_ref(mirror, PIN_REF, pin)
+    return None
+
+
+def _fetch_pr_head(config: Config, mirror: Path) -> PrHead:
+    """Fetch `refs/pull/N/head`, deepening until the pin is found or history ends."""
+    local = f"refs/carry/upstream/pull/{config.upstream.pr}/head"
+    pin = config.upstream.commit
+    depth = FIRST_PR_DEPTH
+    while True:
+        git.fetch(mirror, config.upstream.url, f"+{config.upstream.pr_ref}:{local}", depth=depth)
+        head = git.resolve(mirror, local)
+        history = git.rev_list(mirror, f"--max-count={depth}", head)
+        if pin in history:
+            return PrHead(head, history.index(pin), True, len(history))
+        reached_boundary = bool(git.shallow_commits(mirror) & set(history)) or len(history) >= depth
+        if not reached_boundary or depth >= MAX_PR_DEPTH:
+            return PrHead(head, None, False, len(history))
+        depth *= 4
+
+
+def _write_bundle(mirror: Path, cache: Cache, commit: str) -> None:
+    bundle = cache.bundle(commit)
+    if bundle.exists():
+        return
+    bundle.parent.mkdir(parents=True, exist_ok=True)
+    tmp = bundle.with_name(f".{bundle.name}.{os.getpid()}.tmp")
+    try:
+        git.bundle_create(mirror, tmp, PIN_REF)
+        os.replace(tmp, bundle)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _restore_from_bundle(config: Config, cache: Cache, mirror: Path, error: git.GitError) -> str:
+    pin = config.upstream.commit
+    bundle = cache.bundle(pin)
+    if not bundle.exists() and git.has_commit(mirror, pin):
+        git.update_ref(mirror, PIN_REF, pin)
+        return f"upstream {config.upstream.url} unreachable ({_reason(error)}); using the cached mirror {mirror}"
+    if not bundle.exists():
+        raise BadInput(
+            f"upstream {config.upstream.url} cannot give commit {pin[:12]} ({_reason(error)}) and no bundle "
+            f"is cached at {bundle}; fetch once while online or check upstream.url"
+        )
+    if not git.has_commit(mirror, pin):
+        if pin not in git.bundle_heads(mirror, bundle).values():
+            raise BadInput(f"{bundle}: does not hold commit {pin[:12]}; delete it and fetch while online")
+        git.add_shallow(mirror, pin)
+        git.fetch(mirror, str(bundle), f"{PIN_REF}:{PIN_REF}")
+    git.update_ref(mirror, PIN_REF, pin)
+    return f"upstream {config.upstream.url} unreachable ({_reason(error)}); using cached bundle {bundle}"
+
+
+def _since_base(config: Config, mirror: Path) -> tuple[str, ...]:
+    """Keep a ref fetch small in a shallow mirror: only history newer than the pinned base."""
+    if not git.shallow_commits(mirror) or not git.has_commit(mirror, config.upstream.commit):
+        return ()
+    timestamp = int(git.run(mirror, "show", "-s", "--format=%ct", config.upstream.commit))
+    return (f"--shallow-since={timestamp - 86400}",)
+
+
+def _reason(error: git.GitError) -> str:
+    lines = [line for line in (error.stderr or str(error)).splitlines() if line.strip()]
+    return (lines[-1] if lines else str(error)).removeprefix("fatal: ").strip()

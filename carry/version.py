@@ -1,0 +1,71 @@
+"""VERSION: one line `YYYYMMDD.N`, the date of the build series and a counter within that day."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import re
+from pathlib import Path
+
+from carry.errors import BadInput
+from carry.fsutil import atomic_write_text
+
+VERSION_RE = re.compile(r"(\d{4})(\d{2})(\d{2})\.([1-9]\d*)")
+FORM = "one line YYYYMMDD.N with a real date and N >= 1, e.g. 20260906.1"
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Version:
+    date: datetime.date
+    number: int
+
+    def __str__(self) -> str:
+        return f"{self.date:%Y%m%d}.{self.number}"
+
+    @classmethod
+    def parse(cls, text: str, where: str = "VERSION") -> Version:
+        match = VERSION_RE.fullmatch(text)
+        if not match:
+            raise BadInput(f"{where}: bad line {text!r}; expected {FORM}")
+        year, month, day, number = (int(g) for g in match.groups())
+        try:
+            date = datetime.date(year, month, day)
+        except ValueError:
+            raise BadInput(f"{where}: {text!r} is not a real date; expected {FORM}") from None
+        return cls(date, number)
+
+    def bumped(self, today: datetime.date) -> Version:
+        """The next version on `today`: `.N+1` on the same day, else `today.1`."""
+        if self.date > today:
+            raise BadInput(
+                f"VERSION {self} is dated after today ({today:%Y%m%d}, UTC); fix the file by hand"
+            )
+        return Version(today, self.number + 1) if self.date == today else Version(today, 1)
+
+
+def today_utc() -> datetime.date:
+    return datetime.datetime.now(datetime.timezone.utc).date()
+
+
+def read(path: Path) -> Version:
+    """Read VERSION; a missing file or anything but one well-formed line is bad input."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise BadInput(f"{path}: not found; create it with `build.py version bump`") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: cannot read ({exc}); expected {FORM}") from None
+    version = Version.parse(text.removesuffix("\n"), str(path))
+    if version.date > today_utc():
+        raise BadInput(f"{path}: {version} is dated after today ({today_utc():%Y%m%d}, UTC); fix the date")
+    return version
+
+
+def bump(path: Path) -> Version:
+    """Write the next version; a missing file starts at today's `.1`."""
+    if path.exists():
+        new = read(path).bumped(today_utc())
+    else:
+        new = Version(today_utc(), 1)
+    atomic_write_text(path, f"{new}\n")
+    return new
