@@ -1,0 +1,285 @@
+"""carry.fatbin and carry.gate on shared objects built by the real nvcc, checked with cuobjdump."""
+
+import importlib.util
+import json
+import re
+import shutil
+import struct
+import subprocess
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from carry import fatbin
+from carry.arch import ArchList, ComputeCapability, Variant
+from carry.errors import BadInput, Failed
+from carry.fatbin import FatbinEntry, Kind
+from carry.gate import NO_CUDA_CODE, How, check_files, coverage
+
+CC = ComputeCapability
+KERNEL = """
+__global__ void scale(float *x, float by) { x[threadIdx.x] *= by; }
+extern "C" void launch_scale(float *x, float by) { scale<<<1, 32>>>(x, by); }
+"""
+# name -> arch list the .so is built for (rendered to nvcc flags by carry.arch itself)
+BUILDS = {
+    "multi": "sm_90 sm_120 sm_121",
+    "a_only": "sm_120a",
+    "ptx_only": "compute_90",
+    "family": "12.0f compute_120f",
+}
+
+
+def _nvcc() -> str:
+    found = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    if not Path(found).exists():
+        pytest.skip("nvcc is not installed (expected /usr/local/cuda/bin/nvcc)")
+    return found
+
+
+def _cuobjdump() -> str:
+    spec = importlib.util.find_spec("nvidia")
+    roots = list(spec.submodule_search_locations) if spec else []
+    found = [path for root in roots for path in Path(root).glob("*/bin/cuobjdump")]
+    if not found:
+        pytest.skip("cuobjdump is not installed: pip install nvidia-cuda-cuobjdump")
+    return str(found[0])
+
+
+def _compile(nvcc: str, source: Path, name: str) -> Path:
+    output = source.parent / f"{name}.so"
+    flags = ArchList.parse(BUILDS[name]).gencode_flags()
+    cmd = [nvcc, "-shared", "-Xcompiler", "-fPIC", "-o", str(output), str(source), *flags]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return output
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Path]:
+    nvcc = _nvcc()
+    directory = tmp_path_factory.mktemp("cuda")
+    source = directory / "scale.cu"
+    source.write_text(KERNEL)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        outputs = pool.map(lambda name: _compile(nvcc, source, name), BUILDS)
+        return dict(zip(BUILDS, outputs))
+
+
+@pytest.fixture(scope="module")
+def cpu_only(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("cpu")
+    (directory / "add.c").write_text("int add(int a, int b) { return a + b; }\n")
+    output = directory / "add.so"
+    cmd = ["cc", "-shared", "-fPIC", "-o", str(output), str(directory / "add.c")]
+    subprocess.run(cmd, check=True)
+    return output
+
+
+def _names(entries) -> list[str]:
+    return [str(entry) for entry in entries]
+
+
+def _cuobjdump_in_order(path: Path) -> list[str]:
+    """`cuobjdump -elf` prints a 'Fatbin elf/ptx code' block per entry with its full arch name."""
+    cmd = [_cuobjdump(), "-elf", str(path)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    blocks = re.findall(r"^Fatbin (elf|ptx) code:\n=+\narch = sm_(\w+)$", out, flags=re.M)
+    return [("sm_" if kind == "elf" else "compute_") + arch for kind, arch in blocks]
+
+
+def _cuobjdump_listing(path: Path) -> Counter:
+    """`cuobjdump --list-elf --list-ptx` names; it drops the 'f' of family cubins."""
+    cmd = [_cuobjdump(), "--list-elf", "--list-ptx", str(path)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    names = re.findall(r"\.sm_(\w+)\.(cubin|ptx)$", out, flags=re.M)
+    return Counter(("sm_" if ext == "cubin" else "compute_") + arch for arch, ext in names)
+
+
+# --- fatbin.read against cuobjdump ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(BUILDS))
+def test_read_matches_cuobjdump_entry_by_entry(built, name):
+    assert _names(fatbin.read(built[name])) == _cuobjdump_in_order(built[name])
+
+
+@pytest.mark.parametrize("name", list(BUILDS))
+def test_read_matches_cuobjdump_listing(built, name):
+    entries = fatbin.read(built[name])
+    listed = Counter(
+        f"sm_{e.major}{e.minor}" if e.kind is Kind.CUBIN and e.variant is Variant.FAMILY else str(e)
+        for e in entries
+    )
+    assert listed == _cuobjdump_listing(built[name])
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("multi", {"sm_90", "sm_120", "sm_121"}),
+        ("a_only", {"sm_120a"}),
+        ("ptx_only", {"compute_90"}),
+        ("family", {"sm_120f", "compute_120f"}),
+    ],
+)
+def test_read_finds_what_was_built(built, name, expected):
+    assert set(_names(fatbin.read(built[name]))) == expected
+
+
+def test_family_cubin_is_typed(built):
+    cubins = [e for e in fatbin.read(built["family"]) if e.kind is Kind.CUBIN]
+    assert cubins and all((e.major, e.minor, e.variant) == (12, 0, Variant.FAMILY) for e in cubins)
+
+
+def test_non_elf_and_cpu_only_files_have_no_entries(tmp_path, cpu_only):
+    text = tmp_path / "notes.so"
+    text.write_text("not an ELF file\n")
+    assert fatbin.read(text) == []
+    assert fatbin.read(cpu_only) == []
+
+
+def _section_offset(path: Path) -> int:
+    with open(path, "rb") as stream:
+        return ELFFile(stream).get_section_by_name(fatbin.SECTION)["sh_offset"]
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [(0, struct.pack("<I", 0xDEADBEEF)), (8, struct.pack("<Q", 1 << 40))],
+    ids=["bad-magic", "payload-past-end"],
+)
+def test_corrupt_fatbin_fails_naming_the_file(built, tmp_path, where, value):
+    broken = tmp_path / "broken.so"
+    data = bytearray(built["multi"].read_bytes())
+    offset = _section_offset(built["multi"]) + where
+    data[offset : offset + len(value)] = value
+    broken.write_bytes(bytes(data))
+    with pytest.raises(Failed, match=re.escape(str(broken))) as excinfo:
+        fatbin.read(broken)
+    assert excinfo.value.exit_code == 1
+
+
+# --- gate rules --------------------------------------------------------------------------------
+
+
+def _entry(name: str) -> FatbinEntry:
+    """A fatbin entry value from its cuobjdump-style name, e.g. 'sm_120f' or 'compute_90'."""
+    prefix, digits, variant = re.fullmatch(r"(sm|compute)_(\d+)(\d[af]?)", name).groups()
+    kind = Kind.CUBIN if prefix == "sm" else Kind.PTX
+    return FatbinEntry(kind, int(digits), int(variant[0]), Variant(variant[1:]))
+
+
+@pytest.mark.parametrize(
+    ("entries", "gpu", "how", "via"),
+    [
+        (["sm_120"], CC.SM_121, How.COMPATIBLE, "sm_120"),
+        (["sm_120a"], CC.SM_121, How.NONE, None),
+        (["sm_120a"], CC.SM_120, How.EXACT, "sm_120a"),
+        (["sm_121a"], CC.SM_121, How.EXACT, "sm_121a"),
+        (["sm_120f"], CC.SM_121, How.FAMILY, "sm_120f"),
+        (["sm_120f"], CC.SM_120, How.EXACT, "sm_120f"),
+        (["sm_90"], CC.SM_100, How.NONE, None),
+        (["sm_100"], CC.SM_90, How.NONE, None),
+        (["sm_121"], CC.SM_120, How.NONE, None),
+        (["sm_80"], CC.SM_89, How.COMPATIBLE, "sm_80"),
+        (["compute_90"], CC.SM_121, How.JIT, "compute_90"),
+        (["compute_120"], CC.SM_90, How.NONE, None),
+        (["compute_120f"], CC.SM_121, How.JIT, "compute_120f"),
+        (["compute_100f"], CC.SM_120, How.NONE, None),
+        (["compute_121a"], CC.SM_121, How.JIT, "compute_121a"),
+        (["compute_120a"], CC.SM_121, How.NONE, None),
+        (["sm_90", "sm_120", "sm_121"], CC.SM_121, How.EXACT, "sm_121"),
+        (["sm_80", "sm_86", "compute_89"], CC.SM_89, How.COMPATIBLE, "sm_86"),
+        (["compute_90", "sm_120a"], CC.SM_121, How.JIT, "compute_90"),
+        ([], CC.SM_121, How.NONE, None),
+    ],
+)
+def test_coverage_rules(entries, gpu, how, via):
+    found = coverage([_entry(name) for name in entries], gpu)
+    assert found.how is how
+    assert (str(found.via) if found.via else None) == via
+
+
+def test_sm_120_cubin_read_from_a_real_build_covers_12_1(built):
+    without_121 = [e for e in fatbin.read(built["multi"]) if e.capability != (12, 1)]
+    assert coverage(without_121, CC.SM_121).how is How.COMPATIBLE
+
+
+# --- check_files on real builds ------------------------------------------------------------------
+
+
+def _gate(paths, arches):
+    return check_files(paths, ArchList.parse(arches))
+
+
+def test_multi_build_passes_its_own_list(built):
+    report = _gate([built["multi"]], "9.0,12.0,12.1")
+    assert report.ok and report.failures == []
+    assert {how["how"] for how in report.to_json()["files"][0]["targets"].values()} == {"exact"}
+
+
+def test_sm_90_does_not_cover_10_0(built):
+    (failure,) = _gate([built["multi"]], "9.0,10.0").failures
+    assert str(failure.target) == "10.0"
+    assert str(built["multi"]) in failure.message and "10.0" in failure.message
+
+
+def test_arch_specific_cubin_alone_fails_for_the_next_chip(built):
+    assert _gate([built["a_only"]], "12.0").ok
+    (failure,) = _gate([built["a_only"]], "12.1").failures
+    assert "sm_121" in failure.message and "sm_120a" in failure.message
+
+
+def test_ptx_only_is_jit_only_unless_the_list_allows_ptx(built):
+    (failure,) = _gate([built["ptx_only"]], "12.1").failures
+    assert "JIT" in failure.message and str(built["ptx_only"]) in failure.message
+    assert _gate([built["ptx_only"]], "12.1+PTX").ok
+    assert _gate([built["ptx_only"]], "compute_121").ok
+    assert _gate([built["ptx_only"]], "compute_90").ok
+
+
+def test_family_cubin_covers_12_0_and_12_1(built):
+    report = _gate([built["family"]], "12.0,12.1")
+    assert report.ok
+    targets = report.to_json()["files"][0]["targets"]
+    assert targets["12.1"] == {"how": "family", "via": "sm_120f", "ok": True}
+
+
+def test_cpu_only_object_is_reported_not_failed(built, cpu_only, tmp_path):
+    wheel = tmp_path / "wheel"
+    (wheel / "pkg").mkdir(parents=True)
+    shutil.copy(built["multi"], wheel / "pkg" / "_C.abi3.so")
+    shutil.copy(cpu_only, wheel / "pkg" / "_cpu.so")
+    (wheel / "pkg" / "__init__.py").write_text("")
+    report = _gate([wheel], "9.0,12.1")
+    assert report.ok
+    by_name = {Path(entry["path"]).name: entry for entry in report.to_json()["files"]}
+    assert set(by_name) == {"_C.abi3.so", "_cpu.so"}
+    assert by_name["_cpu.so"]["cuda"] is False and by_name["_C.abi3.so"]["cuda"] is True
+
+
+def test_no_cuda_code_anywhere_fails_for_a_non_empty_list(cpu_only, tmp_path):
+    (failure,) = _gate([cpu_only], "12.1").failures
+    assert NO_CUDA_CODE in failure.message and failure.path is None
+    (failure,) = _gate([tmp_path], "12.1").failures
+    assert NO_CUDA_CODE in failure.message
+    assert _gate([cpu_only], "").ok
+
+
+def test_failures_raise_failed_and_serialize(built):
+    report = _gate([built["a_only"], built["ptx_only"]], "12.1")
+    assert len(report.failures) == 2
+    with pytest.raises(Failed, match=r"and 1 more") as excinfo:
+        report.raise_for_failures()
+    assert excinfo.value.exit_code == 1
+    document = json.loads(json.dumps(report.to_json()))
+    assert document["ok"] is False and document["cuda_arches"] == "12.1"
+    assert [f["target"] for f in document["failures"]] == ["12.1", "12.1"]
+
+
+def test_missing_path_is_bad_input(tmp_path):
+    with pytest.raises(BadInput, match="does not exist"):
+        _gate([tmp_path / "nope.so"], "12.1")
