@@ -14,6 +14,7 @@ import click
 
 from carry import commands
 from carry.errors import CarryError
+from carry.progress import Progress
 
 
 class Context:
@@ -86,6 +87,32 @@ def check(obj: Context, against: str | None, as_json: bool) -> None:
     echo_notes(result.notes)
     click.echo(json.dumps(result.report.to_json(), indent=2) if as_json else commands.check_table(result.report))
     sys.exit(0 if result.report.ok else 1)
+
+
+@cli.command("wheel")
+@click.option("--arch", metavar="LIST", help="CUDA arches, e.g. 9.0,12.0,12.1 (default: build.cuda_arches).")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default="dist", show_default=True,
+              help="Directory the wheel is published into (atomically).")
+@click.option("--jobs", type=click.IntRange(min=1), help="Compile jobs (default: from build.env MAX_JOBS, "
+              "else from cores and free memory).")
+@click.pass_obj
+def wheel_command(obj: Context, arch: str | None, out: Path, jobs: int | None) -> None:
+    """Build the patched tree into a wheel for the CUDA arches, gate it, stamp provenance; reuse when unchanged."""
+    progress = Progress()
+    result = obj.session().wheel(arch, out, jobs, progress)
+    progress.phase("done", "reused from cache" if result.reused else "built")
+    click.echo(result.path)
+
+
+@cli.command()
+@click.argument("artifact")
+@click.option("--arch", metavar="LIST", help="Gate against these arches instead of the ones the wheel recorded.")
+@click.pass_obj
+def verify(obj: Context, artifact: str, arch: str | None) -> None:
+    """Verify a wheel: RECORD hashes, provenance against this repo, and the CUDA arch gate; exit 1 on mismatch."""
+    result = obj.session().verify_wheel(Path(artifact), arch)
+    click.echo("\n".join(result.lines()))
+    sys.exit(0 if result.ok else 1)
 
 
 def main() -> None:

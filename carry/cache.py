@@ -56,9 +56,11 @@ class Cache:
     def logs(self) -> Path:
         return self.root / "logs"
 
+    def lock_path(self, name: str) -> Path:
+        return self.root / "locks" / f"{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}.lock"
+
     def lock(self, name: str) -> filelock.FileLock:
-        """A cross-process lock named `name` (mirror, build dir, dist...)."""
-        directory = self.root / "locks"
-        directory.mkdir(parents=True, exist_ok=True)
-        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
-        return filelock.FileLock(str(directory / f"{safe}.lock"), timeout=LOCK_TIMEOUT_S)
+        """A cross-process lock named `name` (mirror, build dir, artifact key)."""
+        path = self.lock_path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return filelock.FileLock(str(path), timeout=LOCK_TIMEOUT_S)

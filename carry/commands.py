@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from carry import apply, config, series, upstream, version
+from carry import apply, config, series, upstream, verify, version, wheel
+from carry.arch import ArchList
 from carry.cache import Cache
 from carry.errors import BadInput
+from carry.progress import Progress
 
 
 def read_version(config_path: Path) -> str:
@@ -35,6 +37,8 @@ class FetchResult:
 class CheckResult:
     report: apply.CheckReport
     notes: tuple[str, ...]
+    series: series.Series
+    mirror: Path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +77,29 @@ class Session:
             base, more = upstream.resolve_ref(self.config, self.cache, against)
             notes += more
         report = apply.check(mirror, base, patches, self.cache.scratch)
-        return CheckResult(report, notes)
+        return CheckResult(report, notes, patches, mirror)
+
+    def version(self) -> str:
+        return str(version.read(self.config.version_file))
+
+    def expected(self) -> verify.Expected:
+        """What an artifact built from this repo now must say about itself."""
+        return verify.Expected(self.version(), self.series().hash, self.config.upstream.commit)
+
+    def wheel(self, arch: str | None, out: Path, jobs: int | None, progress: Progress) -> wheel.WheelResult:
+        """check -> plan -> reuse or build the wheel -> publish into `out`."""
+        arches = ArchList.parse(arch) if arch is not None else self.config.build.cuda_arches
+        current = self.version()
+        checked = self.check()
+        progress.phase("check", f"{len(checked.series.patches)} patch(es) on {checked.report.base[:12]}: "
+                       f"tree {str(checked.report.tree)[:12]}")
+        plan = wheel.plan(self.config, checked.report, current, arches, jobs)
+        return wheel.build(self.config, self.cache, checked.mirror, checked.report, checked.series, plan, out,
+                           progress)
+
+    def verify_wheel(self, path: Path, arch: str | None) -> verify.Verification:
+        arches = ArchList.parse(arch) if arch is not None else None
+        return verify.verify_wheel(path, self.expected(), self.cache.scratch, arches)
 
 
 def check_table(report: apply.CheckReport) -> str:

