@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 import platform
 import shutil
@@ -12,6 +14,7 @@ from pathlib import Path
 
 from carry.config import CompilerCache
 from carry.errors import BadInput
+from carry.fsutil import atomic_write_text
 
 # What one compile job may take, times NVCC_THREADS; nvcc on vLLM's kernels peaks at a few GiB.
 MEMORY_PER_JOB_BYTES = 2 * 1024**3
@@ -31,13 +34,13 @@ class Toolchain:
         return dataclasses.asdict(self)
 
 
-def _first_line(*command: str) -> str | None:
+def _version_line(command: list[str], marker: str = "") -> str | None:
+    """The first line of `command`'s output that contains `marker` (the first line when no marker)."""
     try:
         out = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    lines = [line for line in out.splitlines() if line.strip()]
-    return lines[-1].strip() if command[-1] == "--version" and "nvcc" in command[0] else (lines[0] if lines else None)
+    return next((line.strip() for line in out.splitlines() if line.strip() and marker in line), None)
 
 
 def find_nvcc(env: dict[str, str]) -> str | None:
@@ -59,17 +62,42 @@ def find_launcher(cache: CompilerCache, env: dict[str, str]) -> str | None:
     return found
 
 
-def probe(env: dict[str, str], cache: CompilerCache) -> Toolchain:
+def probe(env: dict[str, str], cache: CompilerCache, memo_dir: Path) -> Toolchain:
+    """Probe the tools once per set of binaries: the answer is kept under `memo_dir`, keyed by their stat."""
     nvcc = find_nvcc(env)
     compiler = env.get("CXX") or "c++"
+    launcher = find_launcher(cache, env)
+    memo = memo_dir / f"toolchain-{_binaries_key(nvcc, compiler)}.json"
+    try:
+        versions = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        versions = {
+            "nvcc_version": _version_line([nvcc, "--version"], "release") if nvcc else None,
+            "compiler": _version_line([compiler, "--version"]) or compiler,
+        }
+        memo_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(memo, json.dumps(versions))
     return Toolchain(
         nvcc=nvcc,
-        nvcc_version=_first_line(nvcc, "--version") if nvcc else None,
-        compiler=_first_line(compiler, "--version") or compiler,
+        nvcc_version=versions["nvcc_version"],
+        compiler=versions["compiler"],
         python=f"{platform.python_implementation()} {platform.python_version()} ({sys.implementation.cache_tag})",
         machine=platform.machine(),
-        launcher=find_launcher(cache, env),
+        launcher=launcher,
     )
+
+
+def _binaries_key(*commands: str | None) -> str:
+    """Changes when any of the binaries is replaced (path, size, mtime, inode)."""
+    parts = []
+    for command in commands:
+        path = shutil.which(command) if command else None
+        if path:
+            stat = Path(path).resolve().stat()
+            parts.append(f"{Path(path).resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}")
+        else:
+            parts.append(str(command))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 def available_memory() -> int:

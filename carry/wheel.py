@@ -51,7 +51,9 @@ class WheelResult:
     info: dict
 
 
-def plan(config: Config, report: CheckReport, version: str, arches: ArchList, jobs: int | None) -> WheelPlan:
+def plan(
+    config: Config, report: CheckReport, version: str, arches: ArchList, jobs: int | None, memo_dir: Path
+) -> WheelPlan:
     if report.tree is None:
         failed = [r.patch.name for r in report.results if r.failure]
         raise Failed(f"the series does not apply ({', '.join(failed)} failed); run `check` for details")
@@ -60,7 +62,7 @@ def plan(config: Config, report: CheckReport, version: str, arches: ArchList, jo
     wheel_version = config.build.wheel_version.format(version=version)
     _check_pep440(wheel_version, config)
     job_plan = toolchain.choose_jobs(jobs, config.build.env)
-    tools = toolchain.probe({**os.environ, **config.build.env}, config.build.compiler_cache)
+    tools = toolchain.probe({**os.environ, **config.build.env}, config.build.compiler_cache, memo_dir)
     key_material = {
         "carry": carry.__version__,
         "tree": report.tree,

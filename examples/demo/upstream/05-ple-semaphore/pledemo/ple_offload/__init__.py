@@ -1,0 +1,10 @@
+"""CPU offload of per-layer embeddings (PLE).
+
+A PLE table is large and read a few rows per token, so it can live in host
+memory: a CPU worker gathers the rows and hands them to the GPU layer, which
+waits on a semaphore until they are there.
+"""
+
+from pledemo.ple_offload.layer import CpuGpuSemaphore, PleOffloadLayer
+
+__all__ = ["CpuGpuSemaphore", "PleOffloadLayer"]

@@ -1,0 +1,13 @@
+"""CPU offload of per-layer embeddings (PLE).
+
+A PLE table is large and read a few rows per token, so it can live in host
+memory: a CPU worker gathers the rows and hands them to the GPU layer, which
+waits on a semaphore until they are there. The connector sits in the model
+runner and sends the worker one request per real step.
+"""
+
+from pledemo.ple_offload.connector import PleOffloadConnector
+from pledemo.ple_offload.layer import CpuGpuSemaphore, PleOffloadLayer
+from pledemo.ple_offload.worker import PleCpuWorker
+
+__all__ = ["CpuGpuSemaphore", "PleCpuWorker", "PleOffloadConnector", "PleOffloadLayer"]
