@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from carry import commands
+from carry import commands, image, verdicts
 from carry.errors import CarryError
 from carry.progress import Progress
 
@@ -106,13 +106,81 @@ def wheel_command(obj: Context, arch: str | None, out: Path, jobs: int | None) -
 
 @cli.command()
 @click.argument("artifact")
-@click.option("--arch", metavar="LIST", help="Gate against these arches instead of the ones the wheel recorded.")
+@click.option("--arch", metavar="LIST", help="Gate a wheel against these arches instead of the ones it recorded.")
 @click.pass_obj
 def verify(obj: Context, artifact: str, arch: str | None) -> None:
-    """Verify a wheel: RECORD hashes, provenance against this repo, and the CUDA arch gate; exit 1 on mismatch."""
-    result = obj.session().verify_wheel(Path(artifact), arch)
+    """Verify a wheel file or an image reference against this repo (VERSION, series hash, pinned commit);
+    wheels also get RECORD hashes and the CUDA arch gate. Exit 1 on a mismatch, naming the field."""
+    session = obj.session()
+    if artifact.endswith(".whl") or Path(artifact).is_file():
+        result = session.verify_wheel(Path(artifact), arch)
+    else:
+        result = session.verify_image(artifact)
     click.echo("\n".join(result.lines()))
     sys.exit(0 if result.ok else 1)
+
+
+@cli.command("image")
+@click.option("--push", is_flag=True, help="Push every tag (credentials: Docker config, or "
+              "$CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD handed over on stdin).")
+@click.option("--tag", "tags", metavar="T", multiple=True, help="An extra tag; repeatable.")
+@click.option("--platform", "platforms", metavar="P", multiple=True,
+              help="Target platform, e.g. linux/arm64; repeatable (default: image.platforms; needs buildx).")
+@click.option("--arch", metavar="LIST", help="CUDA arches (default: build.cuda_arches).")
+@click.option("--hermetic", is_flag=True, help="Build with --network=none, requirements from a wheelhouse.")
+@click.option("--wheelhouse", type=click.Path(path_type=Path, file_okay=False, exists=True),
+              help="Wheels for --hermetic (default: downloaded once into the cache).")
+@click.pass_obj
+def image_command(obj: Context, push: bool, tags: tuple[str, ...], platforms: tuple[str, ...], arch: str | None,
+                  hermetic: bool, wheelhouse: Path | None) -> None:
+    """Build the image with BuildKit (the build stage runs `build.py wheel`), tag it from VERSION, label it
+    with its provenance, and optionally push."""
+    progress = Progress()
+    options = image.ImageOptions(push, tags, platforms, hermetic, wheelhouse)
+    result = obj.session().image(options, arch, progress)
+    echo_notes(result.notes)
+    for ref in result.refs:
+        click.echo(f"{ref}  {result.pushed[ref]}" if ref in result.pushed else ref)
+
+
+@cli.command()
+@click.option("--against", "against", metavar="REF", multiple=True,
+              help="Upstream ref to judge against; repeatable (default: upstream.main and the PR head).")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
+@click.option("--fail-on", "fail_on", metavar="VERDICTS",
+              help="Exit 1 when one of these verdicts occurs, e.g. MERGED-EXACT,MERGED-MODIFIED,CONFLICT.")
+@click.pass_obj
+def status(obj: Context, against: tuple[str, ...], as_json: bool, fail_on: str | None) -> None:
+    """One verdict per patch against newer upstream refs: MERGED-EXACT, MERGED-MODIFIED, PARTIAL, CONFLICT
+    or NEEDED, each with its evidence."""
+    failing = verdicts.Verdict.parse_list(fail_on, "--fail-on") if fail_on is not None else frozenset()
+    result = obj.session().status(against)
+    echo_notes(result.notes)
+    click.echo(json.dumps(result.to_json(), indent=2) if as_json else verdicts.table(result.reports))
+    sys.exit(1 if failing & result.occurred else 0)
+
+
+@cli.command("drop")
+@click.argument("name")
+@click.option("--against", "against", metavar="REF", help="Upstream ref that must have merged it (default: main).")
+@click.option("--force", is_flag=True, help="Drop even when the patch is not merged upstream (logged as forced).")
+@click.pass_obj
+def drop_command(obj: Context, name: str, against: str | None, force: bool) -> None:
+    """Remove a patch upstream merged, bump VERSION and log it in patches/DROPPED.md."""
+    result = obj.session().drop(name, against, force)
+    echo_notes(result.notes)
+    click.echo(result.line)
+
+
+@cli.command()
+@click.option("--onto", "onto", metavar="REF", help="Upstream ref to move onto (default: upstream.main).")
+@click.pass_obj
+def refresh(obj: Context, onto: str | None) -> None:
+    """Rebase the series onto a new upstream base (3-way merge), move the pin and rewrite the patches that
+    moved; on a conflict change nothing and exit 1."""
+    result = obj.session().refresh(onto)
+    echo_notes(result.notes)
+    click.echo("\n".join(result.lines()))
 
 
 def main() -> None:

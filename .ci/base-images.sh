@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the two local base images the image tests build FROM, without pulling anything:
-#   carry-test/runtime-base:<tag>  Debian bookworm with python3 (and apt), from mmdebstrap
-#   carry-test/build-base:<tag>    the runtime base plus python3-venv/-pip/-dev, gcc, g++
+#   carry-test/runtime-base:<tag>  Debian bookworm with python3 and venv (and apt), from mmdebstrap
+#   carry-test/build-base:<tag>    the runtime base plus python3-pip/-dev, gcc, g++, git, ccache
 #                                  and a CUDA 13 compiler subset copied from the host,
 #                                  at /usr/local/cuda with CUDA_HOME set
 # Packages come from the Debian mirror over plain HTTP. <tag> hashes this script and the
@@ -18,8 +18,8 @@ CUDA_SRC=${CARRY_CI_CUDA_SRC:-/usr/local/cuda-13.0}
 CUDA_DEST=/usr/local/cuda-13.0
 SUITE=bookworm
 DOCKER=/usr/bin/docker
-RUNTIME_PACKAGES=python3
-BUILD_PACKAGES="python3-venv python3-pip python3-dev gcc g++"
+RUNTIME_PACKAGES="python3 python3-venv"
+BUILD_PACKAGES="python3-venv python3-pip python3-dev gcc g++ git ccache"
 IMAGE_PATH=/usr/local/cuda/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 CUDA_FILES=(
     bin/nvcc bin/nvcc.profile bin/cudafe++ bin/ptxas bin/fatbinary bin/nvlink bin/bin2c bin/crt

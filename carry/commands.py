@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
-from carry import apply, config, series, upstream, verify, version, wheel
+from carry import apply, config, drop, git, image, refresh, series, toolchain, upstream, verdicts, verify, version, wheel
 from carry.arch import ArchList
 from carry.cache import Cache
+from carry.config import CompilerCache
 from carry.errors import BadInput
 from carry.progress import Progress
 
@@ -97,9 +99,37 @@ class Session:
         return wheel.build(self.config, self.cache, checked.mirror, checked.report, checked.series, plan, out,
                            progress)
 
+    def image(self, options: image.ImageOptions, arch: str | None, progress: Progress) -> image.ImageResult:
+        """check -> context (carry + config + bundle) -> BuildKit build -> tags and labels -> push."""
+        arches = ArchList.parse(arch) if arch is not None else self.config.build.cuda_arches
+        current = self.version()
+        checked = self.check()
+        progress.phase("check", f"{len(checked.series.patches)} patch(es) on {checked.report.base[:12]}: "
+                       f"tree {str(checked.report.tree)[:12]}")
+        pyproject = image.upstream_pyproject(git.show_blob(checked.mirror, f"{checked.report.tree}:pyproject.toml"))
+        dist = image.distribution_name(pyproject)
+        tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
+        plan = image.plan(self.config, checked.report, checked.series, current, arches, dist,
+                          image.cuda_tag(tools.nvcc_version), options)
+        return image.build(self.config, self.cache, checked.mirror, plan, options,
+                           image.build_requirements(pyproject), progress)
+
+    def verify_image(self, ref: str) -> verify.Verification:
+        return image.verify_image(ref, self.config, self.expected())
+
     def verify_wheel(self, path: Path, arch: str | None) -> verify.Verification:
         arches = ArchList.parse(arch) if arch is not None else None
         return verify.verify_wheel(path, self.expected(), self.cache.scratch, arches)
+
+    def status(self, against: tuple[str, ...] = ()) -> verdicts.StatusReport:
+        """A verdict per patch against each ref (default: upstream.main, and the PR head when pr is set)."""
+        return verdicts.status(self.config, self.cache, self.series(), against)
+
+    def drop(self, name: str, against: str | None, force: bool) -> drop.Dropped:
+        return drop.drop(self.config, self.cache, self.series(), name, against, force)
+
+    def refresh(self, onto: str | None) -> refresh.Refreshed:
+        return refresh.refresh(self.config, self.cache, self.series(), onto)
 
 
 def check_table(report: apply.CheckReport) -> str:

@@ -69,6 +69,7 @@ class Image:
     build_args: dict[str, str]
     labels: dict[str, str]
     env: dict[str, str]
+    secret_env: tuple[str, ...]
     docker: str
 
 
@@ -248,7 +249,8 @@ def load(path: Path) -> Config:
 
 BUILD_KEYS = ("cuda_arches", "env", "wheel_version", "version_env", "build_isolation", "compiler_cache")
 IMAGE_KEYS = (
-    "name", "tags", "platforms", "base_image", "runtime_image", "build_args", "labels", "env", "docker",
+    "name", "tags", "platforms", "base_image", "runtime_image", "build_args", "labels", "env", "secret_env",
+    "docker",
 )
 
 
@@ -270,10 +272,7 @@ def _build(section: _Section) -> Build:
     arches = section.data.get("cuda_arches", "")
     if not isinstance(arches, (str, list)):
         raise section.fail("cuda_arches", "a string like '9.0,12.1' or a list of arches")
-    version_env = section.strings("version_env")
-    for name in version_env:
-        if not ENV_NAME_RE.match(name):
-            raise section.fail("version_env", "a list of environment variable names")
+    version_env = _env_names(section, "version_env")
     wheel_version = section.string("wheel_version", "0+carry.{version}")
     if "{version}" not in wheel_version:
         raise section.fail("wheel_version", "a template containing {version}, e.g. '0.11.0+carry.{version}'")
@@ -298,8 +297,16 @@ def _image(section: _Section, path: Path) -> Image:
         build_args=section.env("build_args"),
         labels=_labels(section),
         env=section.env("env"),
+        secret_env=_env_names(section, "secret_env"),
         docker=section.string("docker", "docker"),
     )
+
+
+def _env_names(section: _Section, key: str) -> tuple[str, ...]:
+    names = section.strings(key)
+    if not all(ENV_NAME_RE.match(name) for name in names):
+        raise section.fail(key, "a list of environment variable names")
+    return names
 
 
 def _labels(section: _Section) -> dict[str, str]:

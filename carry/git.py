@@ -193,3 +193,4 @@ def sync_worktree(repo: Path, tree: str, worktree: Path, index: Path) -> None:
     modified = [name for name in modified if name]
     if modified:
         run(repo, *base, "checkout-index", "--force", "--", *modified, env=env)
+

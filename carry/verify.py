@@ -42,9 +42,12 @@ class Verification:
         return not self.mismatches and (self.gate is None or self.gate.ok)
 
     def lines(self) -> list[str]:
+        info = self.info
         rows = [f"{self.subject}:"]
-        rows += [f"  version {self.info.get('version')}  series {str(self.info.get('series', {}).get('hash'))[:12]}"
-                 f"  commit {str(self.info.get('upstream', {}).get('commit'))[:12]}"]
+        rows += [f"  version {info.get('version')}  series {str(info.get('series', {}).get('hash'))[:12]}"
+                 f"  commit {str(info.get('upstream', {}).get('commit'))[:12]}"]
+        rows += [f"  wheel {info.get('wheel_version')}  arches {info.get('cuda_arches')}  "
+                 f"patches {', '.join(p['name'] for p in info.get('series', {}).get('patches', []))}"]
         rows += [f"  MISMATCH {m.describe()}" for m in self.mismatches]
         if self.gate is not None:
             for report in self.gate.files:
