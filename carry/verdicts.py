@@ -7,18 +7,22 @@ compared with the pre- and post-image it was written against.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import difflib
 import enum
 import itertools
 from pathlib import Path
 
-from carry import git, intent
+from carry import git, intent, upstream
+from carry.cache import Cache
+from carry.config import Config
 from carry.errors import BadInput
 from carry.fsutil import temp_dir
-from carry.series import FileDiff, Hunk, Patch, Series, UpstreamState
+from carry.series import HUNK_RE, FileDiff, Hunk, Patch, Series, UpstreamState
 
 LOG_FORMAT = "--format=commit %H"
+CLEANLY = "cleanly"
+IGNORING_WHITESPACE = "ignoring whitespace"
 
 
 class Verdict(enum.Enum):
@@ -158,7 +162,7 @@ def _starts_file(lines: list[str], index: int) -> bool:
 def _read_section(lines: list[str], index: int, diff: FileDiff) -> tuple[Section, int]:
     header = [lines[index]]
     index += 1
-    while index < len(lines) and not lines[index].startswith("@@") and not _starts_file(lines, index):
+    while index < len(lines) and not lines[index].startswith(("@@", "diff --git ")):
         if not lines[index].strip() or lines[index] == "-- ":
             break
         header.append(lines[index])
@@ -190,20 +194,19 @@ def _retarget(line: str, target: str) -> str:
 
 
 def new_start(hunk: Hunk) -> int:
-    return int(intent.HUNK_RE.match(hunk.header).group(3))
+    return int(HUNK_RE.match(hunk.header).group(3))
 
 
 class Assessor:
     """Judge a series against one ref; holds the two private indexes and the ref's rename map."""
 
-    def __init__(self, mirror: Path, base: str, ref: str, commit: str, scratch: Path):
+    def __init__(self, mirror: Path, base: str, ref: str, commit: str, scratch: Path, indexes: tuple[dict, dict]):
         self.mirror = mirror
         self.base = base
         self.ref = ref
         self.commit = commit
         self.scratch = scratch
-        self.ref_env: dict[str, str] = {}
-        self.base_env: dict[str, str] = {}
+        self.ref_env, self.base_env = indexes
         self.counter = itertools.count()
         self.renames = _renames(mirror, base, commit)
         self.since = git.run(mirror, "show", "-s", "--format=%ct", base)
@@ -227,15 +230,15 @@ class Assessor:
         whole = self._whole(parts, self.ref_env)
         forward = self._apply_all(whole, self.ref_env)
         reverse = self._apply_all(whole, self.ref_env, reverse=True)
-        if reverse and not forward:
-            evidence = ["the whole patch reverse-applies cleanly on REF (git apply -R)"]
+        if reverse == CLEANLY and not forward:
+            evidence = ["the whole patch reverse-applies cleanly on REF (git apply -R)", *self._moves(parts)]
             if not applied_on_base:
                 evidence.append(f"already in the base {self.base[:12]}: the patch does not apply there")
             commit = self._introduced_by(patch, parts)
             return PatchVerdict(patch, Verdict.MERGED_EXACT, "reverse-apply", commit, tuple(evidence))
         findings = tuple(self._hunk_finding(s, i, pre, post) for s, i in self._units(parts))
         commit = self._introduced_by(patch, parts) if any(f.state.merged for f in findings) else None
-        return _combine(patch, findings, forward, commit)
+        return _combine(patch, findings, forward, commit, self._moves(parts))
 
     # --- applying -------------------------------------------------------------------------------------
 
@@ -258,7 +261,7 @@ class Assessor:
         path = self.scratch / f"unit-{next(self.counter)}.patch"
         path.write_text(text)
         flags = (("--check",) if check else ()) + (("-R",) if reverse else ())
-        for extra, how in (((), "cleanly"), (("--ignore-whitespace",), "ignoring whitespace")):
+        for extra, how in (((), CLEANLY), (("--ignore-whitespace",), IGNORING_WHITESPACE)):
             status, _ = git.apply_cached(self.mirror, path, env, *flags, *extra)
             if status == 0:
                 return how
@@ -272,10 +275,10 @@ class Assessor:
         """Put what REF still lacks into the REF index, so later patches see the series as far as it applies."""
         if verdict.verdict is Verdict.NEEDED:
             self._apply_all(self._whole(parts, self.ref_env), self.ref_env, check=False)
-            return
-        needed = {(f.file, f.header) for f in verdict.hunks if f.state is HunkState.NEEDED}
-        units = [(s, i) for s, i in self._units(parts) if (s.diff.path, _unit_header(s, i)) in needed]
-        self._apply_hunks(parts, self.ref_env, units)
+        elif verdict.hunks:
+            merged = {(f.file, f.header) for f in verdict.hunks if f.state.merged}
+            units = [(s, i) for s, i in self._units(parts) if (s.diff.path, _unit_header(s, i)) not in merged]
+            self._apply_hunks(parts, self.ref_env, units)
 
     # --- reading the indexes --------------------------------------------------------------------------
 
@@ -302,14 +305,28 @@ class Assessor:
         reverse = self._apply_all(text, self.ref_env, reverse=True)
         moved = f" (at {target}, renamed upstream)" if target and target not in (diff.old_path, diff.new_path) else ""
         found = self._intent(section, hunks, target, pre, post)
-        if reverse == "cleanly" and (not forward or found.present):
+        if reverse == CLEANLY and (forward != CLEANLY or found.present):
             return HunkFinding(diff.path, target, header, HunkState.IN_EXACT, f"reverse-applies cleanly{moved}")
-        if found.present or (reverse and not forward):
+        if found.present or (reverse and forward != CLEANLY):
             detail = found.detail if found.present else f"reverse-applies ignoring whitespace{moved}"
             return HunkFinding(diff.path, target, header, HunkState.IN_MODIFIED, detail, found.difference)
-        if forward:
-            return HunkFinding(diff.path, target, header, HunkState.NEEDED, f"applies {forward}{moved}")
-        return HunkFinding(diff.path, target, header, HunkState.CONFLICT, self._conflict(section, hunks, target, found))
+        if forward == CLEANLY:
+            return HunkFinding(diff.path, target, header, HunkState.NEEDED, f"applies cleanly{moved}")
+        why = (
+            "applies only when ignoring whitespace: upstream reformatted its context; regenerate the patch"
+            if forward else f"does not apply to {target or diff.path}; {found.detail}"
+        )
+        lines = [why, *itertools.chain.from_iterable(section.hunks[i] for i in hunks)]
+        return HunkFinding(diff.path, target, header, HunkState.CONFLICT, "\n".join(lines))
+
+    def _moves(self, parts: tuple[Section, ...]) -> tuple[str, ...]:
+        """Evidence lines for the files this patch touches that upstream renamed."""
+        moves = []
+        for section in parts:
+            target = self._target(section.diff, self.ref_env)
+            if target and target not in (section.diff.old_path, section.diff.new_path):
+                moves.append(f"{section.diff.path} is {target} in REF (renamed upstream); refresh rewrites the path")
+        return tuple(moves)
 
     def _intent(self, section: Section, hunks: tuple[int, ...], target, pre: dict, post: dict) -> intent.Found:
         diff = section.diff
@@ -329,11 +346,6 @@ class Assessor:
             ref_lines,
             f"{self.ref}:{target}",
         )
-
-    def _conflict(self, section: Section, hunks: tuple[int, ...], target: str | None, found: intent.Found) -> str:
-        lines = [f"does not apply to {target or section.diff.path}; {found.detail}"]
-        lines.extend(itertools.chain.from_iterable(section.hunks[i] for i in hunks))
-        return "\n".join(lines)
 
     def _paths(self, patch: Patch) -> list[str]:
         paths = {p for d in patch.diffs for p in (d.old_path, d.new_path) if p}
@@ -381,50 +393,38 @@ class Assessor:
                         "--", *self._paths(patch)).split()
         return found[0] if found else None
 
-    def open(self):
-        """The two private indexes: REF and the pinned base, each to receive the series in order."""
-        return _Indexes(self)
-
-
-class _Indexes:
-    def __init__(self, assessor: Assessor):
-        self.assessor = assessor
-
-    def __enter__(self) -> Assessor:
-        a = self.assessor
-        self._ref = git.temp_index(a.mirror, a.scratch / "ref")
-        self._base = git.temp_index(a.mirror, a.scratch / "base")
-        a.ref_env = self._ref.__enter__()
-        a.base_env = self._base.__enter__()
-        git.read_tree(a.mirror, a.commit, a.ref_env)
-        git.read_tree(a.mirror, a.base, a.base_env)
-        return a
-
-    def __exit__(self, *exc) -> None:
-        self._base.__exit__(*exc)
-        self._ref.__exit__(*exc)
-
 
 def _unit_header(section: Section, hunks: tuple[int, ...]) -> str:
     return section.diff.hunks[hunks[0]].header if hunks else "(file header)"
 
 
-def _combine(patch: Patch, findings: tuple[HunkFinding, ...], forward: str | None, commit: str | None) -> PatchVerdict:
+def _combine(
+    patch: Patch, findings: tuple[HunkFinding, ...], forward: str | None, commit: str | None, moves: tuple[str, ...]
+) -> PatchVerdict:
     """The patch's verdict from its hunks' states."""
     states = [f.state for f in findings]
     merged = [f for f in findings if f.state.merged]
-    listed = tuple(f"{f.file} {f.header}: {f.state.value} — {f.detail.splitlines()[0]}" for f in findings)
-    if merged and len(merged) == len(findings):
+    listed = (*moves, *(_describe(f) for f in findings))
+    if len(merged) == len(findings):
         exact = all(s is HunkState.IN_EXACT for s in states)
         verdict = Verdict.MERGED_EXACT if exact else Verdict.MERGED_MODIFIED
-        test = "reverse-apply per hunk" if exact else "intent"
-        return PatchVerdict(patch, verdict, test, commit, listed, findings)
-    if HunkState.CONFLICT in states or not forward and not merged:
+        return PatchVerdict(patch, verdict, "reverse-apply per hunk" if exact else "intent", commit, listed, findings)
+    if HunkState.CONFLICT in states:
         return PatchVerdict(patch, Verdict.CONFLICT, "apply", commit, listed, findings)
     if merged:
         return PatchVerdict(patch, Verdict.PARTIAL, "intent", commit, listed, findings)
-    evidence = (f"the patch applies {forward} on REF and none of its hunks is there", *listed)
+    if forward != CLEANLY:
+        evidence = ("each hunk applies on its own but the patch does not apply as a whole", *listed)
+        return PatchVerdict(patch, Verdict.CONFLICT, "apply", None, evidence, findings)
+    evidence = ("the patch applies cleanly on REF and none of its hunks is there", *listed)
     return PatchVerdict(patch, Verdict.NEEDED, "forward-apply", None, evidence, findings)
+
+
+def _describe(finding: HunkFinding) -> str:
+    """One evidence entry per hunk; a conflicting hunk keeps its full text."""
+    detail = finding.detail if finding.state is HunkState.CONFLICT else finding.detail.splitlines()[0]
+    where = finding.header.split(" @@")[0] + " @@" if finding.header.startswith("@@") else finding.header
+    return f"{finding.file} {where}: {finding.state.value}: {detail}"
 
 
 def advice(patch: Patch, verdict: Verdict) -> str | None:
@@ -461,9 +461,14 @@ def _subject(mirror: Path, commit: str) -> str:
 
 def assess(mirror: Path, base: str, ref: str, commit: str, series: Series, scratch: Path) -> RefReport:
     """Verdicts for every patch of `series` against `commit` (named `ref`), in series order."""
-    with temp_dir(scratch, "status-") as work:
-        with Assessor(mirror, base, ref, commit, work).open() as assessor:
-            verdicts = tuple(assessor.assess(patch) for patch in series.patches)
+    with contextlib.ExitStack() as stack:
+        work = stack.enter_context(temp_dir(scratch, "status-"))
+        ref_env = stack.enter_context(git.temp_index(mirror, work / "ref"))
+        base_env = stack.enter_context(git.temp_index(mirror, work / "base"))
+        git.read_tree(mirror, commit, ref_env)
+        git.read_tree(mirror, base, base_env)
+        assessor = Assessor(mirror, base, ref, commit, work, (ref_env, base_env))
+        verdicts = tuple(assessor.assess(patch) for patch in series.patches)
     return RefReport(ref, commit, verdicts)
 
 
@@ -480,9 +485,41 @@ def table(reports: tuple[RefReport, ...]) -> str:
                 rows.extend(f"      {part}" for part in line.splitlines())
             for finding in v.hunks:
                 if finding.difference:
-                    rows.append(f"      remaining difference in {finding.file} {finding.header}:")
+                    rows.append(f"      remaining difference in {finding.file} {finding.header.split(' @@')[0]} @@:")
                     rows.extend(f"        {part}" for part in finding.difference.splitlines())
             if v.advice:
                 rows.append(f"      note: {v.advice}")
         rows.append("")
     return "\n".join(rows).rstrip("\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusReport:
+    base: str
+    reports: tuple[RefReport, ...]
+    notes: tuple[str, ...]
+
+    @property
+    def occurred(self) -> frozenset[Verdict]:
+        return frozenset(v.verdict for report in self.reports for v in report.verdicts)
+
+    def to_json(self) -> dict:
+        return {"base": self.base, "refs": [r.to_json() for r in self.reports]}
+
+
+def default_refs(config: Config) -> tuple[str, ...]:
+    """upstream.main, and the PR head when upstream.pr is set."""
+    return (config.upstream.main,) + ((config.upstream.pr_ref,) if config.upstream.pr_ref else ())
+
+
+def status(config: Config, cache: Cache, series: Series, refs: tuple[str, ...] = ()) -> StatusReport:
+    """Verdicts for the series against each ref (default: `default_refs`), every ref resolved before any work."""
+    mirror, notes = upstream.ensure_base(config, cache)
+    resolved = []
+    for ref in dict.fromkeys(refs or default_refs(config)):
+        commit, more = upstream.resolve_ref(config, cache, ref)
+        resolved.append((ref, commit))
+        notes += more
+    base = config.upstream.commit
+    reports = tuple(assess(mirror, base, ref, commit, series, cache.scratch) for ref, commit in resolved)
+    return StatusReport(base, reports, tuple(notes))

@@ -1,0 +1,62 @@
+"""`drop`: remove a patch upstream has merged, bump VERSION and log it in `patches/DROPPED.md`."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from carry import verdicts, version
+from carry.cache import Cache
+from carry.config import Config
+from carry.errors import BadInput
+from carry.fsutil import atomic_write_text
+from carry.series import Series
+
+LOG_NAME = "DROPPED.md"
+
+
+@dataclasses.dataclass(frozen=True)
+class Dropped:
+    name: str
+    verdict: verdicts.PatchVerdict
+    version: str
+    line: str
+    notes: tuple[str, ...]
+
+
+def drop(config: Config, cache: Cache, series: Series, name: str, against: str | None, force: bool) -> Dropped:
+    """Drop `name` when REF (default upstream.main) has merged it; anything else is refused unless `force`."""
+    patch = series.find(name)
+    ref = against or config.upstream.main
+    report = verdicts.status(config, cache, series, (ref,))
+    found = report.reports[0].find(patch.name)
+    forced = not found.verdict.merged
+    if forced and not force:
+        raise BadInput(
+            f"{patch.name} is {found.verdict.value} against {ref} (decided by {found.test}), not merged upstream; "
+            f"drop needs MERGED-EXACT or MERGED-MODIFIED: keep the patch, or pass --force to drop it anyway"
+        )
+    log = series.directory / LOG_NAME
+    before = read_log(log)
+    bumped = str(version.bump(config.version_file))
+    what = f"{found.verdict.value} against {ref}" + ("; forced with --force, not merged upstream" if forced else "")
+    line = log_line(patch.name, what, found.commit, bumped)
+    atomic_write_text(log, before + line + "\n")
+    patch.path.unlink()
+    return Dropped(patch.name, found, bumped, line, report.notes)
+
+
+def read_log(path: Path) -> str:
+    """DROPPED.md as it is, ending with a newline ('' when there is none yet)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: cannot read ({exc}); fix or move the file") from None
+    return text if not text or text.endswith("\n") else text + "\n"
+
+
+def log_line(name: str, what: str, commit: str | None, current: str) -> str:
+    """One DROPPED.md entry: date, patch, verdict, upstream commit, VERSION."""
+    return f"- {version.today_utc():%Y-%m-%d} {name}: {what}; upstream commit {commit or 'unknown'}; VERSION {current}"
