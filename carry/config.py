@@ -19,6 +19,7 @@ SCP_LIKE_RE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^:]")
 ALLOWED_SCHEMES = ("https", "ssh", "git", "file")
 DEFAULT_IMAGE_TAGS = ("{version}",)
 TAG_FIELDS = ("version", "base_short", "cuda", "series_short")
+PLATFORM_RE = re.compile(r"[a-z0-9]+/[a-z0-9_]+(/[a-z0-9]+)?")
 
 
 class CompilerCache(enum.Enum):
@@ -291,7 +292,7 @@ def _image(section: _Section, path: Path) -> Image:
     return Image(
         name=check_image_name(name, path),
         tags=tuple(check_tag_template(t, path) for t in section.strings("tags", DEFAULT_IMAGE_TAGS)),
-        platforms=section.strings("platforms"),
+        platforms=_platforms(section),
         base_image=section.string("base_image"),
         runtime_image=section.string("runtime_image"),
         build_args=section.env("build_args"),
@@ -300,6 +301,13 @@ def _image(section: _Section, path: Path) -> Image:
         secret_env=_env_names(section, "secret_env"),
         docker=section.string("docker", "docker"),
     )
+
+
+def _platforms(section: _Section) -> tuple[str, ...]:
+    platforms = section.strings("platforms")
+    if not all(PLATFORM_RE.fullmatch(p) for p in platforms):
+        raise section.fail("platforms", "a list of OS/ARCH[/VARIANT] such as linux/arm64")
+    return platforms
 
 
 def _env_names(section: _Section, key: str) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ import dataclasses
 import datetime
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from carry import git
 from carry.apply import CheckReport
 from carry.arch import ArchList
 from carry.cache import Cache
-from carry.config import Config, public_url
+from carry.config import PLATFORM_RE, Config, public_url
 from carry.errors import BadInput, Failed
 from carry.fsutil import temp_dir
 from carry.progress import Progress
@@ -32,6 +33,7 @@ ENTRYPOINT = Path(carry.__file__).resolve().parent / "image_files" / "entrypoint
 # What carry itself needs inside the build stage (the docker SDK is only used on the host).
 CARRY_REQUIREMENTS = ("click", "pyyaml", "gitpython", "filelock", "pyelftools", "wheel", "packaging")
 LABEL_PREFIX = "io.carry"
+TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 SECRET_ID = "carry_env"
 BUILDINFO_SCRIPT = """
 import importlib, importlib.metadata as metadata, json, sys
@@ -51,6 +53,14 @@ class ImageOptions:
     platforms: tuple[str, ...]
     hermetic: bool
     wheelhouse: Path | None
+
+    def __post_init__(self) -> None:
+        for tag in self.extra_tags:
+            if not TAG_RE.fullmatch(tag):
+                raise BadInput(f"--tag {tag!r} is not a valid tag; use letters, digits, '_', '.', '-' (at most 128)")
+        for platform in self.platforms:
+            if not PLATFORM_RE.fullmatch(platform):
+                raise BadInput(f"--platform {platform!r} is not OS/ARCH[/VARIANT]; use e.g. linux/arm64")
 
 
 @dataclasses.dataclass(frozen=True)
