@@ -130,13 +130,18 @@ def verify(obj: Context, artifact: str, arch: str | None) -> None:
 @click.option("--hermetic", is_flag=True, help="Build with --network=none, requirements from a wheelhouse.")
 @click.option("--wheelhouse", type=click.Path(path_type=Path, file_okay=False, exists=True),
               help="Wheels for --hermetic (default: downloaded once into the cache).")
+@click.option("--cache-from", "cache_from", metavar="SPEC", multiple=True,
+              help="Build cache source, e.g. type=registry,ref=REG/NAME:buildcache; repeatable.")
+@click.option("--cache-to", "cache_to", metavar="SPEC", multiple=True,
+              help="Build cache export (buildx only), e.g. type=registry,ref=REG/NAME:buildcache,mode=max.")
 @click.pass_obj
 def image_command(obj: Context, push: bool, tags: tuple[str, ...], platforms: tuple[str, ...], arch: str | None,
-                  hermetic: bool, wheelhouse: Path | None) -> None:
+                  hermetic: bool, wheelhouse: Path | None, cache_from: tuple[str, ...],
+                  cache_to: tuple[str, ...]) -> None:
     """Build the image with BuildKit (the build stage runs `build.py wheel`), tag it from VERSION, label it
     with its provenance, and optionally push."""
     progress = Progress()
-    options = image.ImageOptions(push, tags, platforms, hermetic, wheelhouse)
+    options = image.ImageOptions(push, tags, platforms, hermetic, wheelhouse, cache_from, cache_to)
     result = obj.session().image(options, arch, progress)
     echo_notes(result.notes)
     for ref in result.refs:
@@ -156,7 +161,7 @@ def status(obj: Context, against: tuple[str, ...], as_json: bool, fail_on: str |
     failing = verdicts.Verdict.parse_list(fail_on, "--fail-on") if fail_on is not None else frozenset()
     result = obj.session().status(against)
     echo_notes(result.notes)
-    click.echo(json.dumps(result.to_json(), indent=2) if as_json else verdicts.table(result.reports))
+    click.echo(json.dumps(result.to_json(), indent=2) if as_json else verdicts.table(result))
     sys.exit(1 if failing & result.occurred else 0)
 
 

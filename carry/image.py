@@ -53,6 +53,8 @@ class ImageOptions:
     platforms: tuple[str, ...]
     hermetic: bool
     wheelhouse: Path | None
+    cache_from: tuple[str, ...] = ()
+    cache_to: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for tag in self.extra_tags:
@@ -215,7 +217,9 @@ def build(
             progress.phase("wheelhouse", f"{len(requirements)} requirement(s) for a --network=none build")
             _fill_wheelhouse(cache, requirements, options.wheelhouse, context / "wheelhouse")
         secret = _secret_file(config, scratch)
-        command = _build_command(docker, buildx, the_plan, platforms, options.hermetic, secret, context)
+        if options.cache_to and not buildx:
+            raise BadInput(f"--cache-to needs buildx, which {docker} lacks; drop it or install docker-buildx")
+        command = _build_command(docker, buildx, the_plan, platforms, options, secret, context)
         progress.phase("build", f"{' '.join(command[:2])} -> {', '.join(the_plan.refs)}; log {log}")
         _run_logged(command, log, {"DOCKER_BUILDKIT": "1"})
     registry = _registry()
@@ -301,13 +305,17 @@ def _secret_file(config: Config, scratch: Path) -> Path | None:
     return path
 
 
-def _build_command(docker, buildx, the_plan: ImagePlan, platforms, hermetic, secret, context) -> list[str]:
+def _build_command(docker, buildx, the_plan: ImagePlan, platforms, options: ImageOptions, secret, context):
     command = [docker, "buildx", "build", "--load"] if buildx else [docker, "build"]
     command += ["--progress=plain", "--file", str(DOCKERFILE), "--target", "runtime"]
     if not buildx:
         command.append("--force-rm")
-    if hermetic:
+    if options.hermetic:
         command.append("--network=none")
+    for source in options.cache_from:
+        command += ["--cache-from", source]
+    for target in options.cache_to:
+        command += ["--cache-to", target]
     if platforms:
         command += ["--platform", ",".join(platforms)]
     if secret is not None:
