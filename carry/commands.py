@@ -84,13 +84,22 @@ class Session:
     def version(self) -> str:
         return str(version.read(self.config.version_file))
 
+    def arches(self, arch: str | None) -> ArchList:
+        """--arch, else build.cuda_arches; building needs at least one."""
+        arches = ArchList.parse(arch) if arch is not None else self.config.build.cuda_arches
+        if not len(arches):
+            raise BadInput(
+                f"{self.config.path}: no CUDA arches; set build.cuda_arches or pass --arch, e.g. --arch 9.0,12.1"
+            )
+        return arches
+
     def expected(self) -> verify.Expected:
         """What an artifact built from this repo now must say about itself."""
         return verify.Expected(self.version(), self.series().hash, self.config.upstream.commit)
 
     def wheel(self, arch: str | None, out: Path, jobs: int | None, progress: Progress) -> wheel.WheelResult:
         """check -> plan -> reuse or build the wheel -> publish into `out`."""
-        arches = ArchList.parse(arch) if arch is not None else self.config.build.cuda_arches
+        arches = self.arches(arch)
         current = self.version()
         checked = self.check()
         progress.phase("check", f"{len(checked.series.patches)} patch(es) on {checked.report.base[:12]}: "
@@ -101,7 +110,8 @@ class Session:
 
     def image(self, options: image.ImageOptions, arch: str | None, progress: Progress) -> image.ImageResult:
         """check -> context (carry + config + bundle) -> BuildKit build -> tags and labels -> push."""
-        arches = ArchList.parse(arch) if arch is not None else self.config.build.cuda_arches
+        arches = self.arches(arch)
+        builder = image.resolve_builder(self.config, options)
         current = self.version()
         checked = self.check()
         progress.phase("check", f"{len(checked.series.patches)} patch(es) on {checked.report.base[:12]}: "
@@ -111,7 +121,7 @@ class Session:
         tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
         plan = image.plan(self.config, checked.report, checked.series, current, arches, dist,
                           image.cuda_tag(tools.nvcc_version), options)
-        return image.build(self.config, self.cache, checked.mirror, plan, options,
+        return image.build(self.config, self.cache, checked.mirror, plan, options, builder,
                            image.build_requirements(pyproject), progress)
 
     def verify_image(self, ref: str) -> verify.Verification:

@@ -70,7 +70,6 @@ class ImagePlan:
     refs: tuple[str, ...]
     labels: dict[str, str]
     build_args: dict[str, str]
-    platforms: tuple[str, ...]
     arches: ArchList
     dist_name: str
 
@@ -160,8 +159,7 @@ def plan(
     for name, value in (("BASE_IMAGE", config.image.base_image), ("RUNTIME_IMAGE", config.image.runtime_image)):
         if value:
             build_args[name] = value
-    platforms = options.platforms or config.image.platforms
-    return ImagePlan(refs, labels, build_args, platforms, arches, dist_name)
+    return ImagePlan(refs, labels, build_args, arches, dist_name)
 
 
 def upstream_pyproject(text: str | None) -> dict:
@@ -185,29 +183,46 @@ def build_requirements(pyproject: dict) -> list[str]:
     return [*CARRY_REQUIREMENTS, *pyproject.get("build-system", {}).get("requires", [])]
 
 
+@dataclasses.dataclass(frozen=True)
+class Builder:
+    """The Docker CLI to build with, whether it has buildx, and the platforms it will build."""
+
+    docker: str
+    buildx: bool
+    platforms: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def resolve_builder(config: Config, options: ImageOptions) -> Builder:
+    """Decide how to build before any work starts; without buildx only the native platform is possible."""
+    docker = docker_binary(config)
+    buildx = has_buildx(docker)
+    platforms = options.platforms or config.image.platforms
+    if options.cache_to and not buildx:
+        raise BadInput(f"--cache-to needs buildx, which {docker} lacks; drop it or install docker-buildx")
+    if buildx or not platforms:
+        return Builder(docker, buildx, platforms, ())
+    native = _native_platform()
+    if native not in platforms:
+        raise BadInput(
+            f"without buildx ({docker}) only the native platform {native} can be built, not "
+            f"{', '.join(platforms)}; install docker-buildx or build on a {', '.join(platforms)} machine"
+        )
+    others = [p for p in platforms if p != native]
+    notes = (f"without buildx only the native platform {native} can be built; skipping {', '.join(others)}",)
+    return Builder(docker, buildx, (), notes if others else ())
+
+
 def build(
     config: Config,
     cache: Cache,
     mirror: Path,
     the_plan: ImagePlan,
     options: ImageOptions,
+    builder: Builder,
     requirements: list[str],
     progress: Progress,
 ) -> ImageResult:
-    docker = docker_binary(config)
-    notes: list[str] = []
-    buildx = has_buildx(docker)
-    platforms = the_plan.platforms
-    if platforms and not buildx:
-        native = _native_platform()
-        if any(p != native for p in platforms):
-            notes.append(
-                f"no buildx in {docker}: only the native platform {native} can be built "
-                f"(asked for {', '.join(platforms)})"
-            )
-        if native not in platforms:
-            raise BadInput(f"none of the platforms {', '.join(platforms)} is native ({native}) and there is no buildx")
-        platforms = ()
     log = cache.logs / f"image-{the_plan.labels[f'{LABEL_PREFIX}.tree'][:12]}.log"
     with temp_dir(cache.scratch, "image-") as scratch:
         context = scratch / "context"
@@ -217,9 +232,7 @@ def build(
             progress.phase("wheelhouse", f"{len(requirements)} requirement(s) for a --network=none build")
             _fill_wheelhouse(cache, requirements, options.wheelhouse, context / "wheelhouse")
         secret = _secret_file(config, scratch)
-        if options.cache_to and not buildx:
-            raise BadInput(f"--cache-to needs buildx, which {docker} lacks; drop it or install docker-buildx")
-        command = _build_command(docker, buildx, the_plan, platforms, options, secret, context)
+        command = _build_command(builder, the_plan, options, secret, context)
         progress.phase("build", f"{' '.join(command[:2])} -> {', '.join(the_plan.refs)}; log {log}")
         _run_logged(command, log, {"DOCKER_BUILDKIT": "1"})
     registry = _registry()
@@ -227,11 +240,11 @@ def build(
     image = client.images.get(the_plan.refs[0])
     pushed: dict[str, str] = {}
     if options.push:
-        with registry.credentials(config.image.name, docker) as auth:
+        with registry.credentials(config.image.name, builder.docker) as auth:
             for ref in the_plan.refs:
                 progress.phase("push", ref)
                 pushed[ref] = registry.push(client, ref, auth)
-    return ImageResult(the_plan.refs, image.id, pushed, tuple(notes))
+    return ImageResult(the_plan.refs, image.id, pushed, builder.notes)
 
 
 def _registry():
@@ -305,10 +318,11 @@ def _secret_file(config: Config, scratch: Path) -> Path | None:
     return path
 
 
-def _build_command(docker, buildx, the_plan: ImagePlan, platforms, options: ImageOptions, secret, context):
-    command = [docker, "buildx", "build", "--load"] if buildx else [docker, "build"]
+def _build_command(builder: Builder, the_plan: ImagePlan, options: ImageOptions, secret, context) -> list[str]:
+    docker = builder.docker
+    command = [docker, "buildx", "build", "--load"] if builder.buildx else [docker, "build"]
     command += ["--progress=plain", "--file", str(DOCKERFILE), "--target", "runtime"]
-    if not buildx:
+    if not builder.buildx:
         command.append("--force-rm")
     if options.hermetic:
         command.append("--network=none")
@@ -316,8 +330,8 @@ def _build_command(docker, buildx, the_plan: ImagePlan, platforms, options: Imag
         command += ["--cache-from", source]
     for target in options.cache_to:
         command += ["--cache-to", target]
-    if platforms:
-        command += ["--platform", ",".join(platforms)]
+    if builder.platforms:
+        command += ["--platform", ",".join(builder.platforms)]
     if secret is not None:
         command += ["--secret", f"id={SECRET_ID},src={secret}"]
     for name, value in sorted(the_plan.build_args.items()):
