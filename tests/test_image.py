@@ -158,3 +158,9 @@ def test_push_with_wrong_password_is_refused(setup):
 def test_bad_tag_is_exit_2(setup):
     result = run(setup, "image", "--tag", "bad tag!")
     assert result.code == 2 and len(result.err.strip().splitlines()) == 1 and "Traceback" not in result.err
+
+
+def test_foreign_platform_without_buildx_is_one_line_exit_2(setup):
+    result = run(setup, "image", "--platform", "linux/arm64")
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
+    assert "only the native platform linux/amd64 can be built" in result.err
