@@ -105,14 +105,14 @@ def _cherry_pick(tree: Path, patch: series.Patch, commit: str, ref: str, new_bas
 
 
 def _moved(patch: series.Patch, text: str, work: Path) -> bool:
-    """Whether the new text differs from the file in anything but form (index lines, diffstat)."""
+    """Whether the new text differs from the file in substance: its diff, description or mail headers (when it has
+    them); index lines and the diffstat are form only."""
     candidate = work / patch.name
     candidate.write_text(text)
-    return _essence(series.parse_patch(candidate, patch.number)) != _essence(patch)
-
-
-def _essence(patch: series.Patch) -> tuple:
-    return (patch.subject, patch.author, patch.date, patch.description.strip(), patch.diffs)
+    new = series.parse_patch(candidate, patch.number)
+    if (new.diffs, new.description.strip()) != (patch.diffs, patch.description.strip()):
+        return True
+    return patch.author is not None and (new.subject, new.author, new.date) != (patch.subject, patch.author, patch.date)
 
 
 def _write(config: Config, patches: series.Series, changed: dict, emptied: tuple, ref: str, new_base: str) -> None:
@@ -120,13 +120,12 @@ def _write(config: Config, patches: series.Series, changed: dict, emptied: tuple
     log = patches.directory / drop.LOG_NAME
     if emptied:
         current = str(version.read(config.version_file))
-        before = drop.read_log(log)
         what = f"empty after refresh onto {ref} {new_base[:12]} (already upstream)"
-        lines = "".join(drop.log_line(name, what, None, current) + "\n" for name in emptied)
+        log_text = drop.read_log(log) + "".join(drop.log_line(name, what, None, current) + "\n" for name in emptied)
     for name, text in changed.items():
         atomic_write_text(patches.directory / name, text)
     if emptied:
-        atomic_write_text(log, before + lines)
+        atomic_write_text(log, log_text)
         for name in emptied:
             (patches.directory / name).unlink()
     if new_base != config.upstream.commit:

@@ -214,10 +214,10 @@ class Assessor:
     def assess(self, patch: Patch) -> PatchVerdict:
         parts = sections(patch)
         pre = {d.old_path: self._read(d.old_path, self.base_env) for d in patch.diffs if d.old_path}
-        applied_on_base = self._apply_all(self._whole(parts, self.base_env), self.base_env, check=False)
+        applied_on_base = self._apply(self._whole(parts, self.base_env), self.base_env, check=False)
         post = {d.new_path: self._read(d.new_path, self.base_env) for d in patch.diffs if d.new_path}
         if not applied_on_base:
-            self._apply_hunks(parts, self.base_env, tuple(self._units(parts)))
+            self._apply_units(self._units(parts), self.base_env)
             pre, post = {}, {}
         verdict = self._judge(patch, parts, pre, post, applied_on_base)
         self._carry_forward(parts, verdict)
@@ -228,8 +228,8 @@ class Assessor:
         if same:
             return PatchVerdict(patch, Verdict.MERGED_EXACT, "patch-id", same[0], same[1:])
         whole = self._whole(parts, self.ref_env)
-        forward = self._apply_all(whole, self.ref_env)
-        reverse = self._apply_all(whole, self.ref_env, reverse=True)
+        forward = self._apply(whole, self.ref_env)
+        reverse = self._apply(whole, self.ref_env, reverse=True)
         if reverse == CLEANLY and not forward:
             evidence = ["the whole patch reverse-applies cleanly on REF (git apply -R)", *self._moves(parts)]
             if not applied_on_base:
@@ -256,7 +256,7 @@ class Assessor:
     def _unit_text(self, section: Section, hunks: tuple[int, ...], env: dict[str, str]) -> str:
         return section.text(hunks, self._target(section.diff, env))
 
-    def _apply_all(self, text: str, env: dict[str, str], reverse: bool = False, check: bool = True) -> str | None:
+    def _apply(self, text: str, env: dict[str, str], reverse: bool = False, check: bool = True) -> str | None:
         """Apply `text` strictly, else ignoring whitespace; the way it applied, or None."""
         path = self.scratch / f"unit-{next(self.counter)}.patch"
         path.write_text(text)
@@ -267,18 +267,19 @@ class Assessor:
                 return how
         return None
 
-    def _apply_hunks(self, parts, env: dict[str, str], units) -> None:
+    def _apply_units(self, units, env: dict[str, str]) -> None:
+        """Apply each (section, hunks) unit that still applies, one by one."""
         for section, hunks in units:
-            self._apply_all(self._unit_text(section, hunks, env), env, check=False)
+            self._apply(self._unit_text(section, hunks, env), env, check=False)
 
     def _carry_forward(self, parts: tuple[Section, ...], verdict: PatchVerdict) -> None:
         """Put what REF still lacks into the REF index, so later patches see the series as far as it applies."""
         if verdict.verdict is Verdict.NEEDED:
-            self._apply_all(self._whole(parts, self.ref_env), self.ref_env, check=False)
+            self._apply(self._whole(parts, self.ref_env), self.ref_env, check=False)
         elif verdict.hunks:
             merged = {(f.file, f.header) for f in verdict.hunks if f.state.merged}
             units = [(s, i) for s, i in self._units(parts) if (s.diff.path, _unit_header(s, i)) not in merged]
-            self._apply_hunks(parts, self.ref_env, units)
+            self._apply_units(units, self.ref_env)
 
     # --- reading the indexes --------------------------------------------------------------------------
 
@@ -301,8 +302,8 @@ class Assessor:
         target = self._target(diff, self.ref_env)
         header = _unit_header(section, hunks)
         text = self._unit_text(section, hunks, self.ref_env)
-        forward = self._apply_all(text, self.ref_env)
-        reverse = self._apply_all(text, self.ref_env, reverse=True)
+        forward = self._apply(text, self.ref_env)
+        reverse = self._apply(text, self.ref_env, reverse=True)
         moved = f" (at {target}, renamed upstream)" if target and target not in (diff.old_path, diff.new_path) else ""
         found = self._intent(section, hunks, target, pre, post)
         if reverse == CLEANLY and (forward != CLEANLY or found.present):
@@ -345,6 +346,7 @@ class Assessor:
             post.get(diff.new_path),
             ref_lines,
             f"{self.ref}:{target}",
+            intent.Lexer.for_path(target),
         )
 
     def _paths(self, patch: Patch) -> list[str]:
@@ -385,7 +387,8 @@ class Assessor:
         for section in parts:
             target = self._target(section.diff, self.ref_env)
             text = "\n".join(self._read(target, self.ref_env) or []) if target else ""
-            candidates += [h.strip() for hunk in section.diff.hunks for h in hunk.added if h.strip() in text]
+            added = (line.strip() for hunk in section.diff.hunks for line in hunk.added if intent.is_code(line))
+            candidates += [line for line in added if line in text]
         if not candidates:
             return None
         needle = max(candidates, key=len)
@@ -472,10 +475,10 @@ def assess(mirror: Path, base: str, ref: str, commit: str, series: Series, scrat
     return RefReport(ref, commit, verdicts)
 
 
-def table(reports: tuple[RefReport, ...]) -> str:
+def table(status: StatusReport) -> str:
     """The verdicts as readable text, one block per ref."""
-    rows = []
-    for report in reports:
+    rows = [f"base {status.base}", ""]
+    for report in status.reports:
         rows.append(f"against {report.ref} ({report.commit[:12]})")
         width = max([len(v.patch.name) for v in report.verdicts] + [5])
         for v in report.verdicts:

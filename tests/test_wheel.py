@@ -178,3 +178,30 @@ def test_bad_arch_is_exit_2_naming_the_token(demo, arch):
     result = run(demo, "wheel", "--arch", arch, "--out", str(demo["base"] / "never"))
     assert_bad_input(result, repr(arch))
     assert not (demo["base"] / "never").exists()
+
+
+def test_failed_build_prints_log_tail_and_leaves_no_wheel(demo, tmp_path):
+    """A patch that breaks a kernel: exit 1, the compiler's error in the printed tail, nothing in dist."""
+    from helpers import git
+
+    clone = tmp_path / "clone"
+    pin = next(line.split()[1] for line in (demo["project"] / "build.yaml").read_text().splitlines()
+               if line.strip().startswith("commit:"))
+    git(tmp_path, "clone", "-q", str(demo["project"] / "upstream.bundle"), str(clone))
+    git(clone, "checkout", "-q", pin)
+    for patch in sorted((demo["project"] / "patches").glob("*.patch")):
+        git(clone, "am", "-q", str(patch))
+    kernel = next((clone / "csrc").glob("*.cu"))
+    kernel.write_text(kernel.read_text() + "\nthis is not CUDA;\n")
+    git(clone, "commit", "-q", "-am", "Break a kernel")
+    broken = demo["project"] / "patches" / "0003-break-a-kernel.patch"
+    broken.write_text(git(clone, "format-patch", "-1", "--stdout") + "\n")
+    out = demo["base"] / "dist-broken"
+    try:
+        result = run(demo, "wheel", "--arch", "9.0", "--out", str(out))
+    finally:
+        broken.unlink()
+    assert result.code == 1
+    assert "the upstream build failed" in result.err and "log:" in result.err
+    assert "this is not CUDA" in result.err or "error" in result.err.lower()
+    assert not out.exists() or not list(out.iterdir())

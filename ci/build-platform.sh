@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Build the wheel and the image for one platform on a machine of that CPU (no emulation): build and verify the
+# wheel, build and push the image (its tags plus <VERSION>-<arch>), then verify the image. The refs pushed are
+# written to dist/image-refs-<arch>.txt for publish-manifest.sh, which joins the platforms under the shared tags;
+# until then each shared tag holds the platform that pushed last. Registry credentials come from
+# CARRY_REGISTRY_USER / CARRY_REGISTRY_PASSWORD in the environment (carry hands the password to
+# `docker login --password-stdin`). CARRY_PUSH=0 builds and verifies without pushing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=ci/lib.sh
+source ci/lib.sh
+
+config="${CARRY_CONFIG:-build.yaml}"  # relative to the repo root
+
+platform="${1:?usage: ci/build-platform.sh PLATFORM, e.g. linux/arm64}"
+if ! python ci/carry_query.py image.platforms --config "$config" | grep -qxF -- "$platform"; then
+    echo "ci: $platform is not in image.platforms of build.yaml" >&2
+    exit 2
+fi
+native="$(native_platform)"
+if [ "$platform" != "$native" ]; then
+    echo "ci: this machine builds $native natively, not $platform; run on a $platform runner" >&2
+    exit 2
+fi
+
+arch="$(arch_tag "$platform")"
+version="$(python build.py --config "$config" version)"
+name="$(python ci/carry_query.py image.name --config "$config")"
+
+wheel="$(python build.py --config "$config" wheel --out dist | tail -n 1)"
+python build.py --config "$config" verify "$wheel"
+
+if [ "${CARRY_PUSH:-1}" != 1 ]; then
+    python build.py --config "$config" image --platform "$platform" --tag "$version-$arch"
+    python build.py --config "$config" verify "$name:$version-$arch"
+    exit 0
+fi
+pushed="$(python build.py --config "$config" image --platform "$platform" --tag "$version-$arch" --push)"
+printf '%s\n' "$pushed"
+python build.py --config "$config" verify "$name:$version-$arch"
+printf '%s\n' "$pushed" | awk '{ print $1 }' >"dist/image-refs-$arch.txt"

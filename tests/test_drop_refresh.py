@@ -1,0 +1,151 @@
+"""`drop` and `refresh` on real upstream scenarios, run through build.py as users do."""
+
+from __future__ import annotations
+
+import datetime
+import re
+import subprocess
+
+from helpers import assert_bad_input
+from scenarios import ENGINE, project, replace, with_fp8, with_reset
+
+STATS = "    def stats(self):\n        return {'calls': self.calls}\n\n"
+SHUTDOWN = "    def shutdown(self):\n"
+
+
+def today() -> datetime.date:
+    return datetime.datetime.now(datetime.timezone.utc).date()
+
+
+def test_drop_a_merged_patch_removes_it_bumps_version_and_logs_it(tmp_path):
+    p = project(tmp_path)
+    picked = p.land("0001-reset-semaphore.patch")
+    result = p.run("drop", "0001")
+    assert result.code == 0, result.err
+    assert not (p.patches / "0001-reset-semaphore.patch").exists()
+    assert (p.patches / "0002-fp8-dispatch.patch").exists()
+    version = f"{today():%Y%m%d}.1"
+    assert (p.config.parent / "VERSION").read_text() == f"{version}\n"
+    log = (p.patches / "DROPPED.md").read_text().splitlines()
+    assert log == [
+        f"- {today():%Y-%m-%d} 0001-reset-semaphore.patch: MERGED-EXACT against main; "
+        f"upstream commit {picked}; VERSION {version}"
+    ]
+    assert result.out.strip() == log[0]
+    assert p.run("check").code == 0  # the rest of the series still applies on the pin
+
+
+def test_drop_a_patch_merged_with_edits_appends_to_the_log(tmp_path):
+    p = project(tmp_path)
+    (p.patches / "DROPPED.md").write_text("# Dropped patches\n")
+    p.commit("Dispatch FP8 per-channel, reviewed", {"pkg/engine.py": replace(
+        with_fp8(ENGINE), '"fp8-channel-kernel"', '"fp8-channel-kernel"  # per output channel')})
+    result = p.run("drop", "0002-fp8-dispatch.patch")
+    assert result.code == 0, result.err
+    log = (p.patches / "DROPPED.md").read_text().splitlines()
+    assert log[0] == "# Dropped patches" and len(log) == 2
+    assert "0002-fp8-dispatch.patch: MERGED-MODIFIED against main" in log[1]
+    assert not (p.patches / "0002-fp8-dispatch.patch").exists()
+
+
+def test_drop_refuses_a_needed_patch_and_changes_nothing(tmp_path):
+    p = project(tmp_path)
+    p.commit("unrelated", {"README": "engine v2\n"})
+    before = p.digest()
+    result = p.run("drop", "0002-fp8-dispatch")
+    assert_bad_input(result, "0002-fp8-dispatch.patch is NEEDED against main", "--force")
+    assert p.digest() == before
+    assert_bad_input(p.run("drop", "0009"), "no patch named '0009'")
+    assert p.digest() == before
+
+
+def test_drop_force_says_so_in_the_log(tmp_path):
+    p = project(tmp_path)
+    result = p.run("drop", "0002", "--force")
+    assert result.code == 0, result.err
+    log = (p.patches / "DROPPED.md").read_text()
+    assert "0002-fp8-dispatch.patch: NEEDED against main; forced with --force, not merged upstream" in log
+    assert not (p.patches / "0002-fp8-dispatch.patch").exists()
+
+
+def git_project(p) -> None:
+    """Track the project directory in git so tests can ask `git diff` what changed, as a user would."""
+    directory = str(p.config.parent)
+    subprocess.run(["git", "init", "-q", directory], check=True)
+    subprocess.run(["git", "-C", directory, "add", "-A"], check=True)
+    subprocess.run(["git", "-C", directory, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
+                   check=True)
+
+
+def changed(p) -> list[str]:
+    out = subprocess.run(["git", "-C", str(p.config.parent), "status", "--porcelain"], capture_output=True,
+                         text=True, check=True).stdout
+    return sorted(line[3:] for line in out.splitlines())
+
+
+def test_refresh_rewrites_only_what_moved_and_twice_changes_nothing(tmp_path):
+    p = project(tmp_path)
+    git_project(p)
+    reset_before = (p.patches / "0001-reset-semaphore.patch").read_bytes()
+    new_base = p.commit("Add stats", {
+        "pkg/engine.py": replace(ENGINE, SHUTDOWN, STATS + SHUTDOWN), "README": "engine with stats\n",
+    })
+    result = p.run("refresh")
+    assert result.code == 0, result.err
+    assert changed(p) == ["build.yaml", "patches/0002-fp8-dispatch.patch"]
+    assert (p.patches / "0001-reset-semaphore.patch").read_bytes() == reset_before
+    assert f"commit: {new_base}  # the pin" in p.config.read_text()
+    fp8 = (p.patches / "0002-fp8-dispatch.patch").read_text()
+    assert fp8.startswith("From 0000000000000000000000000000000000000000 ")
+    assert "From: Upstream Dev <dev@upstream.example>" in fp8 and "Subject: [PATCH] Dispatch FP8 per-channel" in fp8
+    assert "@@ -33,6 +33,8 @@" in fp8  # after 0001's four lines and the three new ones upstream
+    assert re.search(r"\nindex [0-9a-f]{40}\.\.[0-9a-f]{40} 100644\n", fp8)  # --full-index
+    assert "rewritten  0002-fp8-dispatch.patch" in result.out and "unchanged  0001-reset-semaphore.patch" in result.out
+    check = p.run("check")
+    assert check.code == 0 and new_base in check.out
+
+    before = p.digest()
+    again = p.run("refresh")
+    assert again.code == 0, again.err
+    assert p.digest() == before
+    assert "pin unchanged" in again.out
+
+
+def test_refresh_keeps_description_and_trailers_and_follows_a_rename(tmp_path):
+    p = project(tmp_path)
+    p.git("mv", "pkg/engine.py", "pkg/runtime.py")
+    p.commit("Rename engine to runtime", {})
+    assert p.run("refresh").code == 0
+    reset = (p.patches / "0001-reset-semaphore.patch").read_text()
+    assert "diff --git a/pkg/runtime.py b/pkg/runtime.py" in reset
+    trailer = "Upstream-Status: Submitted [https://example.invalid/pr/1]"
+    assert f"Subject: [PATCH] Reset the semaphore in prepare_forward\n\n{trailer}\n---\n" in reset
+    once = p.digest()
+    assert p.run("refresh").code == 0
+    assert p.digest() == once
+    assert p.run("check").code == 0
+
+
+def test_refresh_conflict_changes_nothing_and_names_patch_and_file(tmp_path):
+    p = project(tmp_path)
+    p.commit("Rewrite prepare_forward", {"pkg/engine.py": replace(
+        ENGINE, "        self.calls += 1\n", "        self.calls += 2\n        self.sem = None\n")})
+    before = p.digest()
+    result = p.run("refresh")
+    assert result.code == 1, (result.out, result.err)
+    assert result.err.startswith("carry: error: 0001-reset-semaphore.patch conflicts with main ")
+    assert "in pkg/engine.py; nothing was changed" in result.err
+    assert p.digest() == before
+    assert not list((tmp_path / "cache" / "tmp").glob("refresh-*"))  # the temporary worktree is gone
+
+
+def test_refresh_reports_a_patch_that_became_empty(tmp_path):
+    p = project(tmp_path)
+    p.commit("Reset semaphore upstream", {"pkg/engine.py": with_reset(ENGINE)})
+    result = p.run("refresh")
+    assert result.code == 0, result.err
+    assert "emptied    0001-reset-semaphore.patch: already upstream" in result.out
+    assert not (p.patches / "0001-reset-semaphore.patch").exists()
+    log = (p.patches / "DROPPED.md").read_text()
+    assert "0001-reset-semaphore.patch: empty after refresh onto main" in log
+    assert p.run("check").code == 0

@@ -1,0 +1,192 @@
+"""`status`: one verdict per patch against a newer upstream, each with its evidence, on real git scenarios."""
+
+from __future__ import annotations
+
+import json
+
+from helpers import assert_bad_input
+from scenarios import ENGINE, project, replace, with_fp8, with_reset
+
+
+def evidence(entry: dict) -> str:
+    return "\n".join(entry["evidence"])
+
+
+def test_merged_exactly_by_cherry_pick(tmp_path):
+    p = project(tmp_path)
+    p.commit("unrelated", {"README": "engine, faster\n"})
+    picked = p.land("0001-reset-semaphore.patch")
+    verdicts = p.status()
+    assert (p.mirror() / "shallow").exists()  # found in a shallow mirror, as for vLLM
+    merged, needed = verdicts["0001-reset-semaphore.patch"], verdicts["0002-fp8-dispatch.patch"]
+    assert (merged["verdict"], merged["test"], merged["commit"]) == ("MERGED-EXACT", "patch-id", picked)
+    assert "same patch-id" in evidence(merged) and "nothing else" in evidence(merged)
+    assert merged["advice"] == "Upstream-Status says Submitted, but it is merged upstream: drop it"
+    assert (needed["verdict"], needed["test"], needed["commit"]) == ("NEEDED", "forward-apply", None)
+    assert "applies cleanly on REF and none of its hunks is there" in evidence(needed)
+
+
+def test_squash_merged_together_with_unrelated_changes(tmp_path):
+    p = project(tmp_path)
+    shutdown = "        self.calls = 0\n"
+    engine = replace(with_reset(ENGINE), shutdown, shutdown + "        self.closed = True\n")
+    squash_reset = p.commit("Big squash", {"pkg/engine.py": engine, "README": "engine v2\n"})
+    squash_fp8 = p.commit("Another squash", {"pkg/engine.py": with_fp8(engine), "docs/NOTES": "fp8\n"})
+    verdicts = p.status()
+    reset, fp8 = verdicts["0001-reset-semaphore.patch"], verdicts["0002-fp8-dispatch.patch"]
+    # Same file changed elsewhere: the patch-id differs, but the patch reverse-applies on REF.
+    assert (reset["verdict"], reset["test"], reset["commit"]) == ("MERGED-EXACT", "reverse-apply", squash_reset)
+    assert "reverse-applies cleanly" in evidence(reset)
+    # Only other files changed alongside: same patch-id over the patch's files, the squash is named.
+    assert (fp8["verdict"], fp8["test"], fp8["commit"]) == ("MERGED-EXACT", "patch-id", squash_fp8)
+    assert "together with 1 other file(s) (squash)" in evidence(fp8)
+
+
+def test_merged_with_a_reviewers_edit(tmp_path):
+    p = project(tmp_path)
+    reviewed = (
+        "        # A previous step may have leaked permits: start from a fresh semaphore.\n"
+        "        permits = max(self.size, 1)\n"
+        "        self.sem = threading.Semaphore(permits)\n"
+        "        self.resets = getattr(self, 'resets', 0) + 1\n"
+        "        self.last_reset = self.calls\n"
+    )
+    merged = p.commit("Reset semaphore (reviewed)", {"pkg/engine.py": replace(
+        ENGINE, "        self.calls += 1\n", "        self.calls += 1\n" + reviewed)})
+    entry = p.status()["0001-reset-semaphore.patch"]
+    assert (entry["verdict"], entry["test"], entry["commit"]) == ("MERGED-MODIFIED", "intent", merged)
+    assert "2/3 added line(s) found in main:pkg/engine.py" in evidence(entry)
+    assert "edited upstream: 'permits = self.size' -> 'permits = max(self.size, 1)' (67% alike)" in evidence(entry)
+    assert "-        permits = self.size" in entry["difference"]
+    assert "+        permits = max(self.size, 1)" in entry["difference"]
+    assert "+        self.last_reset = self.calls" in entry["difference"]
+
+
+def test_half_merged(tmp_path):
+    p = project(tmp_path)
+    (p.patches / "0002-fp8-dispatch.patch").unlink()
+    (p.patches / "0001-reset-semaphore.patch").unlink()
+    p.add_patch("0001-reset-and-fp8.patch", "Reset and dispatch", with_fp8(with_reset(ENGINE)))
+    half = p.commit("Dispatch FP8 per-channel", {"pkg/engine.py": with_fp8(ENGINE)})
+    entry = p.status()["0001-reset-and-fp8.patch"]
+    assert (entry["verdict"], entry["test"], entry["commit"]) == ("PARTIAL", "intent", half)
+    states = {h["header"].split(" @@")[0]: (h["state"], h["detail"]) for h in entry["hunks"]}
+    assert states == {
+        "@@ -11,6 +11,10": ("needed", "applies cleanly"),
+        "@@ -26,6 +30,8": ("in REF", "reverse-applies cleanly"),
+    }
+
+
+def test_conflicting_rewrite(tmp_path):
+    p = project(tmp_path)
+    rewritten = replace(
+        ENGINE,
+        "        self.calls += 1\n        if not batch:\n            return None\n",
+        "        self.calls = self.calls + 1\n        if batch is None or len(batch) == 0:\n            return None\n",
+    )
+    p.commit("Rewrite prepare_forward", {"pkg/engine.py": rewritten})
+    verdicts = p.status()
+    conflict = verdicts["0001-reset-semaphore.patch"]
+    assert (conflict["verdict"], conflict["test"]) == ("CONFLICT", "apply")
+    text = evidence(conflict)
+    assert "does not apply to pkg/engine.py" in text
+    assert "missing: 'permits = self.size'" in text
+    assert "+        self.sem = threading.Semaphore(permits)" in text  # the failing hunk itself
+    assert " self.calls += 1" in text
+    # The series goes on: the next patch is still judged, and it is still needed.
+    assert verdicts["0002-fp8-dispatch.patch"]["verdict"] == "NEEDED"
+
+
+def test_touched_file_renamed_upstream(tmp_path):
+    p = project(tmp_path)
+    shutdown = "        self.calls = 0\n"
+    merged = p.commit("Reset semaphore, close on shutdown", {"pkg/engine.py": replace(
+        with_reset(ENGINE), shutdown, shutdown + "        self.closed = True\n")})
+    p.git("mv", "pkg/engine.py", "pkg/runtime.py")
+    p.commit("Rename engine to runtime", {})
+    verdicts = p.status()
+    reset, fp8 = verdicts["0001-reset-semaphore.patch"], verdicts["0002-fp8-dispatch.patch"]
+    assert (reset["verdict"], reset["test"], reset["commit"]) == ("MERGED-EXACT", "reverse-apply", merged)
+    assert "pkg/engine.py is pkg/runtime.py in REF (renamed upstream)" in evidence(reset)
+    assert (fp8["verdict"], fp8["test"]) == ("NEEDED", "forward-apply")
+    assert "pkg/engine.py is pkg/runtime.py in REF (renamed upstream)" in evidence(fp8)
+    assert fp8["hunks"][0]["target"] == "pkg/runtime.py"
+
+
+def test_whitespace_only_reformatting_upstream(tmp_path):
+    p = project(tmp_path)
+    reformatted = (
+        with_reset(ENGINE)
+        .replace('    if kind == "', '\tif kind == "')
+        .replace('        return "', '\t\treturn "')
+        .replace('    return "default', '\treturn "default')
+        .replace("permits = self.size", "permits=self.size")
+        .replace("self.resets = getattr(self, 'resets', 0) + 1",
+                 'self.resets = getattr(\n            self, "resets", 0,\n        ) + 1')
+    )
+    merged = p.commit("Reset semaphore; reformat", {"pkg/engine.py": reformatted})
+    verdicts = p.status()
+    reset, fp8 = verdicts["0001-reset-semaphore.patch"], verdicts["0002-fp8-dispatch.patch"]
+    assert (reset["verdict"], reset["test"], reset["commit"]) == ("MERGED-MODIFIED", "intent", merged)
+    assert "3/3 added line(s) found" in evidence(reset)
+    assert "+        permits=self.size" in reset["difference"]
+    # Not merged, and its context was reformatted: it no longer applies as it is.
+    assert fp8["verdict"] == "CONFLICT"
+    assert "applies only when ignoring whitespace" in evidence(fp8)
+
+
+def test_patch_already_in_the_base(tmp_path):
+    p = project(tmp_path)
+    p.land("0001-reset-semaphore.patch")
+    p.days += 7
+    release = p.commit("Release 2", {"CHANGELOG": "2: semaphore reset\n"})
+    p.config.write_text(p.config.read_text().replace(p.pin, release))
+    p.commit("unrelated", {"README": "engine v3\n"})
+    verdicts = p.status()
+    entry = verdicts["0001-reset-semaphore.patch"]
+    assert (entry["verdict"], entry["test"], entry["commit"]) == ("MERGED-EXACT", "reverse-apply", None)
+    assert f"already in the base {release[:12]}" in evidence(entry)
+    # The mirror is shallow: the commit that brought the change, a week before the base, was never fetched.
+    assert (p.mirror() / "shallow").exists()
+    assert verdicts["0002-fp8-dispatch.patch"]["verdict"] == "NEEDED"
+
+
+def test_accepted_but_needed_is_a_contradiction(tmp_path):
+    p = project(tmp_path)
+    before = "        self.calls = 0\n\n    def prepare"
+    after = "        self.calls = 0\n        self.resets = 0\n\n    def prepare"
+    p.add_patch("0003-accepted.patch", "Count resets", replace(ENGINE, before, after),
+        "Upstream-Status: Accepted [https://example.invalid/pr/3]")
+    entry = p.status()["0003-accepted.patch"]
+    assert entry["verdict"] == "NEEDED"
+    assert entry["advice"] == "contradiction: Upstream-Status says Accepted, but REF does not contain it"
+
+
+def test_default_refs_include_the_pr_head_and_text_output(tmp_path):
+    p = project(tmp_path, pr=7)
+    p.git("checkout", "-q", "-b", "pr")
+    pr_head = p.commit("PR: reset semaphore", {"pkg/engine.py": with_reset(ENGINE)})
+    p.git("checkout", "-q", "main")
+    p.upstream.publish_pr(7, pr_head)
+    result = p.run("status", "--json")
+    assert result.code == 0, result.err
+    refs = json.loads(result.out)["refs"]
+    assert [(r["ref"], r["patches"][0]["verdict"]) for r in refs] == [
+        ("main", "NEEDED"), ("refs/pull/7/head", "MERGED-EXACT"),
+    ]
+    text = p.run("status")
+    assert text.code == 0
+    assert f"against refs/pull/7/head ({pr_head[:12]})" in text.out
+    assert "0001-reset-semaphore.patch  MERGED-EXACT" in text.out
+    assert "note: Upstream-Status says Submitted, but it is merged upstream: drop it" in text.out
+
+
+def test_fail_on_and_bad_input(tmp_path):
+    p = project(tmp_path)
+    p.land("0001-reset-semaphore.patch")
+    assert p.run("status", "--fail-on", "CONFLICT,PARTIAL").code == 0
+    failing = p.run("status", "--fail-on", "merged-exact")
+    assert failing.code == 1 and "MERGED-EXACT" in failing.out
+    assert_bad_input(p.run("status", "--fail-on", "MERGED"), "unknown verdict 'MERGED'", "NEEDED")
+    assert_bad_input(p.run("status", "--against", "no-such-branch"), "unknown ref 'no-such-branch'")
+
