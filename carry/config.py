@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from packaging.version import Version as PackagingVersion
 
 from carry.arch import ArchList
 from carry.errors import BadInput
@@ -168,10 +169,10 @@ class _Section:
 def check_url(url: str, path: Path) -> str:
     """Accept only https, ssh, git and file URLs, scp-like ssh and local paths (repos or bundles)."""
     if url.startswith("-"):
-        raise BadInput(f"{path}: upstream.url {url!r} starts with '-'; give a URL or a path")
+        raise BadInput(f"{path}: upstream.url {public_url(url)!r} starts with '-'; give a URL or a path")
     if "::" in url.split("/", 1)[0]:
         raise BadInput(
-            f"{path}: upstream.url {url!r} uses a git remote helper transport; "
+            f"{path}: upstream.url {public_url(url)!r} uses a git remote helper transport; "
             f"use one of {', '.join(ALLOWED_SCHEMES)} or a local path"
         )
     scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", url)
@@ -212,7 +213,12 @@ def check_tag_template(template: str, path: Path) -> str:
                 f"{path}: image.tags template {template!r} uses unknown field {{{field}}}; "
                 f"allowed: {', '.join('{' + f + '}' for f in TAG_FIELDS)}"
             )
-    sample = template.format(version="20260101.1", base_short="0" * 12, cuda="130", series_short="0" * 12)
+    try:
+        sample = template.format(version="20260101.1", base_short="0" * 12, cuda="130", series_short="0" * 12)
+    except ValueError as exc:
+        raise BadInput(
+            f"{path}: image.tags template {template!r} is malformed ({exc}); write fields as {{version}}"
+        ) from None
     if not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$", sample):
         raise BadInput(
             f"{path}: image.tags template {template!r} does not render to a valid tag "
@@ -277,6 +283,7 @@ def _build(section: _Section) -> Build:
     wheel_version = section.string("wheel_version", "0+carry.{version}")
     if "{version}" not in wheel_version:
         raise section.fail("wheel_version", "a template containing {version}, e.g. '0.11.0+carry.{version}'")
+    _check_wheel_version(section, wheel_version)
     return Build(
         cuda_arches=ArchList.parse(arches) if arches else ArchList.parse([]),
         env=section.env("env"),
@@ -285,6 +292,16 @@ def _build(section: _Section) -> Build:
         build_isolation=section.boolean("build_isolation", True),
         compiler_cache=CompilerCache.parse(section.string("compiler_cache", "ccache"), f"{section.path}: build"),
     )
+
+
+def _check_wheel_version(section: _Section, template: str) -> None:
+    """Whatever VERSION holds, the template must render to a PEP 440 version with a local label."""
+    try:
+        valid = bool(PackagingVersion(template.format(version="20260101.1")).local)
+    except (ValueError, KeyError, IndexError):
+        valid = False
+    if not valid:
+        raise section.fail("wheel_version", "a PEP 440 version with a local label, e.g. '0.11.0+carry.{version}'")
 
 
 def _image(section: _Section, path: Path) -> Image:

@@ -148,7 +148,7 @@ def temp_index(repo: Path, scratch: Path) -> Iterator[dict[str, str]]:
         yield {"GIT_INDEX_FILE": str(index)}
     finally:
         for path in (index, Path(f"{index}.lock")):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 path.unlink()
 
 

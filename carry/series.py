@@ -16,6 +16,8 @@ ALLOWED_EXTRA_FILES = ("DROPPED.md", "README.md")
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 TRAILER_RE = re.compile(r"^(Upstream-Status|Forwarded):\s*(.*?)\s*$", re.IGNORECASE)
 SYMLINK_MODE = "120000"
+GIT_DIFF_RE = re.compile(r'^diff --git ("(?:[^"\\]|\\.)+"|\S+) ("(?:[^"\\]|\\.)+"|\S+)$')
+C_ESCAPES = {b"a": b"\a", b"b": b"\b", b"t": b"\t", b"n": b"\n", b"v": b"\v", b"f": b"\f", b"r": b"\r"}
 
 
 class UpstreamState(enum.Enum):
@@ -245,9 +247,9 @@ def _parse_file_diff(lines: list[str], index: int, path: Path) -> tuple[FileDiff
     symlink = False
     if lines[index].startswith("diff --git "):
         _reject_crlf(lines[index], path)
-        git_paths = re.match(r"^diff --git a/(\S+) b/(\S+)$", lines[index])
+        git_paths = GIT_DIFF_RE.match(lines[index])
         if git_paths:
-            old_path, new_path = git_paths.groups()
+            old_path, new_path = (_diff_path(field, path) for field in git_paths.groups())
         index += 1
     while index < len(lines) and not lines[index].startswith(("@@", "diff --git ")):
         line = lines[index]
@@ -259,9 +261,9 @@ def _parse_file_diff(lines: list[str], index: int, path: Path) -> tuple[FileDiff
         elif line.startswith("+++ "):
             new_path = _diff_path(line[4:], path)
         elif line.startswith(("rename from ", "copy from ")):
-            old_path = _check_path(line.split(" ", 2)[2], path)
+            old_path = _check_path(_unquote(line.split(" ", 2)[2]), path)
         elif line.startswith(("rename to ", "copy to ")):
-            new_path = _check_path(line.split(" ", 2)[2], path)
+            new_path = _check_path(_unquote(line.split(" ", 2)[2]), path)
         elif line.startswith(("new file mode ", "new mode ")) and line.endswith(SYMLINK_MODE):
             symlink = True
         elif not line.strip() or line.startswith(("-- ", "--\n")):
@@ -319,7 +321,7 @@ def _parse_hunk(lines: list[str], index: int, path: Path, name: str) -> tuple[Hu
 
 
 def _diff_path(field: str, path: Path) -> str | None:
-    field = field.split("\t", 1)[0].strip()
+    field = _unquote(field.split("\t", 1)[0].strip())
     if field == "/dev/null":
         return None
     if field.startswith("/"):
@@ -327,6 +329,19 @@ def _diff_path(field: str, path: Path) -> str | None:
     if field.startswith(("a/", "b/")):
         field = field[2:]
     return _check_path(field, path)
+
+
+def _unquote(field: str) -> str:
+    """A path as git wrote it: in double quotes with C escapes (octal bytes) when it holds unusual characters."""
+    if len(field) < 2 or not (field.startswith('"') and field.endswith('"')):
+        return field
+
+    def unescape(match: re.Match) -> bytes:
+        code = match.group(1)
+        return bytes([int(code, 8) & 0xFF]) if code[0] in b"01234567" else C_ESCAPES.get(code, code)
+
+    raw = re.sub(rb"\\([0-7]{1,3}|.)", unescape, field[1:-1].encode())
+    return raw.decode(errors="surrogateescape")
 
 
 def _check_path(name: str, path: Path) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -11,7 +12,7 @@ import yaml
 
 from carry import git
 from carry.cache import Cache
-from carry.config import SHA_RE, Config
+from carry.config import SHA_RE, Config, public_url
 from carry.errors import BadInput
 from carry.fsutil import atomic_write_text
 
@@ -74,7 +75,8 @@ def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:
-                path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    path.unlink()
         raise
 
 
@@ -97,6 +99,7 @@ def ensure_base(config: Config, cache: Cache) -> tuple[Path, tuple[str, ...]]:
     """The mirror holding the pinned commit, fetching only when it is not there yet."""
     mirror = cache.mirror(config.upstream.url)
     if (mirror / "HEAD").exists() and git.has_commit(mirror, config.upstream.commit):
+        cache.ensure_writable()
         return mirror, ()
     report = fetch(config, cache, with_pr=False)
     return report.mirror, report.notes
@@ -119,7 +122,8 @@ def resolve_ref(config: Config, cache: Cache, ref: str) -> tuple[str, tuple[str,
             known = git.resolve(mirror, local)
             if known is None:
                 raise BadInput(
-                    f"unknown ref {ref!r}: upstream {config.upstream.url} cannot give it ({_reason(exc)}); "
+                    f"unknown ref {ref!r}: upstream {public_url(config.upstream.url)} cannot give it "
+                    f"({_reason(exc)}); "
                     f"check the ref name or the network"
                 ) from None
             return known, (f"upstream unreachable ({_reason(exc)}); using the cached {ref} {known[:12]}",)
@@ -190,11 +194,12 @@ def _restore_from_bundle(config: Config, cache: Cache, mirror: Path, error: git.
     bundle = cache.bundle(pin)
     if not bundle.exists() and git.has_commit(mirror, pin):
         git.update_ref(mirror, PIN_REF, pin)
-        return f"upstream {config.upstream.url} unreachable ({_reason(error)}); using the cached mirror {mirror}"
+        return (f"upstream {public_url(config.upstream.url)} unreachable ({_reason(error)}); "
+                f"using the cached mirror {mirror}")
     if not bundle.exists():
         raise BadInput(
-            f"upstream {config.upstream.url} cannot give commit {pin[:12]} ({_reason(error)}) and no bundle "
-            f"is cached at {bundle}; fetch once while online or check upstream.url"
+            f"upstream {public_url(config.upstream.url)} cannot give commit {pin[:12]} ({_reason(error)}) "
+            f"and no bundle is cached at {bundle}; fetch once while online or check upstream.url"
         )
     if not git.has_commit(mirror, pin):
         if pin not in git.bundle_heads(mirror, bundle).values():
@@ -202,7 +207,8 @@ def _restore_from_bundle(config: Config, cache: Cache, mirror: Path, error: git.
         git.add_shallow(mirror, pin)
         git.fetch(mirror, str(bundle), f"{PIN_REF}:{PIN_REF}")
     git.update_ref(mirror, PIN_REF, pin)
-    return f"upstream {config.upstream.url} unreachable ({_reason(error)}); using cached bundle {bundle}"
+    url = public_url(config.upstream.url)
+    return f"upstream {url} unreachable ({_reason(error)}); using cached bundle {bundle}"
 
 
 def _since_base(config: Config, mirror: Path) -> tuple[str, ...]:
