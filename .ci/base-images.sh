@@ -11,8 +11,8 @@
 # Overridable: CARRY_CI_DIR, CARRY_CI_ENV, CARRY_CI_DEBIAN_MIRROR, CARRY_CI_CUDA_SRC.
 set -euo pipefail
 
-CI_DIR=${CARRY_CI_DIR:-/tmp/carry-ci}
-ENV_FILE=${CARRY_CI_ENV:-$CI_DIR/env}
+# shellcheck source=env-file.sh
+source "$(dirname "${BASH_SOURCE[0]}")/env-file.sh"
 MIRROR=${CARRY_CI_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CUDA_SRC=${CARRY_CI_CUDA_SRC:-/usr/local/cuda-13.0}
 CUDA_DEST=/usr/local/cuda-13.0
@@ -96,15 +96,6 @@ build_if_missing() {
         die "building $image failed; see $CI_DIR/$name.log"
     fi
     log "built $image in $((SECONDS - started))s"
-}
-
-# set_env KEY VALUE: replace KEY's line in the env file (atomically), keeping the rest.
-set_env() {
-    local tmp
-    tmp=$(mktemp "$ENV_FILE.XXXXXX")
-    { grep -v "^$1=" "$ENV_FILE" 2>/dev/null || true; printf '%s=%s\n' "$1" "$2"; } >"$tmp"
-    chmod 644 "$tmp"
-    mv "$tmp" "$ENV_FILE"
 }
 
 main() {

@@ -11,8 +11,8 @@
 # packaged registry service), CARRY_TEST_REGISTRY_USER (default carry-ci).
 set -euo pipefail
 
-CI_DIR=${CARRY_CI_DIR:-/tmp/carry-ci}
-ENV_FILE=${CARRY_CI_ENV:-$CI_DIR/env}
+# shellcheck source=env-file.sh
+source "$(dirname "${BASH_SOURCE[0]}")/env-file.sh"
 REGISTRY_PORT=${CARRY_TEST_REGISTRY_PORT:-5055}
 REGISTRY_USER=${CARRY_TEST_REGISTRY_USER:-carry-ci}
 REGISTRY_ADDR=127.0.0.1:$REGISTRY_PORT
@@ -122,15 +122,6 @@ start_registry() {
     echo $! >"$CI_DIR/registry.pid"
     wait_until "$WAIT_SECONDS" registry registry_demands_auth \
         || die "registry on $REGISTRY_ADDR did not answer 401 on /v2/ within ${WAIT_SECONDS}s; see $CI_DIR/registry.log"
-}
-
-# set_env KEY VALUE: replace KEY's line in the env file (atomically), keeping the rest.
-set_env() {
-    local tmp
-    tmp=$(mktemp "$ENV_FILE.XXXXXX")
-    { grep -v "^$1=" "$ENV_FILE" 2>/dev/null || true; printf '%s=%s\n' "$1" "$2"; } >"$tmp"
-    chmod 644 "$tmp"
-    mv "$tmp" "$ENV_FILE"
 }
 
 write_env_file() {

@@ -60,7 +60,6 @@ def plan(
     if not len(arches):
         raise BadInput(f"{config.path}: no CUDA arches; set build.cuda_arches or pass --arch, e.g. --arch 9.0,12.1")
     wheel_version = config.build.wheel_version.format(version=version)
-    _check_pep440(wheel_version, config)
     job_plan = toolchain.choose_jobs(jobs, config.build.env)
     tools = toolchain.probe({**os.environ, **config.build.env}, config.build.compiler_cache, memo_dir)
     key_material = {
@@ -76,17 +75,6 @@ def plan(
     key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()
     env = _build_env(config, arches, wheel_version, job_plan.jobs, tools)
     return WheelPlan(report.tree, version, wheel_version, arches, env, job_plan, tools, key)
-
-
-def _check_pep440(wheel_version: str, config: Config) -> None:
-    try:
-        if not Version(wheel_version).local:
-            raise InvalidVersion(wheel_version)
-    except InvalidVersion:
-        raise BadInput(
-            f"{config.path}: build.wheel_version renders to {wheel_version!r}, not a PEP 440 version with a "
-            f"local label; use e.g. '0.11.0+carry.{{version}}'"
-        ) from None
 
 
 def _build_env(config: Config, arches: ArchList, wheel_version: str, jobs: int, tools: toolchain.Toolchain) -> dict:
