@@ -21,7 +21,7 @@ from carry.apply import CheckReport
 from carry.arch import ArchList
 from carry.cache import Cache
 from carry.config import CompilerCache, Config, public_url
-from carry.errors import BadInput, Failed
+from carry.errors import Failed
 from carry.fsutil import temp_dir
 from carry.progress import Progress
 from carry.series import Series
@@ -52,16 +52,17 @@ class WheelResult:
 
 
 def plan(
-    config: Config, report: CheckReport, version: str, arches: ArchList, jobs: int | None, memo_dir: Path
+    config: Config,
+    report: CheckReport,
+    version: str,
+    arches: ArchList,
+    job_plan: toolchain.JobPlan,
+    tools: toolchain.Toolchain,
 ) -> WheelPlan:
     if report.tree is None:
         failed = [r.patch.name for r in report.results if r.failure]
         raise Failed(f"the series does not apply ({', '.join(failed)} failed); run `check` for details")
-    if not len(arches):
-        raise BadInput(f"{config.path}: no CUDA arches; set build.cuda_arches or pass --arch, e.g. --arch 9.0,12.1")
     wheel_version = config.build.wheel_version.format(version=version)
-    job_plan = toolchain.choose_jobs(jobs, config.build.env)
-    tools = toolchain.probe({**os.environ, **config.build.env}, config.build.compiler_cache, memo_dir)
     key_material = {
         "carry": carry.__version__,
         "tree": report.tree,
