@@ -32,7 +32,7 @@ def echo_notes(notes) -> None:
         click.echo(f"carry: {note}", err=True)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.option(
     "--config",
     "config_path",
