@@ -194,6 +194,11 @@ def public_url(url: str) -> str:
     return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", r"\1", url)
 
 
+def strip_credentials(text: str) -> str:
+    """`text` (e.g. build.yaml) with the user:password part removed from every URL in it."""
+    return re.sub(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]*@", r"\1", text)
+
+
 def check_image_name(name: str, path: Path) -> str:
     """A docker repository name: optional registry host[:port], lowercase path components."""
     pattern = r"^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$"

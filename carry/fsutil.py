@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import shutil
 import tempfile
@@ -10,10 +11,40 @@ from pathlib import Path
 from typing import Iterator
 
 
+def owned_prefix(prefix: str) -> str:
+    """A temp-name prefix that records this process, so a later run can tell leftovers of dead ones."""
+    return f"{prefix}{os.getpid()}-"
+
+
+def sweep_dead(parent: Path, prefix: str) -> None:
+    """Remove temp files and dirs named `owned_prefix(prefix)...` whose process is gone (killed mid-way)."""
+    if not parent.is_dir():
+        return
+    for entry in parent.glob(f"{glob.escape(prefix)}*"):
+        pid = entry.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Replace `path` with `data` in one rename."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    sweep_dead(path.parent, f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(prefix=owned_prefix(f".{path.name}."), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -36,9 +67,10 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 @contextlib.contextmanager
 def temp_dir(parent: Path, prefix: str) -> Iterator[Path]:
-    """A scratch directory under `parent`, removed afterwards whatever happens."""
+    """A scratch directory under `parent`, removed afterwards whatever happens (and by the next run if killed)."""
     parent.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    sweep_dead(parent, prefix)
+    path = Path(tempfile.mkdtemp(prefix=owned_prefix(prefix), dir=parent))
     try:
         yield path
     finally:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
+import urllib.parse
 from pathlib import Path
 from typing import Iterator
 
@@ -22,6 +25,10 @@ SAFE_ENV = {
     "GIT_COMMITTER_EMAIL": "carry@localhost",
 }
 NETWORK_TIMEOUT_S = 600
+# Answers git's `get` with the user and password carry keeps in the environment (see split_credentials).
+CREDENTIAL_HELPER = (
+    '!f() { test "$1" = get && printf "username=%s\\npassword=%s\\n" "$CARRY_GIT_USERNAME" "$CARRY_GIT_PASSWORD"; }; f'
+)
 
 
 class GitError(Failed):
@@ -56,8 +63,14 @@ def run(
     except gitpython.GitCommandError as exc:
         stderr = exc.stderr if isinstance(exc.stderr, str) else str(exc.stderr)
         stderr = stderr.strip().removeprefix("stderr:").strip().strip("'").strip()
-        raise GitError(f"git {args[0]} failed: {stderr.splitlines()[-1] if stderr else exc}", stderr) from None
+        raise GitError(f"git {args[0]} failed: {_headline(stderr) or exc}", stderr) from None
     return out
+
+
+def _headline(stderr: str) -> str:
+    """The line of git's stderr that says what went wrong: the first fatal/error line, else the last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    return next((line for line in lines if line.startswith(("fatal:", "error:"))), lines[-1] if lines else "")
 
 
 def run_status(
@@ -76,9 +89,33 @@ def run_status(
 
 
 def init_bare(path: Path) -> None:
+    """Create a bare repo at `path` in one rename, so a crash never leaves a half-made repo there.
+
+    When another process got there first, its repo is kept.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    gitpython.Repo.init(str(path), bare=True)
-    run(path, "config", "gc.auto", "0")
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        gitpython.Repo.init(str(staging), bare=True)
+        run(staging, "config", "gc.auto", "0")
+        if path.exists() and not (path / "HEAD").exists():
+            shutil.rmtree(path)
+        try:
+            os.replace(staging, path)
+        except OSError:
+            if not (path / "HEAD").exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def clear_stale_locks(repo: Path) -> None:
+    """Remove the lock files a killed git leaves behind (ref, shallow, packed-refs, config locks).
+
+    Only call this while holding carry's own lock on `repo`: then no live git of ours can own them.
+    """
+    for lock in [*repo.glob("*.lock"), *(repo / "refs").rglob("*.lock")]:
+        lock.unlink(missing_ok=True)
 
 
 def has_commit(repo: Path, sha: str) -> bool:
@@ -123,7 +160,30 @@ def fetch(repo: Path, url: str, *refspecs: str, depth: int | None = None, extra:
     args = ["fetch", "--no-tags", "--no-write-fetch-head", "--quiet", *extra]
     if depth is not None:
         args.append(f"--depth={depth}")
-    return run(repo, *args, "--end-of-options", url, *refspecs, timeout=NETWORK_TIMEOUT_S)
+    bare, env = split_credentials(url)
+    return run(repo, *args, "--end-of-options", bare, *refspecs, env=env, timeout=NETWORK_TIMEOUT_S)
+
+
+def split_credentials(url: str) -> tuple[str, dict[str, str]]:
+    """The URL git may show on its command line, and the env that hands it the URL's user:password instead.
+
+    Credentials in a URL would be in every process listing; here git asks a credential helper for them,
+    and the helper reads them from its own environment.
+    """
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, {}
+    user, _, host = parts.netloc.rpartition("@")
+    name, _, password = user.partition(":")
+    keep_name = parts.scheme.lower() == "ssh" and name  # an ssh login name is an address, not a secret
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=f"{name}@{host}" if keep_name else host))
+    return bare, {
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": "credential.helper",
+        "GIT_CONFIG_VALUE_0": CREDENTIAL_HELPER,
+        "CARRY_GIT_USERNAME": urllib.parse.unquote(name),
+        "CARRY_GIT_PASSWORD": urllib.parse.unquote(password),
+    }
 
 
 def bundle_create(repo: Path, dest: Path, *refs: str) -> None:
@@ -185,6 +245,7 @@ def sync_worktree(repo: Path, tree: str, worktree: Path, index: Path) -> None:
     build outputs are left alone.
     """
     worktree.mkdir(parents=True, exist_ok=True)
+    Path(f"{index}.lock").unlink(missing_ok=True)  # the caller holds carry's build lock: a killed git left it
     env = {"GIT_INDEX_FILE": str(index)}
     base = ("--work-tree", str(worktree))
     run(repo, *base, "read-tree", "--reset", "-u", tree, env=env)

@@ -20,7 +20,7 @@ from carry import git
 from carry.apply import CheckReport
 from carry.arch import ArchList
 from carry.cache import Cache
-from carry.config import PLATFORM_RE, Config, public_url
+from carry.config import PLATFORM_RE, Config, public_url, strip_credentials
 from carry.errors import BadInput, Failed
 from carry.fsutil import temp_dir
 from carry.progress import Progress
@@ -263,8 +263,9 @@ def _assemble_context(config: Config, cache: Cache, mirror: Path, context: Path,
     """carry, build.py, the config with VERSION and patches, and a bundle of the pinned commit."""
     project = context / "project"
     project.mkdir(parents=True)
-    for path in (config.path, config.version_file):
-        shutil.copy2(path, project / _inside(config, path))
+    shutil.copy2(config.version_file, project / _inside(config, config.version_file))
+    # The build stage fetches nothing (it has the bundle): a user:token in upstream.url stays out of its layers.
+    (project / _inside(config, config.path)).write_text(strip_credentials(config.path.read_text()))
     shutil.copytree(config.patches_dir, project / _inside(config, config.patches_dir))
     package = Path(carry.__file__).resolve().parent
     shutil.copytree(package, context / "carry", ignore=shutil.ignore_patterns("__pycache__"))

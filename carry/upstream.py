@@ -17,7 +17,7 @@ from carry.errors import BadInput
 from carry.fsutil import atomic_write_text
 
 PIN_REF = "refs/carry/pin"
-FIRST_PR_DEPTH = 64
+FIRST_PR_DEPTH = 1  # the PR head is usually the pin: then nothing more is fetched; else deepen x4
 MAX_PR_DEPTH = 4096
 
 
@@ -83,6 +83,7 @@ def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
 def _fetch(config: Config, cache: Cache, mirror: Path, with_pr: bool) -> FetchReport:
     pin = config.upstream.commit
     with cache.lock(mirror.name):
+        git.clear_stale_locks(mirror)
         error = _fetch_pin(config, mirror)
         if error is None:
             _write_bundle(mirror, cache, pin)
@@ -113,6 +114,7 @@ def resolve_ref(config: Config, cache: Cache, ref: str) -> tuple[str, tuple[str,
     upstream_ref = ref if ref.startswith("refs/") or SHA_RE.match(ref) else f"refs/heads/{ref}"
     local = f"refs/carry/upstream/{upstream_ref.removeprefix('refs/')}"
     with cache.lock(mirror.name):
+        git.clear_stale_locks(mirror)
         try:
             if SHA_RE.match(ref):
                 git.fetch(mirror, config.upstream.url, ref)

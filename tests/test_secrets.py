@@ -1,0 +1,325 @@
+"""No credential leaks: not an upstream token in upstream.url, not the registry password, not a build secret.
+
+tests/test_image.py checks the registry password and a build secret against carry's output, the logs, the
+image history and labels, and a sampled argv. This file adds: credentials in upstream.url (offline, through a
+real file:// URL with a user part, which git accepts), and for a push, every docker argv recorded by a
+wrapper (no sampling gaps), a tight /proc scan, every file of the cache, the user's Docker config and temp
+dir, the whole exported image filesystem and the manifest and config the registry actually holds.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import dockerenv
+from helpers import ROOT, assert_bad_input, carry, git
+
+TOKEN = "upstream-token-" + os.urandom(8).hex()
+BUILD_SECRET = "build-secret-" + os.urandom(8).hex()
+ARCHES = "9.0,12.1"
+
+
+def recorder(directory: Path, name: str, real: str, log: Path) -> Path:
+    """An executable `name` in `directory` that appends its arguments to `log`, then runs `real`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    wrapper = directory / name
+    wrapper.write_text(f"#!/bin/sh\nprintf '%s ' {name} \"$@\" >> {log}\necho >> {log}\nexec {real} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def find_in_tree(root: Path, needles: list[str]) -> list[str]:
+    """Files under `root` holding a needle, looking inside zip archives (wheels) member by member."""
+    hits = []
+    encoded = [n.encode() for n in needles]
+    for path in sorted(root.rglob("*")) if root.exists() else []:
+        if not path.is_file() or path.is_symlink():
+            continue
+        data = path.read_bytes()
+        chunks = [data]
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                chunks += [archive.read(name) for name in archive.namelist()]
+        if any(needle in chunk for chunk in chunks for needle in encoded):
+            hits.append(str(path))
+    return hits
+
+
+# -- credentials in upstream.url, offline --------------------------------------------------------------------
+
+@pytest.mark.parametrize("url, public", [
+    ("https://bot:s3cret@git.example/org/repo.git", "https://git.example/org/repo.git"),
+    ("https://ghp_onlytoken@git.example/org/repo.git", "https://git.example/org/repo.git"),
+    ("ssh://git:pw@git.example:2222/org/repo.git", "ssh://git.example:2222/org/repo.git"),
+    ("file://user:pw@localhost/srv/repo.git", "file://localhost/srv/repo.git"),
+    ("HTTPS://u:p@git.example/x", "HTTPS://git.example/x"),
+    ("https://git.example/org/repo.git", "https://git.example/org/repo.git"),
+    ("https://git.example/path/with@sign", "https://git.example/path/with@sign"),
+    ("git@git.example:org/repo.git", "git@git.example:org/repo.git"),
+    ("/srv/upstream.bundle", "/srv/upstream.bundle"),
+])
+def test_public_url_drops_only_the_user_part(url, public):
+    from carry.config import public_url, strip_credentials
+
+    assert public_url(url) == public
+    assert strip_credentials(f"upstream:\n  url: {url}  # pinned\n") == f"upstream:\n  url: {public}  # pinned\n"
+
+
+@pytest.mark.parametrize("url, bare, user, password", [
+    ("https://bot:s%40cr%3At@git.example/x.git", "https://git.example/x.git", "bot", "s@cr:t"),
+    (f"https://{TOKEN}@git.example/x.git", "https://git.example/x.git", TOKEN, ""),
+    ("ssh://git:pw@git.example:2222/x.git", "ssh://git@git.example:2222/x.git", "git", "pw"),
+    ("https://git.example/x.git", "https://git.example/x.git", None, None),
+])
+def test_git_gets_credentials_from_a_helper_not_argv(tmp_path, url, bare, user, password):
+    """split_credentials' helper, asked by a real `git credential fill`, hands over what the URL held."""
+    from carry.git import split_credentials
+
+    shown, env = split_credentials(url)
+    assert shown == bare
+    if user is None:
+        assert env == {}
+        return
+    for secret in (user, password):  # git runs the helper through `sh -c`: its text is on a command line
+        assert not secret or secret not in env["GIT_CONFIG_VALUE_0"]
+    git(tmp_path, "init", "-q")
+    filled = subprocess.run(["git", "credential", "fill"], cwd=tmp_path, input="protocol=https\nhost=git.example\n\n",
+                            env={**os.environ, **env, "GIT_TERMINAL_PROMPT": "0"}, capture_output=True, text=True)
+    assert filled.returncode == 0, filled.stderr
+    assert f"username={user}\n" in filled.stdout and f"password={password}\n" in filled.stdout
+
+
+@pytest.mark.parametrize("url, command, needles", [
+    (f"http://bot:{TOKEN}@git.example/x.git", "fetch", ("scheme 'http' is not allowed",)),
+    (f"https://bot:{TOKEN}@127.0.0.1:1/x.git", "fetch", ("https://127.0.0.1:1/x.git", "no bundle")),
+    (f"https://{TOKEN}@127.0.0.1:1/x.git", "check", ("https://127.0.0.1:1/x.git", "no bundle")),
+])
+def test_errors_name_the_url_without_its_credentials(tmp_path, url, command, needles):
+    config = tmp_path / "build.yaml"
+    config.write_text(f"upstream:\n  url: '{url}'\n  commit: {'a' * 40}\n")
+    (tmp_path / "patches").mkdir()
+    result = carry("--config", str(config), command, env={"CARRY_CACHE": str(tmp_path / "cache")})
+    assert_bad_input(result, *needles)
+    assert TOKEN not in result.out + result.err
+    assert find_in_tree(tmp_path / "cache", [TOKEN]) == []
+
+
+@pytest.fixture(scope="module")
+def credentialed(tmp_path_factory):
+    """The demo with upstream.url = file://carry-bot:TOKEN@localhost/<a real repo holding the demo history>."""
+    base = tmp_path_factory.mktemp("secrets")
+    upstream = base / "upstream.git"
+    git(base, "clone", "--quiet", "--mirror", str(ROOT / "examples" / "demo" / "upstream.bundle"), str(upstream))
+    project = base / "demo"
+    shutil.copytree(ROOT / "examples" / "demo", project)
+    (project / "upstream.bundle").unlink()
+    config = project / "build.yaml"
+    url = f"file://carry-bot:{TOKEN}@localhost{upstream}"
+    config.write_text(config.read_text().replace("url: upstream.bundle", f"url: {url}"))
+    argv_log = base / "argv.log"
+    wrappers = base / "bin"
+    recorder(wrappers, "git", shutil.which("git"), argv_log)
+    env = {"CARRY_CACHE": str(base / "cache"), "PATH": f"{wrappers}:{os.environ['PATH']}"}
+    return {"base": base, "config": config, "env": env, "public": f"file://localhost{upstream}", "argv_log": argv_log}
+
+
+def test_credentialed_upstream_is_fetched_but_never_shown(credentialed):
+    config, env = credentialed["config"], credentialed["env"]
+    outputs = []
+    # On main 0001 has landed, so applying the series there fails (exit 1); an unknown ref is bad input.
+    for command, code in ((("fetch",), 0), (("check", "--json"), 0), (("status", "--json"), 0),
+                          (("check", "--against", "main"), 1), (("check", "--against", "no-such-branch"), 2)):
+        result = carry("--config", str(config), *command, env=env)
+        outputs.append(result.out + result.err)
+        assert result.code == code, (command, result.out, result.err)
+    assert json.loads(carry("--config", str(config), "check", "--json", env=env).out)["ok"] is True
+    assert "unknown ref 'no-such-branch'" in outputs[-1] and credentialed["public"] in outputs[-1]
+    assert not [out for out in outputs if TOKEN in out]
+    assert find_in_tree(credentialed["base"] / "cache", [TOKEN]) == []
+    recorded = credentialed["argv_log"].read_text()
+    assert "git fetch --no-tags" in recorded and credentialed["public"] in recorded, "every git call was recorded"
+    assert TOKEN not in recorded, "the token was on a git command line"
+
+
+@pytest.mark.slow
+def test_credentialed_upstream_stays_out_of_the_wheel_and_its_buildinfo(credentialed):
+    config, env, base = credentialed["config"], credentialed["env"], credentialed["base"]
+    dist = base / "dist"
+    built = carry("--config", str(config), "wheel", "--arch", ARCHES, "--out", str(dist), env=env)
+    assert built.code == 0, built.err
+    (wheel,) = dist.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith("carry-buildinfo.json"))
+        info = json.loads(archive.read(name))
+    assert info["upstream"]["url"] == credentialed["public"]
+    verified = carry("--config", str(config), "verify", str(wheel), env=env)
+    assert verified.code == 0, verified.out + verified.err
+    for text in (built.out, built.err, verified.out, verified.err):
+        assert TOKEN not in text
+    assert find_in_tree(dist, [TOKEN]) == [] and find_in_tree(base / "cache", [TOKEN]) == []
+
+
+def test_image_context_carries_no_upstream_credentials(credentialed, tmp_path):
+    """The build context (and so the build stage's layers) gets build.yaml with the user part removed."""
+    from carry import image
+    from carry.cache import Cache
+    from carry.config import load
+
+    config = load(credentialed["config"])
+    cache = Cache(credentialed["base"] / "cache")
+    assert carry("--config", str(config.path), "fetch", env=credentialed["env"]).code == 0
+    (mirror,) = [p for p in (cache.root / "mirrors").iterdir() if not p.name.startswith(".")]
+    context = tmp_path / "context"
+    image._assemble_context(config, cache, mirror, context, ["click"])
+    assert find_in_tree(context, [TOKEN]) == []
+    copied = (context / "project" / "build.yaml").read_text()
+    assert f"url: {credentialed['public']}" in copied
+    assert copied.replace(credentialed["public"], "") == config.path.read_text().replace(
+        f"file://carry-bot:{TOKEN}@localhost{credentialed['public'].removeprefix('file://localhost')}", "")
+
+
+# -- the registry password and build secrets while building and pushing -------------------------------------
+
+def _watch_argv(seen: set[str], stop: threading.Event) -> None:
+    """Every distinct command line of every process, scanned as fast as /proc allows."""
+    while not stop.is_set():
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    seen.add((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+                except OSError:
+                    pass
+        time.sleep(0.001)
+
+
+def _registry_get(env: dockerenv.DockerEnv, path: str, accept: str) -> bytes:
+    request = urllib.request.Request(f"http://{env.registry}{path}", headers={"Accept": accept})
+    token = base64.b64encode(f"{env.registry_user}:{env.registry_password()}".encode()).decode()
+    request.add_header("Authorization", f"Basic {token}")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return answer.read()
+
+
+@pytest.fixture(scope="module")
+def pushed(credentialed, tmp_path_factory):
+    env = dockerenv.require()
+    base = tmp_path_factory.mktemp("push")
+    project = base / "demo"
+    shutil.copytree(credentialed["config"].parent, project)
+    config = project / "build.yaml"
+    name = f"{env.registry}/carry-secrets-{os.urandom(3).hex()}"
+    config.write_text(config.read_text().replace("  name: carry-demo", f"  name: {name}")
+                      + f"  base_image: {env.build_base}\n  runtime_image: {env.runtime_base}\n"
+                      "  secret_env: [CARRY_TEST_BUILD_SECRET]\n")
+    argv_log = base / "argv.log"
+    wrappers = base / "bin"
+    recorder(wrappers, "git", shutil.which("git"), argv_log)
+    wrapper = recorder(wrappers, "docker", dockerenv.DOCKER_CLI, argv_log)
+    (base / "docker-config").mkdir()
+    (base / "tmp").mkdir()
+    run_env = {
+        "CARRY_CACHE": str(base / "cache"),
+        "CARRY_DOCKER": str(wrapper),
+        "DOCKER_HOST": env.docker_host,
+        "DOCKER_CONFIG": str(base / "docker-config"),
+        "TMPDIR": str(base / "tmp"),
+        "PATH": f"{wrappers}:{os.environ['PATH']}",
+        "CARRY_TEST_BUILD_SECRET": BUILD_SECRET,
+        "CARRY_REGISTRY_USER": env.registry_user,
+        "CARRY_REGISTRY_PASSWORD": env.registry_password(),
+    }
+    seen: set[str] = set()
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_argv, args=(seen, stop), daemon=True)
+    watcher.start()
+    try:
+        result = carry("--config", str(config), "image", "--hermetic", "--push", "--arch", ARCHES, env=run_env)
+    finally:
+        stop.set()
+        watcher.join()
+    assert result.code == 0, result.out + result.err
+    version = (project / "VERSION").read_text().strip()
+    yield {"env": env, "base": base, "result": result, "argv": seen, "argv_log": argv_log, "name": name,
+           "ref": f"{name}:{version}", "version": version, "public": credentialed["public"]}
+    client = dockerenv.docker_client()
+    for image in client.images.list(name=name):
+        client.images.remove(image.id, force=True)
+
+
+def secrets(pushed) -> list[str]:
+    return [pushed["env"].registry_password(), TOKEN, BUILD_SECRET]
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_no_secret_on_any_docker_command_line(pushed):
+    recorded = pushed["argv_log"].read_text()
+    assert "docker login --username" in recorded and "--password-stdin" in recorded, recorded
+    assert "docker build " in recorded or "docker buildx build " in recorded, recorded
+    assert "git fetch " in recorded, "the fresh cache made carry fetch the credentialed upstream"
+    for secret in secrets(pushed):
+        assert secret not in recorded
+        assert not [argv for argv in pushed["argv"] if secret in argv]
+    assert any("--password-stdin" in argv for argv in pushed["argv"]), "the /proc scan saw the login"
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_no_secret_in_output_cache_docker_config_or_temp(pushed):
+    base = pushed["base"]
+    result = pushed["result"]
+    for secret in secrets(pushed):
+        assert secret not in result.out + result.err
+    assert find_in_tree(base / "cache", secrets(pushed)) == []
+    assert find_in_tree(base / "docker-config", secrets(pushed)) == []
+    assert not (base / "docker-config" / "config.json").exists(), "carry must not log in to the user's config"
+    assert list((base / "tmp").iterdir()) == [], "carry's temporary Docker config must be gone"
+    logs = list((base / "cache" / "logs").glob("image-*.log"))
+    assert logs and all(BUILD_SECRET not in log.read_text() for log in logs)
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_no_secret_in_history_labels_filesystem_or_buildinfo(pushed):
+    client = dockerenv.docker_client()
+    image = client.images.get(pushed["ref"])
+    labels = image.labels
+    assert labels["io.carry.upstream.url"] == pushed["public"]
+    assert labels["org.opencontainers.image.source"] == pushed["public"]
+    inspected = json.dumps(image.attrs) + json.dumps(image.history())
+    container = client.containers.create(image.id, command=["true"])
+    try:
+        exported = b"".join(container.export(chunk_size=1 << 20))
+    finally:
+        container.remove(force=True)
+    assert b"carry-buildinfo.json" in exported
+    marker = b'"url": "' + pushed["public"].encode() + b'"'
+    assert marker in exported, "the image's buildinfo names the upstream without credentials"
+    for secret in secrets(pushed):
+        assert secret not in inspected
+        assert secret.encode() not in exported
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_no_secret_in_what_the_registry_holds(pushed):
+    env = pushed["env"]
+    repository = pushed["name"].split("/", 1)[1]
+    manifest = _registry_get(env, f"/v2/{repository}/manifests/{pushed['version']}",
+                             "application/vnd.docker.distribution.manifest.v2+json")
+    config_digest = json.loads(manifest)["config"]["digest"]
+    config_blob = _registry_get(env, f"/v2/{repository}/blobs/{config_digest}", "*/*")
+    assert pushed["public"].encode() in config_blob
+    for secret in secrets(pushed):
+        assert secret.encode() not in manifest and secret.encode() not in config_blob
