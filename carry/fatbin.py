@@ -116,7 +116,8 @@ def _entry(data: bytes, offset: int, kind: Kind) -> FatbinEntry:
 
 
 def _only_padding(data: bytes, offset: int) -> bool:
-    return data.count(0, offset) == len(data) - offset
+    # A header starts with the non-zero magic, so the scan to the end runs once, at the padding, not per fatbin.
+    return data[offset] == 0 and data.count(0, offset) == len(data) - offset
 
 
 def _bounded(offset: int, end: int) -> int:

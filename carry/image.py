@@ -31,7 +31,7 @@ from carry.wheel import tail
 DOCKERFILE = Path(carry.__file__).resolve().parent.parent / "Dockerfile"
 ENTRYPOINT = Path(carry.__file__).resolve().parent / "image_files" / "entrypoint.sh"
 # What carry itself needs inside the build stage (the docker SDK is only used on the host).
-CARRY_REQUIREMENTS = ("click", "pyyaml", "gitpython", "filelock", "pyelftools", "wheel", "packaging")
+CARRY_REQUIREMENTS = ("click", "pyyaml", "gitpython", "filelock", "pyelftools", "wheel", "packaging", "build")
 LABEL_PREFIX = "io.carry"
 TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 SECRET_ID = "carry_env"

@@ -128,6 +128,12 @@ class JobPlan:
     jobs: int
     reason: str
     assumed_bytes_per_job: int
+    threads: int = 1
+
+    @property
+    def max_jobs(self) -> int:
+        """MAX_JOBS for the build: vLLM-style builds run MAX_JOBS // NVCC_THREADS nvcc processes."""
+        return self.jobs * self.threads
 
 
 def choose_jobs(requested: int | None, build_env: dict[str, str]) -> JobPlan:
@@ -138,11 +144,14 @@ def choose_jobs(requested: int | None, build_env: dict[str, str]) -> JobPlan:
         return JobPlan(requested, "--jobs", per_job)
     if build_env.get("MAX_JOBS", "auto") != "auto":
         return JobPlan(_positive_int(build_env["MAX_JOBS"], "build.env MAX_JOBS"), "build.env MAX_JOBS", per_job)
+    # One nvcc per core: its threads only overlap the per-arch steps, so cores // threads would leave
+    # cores idle through the serial front end and host compile of every job.
     cores = usable_cores()
     by_memory = max(1, (available_memory() - MEMORY_HEADROOM_BYTES) // per_job)
-    jobs = max(1, min(cores // threads or 1, by_memory))
+    jobs = max(1, min(cores, by_memory))
     gib = available_memory() / 1024**3
-    return JobPlan(int(jobs), f"{cores} cores, {gib:.1f} GiB free, {per_job / 1024**3:.0f} GiB per job", per_job)
+    reason = f"{cores} cores, {gib:.1f} GiB free, {per_job / 1024**3:.0f} GiB per job of {threads} nvcc thread(s)"
+    return JobPlan(int(jobs), reason, per_job, threads)
 
 
 def _positive_int(text: str, where: str) -> int:

@@ -22,7 +22,7 @@ from carry.arch import ArchList
 from carry.cache import Cache
 from carry.config import CompilerCache, Config, public_url
 from carry.errors import Failed
-from carry.fsutil import temp_dir
+from carry.fsutil import owned_prefix, sweep_dead, temp_dir
 from carry.progress import Progress
 from carry.series import Series
 
@@ -48,7 +48,6 @@ class WheelResult:
     path: Path
     reused: bool
     plan: WheelPlan
-    info: dict
 
 
 def plan(
@@ -74,7 +73,7 @@ def plan(
         "toolchain": {k: v for k, v in tools.to_json().items() if k != "launcher"},
     }
     key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()
-    env = _build_env(config, arches, wheel_version, job_plan.jobs, tools)
+    env = _build_env(config, arches, wheel_version, job_plan.max_jobs, tools)
     return WheelPlan(report.tree, version, wheel_version, arches, env, job_plan, tools, key)
 
 
@@ -129,7 +128,7 @@ def build(
             reused = True
             progress.phase("cache", f"hit {the_plan.key[:12]}: reusing {cached.name}")
     published = publish(cached, out)
-    return WheelResult(published, reused, the_plan, buildinfo.read(published) or {})
+    return WheelResult(published, reused, the_plan)
 
 
 def _cached_wheel(cache: Cache, key: str) -> Path | None:
@@ -142,7 +141,8 @@ def publish(wheel: Path, out: Path) -> Path:
     """Copy into `out` through a temp file and a rename: `out` never holds a partial wheel."""
     out.mkdir(parents=True, exist_ok=True)
     dest = out / wheel.name
-    fd, tmp = tempfile.mkstemp(prefix=f".{wheel.name}.", suffix=".tmp", dir=out)
+    sweep_dead(out, f".{wheel.name}.")
+    fd, tmp = tempfile.mkstemp(prefix=owned_prefix(f".{wheel.name}."), suffix=".tmp", dir=out)
     os.close(fd)
     try:
         shutil.copyfile(wheel, tmp)
@@ -162,9 +162,10 @@ def _build_fresh(config, cache, mirror, report, series, the_plan: WheelPlan, pro
     with temp_dir(cache.scratch, "wheel-") as scratch:
         progress.phase(
             "build",
-            f"pip wheel, arches {the_plan.arches}, {the_plan.jobs.jobs} job(s) ({the_plan.jobs.reason}); log {log}",
+            f"python -m build, arches {the_plan.arches}, "
+            f"{the_plan.jobs.jobs} job(s) ({the_plan.jobs.reason}); log {log}",
         )
-        built = _run_pip_wheel(config, cache, src, scratch / "out", the_plan, log)
+        built = _run_build(config, cache, src, scratch / "out", the_plan, log)
         progress.phase("gate", f"checking CUDA code in {built.name}")
         gate_report = _gate(built, the_plan.arches, scratch / "unpacked")
         actual = buildinfo.wheel_version(built)
@@ -175,11 +176,17 @@ def _build_fresh(config, cache, mirror, report, series, the_plan: WheelPlan, pro
         return _store(cache, the_plan.key, built)
 
 
-def _run_pip_wheel(config: Config, cache: Cache, src: Path, out: Path, the_plan: WheelPlan, log: Path) -> Path:
-    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-w", str(out)]
+def _build_command(config: Config, src: Path, out: Path) -> list[str]:
+    """The upstream's own PEP 517 build through `python -m build` (one backend run per build, unlike
+    `pip wheel`, which also runs it for metadata first)."""
+    command = [sys.executable, "-m", "build", "--wheel", "--outdir", str(out)]
     if not config.build.build_isolation:
-        command.append("--no-build-isolation")
-    command.append(str(src))
+        command += ["--no-isolation", "--skip-dependency-check"]
+    return [*command, str(src)]
+
+
+def _run_build(config: Config, cache: Cache, src: Path, out: Path, the_plan: WheelPlan, log: Path) -> Path:
+    command = _build_command(config, src, out)
     env = {**os.environ, **the_plan.env, **_launcher_env(cache, config, src)}
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as handle:
@@ -255,7 +262,8 @@ def make_info(config, report, series, the_plan: WheelPlan, actual_version: str, 
 def _store(cache: Cache, key: str, wheel: Path) -> Path:
     """Move the finished wheel into the artifact cache with one directory rename."""
     cache.artifacts.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=cache.artifacts))
+    sweep_dead(cache.artifacts, f".{key[:12]}-")
+    staging = Path(tempfile.mkdtemp(prefix=owned_prefix(f".{key[:12]}-"), dir=cache.artifacts))
     shutil.move(str(wheel), staging / wheel.name)
     final = cache.artifacts / key
     if final.exists():

@@ -1,0 +1,63 @@
+"""Run a command and measure it: wall time, the CPU time of its whole process tree, and the machine's load."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import resource
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy (user, nice, system, irq, softirq, steal) since boot."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / TICKS
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    argv: tuple[str, ...]
+    code: int
+    out: str
+    err: str
+    wall_s: float
+    cpu_s: float  # the command and every descendant it waited for
+    machine_busy_s: float  # every process on the machine, this command included
+
+    @property
+    def others_cpu_s(self) -> float:
+        """CPU the rest of the machine used meanwhile (other users' work); never negative."""
+        return max(0.0, self.machine_busy_s - self.cpu_s)
+
+    def check(self) -> Measured:
+        if self.code != 0:
+            raise SystemExit(f"bench: {' '.join(self.argv)} exited {self.code}\n{self.err[-3000:]}")
+        return self
+
+
+def run(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> Measured:
+    """Run `argv` to completion (stdin closed); nothing else may run as our child meanwhile."""
+    cpu0, busy0, start = children_cpu_s(), busy_cpu_s(), time.perf_counter()
+    proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    return Measured(tuple(argv), proc.returncode, proc.stdout, proc.stderr, wall,
+                    children_cpu_s() - cpu0, busy_cpu_s() - busy0)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)

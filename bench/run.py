@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""carry's benchmark: does carry ever redo work? One table, a PASS/FAIL per target, exit 1 on any FAIL.
+
+    python bench/run.py            full run (about 3-4 minutes on 2 cores)
+    python bench/run.py --quick    scaled down, under 2 minutes (the table says what is scaled down)
+
+Everything runs in a temp dir against generated upstreams, driving `python build.py` as a user would:
+  1. rebuilds of a scale upstream (N .cu units): cold `wheel`, no-op rerun, a Python-only patch change and a
+     patch change to one .cu, each against cold, with nvcc calls counted by a recording CUDA_HOME;
+  2. `check` on a vLLM-size tree against clone + checkout + `git apply` of each patch;
+  3. `fetch` of the pin against a full `git clone --bare`, both over a file:// URL;
+  4. the cold build's core utilization and the compile jobs' peak memory against carry's job plan.
+Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
+cold build is measured from /proc/stat and reported next to the utilization.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(HERE), str(ROOT)]
+
+import cudahome  # noqa: E402
+import gitrepo  # noqa: E402
+import measure  # noqa: E402
+import scale  # noqa: E402
+import trees  # noqa: E402
+from carry import toolchain  # noqa: E402
+
+BUILD_PY = ROOT / "build.py"
+JOBS_RE = re.compile(r"] build: .*?(\d+) job\(s\)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    """How big each part is; --quick scales some of these down."""
+
+    units: int  # .cu translation units in the scale upstream
+    repeats: int  # runs of each warm rebuild case (median taken)
+    tree_files: int  # the check upstream: its tree at the pin ...
+    tree_bytes: int
+    tree_commits: int  # ... and the history under it (what a naive clone downloads)
+    check_repeats: int
+    naive_repeats: int
+    commits: int  # the fetch upstream's history
+    tip_files: int
+    tip_bytes: int
+    churn_bytes: int  # new text per commit there
+
+    def describe(self) -> str:
+        return (f"N={self.units} .cu units, {self.repeats} run(s) per warm case; check: {self.tree_files} files "
+                f"{self.tree_bytes / 1e6:.0f} MB over {self.tree_commits} commits, {self.check_repeats} check(s), "
+                f"{self.naive_repeats} naive; fetch: {self.commits} commits, tip {self.tip_files} files "
+                f"{self.tip_bytes / 1e6:.0f} MB, {self.churn_bytes // 1000} kB new text per commit")
+
+
+FULL = Size(units=24, repeats=3, tree_files=5000, tree_bytes=90_000_000, tree_commits=2000, check_repeats=5,
+            naive_repeats=3, commits=2400, tip_files=600, tip_bytes=6_000_000, churn_bytes=40_000)
+QUICK = Size(units=16, repeats=1, tree_files=5000, tree_bytes=90_000_000, tree_commits=1000, check_repeats=3,
+             naive_repeats=1, commits=2000, tip_files=300, tip_bytes=3_000_000, churn_bytes=12_000)
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    section: str
+    measure: str
+    value: str
+    target: str = ""
+    ok: bool | None = None  # None: reported, not a target
+
+    @property
+    def verdict(self) -> str:
+        return "" if self.ok is None else ("PASS" if self.ok else "FAIL")
+
+
+def carry_env(cache: Path, cuda_home: Path | None = None) -> dict[str, str]:
+    """The caller's environment without its own carry/ccache settings, with a private cache."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CARRY_", "CCACHE_", "SCCACHE_"))}
+    env["CARRY_CACHE"] = str(cache)
+    if cuda_home is not None:
+        env["CUDA_HOME"] = str(cuda_home)
+    return env
+
+
+def carry(config: Path, env: dict[str, str], *args: str) -> measure.Measured:
+    return measure.run([sys.executable, str(BUILD_PY), "--config", str(config), *args], env).check()
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%"
+
+
+# 1 and 4: rebuilds, utilization, memory ----------------------------------------------------------------------
+
+# NVCC_THREADS is the number of arches: nvcc compiles a file's gencode targets in parallel, so a rebuild of one
+# .cu file uses more than one core; carry runs one nvcc per core and passes MAX_JOBS = jobs x threads.
+NVCC_THREADS = len(scale.ARCHES.split(","))
+
+
+@dataclasses.dataclass(frozen=True)
+class Wheel:
+    """One `build.py wheel` run and the nvcc calls it made."""
+
+    run: measure.Measured
+    calls: list[cudahome.Call]
+
+    @property
+    def compiles(self) -> list[cudahome.Call]:
+        return [c for c in self.calls if c.kind == "compile"]
+
+
+def bench_rebuilds(work: Path, size: Size) -> list[Row]:
+    project = scale.generate(work / "scale", size.units, variants=size.repeats + 1, nvcc_threads=NVCC_THREADS)
+    cuda = cudahome.make(work / "scale")
+    env = carry_env(work / "scale" / "cache", cuda.home)
+
+    def wheel(expect: str) -> Wheel:
+        before = len(cuda.calls())
+        run = carry(project.config, env, "wheel", "--out", str(work / "scale" / "dist"))
+        if expect not in run.err:
+            raise SystemExit(f"bench: expected {expect!r} from `wheel`:\n{run.err}")
+        return Wheel(run, cuda.calls()[before:])
+
+    cold = wheel("] build:")
+    if len(cold.compiles) != size.units:
+        raise SystemExit(f"bench: the cold build ran {len(cold.compiles)} nvcc compiles, expected {size.units}")
+    noop = [wheel("cache: hit") for _ in range(size.repeats)]
+    python = []
+    for variant in range(1, size.repeats + 1):
+        project.use(python=variant, cuda=0)
+        python.append(wheel("] build:"))
+    one_cu = []
+    for variant in range(1, size.repeats + 1):
+        project.use(python=size.repeats, cuda=variant)
+        one_cu.append(wheel("] build:"))
+
+    base = cold.run.wall_s
+    median = {name: measure.median([w.run.wall_s for w in runs])
+              for name, runs in (("noop", noop), ("python", python), ("one_cu", one_cu))}
+    nvcc_runs = {name: sum(len(w.calls) for w in runs) for name, runs in (("noop", noop), ("python", python))}
+    compiled = sorted({Path(c.source).name for w in one_cu for c in w.compiles})
+    per_run = sorted({len(w.compiles) for w in one_cu})
+    limit = base / size.units + 2.0
+    of_runs = f" (median of {size.repeats})" if size.repeats > 1 else ""
+    preprocess = sum(c.kind == "preprocess" for c in cold.calls)
+    rows = [
+        Row("rebuild", "cold wheel (fresh cache and ccache)",
+            f"{base:.1f} s, {len(cold.compiles)} nvcc compiles (+{preprocess} ccache preprocess runs)"),
+        Row("rebuild", f"no-op rerun{of_runs}",
+            f"{median['noop']:.2f} s = {pct(median['noop'], base)} of cold, {nvcc_runs['noop']} nvcc runs",
+            "<= 2% of cold and <= 1 s, 0 nvcc",
+            median["noop"] <= 0.02 * base and median["noop"] <= 1.0 and nvcc_runs["noop"] == 0),
+        Row("rebuild", f"Python-only patch change{of_runs}",
+            f"{median['python']:.2f} s = {pct(median['python'], base)} of cold, {nvcc_runs['python']} nvcc runs",
+            "<= 5% of cold, 0 nvcc", median["python"] <= 0.05 * base and nvcc_runs["python"] == 0),
+        Row("rebuild", f"one .cu changed via 0001{of_runs}",
+            f"{median['one_cu']:.2f} s = {pct(median['one_cu'], base)} of cold; nvcc compiles per run: "
+            f"{'/'.join(map(str, per_run))} ({', '.join(compiled)})",
+            f"<= cold/N + 2 s = {limit:.2f} s, 1 nvcc compile",
+            median["one_cu"] <= limit and per_run == [1] and compiled == [f"{project.patched_unit}.cu"]),
+    ]
+    return rows + utilization_rows(cold)
+
+
+def utilization_rows(cold: Wheel) -> list[Row]:
+    cores = measure.cores()
+    run = cold.run
+    cpu = run.cpu_s - sum(c.wrapper_cpu_s for c in cold.calls)  # the recording wrapper's cost is not the build's
+    others = run.others_cpu_s
+    left = run.wall_s * cores - others
+    jobs = JOBS_RE.search(run.err)
+    threads = int(cold.compiles[0].threads)
+    assumed = toolchain.choose_jobs(None, {"NVCC_THREADS": str(threads)}).assumed_bytes_per_job
+    peak = max(c.peak_rss for c in cold.calls if c.kind in ("compile", "preprocess"))
+    return [
+        Row("cores", "cold build: CPU / (wall x cores)",
+            f"{pct(cpu, run.wall_s * cores)} raw ({cpu:.0f} CPU-s in {run.wall_s:.0f} s x {cores}); other processes "
+            f"used {others:.0f} CPU-s meanwhile: {pct(cpu, left)} of the CPU they left",
+            ">= 90% of the CPU left to the build", cpu >= 0.90 * left),
+        Row("cores", "carry's job plan (from its progress line)",
+            f"{jobs.group(1) if jobs else '?'} nvcc job(s) x {threads} thread(s) on {cores} cores, "
+            f"{assumed / 2**30:.1f} GiB assumed per job (MEMORY_PER_JOB_BYTES x NVCC_THREADS)"),
+        Row("memory", "compile job peak RSS (largest nvcc process tree)",
+            f"{peak / 2**20:.0f} MiB = {pct(peak, assumed)} of the {assumed / 2**30:.1f} GiB assumed per job",
+            "<= assumed per job", peak <= assumed),
+    ]
+
+
+# 2: check ----------------------------------------------------------------------------------------------------
+
+def bench_check(work: Path, size: Size) -> list[Row]:
+    upstream = trees.check_upstream(work / "check", size.tree_files, size.tree_bytes, size.tree_commits,
+                                    churn_bytes=30_000)
+    tree = upstream.history
+    gitrepo.git(tree.repo, "repack", "-a", "-d", "-q")
+    url = f"file://{tree.repo}"
+    project = work / "check" / "project"
+    (project / "patches").mkdir(parents=True)
+    for patch in upstream.patches:
+        shutil.copy(patch, project / "patches" / patch.name)
+    (project / "VERSION").write_text("20260105.1\n")
+    config = project / "build.yaml"
+    config.write_text(f"upstream:\n  url: {url}\n  pr: 1\n  commit: {tree.pin}\n  main: main\n"
+                      f"patches:\n  dir: patches\nimage:\n  name: bigtree\n")
+    env = carry_env(work / "check" / "cache")
+    carry(config, env, "fetch")
+    checks = []
+    for _ in range(size.check_repeats):
+        run = measure.run([sys.executable, str(BUILD_PY), "--config", str(config), "check"], env)
+        if run.code != 0 or "tree   " not in run.out or "not written" in run.out:
+            raise SystemExit(f"bench: check failed on the synthetic tree:\n{run.out}\n{run.err}")
+        checks.append(run.wall_s)
+    naive = [naive_check(work / "check" / f"naive-{i}", url, tree.pin, upstream.patches)
+             for i in range(size.naive_repeats)]
+    ours, theirs = measure.median(checks), measure.median(naive)
+    return [
+        Row("check", "synthetic upstream", f"{tree.tip_files} files, {tree.tip_bytes / 1e6:.0f} MB at the pin; "
+            f"{tree.commits} commits; 2 patches"),
+        Row("check", "`build.py check` (whole process, mirror fetched)", f"{ours * 1000:.0f} ms", "<= 500 ms",
+            ours <= 0.5),
+        Row("check", "naive: clone, fetch PR, checkout, git apply x2", f"{theirs * 1000:.0f} ms = {theirs / ours:.1f}x "
+            "carry's", ">= 10x carry's", theirs >= 10 * ours),
+    ]
+
+
+def naive_check(dest: Path, url: str, pin: str, patches: tuple[Path, ...]) -> float:
+    """What a CI job does without carry: clone the upstream, fetch the PR, check out the pin, apply each patch."""
+    env = dict(os.environ, **gitrepo.IDENTITY)
+    steps = [["git", "clone", "-q", "--no-checkout", url, str(dest)],
+             ["git", "-C", str(dest), "fetch", "-q", "origin", "refs/pull/1/head"],
+             ["git", "-C", str(dest), "checkout", "-q", "--detach", pin],
+             *(["git", "-C", str(dest), "apply", str(patch)] for patch in patches)]
+    total = sum(measure.run(step, env).check().wall_s for step in steps)
+    shutil.rmtree(dest)
+    return total
+
+
+# 3: fetch ----------------------------------------------------------------------------------------------------
+
+def bench_fetch(work: Path, size: Size) -> list[Row]:
+    history, _ = trees.history(work / "fetch", size.commits, size.tip_files, size.tip_bytes, size.churn_bytes)
+    gitrepo.git(history.repo, "repack", "-a", "-d", "-f", "-q")  # served well packed, as a forge serves
+    url = f"file://{history.repo}"
+    full_dir = work / "fetch" / "full.git"
+    full = measure.run(["git", "clone", "-q", "--bare", url, str(full_dir)], dict(os.environ)).check()
+    full_bytes = dir_bytes(full_dir / "objects")
+    project = work / "fetch" / "project"
+    (project / "patches").mkdir(parents=True)
+    (project / "VERSION").write_text("20260105.1\n")
+    config = project / "build.yaml"
+    config.write_text(f"upstream:\n  url: {url}\n  pr: 1\n  commit: {history.pin}\n  main: main\n"
+                      f"patches:\n  dir: patches\nimage:\n  name: history\n")
+    cache = work / "fetch" / "cache"
+    ours = carry(config, carry_env(cache), "fetch")
+    mirrors = list((cache / "mirrors").glob("*.git"))
+    ours_bytes = dir_bytes(mirrors[0] / "objects")
+    commits = gitrepo.count_commits(mirrors[0], "--all")
+    return [
+        Row("fetch", "synthetic upstream", f"{history.commits} commits, tip {history.tip_files} files "
+            f"{history.tip_bytes / 1e6:.1f} MB, {history.written_bytes / 1e6:.0f} MB of text written over history"),
+        Row("fetch", "full `git clone --bare` (file://)", f"{full_bytes / 1e6:.1f} MB objects, {full.wall_s:.2f} s"),
+        Row("fetch", "`build.py fetch` (fresh cache, file://)",
+            f"{ours_bytes / 1e6:.2f} MB = {pct(ours_bytes, full_bytes)} of the clone, {commits} commit(s), "
+            f"{ours.wall_s:.2f} s = {pct(ours.wall_s, full.wall_s)} of its time",
+            "bytes <= 10% of full clone", ours_bytes <= 0.10 * full_bytes),
+    ]
+
+
+# the table ---------------------------------------------------------------------------------------------------
+
+def table(rows: list[Row]) -> str:
+    widths = [max(len(getattr(r, f)) for r in rows) for f in ("section", "measure", "value", "target")]
+    header = ("section", "measure", "value", "target")
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)) + "  result"]
+    lines.append("  ".join("-" * w for w in widths) + "  ------")
+    for r in rows:
+        cells = (r.section, r.measure, r.value, r.target)
+        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)) + "  " + r.verdict)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="scaled down, under 2 minutes")
+    parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
+    parser.add_argument("--only", default="check,fetch,rebuild", help="comma-separated parts to run")
+    options = parser.parse_args()
+    parts = {"check": bench_check, "fetch": bench_fetch, "rebuild": bench_rebuilds}
+    chosen = options.only.split(",")
+    if not chosen or set(chosen) - set(parts):
+        parser.error(f"--only takes a list of {', '.join(parts)}")
+    size = QUICK if options.quick else FULL
+    start = time.monotonic()
+    work = options.keep or Path(tempfile.mkdtemp(prefix="carry-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        rows = [row for name in parts if name in chosen for row in parts[name](work, size)]
+    finally:
+        if options.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+    mode = "--quick" if options.quick else "full"
+    print(f"carry bench ({mode}): {size.describe()}")
+    print(f"machine: {measure.cores()} cores; took {time.monotonic() - start:.0f} s\n")
+    print(table(rows))
+    failed = [r for r in rows if r.ok is False]
+    print(f"\n{len(rows) - len(failed) - sum(r.ok is None for r in rows)} PASS, {len(failed)} FAIL")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
