@@ -10,7 +10,8 @@ runtime. The build reads the same environment variables as vLLM's:
   CUDA_HOME                       CUDA toolkit; nvcc is $CUDA_HOME/bin/nvcc.
                                   Default /usr/local/cuda.
   CMAKE_CUDA_COMPILER_LAUNCHER    command put in front of nvcc, e.g. "ccache".
-  MAX_JOBS                        .cu files compiled at once. Default: CPU count.
+  MAX_JOBS                        compile thread budget, as in vLLM: MAX_JOBS // NVCC_THREADS .cu files
+                                  are compiled at once. Default: CPU count.
   NVCC_THREADS                    passed to nvcc as --threads.
   SETUPTOOLS_SCM_PRETEND_VERSION  package version. Default: pledemo/_version.py.
 
@@ -102,7 +103,7 @@ class BuildCudaExtension(build_ext):
         launcher = shlex.split(os.environ.get("CMAKE_CUDA_COMPILER_LAUNCHER", ""))
         nvcc = str(cuda_home() / "bin" / "nvcc")
         out_dir = Path(self.build_temp, *name.split("."))
-        jobs = positive_int_env("MAX_JOBS", os.cpu_count() or 1)
+        jobs = max(1, positive_int_env("MAX_JOBS", os.cpu_count() or 1) // (threads or 1))
         commands = []
         for source in CUDA_SOURCES:
             obj = out_dir / Path(source).with_suffix(".o").name
