@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
-import time
-from pathlib import Path
 
 import pytest
 
 import dockerenv
+from procwatch import command_lines
 from helpers import ROOT, carry
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -42,32 +40,13 @@ def setup(tmp_path_factory):
         "CARRY_REGISTRY_USER": env.registry_user,
         "CARRY_REGISTRY_PASSWORD": env.registry_password(),
     }
-    argv_seen: list[str] = []
-    stop = threading.Event()
-    watcher = threading.Thread(target=_watch_argv, args=(argv_seen, stop), daemon=True)
-    watcher.start()
-    try:
+    with command_lines() as argv_seen:
         pushed = carry("--config", str(config), "image", "--hermetic", "--push", env=run_env)
-    finally:
-        stop.set()
-        watcher.join()
     assert pushed.code == 0, pushed.out + pushed.err
     return {
         "env": env, "run_env": run_env, "config": config, "name": name, "version": version,
         "pushed": pushed, "argv": argv_seen, "cache": base / "cache",
     }
-
-
-def _watch_argv(seen: list[str], stop: threading.Event) -> None:
-    """Collect every process's argv while the build and push run."""
-    while not stop.is_set():
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    seen.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
-                except OSError:
-                    pass
-        time.sleep(0.01)
 
 
 def run(setup, *args: str, **extra):

@@ -14,8 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import threading
-import time
 import urllib.request
 import zipfile
 from pathlib import Path
@@ -23,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import dockerenv
+from procwatch import command_lines
 from helpers import ROOT, assert_bad_input, carry, git
 
 TOKEN = "upstream-token-" + os.urandom(8).hex()
@@ -191,18 +190,6 @@ def test_image_context_carries_no_upstream_credentials(credentialed, tmp_path):
 
 # -- the registry password and build secrets while building and pushing -------------------------------------
 
-def _watch_argv(seen: set[str], stop: threading.Event) -> None:
-    """Every distinct command line of every process, scanned as fast as /proc allows."""
-    while not stop.is_set():
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    seen.add((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
-                except OSError:
-                    pass
-        time.sleep(0.001)
-
-
 def _registry_get(env: dockerenv.DockerEnv, path: str, accept: str) -> bytes:
     request = urllib.request.Request(f"http://{env.registry}{path}", headers={"Accept": accept})
     token = base64.b64encode(f"{env.registry_user}:{env.registry_password()}".encode()).decode()
@@ -239,15 +226,8 @@ def pushed(credentialed, tmp_path_factory):
         "CARRY_REGISTRY_USER": env.registry_user,
         "CARRY_REGISTRY_PASSWORD": env.registry_password(),
     }
-    seen: set[str] = set()
-    stop = threading.Event()
-    watcher = threading.Thread(target=_watch_argv, args=(seen, stop), daemon=True)
-    watcher.start()
-    try:
+    with command_lines() as seen:
         result = carry("--config", str(config), "image", "--hermetic", "--push", "--arch", ARCHES, env=run_env)
-    finally:
-        stop.set()
-        watcher.join()
     assert result.code == 0, result.out + result.err
     version = (project / "VERSION").read_text().strip()
     yield {"env": env, "base": base, "result": result, "argv": seen, "argv_log": argv_log, "name": name,
