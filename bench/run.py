@@ -66,7 +66,7 @@ class Size:
 
 FULL = Size(units=24, repeats=3, tree_files=5000, tree_bytes=90_000_000, tree_commits=2000, check_repeats=5,
             naive_repeats=3, commits=2400, tip_files=600, tip_bytes=6_000_000, churn_bytes=40_000)
-QUICK = Size(units=16, repeats=1, tree_files=5000, tree_bytes=90_000_000, tree_commits=1000, check_repeats=3,
+QUICK = Size(units=16, repeats=3, tree_files=5000, tree_bytes=90_000_000, tree_commits=1000, check_repeats=3,
              naive_repeats=1, commits=2000, tip_files=300, tip_bytes=3_000_000, churn_bytes=12_000)
 
 
