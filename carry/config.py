@@ -20,6 +20,7 @@ SCP_LIKE_RE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^:]")
 ALLOWED_SCHEMES = ("https", "ssh", "git", "file")
 DEFAULT_IMAGE_TAGS = ("{version}",)
 TAG_FIELDS = ("version", "base_short", "cuda", "series_short")
+TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 PLATFORM_RE = re.compile(r"[a-z0-9]+/[a-z0-9_]+(/[a-z0-9]+)?")
 
 
@@ -224,7 +225,7 @@ def check_tag_template(template: str, path: Path) -> str:
         raise BadInput(
             f"{path}: image.tags template {template!r} is malformed ({exc}); write fields as {{version}}"
         ) from None
-    if not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$", sample):
+    if not TAG_RE.fullmatch(sample):
         raise BadInput(
             f"{path}: image.tags template {template!r} does not render to a valid tag "
             f"(letters, digits, '_', '.', '-'; at most 128; not starting with '.' or '-')"

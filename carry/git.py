@@ -133,11 +133,6 @@ def update_ref(repo: Path, ref: str, sha: str) -> None:
     run(repo, "update-ref", ref, sha)
 
 
-def is_ancestor(repo: Path, ancestor: str, descendant: str) -> bool:
-    status, _, _ = run_status(repo, "merge-base", "--is-ancestor", ancestor, descendant)
-    return status == 0
-
-
 def rev_list(repo: Path, *args: str) -> list[str]:
     return run(repo, "rev-list", *args).split()
 
@@ -229,13 +224,6 @@ def apply_cached(repo: Path, patch: Path, env: dict[str, str], *flags: str) -> t
 def show_blob(repo: Path, spec: str, env: dict[str, str] | None = None) -> str | None:
     status, out, _ = run_status(repo, "cat-file", "blob", spec, env=env, strip=False)
     return out if status == 0 else None
-
-
-def checkout_tree(repo: Path, tree: str, dest: Path, scratch: Path) -> None:
-    """Write the files of `tree` into `dest` (no .git there)."""
-    with temp_index(repo, scratch) as env:
-        read_tree(repo, tree, env)
-        run(repo, "--work-tree", str(dest), "checkout-index", "--all", "--force", env=env)
 
 
 def sync_worktree(repo: Path, tree: str, worktree: Path, index: Path) -> None:

@@ -7,7 +7,6 @@ import dataclasses
 import datetime
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -16,11 +15,11 @@ import tomllib
 from pathlib import Path
 
 import carry
-from carry import git
+from carry import upstream
 from carry.apply import CheckReport
 from carry.arch import ArchList
 from carry.cache import Cache
-from carry.config import PLATFORM_RE, Config, public_url, strip_credentials
+from carry.config import PLATFORM_RE, TAG_RE, Config, public_url, strip_credentials
 from carry.errors import BadInput, Failed
 from carry.fsutil import temp_dir
 from carry.progress import Progress
@@ -33,7 +32,6 @@ ENTRYPOINT = Path(carry.__file__).resolve().parent / "image_files" / "entrypoint
 # What carry itself needs inside the build stage (the docker SDK is only used on the host).
 CARRY_REQUIREMENTS = ("click", "pyyaml", "gitpython", "filelock", "pyelftools", "wheel", "packaging", "build")
 LABEL_PREFIX = "io.carry"
-TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 SECRET_ID = "carry_env"
 BUILDINFO_SCRIPT = """
 import importlib, importlib.metadata as metadata, json, sys
@@ -274,10 +272,7 @@ def _assemble_context(config: Config, cache: Cache, mirror: Path, context: Path,
     env_lines = "".join(f"{name}={shlex.quote(value)}\n" for name, value in sorted(config.image.env.items()))
     (context / "runtime.env").write_text(env_lines)
     (context / "requirements.txt").write_text("".join(f"{r}\n" for r in requirements))
-    bundle = cache.bundle(config.upstream.commit)
-    if not bundle.exists():
-        bundle.parent.mkdir(parents=True, exist_ok=True)
-        git.bundle_create(mirror, bundle, "refs/carry/pin")
+    bundle = upstream.write_bundle(mirror, cache, config.upstream.commit)
     (context / "cache" / "bundles").mkdir(parents=True)
     shutil.copy2(bundle, context / "cache" / "bundles" / bundle.name)
     (context / "wheelhouse").mkdir()

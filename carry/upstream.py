@@ -86,7 +86,7 @@ def _fetch(config: Config, cache: Cache, mirror: Path, with_pr: bool) -> FetchRe
         git.clear_stale_locks(mirror)
         error = _fetch_pin(config, mirror)
         if error is None:
-            _write_bundle(mirror, cache, pin)
+            write_bundle(mirror, cache, pin)
             source, notes = "upstream", ()
         else:
             source, notes = "bundle", (_restore_from_bundle(config, cache, mirror, error),)
@@ -178,10 +178,11 @@ def _fetch_pr_head(config: Config, mirror: Path) -> PrHead:
         depth *= 4
 
 
-def _write_bundle(mirror: Path, cache: Cache, commit: str) -> None:
+def write_bundle(mirror: Path, cache: Cache, commit: str) -> Path:
+    """The cached bundle of the pin, written once through a temp file and a rename."""
     bundle = cache.bundle(commit)
     if bundle.exists():
-        return
+        return bundle
     bundle.parent.mkdir(parents=True, exist_ok=True)
     tmp = bundle.with_name(f".{bundle.name}.{os.getpid()}.tmp")
     try:
@@ -189,6 +190,7 @@ def _write_bundle(mirror: Path, cache: Cache, commit: str) -> None:
         os.replace(tmp, bundle)
     finally:
         tmp.unlink(missing_ok=True)
+    return bundle
 
 
 def _restore_from_bundle(config: Config, cache: Cache, mirror: Path, error: git.GitError) -> str:
