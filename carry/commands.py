@@ -1,17 +1,24 @@
-"""What each CLI command does, wired from the modules in data-flow order; returns results for build.py to print."""
+"""What each CLI command does, wired from the modules in data-flow order; returns results for the CLI to print.
+
+Modules that only some commands need are imported inside those commands: `check` and `version` start without
+the wheel, image, gate and registry modules and the libraries behind them.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from carry import apply, config, drop, git, image, refresh, series, toolchain, upstream, verdicts, verify, version, wheel
+from carry import config, version
 from carry.arch import ArchList
 from carry.cache import Cache
-from carry.config import CompilerCache
 from carry.errors import BadInput
-from carry.progress import Progress
+
+if TYPE_CHECKING:
+    from carry import apply, drop, image, refresh, series, verdicts, verify, wheel
+    from carry.progress import Progress
 
 
 def read_version(config_path: Path) -> str:
@@ -53,9 +60,13 @@ class Session:
         return cls(config.load(config_path), Cache.from_env())
 
     def series(self) -> series.Series:
+        from carry import series
+
         return series.load(self.config.patches_dir)
 
     def fetch(self, update_pin: bool = False) -> FetchResult:
+        from carry import upstream
+
         report = upstream.fetch(self.config, self.cache)
         notes = list(report.notes)
         pr_head = report.pr_head
@@ -72,6 +83,8 @@ class Session:
         return FetchResult(report.base, tuple(notes))
 
     def check(self, against: str | None = None) -> CheckResult:
+        from carry import apply, upstream
+
         patches = self.series()
         mirror, notes = upstream.ensure_base(self.config, self.cache)
         base = self.config.upstream.commit
@@ -95,10 +108,14 @@ class Session:
 
     def expected(self) -> verify.Expected:
         """What an artifact built from this repo now must say about itself."""
+        from carry import verify
+
         return verify.Expected(self.version(), self.series().hash, self.config.upstream.commit)
 
     def wheel(self, arch: str | None, out: Path, jobs: int | None, progress: Progress) -> wheel.WheelResult:
         """check -> plan -> reuse or build the wheel -> publish into `out`."""
+        from carry import toolchain, wheel
+
         arches = self.arches(arch)
         job_plan = toolchain.choose_jobs(jobs, self.config.build.env)
         current = self.version()
@@ -113,6 +130,9 @@ class Session:
 
     def image(self, options: image.ImageOptions, arch: str | None, progress: Progress) -> image.ImageResult:
         """check -> context (carry + config + bundle) -> BuildKit build -> tags and labels -> push."""
+        from carry import git, image, toolchain
+        from carry.config import CompilerCache
+
         arches = self.arches(arch)
         builder = image.resolve_builder(self.config, options)
         current = self.version()
@@ -128,20 +148,30 @@ class Session:
                            image.build_requirements(pyproject), progress)
 
     def verify_image(self, ref: str) -> verify.Verification:
+        from carry import image
+
         return image.verify_image(ref, self.config, self.expected())
 
     def verify_wheel(self, path: Path, arch: str | None) -> verify.Verification:
+        from carry import verify
+
         arches = ArchList.parse(arch) if arch is not None else None
         return verify.verify_wheel(path, self.expected(), self.cache.scratch, arches)
 
     def status(self, against: tuple[str, ...] = ()) -> verdicts.StatusReport:
         """A verdict per patch against each ref (default: upstream.main, and the PR head when pr is set)."""
+        from carry import verdicts
+
         return verdicts.status(self.config, self.cache, self.series(), against)
 
     def drop(self, name: str, against: str | None, force: bool) -> drop.Dropped:
+        from carry import drop
+
         return drop.drop(self.config, self.cache, self.series(), name, against, force)
 
     def refresh(self, onto: str | None) -> refresh.Refreshed:
+        from carry import refresh
+
         return refresh.refresh(self.config, self.cache, self.series(), onto)
 
 

@@ -25,7 +25,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import build  # noqa: E402
+from carry import cli as build  # noqa: E402
 from carry.config import load as load_config  # noqa: E402
 
 WORKFLOW_DIR = ROOT / ".github" / "workflows"

@@ -1,0 +1,88 @@
+"""The installed `carry` command is the same CLI as `python build.py`: installed with pip into a fresh venv, run
+from outside the checkout, same output and exit codes; and the light commands start without the heavy modules."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from helpers import ROOT, carry
+
+pytestmark = pytest.mark.slow
+DEMO_CONFIG = ROOT / "examples" / "demo" / "build.yaml"
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """`pip install <copy of the checkout>` into a new venv (no system site-packages); the `carry` script."""
+    base = tmp_path_factory.mktemp("installed")
+    source = base / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "dist"))
+    env_dir = base / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    pip = subprocess.run([env_dir / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                          str(source)], capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    return env_dir / "bin" / "carry"
+
+
+def run_installed(script: Path, *args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([str(script), *args], cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("args, code", [
+    (("--help",), 0),
+    (("check", "--help"), 0),
+    (("--config", str(DEMO_CONFIG), "version"), 0),
+    (("--config", str(DEMO_CONFIG), "check"), 0),
+    (("--config", str(DEMO_CONFIG), "check", "--json"), 0),
+    (("--config", "/nonexistent/build.yaml", "check"), 2),
+    (("--config", str(DEMO_CONFIG), "wheel", "--arch", "12.7"), 2),
+    (("no-such-command",), 2),
+])
+def test_installed_carry_is_the_same_cli_as_build_py(installed, tmp_path, args, code):
+    env = {"CARRY_CACHE": str(tmp_path / "cache")}
+    ours = run_installed(installed, *args, cwd=tmp_path, env=env)
+    theirs = carry(*args, cwd=tmp_path, env=env)
+    assert (ours.returncode, ours.stdout, ours.stderr) == (theirs.code, theirs.out, theirs.err)
+    assert "Traceback" not in ours.stderr
+    assert ours.returncode == code, ours.stderr
+    if args == ("--config", str(DEMO_CONFIG), "check"):
+        assert "clean" in ours.stdout
+    if args[0] == "--help":
+        assert ours.stdout.startswith("Usage: carry ")
+
+
+def test_installed_carry_runs_the_installed_package(installed, tmp_path):
+    """Not the checkout's modules by accident: the venv's carry package answers."""
+    python = installed.parent / "python"
+    where = subprocess.run([str(python), "-c", "import carry, json; print(json.dumps(carry.__file__))"],
+                           cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    assert str(installed.parent.parent) in json.loads(where)
+
+
+@pytest.mark.parametrize("command, absent", [
+    ("version", ("carry.apply", "git", "carry.gate", "carry.image", "docker", "elftools")),
+    ("check", ("carry.gate", "carry.image", "carry.verdicts", "carry.wheel", "docker", "elftools")),
+])
+def test_light_commands_do_not_import_what_they_never_use(tmp_path, command, absent):
+    probe = (
+        "import sys, runpy\n"
+        f"sys.argv = ['build.py', '--config', {str(DEMO_CONFIG)!r}, {command!r}]\n"
+        "try:\n    runpy.run_path(" + repr(str(ROOT / "build.py")) + ", run_name='__main__')\n"
+        "except SystemExit:\n    pass\n"
+        "print('MODULES', ' '.join(sorted(sys.modules)), file=sys.stderr)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "CARRY_CACHE": str(tmp_path / "cache")})
+    loaded = set(result.stderr.rsplit("MODULES ", 1)[1].split())
+    assert "carry.cli" in loaded
+    assert not loaded & set(absent), sorted(loaded & set(absent))
