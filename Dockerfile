@@ -2,7 +2,9 @@
 # with VERSION and patches/, a git bundle of the pinned upstream commit, and in hermetic mode a wheelhouse)
 # and fills every build arg from build.yaml. The build stage runs the same `build.py wheel` as a
 # workstation does: fetch (falling back to the bundle), strict series check, wheel, arch gate, buildinfo.
-# The runtime stage installs only that wheel. Needs BuildKit (cache and secret mounts).
+# The runtime stage installs only that wheel; the `wheel` stage holds only the wheel, for `build.py wheel
+# --platform P`, which exports it with `--output type=local`. Needs BuildKit (cache and secret mounts).
+# Every stage builds for one platform (`--platform`); another CPU's runs under QEMU where the host has it.
 
 ARG BASE_IMAGE=nvcr.io/nvidia/cuda:13.0.1-devel-ubuntu24.04
 ARG RUNTIME_IMAGE=nvcr.io/nvidia/cuda:13.0.1-runtime-ubuntu24.04
@@ -26,6 +28,9 @@ RUN --mount=type=cache,target=/root/.cache/pip \
         /opt/carry/bin/python /carry/build.py --config "/carry/${CARRY_CONFIG}" \
         wheel --arch "${CARRY_ARCHES}" --out /dist; \
     rm -rf /tmp/carry-cache
+
+FROM scratch AS wheel
+COPY --from=build /dist/ /
 
 FROM ${RUNTIME_IMAGE} AS runtime
 ARG PIP_INSTALL_ARGS=

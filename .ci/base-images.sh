@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Build the two local base images the image tests build FROM, without pulling anything:
-#   carry-test/runtime-base:<tag>  Debian bookworm with python3 and venv (and apt), from mmdebstrap
-#   carry-test/build-base:<tag>    the runtime base plus python3-pip/-dev, gcc, g++, git, ccache
-#                                  and a CUDA 13 compiler subset copied from the host,
-#                                  at /usr/local/cuda with CUDA_HOME set
-# Packages come from the Debian mirror over plain HTTP. <tag> hashes this script and the
-# host's nvcc version: images that exist are reused, a changed recipe gets a new tag.
+# Build the local base images the image tests and the demo build FROM, without pulling anything, for this
+# machine's platform (amd64) and for linux/arm64 (GB10), which runs under QEMU (ci/qemu.sh first):
+#   carry-test/runtime-base:<tag>        Debian bookworm with python3 and venv (and apt), from mmdebstrap
+#   carry-test/build-base:<tag>          the runtime base plus python3-pip/-dev, gcc, g++, git, ccache and a
+#                                        CUDA 13 compiler subset copied from the host, at /usr/local/cuda
+#   carry-test/runtime-base:<tag>-arm64  the same for linux/arm64: an arm64 bookworm root (mmdebstrap
+#   carry-test/build-base:<tag>-arm64    --arch=arm64) added to an empty image by a BuildKit build for that
+#                                        platform; the build base's CUDA compiler is NVIDIA's aarch64 wheels
+#                                        from PyPI (kept in $CI_DIR/wheelhouse-cuda-arm64)
+# Each is also tagged carry-local/{build,runtime}-base:{amd64,arm64}, the names examples/demo/build.yaml uses.
+# Packages come from the Debian mirror over plain HTTP. <tag> hashes this script and the host's nvcc
+# version: images that exist are reused, a changed recipe gets a new tag. The two arm64 roots are made at
+# the same time as the amd64 images (their package scripts run emulated, about 3 and 6 minutes).
 # Run after services.sh; records the image names in the same env file.
 #
 # Overridable: CARRY_CI_DIR, CARRY_CI_ENV, CARRY_CI_DEBIAN_MIRROR, CARRY_CI_CUDA_SRC.
@@ -27,6 +33,9 @@ CUDA_FILES=(
     lib/libcudart_static.a lib/libcudadevrt.a lib/libculibos.a
     lib64 targets
 )
+# NVIDIA's aarch64 CUDA compiler on PyPI; together they unpack into nvidia/cu13, a CUDA_HOME.
+ARM64_CUDA_WHEELS=(nvidia-cuda-nvcc nvidia-nvvm nvidia-cuda-runtime nvidia-cuda-crt nvidia-cuda-cccl)
+ARM64_WHEELHOUSE=$CI_DIR/wheelhouse-cuda-arm64
 
 log() { printf 'base-images: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -67,18 +76,86 @@ EOF
     rm -rf "$context"
 }
 
-# check_nvcc_offline IMAGE: compile and link a kernel for sm_121 with networking off.
+# cuda_release: "13.0" from the host nvcc, so the aarch64 compiler is the same release.
+cuda_release() { "$CUDA_SRC/bin/nvcc" --version | sed -n 's/.*release \([0-9]*\.[0-9]*\),.*/\1/p'; }
+
+# arm64_rootfs PACKAGES TAR: an arm64 bookworm root made with mmdebstrap (package scripts run under QEMU).
+arm64_rootfs() {
+    mmdebstrap --quiet --variant=apt --arch=arm64 --include="$1" \
+        --dpkgopt='path-exclude=/usr/share/man/*' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' \
+        --dpkgopt='path-exclude=/usr/share/doc/*' \
+        --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+        "$SUITE" "$2" "$MIRROR"
+}
+
+# build_arm64_image IMAGE CONTEXT: an arm64 image from CONTEXT/rootfs.tar (and CONTEXT/cuda when present).
+# `docker import` cannot record another architecture in Docker 20.10; a BuildKit build for the platform can.
+build_arm64_image() {
+    local cuda_steps=""
+    [ -d "$2/cuda" ] && cuda_steps="COPY cuda $CUDA_DEST
+RUN ln -s $(basename "$CUDA_DEST") /usr/local/cuda
+ENV CUDA_HOME=/usr/local/cuda"
+    DOCKER_BUILDKIT=1 "$DOCKER" build --platform linux/arm64 --progress=plain --tag "$1" -f - "$2" <<EOF
+FROM scratch
+ADD rootfs.tar /
+ENV PATH=$IMAGE_PATH
+$cuda_steps
+CMD ["/bin/bash"]
+EOF
+}
+
+build_arm64_runtime_base() {
+    local context=$CI_DIR/arm64-runtime-context
+    rm -rf "$context" && mkdir -p "$context"
+    arm64_rootfs "${RUNTIME_PACKAGES// /,}" "$context/rootfs.tar"
+    build_arm64_image "$1" "$context"
+    rm -rf "$context"
+}
+
+# build_arm64_build_base IMAGE: an arm64 root with the build packages, plus NVIDIA's aarch64 CUDA wheels
+# (the same release as the host's nvcc) unpacked as /usr/local/cuda.
+build_arm64_build_base() {
+    local context=$CI_DIR/arm64-build-context release
+    release=$(cuda_release)
+    rm -rf "$context" && mkdir -p "$context" "$ARM64_WHEELHOUSE"
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+        --platform manylinux2014_aarch64 --dest "$ARM64_WHEELHOUSE" \
+        "${ARM64_CUDA_WHEELS[@]/%/==$release.*}"
+    python3 -m pip install --quiet --disable-pip-version-check --no-deps --no-index --no-compile \
+        --only-binary=:all: --platform manylinux2014_aarch64 --target "$context/site" \
+        --find-links "$ARM64_WHEELHOUSE" "${ARM64_CUDA_WHEELS[@]/%/==$release.*}"
+    mv "$context/site/nvidia/cu13" "$context/cuda"
+    ln -s lib "$context/cuda/lib64"
+    rm -rf "$context/site"
+    arm64_rootfs "python3,${BUILD_PACKAGES// /,}" "$context/rootfs.tar"
+    build_arm64_image "$1" "$context"
+    rm -rf "$context"
+}
+
+# check_nvcc_offline IMAGE PLATFORM: compile and link a kernel for sm_121 with networking off, as PLATFORM.
 check_nvcc_offline() {
     # shellcheck disable=SC2016 # $CUDA_HOME is the container's
-    "$DOCKER" run --rm -i --network=none "$1" bash -euc '
+    "$DOCKER" run --rm -i --network=none --platform "$2" "$1" bash -euc '
         cat >/tmp/probe.cu
         cd /tmp
         nvcc -O2 -gencode arch=compute_121,code=sm_121 -gencode arch=compute_120,code=compute_120 \
             -o probe probe.cu
-        test -x probe && test "$CUDA_HOME" = /usr/local/cuda' <<'EOF'
+        test -x probe && test "$CUDA_HOME" = /usr/local/cuda
+        echo "nvcc compiles on $(uname -m)"' <<'EOF'
 __global__ void scale(float *x, float a) { x[threadIdx.x] *= a; }
 int main() { return 0; }
 EOF
+}
+
+# checked_build_base IMAGE PLATFORM: remove IMAGE and fail when its nvcc does not compile offline.
+checked_build_base() {
+    local log_file=$CI_DIR/nvcc-check-${2#*/}.log
+    check_nvcc_offline "$1" "$2" >"$log_file" 2>&1 || {
+        "$DOCKER" image rm --force "$1" >/dev/null 2>&1 || true
+        die "nvcc in $1 failed to compile offline; see $log_file"
+    }
+    log "nvcc in $1 compiles with --network=none ($(tail -n 1 "$log_file"))"
 }
 
 # build_if_missing NAME IMAGE BUILDER [ARGS...]: run BUILDER IMAGE ARGS unless IMAGE
@@ -103,21 +180,34 @@ main() {
     "$DOCKER" version >/dev/null 2>&1 || die "docker does not answer; run .ci/services.sh first"
     [ -x "$CUDA_SRC/bin/nvcc" ] || die "no nvcc at $CUDA_SRC/bin/nvcc; set CARRY_CI_CUDA_SRC"
     mkdir -p "$CI_DIR"
-    local tag runtime_image build_image
+    grep -qx enabled /proc/sys/fs/binfmt_misc/qemu-aarch64 2>/dev/null \
+        || die "this machine cannot run arm64 programs; run ci/qemu.sh first"
+    local tag runtime_image build_image arm64_runtime arm64_build platform suffix
     tag=$(recipe_tag)
     runtime_image=carry-test/runtime-base:$tag
     build_image=carry-test/build-base:$tag
 
+    # The arm64 roots take minutes of emulated package scripts: start them first, beside the amd64 work.
+    build_if_missing runtime-base-arm64 "$runtime_image-arm64" build_arm64_runtime_base &
+    arm64_runtime=$!
+    build_if_missing build-base-arm64 "$build_image-arm64" build_arm64_build_base &
+    arm64_build=$!
     build_if_missing runtime-base "$runtime_image" build_runtime_base
     build_if_missing build-base "$build_image" build_build_base "$runtime_image"
-    check_nvcc_offline "$build_image" >"$CI_DIR/nvcc-check.log" 2>&1 || {
-        "$DOCKER" image rm --force "$build_image" >/dev/null 2>&1 || true
-        die "nvcc in $build_image failed to compile offline; see $CI_DIR/nvcc-check.log"
-    }
-    log "nvcc in $build_image compiles with --network=none"
+    checked_build_base "$build_image" linux/amd64
+    wait "$arm64_runtime" || die "the arm64 runtime base failed"
+    wait "$arm64_build" || die "the arm64 build base failed"
+    checked_build_base "$build_image-arm64" linux/arm64
 
+    for platform in amd64 arm64; do
+        suffix=$([ "$platform" = arm64 ] && echo -arm64 || true)
+        "$DOCKER" tag "$build_image$suffix" "carry-local/build-base:$platform"
+        "$DOCKER" tag "$runtime_image$suffix" "carry-local/runtime-base:$platform"
+    done
     set_env CARRY_TEST_BUILD_BASE "$build_image"
     set_env CARRY_TEST_RUNTIME_BASE "$runtime_image"
+    set_env CARRY_TEST_BUILD_BASE_ARM64 "$build_image-arm64"
+    set_env CARRY_TEST_RUNTIME_BASE_ARM64 "$runtime_image-arm64"
     log "wrote $ENV_FILE"
 }
 

@@ -97,16 +97,40 @@ def check(obj: Context, against: str | None, as_json: bool) -> None:
     sys.exit(0 if result.report.ok else 1)
 
 
+def parse_platform(text: str | None, flag: str = "--platform"):
+    from carry.platforms import Platform
+
+    return Platform.parse(text, flag) if text is not None else None
+
+
 @cli.command("wheel")
-@click.option("--arch", metavar="LIST", help="CUDA arches, e.g. 9.0,12.0,12.1 (default: build.cuda_arches).")
+@click.option("--arch", metavar="LIST", help="CUDA arches, e.g. 9.0,12.0,12.1 (default: build.cuda_arches, or "
+              "the platform's own from image.platforms).")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), default="dist", show_default=True,
               help="Directory the wheel is published into (atomically).")
 @click.option("--jobs", type=click.IntRange(min=1), help="Compile jobs (default: from build.env MAX_JOBS, "
               "else from cores and free memory).")
+@click.option("--platform", metavar="P", help="Build in the Dockerfile's build stage for this platform, e.g. "
+              "linux/arm64 (emulated where the CPU is foreign), instead of on this machine.")
+@click.option("--hermetic", is_flag=True, help="With --platform: build with --network=none, requirements from a "
+              "wheelhouse.")
+@click.option("--wheelhouse", type=click.Path(path_type=Path, file_okay=False, exists=True),
+              help="With --platform --hermetic: the wheels (default: downloaded once into the cache).")
 @click.pass_obj
-def wheel_command(obj: Context, arch: str | None, out: Path, jobs: int | None) -> None:
+def wheel_command(obj: Context, arch: str | None, out: Path, jobs: int | None, platform: str | None,
+                  hermetic: bool, wheelhouse: Path | None) -> None:
     """Build the patched tree into a wheel for the CUDA arches, gate it, stamp provenance; reuse when unchanged."""
+    target = parse_platform(platform)
+    if target is None and (hermetic or wheelhouse):
+        raise click.UsageError("--hermetic and --wheelhouse go with --platform (a build in a container)")
+    if target is not None and jobs is not None:
+        raise click.UsageError("--jobs applies to builds on this machine; the build stage picks its own")
     progress = Progress()
+    if target is not None:
+        built = obj.session().platform_wheel(target, arch, out, hermetic, wheelhouse, progress)
+        progress.phase("done", f"{built.platform} wheel, gate passed for {built.gate.archlist}")
+        click.echo(built.path)
+        return
     result = obj.session().wheel(arch, out, jobs, progress)
     progress.phase("done", "reused from cache" if result.reused else "built")
     click.echo(result.path)
@@ -115,17 +139,24 @@ def wheel_command(obj: Context, arch: str | None, out: Path, jobs: int | None) -
 @cli.command()
 @click.argument("artifact")
 @click.option("--arch", metavar="LIST", help="Gate a wheel against these arches instead of the ones it recorded.")
+@click.option("--platform", metavar="P", help="For an image tag holding several platforms: verify only this one "
+              "(default: every platform it holds).")
 @click.pass_obj
-def verify(obj: Context, artifact: str, arch: str | None) -> None:
-    """Verify a wheel file or an image reference against this repo (VERSION, series hash, pinned commit);
-    wheels also get RECORD hashes and the CUDA arch gate. Exit 1 on a mismatch, naming the field."""
+def verify(obj: Context, artifact: str, arch: str | None, platform: str | None) -> None:
+    """Verify a wheel file or an image reference against this repo (VERSION, series hash, pinned commit).
+    Wheels: RECORD hashes, the CUDA arch gate, the CPU of their shared objects. Images: every platform the tag
+    holds is pulled, its labels compared, its Python run (emulated where foreign) to import the wheel, and the
+    installed shared objects gated. Exit 1 on a mismatch, naming the field."""
+    target = parse_platform(platform)
     session = obj.session()
     if artifact.endswith(".whl") or Path(artifact).is_file():
-        result = session.verify_wheel(Path(artifact), arch)
+        if target is not None:
+            raise click.UsageError("--platform is for image tags; a wheel's platform is in its file name")
+        results = (session.verify_wheel(Path(artifact), arch),)
     else:
-        result = session.verify_image(artifact)
-    click.echo("\n".join(result.lines()))
-    sys.exit(0 if result.ok else 1)
+        results = session.verify_image(artifact, target)
+    click.echo("\n".join(line for result in results for line in result.lines()))
+    sys.exit(0 if all(result.ok for result in results) else 1)
 
 
 @cli.command("image")
@@ -133,7 +164,8 @@ def verify(obj: Context, artifact: str, arch: str | None) -> None:
               "$CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD handed over on stdin).")
 @click.option("--tag", "tags", metavar="T", multiple=True, help="An extra tag; repeatable.")
 @click.option("--platform", "platforms", metavar="P", multiple=True,
-              help="Target platform, e.g. linux/arm64; repeatable (default: image.platforms; needs buildx).")
+              help="Target platform, e.g. linux/arm64; repeatable, one build each (default: image.platforms); a "
+                   "foreign CPU needs QEMU's binfmt_misc handler.")
 @click.option("--arch", metavar="LIST", help="CUDA arches (default: build.cuda_arches).")
 @click.option("--hermetic", is_flag=True, help="Build with --network=none, requirements from a wheelhouse.")
 @click.option("--wheelhouse", type=click.Path(path_type=Path, file_okay=False, exists=True),
@@ -146,16 +178,30 @@ def verify(obj: Context, artifact: str, arch: str | None) -> None:
 def image_command(obj: Context, push: bool, tags: tuple[str, ...], platforms: tuple[str, ...], arch: str | None,
                   hermetic: bool, wheelhouse: Path | None, cache_from: tuple[str, ...],
                   cache_to: tuple[str, ...]) -> None:
-    """Build the image with BuildKit (the build stage runs `build.py wheel`), tag it from VERSION, label it
-    with its provenance, and optionally push."""
+    """Build the image with BuildKit, one build per platform (the build stage runs `build.py wheel`), tag it
+    from VERSION, label it with its provenance, and optionally push; with several platforms each is tagged
+    VERSION-ARCH and, on push, every shared tag becomes a manifest list of them all."""
     from carry.image import ImageOptions
 
     progress = Progress()
-    options = ImageOptions(push, tags, platforms, hermetic, wheelhouse, cache_from, cache_to)
+    options = ImageOptions(push, tags, tuple(parse_platform(p) for p in platforms), hermetic, wheelhouse,
+                           cache_from, cache_to)
     result = obj.session().image(options, arch, progress)
     echo_notes(result.notes)
-    for ref in result.refs:
-        click.echo(f"{ref}  {result.pushed[ref]}" if ref in result.pushed else ref)
+    click.echo("\n".join(result.lines()))
+
+
+@cli.command("manifest")
+@click.option("--platform", "platforms", metavar="P", multiple=True,
+              help="A platform to join; repeatable (default: image.platforms).")
+@click.option("--tag", "tags", metavar="T", multiple=True, help="An extra shared tag; repeatable.")
+@click.pass_obj
+def manifest_command(obj: Context, platforms: tuple[str, ...], tags: tuple[str, ...]) -> None:
+    """Make every shared tag (VERSION, the templates, --tag) a manifest list of the platforms' VERSION-ARCH
+    images, which separate runs (one per platform) pushed; checked against the registry afterwards."""
+    progress = Progress()
+    joined = obj.session().manifest(tuple(parse_platform(p) for p in platforms), tags, progress)
+    click.echo("\n".join(f"{ref}  {digest}" for ref, digest in joined.items()))
 
 
 @cli.command()

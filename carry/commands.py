@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING
 from carry import config, version
 from carry.arch import ArchList
 from carry.cache import Cache
-from carry.errors import BadInput
+from carry.errors import BadInput, Failed
 
 if TYPE_CHECKING:
-    from carry import apply, drop, image, refresh, series, verdicts, verify, wheel
+    from carry import apply, crossbuild, drop, image, refresh, series, verdicts, verify, wheel
+    from carry.platforms import Platform
     from carry.progress import Progress
 
 
@@ -128,29 +129,70 @@ class Session:
         return wheel.build(self.config, self.cache, checked.mirror, checked.report, checked.series, plan, out,
                            progress)
 
+    def platform_wheel(self, platform: Platform, arch: str | None, out: Path, hermetic: bool,
+                       wheelhouse: Path | None, progress: Progress) -> crossbuild.CrossWheel:
+        """check -> context -> that platform's build stage (emulated where foreign) -> checked wheel in `out`."""
+        from carry import container, crossbuild
+
+        arches = ArchList.parse(arch) if arch is not None else self.config.arches_for(platform)
+        builder = container.resolve_builder(self.config, (platform,))
+        checked = self._checked(progress)
+        requirements = container.build_requirements(self._upstream_pyproject(checked))
+        return crossbuild.build(self.config, self.cache, checked.mirror, checked.report.tree, platform, arches,
+                                hermetic, wheelhouse, requirements, builder, self.expected(), out, progress)
+
     def image(self, options: image.ImageOptions, arch: str | None, progress: Progress) -> image.ImageResult:
-        """check -> context (carry + config + bundle) -> BuildKit build -> tags and labels -> push."""
-        from carry import git, image, toolchain
+        """check -> context (carry + config + bundle) -> a BuildKit build per platform -> tags and labels -> push
+        -> shared tags as manifest lists."""
+        from carry import container, image, toolchain
         from carry.config import CompilerCache
 
-        arches = self.arches(arch)
-        builder = image.resolve_builder(self.config, options)
+        arches = ArchList.parse(arch) if arch is not None else None
+        builder = container.resolve_builder(self.config, image.platforms_to_build(self.config, options))
+        image.check_options(builder, options)
         current = self.version()
+        checked = self._checked(progress)
+        pyproject = self._upstream_pyproject(checked)
+        tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
+        plan = image.plan(self.config, checked.report, checked.series, current, arches,
+                          container.distribution_name(pyproject), image.cuda_tag(tools.nvcc_version), options)
+        return image.build(self.config, self.cache, checked.mirror, plan, options, builder,
+                           container.build_requirements(pyproject), progress)
+
+    def manifest(self, platforms: tuple[Platform, ...], extra_tags: tuple[str, ...],
+                 progress: Progress) -> dict[str, str]:
+        """Every shared tag -> a manifest list of the platforms' `<VERSION>-<arch>` images already pushed."""
+        from carry import container, image, toolchain
+        from carry.config import CompilerCache
+
+        options = image.ImageOptions(True, extra_tags, platforms, False, None)
+        chosen = image.platforms_to_build(self.config, options)
+        if len(chosen) < 2:
+            raise BadInput(f"{self.config.path}: a manifest list joins several platforms; list them in "
+                           f"image.platforms or pass --platform twice or more")
+        builder = container.resolve_builder(self.config, ())
+        tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
+        shared = image.render_tags(self.config, self.version(), self.series(), image.cuda_tag(tools.nvcc_version))
+        refs = tuple(dict.fromkeys(f"{self.config.image.name}:{tag}" for tag in shared + extra_tags))
+        return image.join_pushed(self.config, self.version(), refs, chosen, builder, progress)
+
+    def _checked(self, progress: Progress) -> CheckResult:
         checked = self.check()
         progress.phase("check", f"{len(checked.series.patches)} patch(es) on {checked.report.base[:12]}: "
                        f"tree {str(checked.report.tree)[:12]}")
-        pyproject = image.upstream_pyproject(git.show_blob(checked.mirror, f"{checked.report.tree}:pyproject.toml"))
-        dist = image.distribution_name(pyproject)
-        tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
-        plan = image.plan(self.config, checked.report, checked.series, current, arches, dist,
-                          image.cuda_tag(tools.nvcc_version), options)
-        return image.build(self.config, self.cache, checked.mirror, plan, options, builder,
-                           image.build_requirements(pyproject), progress)
+        return checked
 
-    def verify_image(self, ref: str) -> verify.Verification:
+    def _upstream_pyproject(self, checked: CheckResult) -> dict:
+        from carry import container, git
+
+        if checked.report.tree is None:
+            raise Failed("the series does not apply; run `check` for details")
+        return container.upstream_pyproject(git.show_blob(checked.mirror, f"{checked.report.tree}:pyproject.toml"))
+
+    def verify_image(self, ref: str, platform: Platform | None) -> tuple[verify.Verification, ...]:
         from carry import image
 
-        return image.verify_image(ref, self.config, self.expected())
+        return image.verify_image(ref, self.config, self.expected(), platform, self.cache.scratch)
 
     def verify_wheel(self, path: Path, arch: str | None) -> verify.Verification:
         from carry import verify

@@ -13,6 +13,7 @@ from packaging.version import Version as PackagingVersion
 
 from carry.arch import ArchList
 from carry.errors import BadInput
+from carry.platforms import Platform
 
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -21,7 +22,6 @@ ALLOWED_SCHEMES = ("https", "ssh", "git", "file")
 DEFAULT_IMAGE_TAGS = ("{version}",)
 TAG_FIELDS = ("version", "base_short", "cuda", "series_short")
 TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-PLATFORM_RE = re.compile(r"[a-z0-9]+/[a-z0-9_]+(/[a-z0-9]+)?")
 
 
 class CompilerCache(enum.Enum):
@@ -63,10 +63,20 @@ class Build:
 
 
 @dataclasses.dataclass(frozen=True)
+class PlatformTarget:
+    """A platform to build for, with what it sets for itself (None: the build's and image's own settings)."""
+
+    platform: Platform
+    cuda_arches: ArchList | None = None
+    base_image: str | None = None
+    runtime_image: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Image:
     name: str
     tags: tuple[str, ...]
-    platforms: tuple[str, ...]
+    platforms: tuple[PlatformTarget, ...]
     base_image: str | None
     runtime_image: str | None
     build_args: dict[str, str]
@@ -88,6 +98,15 @@ class Config:
     @property
     def root(self) -> Path:
         return self.path.parent
+
+    def target(self, platform: Platform) -> PlatformTarget:
+        """image.platforms' entry for `platform`, or one that sets nothing of its own."""
+        return next((t for t in self.image.platforms if t.platform is platform), PlatformTarget(platform))
+
+    def arches_for(self, platform: Platform) -> ArchList:
+        """The CUDA arches a build for `platform` asks for: its own, else build.cuda_arches."""
+        own = self.target(platform).cuda_arches
+        return own if own is not None else self.build.cuda_arches
 
 
 class _Section:
@@ -326,11 +345,37 @@ def _image(section: _Section, path: Path) -> Image:
     )
 
 
-def _platforms(section: _Section) -> tuple[str, ...]:
-    platforms = section.strings("platforms")
-    if not all(PLATFORM_RE.fullmatch(p) for p in platforms):
-        raise section.fail("platforms", "a list of OS/ARCH[/VARIANT] such as linux/arm64")
-    return platforms
+PLATFORM_KEYS = ("cuda_arches", "base_image", "runtime_image")
+
+
+def _platforms(section: _Section) -> tuple[PlatformTarget, ...]:
+    """A list of platforms, or a mapping of platform to what it sets for itself (PLATFORM_KEYS)."""
+    value = section.data.get("platforms")
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        value = {v: None for v in value}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise section.fail("platforms", "a list of platforms such as [linux/amd64, linux/arm64], or a mapping of "
+                                        "platform to its own cuda_arches, base_image, runtime_image")
+    targets: list[PlatformTarget] = []
+    for name, settings in value.items():
+        platform = Platform.parse(name, f"{section.path}: image.platforms")
+        if any(t.platform is platform for t in targets):
+            raise BadInput(f"{section.path}: image.platforms names {platform} twice; keep one entry")
+        own = _Section(settings, f"image.platforms.{name}", section.path, PLATFORM_KEYS)
+        arches = own.data.get("cuda_arches")
+        if arches is not None and not isinstance(arches, (str, list)):
+            raise own.fail("cuda_arches", "a string like '12.1' or a list of arches")
+        targets.append(PlatformTarget(
+            platform=platform,
+            cuda_arches=ArchList.parse(arches) if arches is not None else None,
+            base_image=own.string("base_image"),
+            runtime_image=own.string("runtime_image"),
+        ))
+    return tuple(targets)
 
 
 def _env_names(section: _Section, key: str) -> tuple[str, ...]:

@@ -1,7 +1,8 @@
 """List the cubins and PTX in a shared object's ``.nv_fatbin`` section, without cuobjdump.
 
 Layout (observed on nvcc 13 output and cross-checked against cuobjdump in the tests): the section
-holds one or more fatbins back to back. A fatbin is a 16-byte header (u32 magic 0xBA55ED50,
+holds one or more fatbins back to back, each starting at the section's alignment (the linker pads with zeros
+where a fatbin's size is not a multiple of it, as aarch64 links do). A fatbin is a 16-byte header (u32 magic 0xBA55ED50,
 u16 version, u16 header size, u64 payload size) followed by entries. Each entry starts with
 u16 kind, u16 version, u32 header size, u64 payload size; its u32 arch (e.g. 121) sits at 0x1C
 and its u32 flags at 0x28, where 0x100000 marks an 'a' and 0x200000 an 'f' target.
@@ -71,19 +72,22 @@ def read(path: str | Path) -> list[FatbinEntry]:
     if not is_elf(path):
         return []
     try:
-        data = _section_data(path)
-        return _parse_section(data) if data else []
+        data, align = _section_data(path)
+        return _parse_section(data, align) if data else []
     except (ELFError, _Corrupt, struct.error) as error:
         raise Failed(f"{path}: corrupt {SECTION} section ({error})") from None
 
 
-def _section_data(path: Path) -> bytes:
+def _section_data(path: Path) -> tuple[bytes, int]:
+    """The section's bytes and its alignment."""
     with open(path, "rb") as stream:
         section = ELFFile(stream).get_section_by_name(SECTION)
-        return section.data() if section is not None else b""
+        if section is None:
+            return b"", 1
+        return section.data(), max(1, section["sh_addralign"])
 
 
-def _parse_section(data: bytes) -> list[FatbinEntry]:
+def _parse_section(data: bytes, align: int = 1) -> list[FatbinEntry]:
     entries: list[FatbinEntry] = []
     offset = 0
     while offset < len(data) and not _only_padding(data, offset):
@@ -92,7 +96,14 @@ def _parse_section(data: bytes) -> list[FatbinEntry]:
             raise _Corrupt(f"bad fatbin magic {magic:#x} at offset {offset:#x}")
         start, offset = offset + header_size, offset + header_size + payload_size
         entries.extend(_parse_fatbin(data, start, _bounded(offset, len(data))))
+        offset = _skip_alignment_padding(data, offset, align)
     return entries
+
+
+def _skip_alignment_padding(data: bytes, offset: int, align: int) -> int:
+    """The next fatbin's offset: `offset` rounded up to `align` when the bytes between are zeros."""
+    aligned = min(-(-offset // align) * align, len(data))
+    return aligned if data.count(0, offset, aligned) == aligned - offset else offset
 
 
 def _parse_fatbin(data: bytes, offset: int, end: int) -> list[FatbinEntry]:

@@ -1,44 +1,41 @@
-"""The container image: a build context assembled from this repo, a BuildKit build through the Docker CLI,
-tags and labels from VERSION and the series, push and pull through the Docker SDK, and verification."""
+"""The container image: one BuildKit build per platform (carry.container), tags and labels from VERSION and the
+series, push through the Docker SDK, multi-platform tags (carry.manifest), and verification of what a tag holds.
+
+One platform (the config lists at most one): its image gets every tag. Several: each platform's image is tagged
+`<VERSION>-<arch>` and every shared tag (VERSION, the templates, --tag) becomes, on push, a manifest list of all
+of them; the local image store holds one platform per tag, so shared tags exist only in the registry.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
 import json
-import os
-import shlex
-import shutil
-import subprocess
-import sys
-import tomllib
 from pathlib import Path
 
-import carry
-from carry import upstream
+from carry import container, manifest
 from carry.apply import CheckReport
 from carry.arch import ArchList
 from carry.cache import Cache
-from carry.config import PLATFORM_RE, TAG_RE, Config, public_url, strip_credentials
+from carry.config import TAG_RE, Config, public_url
+from carry.container import Builder, StageBuild
 from carry.errors import BadInput, Failed
 from carry.fsutil import temp_dir
+from carry.platforms import Platform, wrong_machine
 from carry.progress import Progress
 from carry.series import Series
 from carry.verify import Expected, Mismatch, Verification, compare
-from carry.wheel import tail
 
-DOCKERFILE = Path(carry.__file__).resolve().parent.parent / "Dockerfile"
-ENTRYPOINT = Path(carry.__file__).resolve().parent / "image_files" / "entrypoint.sh"
-# What carry itself needs inside the build stage (the docker SDK is only used on the host).
-CARRY_REQUIREMENTS = ("click", "pyyaml", "gitpython", "filelock", "pyelftools", "wheel", "packaging", "build")
 LABEL_PREFIX = "io.carry"
-SECRET_ID = "carry_env"
-BUILDINFO_SCRIPT = """
-import importlib, importlib.metadata as metadata, json, sys
+# Run inside an image: import the wheel's package, print the buildinfo, the CPU and the wheel's shared objects.
+INSPECT_SCRIPT = """
+import importlib, importlib.metadata as metadata, json, os, platform, sys
 dist = metadata.distribution(sys.argv[1])
 top = (dist.read_text("top_level.txt") or sys.argv[1]).split()[0]
 importlib.import_module(top)
-print(dist.read_text("carry-buildinfo.json"))
+libs = sorted(os.path.realpath(dist.locate_file(f)) for f in dist.files or () if ".so" in f.name.split("/")[-1])
+print(json.dumps({"machine": platform.machine(), "python": platform.python_version(), "libs": libs,
+                  "buildinfo": json.loads(dist.read_text("carry-buildinfo.json"))}))
 """
 
 
@@ -48,7 +45,7 @@ class ImageOptions:
 
     push: bool
     extra_tags: tuple[str, ...]
-    platforms: tuple[str, ...]
+    platforms: tuple[Platform, ...]
     hermetic: bool
     wheelhouse: Path | None
     cache_from: tuple[str, ...] = ()
@@ -58,39 +55,43 @@ class ImageOptions:
         for tag in self.extra_tags:
             if not TAG_RE.fullmatch(tag):
                 raise BadInput(f"--tag {tag!r} is not a valid tag; use letters, digits, '_', '.', '-' (at most 128)")
-        for platform in self.platforms:
-            if not PLATFORM_RE.fullmatch(platform):
-                raise BadInput(f"--platform {platform!r} is not OS/ARCH[/VARIANT]; use e.g. linux/arm64")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlatformImage:
+    """One platform's image: what it is built from and the local tags it gets."""
+
+    platform: Platform
+    arches: ArchList
+    refs: tuple[str, ...]
+    labels: dict[str, str]
+    build_args: dict[str, str]
 
 
 @dataclasses.dataclass(frozen=True)
 class ImagePlan:
-    refs: tuple[str, ...]
-    labels: dict[str, str]
-    build_args: dict[str, str]
-    arches: ArchList
-    dist_name: str
+    images: tuple[PlatformImage, ...]
+    shared: tuple[str, ...]  # tags that name every platform (manifest lists); empty with one platform
+    complete: bool  # every platform the config lists is built in this run, so the shared tags can be made
+    tree: str
 
 
 @dataclasses.dataclass(frozen=True)
 class ImageResult:
-    refs: tuple[str, ...]
-    image_id: str
-    pushed: dict[str, str]
+    plan: ImagePlan
+    image_ids: dict[Platform, str]
+    pushed: dict[str, str]  # ref -> digest
     notes: tuple[str, ...]
 
-
-def docker_binary(config: Config) -> str:
-    """`$CARRY_DOCKER`, else image.docker from build.yaml; it must exist."""
-    name = os.environ.get("CARRY_DOCKER") or config.image.docker
-    found = shutil.which(name)
-    if found is None:
-        raise BadInput(f"docker binary {name!r} not found; install Docker or set image.docker / $CARRY_DOCKER")
-    return found
-
-
-def has_buildx(docker: str) -> bool:
-    return subprocess.run([docker, "buildx", "version"], capture_output=True).returncode == 0
+    def lines(self) -> list[str]:
+        """`ref  digest  platforms` for each tag made, platform images first."""
+        rows = []
+        for image in self.plan.images:
+            for ref in image.refs:
+                rows.append("  ".join(filter(None, (ref, self.pushed.get(ref, ""), str(image.platform)))))
+        everything = ", ".join(str(i.platform) for i in self.plan.images)
+        rows += [f"{ref}  {self.pushed[ref]}  {everything}" for ref in self.plan.shared if ref in self.pushed]
+        return rows
 
 
 def render_tags(config: Config, version: str, series: Series, cuda: str) -> tuple[str, ...]:
@@ -116,21 +117,52 @@ def cuda_tag(nvcc_version: str | None) -> str:
     return "none"
 
 
+def platforms_to_build(config: Config, options: ImageOptions) -> tuple[Platform, ...]:
+    """--platform, else image.platforms, else this machine's own."""
+    configured = tuple(target.platform for target in config.image.platforms)
+    return options.platforms or configured or (Platform.native(),)
+
+
+def own_tag(version: str, platform: Platform) -> str:
+    """The tag of one platform's image when a tag holds several: `20260906.1-arm64`."""
+    return f"{version}-{platform.tag}"
+
+
 def plan(
     config: Config,
     report: CheckReport,
     series: Series,
     version: str,
-    arches: ArchList,
+    arches: ArchList | None,
     dist_name: str,
     cuda: str,
     options: ImageOptions,
 ) -> ImagePlan:
+    """Tags, labels and build args per platform; `arches` (from --arch) overrides every platform's own."""
     if report.tree is None:
         raise Failed("the series does not apply; run `check` for details")
+    platforms = platforms_to_build(config, options)
+    configured = {target.platform for target in config.image.platforms}
+    several = len(configured | set(platforms)) > 1
     tags = render_tags(config, version, series, cuda) + options.extra_tags
-    refs = tuple(dict.fromkeys(f"{config.image.name}:{tag}" for tag in tags))
-    labels = {
+    shared = tuple(dict.fromkeys(f"{config.image.name}:{tag}" for tag in tags))
+    images = []
+    for platform in platforms:
+        own_arches = arches if arches is not None else config.arches_for(platform)
+        refs = (f"{config.image.name}:{own_tag(version, platform)}",) if several else shared
+        images.append(PlatformImage(
+            platform=platform,
+            arches=own_arches,
+            refs=refs,
+            labels=_labels(config, report, series, version, own_arches, dist_name, platform),
+            build_args=container.stage_args(config, platform, str(own_arches), options.hermetic),
+        ))
+    return ImagePlan(tuple(images), shared if several else (), configured <= set(platforms), report.tree)
+
+
+def _labels(config: Config, report: CheckReport, series: Series, version: str, arches: ArchList, dist_name: str,
+            platform: Platform) -> dict[str, str]:
+    return {
         **config.image.labels,
         "org.opencontainers.image.version": version,
         "org.opencontainers.image.revision": report.base,
@@ -145,70 +177,15 @@ def plan(
         f"{LABEL_PREFIX}.series.hash": series.hash,
         f"{LABEL_PREFIX}.patches": ",".join(p.name for p in series.patches),
         f"{LABEL_PREFIX}.cuda_arches": str(arches),
+        f"{LABEL_PREFIX}.platform": str(platform),
         f"{LABEL_PREFIX}.tree": report.tree,
         f"{LABEL_PREFIX}.wheel": dist_name,
     }
-    build_args = {
-        **config.image.build_args,
-        "CARRY_CONFIG": "project/" + config.path.name,
-        "CARRY_ARCHES": str(arches),
-        "PIP_INSTALL_ARGS": "--no-index --find-links=/carry/wheelhouse" if options.hermetic else "",
-    }
-    for name, value in (("BASE_IMAGE", config.image.base_image), ("RUNTIME_IMAGE", config.image.runtime_image)):
-        if value:
-            build_args[name] = value
-    return ImagePlan(refs, labels, build_args, arches, dist_name)
 
 
-def upstream_pyproject(text: str | None) -> dict:
-    """The upstream's pyproject.toml as a dict (empty when it has none)."""
-    try:
-        return tomllib.loads(text) if text else {}
-    except tomllib.TOMLDecodeError as exc:
-        raise Failed(f"the upstream's pyproject.toml does not parse ({exc})") from None
-
-
-def distribution_name(pyproject: dict) -> str:
-    """The upstream's distribution name, from [project] name."""
-    name = pyproject.get("project", {}).get("name")
-    if not name:
-        raise BadInput("the upstream's pyproject.toml has no [project] name; carry cannot tell which wheel to verify")
-    return name
-
-
-def build_requirements(pyproject: dict) -> list[str]:
-    """What the build stage installs: carry's own needs plus the upstream's [build-system] requires."""
-    return [*CARRY_REQUIREMENTS, *pyproject.get("build-system", {}).get("requires", [])]
-
-
-@dataclasses.dataclass(frozen=True)
-class Builder:
-    """The Docker CLI to build with, whether it has buildx, and the platforms it will build."""
-
-    docker: str
-    buildx: bool
-    platforms: tuple[str, ...]
-    notes: tuple[str, ...]
-
-
-def resolve_builder(config: Config, options: ImageOptions) -> Builder:
-    """Decide how to build before any work starts; without buildx only the native platform is possible."""
-    docker = docker_binary(config)
-    buildx = has_buildx(docker)
-    platforms = options.platforms or config.image.platforms
-    if options.cache_to and not buildx:
-        raise BadInput(f"--cache-to needs buildx, which {docker} lacks; drop it or install docker-buildx")
-    if buildx or not platforms:
-        return Builder(docker, buildx, platforms, ())
-    native = _native_platform()
-    if native not in platforms:
-        raise BadInput(
-            f"without buildx ({docker}) only the native platform {native} can be built, not "
-            f"{', '.join(platforms)}; install docker-buildx or build on a {', '.join(platforms)} machine"
-        )
-    others = [p for p in platforms if p != native]
-    notes = (f"without buildx only the native platform {native} can be built; skipping {', '.join(others)}",)
-    return Builder(docker, buildx, (), notes if others else ())
+def check_options(builder: Builder, options: ImageOptions) -> None:
+    if options.cache_to and not builder.buildx:
+        raise BadInput(f"--cache-to needs buildx, which {builder.docker} lacks; drop it or install docker-buildx")
 
 
 def build(
@@ -221,153 +198,177 @@ def build(
     requirements: list[str],
     progress: Progress,
 ) -> ImageResult:
-    log = cache.logs / f"image-{the_plan.labels[f'{LABEL_PREFIX}.tree'][:12]}.log"
+    """Build every platform's image, then push each and join the shared tags into manifest lists."""
+    log = cache.logs / f"image-{the_plan.tree[:12]}.log"
+    log.unlink(missing_ok=True)
     with temp_dir(cache.scratch, "image-") as scratch:
         context = scratch / "context"
         progress.phase("context", f"project, carry, bundle of {config.upstream.commit[:12]}")
-        _assemble_context(config, cache, mirror, context, requirements)
+        container.assemble_context(config, cache, mirror, context, requirements)
         if options.hermetic:
-            progress.phase("wheelhouse", f"{len(requirements)} requirement(s) for a --network=none build")
-            _fill_wheelhouse(cache, requirements, options.wheelhouse, context / "wheelhouse")
-        secret = _secret_file(config, scratch)
-        command = _build_command(builder, the_plan, options, secret, context)
-        progress.phase("build", f"{' '.join(command[:2])} -> {', '.join(the_plan.refs)}; log {log}")
-        _run_logged(command, log, {"DOCKER_BUILDKIT": "1"})
-    registry = _registry()
-    client = registry.client()
-    image = client.images.get(the_plan.refs[0])
-    pushed: dict[str, str] = {}
-    if options.push:
-        with registry.credentials(config.image.name, builder.docker) as auth:
-            for ref in the_plan.refs:
-                progress.phase("push", ref)
-                pushed[ref] = registry.push(client, ref, auth)
-    return ImageResult(the_plan.refs, image.id, pushed, builder.notes)
-
-
-def _registry():
-    """carry.registry imports the docker SDK, which only the host needs: the build stage runs without it."""
+            wheelhouse_for(config, cache, tuple(i.platform for i in the_plan.images), requirements,
+                           options.wheelhouse, context / "wheelhouse", progress)
+        secret = container.secret_file(config, scratch)
+        for image in the_plan.images:
+            progress.phase("build", f"{image.platform}{_emulated(image.platform)}, arches {image.arches} -> "
+                                    f"{', '.join(image.refs)}; log {log}")
+            StageBuild(image.platform, container.RUNTIME_STAGE, image.build_args, options.hermetic, image.labels,
+                       image.refs, cache_from=options.cache_from, cache_to=options.cache_to).run(
+                builder, secret, context, log)
     from carry import registry
 
-    return registry
-
-
-def _native_platform() -> str:
-    machine = os.uname().machine
-    return {"x86_64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}.get(machine, f"linux/{machine}")
-
-
-def _assemble_context(config: Config, cache: Cache, mirror: Path, context: Path, requirements: list[str]) -> None:
-    """carry, build.py, the config with VERSION and patches, and a bundle of the pinned commit."""
-    project = context / "project"
-    project.mkdir(parents=True)
-    shutil.copy2(config.version_file, project / _inside(config, config.version_file))
-    # The build stage fetches nothing (it has the bundle): a user:token in upstream.url stays out of its layers.
-    (project / _inside(config, config.path)).write_text(strip_credentials(config.path.read_text()))
-    shutil.copytree(config.patches_dir, project / _inside(config, config.patches_dir))
-    package = Path(carry.__file__).resolve().parent
-    shutil.copytree(package, context / "carry", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(package.parent / "build.py", context / "build.py")
-    shutil.copy2(ENTRYPOINT, context / "entrypoint.sh")
-    env_lines = "".join(f"{name}={shlex.quote(value)}\n" for name, value in sorted(config.image.env.items()))
-    (context / "runtime.env").write_text(env_lines)
-    (context / "requirements.txt").write_text("".join(f"{r}\n" for r in requirements))
-    bundle = upstream.write_bundle(mirror, cache, config.upstream.commit)
-    (context / "cache" / "bundles").mkdir(parents=True)
-    shutil.copy2(bundle, context / "cache" / "bundles" / bundle.name)
-    (context / "wheelhouse").mkdir()
-
-
-def _inside(config: Config, path: Path) -> Path:
-    try:
-        return path.relative_to(config.root)
-    except ValueError:
-        raise BadInput(
-            f"{config.path}: {path} is outside the config's directory; the image build copies only that "
-            f"directory's VERSION and patches, so keep them beside build.yaml"
-        ) from None
-
-
-def _fill_wheelhouse(cache: Cache, requirements: list[str], given: Path | None, dest: Path) -> None:
-    """Wheels for the build stage, from --wheelhouse or downloaded once into the cache."""
-    if given is None:
-        given = cache.root / "wheelhouse"
-        given.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-                   "--only-binary=:all:", "-d", str(given), *requirements]
-        result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        if result.returncode != 0:
-            raise Failed(f"pip download for the wheelhouse failed: {result.stderr.strip().splitlines()[-1:]}; "
-                         f"pass --wheelhouse DIR with the wheels")
-    for wheel in given.glob("*.whl"):
-        shutil.copy2(wheel, dest / wheel.name)
-
-
-def _secret_file(config: Config, scratch: Path) -> Path | None:
-    """image.secret_env values from carry's environment, in a 0600 file handed to BuildKit as a secret."""
-    names = [name for name in config.image.secret_env if os.environ.get(name)]
-    if not names:
-        return None
-    path = scratch / "secret.env"
-    path.touch(mode=0o600)
-    path.write_text("".join(f"{name}={shlex.quote(os.environ[name])}\n" for name in names))
-    return path
-
-
-def _build_command(builder: Builder, the_plan: ImagePlan, options: ImageOptions, secret, context) -> list[str]:
-    docker = builder.docker
-    command = [docker, "buildx", "build", "--load"] if builder.buildx else [docker, "build"]
-    command += ["--progress=plain", "--file", str(DOCKERFILE), "--target", "runtime"]
-    if not builder.buildx:
-        command.append("--force-rm")
-    if options.hermetic:
-        command.append("--network=none")
-    for source in options.cache_from:
-        command += ["--cache-from", source]
-    for target in options.cache_to:
-        command += ["--cache-to", target]
-    if builder.platforms:
-        command += ["--platform", ",".join(builder.platforms)]
-    if secret is not None:
-        command += ["--secret", f"id={SECRET_ID},src={secret}"]
-    for name, value in sorted(the_plan.build_args.items()):
-        command += ["--build-arg", f"{name}={value}"]
-    for name, value in sorted(the_plan.labels.items()):
-        command += ["--label", f"{name}={value}"]
-    for ref in the_plan.refs:
-        command += ["--tag", ref]
-    command.append(str(context))
-    return command
-
-
-def _run_logged(command: list[str], log: Path, extra_env: dict[str, str]) -> None:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "wb") as handle:
-        status = subprocess.run(command, env={**os.environ, **extra_env}, stdout=handle,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
-    if status != 0:
-        raise Failed(f"docker build failed (exit {status}); log: {log}\n{tail(log)}")
-
-
-def verify_image(ref: str, config: Config, expected: Expected) -> Verification:
-    """Pull if needed, compare labels with this repo, run the image's Python to print the wheel's buildinfo."""
-    registry = _registry()
     client = registry.client()
-    image = registry.get_or_pull(client, ref, docker_binary(config))
+    ids = {image.platform: client.images.get(image.refs[0]).id for image in the_plan.images}
+    pushed: dict[str, str] = {}
+    notes = []
+    if options.push:
+        with registry.credentials(config.image.name, builder.docker) as login:
+            for image in the_plan.images:
+                for ref in image.refs:
+                    progress.phase("push", f"{ref} ({image.platform})")
+                    pushed[ref] = registry.push(client, ref, login)
+            if the_plan.shared and the_plan.complete:
+                sources = {image.platform: image.refs[0] for image in the_plan.images}
+                for ref in the_plan.shared:
+                    progress.phase("manifest", f"{ref} -> {', '.join(sources.values())}")
+                    pushed[ref] = manifest.join(client, builder, login, ref, sources)
+    if the_plan.shared and not (options.push and the_plan.complete):
+        notes.append(_shared_tags_note(config, the_plan, options))
+    return ImageResult(the_plan, ids, pushed, tuple(notes))
+
+
+def _shared_tags_note(config: Config, the_plan: ImagePlan, options: ImageOptions) -> str:
+    tags = ", ".join(ref.rsplit(":", 1)[1] for ref in the_plan.shared)
+    if not options.push:
+        return (f"shared tags ({tags}) are made on --push: a registry holds one tag for several platforms, the "
+                f"local image store does not")
+    missing = {t.platform for t in config.image.platforms} - {i.platform for i in the_plan.images}
+    return (f"shared tags ({tags}) left as they were: {', '.join(sorted(map(str, missing)))} not built in this run; "
+            f"run `build.py manifest` once every platform's image is pushed")
+
+
+def _emulated(platform: Platform) -> str:
+    return "" if platform is Platform.native() else f" (emulated on {Platform.native()})"
+
+
+def wheelhouse_for(config: Config, cache: Cache, building: tuple[Platform, ...], requirements: list[str],
+                   given: Path | None, dest: Path, progress: Progress) -> None:
+    """The wheelhouse of a hermetic build: wheels for every platform the config lists and every one being built,
+    the same set whatever is built now, so that `wheel --platform` and `image` share BuildKit's build stage."""
+    platforms = tuple(dict.fromkeys([*(t.platform for t in config.image.platforms), *building]))
+    progress.phase("wheelhouse", f"{len(requirements)} requirement(s) for {', '.join(map(str, platforms))}, "
+                                 f"for a --network=none build")
+    for platform in platforms:
+        container.fill_wheelhouse(cache, requirements, given, dest, platform)
+
+
+# -- manifest lists for images pushed by separate runs ---------------------------------------------------------
+
+def join_pushed(config: Config, version: str, shared: tuple[str, ...], platforms: tuple[Platform, ...],
+                builder: Builder, progress: Progress) -> dict[str, str]:
+    """Make every shared tag a manifest list of the platforms' own images, which must be in the registry."""
+    from carry import registry
+
+    client = registry.client()
+    sources = {platform: f"{config.image.name}:{own_tag(version, platform)}" for platform in platforms}
+    joined = {}
+    with registry.credentials(config.image.name, builder.docker) as login:
+        for platform, ref in sources.items():
+            found = registry.remote_platforms(client, ref, login)
+            if found is None or platform not in found[1]:
+                raise Failed(f"{ref} is not in the registry for {platform}; push it first "
+                             f"(`build.py image --platform {platform} --push`)")
+        for ref in shared:
+            progress.phase("manifest", f"{ref} -> {', '.join(sources.values())}")
+            joined[ref] = manifest.join(client, builder, login, ref, sources)
+    return joined
+
+
+# -- verification -----------------------------------------------------------------------------------------------
+
+def verify_image(ref: str, config: Config, expected: Expected, platform: Platform | None,
+                 scratch: Path) -> tuple[Verification, ...]:
+    """Verify each platform `ref` holds (or the one asked): pulled from the registry when it has the tag, else
+    the local image. Labels and the wheel's buildinfo against this repo, the CPU its Python runs on, and the
+    shared objects of the installed wheel (ELF machine and the arch gate for that platform's arches)."""
+    from carry import registry
+
+    client = registry.client()
+    docker_cli = container.docker_binary(config)
+    with registry.credentials(ref, docker_cli) as login:
+        remote = registry.remote_platforms(client, ref, login)
+        if remote is None:
+            image = registry.local(client, ref)
+            if image is None:
+                raise Failed(f"cannot verify {ref}: neither its registry nor the local image store has it")
+            images = [(registry.image_platform(image), image)]
+            coverage = []
+        else:
+            wanted = [platform] if platform is not None else list(remote[1])
+            missing = [p for p in wanted if p not in remote[1]]
+            if missing:
+                raise Failed(f"{ref} holds {', '.join(map(str, remote[1]))}, not {', '.join(map(str, missing))}")
+            images = [(p, registry.pull(client, ref, p, login)) for p in wanted]
+            coverage = _coverage(ref, config, expected.version, remote[1]) if platform is None else []
+    results = []
+    for found_platform, image in images:
+        if platform is not None and found_platform is not platform:
+            raise Failed(f"{ref} is a {found_platform} image, not {platform}")
+        results.append(_verify_one(ref, image, found_platform, config, expected, scratch, coverage))
+    return tuple(results)
+
+
+def _coverage(ref: str, config: Config, version: str, held: tuple[Platform, ...]) -> list[Mismatch]:
+    """A shared tag must name every configured platform; a platform's own tag only that platform."""
+    configured = [t.platform for t in config.image.platforms]
+    tag = ref.rsplit(":", 1)[1] if ":" in ref.rsplit("/", 1)[-1] else "latest"
+    own = [p for p in configured if tag == own_tag(version, p)]
+    wanted = own or configured
+    if not wanted or set(wanted) == set(held):
+        return []
+    return [Mismatch("platforms", ", ".join(map(str, wanted)), ", ".join(map(str, held)))]
+
+
+def _verify_one(ref: str, image, platform: Platform, config: Config, expected: Expected, scratch: Path,
+                coverage: list[Mismatch]) -> Verification:
+    from carry import gate, registry
+
     labels = image.labels or {}
     from_labels = {
         "version": labels.get(f"{LABEL_PREFIX}.version"),
         "series": {"hash": labels.get(f"{LABEL_PREFIX}.series.hash")},
         "upstream": {"commit": labels.get(f"{LABEL_PREFIX}.upstream.commit")},
     }
-    mismatches = [Mismatch(f"label {m.field}", m.expected, m.found) for m in compare(from_labels, expected)]
+    mismatches = list(coverage)
+    mismatches += [Mismatch(f"label {m.field}", m.expected, m.found) for m in compare(from_labels, expected)]
     dist = labels.get(f"{LABEL_PREFIX}.wheel")
     if not dist:
         raise Failed(f"{ref}: no {LABEL_PREFIX}.wheel label; it was not built by carry")
-    output = registry.run(client, image.id, ["python3", "-c", BUILDINFO_SCRIPT, dist])
-    try:
-        info = json.loads(output)
-    except ValueError:
-        raise Failed(f"{ref}: the image's python did not print a buildinfo for {dist}: {output[-300:]}") from None
+    with temp_dir(scratch, "verify-image-") as files:
+        output = registry.run(registry.client(), image.id, ["python3", "-c", INSPECT_SCRIPT, dist],
+                              copy_out=lambda out: _inspect_output(ref, dist, out)["libs"], dest=files)
+        seen = _inspect_output(ref, dist, output)
+        libs = [files / lib.lstrip("/") for lib in seen["libs"]]
+        arches = config.arches_for(platform)
+        report = gate.check_files(libs, arches, root=files) if libs else gate.GateReport(arches, ())
+        machine_problems = wrong_machine(libs, platform, files)
+    info = seen["buildinfo"]
     mismatches += [Mismatch(f"buildinfo {m.field}", m.expected, m.found) for m in compare(info, expected)]
-    return Verification(f"{ref} ({image.id[:19]})", info, tuple(mismatches), None)
+    if seen["machine"] != platform.machine:
+        mismatches.append(Mismatch("python machine", platform.machine, seen["machine"]))
+    mismatches += [Mismatch("shared object", platform.machine, problem) for problem in machine_problems]
+    facts = (f"platform {platform}{_emulated(platform)}: python {seen['python']} on {seen['machine']}",
+             *(f"{Path(lib).name}: {platform.machine} ELF (e_machine {platform.e_machine})" for lib in seen["libs"]
+               if not any(Path(lib).name in p for p in machine_problems)))
+    return Verification(f"{ref} {platform} ({image.id[:19]})", info, tuple(mismatches), report, facts)
+
+
+def _inspect_output(ref: str, dist: str, output: str) -> dict:
+    for line in reversed(output.strip().splitlines()):
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(found, dict) and "buildinfo" in found:
+            return found
+    raise Failed(f"{ref}: the image's python did not report the buildinfo of {dist}: {output[-300:]}")

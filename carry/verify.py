@@ -9,6 +9,7 @@ from carry import buildinfo, gate
 from carry.arch import ArchList
 from carry.errors import Failed
 from carry.fsutil import temp_dir
+from carry.platforms import Platform, wrong_machine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Verification:
     info: dict
     mismatches: tuple[Mismatch, ...]
     gate: gate.GateReport | None
+    facts: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -48,6 +50,7 @@ class Verification:
                  f"  commit {str(info.get('upstream', {}).get('commit'))[:12]}"]
         rows += [f"  wheel {info.get('wheel_version')}  arches {info.get('cuda_arches')}  "
                  f"patches {', '.join(p['name'] for p in info.get('series', {}).get('patches', []))}"]
+        rows += [f"  {fact}" for fact in self.facts]
         rows += [f"  MISMATCH {m.describe()}" for m in self.mismatches]
         if self.gate is not None:
             for report in self.gate.files:
@@ -82,7 +85,16 @@ def verify_wheel(path: Path, expected: Expected, scratch: Path, arches: ArchList
         mismatches.append(Mismatch("wheel version", f"a local label with {info['version']}",
                                    buildinfo.wheel_version(path)))
     wanted = arches if arches is not None else ArchList.parse(info.get("cuda_arches", ""))
+    platform = Platform.from_wheel_tag(path.name.removesuffix(".whl").rsplit("-", 1)[-1])
+    facts: tuple[str, ...] = ()
     with temp_dir(scratch, "verify-") as unpacked:
         buildinfo.extract(path, unpacked)
         report = gate.check_files([unpacked], wanted, root=unpacked)
-    return Verification(str(path), info, tuple(mismatches), report)
+        if platform is not None:
+            libs = [unpacked / file.path for file in report.files]
+            mismatches += [Mismatch("shared object", platform.machine, problem)
+                           for problem in wrong_machine(libs, platform, unpacked)]
+            facts = (f"platform {platform}: {len(libs)} shared object(s) checked for {platform.machine} code",)
+    if platform is not None and info.get("platform") not in (None, str(platform)):
+        mismatches.append(Mismatch("buildinfo platform", str(platform), str(info.get("platform"))))
+    return Verification(str(path), info, tuple(mismatches), report, facts)

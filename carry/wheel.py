@@ -23,6 +23,7 @@ from carry.cache import Cache
 from carry.config import CompilerCache, Config, public_url
 from carry.errors import Failed
 from carry.fsutil import owned_prefix, sweep_dead, temp_dir
+from carry.platforms import Platform
 from carry.progress import Progress
 from carry.series import Series
 
@@ -251,6 +252,7 @@ def make_info(config, report, series, the_plan: WheelPlan, actual_version: str, 
             ],
         },
         "tree": the_plan.tree,
+        "platform": str(Platform.native()),
         "cuda_arches": str(the_plan.arches),
         "gate": gate_report.to_json(),
         "toolchain": {k: v for k, v in the_plan.tools.to_json().items() if k != "launcher"},

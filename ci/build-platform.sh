@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Build the wheel and the image for one platform on a machine of that CPU (no emulation): build and verify the
-# wheel, build and push the image (its tags plus <VERSION>-<arch>), then verify the image. The refs pushed are
-# written to dist/image-refs-<arch>.txt for publish-manifest.sh, which joins the platforms under the shared tags;
-# until then each shared tag holds the platform that pushed last. Registry credentials come from
+# Build the wheel and the image for one platform on a machine of that CPU (no emulation: a vLLM build takes
+# 30-90 minutes natively, many times that under QEMU): build and verify the wheel, build and push the image, then
+# verify it. With several platforms in image.platforms carry pushes this one as <VERSION>-<arch> only and leaves the
+# shared tags to publish-manifest.sh, which joins every platform under them. Registry credentials come from
 # CARRY_REGISTRY_USER / CARRY_REGISTRY_PASSWORD in the environment (carry hands the password to
 # `docker login --password-stdin`). CARRY_PUSH=0 builds and verifies without pushing.
 set -euo pipefail
@@ -30,12 +30,9 @@ name="$(python ci/carry_query.py image.name --config "$config")"
 wheel="$(python build.py --config "$config" wheel --out dist | tail -n 1)"
 python build.py --config "$config" verify "$wheel"
 
-if [ "${CARRY_PUSH:-1}" != 1 ]; then
-    python build.py --config "$config" image --platform "$platform" --tag "$version-$arch"
-    python build.py --config "$config" verify "$name:$version-$arch"
-    exit 0
+if [ "${CARRY_PUSH:-1}" = 1 ]; then
+    python build.py --config "$config" image --platform "$platform" --push
+else
+    python build.py --config "$config" image --platform "$platform"
 fi
-pushed="$(python build.py --config "$config" image --platform "$platform" --tag "$version-$arch" --push)"
-printf '%s\n' "$pushed"
-python build.py --config "$config" verify "$name:$version-$arch"
-printf '%s\n' "$pushed" | awk '{ print $1 }' >"dist/image-refs-$arch.txt"
+python build.py --config "$config" verify "$name:$version-$arch" --platform "$platform"

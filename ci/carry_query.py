@@ -27,7 +27,7 @@ QUERIES = {
     "build.build_isolation": lambda c: c.build.build_isolation,
     "image.name": lambda c: c.image.name,
     "image.registry": lambda c: registry_host(c.image.name),
-    "image.platforms": lambda c: c.image.platforms,
+    "image.platforms": lambda c: [str(target.platform) for target in c.image.platforms],
     "cache.mirror": lambda c: Cache.from_env().mirror(c.upstream.url),
 }
 

@@ -34,6 +34,8 @@ KEYS = (
     "CARRY_TEST_REGISTRY_PASSWORD_FILE",
     "CARRY_TEST_BUILD_BASE",
     "CARRY_TEST_RUNTIME_BASE",
+    "CARRY_TEST_BUILD_BASE_ARM64",
+    "CARRY_TEST_RUNTIME_BASE_ARM64",
 )
 SETUP_HINT = "run `bash .ci/services.sh && bash .ci/base-images.sh` as root"
 
@@ -48,10 +50,34 @@ class DockerEnv:
     password_file: Path
     build_base: str
     runtime_base: str
+    build_base_arm64: str
+    runtime_base_arm64: str
 
     def registry_password(self) -> str:
         """The registry password, read from its mode-600 file."""
         return self.password_file.read_text().strip()
+
+    def bases(self, platform: str) -> tuple[str, str]:
+        """(build base, runtime base) for linux/amd64 or linux/arm64."""
+        if platform == "linux/arm64":
+            return self.build_base_arm64, self.runtime_base_arm64
+        return self.build_base, self.runtime_base
+
+    def image_section(self, name: str, platforms: tuple[str, ...] = ("linux/amd64",), extra: str = "") -> str:
+        """build.yaml's image section for the demo built FROM the test bases; arm64 keeps to arch 12.1."""
+        lines = ["image:", f"  name: {name}", '  tags: ["{version}", "{version}-cu{cuda}", "latest"]', "  platforms:"]
+        for platform in platforms:
+            build, runtime = self.bases(platform)
+            lines += [f"    {platform}:", f"      base_image: {build}", f"      runtime_image: {runtime}"]
+            if platform == "linux/arm64":
+                lines.append('      cuda_arches: "12.1"')
+        return "\n".join(lines) + "\n" + extra
+
+
+def set_image_section(config: Path, section: str) -> None:
+    """Replace the image section that ends `config` (as in examples/demo/build.yaml) with `section`."""
+    text = config.read_text()
+    config.write_text(text[: text.index("\nimage:\n") + 1] + section)
 
 
 def env_file() -> Path:
@@ -86,6 +112,8 @@ def load() -> DockerEnv:
         password_file=Path(settings["CARRY_TEST_REGISTRY_PASSWORD_FILE"]),
         build_base=settings["CARRY_TEST_BUILD_BASE"],
         runtime_base=settings["CARRY_TEST_RUNTIME_BASE"],
+        build_base_arm64=settings["CARRY_TEST_BUILD_BASE_ARM64"],
+        runtime_base_arm64=settings["CARRY_TEST_RUNTIME_BASE_ARM64"],
     )
 
 
@@ -125,7 +153,7 @@ def _problem() -> str | None:
         env = load()
         client = docker_client()
         client.ping()
-        for image in (env.build_base, env.runtime_base):
+        for image in (env.build_base, env.runtime_base, env.build_base_arm64, env.runtime_base_arm64):
             client.images.get(image)
         env.registry_password()
     except (LookupError, OSError, docker.errors.DockerException) as error:

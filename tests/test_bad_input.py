@@ -269,7 +269,10 @@ CASES: list[Case] = [
     Case("cuda_arches_config_9_1", ("check",), ("'9.1'", "compute capability"),
          _append("build:\n  cuda_arches: '9.1'\n")),
     Case("cuda_arches_wrong_type", ("check",), ("build.cuda_arches",), _append("build:\n  cuda_arches: {a: b}\n")),
-    Case("platforms_bad", ("check",), ("image.platforms", "OS/ARCH"), _append("image:\n  platforms: [amd64]\n")),
+    Case("platforms_bad", ("check",), ("image.platforms", "unknown platform", "linux/arm64"),
+         _append("image:\n  platforms: [amd64]\n")),
+    Case("platform_key_bad", ("check",), ("image.platforms.linux/arm64", "cuda_arches"),
+         _append("image:\n  platforms:\n    linux/arm64: {arches: \"12.1\"}\n")),
     # image names and tag templates in build.yaml, and image flags
     Case("image_name_uppercase", ("image",), ("image.name 'Carry-Demo'", "lowercase"),
          _append("image:\n  name: Carry-Demo\n")),
@@ -287,7 +290,7 @@ CASES: list[Case] = [
          _append(f"image:\n  tags: ['{'x' * 129}']\n")),
     Case("cli_tag_with_space", ("image", "--tag", "bad tag"), ("--tag 'bad tag'", "letters")),
     Case("cli_tag_leading_dash", ("image", "--tag", "-x"), ("--tag '-x'",)),
-    Case("cli_platform_bad", ("image", "--platform", "linux"), ("--platform 'linux'", "linux/arm64")),
+    Case("cli_platform_bad", ("image", "--platform", "linux"), ("--platform", "unknown platform 'linux'", "linux/arm64")),
     # VERSION (read by wheel, image, verify and version bump)
     Case("version_bad_date", ("version", "bump"), ("VERSION", "not a real date"), _version("20260230.1\n")),
     Case("version_n_zero", ("version", "bump"), ("VERSION", "YYYYMMDD.N"), _version("20260101.0\n")),

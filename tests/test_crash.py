@@ -321,8 +321,7 @@ def test_image_survives_sigkill_during_docker_build(tmp_path, rng):
     env = dockerenv.require()
     demo = make_demo(tmp_path)
     name = f"carry-crash-{os.urandom(3).hex()}"
-    text = demo.config.read_text().replace("  name: carry-demo", f"  name: {name}")
-    demo.config.write_text(text + f"  base_image: {env.build_base}\n  runtime_image: {env.runtime_base}\n")
+    dockerenv.set_image_section(demo.config, env.image_section(name))
     demo.env.update(CARRY_DOCKER=dockerenv.DOCKER_CLI, DOCKER_HOST=env.docker_host)
     command = ("image", "--hermetic", "--arch", ARCHES)
     client = dockerenv.docker_client()

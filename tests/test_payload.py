@@ -81,7 +81,7 @@ def test_root_config_pins_the_pr_head_and_serves_gb10_first():
     assert str(loaded.build.cuda_arches).split(",")[0] == "12.1"
     assert {"9.0", "10.0"} <= set(str(loaded.build.cuda_arches).split(","))
     assert loaded.build.env["VLLM_TARGET_DEVICE"] == "cuda"
-    assert set(loaded.image.platforms) == {"linux/arm64", "linux/amd64"}
+    assert {str(target.platform) for target in loaded.image.platforms} == {"linux/arm64", "linux/amd64"}
     assert loaded.image.env["VLLM_USE_DEEP_GEMM"] == "0"
     assert "SYS_PTRACE" in " ".join(loaded.image.labels.values())
 

@@ -171,7 +171,7 @@ def test_credentialed_upstream_stays_out_of_the_wheel_and_its_buildinfo(credenti
 
 def test_image_context_carries_no_upstream_credentials(credentialed, tmp_path):
     """The build context (and so the build stage's layers) gets build.yaml with the user part removed."""
-    from carry import image
+    from carry import container
     from carry.cache import Cache
     from carry.config import load
 
@@ -180,7 +180,7 @@ def test_image_context_carries_no_upstream_credentials(credentialed, tmp_path):
     assert carry("--config", str(config.path), "fetch", env=credentialed["env"]).code == 0
     (mirror,) = [p for p in (cache.root / "mirrors").iterdir() if not p.name.startswith(".")]
     context = tmp_path / "context"
-    image._assemble_context(config, cache, mirror, context, ["click"])
+    container.assemble_context(config, cache, mirror, context, ["click"])
     assert find_in_tree(context, [TOKEN]) == []
     copied = (context / "project" / "build.yaml").read_text()
     assert f"url: {credentialed['public']}" in copied
@@ -206,9 +206,7 @@ def pushed(credentialed, tmp_path_factory):
     shutil.copytree(credentialed["config"].parent, project)
     config = project / "build.yaml"
     name = f"{env.registry}/carry-secrets-{os.urandom(3).hex()}"
-    config.write_text(config.read_text().replace("  name: carry-demo", f"  name: {name}")
-                      + f"  base_image: {env.build_base}\n  runtime_image: {env.runtime_base}\n"
-                      "  secret_env: [CARRY_TEST_BUILD_SECRET]\n")
+    dockerenv.set_image_section(config, env.image_section(name, extra="  secret_env: [CARRY_TEST_BUILD_SECRET]\n"))
     argv_log = base / "argv.log"
     wrappers = base / "bin"
     recorder(wrappers, "git", shutil.which("git"), argv_log)

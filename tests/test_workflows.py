@@ -400,7 +400,8 @@ def test_secrets_reach_steps_only_through_env(path):
 def test_main_builds_each_configured_platform_on_its_own_cpu():
     job = load_workflow(WORKFLOW_DIR / "main.yml")["jobs"]["build"]
     include = job["strategy"]["matrix"]["include"]
-    assert {entry["platform"] for entry in include} == set(load_config(ROOT / "build.yaml").image.platforms)
+    configured = {str(target.platform) for target in load_config(ROOT / "build.yaml").image.platforms}
+    assert {entry["platform"] for entry in include} == configured
     arm = next(entry for entry in include if entry["platform"] == "linux/arm64")
     assert "ubuntu-24.04-arm" in arm["runner"]
     assert job["runs-on"] == "${{ matrix.runner }}"
@@ -409,13 +410,11 @@ def test_main_builds_each_configured_platform_on_its_own_cpu():
     assert "$PLATFORM" in build_step["run"]
     uploads = {step["with"]["name"]: step["with"]["path"] for step in job["steps"]
                if step.get("uses", "").startswith("actions/upload-artifact@")}
-    assert uploads == {"wheel-${{ matrix.arch }}": "dist/*.whl",
-                       "image-refs-${{ matrix.arch }}": "dist/image-refs-*.txt"}
+    assert uploads == {"wheel-${{ matrix.arch }}": "dist/*.whl"}
     manifest = load_workflow(WORKFLOW_DIR / "main.yml")["jobs"]["manifest"]
     assert manifest["needs"] == "build"
-    download = next(step for step in manifest["steps"] if step.get("uses", "").startswith("actions/download-"))
     join = next(step for step in manifest["steps"] if "ci/publish-manifest.sh" in step.get("run", ""))
-    assert join["run"].split()[-1] == download["with"]["path"] and download["with"]["pattern"] == "image-refs-*"
+    assert {"CARRY_REGISTRY_USER", "CARRY_REGISTRY_PASSWORD"} <= set(join["env"])
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
@@ -492,7 +491,7 @@ def test_carry_query_reads_the_root_config(tmp_path):
         "upstream.url": "https://github.com/vllm-project/vllm.git",
         "image.name": config.image.name,
         "image.registry": config.image.name.split("/")[0],
-        "image.platforms": "\n".join(config.image.platforms),
+        "image.platforms": "\n".join(str(target.platform) for target in config.image.platforms),
         "build.build_isolation": "false",
     }
     for key, value in expected.items():
@@ -753,26 +752,7 @@ def test_build_platform_refuses_a_platform_it_cannot_build_natively(tmp_path):
     assert result.returncode == 2 and "linux/s390x is not in image.platforms" in result.stderr
 
 
-def write_refs(directory: Path, arch: str, refs: list[str]) -> None:
-    directory.mkdir(exist_ok=True)
-    (directory / f"image-refs-{arch}.txt").write_text("".join(f"{ref}\n" for ref in refs))
-
-
-def test_publish_manifest_joins_only_matching_platform_pushes(tmp_path):
-    config = load_config(ROOT / "build.yaml")
-    name, version = config.image.name, (ROOT / "VERSION").read_text().strip()
-    shared = [f"{name}:{version}", f"{name}:{version}-cu130", f"{name}:latest"]
-    refs = tmp_path / "refs"
-    write_refs(refs, "arm64", [*shared, f"{name}:{version}-arm64"])
-    missing = run_script("publish-manifest.sh", str(refs), env={})
-    assert missing.returncode == 1 and "image-refs-amd64.txt: the linux/amd64 build did not push" in missing.stderr
-    write_refs(refs, "amd64", [f"{name}:{version}", f"{name}:{version}-amd64"])
-    differ = run_script("publish-manifest.sh", str(refs), env={})
-    assert differ.returncode == 1 and "the platforms pushed different tags" in differ.stderr
-    write_refs(refs, "amd64", [f"{name}:{version}-amd64", *reversed(shared)])
-    # The refs agree; what stops it now is the missing registry login, before docker is ever called.
-    agreed = run_script("publish-manifest.sh", str(refs), env={})
-    assert agreed.returncode == 1 and "CARRY_REGISTRY_USER" in agreed.stderr
-    write_refs(refs, "amd64", [f"{name}:20000101.1-amd64", *shared])
-    stale = run_script("publish-manifest.sh", str(refs), env={})
-    assert stale.returncode == 1 and "not from this VERSION" in stale.stderr
+def test_publish_manifest_needs_registry_credentials_before_anything(tmp_path):
+    """What stops it without a login is the missing variable, before docker or QEMU is touched."""
+    missing = run_script("publish-manifest.sh", env={"CARRY_CACHE": str(tmp_path)})
+    assert missing.returncode == 1 and "CARRY_REGISTRY_USER" in missing.stderr

@@ -1,0 +1,241 @@
+"""Running the top-level Dockerfile: the build context assembled from this repo, the wheelhouse of a hermetic
+build, and one BuildKit build per platform through the Docker CLI (`docker buildx build` where buildx exists,
+else `DOCKER_BUILDKIT=1 docker build`), logged to a file.
+
+Another CPU's platform builds where this machine has a binfmt_misc emulator for it (QEMU); BuildKit then runs
+the build stage's steps as that CPU, so the wheel is compiled by that platform's own toolchain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import carry
+from carry import upstream
+from carry.cache import Cache
+from carry.config import Config, strip_credentials
+from carry.errors import BadInput, Failed
+from carry.platforms import Emulation, Platform
+from carry.wheel import tail
+
+DOCKERFILE = Path(carry.__file__).resolve().parent.parent / "Dockerfile"
+ENTRYPOINT = Path(carry.__file__).resolve().parent / "image_files" / "entrypoint.sh"
+# What carry itself needs inside the build stage (the docker SDK is only used on the host).
+CARRY_REQUIREMENTS = ("click", "pyyaml", "gitpython", "filelock", "pyelftools", "wheel", "packaging", "build")
+SECRET_ID = "carry_env"
+WHEEL_STAGE = "wheel"
+RUNTIME_STAGE = "runtime"
+# Docker 23 dropped BuildKit builds through `DOCKER_BUILDKIT=1 docker build` without the buildx plugin.
+FIRST_CLI_NEEDING_BUILDX = 23
+# glibc versions whose manylinux wheels a Debian bookworm / Ubuntu 24.04 base can install.
+MANYLINUX_GLIBC_MINORS = range(17, 40)
+
+
+@dataclasses.dataclass(frozen=True)
+class Builder:
+    """The Docker CLI to build with and whether it has buildx."""
+
+    docker: str
+    buildx: bool
+
+
+def docker_binary(config: Config) -> str:
+    """`$CARRY_DOCKER`, else image.docker from build.yaml; it must exist."""
+    name = os.environ.get("CARRY_DOCKER") or config.image.docker
+    found = shutil.which(name)
+    if found is None:
+        raise BadInput(f"docker binary {name!r} not found; install Docker or set image.docker / $CARRY_DOCKER")
+    return found
+
+
+def resolve_builder(config: Config, platforms: tuple[Platform, ...]) -> Builder:
+    """The Docker CLI and buildx, checked before any work: every platform must run natively or emulated."""
+    docker = docker_binary(config)
+    emulation = Emulation()
+    for platform in platforms:
+        emulation.require(platform)
+    buildx = subprocess.run([docker, "buildx", "version"], capture_output=True).returncode == 0
+    if not buildx and _client_major(docker) >= FIRST_CLI_NEEDING_BUILDX:
+        raise BadInput(f"{docker} is Docker {_client_major(docker)}, whose BuildKit builds need the buildx plugin, "
+                       f"which it lacks; install docker-buildx, or set image.docker / $CARRY_DOCKER to a Docker CLI "
+                       f"before {FIRST_CLI_NEEDING_BUILDX} (Debian's docker.io: /usr/bin/docker)")
+    return Builder(docker, buildx)
+
+
+def _client_major(docker: str) -> int:
+    """The Docker CLI's major version, from `docker --version` (`Docker version 28.2.2, build ...`)."""
+    words = subprocess.run([docker, "--version"], capture_output=True, text=True).stdout.split()
+    version = words[2] if len(words) > 2 and words[:2] == ["Docker", "version"] else "0"
+    return int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
+
+
+def upstream_pyproject(text: str | None) -> dict:
+    """The upstream's pyproject.toml as a dict (empty when it has none)."""
+    try:
+        return tomllib.loads(text) if text else {}
+    except tomllib.TOMLDecodeError as exc:
+        raise Failed(f"the upstream's pyproject.toml does not parse ({exc})") from None
+
+
+def distribution_name(pyproject: dict) -> str:
+    """The upstream's distribution name, from [project] name."""
+    name = pyproject.get("project", {}).get("name")
+    if not name:
+        raise BadInput("the upstream's pyproject.toml has no [project] name; carry cannot tell which wheel to verify")
+    return name
+
+
+def build_requirements(pyproject: dict) -> list[str]:
+    """What the build stage installs: carry's own needs plus the upstream's [build-system] requires."""
+    return [*CARRY_REQUIREMENTS, *pyproject.get("build-system", {}).get("requires", [])]
+
+
+def assemble_context(config: Config, cache: Cache, mirror: Path, context: Path, requirements: list[str]) -> None:
+    """carry, build.py, the config with VERSION and patches, and a bundle of the pinned commit."""
+    project = context / "project"
+    project.mkdir(parents=True)
+    shutil.copy2(config.version_file, project / _inside(config, config.version_file))
+    # The build stage fetches nothing (it has the bundle): a user:token in upstream.url stays out of its layers.
+    (project / _inside(config, config.path)).write_text(strip_credentials(config.path.read_text()))
+    shutil.copytree(config.patches_dir, project / _inside(config, config.patches_dir))
+    package = Path(carry.__file__).resolve().parent
+    shutil.copytree(package, context / "carry", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(package.parent / "build.py", context / "build.py")
+    shutil.copy2(ENTRYPOINT, context / "entrypoint.sh")
+    env_lines = "".join(f"{name}={shlex.quote(value)}\n" for name, value in sorted(config.image.env.items()))
+    (context / "runtime.env").write_text(env_lines)
+    (context / "requirements.txt").write_text("".join(f"{r}\n" for r in requirements))
+    bundle = upstream.write_bundle(mirror, cache, config.upstream.commit)
+    (context / "cache" / "bundles").mkdir(parents=True)
+    shutil.copy2(bundle, context / "cache" / "bundles" / bundle.name)
+    (context / "wheelhouse").mkdir()
+
+
+def _inside(config: Config, path: Path) -> Path:
+    try:
+        return path.relative_to(config.root)
+    except ValueError:
+        raise BadInput(
+            f"{config.path}: {path} is outside the config's directory; the image build copies only that "
+            f"directory's VERSION and patches, so keep them beside build.yaml"
+        ) from None
+
+
+def fill_wheelhouse(cache: Cache, requirements: list[str], given: Path | None, dest: Path,
+                    platform: Platform) -> None:
+    """Wheels for a --network=none build stage on `platform`: from --wheelhouse, or downloaded once per platform
+    into the cache (for this Python's version; the base image's Python must match it)."""
+    if given is None:
+        given = cache.root / "wheelhouse" / platform.tag
+        given.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                   "--only-binary=:all:", "-d", str(given), *_target_flags(platform), *requirements]
+        result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if result.returncode != 0:
+            raise Failed(f"pip download of {platform} wheels for the wheelhouse failed: "
+                         f"{result.stderr.strip().splitlines()[-1:]}; pass --wheelhouse DIR with the wheels")
+    for wheel in given.glob("*.whl"):
+        shutil.copy2(wheel, dest / wheel.name)
+
+
+def _target_flags(platform: Platform) -> list[str]:
+    """pip's flags for wheels that install on `platform` (none for this machine's own)."""
+    if platform is Platform.native():
+        return []
+    version = f"{sys.version_info.major}{sys.version_info.minor}"
+    tags = [f"manylinux_2_{minor}_{platform.machine}" for minor in MANYLINUX_GLIBC_MINORS]
+    tags += [f"manylinux2014_{platform.machine}", f"linux_{platform.machine}"]
+    flags = ["--python-version", version, "--implementation", "cp", "--abi", f"cp{version}"]
+    for tag in tags:
+        flags += ["--platform", tag]
+    return flags
+
+
+def secret_file(config: Config, scratch: Path) -> Path | None:
+    """image.secret_env values from carry's environment, in a 0600 file handed to BuildKit as a secret."""
+    names = [name for name in config.image.secret_env if os.environ.get(name)]
+    if not names:
+        return None
+    path = scratch / "secret.env"
+    path.touch(mode=0o600)
+    path.write_text("".join(f"{name}={shlex.quote(os.environ[name])}\n" for name in names))
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class StageBuild:
+    """One BuildKit build of a Dockerfile stage for one platform."""
+
+    platform: Platform
+    stage: str
+    build_args: dict[str, str]
+    hermetic: bool
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+    output_dir: Path | None = None  # export the stage's files here instead of loading an image
+    cache_from: tuple[str, ...] = ()
+    cache_to: tuple[str, ...] = ()
+
+    def command(self, builder: Builder, secret: Path | None, context: Path) -> list[str]:
+        docker = builder.docker
+        command = [docker, "buildx", "build"] if builder.buildx else [docker, "build"]
+        command += ["--progress=plain", "--file", str(DOCKERFILE), "--target", self.stage,
+                    "--platform", str(self.platform)]
+        if self.output_dir is not None:
+            command += ["--output", f"type=local,dest={self.output_dir}"]
+        elif builder.buildx:
+            command.append("--load")  # one platform per build: the docker driver loads single-platform results
+        if not builder.buildx:
+            command.append("--force-rm")
+        if self.hermetic:
+            command.append("--network=none")
+        for source in self.cache_from:
+            command += ["--cache-from", source]
+        for target in self.cache_to:
+            command += ["--cache-to", target]
+        if secret is not None:
+            command += ["--secret", f"id={SECRET_ID},src={secret}"]
+        for name, value in sorted(self.build_args.items()):
+            command += ["--build-arg", f"{name}={value}"]
+        for name, value in sorted(self.labels.items()):
+            command += ["--label", f"{name}={value}"]
+        for ref in self.tags:
+            command += ["--tag", ref]
+        return [*command, str(context)]
+
+    def run(self, builder: Builder, secret: Path | None, context: Path, log: Path) -> None:
+        """Build, streaming BuildKit's output to `log`; fail with its tail."""
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as handle:
+            handle.write(f"== {self.stage} for {self.platform}\n".encode())
+            handle.flush()
+            status = subprocess.run(self.command(builder, secret, context), env={**os.environ, "DOCKER_BUILDKIT": "1"},
+                                    stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+        if status != 0:
+            raise Failed(f"docker build of {self.stage} for {self.platform} failed (exit {status}); log: {log}\n"
+                         f"{tail(log)}")
+
+
+def stage_args(config: Config, platform: Platform, arches: str, hermetic: bool) -> dict[str, str]:
+    """The build args of the build stage for `platform`; the same for `wheel --platform` and `image`, so that
+    BuildKit reuses one's build stage for the other."""
+    target = config.target(platform)
+    args = {
+        **config.image.build_args,
+        "CARRY_CONFIG": "project/" + config.path.name,
+        "CARRY_ARCHES": arches,
+        "PIP_INSTALL_ARGS": "--no-index --find-links=/carry/wheelhouse" if hermetic else "",
+    }
+    for name, value in (("BASE_IMAGE", target.base_image or config.image.base_image),
+                        ("RUNTIME_IMAGE", target.runtime_image or config.image.runtime_image)):
+        if value:
+            args[name] = value
+    return args
+

@@ -1,0 +1,83 @@
+"""A wheel for another platform (`wheel --platform linux/arm64` on an x86-64 machine): the Dockerfile's build
+stage runs `build.py wheel` as that platform (under QEMU where the CPU is foreign), BuildKit exports the `wheel`
+stage to a local directory, and the result is checked here like a native wheel before it is published: its
+platform tag, the CPU of every shared object, the arch gate for the platform's arches, and its buildinfo."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from carry import buildinfo, container, gate
+from carry.arch import ArchList
+from carry.cache import Cache
+from carry.config import Config
+from carry.container import Builder, StageBuild
+from carry.errors import Failed
+from carry.fsutil import temp_dir
+from carry.platforms import Platform, wrong_machine
+from carry.progress import Progress
+from carry.verify import Expected, compare
+from carry.wheel import publish
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossWheel:
+    path: Path
+    platform: Platform
+    gate: gate.GateReport
+
+
+def build(config: Config, cache: Cache, mirror: Path, tree: str, platform: Platform, arches: ArchList,
+          hermetic: bool, wheelhouse: Path | None, requirements: list[str], builder: Builder, expected: Expected,
+          out: Path, progress: Progress) -> CrossWheel:
+    """Build in `platform`'s build stage, check the exported wheel, publish it into `out` (atomically)."""
+    from carry.image import wheelhouse_for
+
+    log = cache.logs / f"wheel-{platform.tag}-{tree[:12]}.log"
+    log.unlink(missing_ok=True)
+    with temp_dir(cache.scratch, "crosswheel-") as scratch:
+        context = scratch / "context"
+        container.assemble_context(config, cache, mirror, context, requirements)
+        if hermetic:
+            wheelhouse_for(config, cache, (platform,), requirements, wheelhouse, context / "wheelhouse", progress)
+        emulated = "" if platform is Platform.native() else f" under emulation on {Platform.native()}"
+        progress.phase("build", f"build stage for {platform}{emulated}, arches {arches}; log {log}")
+        exported = scratch / "exported"
+        StageBuild(platform, container.WHEEL_STAGE, container.stage_args(config, platform, str(arches), hermetic),
+                   hermetic, output_dir=exported).run(builder, container.secret_file(config, scratch), context, log)
+        wheel = _single_wheel(exported, log)
+        progress.phase("gate", f"{wheel.name}: {platform.machine} code for arches {arches}")
+        report = _check(wheel, platform, arches, expected, scratch / "unpacked")
+        published = publish(wheel, out)
+    return CrossWheel(published, platform, report)
+
+
+def _single_wheel(directory: Path, log: Path) -> Path:
+    wheels = sorted(directory.glob("*.whl"))
+    if len(wheels) != 1:
+        raise Failed(f"the build stage exported {len(wheels)} wheels, expected 1; log: {log}")
+    return wheels[0]
+
+
+def _check(wheel: Path, platform: Platform, arches: ArchList, expected: Expected, unpacked: Path) -> gate.GateReport:
+    """The wheel is what the build stage says it is: for `platform`, gated, from this repo's series."""
+    tag = wheel.name.removesuffix(".whl").rsplit("-", 1)[-1]
+    tagged = Platform.from_wheel_tag(tag)
+    if tagged not in (platform, None):
+        raise Failed(f"{wheel.name} is tagged {tag}, not for {platform}")
+    info = buildinfo.read(wheel)
+    if info is None:
+        raise Failed(f"{wheel.name} has no {buildinfo.FILENAME}; the build stage did not run carry")
+    differ = compare(info, expected)
+    if differ:
+        raise Failed(f"{wheel.name} was built from something else: {differ[0].describe()}")
+    if info.get("platform") != str(platform):
+        raise Failed(f"{wheel.name} says it was built on {info.get('platform')}, not {platform}")
+    buildinfo.extract(wheel, unpacked)
+    report = gate.check_files([unpacked], arches, root=unpacked)
+    report.raise_for_failures()
+    problems = wrong_machine([unpacked / file.path for file in report.files], platform, unpacked)
+    if problems:
+        raise Failed(f"{wheel.name}: {problems[0]}")
+    return report
