@@ -138,7 +138,7 @@ def wheel_command(obj: Context, arch: str | None, out: Path, jobs: int | None, p
 
 @cli.command()
 @click.argument("artifact")
-@click.option("--arch", metavar="LIST", help="Gate a wheel against these arches instead of the ones it recorded.")
+@click.option("--arch", metavar="LIST", help="Gate against these arches instead of the ones the wheel recorded.")
 @click.option("--platform", metavar="P", help="For an image tag holding several platforms: verify only this one "
               "(default: every platform it holds).")
 @click.pass_obj
@@ -154,7 +154,7 @@ def verify(obj: Context, artifact: str, arch: str | None, platform: str | None) 
             raise click.UsageError("--platform is for image tags; a wheel's platform is in its file name")
         results = (session.verify_wheel(Path(artifact), arch),)
     else:
-        results = session.verify_image(artifact, target)
+        results = session.verify_image(artifact, target, arch)
     click.echo("\n".join(line for result in results for line in result.lines()))
     sys.exit(0 if all(result.ok for result in results) else 1)
 

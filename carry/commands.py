@@ -189,10 +189,11 @@ class Session:
             raise Failed("the series does not apply; run `check` for details")
         return container.upstream_pyproject(git.show_blob(checked.mirror, f"{checked.report.tree}:pyproject.toml"))
 
-    def verify_image(self, ref: str, platform: Platform | None) -> tuple[verify.Verification, ...]:
+    def verify_image(self, ref: str, platform: Platform | None, arch: str | None) -> tuple[verify.Verification, ...]:
         from carry import image
 
-        return image.verify_image(ref, self.config, self.expected(), platform, self.cache.scratch)
+        arches = ArchList.parse(arch) if arch is not None else None
+        return image.verify_image(ref, self.config, self.expected(), platform, arches, self.cache.scratch)
 
     def verify_wheel(self, path: Path, arch: str | None) -> verify.Verification:
         from carry import verify

@@ -286,11 +286,12 @@ def join_pushed(config: Config, version: str, shared: tuple[str, ...], platforms
 
 # -- verification -----------------------------------------------------------------------------------------------
 
-def verify_image(ref: str, config: Config, expected: Expected, platform: Platform | None,
+def verify_image(ref: str, config: Config, expected: Expected, platform: Platform | None, arches: ArchList | None,
                  scratch: Path) -> tuple[Verification, ...]:
     """Verify each platform `ref` holds (or the one asked): pulled from the registry when it has the tag, else
     the local image. Labels and the wheel's buildinfo against this repo, the CPU its Python runs on, and the
-    shared objects of the installed wheel (ELF machine and the arch gate for that platform's arches)."""
+    shared objects of the installed wheel (ELF machine, and the arch gate for `arches` or else the arches the
+    wheel records)."""
     from carry import registry
 
     client = registry.client()
@@ -314,7 +315,7 @@ def verify_image(ref: str, config: Config, expected: Expected, platform: Platfor
     for found_platform, image in images:
         if platform is not None and found_platform is not platform:
             raise Failed(f"{ref} is a {found_platform} image, not {platform}")
-        results.append(_verify_one(ref, image, found_platform, config, expected, scratch, coverage))
+        results.append(_verify_one(ref, image, found_platform, expected, arches, scratch, coverage))
     return tuple(results)
 
 
@@ -329,7 +330,7 @@ def _coverage(ref: str, config: Config, version: str, held: tuple[Platform, ...]
     return [Mismatch("platforms", ", ".join(map(str, wanted)), ", ".join(map(str, held)))]
 
 
-def _verify_one(ref: str, image, platform: Platform, config: Config, expected: Expected, scratch: Path,
+def _verify_one(ref: str, image, platform: Platform, expected: Expected, arches: ArchList | None, scratch: Path,
                 coverage: list[Mismatch]) -> Verification:
     from carry import gate, registry
 
@@ -349,8 +350,8 @@ def _verify_one(ref: str, image, platform: Platform, config: Config, expected: E
                               copy_out=lambda out: _inspect_output(ref, dist, out)["libs"], dest=files)
         seen = _inspect_output(ref, dist, output)
         libs = [files / lib.lstrip("/") for lib in seen["libs"]]
-        arches = config.arches_for(platform)
-        report = gate.check_files(libs, arches, root=files) if libs else gate.GateReport(arches, ())
+        wanted = arches if arches is not None else ArchList.parse(seen["buildinfo"].get("cuda_arches", ""))
+        report = gate.check_files(libs, wanted, root=files) if libs else gate.GateReport(wanted, ())
         machine_problems = wrong_machine(libs, platform, files)
     info = seen["buildinfo"]
     mismatches += [Mismatch(f"buildinfo {m.field}", m.expected, m.found) for m in compare(info, expected)]
