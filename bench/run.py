@@ -9,7 +9,9 @@ Everything runs in a temp dir against generated upstreams, driving `python build
      patch change to one .cu, each against cold, with nvcc calls counted by a recording CUDA_HOME;
   2. `check` on a vLLM-size tree against clone + checkout + `git apply` of each patch;
   3. `fetch` of the pin against a full `git clone --bare`, both over a file:// URL;
-  4. the cold build's core utilization and the compile jobs' peak memory against carry's job plan.
+  4. the cold build's core utilization and the compile jobs' peak memory against carry's job plan;
+  5. the demo's GB10 (linux/arm64) wheel built in its build stage under QEMU, against the same build natively,
+     and its rerun (needs `bash ci/setup.sh`: Docker, QEMU and the base images; see bench/emulation.py).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
 """
@@ -31,6 +33,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
 import cudahome  # noqa: E402
+import emulation  # noqa: E402
 import gitrepo  # noqa: E402
 import measure  # noqa: E402
 import scale  # noqa: E402
@@ -297,9 +300,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="scaled down, under 2 minutes")
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
-    parser.add_argument("--only", default="check,fetch,rebuild", help="comma-separated parts to run")
+    parser.add_argument("--only", default="check,fetch,rebuild,arm64", help="comma-separated parts to run")
     options = parser.parse_args()
-    parts = {"check": bench_check, "fetch": bench_fetch, "rebuild": bench_rebuilds}
+    parts = {"check": bench_check, "fetch": bench_fetch, "rebuild": bench_rebuilds,
+             "arm64": lambda work, size: emulation.bench(work, Row)}
     chosen = options.only.split(",")
     if not chosen or set(chosen) - set(parts):
         parser.error(f"--only takes a list of {', '.join(parts)}")
