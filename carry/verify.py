@@ -36,6 +36,7 @@ class Verification:
     info: dict
     mismatches: tuple[Mismatch, ...]
     gate: gate.GateReport | None
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -57,6 +58,7 @@ class Verification:
                     verdict = "ok" if found.acceptable_for(target) else "FAIL"
                     rows.append(f"    {target}: {found.how.value} via {found.via} [{verdict}]")
             rows += [f"  GATE {failure.message}" for failure in self.gate.failures]
+        rows += [f"  {note}" for note in self.notes]
         rows.append("  verified" if self.ok else "  NOT verified")
         return rows
 
