@@ -17,7 +17,7 @@ from carry.cache import Cache
 from carry.errors import BadInput, Failed
 
 if TYPE_CHECKING:
-    from carry import apply, drop, image, refresh, series, testrun, verdicts, verify, wheel
+    from carry import apply, drop, image, prove, refresh, series, testrun, verdicts, verify, wheel
     from carry.progress import Progress
 
 
@@ -167,7 +167,8 @@ class Session:
                                       self.cache.scratch, timeout, progress)
         return TestOutcome(report, testrun.write(report, testrun.image_report_path(out, report.artifact.digest)))
 
-    def prove(self, arch: str | None, out: Path, jobs: int | None, timeout: float, progress: Progress):
+    def prove(self, arch: str | None, out: Path, jobs: int | None, timeout: float,
+              progress: Progress) -> prove.Proof:
         """For base and each prefix of the series: build the wheel into out/prove/<prefix>/, run build.tests on
         it, write its report; the GPU and the tests are checked before anything is built."""
         from carry import apply, gpu, prove, testrun, upstream

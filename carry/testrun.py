@@ -289,19 +289,19 @@ def _run(command: TestCommand, argv: list[str] | tuple[str, ...], env: dict[str,
 
 def _inspect_image(docker: str, ref: str) -> tuple[str, list[str]]:
     """The image's ID and the docker-run args its label asks for; pulled first when it is not here."""
-    template = "{{.Id}}\n{{index .Config.Labels \"" + RUNTIME_ARGS_LABEL + "\"}}"
-    for attempt in ("local", "pull"):
-        result = subprocess.run([docker, "image", "inspect", "--format", template, ref], capture_output=True,
-                                text=True, stdin=subprocess.DEVNULL)
-        if result.returncode == 0:
-            image_id, _, args = result.stdout.partition("\n")
-            return image_id.strip(), shlex.split(args.strip().replace("<no value>", ""))
-        if attempt == "local":
-            pulled = subprocess.run([docker, "pull", "--quiet", ref], capture_output=True, text=True,
-                                    stdin=subprocess.DEVNULL)
-            if pulled.returncode != 0:
-                break
-    raise BadInput(f"image {ref!r} is neither here nor pullable; pass a wheel path or an image reference that exists")
+    inspect = [docker, "image", "inspect", "--format", "{{.Id}} {{json .Config.Labels}}", ref]
+    result = subprocess.run(inspect, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        pulled = subprocess.run([docker, "pull", "--quiet", ref], capture_output=True, text=True,
+                                stdin=subprocess.DEVNULL)
+        result = subprocess.run(inspect, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if result.returncode != 0:
+            said = (pulled.stderr or result.stderr).strip().splitlines()
+            raise BadInput(f"image {ref!r} is neither here nor pullable ({said[-1] if said else 'no output'}); "
+                           f"pass a wheel path or an image reference that exists")
+    image_id, _, labels = result.stdout.strip().partition(" ")
+    runtime_args = (json.loads(labels or "null") or {}).get(RUNTIME_ARGS_LABEL, "")
+    return image_id, shlex.split(runtime_args)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -186,6 +186,35 @@ def test_demo_wheel_imports_its_gpu_modules_without_a_gpu_and_verify_checks_its_
     assert rejected.code == 1 and "MISMATCH test report" in rejected.out
 
 
+@pytest.mark.docker
+def test_image_report_is_keyed_by_image_id_and_verify_follows_the_ref(tmp_path):
+    import dockerenv
+
+    env = dockerenv.require()
+    run_env = {**dockerenv.cli_env(), "CARRY_DOCKER": dockerenv.DOCKER_CLI}
+    ref = env.runtime_base
+    image_id, runtime_args = testrun._inspect_image(dockerenv.DOCKER_CLI, ref)
+    assert image_id.startswith("sha256:") and runtime_args == []
+    report = testrun.TestReport(testrun.Artifact(testrun.ArtifactKind.IMAGE, ref, image_id), NOT_A_GPU,
+                                "(in the image)", "2026-11-30T00:00:00+00:00", 1.0, None,
+                                (testrun.CommandResult(REPRO, 0, 1.0, "ok\n"),))
+    path = testrun.write(report, testrun.image_report_path(tmp_path / "dist", image_id))
+    assert path.name == f"image-{image_id.replace(':', '-')}.test.json"
+    accepted = carry("verify", str(path), env=run_env)
+    assert accepted.code == 0 and "report belongs to the artifact beside it" in accepted.out, accepted.out
+    data = json.loads(path.read_text())
+    data["artifact"]["digest"] = "sha256:" + "1" * 64
+    path.write_text(json.dumps(data))
+    moved = carry("verify", str(path), env=run_env)
+    assert moved.code == 1 and f"MISMATCH image id: report sha256:{'1' * 64}, {ref} is {image_id}" in moved.out
+
+    # Each command runs with `docker run --gpus all`; this engine has no NVIDIA runtime, so docker refuses it.
+    ran = testrun.run_on_image(ref, (command("python3", "-c", "print(1)"),), NOT_A_GPU, dockerenv.DOCKER_CLI,
+                               tmp_path / "scratch", timeout=120)
+    assert ran.artifact.digest == image_id and not ran.passed
+    assert ran.results[0].exit_status == 125 and "[[gpu]]" in ran.results[0].output_tail
+
+
 no_gpu_only = pytest.mark.skipif(gpu.probe() is not None, reason="a GPU answers here; the no-GPU path is untestable")
 
 
