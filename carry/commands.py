@@ -126,20 +126,23 @@ class Session:
         return builder(checked.mirror, checked.report, checked.series, out, progress)
 
     def _wheel_builder(self, arch: str | None, jobs: int | None):
-        """Resolve arches, jobs and toolchain once; return a function that plans and builds one checked tree."""
+        """Resolve arches, jobs and VERSION now, the toolchain at the first build (after the caller's check, which
+        reports an unusable cache first); return a function that plans and builds one checked tree."""
         from carry import toolchain, wheel
 
         arches = self.arches(arch)
         job_plan = toolchain.choose_jobs(jobs, self.config.build.env)
         current = self.version()
-        tools = toolchain.probe({**os.environ, **self.config.build.env}, self.config.build.compiler_cache,
-                                self.cache.root)
+        tools: list[toolchain.Toolchain] = []
 
         def build(mirror: Path, report: apply.CheckReport, patches: series.Series, out: Path,
                   progress: Progress) -> wheel.WheelResult:
+            if not tools:
+                tools.append(toolchain.probe({**os.environ, **self.config.build.env},
+                                             self.config.build.compiler_cache, self.cache.root))
             progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: "
                            f"tree {str(report.tree)[:12]}")
-            plan = wheel.plan(self.config, report, current, arches, job_plan, tools)
+            plan = wheel.plan(self.config, report, current, arches, job_plan, tools[0])
             return wheel.build(self.config, self.cache, mirror, report, patches, plan, out, progress)
 
         return build
