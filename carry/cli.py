@@ -143,10 +143,17 @@ def wheel_command(obj: Context, arch: str | None, out: Path, jobs: int | None, p
               "(default: every platform it holds).")
 @click.pass_obj
 def verify(obj: Context, artifact: str, arch: str | None, platform: str | None) -> None:
-    """Verify a wheel file or an image reference against this repo (VERSION, series hash, pinned commit).
-    Wheels: RECORD hashes, the CUDA arch gate, the CPU of their shared objects. Images: every platform the tag
-    holds is pulled, its labels compared, its Python run (emulated where foreign) to import the wheel, and the
-    installed shared objects gated. Exit 1 on a mismatch, naming the field."""
+    """Verify a wheel file, an image reference or a test report against this repo (VERSION, series hash, pinned
+    commit). Wheels: RECORD hashes, the CUDA arch gate, the CPU of their shared objects, the test report beside
+    them if any. Images: every platform the tag holds is pulled, its labels compared, its Python run (emulated
+    where foreign) to import the wheel, and the installed shared objects gated. A test report (*.test.json) is
+    checked against the artifact it names. Exit 1 on a mismatch, naming the field."""
+    if artifact.endswith(".test.json"):
+        from carry import testrun
+
+        result = testrun.check_report(Path(artifact))
+        click.echo("\n".join(result.lines()))
+        sys.exit(0 if result.ok else 1)
     target = parse_platform(platform)
     session = obj.session()
     if artifact.endswith(".whl") or Path(artifact).is_file():
@@ -202,6 +209,44 @@ def manifest_command(obj: Context, platforms: tuple[str, ...], tags: tuple[str, 
     progress = Progress()
     joined = obj.session().manifest(tuple(parse_platform(p) for p in platforms), tags, progress)
     click.echo("\n".join(f"{ref}  {digest}" for ref, digest in joined.items()))
+
+
+@cli.command("test")
+@click.argument("artifact")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default="dist", show_default=True,
+              help="Where an image's report goes (a wheel's goes beside the wheel).")
+@click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
+              help="Seconds each command may run before it is killed.")
+@click.pass_obj
+def test_command(obj: Context, artifact: str, out: Path, timeout: float) -> None:
+    """Run build.tests against a wheel (installed into a fresh venv) or an image (docker run --gpus all) on this
+    machine's GPU; write the JSON report beside the wheel (<wheel>.test.json). Exit 1 if a test fails, 2 without
+    a GPU."""
+    from carry import testrun
+
+    result = obj.session().test(artifact, out, timeout, Progress())
+    click.echo("\n".join(testrun.summary(result.report, result.path)))
+    sys.exit(0 if result.report.passed else 1)
+
+
+@cli.command("prove")
+@click.option("--arch", metavar="LIST", help="CUDA arches (default: build.cuda_arches).")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default="dist", show_default=True,
+              help="Wheels and reports go into OUT/prove/<prefix>/.")
+@click.option("--jobs", type=click.IntRange(min=1), help="Compile jobs (as for `wheel`).")
+@click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
+              help="Seconds each test command may run before it is killed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the proof as JSON.")
+@click.pass_obj
+def prove_command(obj: Context, arch: str | None, out: Path, jobs: int | None, timeout: float, as_json: bool) -> None:
+    """Build the wheel of every prefix of the series (base, base+0001 and on; cached like every build), run
+    build.tests on each on this GPU, and print which patch flips which test from FAIL to PASS. Exit 1 unless the
+    whole series passes, 2 without a GPU."""
+    from carry import prove
+
+    result = obj.session().prove(arch, out, jobs, timeout, Progress())
+    click.echo(json.dumps(result.to_json(), indent=2) if as_json else prove.table(result))
+    sys.exit(0 if result.passed else 1)
 
 
 @cli.command()

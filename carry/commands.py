@@ -17,7 +17,7 @@ from carry.cache import Cache
 from carry.errors import BadInput, Failed
 
 if TYPE_CHECKING:
-    from carry import apply, crossbuild, drop, image, refresh, series, verdicts, verify, wheel
+    from carry import apply, crossbuild, drop, image, prove, refresh, series, testrun, verdicts, verify, wheel
     from carry.platforms import Platform
     from carry.progress import Progress
 
@@ -49,6 +49,13 @@ class CheckResult:
     notes: tuple[str, ...]
     series: series.Series
     mirror: Path
+
+
+@dataclasses.dataclass(frozen=True)
+class TestOutcome:
+    __test__ = False  # not a pytest class
+    report: testrun.TestReport
+    path: Path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,19 +122,80 @@ class Session:
 
     def wheel(self, arch: str | None, out: Path, jobs: int | None, progress: Progress) -> wheel.WheelResult:
         """check -> plan -> reuse or build the wheel -> publish into `out`."""
+        builder = self._wheel_builder(arch, jobs)
+        checked = self.check()
+        return builder(checked.mirror, checked.report, checked.series, out, progress)
+
+    def _wheel_builder(self, arch: str | None, jobs: int | None):
+        """Resolve arches, jobs and VERSION now, the toolchain at the first build (after the caller's check, which
+        reports an unusable cache first); return a function that plans and builds one checked tree."""
         from carry import toolchain, wheel
 
         arches = self.arches(arch)
         job_plan = toolchain.choose_jobs(jobs, self.config.build.env)
         current = self.version()
-        checked = self.check()
-        tools = toolchain.probe({**os.environ, **self.config.build.env}, self.config.build.compiler_cache,
-                                self.cache.root)
-        progress.phase("check", f"{len(checked.series.patches)} patch(es) on {checked.report.base[:12]}: "
-                       f"tree {str(checked.report.tree)[:12]}")
-        plan = wheel.plan(self.config, checked.report, current, arches, job_plan, tools)
-        return wheel.build(self.config, self.cache, checked.mirror, checked.report, checked.series, plan, out,
-                           progress)
+        tools: list[toolchain.Toolchain] = []
+
+        def build(mirror: Path, report: apply.CheckReport, patches: series.Series, out: Path,
+                  progress: Progress) -> wheel.WheelResult:
+            if not tools:
+                tools.append(toolchain.probe({**os.environ, **self.config.build.env},
+                                             self.config.build.compiler_cache, self.cache.root))
+            progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: "
+                           f"tree {str(report.tree)[:12]}")
+            plan = wheel.plan(self.config, report, current, arches, job_plan, tools[0])
+            return wheel.build(self.config, self.cache, mirror, report, patches, plan, out, progress)
+
+        return build
+
+    def _tests(self) -> tuple[config.TestCommand, ...]:
+        if not self.config.build.tests:
+            raise BadInput(f"{self.config.path}: build.tests is empty; list the commands that prove the fix, "
+                           f"e.g. tests: [\"python -m pkg.repro\"]")
+        return self.config.build.tests
+
+    def test(self, artifact: str, out: Path, timeout: float, progress: Progress) -> TestOutcome:
+        """Run build.tests against a wheel (fresh venv) or an image (docker run --gpus all) on this GPU; write
+        the report beside the wheel, or into `out` keyed by the image's ID."""
+        from carry import gpu, testrun
+
+        found = gpu.require("test")
+        commands = self._tests()
+        if artifact.endswith(".whl") or Path(artifact).is_file():
+            wheel_path = Path(artifact)
+            report = testrun.run_on_wheel(wheel_path, commands, found, self.cache.scratch, timeout, progress)
+            return TestOutcome(report, testrun.write(report, testrun.wheel_report_path(wheel_path)))
+        from carry import image
+
+        report = testrun.run_on_image(artifact, commands, found, image.docker_binary(self.config),
+                                      self.cache.scratch, timeout, progress)
+        return TestOutcome(report, testrun.write(report, testrun.image_report_path(out, report.artifact.digest)))
+
+    def prove(self, arch: str | None, out: Path, jobs: int | None, timeout: float,
+              progress: Progress) -> prove.Proof:
+        """For base and each prefix of the series: build the wheel into out/prove/<prefix>/, run build.tests on
+        it, write its report; the GPU and the tests are checked before anything is built."""
+        from carry import apply, gpu, prove, testrun, upstream
+
+        found = gpu.require("prove")
+        commands = self._tests()
+        builder = self._wheel_builder(arch, jobs)
+        patches = self.series()
+        mirror, _ = upstream.ensure_base(self.config, self.cache)
+        base = self.config.upstream.commit
+        checked = [(prefix, apply.check(mirror, base, prefix.series, self.cache.scratch))
+                   for prefix in prove.prefixes(patches)]
+        if not checked[-1][1].ok:
+            failed = [result.patch.name for result in checked[-1][1].results if result.failure]
+            raise Failed(f"the series does not apply ({', '.join(failed)} failed); run `check` for details")
+        steps = []
+        for prefix, report in checked:
+            progress.phase("prove", prefix.label)
+            built = builder(mirror, report, prefix.series, out / "prove" / prefix.label, progress)
+            tested = testrun.run_on_wheel(built.path, commands, found, self.cache.scratch, timeout, progress)
+            path = testrun.write(tested, testrun.wheel_report_path(built.path))
+            steps.append(prove.Step(prefix, built.path, path, tested, built.reused))
+        return prove.Proof(found, tuple(steps))
 
     def platform_wheel(self, platform: Platform, arch: str | None, out: Path, hermetic: bool,
                        wheelhouse: Path | None, progress: Progress) -> crossbuild.CrossWheel:
@@ -199,7 +267,22 @@ class Session:
         from carry import verify
 
         arches = ArchList.parse(arch) if arch is not None else None
-        return verify.verify_wheel(path, self.expected(), self.cache.scratch, arches)
+        result = verify.verify_wheel(path, self.expected(), self.cache.scratch, arches)
+        return self._with_test_report(path, result)
+
+    def _with_test_report(self, wheel_path: Path, result: verify.Verification) -> verify.Verification:
+        """A test report beside the wheel must belong to it (same sha256); say what it recorded."""
+        from carry import testrun, verify
+
+        report_path = testrun.wheel_report_path(wheel_path)
+        if not report_path.exists():
+            return result
+        check = testrun.check_report(report_path)
+        passed = sum(r.passed for r in check.report.results)
+        note = (f"test report {report_path.name}: {passed}/{len(check.report.results)} passed on "
+                f"{check.report.gpu.describe()}")
+        mismatches = tuple(verify.Mismatch("test report", "a report of this wheel", m) for m in check.mismatches)
+        return dataclasses.replace(result, mismatches=result.mismatches + mismatches, notes=(note,))
 
     def status(self, against: tuple[str, ...] = ()) -> verdicts.StatusReport:
         """A verdict per patch against each ref (default: upstream.main, and the PR head when pr is set)."""

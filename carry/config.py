@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,15 @@ class Upstream:
 
 
 @dataclasses.dataclass(frozen=True)
+class TestCommand:
+    """One entry of build.tests: the argv to run, never through a shell, and the command as written."""
+
+    __test__ = False  # not a pytest class
+    argv: tuple[str, ...]
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Build:
     cuda_arches: ArchList
     env: dict[str, str]
@@ -60,6 +70,7 @@ class Build:
     version_env: tuple[str, ...]
     build_isolation: bool
     compiler_cache: CompilerCache
+    tests: tuple[TestCommand, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,7 +290,7 @@ def load(path: Path) -> Config:
     )
 
 
-BUILD_KEYS = ("cuda_arches", "env", "wheel_version", "version_env", "build_isolation", "compiler_cache")
+BUILD_KEYS = ("cuda_arches", "env", "wheel_version", "version_env", "build_isolation", "compiler_cache", "tests")
 IMAGE_KEYS = (
     "name", "tags", "platforms", "base_image", "runtime_image", "build_args", "labels", "env", "secret_env",
     "docker",
@@ -316,7 +327,35 @@ def _build(section: _Section) -> Build:
         version_env=version_env,
         build_isolation=section.boolean("build_isolation", True),
         compiler_cache=CompilerCache.parse(section.string("compiler_cache", "ccache"), f"{section.path}: build"),
+        tests=_tests(section),
     )
+
+
+def _tests(section: _Section) -> tuple[TestCommand, ...]:
+    """build.tests: a list of commands, each a string split like a shell would (no shell runs it) or a list of
+    arguments."""
+    value = section.data.get("tests")
+    if value is None:
+        return ()
+    form = "a list of commands, each a string like 'python -m pkg.check' or a list like [python, -m, pkg.check]"
+    if not isinstance(value, list):
+        raise section.fail("tests", form)
+    commands = []
+    for index, entry in enumerate(value):
+        where = f"{section.path}: build.tests[{index}]"
+        if isinstance(entry, str):
+            try:
+                argv, text = shlex.split(entry), entry.strip()
+            except ValueError as exc:
+                raise BadInput(f"{where} {entry!r} does not parse ({exc}); close the quote or use a list") from None
+        elif isinstance(entry, list) and all(isinstance(arg, str) for arg in entry):
+            argv, text = list(entry), shlex.join(entry)
+        else:
+            raise BadInput(f"{where} must be a string or a list of strings, got {entry!r}")
+        if not argv or not argv[0].strip():
+            raise BadInput(f"{where} is empty; give the command to run, e.g. 'python -m pkg.check'")
+        commands.append(TestCommand(tuple(argv), text))
+    return tuple(commands)
 
 
 def _check_wheel_version(section: _Section, template: str) -> None:

@@ -358,10 +358,10 @@ def _verify_one(ref: str, image, platform: Platform, expected: Expected, arches:
     if seen["machine"] != platform.machine:
         mismatches.append(Mismatch("python machine", platform.machine, seen["machine"]))
     mismatches += [Mismatch("shared object", platform.machine, problem) for problem in machine_problems]
-    facts = (f"platform {platform}{_emulated(platform)}: python {seen['python']} on {seen['machine']}",
+    notes = (f"platform {platform}{_emulated(platform)}: python {seen['python']} on {seen['machine']}",
              *(f"{Path(lib).name}: {platform.machine} ELF (e_machine {platform.e_machine})" for lib in seen["libs"]
                if not any(Path(lib).name in p for p in machine_problems)))
-    return Verification(f"{ref} {platform} ({image.id[:19]})", info, tuple(mismatches), report, facts)
+    return Verification(f"{ref} {platform} ({image.id[:19]})", info, tuple(mismatches), report, notes)
 
 
 def _inspect_output(ref: str, dist: str, output: str) -> dict:

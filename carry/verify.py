@@ -37,7 +37,7 @@ class Verification:
     info: dict
     mismatches: tuple[Mismatch, ...]
     gate: gate.GateReport | None
-    facts: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -50,7 +50,7 @@ class Verification:
                  f"  commit {str(info.get('upstream', {}).get('commit'))[:12]}"]
         rows += [f"  wheel {info.get('wheel_version')}  arches {info.get('cuda_arches')}  "
                  f"patches {', '.join(p['name'] for p in info.get('series', {}).get('patches', []))}"]
-        rows += [f"  {fact}" for fact in self.facts]
+        rows += [f"  {note}" for note in self.notes]
         rows += [f"  MISMATCH {m.describe()}" for m in self.mismatches]
         if self.gate is not None:
             for report in self.gate.files:
@@ -86,7 +86,7 @@ def verify_wheel(path: Path, expected: Expected, scratch: Path, arches: ArchList
                                    buildinfo.wheel_version(path)))
     wanted = arches if arches is not None else ArchList.parse(info.get("cuda_arches", ""))
     platform = Platform.from_wheel_tag(path.name.removesuffix(".whl").rsplit("-", 1)[-1])
-    facts: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
     with temp_dir(scratch, "verify-") as unpacked:
         buildinfo.extract(path, unpacked)
         report = gate.check_files([unpacked], wanted, root=unpacked)
@@ -94,7 +94,7 @@ def verify_wheel(path: Path, expected: Expected, scratch: Path, arches: ArchList
             libs = [unpacked / file.path for file in report.files]
             mismatches += [Mismatch("shared object", platform.machine, problem)
                            for problem in wrong_machine(libs, platform, unpacked)]
-            facts = (f"platform {platform}: {len(libs)} shared object(s) checked for {platform.machine} code",)
+            notes = (f"platform {platform}: {len(libs)} shared object(s) checked for {platform.machine} code",)
     if platform is not None and info.get("platform") not in (None, str(platform)):
         mismatches.append(Mismatch("buildinfo platform", str(platform), str(info.get("platform"))))
-    return Verification(str(path), info, tuple(mismatches), report, facts)
+    return Verification(str(path), info, tuple(mismatches), report, notes)

@@ -1,77 +1,77 @@
-"""A PLE layer whose lookups run elsewhere, and the flag it waits on.
+"""A PLE layer whose lookups run on the CPU, and the GPU flag it waits on.
 
-Hand-off for one step, per layer:
+Hand-off for one step, per layer (every flag operation is queued on a CUDA
+stream with cuStreamWaitValue32 / cuStreamWriteValue32; the host never
+blocks on a flag):
 
-    CPU worker                          model (GPU stream)
-    wait_reset()  flag == RESET         ...
-    write output, signal()  flag = 1    wait for DONE, read output
-                                        reset() after the step  flag = 0
+    CPU worker (its copy stream)          model (model stream)
+    wait_reset()    flag == RESET          ...
+    gather rows into pinned memory         ...
+    copy rows into the output buffer       wait_done()   flag == DONE
+    signal()        flag = DONE            read the output buffer
+                                           reset() after the forward   flag = RESET
 """
 
-import threading
-from array import array
+from pledemo.ple_offload.cuda import DeviceArray, Stream, ops
 
 
 class CpuGpuSemaphore:
-    """A one-word flag shared by the CPU worker and the model.
-
-    The real flag is an int32 in GPU memory written with stream memory
-    operations; this stand-in keeps the same protocol in host memory.
-    """
+    """A one-word flag in device memory shared by the CPU worker's stream and the model stream."""
 
     RESET_VALUE = 0
     DONE_VALUE = 1
 
     def __init__(self) -> None:
-        self._value = self.RESET_VALUE
-        self._changed = threading.Condition()
+        self._flag = ops().device_alloc(4)
 
     @property
-    def value(self) -> int:
-        return self._value
+    def address(self) -> int:
+        """Device address of the int32 flag."""
+        return self._flag
 
-    def reset(self) -> None:
-        """Mark the output consumed: the worker may write the next one."""
-        self._set(self.RESET_VALUE)
+    def reset(self, stream: Stream) -> None:
+        """Queue flag = RESET on `stream`: the output was consumed, the worker may write the next."""
+        ops().stream_write_value32(stream.handle, self._flag, self.RESET_VALUE)
 
-    def signal(self) -> None:
-        """Mark the output written: the model may read it."""
-        self._set(self.DONE_VALUE)
+    def signal(self, stream: Stream) -> None:
+        """Queue flag = DONE on `stream`: the output is written, the model may read it."""
+        ops().stream_write_value32(stream.handle, self._flag, self.DONE_VALUE)
 
-    def wait_reset(self, timeout: float | None = None) -> bool:
-        """Block until the flag is RESET; False if `timeout` seconds passed first."""
-        return self._wait_for(self.RESET_VALUE, timeout)
+    def wait_reset(self, stream: Stream) -> None:
+        """Make `stream` wait until the flag reads RESET."""
+        ops().stream_wait_value32(stream.handle, self._flag, self.RESET_VALUE)
 
-    def wait_done(self, timeout: float | None = None) -> bool:
-        """Block until the flag is DONE; False if `timeout` seconds passed first."""
-        return self._wait_for(self.DONE_VALUE, timeout)
+    def wait_done(self, stream: Stream) -> None:
+        """Make `stream` wait until the flag reads DONE."""
+        ops().stream_wait_value32(stream.handle, self._flag, self.DONE_VALUE)
 
-    def _set(self, value: int) -> None:
-        with self._changed:
-            self._value = value
-            self._changed.notify_all()
-
-    def _wait_for(self, value: int, timeout: float | None) -> bool:
-        with self._changed:
-            return self._changed.wait_for(lambda: self._value == value, timeout)
+    def close(self) -> None:
+        if self._flag:
+            ops().device_free(self._flag)
+            self._flag = 0
 
 
 class PleOffloadLayer:
-    """The model-side placeholder of one offloaded PLE table."""
+    """The model-side placeholder of one offloaded PLE table: an output buffer and its semaphore."""
 
-    def __init__(self, name: str, dim: int) -> None:
+    def __init__(self, name: str, dim: int, max_tokens: int) -> None:
         self.name = name
         self.dim = dim
+        self.max_tokens = max_tokens
+        self.output = DeviceArray(max_tokens * dim)
         self.sem = CpuGpuSemaphore()
-        self.output = array("f")
 
-    def write_output(self, rows: array) -> None:
-        """Called by the CPU worker: publish this step's rows."""
-        self.output = rows
-        self.sem.signal()
+    def forward(self, num_tokens: int, stream: Stream) -> int:
+        """Queue the wait for this step's rows on `stream`; return the device address to read them at."""
+        if num_tokens > self.max_tokens:
+            raise ValueError(f"PLE layer {self.name}: {num_tokens} tokens, at most {self.max_tokens}")
+        self.sem.wait_done(stream)
+        return self.output.address
 
-    def forward(self, num_tokens: int, timeout: float | None = None) -> array:
-        """Wait for this step's rows and return them."""
-        if not self.sem.wait_done(timeout):
-            raise TimeoutError(f"PLE layer {self.name}: no output after {timeout} s")
-        return self.output[: num_tokens * self.dim]
+    def release_offloaded_output(self, stream: Stream) -> None:
+        """Queue the flag's reset on `stream`, after the forward that read the output."""
+        self.sem.reset(stream)
+
+    def close(self) -> None:
+        self.output.close()
+        self.sem.close()

@@ -1,0 +1,126 @@
+"""`prove`: build every prefix of the series, run build.tests on each, and name the patch that flips each test.
+
+The behavioural counterpart of `status`: base, base+0001, base+0001+0002, ... each become a wheel (cached by tree
+like every build) with a test report beside it, and a test that fails on one prefix and passes on the next was
+made to pass by the patch that prefix adds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from carry.gpu import Gpu
+from carry.series import Patch, Series
+from carry.testrun import TestReport
+
+
+@dataclasses.dataclass(frozen=True)
+class Prefix:
+    """The first `len(series.patches)` patches of the series; `added` is the one this prefix adds, if any."""
+
+    series: Series
+    added: Patch | None
+
+    @property
+    def label(self) -> str:
+        return "+".join(["base", *(f"{patch.number:04d}" for patch in self.series.patches)])
+
+
+def prefixes(series: Series) -> tuple[Prefix, ...]:
+    """base, then base plus each patch in turn, ending with the whole series."""
+    return tuple(
+        Prefix(dataclasses.replace(series, patches=series.patches[:count]), series.patches[count - 1] if count else None)
+        for count in range(len(series.patches) + 1)
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One prefix: the wheel it built, the report written beside it, and what the report says."""
+
+    prefix: Prefix
+    wheel: Path
+    report_path: Path
+    report: TestReport
+    reused: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Flip:
+    """A test whose outcome changed when `patch` was added."""
+
+    patch: str
+    command: str
+    before: str
+    after: str
+
+    def describe(self) -> str:
+        verb = "fixes" if self.after == "PASS" else "breaks"
+        return f"{self.patch} {verb} `{self.command}`: {self.before} -> {self.after}"
+
+
+def flips(steps: tuple[Step, ...]) -> tuple[Flip, ...]:
+    """Every test whose verdict differs between a prefix and the one before it, named by the patch added."""
+    found = []
+    for before, after in zip(steps, steps[1:]):
+        for old, new in zip(before.report.results, after.report.results):
+            if old.passed != new.passed:
+                found.append(Flip(after.prefix.added.name, new.command, old.verdict, new.verdict))
+    return tuple(found)
+
+
+@dataclasses.dataclass(frozen=True)
+class Proof:
+    gpu: Gpu
+    steps: tuple[Step, ...]
+
+    @property
+    def flips(self) -> tuple[Flip, ...]:
+        return flips(self.steps)
+
+    @property
+    def passed(self) -> bool:
+        """The whole series passes every test."""
+        return self.steps[-1].report.passed
+
+    def to_json(self) -> dict:
+        return {
+            "gpu": self.gpu.to_json(),
+            "passed": self.passed,
+            "prefixes": [
+                {
+                    "label": step.prefix.label,
+                    "patches": [patch.name for patch in step.prefix.series.patches],
+                    "series_hash": step.prefix.series.hash,
+                    "wheel": str(step.wheel),
+                    "sha256": step.report.artifact.digest,
+                    "report": str(step.report_path),
+                    "reused": step.reused,
+                    "passed": step.report.passed,
+                    "tests": [
+                        {"command": result.command, "passed": result.passed, "exit_status": result.exit_status,
+                         "last_line": result.last_line()}
+                        for result in step.report.results
+                    ],
+                }
+                for step in self.steps
+            ],
+            "flips": [dataclasses.asdict(flip) for flip in self.flips],
+        }
+
+
+def table(proof: Proof) -> str:
+    """The proof for people: per prefix its verdict and wheel, per test its verdict and last output line."""
+    width = max(len(step.prefix.label) for step in proof.steps)
+    rows = [f"gpu {proof.gpu.describe()}", ""]
+    for step in proof.steps:
+        verdict = "PASS" if step.report.passed else "FAIL"
+        rows.append(f"{step.prefix.label:<{width}}  {verdict}  {step.wheel}")
+        for result in step.report.results:
+            rows.append(f"  {result.verdict}  {result.command}  ({result.outcome()})")
+            if result.last_line():
+                rows.append(f"        {result.last_line()}")
+    rows.append("")
+    rows += [flip.describe() for flip in proof.flips] or ["no patch changes the outcome of any test"]
+    return "\n".join(rows)
