@@ -103,13 +103,15 @@ def check(obj: Context, against: str | None, as_json: bool) -> None:
               help="Directory the wheel is published into (atomically).")
 @click.option("--jobs", type=click.IntRange(min=1), help="Compile jobs (default: from build.env MAX_JOBS, "
               "else from cores and free memory).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (wheel, version, cache key, "
+              "what the compiler cache did).")
 @click.pass_obj
-def wheel_command(obj: Context, arch: str | None, out: Path, jobs: int | None) -> None:
+def wheel_command(obj: Context, arch: str | None, out: Path, jobs: int | None, as_json: bool) -> None:
     """Build the patched tree into a wheel for the CUDA arches, gate it, stamp provenance; reuse when unchanged."""
     progress = Progress()
     result = obj.session().wheel(arch, out, jobs, progress)
     progress.phase("done", "reused from cache" if result.reused else "built")
-    click.echo(result.path)
+    click.echo(json.dumps(result.to_json(), indent=2) if as_json else result.path)
 
 
 @cli.command()

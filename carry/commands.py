@@ -114,14 +114,15 @@ class Session:
 
     def wheel(self, arch: str | None, out: Path, jobs: int | None, progress: Progress) -> wheel.WheelResult:
         """check -> plan -> reuse or build the wheel -> publish into `out`."""
-        from carry import toolchain, wheel
+        from carry import compilecache, toolchain, wheel
 
         arches = self.arches(arch)
         job_plan = toolchain.choose_jobs(jobs, self.config.build.env)
+        remote = compilecache.remote_setting(self.config, os.environ)
         current = self.version()
         checked = self.check()
         tools = toolchain.probe({**os.environ, **self.config.build.env}, self.config.build.compiler_cache,
-                                self.cache.root)
+                                self.cache.root, remote)
         progress.phase("check", f"{len(checked.series.patches)} patch(es) on {checked.report.base[:12]}: "
                        f"tree {str(checked.report.tree)[:12]}")
         plan = wheel.plan(self.config, checked.report, current, arches, job_plan, tools)
