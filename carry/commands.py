@@ -125,7 +125,7 @@ class Session:
         checked = self.check()
         progress.phase("check", f"{len(checked.series.patches)} patch(es) on {checked.report.base[:12]}: "
                        f"tree {str(checked.report.tree)[:12]}")
-        plan = wheel.plan(self.config, checked.report, current, arches, job_plan, tools)
+        plan = wheel.plan(self.config, checked.report, current, arches, job_plan, tools, remote)
         return wheel.build(self.config, self.cache, checked.mirror, checked.report, checked.series, plan, out,
                            progress)
 

@@ -286,13 +286,15 @@ def _private_file(path: Path, text: str) -> Path:
 
 
 def _ccache_remote_url(remote: RemoteCache, credentials: Credentials, read_only: bool) -> str:
+    """ccache's URL for the backend: it percent-decodes the user info and then splits user from password at
+    the first ':', so a password with a ':' gets redis' `default` user in front (an empty user for http)."""
     userinfo = ""
     if credentials.password:
         password = urllib.parse.quote(credentials.password, safe="")
-        userinfo = (f"{urllib.parse.quote(credentials.user, safe='')}:{password}@" if credentials.user
-                    else f"{password}@")
-        if remote.scheme is RemoteScheme.HTTP and not credentials.user:
-            userinfo = f":{password}@"
+        user = credentials.user
+        if user is None and (remote.scheme is RemoteScheme.HTTP or ":" in credentials.password):
+            user = "default" if remote.scheme is RemoteScheme.REDIS else ""
+        userinfo = f"{urllib.parse.quote(user, safe='')}:{password}@" if user is not None else f"{password}@"
     port = f":{remote.port}" if remote.port is not None else ""
     tail = f"/{remote.db}" if remote.db is not None else (f"/{remote.path}" if remote.path else "")
     url = f"{remote.scheme.value}://{userinfo}{remote.host}{port}{tail}"
@@ -355,16 +357,16 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def run(
     launcher: Launcher | None,
-    config: Config,
+    remote: RemoteCache | None,
     cache_root: Path,
     src: Path,
     scratch: Path,
     environ: Mapping[str, str],
     progress: Progress,
 ) -> Iterator[CacheRun | None]:
-    """Set the launcher up for one build in `src`: yields its settings (None without a launcher); a configured
-    backend is probed first and left out, with one progress line saying why, when it cannot be used."""
-    remote = remote_setting(config, environ)
+    """Set the launcher up for one build in `src`: yields its settings (None without a launcher); the `remote`
+    backend (from `remote_setting`) is probed first and left out, with one progress line saying why, when it
+    cannot be used."""
     credentials = Credentials.from_env(environ)
     if launcher is None:
         if remote is not None:

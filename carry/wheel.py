@@ -20,7 +20,7 @@ from carry import buildinfo, compilecache, gate, git, toolchain
 from carry.apply import CheckReport
 from carry.arch import ArchList
 from carry.cache import Cache
-from carry.config import Config, public_url
+from carry.config import Config, RemoteCache, public_url
 from carry.errors import Failed
 from carry.fsutil import owned_prefix, sweep_dead, temp_dir
 from carry.progress import Progress
@@ -41,6 +41,7 @@ class WheelPlan:
     jobs: toolchain.JobPlan
     tools: toolchain.Toolchain
     key: str
+    remote: RemoteCache | None = None  # the shared compile cache; it changes no output, so it is not in `key`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +71,7 @@ def plan(
     arches: ArchList,
     job_plan: toolchain.JobPlan,
     tools: toolchain.Toolchain,
+    remote: RemoteCache | None = None,
 ) -> WheelPlan:
     if report.tree is None:
         failed = [r.patch.name for r in report.results if r.failure]
@@ -87,7 +89,7 @@ def plan(
     }
     key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()
     env = _build_env(config, arches, wheel_version, job_plan.max_jobs, tools)
-    return WheelPlan(report.tree, version, wheel_version, arches, env, job_plan, tools, key)
+    return WheelPlan(report.tree, version, wheel_version, arches, env, job_plan, tools, key, remote)
 
 
 def _build_env(config: Config, arches: ArchList, wheel_version: str, jobs: int, tools: toolchain.Toolchain) -> dict:
@@ -162,7 +164,7 @@ def _build_fresh(config, cache, mirror, report, series, the_plan: WheelPlan, pro
     log = cache.logs / f"wheel-{the_plan.key[:16]}.log"
     with temp_dir(cache.scratch, "wheel-") as scratch:
         recorded = _Recorder(progress)
-        with compilecache.run(the_plan.tools.launcher, config, cache.root, src, scratch, os.environ,
+        with compilecache.run(the_plan.tools.launcher, the_plan.remote, cache.root, src, scratch, os.environ,
                               recorded) as launcher:
             recorded.phase(
                 "build",

@@ -86,19 +86,21 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def private_redis(directory: Path, **settings: str) -> Iterator[tuple[Redis, subprocess.Popen]]:
-    """A redis-server of this test's own on a free port, its password in a mode-600 config file; yields the
-    connection facts and the process (a test may stop it)."""
+def private_redis(directory: Path, password: str | None = None,
+                  **settings: str) -> Iterator[tuple[Redis, subprocess.Popen]]:
+    """A redis-server of this test's own on a free port, its password (default: random hex) in a mode-600
+    config file; yields the connection facts and the process (a test may stop it)."""
     if shutil.which("redis-server") is None:
         require_redis()  # explains the skip / failure the same way
     directory.mkdir(parents=True, exist_ok=True)
-    port, password = free_port(), secrets.token_hex(16)
+    port, password = free_port(), password or secrets.token_hex(16)
     config = directory / "redis.conf"
     fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     extra = "".join(f"{key} {value}\n" for key, value in settings.items())
+    quoted = '"' + password.replace("\\", "\\\\").replace('"', '\\"') + '"'
     with os.fdopen(fd, "w") as handle:
         handle.write(f"bind 127.0.0.1\nport {port}\ndir {directory}\nsave \"\"\nappendonly no\n"
-                     f"requirepass {password}\n{extra}")
+                     f"requirepass {quoted}\n{extra}")
     process = subprocess.Popen(["redis-server", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     redis = Redis("127.0.0.1", port, password)
     try:

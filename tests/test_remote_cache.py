@@ -4,6 +4,7 @@ builds), the password in no argv, log, buildinfo or wheel, and the `auto` compil
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ import pytest
 from carry import compilecache, toolchain
 from carry.config import CompilerCache, RemoteCache
 from carry.errors import BadInput
+from carry.progress import Progress
 from cuda_tools import counting_cuda_home
 from helpers import BUILD_PY, ROOT, carry
 from procwatch import command_lines
@@ -79,6 +81,31 @@ def test_a_full_redis_is_used_read_only(tmp_path):
 def test_ccache_url_carries_the_password_percent_encoded_and_timeouts():
     url = compilecache._ccache_remote_url(remote("redis://h:6390/3"), credentials("p|w d%"), read_only=True)
     assert url == "redis://p%7Cw%20d%25@h:6390/3|connect-timeout=500|operation-timeout=10000|read-only=true"
+
+
+def test_a_password_with_url_characters_reaches_ccache_through_a_private_file(tmp_path):
+    password = "p:w|d %$HOME@/y"
+    launcher = toolchain.find_launcher(CompilerCache.CCACHE, dict(os.environ))
+    src, scratch = tmp_path / "src", tmp_path / "scratch"
+    src.mkdir()
+    scratch.mkdir()
+    (src / "t.c").write_text("int seven(void) { return 7; }\n")
+    progress = Progress(stream=io.StringIO())
+    environ = {**os.environ, "CARRY_REMOTE_CACHE_PASSWORD": password}
+    with private_redis(tmp_path / "redis", password=password) as (redis, _):
+        with compilecache.run(launcher, remote(redis.url(0)), tmp_path / "cache", src, scratch, environ,
+                              progress) as started:
+            private = Path(started.env["CCACHE_CONFIGPATH"])
+            assert private.stat().st_mode & 0o777 == 0o600
+            assert password not in json.dumps(started.env)
+            env = {**compilecache.secret_free_env(environ), **started.env}
+            assert "CARRY_REMOTE_CACHE_PASSWORD" not in env
+            subprocess.run([launcher.path, "cc", "-c", "t.c", "-o", "t.o"], cwd=src, env=env, check=True)
+            outcome = started.outcome()
+        stored = redis.keys(0)
+    assert (outcome.compiles, outcome.misses, outcome.remote_errors) == (1, 1, 0), outcome
+    assert stored > 1, "ccache wrote its result to redis (beside carry's probe key)"
+    assert password not in progress.stream.getvalue()
 
 
 # the launcher --------------------------------------------------------------------------------------------------
