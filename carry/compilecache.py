@@ -342,7 +342,8 @@ def _sccache_config(remote: RemoteCache, credentials: Credentials) -> str:
     elif remote.scheme in (RemoteScheme.HTTP, RemoteScheme.HTTPS):
         lines = ["[cache.webdav]", f"endpoint = {value(str(remote))}", *user, *password]
     elif remote.scheme is RemoteScheme.S3:
-        lines = ["[cache.s3]", f"bucket = {value(remote.host)}", f"key_prefix = {value(remote.path)}"]
+        lines = ["[cache.s3]", f"bucket = {value(remote.host)}", f"key_prefix = {value(remote.path)}",
+                 "no_credentials = false"]  # credentials: the AWS_* variables of the environment
     else:
         lines = []  # gha: SCCACHE_GHA_ENABLED, with the runner's own ACTIONS_* variables
     return "\n".join(lines) + "\n"
@@ -382,29 +383,36 @@ def run(
         if not reachability.usable:
             note = reachability.reason
     if note is not None:
-        progress.phase("remote cache", f"{remote} not used: {note}; building with the local {launcher.kind.value} cache")
+        progress.phase("remote cache",
+                       f"{remote} not used: {note}; building with the local {launcher.kind.value} cache")
         remote = None
-    elif remote is not None:
-        progress.phase("remote cache", f"{remote} via {launcher.kind.value}: {reachability.reason}")
     if launcher.kind is CompilerCache.CCACHE:
+        if remote is not None:
+            progress.phase("remote cache", f"{remote} via ccache: {reachability.reason}")
         launcher_dir = Path(environ.get("CCACHE_DIR") or cache_root / "ccache")
         remote_url = _ccache_remote_url(remote, credentials, reachability.read_only) if remote else None
         env = _ccache_env(launcher_dir, src, scratch, remote_url)
         yield CacheRun(launcher, env, remote, note, stats_log=scratch / "ccache-stats.log")
         return
-    with _sccache_server(launcher, cache_root, src, scratch, environ, remote, credentials, progress) as started:
+    with _sccache_server(launcher, cache_root, src, scratch, environ, remote, credentials) as started:
+        if started.remote_note is not None:
+            progress.phase("remote cache", f"{remote} not used: sccache could not use it ({started.remote_note}); "
+                           f"building with the local sccache cache")
+        elif remote is not None:
+            progress.phase("remote cache", f"{remote} via sccache: {reachability.reason}")
         yield started if note is None else dataclasses.replace(started, remote_note=note)
 
 
 @contextlib.contextmanager
-def _sccache_server(launcher, cache_root, src, scratch, environ, remote, credentials, progress) -> Iterator[CacheRun]:
+def _sccache_server(launcher, cache_root, src, scratch, environ, remote, credentials) -> Iterator[CacheRun]:
     """A private sccache server on a free port, so its settings and statistics are this build's alone; when it
-    does not start with the backend, it starts again with the local disk cache."""
+    does not start with the backend, it starts again with the local disk cache (and says why in the run's
+    `remote_note`)."""
     local = {
         "SCCACHE_DIR": environ.get("SCCACHE_DIR") or str(cache_root / "sccache"),
         "SCCACHE_BASEDIRS": str(src),
         "SCCACHE_SERVER_PORT": str(_free_port()),
-        "SCCACHE_IDLE_TIMEOUT": "0",
+        "SCCACHE_IDLE_TIMEOUT": "3600",  # a server left by a killed build goes away
     }
     env = dict(local)
     if remote is not None:
@@ -419,8 +427,6 @@ def _sccache_server(launcher, cache_root, src, scratch, environ, remote, credent
     started = _start_sccache(launcher, server_env)
     if started is not None and remote is not None:
         note = credentials.scrub(started)
-        progress.phase("remote cache", f"{remote} not used: sccache could not use it ({note}); "
-                       f"building with the local sccache cache")
         remote, env = None, dict(local)
         server_env = {k: v for k, v in server_env.items() if k not in ("SCCACHE_CONF", "SCCACHE_GHA_ENABLED")}
         started = _start_sccache(launcher, server_env)
@@ -442,5 +448,6 @@ def _start_sccache(launcher: Launcher, env: dict[str, str]) -> str | None:
         return _reason(exc)
     if result.returncode == 0:
         return None
-    said = (result.stderr or result.stdout).strip().splitlines()
-    return said[-1][:200] if said else f"exit {result.returncode}"
+    said = (result.stderr + result.stdout).splitlines()
+    error = next((line.split("error:", 1)[1].strip() for line in said if "error:" in line), "")
+    return error.removeprefix("Server startup failed:").strip()[:160] or f"exit {result.returncode}"
