@@ -206,7 +206,7 @@ class CacheOutcome:
     remote_errors: int
 
     def line(self) -> str:
-        if self.compiles == 0 and self.hits == 0 and self.misses == 0:
+        if self.compiles == 0:
             text = f"{self.launcher}: no compiler calls went through it"
         else:
             text = f"{self.launcher}: {self.compiles} compile(s), {self.hits} hit(s)"
