@@ -119,10 +119,10 @@ class Session:
         arches = self.arches(arch)
         job_plan = toolchain.choose_jobs(jobs, self.config.build.env)
         remote = compilecache.remote_setting(self.config, os.environ)
-        tools = toolchain.probe({**os.environ, **self.config.build.env}, self.config.build.compiler_cache,
-                                self.cache.root, remote)
         current = self.version()
         checked = self.check()
+        tools = toolchain.probe({**os.environ, **self.config.build.env}, self.config.build.compiler_cache,
+                                self.cache.root, remote)
         progress.phase("check", f"{len(checked.series.patches)} patch(es) on {checked.report.base[:12]}: "
                        f"tree {str(checked.report.tree)[:12]}")
         plan = wheel.plan(self.config, checked.report, current, arches, job_plan, tools, remote)
