@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Start the services the image tests talk to: a Docker engine and a local
-# registry with htpasswd auth. Safe to run again: whatever already answers is kept.
+# Start the services the tests talk to: a Docker engine, a local registry with
+# htpasswd auth, and a redis with a password (the shared compile cache). Safe to
+# run again: whatever already answers is kept.
 #
 # Writes the connection facts to $CARRY_CI_ENV (KEY=VALUE lines, sourceable).
-# The registry password lives only in a mode-600 file; it is never printed
-# and never passed on a command line.
+# The registry and redis passwords live only in mode-600 files; they are never
+# printed and never passed on a command line (redis reads its own from a
+# mode-600 config file).
 #
 # Overridable: CARRY_CI_DIR (state, default /tmp/carry-ci), CARRY_CI_ENV (default
 # $CARRY_CI_DIR/env), CARRY_TEST_REGISTRY_PORT (default 5055, away from the 5000 of the
-# packaged registry service), CARRY_TEST_REGISTRY_USER (default carry-ci).
+# packaged registry service), CARRY_TEST_REGISTRY_USER (default carry-ci),
+# CARRY_TEST_REDIS_PORT (default 6390, away from redis' own 6379).
 set -euo pipefail
 
 # shellcheck source=env-file.sh
@@ -18,10 +21,14 @@ REGISTRY_USER=${CARRY_TEST_REGISTRY_USER:-carry-ci}
 REGISTRY_ADDR=127.0.0.1:$REGISTRY_PORT
 REGISTRY_DIR=$CI_DIR/registry
 PASSWORD_FILE=$REGISTRY_DIR/password
+REDIS_PORT=${CARRY_TEST_REDIS_PORT:-6390}
+REDIS_ADDR=127.0.0.1:$REDIS_PORT
+REDIS_DIR=$CI_DIR/redis
+REDIS_PASSWORD_FILE=$REDIS_DIR/password
 DOCKER=/usr/bin/docker
 DOCKER_SOCKET=/var/run/docker.sock
 WAIT_SECONDS=${CARRY_CI_WAIT_SECONDS:-60}
-PACKAGES=(docker.io docker-registry apache2-utils ccache mmdebstrap zstd curl)
+PACKAGES=(docker.io docker-registry apache2-utils ccache mmdebstrap zstd curl redis-server redis-tools shellcheck)
 
 log() { printf 'services: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -71,11 +78,12 @@ registry_status() {
 
 registry_demands_auth() { [ "$(registry_status)" = 401 ]; }
 
+# write_password_once FILE WHAT: a random password in a mode-600 FILE, unless one is there.
 write_password_once() {
-    [ -s "$PASSWORD_FILE" ] && return
-    log "generating registry password"
-    (umask 077 && head -c 24 /dev/urandom | base64 | tr -d '/+=\n' >"$PASSWORD_FILE.tmp")
-    mv "$PASSWORD_FILE.tmp" "$PASSWORD_FILE"
+    [ -s "$1" ] && return
+    log "generating $2 password"
+    (umask 077 && head -c 24 /dev/urandom | base64 | tr -d '/+=\n' >"$1.tmp")
+    mv "$1.tmp" "$1"
 }
 
 write_htpasswd() {
@@ -114,7 +122,7 @@ start_registry() {
     [ "$(registry_status)" = 000 ] \
         || die "something else answers on $REGISTRY_ADDR; set CARRY_TEST_REGISTRY_PORT to a free port"
     mkdir -p "$REGISTRY_DIR/data"
-    write_password_once
+    write_password_once "$PASSWORD_FILE" registry
     write_htpasswd
     write_registry_config
     log "starting registry on $REGISTRY_ADDR (log: $CI_DIR/registry.log)"
@@ -124,11 +132,49 @@ start_registry() {
         || die "registry on $REGISTRY_ADDR did not answer 401 on /v2/ within ${WAIT_SECONDS}s; see $CI_DIR/registry.log"
 }
 
+# What redis answers to an unauthenticated PING: NOAUTH when it demands the password.
+redis_answer() {
+    redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping 2>&1 || true
+}
+
+redis_demands_auth() { redis_answer | grep -q NOAUTH; }
+
+redis_port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$REDIS_PORT") 2>/dev/null; }
+
+write_redis_config() {
+    (umask 077 && {
+        printf 'bind 127.0.0.1\nport %s\nprotected-mode yes\ndaemonize no\n' "$REDIS_PORT"
+        printf 'dir %s\nsave ""\nappendonly no\n' "$REDIS_DIR/data"
+        printf 'maxmemory 2gb\nmaxmemory-policy allkeys-lru\n'
+        printf 'requirepass %s\n' "$(cat "$REDIS_PASSWORD_FILE")"
+    } >"$REDIS_DIR/redis.conf.tmp")
+    mv "$REDIS_DIR/redis.conf.tmp" "$REDIS_DIR/redis.conf"
+}
+
+start_redis() {
+    if redis_demands_auth && [ -s "$REDIS_PASSWORD_FILE" ]; then
+        log "redis already running on $REDIS_ADDR"
+        return
+    fi
+    redis_port_free || die "something else answers on $REDIS_ADDR; set CARRY_TEST_REDIS_PORT to a free port"
+    mkdir -p "$REDIS_DIR/data"
+    chmod 700 "$REDIS_DIR"
+    write_password_once "$REDIS_PASSWORD_FILE" redis
+    write_redis_config
+    log "starting redis on $REDIS_ADDR (log: $CI_DIR/redis.log)"
+    setsid redis-server "$REDIS_DIR/redis.conf" </dev/null >"$CI_DIR/redis.log" 2>&1 &
+    echo $! >"$CI_DIR/redis.pid"
+    wait_until "$WAIT_SECONDS" redis redis_demands_auth \
+        || die "redis on $REDIS_ADDR did not answer NOAUTH within ${WAIT_SECONDS}s; see $CI_DIR/redis.log"
+}
+
 write_env_file() {
     set_env DOCKER_HOST "unix://$DOCKER_SOCKET"
     set_env CARRY_TEST_REGISTRY "$REGISTRY_ADDR"
     set_env CARRY_TEST_REGISTRY_USER "$REGISTRY_USER"
     set_env CARRY_TEST_REGISTRY_PASSWORD_FILE "$PASSWORD_FILE"
+    set_env CARRY_TEST_REDIS "$REDIS_ADDR"
+    set_env CARRY_TEST_REDIS_PASSWORD_FILE "$REDIS_PASSWORD_FILE"
     log "wrote $ENV_FILE"
 }
 
@@ -138,6 +184,7 @@ main() {
     install_missing_packages
     start_docker
     start_registry
+    start_redis
     write_env_file
 }
 

@@ -10,7 +10,11 @@ Everything runs in a temp dir against generated upstreams, driving `python build
   2. `check` on a vLLM-size tree against clone + checkout + `git apply` of each patch;
   3. `fetch` of the pin against a full `git clone --bare`, both over a file:// URL;
   4. the cold build's core utilization and the compile jobs' peak memory against carry's job plan;
-  5. the demo's GB10 (linux/arm64) wheel built in its build stage under QEMU, against the same build natively,
+  5. a second runner: runner A builds the scale upstream cold against an empty shared redis (a private
+     redis-server with a password), runner B builds the same pin + series with another fresh CARRY_CACHE at
+     another path, then a Python-only patch change; nvcc compiles counted, units served from the shared cache
+     read from ccache's own statistics (`wheel --json`);
+  6. the demo's GB10 (linux/arm64) wheel built in its build stage under QEMU, against the same build natively,
      and its rerun (needs `bash ci/setup.sh`: Docker, QEMU and the base images; see bench/emulation.py).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -36,6 +41,7 @@ import cudahome  # noqa: E402
 import emulation  # noqa: E402
 import gitrepo  # noqa: E402
 import measure  # noqa: E402
+import redisd  # noqa: E402
 import scale  # noqa: E402
 import trees  # noqa: E402
 from carry import toolchain  # noqa: E402
@@ -203,6 +209,51 @@ def utilization_rows(cold: Wheel) -> list[Row]:
     ]
 
 
+# 5: a second runner with a shared compile cache --------------------------------------------------------------
+
+def bench_runners(work: Path, size: Size) -> list[Row]:
+    """Runner A cold against an empty shared redis; runner B, another machine's fresh cache at another path."""
+    base = work / "runners"
+    project = scale.generate(base, size.units, variants=2, nvcc_threads=NVCC_THREADS)
+    cuda = cudahome.make(base)  # /usr/local/cuda on both machines: one CUDA_HOME path for both runners
+    with redisd.started(base / "redis") as redis:
+        shared = {"CARRY_REMOTE_CACHE_URL": redis.url, "CARRY_REMOTE_CACHE_PASSWORD": redis.password}
+
+        def wheel(cache: Path) -> tuple[Wheel, dict]:
+            before = len(cuda.calls())
+            env = {**carry_env(cache, cuda.home), **shared}
+            run = carry(project.config, env, "wheel", "--out", str(cache.parent / "dist"), "--json")
+            result = json.loads(run.out)
+            if result["reused"] or result["compiler_cache"] is None:
+                raise SystemExit(f"bench: expected a build from `wheel`:\n{run.err}")
+            return Wheel(run, cuda.calls()[before:]), result["compiler_cache"]
+
+        cold, cold_cache = wheel(base / "runner-a" / "cache")
+        if cold_cache["remote"] is None or cold_cache["remote_errors"]:
+            raise SystemExit(f"bench: runner A did not use the shared cache:\n{cold.run.err}")
+        second, second_cache = wheel(base / "machine-b" / "home" / "ci" / ".cache" / "carry")
+        project.use(python=1, cuda=0)
+        python, python_cache = wheel(base / "machine-b" / "home" / "ci" / ".cache" / "carry")
+    base_s = cold.run.wall_s
+    units = second_cache["compiles"]
+    served = second_cache["remote_hits"] / units if units else 0.0
+    nvcc_b, nvcc_python = len(second.compiles), len(python.compiles)
+    return [
+        Row("runners", "runner A: cold wheel, fresh cache, empty shared redis",
+            f"{base_s:.1f} s, {len(cold.compiles)} nvcc compiles, {cold_cache['misses']} units stored"),
+        Row("runners", "runner B: fresh cache at another path, same pin + series",
+            f"{second.run.wall_s:.2f} s = {pct(second.run.wall_s, base_s)} of A's cold; "
+            f"{second_cache['remote_hits']}/{units} units from the shared cache ({100 * served:.0f}%), "
+            f"{nvcc_b} nvcc compiles",
+            ">= 95% units shared, 0 nvcc, <= 20% of A's cold",
+            served >= 0.95 and nvcc_b == 0 and second.run.wall_s <= 0.20 * base_s),
+        Row("runners", "runner B after a Python-only patch change",
+            f"{python.run.wall_s:.2f} s = {pct(python.run.wall_s, base_s)} of A's cold, {nvcc_python} nvcc compiles "
+            f"({python_cache['hits']}/{python_cache['compiles']} cache hits)",
+            "0 nvcc, <= 10% of A's cold", nvcc_python == 0 and python.run.wall_s <= 0.10 * base_s),
+    ]
+
+
 # 2: check ----------------------------------------------------------------------------------------------------
 
 def bench_check(work: Path, size: Size) -> list[Row]:
@@ -300,9 +351,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="scaled down, under 2 minutes")
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
-    parser.add_argument("--only", default="check,fetch,rebuild,arm64", help="comma-separated parts to run")
+    parser.add_argument("--only", default="check,fetch,rebuild,runners,arm64", help="comma-separated parts to run")
     options = parser.parse_args()
-    parts = {"check": bench_check, "fetch": bench_fetch, "rebuild": bench_rebuilds,
+    parts = {"check": bench_check, "fetch": bench_fetch, "rebuild": bench_rebuilds, "runners": bench_runners,
              "arm64": lambda work, size: emulation.bench(work, Row)}
     chosen = options.only.split(",")
     if not chosen or set(chosen) - set(parts):

@@ -116,15 +116,17 @@ def parse_platform(text: str | None, flag: str = "--platform"):
               "wheelhouse.")
 @click.option("--wheelhouse", type=click.Path(path_type=Path, file_okay=False, exists=True),
               help="With --platform --hermetic: the wheels (default: downloaded once into the cache).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (wheel, version, cache key, "
+              "what the compiler cache did).")
 @click.pass_obj
 def wheel_command(obj: Context, arch: str | None, out: Path, jobs: int | None, platform: str | None,
-                  hermetic: bool, wheelhouse: Path | None) -> None:
+                  hermetic: bool, wheelhouse: Path | None, as_json: bool) -> None:
     """Build the patched tree into a wheel for the CUDA arches, gate it, stamp provenance; reuse when unchanged."""
     target = parse_platform(platform)
     if target is None and (hermetic or wheelhouse):
         raise click.UsageError("--hermetic and --wheelhouse go with --platform (a build in a container)")
-    if target is not None and jobs is not None:
-        raise click.UsageError("--jobs applies to builds on this machine; the build stage picks its own")
+    if target is not None and (jobs is not None or as_json):
+        raise click.UsageError("--jobs and --json apply to builds on this machine; the build stage picks its jobs")
     progress = Progress()
     if target is not None:
         built = obj.session().platform_wheel(target, arch, out, hermetic, wheelhouse, progress)
@@ -133,7 +135,7 @@ def wheel_command(obj: Context, arch: str | None, out: Path, jobs: int | None, p
         return
     result = obj.session().wheel(arch, out, jobs, progress)
     progress.phase("done", "reused from cache" if result.reused else "built")
-    click.echo(result.path)
+    click.echo(json.dumps(result.to_json(), indent=2) if as_json else result.path)
 
 
 @cli.command()

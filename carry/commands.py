@@ -127,12 +127,14 @@ class Session:
         return builder(checked.mirror, checked.report, checked.series, out, progress)
 
     def _wheel_builder(self, arch: str | None, jobs: int | None):
-        """Resolve arches, jobs and VERSION now, the toolchain at the first build (after the caller's check, which
-        reports an unusable cache first); return a function that plans and builds one checked tree."""
-        from carry import toolchain, wheel
+        """Resolve arches, jobs, VERSION and the remote compile cache now, the toolchain at the first build (after
+        the caller's check, which reports an unusable cache first); return a function that plans and builds one
+        checked tree."""
+        from carry import compilecache, toolchain, wheel
 
         arches = self.arches(arch)
         job_plan = toolchain.choose_jobs(jobs, self.config.build.env)
+        remote = compilecache.remote_setting(self.config, os.environ)
         current = self.version()
         tools: list[toolchain.Toolchain] = []
 
@@ -140,10 +142,10 @@ class Session:
                   progress: Progress) -> wheel.WheelResult:
             if not tools:
                 tools.append(toolchain.probe({**os.environ, **self.config.build.env},
-                                             self.config.build.compiler_cache, self.cache.root))
+                                             self.config.build.compiler_cache, self.cache.root, remote))
             progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: "
                            f"tree {str(report.tree)[:12]}")
-            plan = wheel.plan(self.config, report, current, arches, job_plan, tools[0])
+            plan = wheel.plan(self.config, report, current, arches, job_plan, tools[0], remote)
             return wheel.build(self.config, self.cache, mirror, report, patches, plan, out, progress)
 
         return build

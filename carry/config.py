@@ -9,6 +9,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import urllib.parse
+
 import yaml
 from packaging.version import Version as PackagingVersion
 
@@ -26,8 +28,9 @@ TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 
 class CompilerCache(enum.Enum):
-    """The compiler launcher wired into the upstream build."""
+    """The compiler launcher wired into the upstream build; `auto` takes ccache, else sccache, else none."""
 
+    AUTO = "auto"
     CCACHE = "ccache"
     SCCACHE = "sccache"
     NONE = "none"
@@ -39,6 +42,89 @@ class CompilerCache(enum.Enum):
         except ValueError:
             allowed = ", ".join(m.value for m in cls)
             raise BadInput(f"{where}: unknown compiler cache {text!r}; use one of: {allowed}") from None
+
+
+class RemoteScheme(enum.Enum):
+    """A shared compile-cache backend, by URL scheme; `launchers` are the compiler caches that can use it."""
+
+    REDIS = "redis"
+    REDISS = "rediss"
+    HTTP = "http"
+    HTTPS = "https"
+    S3 = "s3"
+    GHA = "gha"
+
+    @property
+    def launchers(self) -> tuple[CompilerCache, ...]:
+        # ccache 4.7 speaks redis and plain http; sccache also TLS, S3 and the GitHub Actions cache.
+        if self in (RemoteScheme.REDIS, RemoteScheme.HTTP):
+            return (CompilerCache.CCACHE, CompilerCache.SCCACHE)
+        return (CompilerCache.SCCACHE,)
+
+
+REMOTE_FORMS = "redis://HOST[:PORT][/DB], rediss://…, http(s)://HOST[:PORT][/PATH], s3://BUCKET[/PREFIX] or gha"
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteCache:
+    """`build.remote_cache`: where compiled objects are shared between machines. Never holds a credential:
+    the password comes from $CARRY_REMOTE_CACHE_PASSWORD when the build runs."""
+
+    scheme: RemoteScheme
+    host: str  # the bucket for s3, empty for gha
+    port: int | None = None
+    db: int | None = None  # redis database number
+    path: str = ""  # http path or s3 key prefix, without the leading '/'
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> RemoteCache:
+        if text.strip() == "gha":
+            return cls(RemoteScheme.GHA, "")
+        shown = public_url(text)
+        try:
+            parts = urllib.parse.urlsplit(text.strip())
+            port = parts.port
+        except ValueError as exc:
+            raise BadInput(f"{where} {shown!r} is not a valid URL ({exc}); use {REMOTE_FORMS}") from None
+        try:
+            scheme = RemoteScheme(parts.scheme.lower())
+        except ValueError:
+            allowed = ", ".join(f"{m.value}://" if m is not RemoteScheme.GHA else "gha" for m in RemoteScheme)
+            raise BadInput(f"{where} {shown!r}: unknown scheme {parts.scheme!r}; use one of {allowed}") from None
+        if "@" in parts.netloc:
+            raise BadInput(
+                f"{where} {shown!r} must not hold credentials; put the password in $CARRY_REMOTE_CACHE_PASSWORD "
+                f"(and a user in $CARRY_REMOTE_CACHE_USER)"
+            )
+        if not parts.hostname or parts.query or parts.fragment or re.search(r"\s", text.strip()):
+            raise BadInput(f"{where} {shown!r} is not of the form {REMOTE_FORMS}")
+        path = parts.path.strip("/")
+        db = None
+        if scheme in (RemoteScheme.REDIS, RemoteScheme.REDISS) and path:
+            if not path.isdigit():
+                raise BadInput(f"{where} {shown!r}: the redis database must be a number, e.g. redis://host:6379/0")
+            db, path = int(path), ""
+        if scheme is RemoteScheme.S3 and port is not None:
+            raise BadInput(f"{where} {shown!r}: s3:// takes a bucket, not host:port; use s3://BUCKET[/PREFIX]")
+        return cls(scheme, parts.hostname, port, db, path)
+
+    def __str__(self) -> str:
+        if self.scheme is RemoteScheme.GHA:
+            return "gha"
+        port = f":{self.port}" if self.port is not None else ""
+        tail = f"/{self.db}" if self.db is not None else (f"/{self.path}" if self.path else "")
+        return f"{self.scheme.value}://{self.host}{port}{tail}"
+
+    def check_launcher(self, launcher: CompilerCache, where: str) -> None:
+        """An explicit compiler cache that cannot use this backend is bad input."""
+        if launcher in (CompilerCache.AUTO, *self.scheme.launchers):
+            return
+        if launcher is CompilerCache.NONE:
+            raise BadInput(f"{where} {self} needs a compiler cache; set build.compiler_cache to auto, ccache or "
+                           f"sccache, or remove build.remote_cache")
+        usable = " or ".join(m.value for m in self.scheme.launchers)
+        raise BadInput(f"{where} {self}: {launcher.value} cannot use {self.scheme.value} storage; "
+                       f"set build.compiler_cache to {usable}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +156,7 @@ class Build:
     version_env: tuple[str, ...]
     build_isolation: bool
     compiler_cache: CompilerCache
+    remote_cache: RemoteCache | None
     tests: tuple[TestCommand, ...] = ()
 
 
@@ -290,7 +377,10 @@ def load(path: Path) -> Config:
     )
 
 
-BUILD_KEYS = ("cuda_arches", "env", "wheel_version", "version_env", "build_isolation", "compiler_cache", "tests")
+BUILD_KEYS = (
+    "cuda_arches", "env", "wheel_version", "version_env", "build_isolation", "compiler_cache", "remote_cache",
+    "tests",
+)
 IMAGE_KEYS = (
     "name", "tags", "platforms", "base_image", "runtime_image", "build_args", "labels", "env", "secret_env",
     "docker",
@@ -320,13 +410,20 @@ def _build(section: _Section) -> Build:
     if "{version}" not in wheel_version:
         raise section.fail("wheel_version", "a template containing {version}, e.g. '0.11.0+carry.{version}'")
     _check_wheel_version(section, wheel_version)
+    compiler_cache = CompilerCache.parse(section.string("compiler_cache", "auto"), f"{section.path}: build")
+    remote_cache = None
+    if section.has("remote_cache"):
+        where = f"{section.path}: build.remote_cache"
+        remote_cache = RemoteCache.parse(section.string("remote_cache"), where)
+        remote_cache.check_launcher(compiler_cache, where)
     return Build(
         cuda_arches=ArchList.parse(arches) if arches else ArchList.parse([]),
         env=section.env("env"),
         wheel_version=wheel_version,
         version_env=version_env,
         build_isolation=section.boolean("build_isolation", True),
-        compiler_cache=CompilerCache.parse(section.string("compiler_cache", "ccache"), f"{section.path}: build"),
+        compiler_cache=compiler_cache,
+        remote_cache=remote_cache,
         tests=_tests(section),
     )
 

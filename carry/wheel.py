@@ -16,11 +16,11 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 import carry
-from carry import buildinfo, gate, git, toolchain
+from carry import buildinfo, compilecache, gate, git, toolchain
 from carry.apply import CheckReport
 from carry.arch import ArchList
 from carry.cache import Cache
-from carry.config import CompilerCache, Config, public_url
+from carry.config import Config, RemoteCache, public_url
 from carry.errors import Failed
 from carry.fsutil import owned_prefix, sweep_dead, temp_dir
 from carry.platforms import Platform
@@ -42,6 +42,7 @@ class WheelPlan:
     jobs: toolchain.JobPlan
     tools: toolchain.Toolchain
     key: str
+    remote: RemoteCache | None = None  # the shared compile cache; it changes no output, so it is not in `key`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,19 @@ class WheelResult:
     path: Path
     reused: bool
     plan: WheelPlan
+    cache: compilecache.CacheOutcome | None = None  # what the compiler cache did; None when nothing was built
+
+    def to_json(self) -> dict:
+        return {
+            "wheel": str(self.path),
+            "reused": self.reused,
+            "version": self.plan.version,
+            "wheel_version": self.plan.wheel_version,
+            "tree": self.plan.tree,
+            "cuda_arches": str(self.plan.arches),
+            "cache_key": self.plan.key,
+            "compiler_cache": self.cache.to_json() if self.cache else None,
+        }
 
 
 def plan(
@@ -58,6 +72,7 @@ def plan(
     arches: ArchList,
     job_plan: toolchain.JobPlan,
     tools: toolchain.Toolchain,
+    remote: RemoteCache | None = None,
 ) -> WheelPlan:
     if report.tree is None:
         failed = [r.patch.name for r in report.results if r.failure]
@@ -71,11 +86,11 @@ def plan(
         "wheel_version": wheel_version,
         "version_env": list(config.build.version_env),
         "isolation": config.build.build_isolation,
-        "toolchain": {k: v for k, v in tools.to_json().items() if k != "launcher"},
+        "toolchain": tools.to_json(),
     }
     key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()
     env = _build_env(config, arches, wheel_version, job_plan.max_jobs, tools)
-    return WheelPlan(report.tree, version, wheel_version, arches, env, job_plan, tools, key)
+    return WheelPlan(report.tree, version, wheel_version, arches, env, job_plan, tools, key, remote)
 
 
 def _build_env(config: Config, arches: ArchList, wheel_version: str, jobs: int, tools: toolchain.Toolchain) -> dict:
@@ -90,22 +105,8 @@ def _build_env(config: Config, arches: ArchList, wheel_version: str, jobs: int, 
         env[name] = wheel_version
     if tools.launcher:
         for language in ("CUDA", "C", "CXX"):
-            env[f"CMAKE_{language}_COMPILER_LAUNCHER"] = tools.launcher
+            env[f"CMAKE_{language}_COMPILER_LAUNCHER"] = tools.launcher.path
     return env
-
-
-def _launcher_env(cache: Cache, config: Config, src: Path) -> dict[str, str]:
-    """Where the compiler cache keeps its files; paths made relative so a moved build dir still hits."""
-    if config.build.compiler_cache is CompilerCache.CCACHE:
-        return {
-            "CCACHE_DIR": os.environ.get("CCACHE_DIR") or str(cache.root / "ccache"),
-            "CCACHE_BASEDIR": str(src),
-            "CCACHE_NOHASHDIR": "1",
-            "CCACHE_COMPILERCHECK": "content",
-        }
-    if config.build.compiler_cache is CompilerCache.SCCACHE:
-        return {"SCCACHE_DIR": os.environ.get("SCCACHE_DIR") or str(cache.root / "sccache")}
-    return {}
 
 
 def build(
@@ -119,17 +120,18 @@ def build(
     progress: Progress,
 ) -> WheelResult:
     """Reuse the cached wheel for this plan's key, or build, gate, stamp and cache it; publish into `out`."""
+    outcome = None
     with cache.lock(f"wheel-{the_plan.key}"):
         cached = _cached_wheel(cache, the_plan.key)
         if cached is None:
             with cache.lock(f"build-{mirror.name}"):
-                cached = _build_fresh(config, cache, mirror, report, series, the_plan, progress)
+                cached, outcome = _build_fresh(config, cache, mirror, report, series, the_plan, progress)
             reused = False
         else:
             reused = True
             progress.phase("cache", f"hit {the_plan.key[:12]}: reusing {cached.name}")
     published = publish(cached, out)
-    return WheelResult(published, reused, the_plan)
+    return WheelResult(published, reused, the_plan, outcome)
 
 
 def _cached_wheel(cache: Cache, key: str) -> Path | None:
@@ -154,19 +156,27 @@ def publish(wheel: Path, out: Path) -> Path:
     return dest
 
 
-def _build_fresh(config, cache, mirror, report, series, the_plan: WheelPlan, progress: Progress) -> Path:
+def _build_fresh(config, cache, mirror, report, series, the_plan: WheelPlan, progress: Progress):
+    """Build, gate and stamp into the artifact cache; returns the wheel there and the compiler cache's outcome."""
     build_dir = cache.builds / mirror.name.removesuffix(".git")
     src = build_dir / "src"
     progress.phase("materialize", f"tree {the_plan.tree[:12]} -> {src}")
     git.sync_worktree(mirror, the_plan.tree, src, build_dir / "index")
     log = cache.logs / f"wheel-{the_plan.key[:16]}.log"
     with temp_dir(cache.scratch, "wheel-") as scratch:
-        progress.phase(
-            "build",
-            f"python -m build, arches {the_plan.arches}, "
-            f"{the_plan.jobs.jobs} job(s) ({the_plan.jobs.reason}); log {log}",
-        )
-        built = _run_build(config, cache, src, scratch / "out", the_plan, log)
+        recorded = _Recorder(progress)
+        with compilecache.run(the_plan.tools.launcher, the_plan.remote, cache.root, src, scratch, os.environ,
+                              recorded) as launcher:
+            recorded.phase(
+                "build",
+                f"python -m build, arches {the_plan.arches}, {the_plan.jobs.jobs} job(s) ({the_plan.jobs.reason}), "
+                f"compiler cache {the_plan.tools.describe_launcher()}; log {log}",
+            )
+            built = _run_build(config, src, scratch / "out", the_plan, log, launcher, recorded)
+            outcome = launcher.outcome() if launcher else None
+        if outcome is not None:
+            recorded.phase("cache", outcome.line())
+            _append_log(log, recorded.lines[-1:])
         progress.phase("gate", f"checking CUDA code in {built.name}")
         gate_report = _gate(built, the_plan.arches, scratch / "unpacked")
         actual = buildinfo.wheel_version(built)
@@ -174,7 +184,25 @@ def _build_fresh(config, cache, mirror, report, series, the_plan: WheelPlan, pro
         info = make_info(config, report, series, the_plan, actual, gate_report)
         buildinfo.stamp(built, info, scratch)
         progress.phase("stamp", f"{buildinfo.FILENAME} in {built.name} (version {actual})")
-        return _store(cache, the_plan.key, built)
+        return _store(cache, the_plan.key, built), outcome
+
+
+class _Recorder(Progress):
+    """Progress that also keeps the lines it printed, for the build log."""
+
+    def __init__(self, progress: Progress):
+        super().__init__(progress.stream, progress.quiet)
+        self.start = progress.start
+        self.lines: list[str] = []
+
+    def phase(self, name: str, detail: str = "") -> None:
+        self.lines.append(f"{name}: {detail}")
+        super().phase(name, detail)
+
+
+def _append_log(log: Path, lines: list[str]) -> None:
+    with open(log, "a") as handle:
+        handle.writelines(f"carry: {line}\n" for line in lines)
 
 
 def _build_command(config: Config, src: Path, out: Path) -> list[str]:
@@ -186,14 +214,22 @@ def _build_command(config: Config, src: Path, out: Path) -> list[str]:
     return [*command, str(src)]
 
 
-def _run_build(config: Config, cache: Cache, src: Path, out: Path, the_plan: WheelPlan, log: Path) -> Path:
+def _run_build(config: Config, src: Path, out: Path, the_plan: WheelPlan, log: Path,
+               launcher: compilecache.CacheRun | None, recorded: _Recorder) -> Path:
+    """Run the upstream build with the plan's variables and the launcher's settings; the caller's own secrets
+    (carry's passwords) stay out of its environment."""
     command = _build_command(config, src, out)
-    env = {**os.environ, **the_plan.env, **_launcher_env(cache, config, src)}
+    launcher_env = launcher.env if launcher else {}
+    environ = compilecache.secret_free_env(os.environ)
+    if launcher and (launcher.remote or launcher.remote_note):
+        environ = {k: v for k, v in environ.items() if k not in compilecache.LAUNCHER_REMOTE_ENV}
+    env = {**environ, **the_plan.env, **launcher_env}
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as handle:
+        handle.writelines(f"carry: {line}\n".encode() for line in recorded.lines)
         handle.write(f"$ {' '.join(command)}\n".encode())
-        for name in sorted(the_plan.env):
-            handle.write(f"  {name}={the_plan.env[name]}\n".encode())
+        for name in sorted({**the_plan.env, **launcher_env}):
+            handle.write(f"  {name}={env[name]}\n".encode())
         handle.flush()
         status = subprocess.run(command, cwd=src, env=env, stdout=handle, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL).returncode
@@ -255,7 +291,7 @@ def make_info(config, report, series, the_plan: WheelPlan, actual_version: str, 
         "platform": str(Platform.native()),
         "cuda_arches": str(the_plan.arches),
         "gate": gate_report.to_json(),
-        "toolchain": {k: v for k, v in the_plan.tools.to_json().items() if k != "launcher"},
+        "toolchain": the_plan.tools.to_json(),
         "build_env_keys": sorted(the_plan.env),
         "cache_key": the_plan.key,
     }

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+REAL_CUDA = Path("/usr/local/cuda")
+
 
 def nvcc() -> str:
     found = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
@@ -23,3 +25,19 @@ def cuobjdump() -> str:
     if not found:
         pytest.skip("cuobjdump is not installed: pip install nvidia-cuda-cuobjdump")
     return str(found[0])
+
+
+def counting_cuda_home(directory: Path, calls: Path) -> Path:
+    """A CUDA_HOME whose nvcc logs every invocation and then runs the real one."""
+    home = directory / "cuda"
+    (home / "bin").mkdir(parents=True)
+    for entry in REAL_CUDA.resolve().iterdir():
+        if entry.name != "bin":
+            (home / entry.name).symlink_to(entry)
+    for tool in (REAL_CUDA / "bin").iterdir():
+        if tool.name != "nvcc":
+            (home / "bin" / tool.name).symlink_to(tool.resolve())
+    wrapper = home / "bin" / "nvcc"
+    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {REAL_CUDA.resolve()}/bin/nvcc "$@"\n')
+    wrapper.chmod(0o755)
+    return home

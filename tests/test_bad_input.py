@@ -149,6 +149,14 @@ def _cache_env(path: Callable[[Ctx], str]) -> Callable[[Ctx], None]:
     return setup
 
 
+def _path_with_only_git(ctx: Ctx) -> None:
+    """PATH holds git and nothing else (no ccache)."""
+    tools = ctx.root / "only-git"
+    tools.mkdir()
+    (tools / "git").symlink_to(shutil.which("git"))
+    ctx.env["PATH"] = str(tools)
+
+
 def _cache_under_file(ctx: Ctx) -> str:
     blocker = ctx.root / "not-a-dir"
     blocker.write_text("a regular file where the cache's parent should be\n")
@@ -251,8 +259,23 @@ CASES: list[Case] = [
          _config("  dir: patches\n", "  dir: 3\n")),
     Case("build_isolation_string", ("check",), ("build.build_isolation", "true or false"),
          _append("build:\n  build_isolation: 'yes'\n")),
-    Case("compiler_cache_unknown", ("check",), ("unknown compiler cache 'distcc'", "ccache"),
+    Case("compiler_cache_unknown", ("check",), ("unknown compiler cache 'distcc'", "auto", "ccache"),
          _append("build:\n  compiler_cache: distcc\n")),
+    Case("remote_cache_unknown_scheme", ("check",), ("build.remote_cache", "unknown scheme 'memcached'", "redis://"),
+         _append("build:\n  remote_cache: memcached://cache.example:11211\n")),
+    Case("remote_cache_with_password", ("check",), ("build.remote_cache", "must not hold credentials",
+                                                    "CARRY_REMOTE_CACHE_PASSWORD"),
+         _append("build:\n  remote_cache: redis://:hunter2@cache.example:6379/0\n")),
+    Case("remote_cache_bad_db", ("check",), ("build.remote_cache", "database must be a number"),
+         _append("build:\n  remote_cache: redis://cache.example:6379/zero\n")),
+    Case("remote_cache_s3_with_ccache", ("check",), ("ccache cannot use s3", "sccache"),
+         _append("build:\n  compiler_cache: ccache\n  remote_cache: s3://bucket/carry\n")),
+    Case("remote_cache_without_launcher", ("check",), ("needs a compiler cache", "compiler_cache"),
+         _append("build:\n  compiler_cache: none\n  remote_cache: redis://cache.example\n")),
+    Case("remote_cache_env_unknown_scheme", ("wheel", "--arch", "9.0"), ("$CARRY_REMOTE_CACHE_URL", "unknown scheme"),
+         lambda ctx: ctx.env.update(CARRY_REMOTE_CACHE_URL="gopher://cache.example")),
+    Case("compiler_cache_missing", ("wheel", "--arch", "9.0"), ("build.compiler_cache is ccache", "not on PATH"),
+         lambda ctx: (ctx.append_config("build:\n  compiler_cache: ccache\n"), _path_with_only_git(ctx))),
     Case("build_env_bad_name", ("check",), ("build.env", "invalid name"), _append("build:\n  env: {'1BAD': x}\n")),
     Case("build_env_nested_value", ("check",), ("build.env.A", "string or number"),
          _append("build:\n  env: {A: [1]}\n")),

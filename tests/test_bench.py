@@ -6,6 +6,7 @@ Nothing here is timed; the expensive parts (nvcc compiles, vLLM-size trees) are 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import cudahome  # noqa: E402
 import gitrepo  # noqa: E402
 import measure  # noqa: E402
+import redisd  # noqa: E402
 import run as bench  # noqa: E402
 import scale  # noqa: E402
 import trees  # noqa: E402
@@ -132,6 +134,31 @@ def test_measure_counts_child_cpu(tmp_path):
     assert done.code == 0
     assert done.cpu_s >= 0.25
     assert done.wall_s >= 0.25 and done.machine_busy_s >= done.cpu_s * 0.9
+
+
+def test_bench_redis_is_private_empty_and_demands_its_password(tmp_path):
+    import shutil
+
+    from carry import compilecache
+    from carry.config import RemoteCache
+
+    if shutil.which("redis-server") is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is not installed (.ci/services.sh installs it)", pytrace=False)
+        pytest.skip("redis-server is not installed: bash .ci/services.sh")
+    with redisd.started(tmp_path / "redis") as redis:
+        remote = RemoteCache.parse(redis.url, "bench")
+        assert (tmp_path / "redis" / "redis.conf").stat().st_mode & 0o777 == 0o600
+        assert compilecache.probe(remote, compilecache.Credentials(None, redis.password)).usable
+        assert "wants a password" in compilecache.probe(remote, compilecache.Credentials(None, None)).reason
+    gone = compilecache.probe(remote, compilecache.Credentials(None, redis.password), timeout=1)
+    assert gone.reason == "connection refused", "the bench stops its redis"
+
+
+def test_bench_parts_include_the_second_runner():
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--only", "nope"], capture_output=True,
+                          text=True)
+    assert done.returncode == 2 and "check, fetch, rebuild, runners" in done.stderr, done.stderr
 
 
 def test_table_says_pass_fail_and_reports():

@@ -11,28 +11,11 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT, assert_bad_input, carry
-from cuda_tools import cuobjdump
+from cuda_tools import counting_cuda_home, cuobjdump
 
 pytestmark = pytest.mark.slow
 
 ARCHES = "9.0,12.0,12.1"
-REAL_CUDA = Path("/usr/local/cuda")
-
-
-def counting_cuda_home(directory: Path, calls: Path) -> Path:
-    """A CUDA_HOME whose nvcc logs every invocation and then runs the real one."""
-    home = directory / "cuda"
-    (home / "bin").mkdir(parents=True)
-    for entry in REAL_CUDA.resolve().iterdir():
-        if entry.name != "bin":
-            (home / entry.name).symlink_to(entry)
-    for tool in (REAL_CUDA / "bin").iterdir():
-        if tool.name != "nvcc":
-            (home / "bin" / tool.name).symlink_to(tool.resolve())
-    wrapper = home / "bin" / "nvcc"
-    wrapper.write_text(f'#!/bin/sh\necho "$@" >> {calls}\nexec {REAL_CUDA.resolve()}/bin/nvcc "$@"\n')
-    wrapper.chmod(0o755)
-    return home
 
 
 @pytest.fixture(scope="module")
