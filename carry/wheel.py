@@ -81,6 +81,7 @@ def plan(
     key_material = {
         "carry": carry.__version__,
         "tree": report.tree,
+        "series": report.series_hash,  # the buildinfo names the patches: a reworded one is another artifact
         "arches": str(arches),
         "build_env": config.build.env,
         "wheel_version": wheel_version,
