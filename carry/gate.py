@@ -4,6 +4,7 @@ A GPU of compute capability X.Y runs a cubin built for X.Y itself (any variant),
 cubin for X.Z with Z < Y ('a' cubins run on their own chip only), or, JIT-compiled at load time,
 PTX it can compile: plain PTX for any capability up to X.Y, 'f' PTX for X.Z with Z <= Y, 'a' PTX
 for X.Y only. JIT passes the gate only for list entries that ask for PTX (``+PTX``, ``compute_``).
+An empty list (``none``) expects no CUDA code: the gate then fails any shared object that holds some.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from carry.errors import BadInput, Failed
 from carry.fatbin import FatbinEntry, Kind
 
 NO_CUDA_CODE = "no CUDA code in the wheel"
+UNEXPECTED_CUDA = "CUDA code in a wheel that expects none"
 
 
 class How(Enum):
@@ -44,6 +46,14 @@ class Coverage:
 
     def acceptable_for(self, target: CudaTarget) -> bool:
         return self.how.native or (self.how is How.JIT and target.ptx)
+
+    def describe(self, target: CudaTarget) -> str:
+        """One line of the gate's outcome for a target: ``12.1: exact via sm_121 [ok]``."""
+        verdict = "ok" if self.acceptable_for(target) else "FAIL"
+        if self.how is How.NONE:
+            return f"{target}: nothing runs on it [{verdict}]"
+        how = "JIT only" if self.how is How.JIT else self.how.value
+        return f"{target}: {how} via {self.via} [{verdict}]"
 
 
 def coverage(entries: Iterable[FatbinEntry], gpu: ComputeCapability) -> Coverage:
@@ -135,9 +145,24 @@ class GateReport:
 
     @property
     def failures(self) -> list[GateFailure]:
-        if self.archlist and not any(report.has_cuda for report in self.files):
+        if not self.archlist.expects_cuda:
+            return [GateFailure(report.path, None, _unexpected_message(report)) for report in self.files
+                    if report.has_cuda]
+        if not any(report.has_cuda for report in self.files):
             return [GateFailure(None, None, f"{NO_CUDA_CODE}: {self._no_cuda_detail()}")]
         return [failure for report in self.files for failure in report.failures()]
+
+    def lines(self) -> list[str]:
+        """What the gate proved, per shared object and target (printed by `wheel` and `verify`)."""
+        if not self.archlist.expects_cuda and self.ok:
+            where = f"{len(self.files)} shared object(s)" if self.files else "the wheel (no shared objects)"
+            return [f"no CUDA code expected (cuda_arches none), none found in {where}"]
+        rows = []
+        for report in self.files:
+            held = ", ".join(sorted({str(e) for e in report.entries})) or "no CUDA code"
+            rows.append(f"{report.path}: {held}")
+            rows.extend(f"  {found.describe(target)}" for target, found in report.coverage)
+        return rows
 
     @property
     def ok(self) -> bool:
@@ -169,6 +194,14 @@ class GateReport:
         if not self.files:
             return f"no shared objects found, but cuda_arches is {self.archlist}"
         return f"none of {len(self.files)} shared objects has a {fatbin.SECTION} section"
+
+
+def _unexpected_message(report: FileReport) -> str:
+    held = ", ".join(sorted({str(entry) for entry in report.entries}))
+    return (
+        f"{UNEXPECTED_CUDA}: {report.path} holds {held} but cuda_arches is none; set build.cuda_arches "
+        f"(or --arch) to the GPUs it must run on, or build without CUDA (e.g. VLLM_TARGET_DEVICE=empty)"
+    )
 
 
 def _failure_message(report: FileReport, target: CudaTarget, found: Coverage) -> str:

@@ -27,6 +27,7 @@ from carry.progress import Progress
 from carry.series import Series
 
 LOG_TAIL_LINES = 40
+ARCH_VARIABLES = ("TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,7 @@ class WheelPlan:
     wheel_version: str
     arches: ArchList
     env: dict[str, str]
+    unset: tuple[str, ...]  # inherited variables the build must not see
     jobs: toolchain.JobPlan
     tools: toolchain.Toolchain
     key: str
@@ -74,17 +76,23 @@ def plan(
     }
     key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()
     env = _build_env(config, arches, wheel_version, job_plan.max_jobs, tools)
-    return WheelPlan(report.tree, version, wheel_version, arches, env, job_plan, tools, key)
+    unset = () if arches.expects_cuda else ARCH_VARIABLES
+    return WheelPlan(report.tree, version, wheel_version, arches, env, unset, job_plan, tools, key)
 
 
 def _build_env(config: Config, arches: ArchList, wheel_version: str, jobs: int, tools: toolchain.Toolchain) -> dict:
-    """The variables carry sets for the upstream build (on top of the caller's environment)."""
+    """The variables carry sets for the upstream build (on top of the caller's environment).
+
+    With no CUDA arches the arch variables are left out (and `unset` drops inherited ones): PyTorch and CMake
+    both reject an empty list, and a Python-only build (vLLM's VLLM_TARGET_DEVICE=empty) reads neither.
+    """
     env = dict(config.build.env)
-    env.update(
-        TORCH_CUDA_ARCH_LIST=arches.torch_cuda_arch_list(),
-        CMAKE_CUDA_ARCHITECTURES=arches.cmake_cuda_architectures(),
-        MAX_JOBS=str(jobs),
-    )
+    if arches.expects_cuda:
+        env.update(
+            TORCH_CUDA_ARCH_LIST=arches.torch_cuda_arch_list(),
+            CMAKE_CUDA_ARCHITECTURES=arches.cmake_cuda_architectures(),
+        )
+    env["MAX_JOBS"] = str(jobs)
     for name in config.build.version_env:
         env[name] = wheel_version
     if tools.launcher:
@@ -168,6 +176,8 @@ def _build_fresh(config, cache, mirror, report, series, the_plan: WheelPlan, pro
         built = _run_build(config, cache, src, scratch / "out", the_plan, log)
         progress.phase("gate", f"checking CUDA code in {built.name}")
         gate_report = _gate(built, the_plan.arches, scratch / "unpacked")
+        for line in gate_report.lines():
+            progress.phase("gate", line)
         actual = buildinfo.wheel_version(built)
         _check_version(actual, the_plan)
         info = make_info(config, report, series, the_plan, actual, gate_report)
@@ -187,12 +197,15 @@ def _build_command(config: Config, src: Path, out: Path) -> list[str]:
 
 def _run_build(config: Config, cache: Cache, src: Path, out: Path, the_plan: WheelPlan, log: Path) -> Path:
     command = _build_command(config, src, out)
-    env = {**os.environ, **the_plan.env, **_launcher_env(cache, config, src)}
+    inherited = {name: value for name, value in os.environ.items() if name not in the_plan.unset}
+    env = {**inherited, **the_plan.env, **_launcher_env(cache, config, src)}
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as handle:
         handle.write(f"$ {' '.join(command)}\n".encode())
         for name in sorted(the_plan.env):
             handle.write(f"  {name}={the_plan.env[name]}\n".encode())
+        for name in the_plan.unset:
+            handle.write(f"  unset {name}\n".encode())
         handle.flush()
         status = subprocess.run(command, cwd=src, env=env, stdout=handle, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL).returncode
