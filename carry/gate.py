@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Iterable
 
 from carry import fatbin
@@ -244,7 +244,12 @@ def _shared_objects(paths: Iterable[str | Path]) -> list[Path]:
     return found
 
 
+def may_be_shared_object(name: str) -> bool:
+    """Whether a file name looks like a shared object the gate checks (`x.so`, `x.cpython-311.so`, `x.so.1`)."""
+    return ".so" in PurePosixPath(name).suffixes
+
+
 def _so_files_under(directory: Path) -> Iterable[Path]:
     for path in directory.rglob("*.so*"):
-        if path.is_file() and not path.is_symlink() and ".so" in path.suffixes:
+        if path.is_file() and not path.is_symlink() and may_be_shared_object(path.name):
             yield path
