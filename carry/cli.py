@@ -98,7 +98,8 @@ def check(obj: Context, against: str | None, as_json: bool) -> None:
 
 
 @cli.command("wheel")
-@click.option("--arch", metavar="LIST", help="CUDA arches, e.g. 9.0,12.0,12.1 (default: build.cuda_arches).")
+@click.option("--arch", metavar="LIST", help="CUDA arches, e.g. 9.0,12.0,12.1, or none for a Python-only wheel "
+              "(default: build.cuda_arches).")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), default="dist", show_default=True,
               help="Directory the wheel is published into (atomically).")
 @click.option("--jobs", type=click.IntRange(min=1), help="Compile jobs (default: from build.env MAX_JOBS, "
@@ -134,7 +135,7 @@ def verify(obj: Context, artifact: str, arch: str | None) -> None:
 @click.option("--tag", "tags", metavar="T", multiple=True, help="An extra tag; repeatable.")
 @click.option("--platform", "platforms", metavar="P", multiple=True,
               help="Target platform, e.g. linux/arm64; repeatable (default: image.platforms; needs buildx).")
-@click.option("--arch", metavar="LIST", help="CUDA arches (default: build.cuda_arches).")
+@click.option("--arch", metavar="LIST", help="CUDA arches, or none (default: build.cuda_arches).")
 @click.option("--hermetic", is_flag=True, help="Build with --network=none, requirements from a wheelhouse.")
 @click.option("--wheelhouse", type=click.Path(path_type=Path, file_okay=False, exists=True),
               help="Wheels for --hermetic (default: downloaded once into the cache).")
