@@ -9,7 +9,6 @@ import io
 import json
 import os
 import re
-import shutil
 import tempfile
 import zipfile
 from pathlib import Path

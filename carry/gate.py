@@ -113,6 +113,11 @@ class FileReport:
     def has_cuda(self) -> bool:
         return bool(self.entries)
 
+    @property
+    def held(self) -> str:
+        """What the fatbin holds, e.g. ``compute_90, sm_120, sm_121``."""
+        return ", ".join(sorted({str(entry) for entry in self.entries})) or "no CUDA code"
+
     def failures(self) -> list[GateFailure]:
         return [
             GateFailure(self.path, target, _failure_message(self, target, found))
@@ -159,8 +164,7 @@ class GateReport:
             return [f"no CUDA code expected (cuda_arches none), none found in {where}"]
         rows = []
         for report in self.files:
-            held = ", ".join(sorted({str(e) for e in report.entries})) or "no CUDA code"
-            rows.append(f"{report.path}: {held}")
+            rows.append(f"{report.path}: {report.held}")
             rows.extend(f"  {found.describe(target)}" for target, found in report.coverage)
         return rows
 
@@ -197,9 +201,8 @@ class GateReport:
 
 
 def _unexpected_message(report: FileReport) -> str:
-    held = ", ".join(sorted({str(entry) for entry in report.entries}))
     return (
-        f"{UNEXPECTED_CUDA}: {report.path} holds {held} but cuda_arches is none; set build.cuda_arches "
+        f"{UNEXPECTED_CUDA}: {report.path} holds {report.held} but cuda_arches is none; set build.cuda_arches "
         f"(or --arch) to the GPUs it must run on, or build without CUDA (e.g. VLLM_TARGET_DEVICE=empty)"
     )
 
@@ -212,8 +215,7 @@ def _failure_message(report: FileReport, target: CudaTarget, found: Coverage) ->
             f"only {found.via} by JIT at load; "
             f"build sm_{gpu.number} or ask for '{gpu}+PTX' to accept JIT"
         )
-    held = ", ".join(sorted({str(entry) for entry in report.entries})) or "nothing"
-    return f"{report.path}: nothing runs on {gpu} (sm_{gpu.number}); the fatbin holds {held}"
+    return f"{report.path}: nothing runs on {gpu} (sm_{gpu.number}); the fatbin holds {report.held}"
 
 
 def check_files(paths: Iterable[str | Path], archlist: ArchList, root: Path | None = None) -> GateReport:

@@ -189,6 +189,7 @@ def _run_build(config: Config, cache: Cache, src: Path, out: Path, the_plan: Whe
     env = {**inherited, **the_plan.env, **_launcher_env(cache, config, src)}
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as handle:
+        handle.write(b"environment carry sets for the build:\n")
         for name in sorted(the_plan.env):
             handle.write(f"  {name}={the_plan.env[name]}\n".encode())
         for name in the_plan.unset:

@@ -1,4 +1,5 @@
-"""A Python-only wheel (`cuda_arches: []`) of a real upstream that builds like vLLM's python-only mode."""
+"""A Python-only wheel (`cuda_arches: []`) of a real upstream that builds like vLLM's python-only mode, and the
+two ways carry runs its PEP 517 build (the backend hook directly, or `python -m build` with isolation)."""
 
 from __future__ import annotations
 
@@ -129,3 +130,26 @@ def test_cuda_code_in_a_wheel_that_expects_none_fails_the_gate(project):
     assert "arch gate: CUDA code in a wheel that expects none: minivllm/_C" in built.err
     assert "holds sm_90" in built.err and "set build.cuda_arches" in built.err
     assert not dist.exists() or not list(dist.iterdir())
+
+
+def test_isolated_build_goes_through_python_m_build(project):
+    config, env, dist = project
+    config.write_text(config.read_text().replace("build_isolation: false", "build_isolation: true"))
+    built = carry("--config", str(config), "wheel", "--out", str(dist), env=env)
+    assert built.code == 0, built.err
+    assert Path(built.out.strip()).name == "minivllm-0.1.0+carry.20261101.2-py3-none-any.whl"
+    log = next((Path(env["CARRY_CACHE"]) / "logs").glob("wheel-*.log")).read_text()
+    assert " -m build --wheel --outdir " in log and "Successfully built" in log
+
+
+def test_a_backend_that_cannot_be_imported_fails_with_the_log_tail(project, tmp_path):
+    config, env, dist = project
+    upstream = Upstream(tmp_path / "upstream")
+    pyproject = FILES["pyproject.toml"].replace("setuptools.build_meta", "nosuch_backend")
+    pin = upstream.commit("Use another backend", {"pyproject.toml": pyproject})
+    config.write_text(config.read_text().replace(config.read_text().split("commit: ")[1].split()[0], pin))
+    built = carry("--config", str(config), "wheel", "--out", str(dist), env=env)
+    assert built.code == 1, built.err
+    assert "the upstream build failed (exit 1)" in built.err
+    assert "the build backend could not run" in built.err and "nosuch_backend" in built.err
+    assert not dist.exists()
