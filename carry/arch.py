@@ -2,6 +2,7 @@
 
 Accepted tokens (separated by commas, semicolons or spaces): ``9.0``, ``12.0f``, ``12.1a``,
 ``9.0+PTX`` (cubin and PTX), ``sm_121``, ``sm_121a`` (cubin) and ``compute_90`` (PTX only).
+``none`` on its own (or an empty list) is the empty list: a wheel with no CUDA code at all.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Iterable, Iterator
 
 from carry.errors import BadInput
 
-ALLOWED_FORMS = "X.Y, X.Ya, X.Yf, X.Y+PTX, sm_XY[a|f], compute_XY[a|f]"
+ALLOWED_FORMS = "X.Y, X.Ya, X.Yf, X.Y+PTX, sm_XY[a|f], compute_XY[a|f], or none alone"
+NO_CUDA = "none"
 
 _DOTTED = re.compile(r"(?P<major>\d+)\.(?P<minor>\d)(?P<variant>[af]?)(?P<ptx>\+ptx)?")
 _NVCC = re.compile(r"(?P<prefix>sm|compute)_(?P<major>\d+)(?P<minor>\d)(?P<variant>[af]?)")
@@ -154,12 +156,22 @@ class ArchList:
 
     @classmethod
     def parse(cls, value: str | Iterable[str | float]) -> ArchList:
+        tokens = list(_tokens(value))
+        if any(token.lower() == NO_CUDA for token in tokens):
+            if len(tokens) > 1:
+                raise _bad_token(NO_CUDA, "means no CUDA code and cannot be combined with arches")
+            return cls()
         merged: dict[tuple[ComputeCapability, Variant], CudaTarget] = {}
-        for token in _tokens(value):
+        for token in tokens:
             target = CudaTarget.parse(token)
             known = merged.get(target.key)
             merged[target.key] = known.merged(target) if known else target
         return cls(tuple(merged.values()))
+
+    @property
+    def expects_cuda(self) -> bool:
+        """False for the empty list: the wheel must hold no CUDA code (a Python-only build)."""
+        return bool(self.targets)
 
     def __iter__(self) -> Iterator[CudaTarget]:
         return iter(self.targets)
@@ -168,7 +180,8 @@ class ArchList:
         return len(self.targets)
 
     def __str__(self) -> str:
-        return ",".join(str(target) for target in self.targets)
+        """The list as carry writes it (buildinfo, labels, --arch): ``9.0,12.1+PTX``, or ``none``."""
+        return ",".join(str(target) for target in self.targets) or NO_CUDA
 
     def torch_cuda_arch_list(self) -> str:
         """``TORCH_CUDA_ARCH_LIST`` for PyTorch extensions and vLLM, e.g. ``9.0 12.0 12.1+PTX``."""

@@ -9,10 +9,10 @@ import io
 import json
 import os
 import re
-import shutil
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 from wheel.wheelfile import WheelError, WheelFile
 
@@ -23,28 +23,26 @@ FORMAT = 1
 
 
 def stamp(wheel_path: Path, info: dict, scratch: Path) -> None:
-    """Add the buildinfo to the wheel's .dist-info and list it in RECORD.
+    """Add the buildinfo to the wheel's .dist-info and list it in RECORD, changing the wheel in place.
 
-    When RECORD is the archive's last member, as wheel builders write it, only RECORD is replaced and every
-    other member keeps its compressed bytes (a large .so is not inflated and deflated again); otherwise the
-    wheel is unpacked and repacked by WheelFile, which regenerates RECORD.
+    Callers stamp a wheel they own (a fresh build in their scratch dir), so nothing is copied first. When
+    RECORD is the archive's last member, as wheel builders write it, only RECORD is replaced and every other
+    member keeps its compressed bytes (a large .so is not inflated and deflated again); otherwise the wheel is
+    unpacked and repacked by WheelFile, which regenerates RECORD, and renamed over the original.
     """
-    scratch.mkdir(parents=True, exist_ok=True)
     data = (json.dumps(info, indent=2, sort_keys=True) + "\n").encode()
+    if _replace_last_record(wheel_path, data):
+        return
+    scratch.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=scratch, prefix="stamp-") as tmp:
-        repacked = Path(tmp) / wheel_path.name
-        shutil.copyfile(wheel_path, repacked)
-        if _replace_last_record(repacked, data):
-            os.replace(repacked, wheel_path)
-            return
         unpacked = Path(tmp) / "unpacked"
         with WheelFile(wheel_path) as wheel:
             wheel.extractall(unpacked)
             dist_info = wheel.dist_info_path
-        _restore_modes(wheel_path, unpacked)
+            _restore_modes(wheel.infolist(), unpacked)
         (unpacked / dist_info / "RECORD").unlink()
         (unpacked / dist_info / FILENAME).write_bytes(data)
-        repacked.unlink()
+        repacked = Path(tmp) / wheel_path.name
         with WheelFile(repacked, "w") as out:
             out.write_files(str(unpacked))
         os.replace(repacked, wheel_path)
@@ -83,13 +81,12 @@ def _replace_last_record(wheel_path: Path, data: bytes) -> bool:
     return True
 
 
-def _restore_modes(wheel_path: Path, unpacked: Path) -> None:
+def _restore_modes(members: list[zipfile.ZipInfo], unpacked: Path) -> None:
     """zipfile drops permission bits on extract; put them back so .so files stay executable."""
-    with WheelFile(wheel_path) as wheel:
-        for member in wheel.infolist():
-            mode = (member.external_attr >> 16) & 0o777
-            if mode and not member.is_dir():
-                os.chmod(unpacked / member.filename, mode)
+    for member in members:
+        mode = (member.external_attr >> 16) & 0o777
+        if mode and not member.is_dir():
+            os.chmod(unpacked / member.filename, mode)
 
 
 def read(wheel_path: Path) -> dict | None:
@@ -106,10 +103,13 @@ def read(wheel_path: Path) -> dict | None:
         raise Failed(f"{wheel_path}: not a valid wheel ({exc}); rebuild it") from None
 
 
-def extract(wheel_path: Path, dest: Path) -> None:
+def extract(wheel_path: Path, dest: Path, only: Callable[[str], bool] | None = None) -> None:
+    """Unpack the wheel (with `only`, the members whose name it accepts), keeping permission bits."""
+    dest.mkdir(parents=True, exist_ok=True)
     with WheelFile(wheel_path) as wheel:
-        wheel.extractall(dest)
-    _restore_modes(wheel_path, dest)
+        members = [m for m in wheel.infolist() if only is None or only(m.filename)]
+        wheel.extractall(dest, members)
+    _restore_modes(members, dest)
 
 
 def wheel_version(wheel_path: Path) -> str:

@@ -104,8 +104,8 @@ def parse_platform(text: str | None, flag: str = "--platform"):
 
 
 @cli.command("wheel")
-@click.option("--arch", metavar="LIST", help="CUDA arches, e.g. 9.0,12.0,12.1 (default: build.cuda_arches, or "
-              "the platform's own from image.platforms).")
+@click.option("--arch", metavar="LIST", help="CUDA arches, e.g. 9.0,12.0,12.1, or none for a Python-only wheel "
+              "(default: build.cuda_arches, or the platform's own from image.platforms).")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), default="dist", show_default=True,
               help="Directory the wheel is published into (atomically).")
 @click.option("--jobs", type=click.IntRange(min=1), help="Compile jobs (default: from build.env MAX_JOBS, "
@@ -175,7 +175,8 @@ def verify(obj: Context, artifact: str, arch: str | None, platform: str | None) 
 @click.option("--platform", "platforms", metavar="P", multiple=True,
               help="Target platform, e.g. linux/arm64; repeatable, one build each (default: image.platforms); a "
                    "foreign CPU needs QEMU's binfmt_misc handler.")
-@click.option("--arch", metavar="LIST", help="CUDA arches (default: build.cuda_arches).")
+@click.option("--arch", metavar="LIST", help="CUDA arches, or none (default: build.cuda_arches, or each "
+              "platform's own).")
 @click.option("--hermetic", is_flag=True, help="Build with --network=none, requirements from a wheelhouse.")
 @click.option("--wheelhouse", type=click.Path(path_type=Path, file_okay=False, exists=True),
               help="Wheels for --hermetic (default: downloaded once into the cache).")

@@ -106,13 +106,17 @@ class Session:
         return str(version.read(self.config.version_file))
 
     def arches(self, arch: str | None) -> ArchList:
-        """--arch, else build.cuda_arches; building needs at least one."""
-        arches = ArchList.parse(arch) if arch is not None else self.config.build.cuda_arches
-        if not len(arches):
+        """--arch, else build.cuda_arches; the empty list (`none`, `[]`) builds a wheel with no CUDA code."""
+        if arch is not None and not arch.strip():
+            raise BadInput("--arch is empty; pass arches, e.g. --arch 9.0,12.1, or --arch none for a Python-only wheel")
+        if arch is not None:
+            return ArchList.parse(arch)
+        if self.config.build.cuda_arches is None:
             raise BadInput(
-                f"{self.config.path}: no CUDA arches; set build.cuda_arches or pass --arch, e.g. --arch 9.0,12.1"
+                f"{self.config.path}: build.cuda_arches is not set; set it (e.g. '9.0,12.1', or [] for a "
+                f"Python-only wheel) or pass --arch"
             )
-        return arches
+        return self.config.build.cuda_arches
 
     def expected(self) -> verify.Expected:
         """What an artifact built from this repo now must say about itself."""

@@ -150,7 +150,7 @@ class TestCommand:
 
 @dataclasses.dataclass(frozen=True)
 class Build:
-    cuda_arches: ArchList
+    cuda_arches: ArchList | None  # None: not set; an empty list: no CUDA code expected
     env: dict[str, str]
     wheel_version: str
     version_env: tuple[str, ...]
@@ -402,9 +402,9 @@ def _upstream(section: _Section, path: Path) -> Upstream:
 
 
 def _build(section: _Section) -> Build:
-    arches = section.data.get("cuda_arches", "")
-    if not isinstance(arches, (str, list)):
-        raise section.fail("cuda_arches", "a string like '9.0,12.1' or a list of arches")
+    arches = section.data.get("cuda_arches")
+    if arches is not None and not isinstance(arches, (str, list)):
+        raise section.fail("cuda_arches", "a string like '9.0,12.1', a list of arches, or [] for no CUDA code")
     version_env = _env_names(section, "version_env")
     wheel_version = section.string("wheel_version", "0+carry.{version}")
     if "{version}" not in wheel_version:
@@ -417,7 +417,7 @@ def _build(section: _Section) -> Build:
         remote_cache = RemoteCache.parse(section.string("remote_cache"), where)
         remote_cache.check_launcher(compiler_cache, where)
     return Build(
-        cuda_arches=ArchList.parse(arches) if arches else ArchList.parse([]),
+        cuda_arches=ArchList.parse(arches) if arches is not None else None,
         env=section.env("env"),
         wheel_version=wheel_version,
         version_env=version_env,

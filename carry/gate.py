@@ -4,13 +4,14 @@ A GPU of compute capability X.Y runs a cubin built for X.Y itself (any variant),
 cubin for X.Z with Z < Y ('a' cubins run on their own chip only), or, JIT-compiled at load time,
 PTX it can compile: plain PTX for any capability up to X.Y, 'f' PTX for X.Z with Z <= Y, 'a' PTX
 for X.Y only. JIT passes the gate only for list entries that ask for PTX (``+PTX``, ``compute_``).
+An empty list (``none``) expects no CUDA code: the gate then fails any shared object that holds some.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Iterable
 
 from carry import fatbin
@@ -19,6 +20,7 @@ from carry.errors import BadInput, Failed
 from carry.fatbin import FatbinEntry, Kind
 
 NO_CUDA_CODE = "no CUDA code in the wheel"
+UNEXPECTED_CUDA = "CUDA code in a wheel that expects none"
 
 
 class How(Enum):
@@ -44,6 +46,14 @@ class Coverage:
 
     def acceptable_for(self, target: CudaTarget) -> bool:
         return self.how.native or (self.how is How.JIT and target.ptx)
+
+    def describe(self, target: CudaTarget) -> str:
+        """One line of the gate's outcome for a target: ``12.1: exact via sm_121 [ok]``."""
+        verdict = "ok" if self.acceptable_for(target) else "FAIL"
+        if self.how is How.NONE:
+            return f"{target}: nothing runs on it [{verdict}]"
+        how = "JIT only" if self.how is How.JIT else self.how.value
+        return f"{target}: {how} via {self.via} [{verdict}]"
 
 
 def coverage(entries: Iterable[FatbinEntry], gpu: ComputeCapability) -> Coverage:
@@ -103,6 +113,11 @@ class FileReport:
     def has_cuda(self) -> bool:
         return bool(self.entries)
 
+    @property
+    def held(self) -> str:
+        """What the fatbin holds, e.g. ``compute_90, sm_120, sm_121``."""
+        return ", ".join(sorted({str(entry) for entry in self.entries})) or "no CUDA code"
+
     def failures(self) -> list[GateFailure]:
         return [
             GateFailure(self.path, target, _failure_message(self, target, found))
@@ -135,9 +150,23 @@ class GateReport:
 
     @property
     def failures(self) -> list[GateFailure]:
-        if self.archlist and not any(report.has_cuda for report in self.files):
+        if not self.archlist.expects_cuda:
+            return [GateFailure(report.path, None, _unexpected_message(report)) for report in self.files
+                    if report.has_cuda]
+        if not any(report.has_cuda for report in self.files):
             return [GateFailure(None, None, f"{NO_CUDA_CODE}: {self._no_cuda_detail()}")]
         return [failure for report in self.files for failure in report.failures()]
+
+    def lines(self) -> list[str]:
+        """What the gate proved, per shared object and target (printed by `wheel` and `verify`)."""
+        if not self.archlist.expects_cuda and self.ok:
+            where = f"{len(self.files)} shared object(s)" if self.files else "the wheel (no shared objects)"
+            return [f"no CUDA code expected (cuda_arches none), none found in {where}"]
+        rows = []
+        for report in self.files:
+            rows.append(f"{report.path}: {report.held}")
+            rows.extend(f"  {found.describe(target)}" for target, found in report.coverage)
+        return rows
 
     @property
     def ok(self) -> bool:
@@ -171,6 +200,13 @@ class GateReport:
         return f"none of {len(self.files)} shared objects has a {fatbin.SECTION} section"
 
 
+def _unexpected_message(report: FileReport) -> str:
+    return (
+        f"{UNEXPECTED_CUDA}: {report.path} holds {report.held} but cuda_arches is none; set build.cuda_arches "
+        f"(or --arch) to the GPUs it must run on, or build without CUDA (e.g. VLLM_TARGET_DEVICE=empty)"
+    )
+
+
 def _failure_message(report: FileReport, target: CudaTarget, found: Coverage) -> str:
     gpu = target.capability
     if found.how is How.JIT:
@@ -179,8 +215,7 @@ def _failure_message(report: FileReport, target: CudaTarget, found: Coverage) ->
             f"only {found.via} by JIT at load; "
             f"build sm_{gpu.number} or ask for '{gpu}+PTX' to accept JIT"
         )
-    held = ", ".join(sorted({str(entry) for entry in report.entries})) or "nothing"
-    return f"{report.path}: nothing runs on {gpu} (sm_{gpu.number}); the fatbin holds {held}"
+    return f"{report.path}: nothing runs on {gpu} (sm_{gpu.number}); the fatbin holds {report.held}"
 
 
 def check_files(paths: Iterable[str | Path], archlist: ArchList, root: Path | None = None) -> GateReport:
@@ -211,7 +246,12 @@ def _shared_objects(paths: Iterable[str | Path]) -> list[Path]:
     return found
 
 
+def may_be_shared_object(name: str) -> bool:
+    """Whether a file name looks like a shared object the gate checks (`x.so`, `x.cpython-311.so`, `x.so.1`)."""
+    return ".so" in PurePosixPath(name).suffixes
+
+
 def _so_files_under(directory: Path) -> Iterable[Path]:
     for path in directory.rglob("*.so*"):
-        if path.is_file() and not path.is_symlink() and ".so" in path.suffixes:
+        if path.is_file() and not path.is_symlink() and may_be_shared_object(path.name):
             yield path

@@ -173,7 +173,7 @@ def find(
         parts.append(f"edited upstream: {line.strip()!r} -> {text!r} ({ratio:.0%} alike)")
     if removed:
         parts.append(f"{len(removed)} removed line(s) gone")
-    return Found(True, "; ".join(parts), _difference(hunk, region, edited, where, lexer))
+    return Found(True, "; ".join(parts), _difference(hunk, region, where, lexer))
 
 
 def _closest(line: str, region: list[str], old_keys: set, lexer: Lexer) -> tuple[float, str]:
@@ -206,19 +206,32 @@ def _absent(where, line_no, added, exact, missing, still, mean) -> str:
     return "; ".join(parts)
 
 
-def _difference(hunk: Hunk, region: list[str], edited: dict, where: str, lexer: Lexer) -> str:
-    """A unified diff from the hunk's post-image to the lines of REF it lines up with."""
-    wanted = {lexer.key(line) for line in hunk.new_lines if has_words(line)}
-    wanted |= {lexer.key(text) for _, text in edited.values()}
-    matched = [i for i, line in enumerate(region) if has_words(line) and lexer.key(line) in wanted]
-    if not matched:
-        return ""
-    theirs = region[matched[0]: matched[-1] + 1]
+def _difference(hunk: Hunk, region: list[str], where: str, lexer: Lexer) -> str:
+    """A unified diff from the hunk's post-image to the lines of REF it lines up with.
+
+    The two are aligned line by line (code as tokens, other lines as text), and REF's side runs only from the
+    first to the last aligned line with words, so code upstream has around the hunk is not shown as added.
+    """
     words = [i for i, line in enumerate(hunk.new_lines) if has_words(line)]
+    if not words:
+        return ""
     ours = list(hunk.new_lines[words[0]: words[-1] + 1])
+    matcher = difflib.SequenceMatcher(
+        None, [_align_key(line, lexer) for line in ours], [_align_key(line, lexer) for line in region], autojunk=False
+    )
+    aligned = [b.b + k for b in matcher.get_matching_blocks() for k in range(b.size) if has_words(region[b.b + k])]
+    if not aligned:
+        return ""
+    theirs = region[aligned[0]: aligned[-1] + 1]
     if ours == theirs:
         return ""
     return "\n".join(difflib.unified_diff(ours, theirs, "patch post-image", where, lineterm=""))
+
+
+def _align_key(line: str, lexer: Lexer) -> tuple:
+    """What two lines must share to be aligned: their code tokens, else (comments, blanks) their text."""
+    key = lexer.key(line) if has_words(line) else ()
+    return ("code", *key) if key else ("text", line.strip())
 
 
 def renamed(diff: FileDiff, target: str | None) -> Found:

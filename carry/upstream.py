@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import os
 import shutil
 from pathlib import Path
@@ -43,11 +44,19 @@ class PrHead:
         )
 
 
+class Source(enum.Enum):
+    """Where the pinned commit came from in one `fetch`."""
+
+    UPSTREAM = "upstream"  # fetched now
+    MIRROR = "mirror"  # already in the cache mirror; upstream not asked for it
+    BUNDLE = "bundle"  # restored from the cached bundle, upstream could not give it
+
+
 @dataclasses.dataclass(frozen=True)
 class FetchReport:
     base: str
     mirror: Path
-    source: str
+    source: Source
     notes: tuple[str, ...] = ()
     pr_head: PrHead | None = None
 
@@ -82,18 +91,31 @@ def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
 
 def _fetch(config: Config, cache: Cache, mirror: Path, with_pr: bool) -> FetchReport:
     pin = config.upstream.commit
+    pr_wanted = with_pr and config.upstream.pr is not None
+    pr_head, notes = None, []
     with cache.lock(mirror.name):
         git.clear_stale_locks(mirror)
-        error = _fetch_pin(config, mirror)
+        source, error = _fetch_pin(config, mirror)
         if error is None:
             write_bundle(mirror, cache, pin)
-            source, notes = "upstream", ()
+            if pr_wanted:
+                try:
+                    pr_head = _fetch_pr_head(config, mirror)
+                except git.GitError as exc:
+                    notes.append(_pr_unchecked(config, source, exc))
         else:
-            source, notes = "bundle", (_restore_from_bundle(config, cache, mirror, error),)
-        pr_head = None
-        if with_pr and config.upstream.pr is not None and source == "upstream":
-            pr_head = _fetch_pr_head(config, mirror)
-    return FetchReport(base=pin, mirror=mirror, source=source, notes=notes, pr_head=pr_head)
+            note = _restore_from_bundle(config, cache, mirror, error)
+            notes.append(f"{note}; the PR head was not checked" if pr_wanted else note)
+    return FetchReport(base=pin, mirror=mirror, source=source, notes=tuple(notes), pr_head=pr_head)
+
+
+def _pr_unchecked(config: Config, source: Source, error: git.GitError) -> str:
+    """One line for a PR head that could not be fetched; the pin is fine either way."""
+    url, ref = public_url(config.upstream.url), config.upstream.pr_ref
+    if source is Source.MIRROR:
+        return (f"upstream {url} could not be reached ({_reason(error)}); the pin "
+                f"{config.upstream.commit[:12]} comes from the cache mirror and the PR head ({ref}) was not checked")
+    return f"upstream {url} did not give {ref} ({_reason(error)}); the PR head was not checked"
 
 
 def ensure_base(config: Config, cache: Cache) -> tuple[Path, tuple[str, ...]]:
@@ -147,18 +169,20 @@ def update_pin(config: Config, new_commit: str) -> None:
     raise BadInput(f"{config.path}: upstream.commit not found; add it")
 
 
-def _fetch_pin(config: Config, mirror: Path) -> git.GitError | None:
-    """Fetch the pinned commit shallowly; return the error when upstream can't give it."""
+def _fetch_pin(config: Config, mirror: Path) -> tuple[Source, git.GitError | None]:
+    """Fetch the pinned commit shallowly unless the mirror has it; the error when upstream can't give it."""
     pin = config.upstream.commit
+    source = Source.MIRROR
     try:
         if not git.has_commit(mirror, pin):
+            source = Source.UPSTREAM
             git.fetch(mirror, config.upstream.url, pin, depth=1)
         if not git.has_commit(mirror, pin):
-            return git.GitError(f"upstream did not send commit {pin}")
+            return Source.BUNDLE, git.GitError(f"upstream did not send commit {pin}")
     except git.GitError as exc:
-        return exc
+        return Source.BUNDLE, exc
     git.update_ref(mirror, PIN_REF, pin)
-    return None
+    return source, None
 
 
 def _fetch_pr_head(config: Config, mirror: Path) -> PrHead:

@@ -53,12 +53,7 @@ class Verification:
         rows += [f"  {note}" for note in self.notes]
         rows += [f"  MISMATCH {m.describe()}" for m in self.mismatches]
         if self.gate is not None:
-            for report in self.gate.files:
-                held = ", ".join(sorted({str(e) for e in report.entries})) or "no CUDA code"
-                rows.append(f"  {report.path}: {held}")
-                for target, found in report.coverage:
-                    verdict = "ok" if found.acceptable_for(target) else "FAIL"
-                    rows.append(f"    {target}: {found.how.value} via {found.via} [{verdict}]")
+            rows += [f"  {line}" for line in self.gate.lines()]
             rows += [f"  GATE {failure.message}" for failure in self.gate.failures]
         rows.append("  verified" if self.ok else "  NOT verified")
         return rows

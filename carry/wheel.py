@@ -8,15 +8,13 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
 import carry
-from carry import buildinfo, compilecache, gate, git, toolchain
+from carry import buildinfo, compilecache, gate, git, pep517, toolchain
 from carry.apply import CheckReport
 from carry.arch import ArchList
 from carry.cache import Cache
@@ -28,6 +26,7 @@ from carry.progress import Progress
 from carry.series import Series
 
 LOG_TAIL_LINES = 40
+ARCH_VARIABLES = ("TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +38,7 @@ class WheelPlan:
     wheel_version: str
     arches: ArchList
     env: dict[str, str]
+    unset: tuple[str, ...]  # inherited variables the build must not see
     jobs: toolchain.JobPlan
     tools: toolchain.Toolchain
     key: str
@@ -91,17 +91,23 @@ def plan(
     }
     key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()
     env = _build_env(config, arches, wheel_version, job_plan.max_jobs, tools)
-    return WheelPlan(report.tree, version, wheel_version, arches, env, job_plan, tools, key, remote)
+    unset = () if arches.expects_cuda else ARCH_VARIABLES
+    return WheelPlan(report.tree, version, wheel_version, arches, env, unset, job_plan, tools, key, remote)
 
 
 def _build_env(config: Config, arches: ArchList, wheel_version: str, jobs: int, tools: toolchain.Toolchain) -> dict:
-    """The variables carry sets for the upstream build (on top of the caller's environment)."""
+    """The variables carry sets for the upstream build (on top of the caller's environment).
+
+    With no CUDA arches the arch variables are left out (and `unset` drops inherited ones): PyTorch and CMake
+    both reject an empty list, and a Python-only build (vLLM's VLLM_TARGET_DEVICE=empty) reads neither.
+    """
     env = dict(config.build.env)
-    env.update(
-        TORCH_CUDA_ARCH_LIST=arches.torch_cuda_arch_list(),
-        CMAKE_CUDA_ARCHITECTURES=arches.cmake_cuda_architectures(),
-        MAX_JOBS=str(jobs),
-    )
+    if arches.expects_cuda:
+        env.update(
+            TORCH_CUDA_ARCH_LIST=arches.torch_cuda_arch_list(),
+            CMAKE_CUDA_ARCHITECTURES=arches.cmake_cuda_architectures(),
+        )
+    env["MAX_JOBS"] = str(jobs)
     for name in config.build.version_env:
         env[name] = wheel_version
     if tools.launcher:
@@ -170,8 +176,8 @@ def _build_fresh(config, cache, mirror, report, series, the_plan: WheelPlan, pro
                               recorded) as launcher:
             recorded.phase(
                 "build",
-                f"python -m build, arches {the_plan.arches}, {the_plan.jobs.jobs} job(s) ({the_plan.jobs.reason}), "
-                f"compiler cache {the_plan.tools.describe_launcher()}; log {log}",
+                f"PEP 517 build_wheel, arches {the_plan.arches}, {the_plan.jobs.jobs} job(s) "
+                f"({the_plan.jobs.reason}), compiler cache {the_plan.tools.describe_launcher()}; log {log}",
             )
             built = _run_build(config, src, scratch / "out", the_plan, log, launcher, recorded)
             outcome = launcher.outcome() if launcher else None
@@ -180,6 +186,8 @@ def _build_fresh(config, cache, mirror, report, series, the_plan: WheelPlan, pro
             _append_log(log, recorded.lines[-1:])
         progress.phase("gate", f"checking CUDA code in {built.name}")
         gate_report = _gate(built, the_plan.arches, scratch / "unpacked")
+        for line in gate_report.lines():
+            progress.phase("gate", line)
         actual = buildinfo.wheel_version(built)
         _check_version(actual, the_plan)
         info = make_info(config, report, series, the_plan, actual, gate_report)
@@ -206,34 +214,25 @@ def _append_log(log: Path, lines: list[str]) -> None:
         handle.writelines(f"carry: {line}\n" for line in lines)
 
 
-def _build_command(config: Config, src: Path, out: Path) -> list[str]:
-    """The upstream's own PEP 517 build through `python -m build` (one backend run per build, unlike
-    `pip wheel`, which also runs it for metadata first)."""
-    command = [sys.executable, "-m", "build", "--wheel", "--outdir", str(out)]
-    if not config.build.build_isolation:
-        command += ["--no-isolation", "--skip-dependency-check"]
-    return [*command, str(src)]
-
-
 def _run_build(config: Config, src: Path, out: Path, the_plan: WheelPlan, log: Path,
                launcher: compilecache.CacheRun | None, recorded: _Recorder) -> Path:
     """Run the upstream build with the plan's variables and the launcher's settings; the caller's own secrets
-    (carry's passwords) stay out of its environment."""
-    command = _build_command(config, src, out)
+    (carry's passwords) and the variables the plan unsets stay out of its environment."""
     launcher_env = launcher.env if launcher else {}
     environ = compilecache.secret_free_env(os.environ)
     if launcher and (launcher.remote or launcher.remote_note):
         environ = {k: v for k, v in environ.items() if k not in compilecache.LAUNCHER_REMOTE_ENV}
-    env = {**environ, **the_plan.env, **launcher_env}
+    inherited = {name: value for name, value in environ.items() if name not in the_plan.unset}
+    env = {**inherited, **the_plan.env, **launcher_env}
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as handle:
         handle.writelines(f"carry: {line}\n".encode() for line in recorded.lines)
-        handle.write(f"$ {' '.join(command)}\n".encode())
+        handle.write(b"environment carry sets for the build:\n")
         for name in sorted({**the_plan.env, **launcher_env}):
             handle.write(f"  {name}={env[name]}\n".encode())
-        handle.flush()
-        status = subprocess.run(command, cwd=src, env=env, stdout=handle, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL).returncode
+        for name in the_plan.unset:
+            handle.write(f"  unset {name}\n".encode())
+        status = pep517.build_wheel(src, out, env, handle, config.build.build_isolation)
     if status != 0:
         raise Failed(f"the upstream build failed (exit {status}); log: {log}\n{tail(log)}")
     wheels = list(out.glob("*.whl"))
@@ -249,7 +248,7 @@ def tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def _gate(wheel: Path, arches: ArchList, unpacked: Path) -> gate.GateReport:
-    buildinfo.extract(wheel, unpacked)
+    buildinfo.extract(wheel, unpacked, only=gate.may_be_shared_object)
     report = gate.check_files([unpacked], arches, root=unpacked)
     report.raise_for_failures()
     return report

@@ -63,6 +63,19 @@ def test_empty_list_is_allowed():
     assert archlist.gencode_flags() == []
 
 
+@pytest.mark.parametrize("value", ["none", " NONE ", [], ["none"]])
+def test_none_is_the_empty_list_and_renders_as_none(value):
+    archlist = ArchList.parse(value)
+    assert archlist == ArchList.parse("") and not archlist.expects_cuda
+    assert str(archlist) == "none" and ArchList.parse(str(archlist)) == archlist
+    assert ArchList.parse("9.0").expects_cuda
+
+
+def test_none_cannot_be_combined_with_arches():
+    with pytest.raises(BadInput, match="'none' means no CUDA code and cannot be combined"):
+        ArchList.parse(["9.0", "none"])
+
+
 @pytest.mark.parametrize(
     ("text", "canonical", "torch", "cmake", "gencode"),
     [

@@ -18,7 +18,7 @@ from cuda_tools import cuobjdump
 from carry.arch import ArchList, ComputeCapability, Variant
 from carry.errors import BadInput, Failed
 from carry.fatbin import FatbinEntry, Kind
-from carry.gate import NO_CUDA_CODE, How, check_files, coverage
+from carry.gate import NO_CUDA_CODE, UNEXPECTED_CUDA, How, check_files, coverage
 
 CC = ComputeCapability
 KERNEL = """
@@ -252,6 +252,22 @@ def test_no_cuda_code_anywhere_fails_for_a_non_empty_list(cpu_only, tmp_path):
     (failure,) = _gate([tmp_path], "12.1").failures
     assert NO_CUDA_CODE in failure.message
     assert _gate([cpu_only], "").ok
+
+
+def test_an_empty_list_expects_no_cuda_code_and_says_so(built, cpu_only, tmp_path):
+    none = _gate([cpu_only], "none")
+    assert none.ok and none.lines() == ["no CUDA code expected (cuda_arches none), none found in 1 shared object(s)"]
+    assert _gate([tmp_path], "none").lines()[0].endswith("none found in the wheel (no shared objects)")
+    (failure,) = _gate([cpu_only, built["multi"]], "none").failures
+    assert UNEXPECTED_CUDA in failure.message and failure.path == built["multi"]
+    assert "holds sm_120, sm_121, sm_90" in failure.message and "set build.cuda_arches" in failure.message
+
+
+def test_lines_say_per_target_how_it_runs(built):
+    lines = _gate([built["multi"], built["ptx_only"]], "12.1+PTX,10.0").lines()
+    assert f"{built['multi']}: sm_120, sm_121, sm_90" in lines
+    assert "  12.1+PTX: exact via sm_121 [ok]" in lines and "  10.0: nothing runs on it [FAIL]" in lines
+    assert any(line.startswith("  12.1+PTX: JIT only via compute_") and line.endswith("[ok]") for line in lines)
 
 
 def test_failures_raise_failed_and_serialize(built):

@@ -187,7 +187,8 @@ def test_two_runners_at_different_paths_share_compiled_units_and_the_password_le
         compiled_by_a = compiles(calls)
         second, b = wheel(config, tmp_path / "elsewhere" / "runner-b-cache", env, tmp_path / "dist-b")
     units = compiled_by_a
-    assert units == 3, "runner A compiles the demo's three .cu files"
+    sources = list((tmp_path / "runner-a" / "cache" / "build").glob("*/src/csrc/*.cu"))
+    assert units == len(sources) >= 3, "runner A compiles every .cu file of the demo once"
     assert a["compiler_cache"]["misses"] == units and a["compiler_cache"]["remote_errors"] == 0
     assert redis.keys(SHARED_DB) > 0, "runner A stored its objects in redis"
     assert compiles(calls) == units, "runner B runs no nvcc compile"

@@ -166,6 +166,31 @@ def test_fetch_and_check_fall_back_to_bundle_when_upstream_is_gone(project):
     assert json.loads(checked.out)["patches"][0]["status"] == "clean"
 
 
+def test_fetch_with_a_warm_mirror_and_upstream_gone_serves_the_pin(project):
+    upstream, config, env = project
+    pin = upstream.head()
+    patch_line(upstream, config.parent / "patches/0001-one.patch", "value_10 = 10\n", "value_10 = 100\n")
+    assert git(upstream.path, "rev-parse", "refs/pull/7/head") == pin
+    first = run(config, env, "fetch")
+    assert first.code == 0 and first.err == "", first.err
+    shutil.rmtree(upstream.path)
+    fetched = run(config, env, "fetch")
+    assert fetched.code == 0, fetched.err
+    assert fetched.out.strip() == pin
+    (line,) = fetched.err.splitlines()
+    assert "could not be reached" in line and "PR head (refs/pull/7/head) was not checked" in line, line
+    assert "from the cache mirror" in line and "Traceback" not in fetched.err
+    checked = run(config, env, "check")
+    assert checked.code == 0, checked.err
+    assert "clean" in checked.out
+    # Without the mirror the bundle serves the pin, and the line says the PR head was not checked either.
+    shutil.rmtree(Path(env["CARRY_CACHE"]) / "mirrors")
+    fetched = run(config, env, "fetch")
+    assert fetched.code == 0, fetched.err
+    (line,) = fetched.err.splitlines()
+    assert "using cached bundle" in line and "the PR head was not checked" in line, line
+
+
 def test_unreachable_upstream_without_bundle_is_one_line(project):
     upstream, config, env = project
     shutil.rmtree(upstream.path)

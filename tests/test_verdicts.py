@@ -62,6 +62,27 @@ def test_merged_with_a_reviewers_edit(tmp_path):
     assert "+        self.last_reset = self.calls" in entry["difference"]
 
 
+def test_merged_with_its_own_comment_shows_only_the_comment(tmp_path):
+    p = project(tmp_path)
+    comment = "        # reset the semaphore so a previous step cannot leak permits\n"
+    theirs = ("        # Start every step from a fresh semaphore: permits left over from the\n"
+              "        # previous step must not satisfy this one.\n")
+    warmup = ("    def warmup(self, batch):\n        self.calls += 1\n        if not batch:\n            return None\n"
+              "        return batch\n\n")
+    dummy = ("\n    def prepare_dummy(self, batch):\n        if not batch:\n            return None\n"
+             "        result = []\n        return result\n")
+    engine = replace(with_reset(ENGINE), comment, theirs)
+    engine = replace(engine, "    def prepare_forward", warmup + "    def prepare_forward")
+    engine = replace(engine, "        return result\n", "        return result\n" + dummy)
+    merged = p.commit("Reset the semaphore before each step; add warmup and dummy steps", {"pkg/engine.py": engine})
+    entry = p.status()["0001-reset-semaphore.patch"]
+    assert (entry["verdict"], entry["commit"]) == ("MERGED-MODIFIED", merged), evidence(entry)
+    changed = [line for line in entry["difference"].splitlines()[2:] if line[:1] in "+-"]
+    assert changed == ["-" + comment.rstrip("\n"), *("+" + line for line in theirs.splitlines())], entry["difference"]
+    text = p.run("status").out
+    assert "remaining difference in pkg/engine.py" in text and "+        return batch" not in text
+
+
 def test_half_merged(tmp_path):
     p = project(tmp_path)
     (p.patches / "0002-fp8-dispatch.patch").unlink()

@@ -59,6 +59,9 @@ def test_wheel_version_carries_VERSION_and_phases_are_printed(demo):
     assert Path(demo["first"].out.strip()) == wheel
     for phase in ("check", "materialize", "build", "gate", "stamp"):
         assert f"] {phase}:" in demo["first"].err
+    # What the gate proved, per .so and arch, as `verify` prints it.
+    for arch, sm in (("9.0", "sm_90"), ("12.0", "sm_120"), ("12.1", "sm_121")):
+        assert f"gate:   {arch}: exact via {sm} [ok]" in demo["first"].err
     assert nvcc_calls(demo) > 0, "the first build must really run nvcc"
 
 

@@ -1,0 +1,73 @@
+"""Run an upstream's own PEP 517 build into a wheel, its output going to a log.
+
+Without build isolation carry calls the backend's `build_wheel` hook itself through pyproject_hooks, as
+`python -m build --no-isolation` would, one interpreter fewer per build. With isolation it runs
+`python -m build`, which makes the isolated environment and installs the build requirements into it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import BinaryIO
+
+import pyproject_hooks
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: `build` depends on tomli there
+    import tomli as tomllib
+
+LEGACY_BACKEND = "setuptools.build_meta:__legacy__"
+
+
+class _StepFailed(Exception):
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
+def build_wheel(src: Path, out: Path, env: dict[str, str], log: BinaryIO, isolated: bool) -> int:
+    """Build `src` into a wheel in `out` with `env`; the failing step's exit status, or 0."""
+
+    def run(command, cwd=None, extra_environ=None) -> None:
+        status = subprocess.run(command, cwd=cwd, env={**env, **(extra_environ or {})}, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+        if status:
+            raise _StepFailed(status)
+
+    try:
+        if isolated:
+            command = [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(src)]
+            _note(log, f"$ {' '.join(command)}")
+            run(command, cwd=src)
+            return 0
+        backend, backend_path = backend_of(src)
+        _note(log, f"$ {backend} build_wheel {out} (PEP 517 hook, no isolation)")
+        hooks = pyproject_hooks.BuildBackendHookCaller(str(src), backend, backend_path, run, sys.executable)
+        out.mkdir(parents=True, exist_ok=True)
+        hooks.build_wheel(str(out))
+        return 0
+    except _StepFailed as failed:
+        return failed.status
+    except (OSError, ValueError, pyproject_hooks.BackendUnavailable, pyproject_hooks.HookMissing) as exc:
+        _note(log, f"carry: the build backend could not run: {exc}")
+        return 1
+
+
+def backend_of(src: Path) -> tuple[str, list[str] | None]:
+    """The `build-system` backend and backend-path of `src/pyproject.toml` (setuptools' legacy one without)."""
+    try:
+        with open(src / "pyproject.toml", "rb") as handle:
+            system = tomllib.load(handle).get("build-system", {})
+    except FileNotFoundError:
+        return LEGACY_BACKEND, None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{src / 'pyproject.toml'} is not valid TOML ({exc})") from None
+    return system.get("build-backend", LEGACY_BACKEND), system.get("backend-path")
+
+
+def _note(log: BinaryIO, line: str) -> None:
+    log.write(f"{line}\n".encode())
+    log.flush()
