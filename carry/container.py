@@ -56,17 +56,35 @@ def docker_binary(config: Config) -> str:
 
 
 def resolve_builder(config: Config, platforms: tuple[Platform, ...]) -> Builder:
-    """The Docker CLI and buildx, checked before any work: every platform must run natively or emulated."""
-    docker = docker_binary(config)
+    """The Docker CLI to build with, checked before any work, and every platform must run natively or emulated.
+
+    A CLI named by $CARRY_DOCKER or image.docker is used as it is. The default `docker` is the first on PATH
+    that can build with BuildKit: one with the buildx plugin, or one before Docker 23, which builds with BuildKit
+    by itself (a machine may have both a newer CLI without buildx and Debian's docker.io)."""
     emulation = Emulation()
     for platform in platforms:
         emulation.require(platform)
-    buildx = subprocess.run([docker, "buildx", "version"], capture_output=True).returncode == 0
-    if not buildx and _client_major(docker) >= FIRST_CLI_NEEDING_BUILDX:
-        raise BadInput(f"{docker} is Docker {_client_major(docker)}, whose BuildKit builds need the buildx plugin, "
-                       f"which it lacks; install docker-buildx, or set image.docker / $CARRY_DOCKER to a Docker CLI "
-                       f"before {FIRST_CLI_NEEDING_BUILDX} (Debian's docker.io: /usr/bin/docker)")
-    return Builder(docker, buildx)
+    named = os.environ.get("CARRY_DOCKER") or (config.image.docker if config.image.docker != "docker" else None)
+    candidates = [docker_binary(config)] if named else _all_on_path("docker") or [docker_binary(config)]
+    for docker in candidates:
+        if subprocess.run([docker, "buildx", "version"], capture_output=True).returncode == 0:
+            return Builder(docker, True)
+        if _client_major(docker) < FIRST_CLI_NEEDING_BUILDX:
+            return Builder(docker, False)
+    tried = ", ".join(f"{docker} (Docker {_client_major(docker)})" for docker in candidates)
+    raise BadInput(f"no Docker CLI here builds with BuildKit: {tried} lack(s) the buildx plugin, which Docker "
+                   f"{FIRST_CLI_NEEDING_BUILDX} and later need; install docker-buildx, or set image.docker / "
+                   f"$CARRY_DOCKER to a Docker CLI before {FIRST_CLI_NEEDING_BUILDX} (Debian's docker.io)")
+
+
+def _all_on_path(name: str) -> list[str]:
+    """Every executable `name` on PATH, in PATH order, each once."""
+    found = []
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        path = os.path.realpath(os.path.join(directory or ".", name))
+        if os.path.isfile(path) and os.access(path, os.X_OK) and path not in found:
+            found.append(path)
+    return found
 
 
 def _client_major(docker: str) -> int:

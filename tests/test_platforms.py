@@ -134,3 +134,22 @@ def test_demo_builds_gb10_with_its_own_short_arch_list():
     demo = load(ROOT / "examples" / "demo" / "build.yaml")
     assert [str(t.platform) for t in demo.image.platforms] == ["linux/amd64", "linux/arm64"]
     assert str(demo.arches_for(Platform.LINUX_ARM64)) == "12.1"
+
+
+def test_the_default_docker_is_the_first_on_path_that_builds_with_buildkit(monkeypatch):
+    """This machine kind has a newer Docker CLI without buildx before Debian's docker.io on PATH."""
+    from carry import container
+
+    newer, debian = Path("/usr/local/bin/docker"), Path("/usr/bin/docker")
+    if not (newer.exists() and debian.exists()):
+        pytest.skip("needs both /usr/local/bin/docker and /usr/bin/docker")
+    if subprocess.run([str(newer), "buildx", "version"], capture_output=True).returncode == 0:
+        pytest.skip("/usr/local/bin/docker has buildx here")
+    demo = load(ROOT / "examples" / "demo" / "build.yaml")
+    monkeypatch.delenv("CARRY_DOCKER", raising=False)
+    monkeypatch.setenv("PATH", "/usr/local/bin:/usr/bin:/bin")
+    assert container.resolve_builder(demo, ()) == container.Builder(str(debian), False)
+    monkeypatch.setenv("CARRY_DOCKER", str(newer))
+    with pytest.raises(BadInput) as error:
+        container.resolve_builder(demo, ())
+    assert "lack(s) the buildx plugin" in str(error.value) and "$CARRY_DOCKER" in str(error.value)

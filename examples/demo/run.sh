@@ -21,10 +21,6 @@ export CARRY_REGISTRY_USER
 CARRY_REGISTRY_USER=$(setting CARRY_TEST_REGISTRY_USER)
 export CARRY_REGISTRY_PASSWORD
 CARRY_REGISTRY_PASSWORD=$(cat "$(setting CARRY_TEST_REGISTRY_PASSWORD_FILE)")
-# Debian's docker.io CLI does BuildKit builds without the buildx plugin; a newer CLI on PATH may not.
-if [ -z "${CARRY_DOCKER:-}" ] && [ -x /usr/bin/docker ]; then
-    export CARRY_DOCKER=/usr/bin/docker
-fi
 
 carry() { python3 build.py --config "$config" "$@"; }
 version=$(carry version)
