@@ -29,7 +29,7 @@ def demo_copy(work: Path) -> Path:
     shutil.copytree(ROOT / "examples" / "demo", project)
     (project / "VERSION").write_text(time.strftime("%Y%m%d.", time.gmtime()) + str(int(time.time()) % 100000) + "\n")
     config = project / "build.yaml"
-    config.write_text(config.read_text().replace("compiler_cache: ccache", "compiler_cache: none"))
+    config.write_text(config.read_text().replace("compiler_cache: auto", "compiler_cache: none"))
     return config
 
 

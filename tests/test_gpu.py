@@ -81,7 +81,7 @@ def built_wheel(capability: str, tmp_path: Path) -> Path:
     project = tmp_path / "demo"
     shutil.copytree(ROOT / "examples" / "demo", project)
     config = project / "build.yaml"
-    config.write_text(config.read_text().replace("compiler_cache: ccache", "compiler_cache: none"))
+    config.write_text(config.read_text().replace("compiler_cache: auto", "compiler_cache: none"))
     result = carry("--config", str(config), "wheel", "--arch", capability, "--out", str(tmp_path / "dist"),
                    env={"CARRY_CACHE": str(tmp_path / "cache")})
     assert result.code == 0, result.err

@@ -36,7 +36,7 @@ def demo_project(tmp_path: Path) -> Path:
     project = tmp_path / "demo"
     shutil.copytree(DEMO, project, ignore=shutil.ignore_patterns("upstream", "__pycache__"))
     config = project / "build.yaml"
-    config.write_text(config.read_text().replace("compiler_cache: ccache", "compiler_cache: none"))
+    config.write_text(config.read_text().replace("compiler_cache: auto", "compiler_cache: none"))
     return config
 
 
