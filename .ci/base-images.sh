@@ -58,12 +58,14 @@ build_runtime_base() {
         | "$DOCKER" import --change "ENV PATH=$IMAGE_PATH" --change 'CMD ["/bin/bash"]' - "$1" >/dev/null
 }
 
-# build_build_base IMAGE RUNTIME_IMAGE: the runtime base plus compilers and the CUDA subset.
+# The builders below run where bash ignores `set -e` (under `if`, in build_if_missing), so each step that can
+# fail says `|| return 1`, and the image build is the last command: its status is the builder's.
+
+# build_build_base IMAGE RUNTIME_IMAGE CONTEXT: the runtime base plus compilers and the CUDA subset.
 build_build_base() {
-    local context=$CI_DIR/build-base-context
-    rm -rf "$context"
-    mkdir -p "$context/cuda"
-    tar -C "$CUDA_SRC" -cf - "${CUDA_FILES[@]}" | tar -C "$context/cuda" -xf -
+    local context=$3
+    mkdir -p "$context/cuda" || return 1
+    tar -C "$CUDA_SRC" -cf - "${CUDA_FILES[@]}" | tar -C "$context/cuda" -xf - || return 1
     DOCKER_BUILDKIT=1 "$DOCKER" build --progress=plain --tag "$1" -f - "$context" <<EOF
 FROM $2
 RUN apt-get update \\
@@ -73,7 +75,6 @@ COPY cuda $CUDA_DEST
 RUN ln -s $(basename "$CUDA_DEST") /usr/local/cuda
 ENV CUDA_HOME=/usr/local/cuda
 EOF
-    rm -rf "$context"
 }
 
 # cuda_release: "13.0" from the host nvcc, so the aarch64 compiler is the same release.
@@ -106,31 +107,26 @@ EOF
 }
 
 build_arm64_runtime_base() {
-    local context=$CI_DIR/arm64-runtime-context
-    rm -rf "$context" && mkdir -p "$context"
-    arm64_rootfs "${RUNTIME_PACKAGES// /,}" "$context/rootfs.tar"
-    build_arm64_image "$1" "$context"
-    rm -rf "$context"
+    arm64_rootfs "${RUNTIME_PACKAGES// /,}" "$2/rootfs.tar" || return 1
+    build_arm64_image "$1" "$2"
 }
 
-# build_arm64_build_base IMAGE: an arm64 root with the build packages, plus NVIDIA's aarch64 CUDA wheels
-# (the same release as the host's nvcc) unpacked as /usr/local/cuda.
+# build_arm64_build_base IMAGE CONTEXT: an arm64 root with the build packages, plus NVIDIA's aarch64 CUDA
+# wheels (the same release as the host's nvcc) unpacked as /usr/local/cuda.
 build_arm64_build_base() {
-    local context=$CI_DIR/arm64-build-context release
+    local context=$2 release
     release=$(cuda_release)
-    rm -rf "$context" && mkdir -p "$context" "$ARM64_WHEELHOUSE"
+    [ -n "$release" ] || return 1
+    mkdir -p "$ARM64_WHEELHOUSE" || return 1
     python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
         --platform manylinux2014_aarch64 --dest "$ARM64_WHEELHOUSE" \
-        "${ARM64_CUDA_WHEELS[@]/%/==$release.*}"
+        "${ARM64_CUDA_WHEELS[@]/%/==$release.*}" || return 1
     python3 -m pip install --quiet --disable-pip-version-check --no-deps --no-index --no-compile \
         --only-binary=:all: --platform manylinux2014_aarch64 --target "$context/site" \
-        --find-links "$ARM64_WHEELHOUSE" "${ARM64_CUDA_WHEELS[@]/%/==$release.*}"
-    mv "$context/site/nvidia/cu13" "$context/cuda"
-    ln -s lib "$context/cuda/lib64"
-    rm -rf "$context/site"
-    arm64_rootfs "python3,${BUILD_PACKAGES// /,}" "$context/rootfs.tar"
+        --find-links "$ARM64_WHEELHOUSE" "${ARM64_CUDA_WHEELS[@]/%/==$release.*}" || return 1
+    mv "$context/site/nvidia/cu13" "$context/cuda" && ln -s lib "$context/cuda/lib64" || return 1
+    arm64_rootfs "python3,${BUILD_PACKAGES// /,}" "$context/rootfs.tar" || return 1
     build_arm64_image "$1" "$context"
-    rm -rf "$context"
 }
 
 # check_nvcc_offline IMAGE PLATFORM: compile and link a kernel for sm_121 with networking off, as PLATFORM.
@@ -158,20 +154,23 @@ checked_build_base() {
     log "nvcc in $1 compiles with --network=none ($(tail -n 1 "$log_file"))"
 }
 
-# build_if_missing NAME IMAGE BUILDER [ARGS...]: run BUILDER IMAGE ARGS unless IMAGE
-# exists, logging to a file; a failed build leaves no image behind.
+# build_if_missing NAME IMAGE BUILDER [ARGS...]: run BUILDER IMAGE ARGS... CONTEXT unless IMAGE exists, with a
+# fresh, private CONTEXT dir, logging to a file; a failed build leaves no image behind.
 build_if_missing() {
-    local name=$1 image=$2 builder=$3 started=$SECONDS
+    local name=$1 image=$2 builder=$3 started=$SECONDS context
     shift 3
     if image_exists "$image"; then
         log "$image exists, skipping"
         return
     fi
     log "building $image (log: $CI_DIR/$name.log)"
-    if ! "$builder" "$image" "$@" >"$CI_DIR/$name.log" 2>&1; then
+    context=$(mktemp -d "$CI_DIR/$name-context.XXXXXX")
+    if ! "$builder" "$image" "$@" "$context" >"$CI_DIR/$name.log" 2>&1 || ! image_exists "$image"; then
+        rm -rf "$context"
         "$DOCKER" image rm --force "$image" >/dev/null 2>&1 || true
         die "building $image failed; see $CI_DIR/$name.log"
     fi
+    rm -rf "$context"
     log "built $image in $((SECONDS - started))s"
 }
 
@@ -182,7 +181,9 @@ main() {
     mkdir -p "$CI_DIR"
     grep -qx enabled /proc/sys/fs/binfmt_misc/qemu-aarch64 2>/dev/null \
         || die "this machine cannot run arm64 programs; run ci/qemu.sh first"
-    local tag runtime_image build_image arm64_runtime arm64_build platform suffix
+    local tag runtime_image build_image arm64_runtime arm64_build
+    # The arm64 builds run in the background: stop them too when this script fails.
+    trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
     tag=$(recipe_tag)
     runtime_image=carry-test/runtime-base:$tag
     build_image=carry-test/build-base:$tag
@@ -199,11 +200,10 @@ main() {
     wait "$arm64_build" || die "the arm64 build base failed"
     checked_build_base "$build_image-arm64" linux/arm64
 
-    for platform in amd64 arm64; do
-        suffix=$([ "$platform" = arm64 ] && echo -arm64 || true)
-        "$DOCKER" tag "$build_image$suffix" "carry-local/build-base:$platform"
-        "$DOCKER" tag "$runtime_image$suffix" "carry-local/runtime-base:$platform"
-    done
+    "$DOCKER" tag "$build_image" carry-local/build-base:amd64
+    "$DOCKER" tag "$runtime_image" carry-local/runtime-base:amd64
+    "$DOCKER" tag "$build_image-arm64" carry-local/build-base:arm64
+    "$DOCKER" tag "$runtime_image-arm64" carry-local/runtime-base:arm64
     set_env CARRY_TEST_BUILD_BASE "$build_image"
     set_env CARRY_TEST_RUNTIME_BASE "$runtime_image"
     set_env CARRY_TEST_BUILD_BASE_ARM64 "$build_image-arm64"
