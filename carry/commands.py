@@ -288,7 +288,7 @@ class Session:
         note = (f"test report {report_path.name}: {passed}/{len(check.report.results)} passed on "
                 f"{check.report.gpu.describe()}")
         mismatches = tuple(verify.Mismatch("test report", "a report of this wheel", m) for m in check.mismatches)
-        return dataclasses.replace(result, mismatches=result.mismatches + mismatches, notes=(note,))
+        return dataclasses.replace(result, mismatches=result.mismatches + mismatches, notes=result.notes + (note,))
 
     def status(self, against: tuple[str, ...] = ()) -> verdicts.StatusReport:
         """A verdict per patch against each ref (default: upstream.main, and the PR head when pr is set)."""
