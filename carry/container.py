@@ -190,7 +190,9 @@ def stage_access(config: Config, scratch: Path, hermetic: bool, progress: Progre
     remote = compilecache.remote_setting(config, os.environ)
     network = "none" if hermetic else None
     extra: dict[str, str] = {}
-    if remote is not None and hermetic:
+    if remote is None and config.build.remote_cache is not None:
+        extra[compilecache.URL_ENV] = "none"  # turned off here ($CARRY_REMOTE_CACHE_URL=none): off in the stage too
+    elif remote is not None and hermetic:
         progress.phase("remote cache", f"{remote} not used in the build stage: a --hermetic build has no network; "
                                        f"it compiles with its own cache mount")
         extra[compilecache.URL_ENV] = "none"

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import datetime
 import json
+import os
 from pathlib import Path
 
 from carry import container, layercache, manifest
@@ -185,8 +186,11 @@ def _labels(config: Config, report: CheckReport, series: Series, version: str, a
 
 
 def check_options(config: Config, builder: Builder, options: ImageOptions) -> None:
-    """What this engine cannot do with the flags given, before any work."""
+    """What this engine cannot do with the flags given, and a bad $CARRY_REMOTE_CACHE_URL, before any work."""
+    from carry import compilecache
+
     layercache.check(options.cache, builder.buildx, builder.docker, len(platforms_to_build(config, options)))
+    compilecache.remote_setting(config, os.environ)
 
 
 def _cache_flags(config: Config, options: ImageOptions, builder: Builder, image: PlatformImage,

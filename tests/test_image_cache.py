@@ -111,6 +111,40 @@ def test_bad_cache_spec_is_one_line_exit_2(tmp_path, flag, value, needle):
     assert not cache.exists()
 
 
+def test_bad_remote_cache_url_stops_image_before_any_work(tmp_path):
+    shutil.copytree(ROOT / "examples" / "demo", tmp_path / "demo")
+    cache = tmp_path / "cache"
+    result = carry("--config", str(tmp_path / "demo" / "build.yaml"), "image", "--platform", "linux/amd64",
+                   env={"CARRY_CACHE": str(cache), "CARRY_DOCKER": dockerenv.DOCKER_CLI,
+                        "CARRY_REMOTE_CACHE_URL": "ftp://cache.example"})
+    assert_bad_input(result, "$CARRY_REMOTE_CACHE_URL 'ftp://cache.example': unknown scheme 'ftp'")
+    assert not cache.exists()
+
+
+@pytest.mark.parametrize(("url", "hermetic", "network", "handed"), [
+    ("redis://127.0.0.1:6390/2", False, "host", "CARRY_REMOTE_CACHE_URL=redis://127.0.0.1:6390/2"),
+    ("http://cache.example:8080/ccache", False, None, "CARRY_REMOTE_CACHE_URL=http://cache.example:8080/ccache"),
+    ("redis://localhost/0", True, "none", "CARRY_REMOTE_CACHE_URL=none"),
+    ("none", False, None, "CARRY_REMOTE_CACHE_URL=none"),  # off here, so off in the stage despite build.yaml
+])
+def test_the_build_stage_gets_the_compile_cache_in_its_secret(tmp_path, monkeypatch, url, hermetic, network, handed):
+    from carry import container
+    from carry.config import load
+    from carry.progress import Progress
+
+    shutil.copytree(ROOT / "examples" / "demo", tmp_path / "demo")
+    config_path = tmp_path / "demo" / "build.yaml"
+    config_path.write_text(config_path.read_text().replace(
+        "  compiler_cache: ccache\n", "  compiler_cache: ccache\n  remote_cache: redis://cache.example:6379/1\n"))
+    monkeypatch.setenv("CARRY_REMOTE_CACHE_URL", url)
+    monkeypatch.setenv("CARRY_REMOTE_CACHE_PASSWORD", "pw-" + os.urandom(4).hex())
+    access = container.stage_access(load(config_path), tmp_path, hermetic, Progress(quiet=True))
+    assert access.network == network
+    text = access.secret.read_text()
+    assert handed in text.splitlines() and oct(access.secret.stat().st_mode & 0o777) == "0o600"
+    assert (os.environ["CARRY_REMOTE_CACHE_PASSWORD"] in text) == (handed != "CARRY_REMOTE_CACHE_URL=none")
+
+
 def test_build_log_outcome_reads_buildkit_markers():
     log = ("#7 importing cache manifest from r/x:1\n#7 ERROR: r/x:1: not found\n"
            "#10 [build 4/4] RUN --mount=type=cache ... /carry/build.py --config x\n#10 CACHED\n")
