@@ -1,7 +1,7 @@
 """A second Docker engine on this machine: another runner's empty Docker state, without touching the shared one.
 
-A private `dockerd` with its own data root, exec root (and so its own containerd), socket and pidfile, no bridge
-network and no iptables rules (builds run with --network=none or host), and only the base images it needs,
+A private `dockerd` with its own data root, exec root (and so its own containerd), socket and pidfile, its own
+bridge interface and no iptables rules (builds run with --network=none or host), and only the base images it needs,
 copied from the main engine with `docker save | docker load`. `empty()` brings it back to that state (images other
 than the bases, and BuildKit's whole cache, cache mounts included, removed). Stopped and deleted afterwards.
 Used by tests/test_image_cache.py and bench/imagecache.py; needs root and Debian's docker.io (dockerd 20.10).
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import shutil
 import subprocess
 import tempfile
@@ -20,6 +21,9 @@ from typing import Iterator
 
 DOCKER_CLI = "/usr/bin/docker"
 START_TIMEOUT_S = 60
+# dockerd deletes the interface `docker0` when started with --bridge=none, which would cut the main engine's
+# containers off their network: the second engine gets a bridge of its own instead.
+BRIDGE_ADDRESS = "172.31.253.1/24"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +60,22 @@ def problem() -> str | None:
         return f"{DOCKER_CLI} is missing"
     if subprocess.run(["id", "-u"], capture_output=True, text=True).stdout.strip() != "0":
         return "a second dockerd needs root"
+    if shutil.which("ip") is None:
+        return "iproute2's ip is not installed"
     return None
+
+
+@contextlib.contextmanager
+def own_bridge() -> Iterator[str]:
+    """A bridge interface for the second engine, deleted afterwards."""
+    name = f"carry-e2-{os.urandom(2).hex()}"
+    for command in (["link", "add", name, "type", "bridge"], ["addr", "add", BRIDGE_ADDRESS, "dev", name],
+                    ["link", "set", name, "up"]):
+        subprocess.run(["ip", *command], check=True, capture_output=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["ip", "link", "delete", name], capture_output=True)
 
 
 @contextlib.contextmanager
@@ -64,11 +83,12 @@ def started(bases: tuple[str, ...], main_host: str) -> Iterator[Engine]:
     """Start the engine, copy `bases` from the engine at `main_host` into it; stop and delete it afterwards."""
     root = Path(tempfile.mkdtemp(prefix="carry-engine2-"))
     socket = root / "docker.sock"
+    bridge = contextlib.ExitStack()
     with open(root / "dockerd.log", "wb") as log:
         daemon = subprocess.Popen(
             ["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
              "--host", f"unix://{socket}", "--pidfile", str(root / "dockerd.pid"),
-             "--bridge=none", "--iptables=false", "--ip-masq=false"],
+             f"--bridge={bridge.enter_context(own_bridge())}", "--iptables=false", "--ip-masq=false"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     engine = Engine(f"unix://{socket}", bases)
     try:
@@ -96,4 +116,5 @@ def started(bases: tuple[str, ...], main_host: str) -> Iterator[Engine]:
         except subprocess.TimeoutExpired:
             daemon.kill()
             daemon.wait()
+        bridge.close()
         shutil.rmtree(root, ignore_errors=True)
