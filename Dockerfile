@@ -15,7 +15,8 @@ ARG CARRY_ARCHES
 ARG PIP_INSTALL_ARGS=
 WORKDIR /carry
 COPY . /carry
-# build.yaml's image.secret_env arrives as a BuildKit secret: readable during this step only, never in a layer.
+# build.yaml's image.secret_env and the shared compile cache's URL and credentials (CARRY_REMOTE_CACHE_*) arrive
+# as a BuildKit secret: readable during this step only, never in a layer or the cache key.
 RUN --mount=type=cache,target=/root/.cache/pip \
     --mount=type=cache,target=/root/.cache/carry-ccache \
     --mount=type=secret,id=carry_env \

@@ -15,7 +15,9 @@ Everything runs in a temp dir against generated upstreams, driving `python build
      another path, then a Python-only patch change; nvcc compiles counted, units served from the shared cache
      read from ccache's own statistics (`wheel --json`);
   6. the demo's GB10 (linux/arm64) wheel built in its build stage under QEMU, against the same build natively,
-     and its rerun (needs `bash ci/setup.sh`: Docker, QEMU and the base images; see bench/emulation.py).
+     and its rerun (needs `bash ci/setup.sh`: Docker, QEMU and the base images; see bench/emulation.py);
+  7. the scale upstream's image cold on an empty second engine, then rebuilt there, emptied, by a new runner
+     with --cache-from inline (see bench/imagecache.py).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
 """
@@ -40,6 +42,7 @@ sys.path[:0] = [str(HERE), str(ROOT)]
 import cudahome  # noqa: E402
 import emulation  # noqa: E402
 import gitrepo  # noqa: E402
+import imagecache  # noqa: E402
 import measure  # noqa: E402
 import redisd  # noqa: E402
 import scale  # noqa: E402
@@ -358,10 +361,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="scaled down, under 2 minutes")
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
-    parser.add_argument("--only", default="check,fetch,rebuild,runners,arm64", help="comma-separated parts to run")
+    parser.add_argument("--only", default="check,fetch,rebuild,runners,arm64,image",
+                        help="comma-separated parts to run")
     options = parser.parse_args()
     parts = {"check": bench_check, "fetch": bench_fetch, "rebuild": bench_rebuilds, "runners": bench_runners,
-             "arm64": lambda work, size: emulation.bench(work, Row)}
+             "arm64": lambda work, size: emulation.bench(work, Row),
+             "image": lambda work, size: imagecache.bench(work, size.units, Row)}
     chosen = options.only.split(",")
     if not chosen or set(chosen) - set(parts):
         parser.error(f"--only takes a list of {', '.join(parts)}")

@@ -181,9 +181,11 @@ def verify(obj: Context, artifact: str, arch: str | None, platform: str | None) 
 @click.option("--wheelhouse", type=click.Path(path_type=Path, file_okay=False, exists=True),
               help="Wheels for --hermetic (default: downloaded once into the cache).")
 @click.option("--cache-from", "cache_from", metavar="SPEC", multiple=True,
-              help="Build cache source, e.g. type=registry,ref=REG/NAME:buildcache; repeatable.")
+              help="Import BuildKit's layer cache: inline (this VERSION's pushed image), registry (its "
+                   "-buildcache ref), an image ref, or type=... (buildx); {arch} {version} filled per platform.")
 @click.option("--cache-to", "cache_to", metavar="SPEC", multiple=True,
-              help="Build cache export (buildx only), e.g. type=registry,ref=REG/NAME:buildcache,mode=max.")
+              help="Export it: inline (inside the image; any BuildKit), registry (buildx, mode=max, to "
+                   "NAME:VERSION-ARCH-buildcache), or type=... (buildx).")
 @click.pass_obj
 def image_command(obj: Context, push: bool, tags: tuple[str, ...], platforms: tuple[str, ...], arch: str | None,
                   hermetic: bool, wheelhouse: Path | None, cache_from: tuple[str, ...],
@@ -192,10 +194,11 @@ def image_command(obj: Context, push: bool, tags: tuple[str, ...], platforms: tu
     from VERSION, label it with its provenance, and optionally push; with several platforms each is tagged
     VERSION-ARCH and, on push, every shared tag becomes a manifest list of them all."""
     from carry.image import ImageOptions
+    from carry.layercache import CacheSpec
 
+    caches = tuple(CacheSpec.parse(s, False) for s in cache_from) + tuple(CacheSpec.parse(s, True) for s in cache_to)
     progress = Progress()
-    options = ImageOptions(push, tags, tuple(parse_platform(p) for p in platforms), hermetic, wheelhouse,
-                           cache_from, cache_to)
+    options = ImageOptions(push, tags, tuple(parse_platform(p) for p in platforms), hermetic, wheelhouse, caches)
     result = obj.session().image(options, arch, progress)
     echo_notes(result.notes)
     click.echo("\n".join(result.lines()))

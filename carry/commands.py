@@ -223,7 +223,7 @@ class Session:
 
         arches = ArchList.parse(arch) if arch is not None else None
         builder = container.resolve_builder(self.config, image.platforms_to_build(self.config, options))
-        image.check_options(builder, options)
+        image.check_options(self.config, builder, options)
         current = self.version()
         checked = self._checked(progress)
         pyproject = self._upstream_pyproject(checked)

@@ -9,6 +9,7 @@ the build stage's steps as that CPU, so the wheel is compiled by that platform's
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import shlex
 import shutil
@@ -23,6 +24,7 @@ from carry.cache import Cache
 from carry.config import Config, strip_credentials
 from carry.errors import BadInput, Failed
 from carry.platforms import Emulation, Platform
+from carry.progress import Progress
 from carry.wheel import tail
 
 DOCKERFILE = Path(carry.__file__).resolve().parent.parent / "Dockerfile"
@@ -176,15 +178,60 @@ def _target_flags(platform: Platform) -> list[str]:
     return flags
 
 
-def secret_file(config: Config, scratch: Path) -> Path | None:
-    """image.secret_env values from carry's environment, in a 0600 file handed to BuildKit as a secret."""
-    names = [name for name in config.image.secret_env if os.environ.get(name)]
-    if not names:
+def secret_file(config: Config, scratch: Path, extra: dict[str, str] | None = None) -> Path | None:
+    """image.secret_env values from carry's environment, and `extra`, in a 0600 file handed to BuildKit as a
+    secret (sourced by the build stage's RUN, never in a layer, an argument or the cache key)."""
+    values = {name: os.environ[name] for name in config.image.secret_env if os.environ.get(name)}
+    values.update(extra or {})
+    if not values:
         return None
     path = scratch / "secret.env"
     path.touch(mode=0o600)
-    path.write_text("".join(f"{name}={shlex.quote(os.environ[name])}\n" for name in names))
+    path.write_text("".join(f"{name}={shlex.quote(value)}\n" for name, value in sorted(values.items())))
     return path
+
+
+@dataclasses.dataclass(frozen=True)
+class StageAccess:
+    """What a build stage gets besides its context: the secret file and the network it builds on."""
+
+    secret: Path | None
+    network: str | None  # none (hermetic), host (to reach a compile cache on loopback), None: the engine's own
+
+
+def stage_access(config: Config, scratch: Path, hermetic: bool, progress: Progress) -> StageAccess:
+    """The secret file, with the shared compile cache (build.remote_cache or $CARRY_REMOTE_CACHE_URL) and its
+    credentials for the build stage's `build.py wheel`, and the build's network. A hermetic build cannot reach
+    the cache, so the stage is told to build without it; one on loopback needs the host's network."""
+    from carry import compilecache
+
+    remote = compilecache.remote_setting(config, os.environ)
+    network = "none" if hermetic else None
+    extra: dict[str, str] = {}
+    if remote is None and config.build.remote_cache is not None:
+        extra[compilecache.URL_ENV] = "none"  # turned off here ($CARRY_REMOTE_CACHE_URL=none): off in the stage too
+    elif remote is not None and hermetic:
+        progress.phase("remote cache", f"{remote} not used in the build stage: a --hermetic build has no network; "
+                                       f"it compiles with its own cache mount")
+        extra[compilecache.URL_ENV] = "none"
+    elif remote is not None:
+        extra[compilecache.URL_ENV] = str(remote)
+        extra.update({name: os.environ[name] for name in (compilecache.USER_ENV, compilecache.PASSWORD_ENV)
+                      if os.environ.get(name)})
+        if _loopback(remote.host):
+            network = "host"
+        progress.phase("remote cache", f"{remote} handed to the build stage as a BuildKit secret"
+                                       + ("; on loopback, so the build uses the host's network" if network else ""))
+    return StageAccess(secret_file(config, scratch, extra), network)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,12 +241,11 @@ class StageBuild:
     platform: Platform
     stage: str
     build_args: dict[str, str]
-    hermetic: bool
+    network: str | None
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     tags: tuple[str, ...] = ()
     output_dir: Path | None = None  # export the stage's files here instead of loading an image
-    cache_from: tuple[str, ...] = ()
-    cache_to: tuple[str, ...] = ()
+    cache_args: tuple[str, ...] = ()  # --cache-from/--cache-to flags (carry.layercache)
 
     def command(self, builder: Builder, secret: Path | None, context: Path) -> list[str]:
         docker = builder.docker
@@ -212,12 +258,11 @@ class StageBuild:
             command.append("--load")  # one platform per build: the docker driver loads single-platform results
         if not builder.buildx:
             command.append("--force-rm")
-        if self.hermetic:
-            command.append("--network=none")
-        for source in self.cache_from:
-            command += ["--cache-from", source]
-        for target in self.cache_to:
-            command += ["--cache-to", target]
+        if self.network is not None:
+            command.append(f"--network={self.network}")
+            if self.network == "host" and builder.buildx:
+                command += ["--allow", "network.host"]
+        command += self.cache_args
         if secret is not None:
             command += ["--secret", f"id={SECRET_ID},src={secret}"]
         for name, value in sorted(self.build_args.items()):
@@ -228,17 +273,24 @@ class StageBuild:
             command += ["--tag", ref]
         return [*command, str(context)]
 
-    def run(self, builder: Builder, secret: Path | None, context: Path, log: Path) -> None:
-        """Build, streaming BuildKit's output to `log`; fail with its tail."""
+    def run(self, builder: Builder, secret: Path | None, context: Path, log: Path,
+            env: dict[str, str] | None = None) -> str:
+        """Build, streaming BuildKit's output to `log` (and returning it); fail with its tail. `env`: the Docker
+        CLI's environment (a registry login's DOCKER_CONFIG for cache imports and exports)."""
         log.parent.mkdir(parents=True, exist_ok=True)
+        start = log.stat().st_size if log.exists() else 0
         with open(log, "ab") as handle:
             handle.write(f"== {self.stage} for {self.platform}\n".encode())
             handle.flush()
-            status = subprocess.run(self.command(builder, secret, context), env={**os.environ, "DOCKER_BUILDKIT": "1"},
+            status = subprocess.run(self.command(builder, secret, context),
+                                    env={**(env or os.environ), "DOCKER_BUILDKIT": "1"},
                                     stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
         if status != 0:
             raise Failed(f"docker build of {self.stage} for {self.platform} failed (exit {status}); log: {log}\n"
                          f"{tail(log)}")
+        with open(log, "rb") as handle:
+            handle.seek(start)
+            return handle.read().decode(errors="replace")
 
 
 def stage_args(config: Config, platform: Platform, arches: str, hermetic: bool) -> dict[str, str]:

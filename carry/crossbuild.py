@@ -44,8 +44,9 @@ def build(config: Config, cache: Cache, mirror: Path, tree: str, platform: Platf
         emulated = "" if platform is Platform.native() else f" under emulation on {Platform.native()}"
         progress.phase("build", f"build stage for {platform}{emulated}, arches {arches}; log {log}")
         exported = scratch / "exported"
+        access = container.stage_access(config, scratch, hermetic, progress)
         StageBuild(platform, container.WHEEL_STAGE, container.stage_args(config, platform, str(arches), hermetic),
-                   hermetic, output_dir=exported).run(builder, container.secret_file(config, scratch), context, log)
+                   access.network, output_dir=exported).run(builder, access.secret, context, log)
         wheel = _single_wheel(exported, log)
         progress.phase("gate", f"{wheel.name}: {platform.machine} code for arches {arches}")
         report = _check(wheel, platform, arches, expected, scratch / "unpacked")

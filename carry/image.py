@@ -8,12 +8,14 @@ of them; the local image store holds one platform per tag, so shared tags exist 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
+import os
 from pathlib import Path
 
-from carry import container, manifest
+from carry import container, layercache, manifest
 from carry.apply import CheckReport
 from carry.arch import ArchList
 from carry.cache import Cache
@@ -48,8 +50,7 @@ class ImageOptions:
     platforms: tuple[Platform, ...]
     hermetic: bool
     wheelhouse: Path | None
-    cache_from: tuple[str, ...] = ()
-    cache_to: tuple[str, ...] = ()
+    cache: tuple[layercache.CacheSpec, ...] = ()  # --cache-from and --cache-to, parsed
 
     def __post_init__(self) -> None:
         for tag in self.extra_tags:
@@ -74,6 +75,7 @@ class ImagePlan:
     shared: tuple[str, ...]  # tags that name every platform (manifest lists); empty with one platform
     complete: bool  # every platform the config lists is built in this run, so the shared tags can be made
     tree: str
+    version: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +159,7 @@ def plan(
             labels=_labels(config, report, series, version, own_arches, dist_name, platform),
             build_args=container.stage_args(config, platform, str(own_arches), options.hermetic),
         ))
-    return ImagePlan(tuple(images), shared if several else (), configured <= set(platforms), report.tree)
+    return ImagePlan(tuple(images), shared if several else (), configured <= set(platforms), report.tree, version)
 
 
 def _labels(config: Config, report: CheckReport, series: Series, version: str, arches: ArchList, dist_name: str,
@@ -183,9 +185,19 @@ def _labels(config: Config, report: CheckReport, series: Series, version: str, a
     }
 
 
-def check_options(builder: Builder, options: ImageOptions) -> None:
-    if options.cache_to and not builder.buildx:
-        raise BadInput(f"--cache-to needs buildx, which {builder.docker} lacks; drop it or install docker-buildx")
+def check_options(config: Config, builder: Builder, options: ImageOptions) -> None:
+    """What this engine cannot do with the flags given, and a bad $CARRY_REMOTE_CACHE_URL, before any work."""
+    from carry import compilecache
+
+    layercache.check(options.cache, builder.buildx, builder.docker, len(platforms_to_build(config, options)))
+    compilecache.remote_setting(config, os.environ)
+
+
+def _cache_flags(config: Config, options: ImageOptions, builder: Builder, image: PlatformImage,
+                 version: str) -> layercache.CacheFlags:
+    """--cache-from/--cache-to for one platform; `inline` lives in its own image, the tag naming VERSION."""
+    own = next((ref for ref in image.refs if version in ref.rsplit(":", 1)[1]), image.refs[0])
+    return layercache.flags(options.cache, builder.buildx, config.image.name, own, version, image.platform)
 
 
 def build(
@@ -198,31 +210,39 @@ def build(
     requirements: list[str],
     progress: Progress,
 ) -> ImageResult:
-    """Build every platform's image, then push each and join the shared tags into manifest lists."""
-    log = cache.logs / f"image-{the_plan.tree[:12]}.log"
-    log.unlink(missing_ok=True)
-    with temp_dir(cache.scratch, "image-") as scratch:
-        context = scratch / "context"
-        progress.phase("context", f"project, carry, bundle of {config.upstream.commit[:12]}")
-        container.assemble_context(config, cache, mirror, context, requirements)
-        if options.hermetic:
-            wheelhouse_for(config, cache, tuple(i.platform for i in the_plan.images), requirements,
-                           options.wheelhouse, context / "wheelhouse", progress)
-        secret = container.secret_file(config, scratch)
-        for image in the_plan.images:
-            progress.phase("build", f"{image.platform}{_emulated(image.platform)}, arches {image.arches} -> "
-                                    f"{', '.join(image.refs)}; log {log}")
-            StageBuild(image.platform, container.RUNTIME_STAGE, image.build_args, options.hermetic, image.labels,
-                       image.refs, cache_from=options.cache_from, cache_to=options.cache_to).run(
-                builder, secret, context, log)
+    """Build every platform's image, then push each and join the shared tags into manifest lists. The registry
+    login is made once, before the builds: the push needs it, and so do the builds' cache imports and exports
+    (only those builds run with its DOCKER_CONFIG, which holds that registry's login alone)."""
     from carry import registry
 
-    client = registry.client()
-    ids = {image.platform: client.images.get(image.refs[0]).id for image in the_plan.images}
-    pushed: dict[str, str] = {}
-    notes = []
-    if options.push:
-        with registry.credentials(config.image.name, builder.docker) as login:
+    log = cache.logs / f"image-{the_plan.tree[:12]}.log"
+    log.unlink(missing_ok=True)
+    needs_login = options.push or bool(options.cache)
+    with registry.credentials(config.image.name, builder.docker) if needs_login else contextlib.nullcontext() as login:
+        with temp_dir(cache.scratch, "image-") as scratch:
+            context = scratch / "context"
+            progress.phase("context", f"project, carry, bundle of {config.upstream.commit[:12]}")
+            container.assemble_context(config, cache, mirror, context, requirements)
+            if options.hermetic:
+                wheelhouse_for(config, cache, tuple(i.platform for i in the_plan.images), requirements,
+                               options.wheelhouse, context / "wheelhouse", progress)
+            access = container.stage_access(config, scratch, options.hermetic, progress)
+            for image in the_plan.images:
+                progress.phase("build", f"{image.platform}{_emulated(image.platform)}, arches {image.arches} -> "
+                                        f"{', '.join(image.refs)}; log {log}")
+                caching = _cache_flags(config, options, builder, image, the_plan.version)
+                output = StageBuild(image.platform, container.RUNTIME_STAGE,
+                                    {**image.build_args, **dict(caching.build_args)}, access.network, image.labels,
+                                    image.refs, cache_args=caching.args).run(
+                    builder, access.secret, context, log, login.cli_env() if options.cache else None)
+                if options.cache:
+                    for note in layercache.outcome(output, caching.sources):
+                        progress.phase("layer cache", f"{image.platform}: {note}")
+        client = registry.client()
+        ids = {image.platform: client.images.get(image.refs[0]).id for image in the_plan.images}
+        pushed: dict[str, str] = {}
+        notes = []
+        if options.push:
             for image in the_plan.images:
                 for ref in image.refs:
                     progress.phase("push", f"{ref} ({image.platform})")

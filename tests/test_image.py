@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import dockerenv
+import secondengine
 from cuda_tools import cuobjdump
 from helpers import ROOT, assert_bad_input, carry
 from procwatch import command_lines
@@ -48,7 +49,7 @@ def setup(tmp_path_factory):
     }
     with command_lines() as argv_seen:
         pushed = carry("--config", str(config), "image", "--platform", "linux/amd64", "--platform", "linux/arm64",
-                       "--push", "--hermetic", env=run_env, timeout=3000)
+                       "--push", "--hermetic", "--cache-to", "inline", env=run_env, timeout=3000)
     assert pushed.code == 0, pushed.out + pushed.err
     yield {
         "env": env, "run_env": run_env, "config": config, "name": name, "version": version,
@@ -100,6 +101,27 @@ def test_every_shared_tag_in_the_registry_is_a_list_of_both_platforms(setup):
         assert found["mediaType"] == MANIFEST_LIST, found
         assert sorted(m["platform"]["architecture"] for m in found["manifests"]) == ["amd64", "arm64"]
     assert registry_manifest(setup, f"{setup['version']}-arm64")["mediaType"] != MANIFEST_LIST
+
+
+def test_second_engine_rebuilds_each_platform_from_its_own_image(setup):
+    """Another runner (an empty second dockerd, a fresh CARRY_CACHE) rebuilds both platforms of this VERSION with
+    --cache-from inline: each imports its own platform image's inline cache and compiles nothing."""
+    problem = secondengine.problem()
+    if problem:
+        pytest.fail(problem) if dockerenv.in_ci() else pytest.skip(problem)
+    env = setup["env"]
+    bases = (env.build_base, env.runtime_base, env.build_base_arm64, env.runtime_base_arm64)
+    with secondengine.started(bases, env.docker_host) as engine:
+        result = run(setup, "image", "--platform", "linux/amd64", "--platform", "linux/arm64", "--hermetic",
+                     "--cache-from", "inline", DOCKER_HOST=engine.host, CARRY_CACHE=str(setup["base"] / "runner-b"))
+        assert result.code == 0, result.out + result.err
+        arm64 = engine.docker("image", "inspect", "--format", "{{.Architecture}}",
+                              f"{setup['name']}:{setup['version']}-arm64")
+    log = next((setup["base"] / "runner-b" / "logs").glob("image-*.log")).read_text()
+    for platform in PLATFORMS:
+        assert f"layer cache: {platform}: build stage: cached, nothing compiled" in result.err
+        assert f"importing cache manifest from {setup['name']}:{setup['version']}-{platform.split('/')[1]}" in log
+    assert "] build: python -m build" not in log and arm64.strip() == "arm64"
 
 
 def test_pull_arm64_runs_aarch64_python_with_an_aarch64_sm121_extension(setup, tmp_path):
