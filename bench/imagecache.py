@@ -29,7 +29,7 @@ import secondengine  # noqa: E402
 from carry import container  # noqa: E402
 
 BUILD_PY = ROOT / "build.py"
-COMPILES_RE = re.compile(r"\] cache: ccache: (\d+) compile\(s\), (\d+) hit\(s\).*?, (\d+) miss")
+COMPILES_RE = re.compile(r"\] cache: ccache(?: \(auto\))?: (\d+) compile\(s\), (\d+) hit\(s\).*?, (\d+) miss")
 LOG_RE = re.compile(r"] build: linux/\S+ .*; log (\S+)$", re.M)
 
 

@@ -36,7 +36,7 @@ from procwatch import command_lines
 from services import private_redis
 
 RUNTIME_STAGE_RUN = re.compile(r"^(#\d+) \[build \d+/\d+\] RUN .*build\.py", re.M)
-COMPILES = re.compile(r"\] cache: ccache: (\d+) compile\(s\), (\d+) hit\(s\)(?: \((\d+) from [^)]*\))?, (\d+) miss")
+COMPILES = re.compile(r"\] cache: ccache(?: \(auto\))?: (\d+) compile\(s\), (\d+) hit\(s\)(?: \((\d+) from [^)]*\))?, (\d+) miss")
 
 
 # -- the command lines (no engine needed) -----------------------------------------------------------------------
@@ -134,8 +134,9 @@ def test_the_build_stage_gets_the_compile_cache_in_its_secret(tmp_path, monkeypa
 
     shutil.copytree(ROOT / "examples" / "demo", tmp_path / "demo")
     config_path = tmp_path / "demo" / "build.yaml"
-    config_path.write_text(config_path.read_text().replace(
-        "  compiler_cache: ccache\n", "  compiler_cache: ccache\n  remote_cache: redis://cache.example:6379/1\n"))
+    text = config_path.read_text()
+    line = next(line for line in text.splitlines() if line.startswith("  compiler_cache: "))
+    config_path.write_text(text.replace(line, "  compiler_cache: ccache\n  remote_cache: redis://cache.example:6379/1"))
     monkeypatch.setenv("CARRY_REMOTE_CACHE_URL", url)
     monkeypatch.setenv("CARRY_REMOTE_CACHE_PASSWORD", "pw-" + os.urandom(4).hex())
     access = container.stage_access(load(config_path), tmp_path, hermetic, Progress(quiet=True))
