@@ -16,6 +16,8 @@ import click
 from carry.errors import CarryError
 from carry.progress import Progress
 
+TEST_TIMEOUT_S = 900  # seconds one command of build.tests may run (`test`, `prove`)
+
 
 class Context:
     """What every command needs: the config path and, on first use, the loaded config."""
@@ -221,7 +223,7 @@ def manifest_command(obj: Context, platforms: tuple[str, ...], tags: tuple[str, 
 @click.argument("artifact")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), default="dist", show_default=True,
               help="Where an image's report goes (a wheel's goes beside the wheel).")
-@click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
+@click.option("--timeout", type=click.FloatRange(min=1), default=TEST_TIMEOUT_S, show_default=True,
               help="Seconds each command may run before it is killed.")
 @click.pass_obj
 def test_command(obj: Context, artifact: str, out: Path, timeout: float) -> None:
@@ -240,7 +242,7 @@ def test_command(obj: Context, artifact: str, out: Path, timeout: float) -> None
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), default="dist", show_default=True,
               help="Wheels and reports go into OUT/prove/<prefix>/.")
 @click.option("--jobs", type=click.IntRange(min=1), help="Compile jobs (as for `wheel`).")
-@click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
+@click.option("--timeout", type=click.FloatRange(min=1), default=TEST_TIMEOUT_S, show_default=True,
               help="Seconds each test command may run before it is killed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the proof as JSON.")
 @click.pass_obj

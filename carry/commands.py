@@ -105,18 +105,26 @@ class Session:
     def version(self) -> str:
         return str(version.read(self.config.version_file))
 
-    def arches(self, arch: str | None) -> ArchList:
-        """--arch, else build.cuda_arches; the empty list (`none`, `[]`) builds a wheel with no CUDA code."""
-        if arch is not None and not arch.strip():
-            raise BadInput("--arch is empty; pass arches, e.g. --arch 9.0,12.1, or --arch none for a Python-only wheel")
-        if arch is not None:
-            return ArchList.parse(arch)
-        if self.config.build.cuda_arches is None:
+    def arches(self, arch: str | None, platform: Platform | None = None) -> ArchList:
+        """--arch, else the platform's own cuda_arches, else build.cuda_arches; the empty list (`none`, `[]`)
+        builds a wheel with no CUDA code."""
+        given = self.given_arches(arch)
+        if given is not None:
+            return given
+        configured = self.config.arches_for(platform) if platform is not None else self.config.build.cuda_arches
+        if configured is None:
             raise BadInput(
                 f"{self.config.path}: build.cuda_arches is not set; set it (e.g. '9.0,12.1', or [] for a "
                 f"Python-only wheel) or pass --arch"
             )
-        return self.config.build.cuda_arches
+        return configured
+
+    @staticmethod
+    def given_arches(arch: str | None) -> ArchList | None:
+        """--arch parsed, or None when it was not given; an empty --arch is bad input."""
+        if arch is not None and not arch.strip():
+            raise BadInput("--arch is empty; pass arches, e.g. --arch 9.0,12.1, or --arch none for a Python-only wheel")
+        return ArchList.parse(arch) if arch is not None else None
 
     def expected(self) -> verify.Expected:
         """What an artifact built from this repo now must say about itself."""
@@ -171,9 +179,9 @@ class Session:
             wheel_path = Path(artifact)
             report = testrun.run_on_wheel(wheel_path, commands, found, self.cache.scratch, timeout, progress)
             return TestOutcome(report, testrun.write(report, testrun.wheel_report_path(wheel_path)))
-        from carry import image
+        from carry import container
 
-        report = testrun.run_on_image(artifact, commands, found, image.docker_binary(self.config),
+        report = testrun.run_on_image(artifact, commands, found, container.docker_binary(self.config),
                                       self.cache.scratch, timeout, progress)
         return TestOutcome(report, testrun.write(report, testrun.image_report_path(out, report.artifact.digest)))
 
@@ -208,7 +216,7 @@ class Session:
         """check -> context -> that platform's build stage (emulated where foreign) -> checked wheel in `out`."""
         from carry import container, crossbuild
 
-        arches = ArchList.parse(arch) if arch is not None else self.config.arches_for(platform)
+        arches = self.arches(arch, platform)
         builder = container.resolve_builder(self.config, (platform,))
         checked = self._checked(progress)
         requirements = container.build_requirements(self._upstream_pyproject(checked))
@@ -221,8 +229,9 @@ class Session:
         from carry import container, image, toolchain
         from carry.config import CompilerCache
 
-        arches = ArchList.parse(arch) if arch is not None else None
-        builder = container.resolve_builder(self.config, image.platforms_to_build(self.config, options))
+        platforms = image.platforms_to_build(self.config, options)
+        arches = {platform: self.arches(arch, platform) for platform in platforms}
+        builder = container.resolve_builder(self.config, platforms)
         image.check_options(self.config, builder, options)
         current = self.version()
         checked = self._checked(progress)
@@ -266,13 +275,13 @@ class Session:
     def verify_image(self, ref: str, platform: Platform | None, arch: str | None) -> tuple[verify.Verification, ...]:
         from carry import image
 
-        arches = ArchList.parse(arch) if arch is not None else None
+        arches = self.given_arches(arch)
         return image.verify_image(ref, self.config, self.expected(), platform, arches, self.cache.scratch)
 
     def verify_wheel(self, path: Path, arch: str | None) -> verify.Verification:
         from carry import verify
 
-        arches = ArchList.parse(arch) if arch is not None else None
+        arches = self.given_arches(arch)
         result = verify.verify_wheel(path, self.expected(), self.cache.scratch, arches)
         return self._with_test_report(path, result)
 

@@ -62,6 +62,16 @@ class RemoteScheme(enum.Enum):
         return (CompilerCache.SCCACHE,)
 
 
+def _without_secrets(url: str) -> str:
+    """A URL for an error message: scheme, host and path only; no user, password, query or fragment."""
+    scheme, _, rest = url.strip().partition("://")
+    if not rest:
+        return "(not a URL)" if "@" in url or "?" in url else url.strip()
+    location = rest.split("?", 1)[0].split("#", 1)[0]
+    host, slash, path = location.partition("/")
+    return f"{scheme}://{host.rsplit('@', 1)[-1]}{slash}{path}"
+
+
 REMOTE_FORMS = "redis://HOST[:PORT][/DB], rediss://…, http(s)://HOST[:PORT][/PATH], s3://BUCKET[/PREFIX] or gha"
 
 
@@ -80,7 +90,7 @@ class RemoteCache:
     def parse(cls, text: str, where: str) -> RemoteCache:
         if text.strip() == "gha":
             return cls(RemoteScheme.GHA, "")
-        shown = public_url(text)
+        shown = _without_secrets(text)
         try:
             parts = urllib.parse.urlsplit(text.strip())
             port = parts.port

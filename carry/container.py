@@ -15,8 +15,12 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: `build` depends on tomli there
+    import tomli as tomllib
 
 import carry
 from carry import upstream
@@ -146,6 +150,17 @@ def _inside(config: Config, path: Path) -> Path:
             f"{config.path}: {path} is outside the config's directory; the image build copies only that "
             f"directory's VERSION and patches, so keep them beside build.yaml"
         ) from None
+
+
+def hermetic_wheelhouse(config: Config, cache: Cache, building: tuple[Platform, ...], requirements: list[str],
+                        given: Path | None, dest: Path, progress: Progress) -> None:
+    """The wheelhouse of a hermetic build: wheels for every platform the config lists and every one being built,
+    the same set whatever is built now, so that `wheel --platform` and `image` share BuildKit's build stage."""
+    platforms = tuple(dict.fromkeys([*(t.platform for t in config.image.platforms), *building]))
+    progress.phase("wheelhouse", f"{len(requirements)} requirement(s) for {', '.join(map(str, platforms))}, "
+                                 f"for a --network=none build")
+    for platform in platforms:
+        fill_wheelhouse(cache, requirements, given, dest, platform)
 
 
 def fill_wheelhouse(cache: Cache, requirements: list[str], given: Path | None, dest: Path,

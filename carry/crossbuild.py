@@ -8,16 +8,16 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from carry import buildinfo, container, gate
+from carry import container, gate, verify
 from carry.arch import ArchList
 from carry.cache import Cache
 from carry.config import Config
 from carry.container import Builder, StageBuild
 from carry.errors import Failed
 from carry.fsutil import temp_dir
-from carry.platforms import Platform, wrong_machine
+from carry.platforms import Platform
 from carry.progress import Progress
-from carry.verify import Expected, compare
+from carry.verify import Expected
 from carry.wheel import publish
 
 
@@ -32,24 +32,22 @@ def build(config: Config, cache: Cache, mirror: Path, tree: str, platform: Platf
           hermetic: bool, wheelhouse: Path | None, requirements: list[str], builder: Builder, expected: Expected,
           out: Path, progress: Progress) -> CrossWheel:
     """Build in `platform`'s build stage, check the exported wheel, publish it into `out` (atomically)."""
-    from carry.image import wheelhouse_for
-
     log = cache.logs / f"wheel-{platform.tag}-{tree[:12]}.log"
     log.unlink(missing_ok=True)
     with temp_dir(cache.scratch, "crosswheel-") as scratch:
         context = scratch / "context"
         container.assemble_context(config, cache, mirror, context, requirements)
         if hermetic:
-            wheelhouse_for(config, cache, (platform,), requirements, wheelhouse, context / "wheelhouse", progress)
-        emulated = "" if platform is Platform.native() else f" under emulation on {Platform.native()}"
-        progress.phase("build", f"build stage for {platform}{emulated}, arches {arches}; log {log}")
+            container.hermetic_wheelhouse(config, cache, (platform,), requirements, wheelhouse,
+                                          context / "wheelhouse", progress)
+        progress.phase("build", f"build stage for {platform}{platform.where()}, arches {arches}; log {log}")
         exported = scratch / "exported"
         access = container.stage_access(config, scratch, hermetic, progress)
         StageBuild(platform, container.WHEEL_STAGE, container.stage_args(config, platform, str(arches), hermetic),
                    access.network, output_dir=exported).run(builder, access.secret, context, log)
         wheel = _single_wheel(exported, log)
         progress.phase("gate", f"{wheel.name}: {platform.machine} code for arches {arches}")
-        report = _check(wheel, platform, arches, expected, scratch / "unpacked")
+        report = _check(wheel, platform, arches, expected, scratch)
         published = publish(wheel, out)
     return CrossWheel(published, platform, report)
 
@@ -61,24 +59,16 @@ def _single_wheel(directory: Path, log: Path) -> Path:
     return wheels[0]
 
 
-def _check(wheel: Path, platform: Platform, arches: ArchList, expected: Expected, unpacked: Path) -> gate.GateReport:
-    """The wheel is what the build stage says it is: for `platform`, gated, from this repo's series."""
+def _check(wheel: Path, platform: Platform, arches: ArchList, expected: Expected, scratch: Path) -> gate.GateReport:
+    """The wheel is what the build stage says it is: built on `platform`, for its CPU (tag and every `.so`),
+    gated for `arches`, from this repo's series; the first problem fails the build."""
     tag = wheel.name.removesuffix(".whl").rsplit("-", 1)[-1]
-    tagged = Platform.from_wheel_tag(tag)
-    if tagged not in (platform, None):
+    if Platform.from_wheel_tag(tag) not in (platform, None):
         raise Failed(f"{wheel.name} is tagged {tag}, not for {platform}")
-    info = buildinfo.read(wheel)
-    if info is None:
-        raise Failed(f"{wheel.name} has no {buildinfo.FILENAME}; the build stage did not run carry")
-    differ = compare(info, expected)
-    if differ:
-        raise Failed(f"{wheel.name} was built from something else: {differ[0].describe()}")
-    if info.get("platform") != str(platform):
-        raise Failed(f"{wheel.name} says it was built on {info.get('platform')}, not {platform}")
-    buildinfo.extract(wheel, unpacked)
-    report = gate.check_files([unpacked], arches, root=unpacked)
-    report.raise_for_failures()
-    problems = wrong_machine([unpacked / file.path for file in report.files], platform, unpacked)
-    if problems:
-        raise Failed(f"{wheel.name}: {problems[0]}")
-    return report
+    checked = verify.verify_wheel(wheel, expected, scratch, arches)
+    if checked.info.get("platform") != str(platform):
+        raise Failed(f"{wheel.name} says it was built on {checked.info.get('platform')}, not {platform}")
+    if checked.mismatches:
+        raise Failed(f"{wheel.name}: {checked.mismatches[0].describe()}")
+    checked.gate.raise_for_failures()
+    return checked.gate

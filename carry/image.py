@@ -103,6 +103,10 @@ def render_tags(config: Config, version: str, series: Series, cuda: str) -> tupl
         "cuda": cuda,
         "series_short": series.hash[:12],
     }
+    if cuda == "none" and any("{cuda}" in template for template in config.image.tags):
+        raise BadInput(f"{config.path}: image.tags uses {{cuda}}, but no nvcc here tells the CUDA release "
+                       f"(CUDA_HOME, /usr/local/cuda, PATH); install the CUDA toolkit or PyPI's nvidia-cuda-nvcc "
+                       f"where carry runs, or drop {{cuda}} from image.tags")
     tags = []
     for template in config.image.tags:
         tag = template.format(**fields)
@@ -135,12 +139,12 @@ def plan(
     report: CheckReport,
     series: Series,
     version: str,
-    arches: ArchList | None,
+    arches: dict[Platform, ArchList],
     dist_name: str,
     cuda: str,
     options: ImageOptions,
 ) -> ImagePlan:
-    """Tags, labels and build args per platform; `arches` (from --arch) overrides every platform's own."""
+    """Tags, labels and build args per platform; `arches` holds each platform's (--arch, else its own)."""
     if report.tree is None:
         raise Failed("the series does not apply; run `check` for details")
     platforms = platforms_to_build(config, options)
@@ -150,7 +154,7 @@ def plan(
     shared = tuple(dict.fromkeys(f"{config.image.name}:{tag}" for tag in tags))
     images = []
     for platform in platforms:
-        own_arches = arches if arches is not None else config.arches_for(platform)
+        own_arches = arches[platform]
         refs = (f"{config.image.name}:{own_tag(version, platform)}",) if several else shared
         images.append(PlatformImage(
             platform=platform,
@@ -224,11 +228,11 @@ def build(
             progress.phase("context", f"project, carry, bundle of {config.upstream.commit[:12]}")
             container.assemble_context(config, cache, mirror, context, requirements)
             if options.hermetic:
-                wheelhouse_for(config, cache, tuple(i.platform for i in the_plan.images), requirements,
+                container.hermetic_wheelhouse(config, cache, tuple(i.platform for i in the_plan.images), requirements,
                                options.wheelhouse, context / "wheelhouse", progress)
             access = container.stage_access(config, scratch, options.hermetic, progress)
             for image in the_plan.images:
-                progress.phase("build", f"{image.platform}{_emulated(image.platform)}, arches {image.arches} -> "
+                progress.phase("build", f"{image.platform}{image.platform.where()}, arches {image.arches} -> "
                                         f"{', '.join(image.refs)}; log {log}")
                 caching = _cache_flags(config, options, builder, image, the_plan.version)
                 output = StageBuild(image.platform, container.RUNTIME_STAGE,
@@ -267,21 +271,6 @@ def _shared_tags_note(config: Config, the_plan: ImagePlan, options: ImageOptions
             f"run `build.py manifest` once every platform's image is pushed")
 
 
-def _emulated(platform: Platform) -> str:
-    return "" if platform is Platform.native() else f" (emulated on {Platform.native()})"
-
-
-def wheelhouse_for(config: Config, cache: Cache, building: tuple[Platform, ...], requirements: list[str],
-                   given: Path | None, dest: Path, progress: Progress) -> None:
-    """The wheelhouse of a hermetic build: wheels for every platform the config lists and every one being built,
-    the same set whatever is built now, so that `wheel --platform` and `image` share BuildKit's build stage."""
-    platforms = tuple(dict.fromkeys([*(t.platform for t in config.image.platforms), *building]))
-    progress.phase("wheelhouse", f"{len(requirements)} requirement(s) for {', '.join(map(str, platforms))}, "
-                                 f"for a --network=none build")
-    for platform in platforms:
-        container.fill_wheelhouse(cache, requirements, given, dest, platform)
-
-
 # -- manifest lists for images pushed by separate runs ---------------------------------------------------------
 
 def join_pushed(config: Config, version: str, shared: tuple[str, ...], platforms: tuple[Platform, ...],
@@ -316,8 +305,14 @@ def verify_image(ref: str, config: Config, expected: Expected, platform: Platfor
 
     client = registry.client()
     docker_cli = container.docker_binary(config)
+    notes: tuple[str, ...] = ()
     with registry.credentials(ref, docker_cli) as login:
-        remote = registry.remote_platforms(client, ref, login)
+        try:
+            remote = registry.remote_platforms(client, ref, login)
+        except Failed as unreadable:
+            if registry.local(client, ref) is None:
+                raise
+            remote, notes = None, (f"{unreadable}; verified the local image instead",)
         if remote is None:
             image = registry.local(client, ref)
             if image is None:
@@ -335,7 +330,8 @@ def verify_image(ref: str, config: Config, expected: Expected, platform: Platfor
     for found_platform, image in images:
         if platform is not None and found_platform is not platform:
             raise Failed(f"{ref} is a {found_platform} image, not {platform}")
-        results.append(_verify_one(ref, image, found_platform, expected, arches, scratch, coverage))
+        result = _verify_one(client, ref, image, found_platform, expected, arches, scratch, coverage)
+        results.append(dataclasses.replace(result, notes=notes + result.notes))
     return tuple(results)
 
 
@@ -350,7 +346,7 @@ def _coverage(ref: str, config: Config, version: str, held: tuple[Platform, ...]
     return [Mismatch("platforms", ", ".join(map(str, wanted)), ", ".join(map(str, held)))]
 
 
-def _verify_one(ref: str, image, platform: Platform, expected: Expected, arches: ArchList | None, scratch: Path,
+def _verify_one(client, ref: str, image, platform: Platform, expected: Expected, arches: ArchList | None, scratch: Path,
                 coverage: list[Mismatch]) -> Verification:
     from carry import gate, registry
 
@@ -366,7 +362,7 @@ def _verify_one(ref: str, image, platform: Platform, expected: Expected, arches:
     if not dist:
         raise Failed(f"{ref}: no {LABEL_PREFIX}.wheel label; it was not built by carry")
     with temp_dir(scratch, "verify-image-") as files:
-        output = registry.run(registry.client(), image.id, ["python3", "-c", INSPECT_SCRIPT, dist],
+        output = registry.run(client, image.id, ["python3", "-c", INSPECT_SCRIPT, dist],
                               copy_out=lambda out: _inspect_output(ref, dist, out)["libs"], dest=files)
         seen = _inspect_output(ref, dist, output)
         libs = [files / lib.lstrip("/") for lib in seen["libs"]]
@@ -378,7 +374,7 @@ def _verify_one(ref: str, image, platform: Platform, expected: Expected, arches:
     if seen["machine"] != platform.machine:
         mismatches.append(Mismatch("python machine", platform.machine, seen["machine"]))
     mismatches += [Mismatch("shared object", platform.machine, problem) for problem in machine_problems]
-    notes = (f"platform {platform}{_emulated(platform)}: python {seen['python']} on {seen['machine']}",
+    notes = (f"platform {platform}{platform.where()}: python {seen['python']} on {seen['machine']}",
              *(f"{Path(lib).name}: {platform.machine} ELF (e_machine {platform.e_machine})" for lib in seen["libs"]
                if not any(Path(lib).name in p for p in machine_problems)))
     return Verification(f"{ref} {platform} ({image.id[:19]})", info, tuple(mismatches), report, notes)

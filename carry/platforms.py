@@ -90,6 +90,11 @@ class Platform(enum.Enum):
             raise BadInput(f"no container platform is known for this machine's CPU {os.uname().machine!r}")
         return found
 
+    def where(self) -> str:
+        """How this machine runs the platform's programs, for progress lines: "" or " (emulated on linux/amd64)"."""
+        native = Platform.native()
+        return "" if self is native else f" (emulated on {native})"
+
     def elf_header(self) -> bytes:
         """The first 20 bytes of an executable for this CPU, as binfmt_misc matches them."""
         order = ">" if self.value[4] else "<"

@@ -114,12 +114,14 @@ def insecure(found: docker.DockerClient, registry: str) -> bool:
 
 
 def remote_platforms(found: docker.DockerClient, ref: str, login: Login) -> tuple[str, tuple[Platform, ...]] | None:
-    """(digest, platforms) of `ref` in its registry, a manifest list naming several; None when the registry does
-    not have it or cannot be reached."""
+    """(digest, platforms) of `ref` in its registry, a manifest list naming several; None when the registry
+    answers that it does not have it. A registry that cannot be reached or refuses the login is `Failed`."""
     try:
         data = found.images.get_registry_data(ref, auth_config=login.auth)
-    except docker.errors.APIError:
+    except docker.errors.NotFound:
         return None
+    except docker.errors.APIError as exc:
+        raise Failed(f"cannot read {ref} from its registry: {_short(exc)}") from None
     platforms = []
     for entry in data.attrs.get("Platforms") or []:
         name = "/".join(part for part in (entry.get("os"), entry.get("architecture"), entry.get("variant")) if part)

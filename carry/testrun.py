@@ -39,7 +39,6 @@ from carry.gpu import Gpu
 FORMAT = 1
 SUFFIX = ".test.json"
 OUTPUT_TAIL_CHARS = 4000
-DEFAULT_TIMEOUT_S = 900.0
 RUNTIME_ARGS_LABEL = "io.carry.runtime.docker-args"
 
 

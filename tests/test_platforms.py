@@ -153,3 +153,13 @@ def test_the_default_docker_is_the_first_on_path_that_builds_with_buildkit(monke
     with pytest.raises(BadInput) as error:
         container.resolve_builder(demo, ())
     assert "lack(s) the buildx plugin" in str(error.value) and "$CARRY_DOCKER" in str(error.value)
+
+
+def test_shared_tags_with_cuda_need_an_nvcc_to_name_the_release(tmp_path):
+    """A `{cuda}` tag is never published as `cunone`: without an nvcc, `manifest` stops before any registry work."""
+    from helpers import assert_bad_input, carry
+
+    result = carry("--config", str(ROOT / "examples" / "demo" / "build.yaml"), "manifest",
+                   env={"CUDA_HOME": str(tmp_path / "no-cuda"), "PATH": "/usr/bin:/bin",
+                        "CARRY_CACHE": str(tmp_path / "cache")})
+    assert_bad_input(result, "image.tags uses {cuda}", "nvidia-cuda-nvcc")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -213,6 +214,30 @@ def test_image_report_is_keyed_by_image_id_and_verify_follows_the_ref(tmp_path):
                                tmp_path / "scratch", timeout=120)
     assert ran.artifact.digest == image_id and not ran.passed
     assert ran.results[0].exit_status == 125 and "[[gpu]]" in ran.results[0].output_tail
+
+
+def test_test_image_through_the_cli_writes_the_report_keyed_by_image_id(tmp_path):
+    """`build.py test IMAGE` end to end. This machine has no GPU: an `nvidia-smi` that answers like one with a
+    driver gets carry past its GPU check; the engine has no NVIDIA runtime, so each command fails as
+    `docker run --gpus all` does there, and the report says so."""
+    import dockerenv
+
+    env = dockerenv.require()
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'Not A GPU, 9.0, 580.0'\n")
+    fake.chmod(0o755)
+    run_env = {**dockerenv.cli_env(), "CARRY_DOCKER": dockerenv.DOCKER_CLI, "CARRY_CACHE": str(tmp_path / "cache"),
+               "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    out = tmp_path / "dist"
+    result = carry("--config", str(ROOT / "examples" / "demo" / "build.yaml"), "test", env.runtime_base,
+                   "--out", str(out), env=run_env)
+    assert result.code == 1, result.out + result.err
+    (report,) = out.glob("image-sha256-*.test.json")
+    data = json.loads(report.read_text())
+    assert data["artifact"]["kind"] == "image" and data["artifact"]["name"] == env.runtime_base
+    assert data["passed"] is False and len(data["tests"]) == 2
+    assert all(entry["exit_status"] == 125 for entry in data["tests"])
 
 
 no_gpu_only = pytest.mark.skipif(gpu.probe() is not None, reason="a GPU answers here; the no-GPU path is untestable")

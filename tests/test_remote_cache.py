@@ -22,7 +22,7 @@ from carry.config import CompilerCache, RemoteCache
 from carry.errors import BadInput
 from carry.progress import Progress
 from cuda_tools import counting_cuda_home
-from helpers import BUILD_PY, ROOT, carry
+from helpers import BUILD_PY, ROOT, assert_bad_input, carry, write_config
 from procwatch import command_lines
 from services import free_port, private_redis, require_redis
 
@@ -280,3 +280,15 @@ def test_sccache_with_the_shared_redis_reports_its_own_statistics(tmp_path):
     assert redis.keys(SHARED_DB + 1) > 0
     assert not [line for line in seen if redis.password in line]
     assert secret_free(redis.password, tmp_path) == []
+
+
+@pytest.mark.parametrize("url, secret", [
+    ("redis://:p@ssw0rd@cache.example:6379/0", "ssw0rd"),
+    ("redis://user:hunter2@cache.example/1", "hunter2"),
+    ("http://cache.example/ccache?token=SECRET-TOKEN", "SECRET-TOKEN"),
+])
+def test_a_rejected_url_is_named_without_any_part_of_its_credentials(tmp_path, url, secret):
+    config = write_config(tmp_path, "upstream.bundle", "a" * 40, extra=f"build:\n  remote_cache: '{url}'\n")
+    result = carry("--config", str(config), "check")
+    assert_bad_input(result, "build.remote_cache", "cache.example")
+    assert secret not in result.err
