@@ -158,14 +158,7 @@ def verify(obj: Context, artifact: str, arch: str | None, platform: str | None) 
         result = testrun.check_report(Path(artifact))
         click.echo("\n".join(result.lines()))
         sys.exit(0 if result.ok else 1)
-    target = parse_platform(platform)
-    session = obj.session()
-    if artifact.endswith(".whl") or Path(artifact).is_file():
-        if target is not None:
-            raise click.UsageError("--platform is for image tags; a wheel's platform is in its file name")
-        results = (session.verify_wheel(Path(artifact), arch),)
-    else:
-        results = session.verify_image(artifact, target, arch)
+    results = obj.session().verify(artifact, parse_platform(platform), arch)
     click.echo("\n".join(line for result in results for line in result.lines()))
     sys.exit(0 if all(result.ok for result in results) else 1)
 

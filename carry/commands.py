@@ -175,7 +175,7 @@ class Session:
 
         found = gpu.require("test")
         commands = self._tests()
-        if artifact.endswith(".whl") or Path(artifact).is_file():
+        if names_a_wheel(artifact):
             wheel_path = Path(artifact)
             report = testrun.run_on_wheel(wheel_path, commands, found, self.cache.scratch, timeout, progress)
             return TestOutcome(report, testrun.write(report, testrun.wheel_report_path(wheel_path)))
@@ -272,6 +272,14 @@ class Session:
             raise Failed("the series does not apply; run `check` for details")
         return container.upstream_pyproject(git.show_blob(checked.mirror, f"{checked.report.tree}:pyproject.toml"))
 
+    def verify(self, artifact: str, platform: Platform | None, arch: str | None) -> tuple[verify.Verification, ...]:
+        """A wheel file, or every platform (or the one asked) of an image reference."""
+        if not names_a_wheel(artifact):
+            return self.verify_image(artifact, platform, arch)
+        if platform is not None:
+            raise BadInput("--platform is for image tags; a wheel's platform is in its file name")
+        return (self.verify_wheel(Path(artifact), arch),)
+
     def verify_image(self, ref: str, platform: Platform | None, arch: str | None) -> tuple[verify.Verification, ...]:
         from carry import image
 
@@ -314,6 +322,11 @@ class Session:
         from carry import refresh
 
         return refresh.refresh(self.config, self.cache, self.series(), onto)
+
+
+def names_a_wheel(artifact: str) -> bool:
+    """A wheel file (an existing file or a *.whl path) rather than an image reference."""
+    return artifact.endswith(".whl") or Path(artifact).is_file()
 
 
 def check_table(report: apply.CheckReport) -> str:
