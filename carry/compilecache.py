@@ -13,7 +13,6 @@ import collections
 import contextlib
 import dataclasses
 import json
-import os
 import socket
 import ssl
 import subprocess
@@ -26,6 +25,7 @@ from typing import Iterator, Mapping
 
 from carry.config import CompilerCache, Config, RemoteCache, RemoteScheme
 from carry.errors import BadInput
+from carry.fsutil import write_private
 from carry.progress import Progress
 from carry.toolchain import Launcher
 
@@ -277,14 +277,6 @@ class CacheRun:
         }
 
 
-def _private_file(path: Path, text: str) -> Path:
-    """Write a mode-600 file (created so: the secret is never readable by others, not even briefly)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    return path
-
-
 def _ccache_remote_url(remote: RemoteCache, credentials: Credentials, read_only: bool) -> str:
     """ccache's URL for the backend: it percent-decodes the user info and then splits user from password at
     the first ':', so a password with a ':' gets redis' `default` user in front (an empty user for http)."""
@@ -295,9 +287,7 @@ def _ccache_remote_url(remote: RemoteCache, credentials: Credentials, read_only:
         if user is None and (remote.scheme is RemoteScheme.HTTP or ":" in credentials.password):
             user = "default" if remote.scheme is RemoteScheme.REDIS else ""
         userinfo = f"{urllib.parse.quote(user, safe='')}:{password}@" if user is not None else f"{password}@"
-    port = f":{remote.port}" if remote.port is not None else ""
-    tail = f"/{remote.db}" if remote.db is not None else (f"/{remote.path}" if remote.path else "")
-    url = f"{remote.scheme.value}://{userinfo}{remote.host}{port}{tail}"
+    url = remote.url(userinfo)
     attributes = [f"connect-timeout={CONNECT_TIMEOUT_MS}", f"operation-timeout={OPERATION_TIMEOUT_MS}"]
     if read_only:
         attributes.append("read-only=true")
@@ -322,7 +312,7 @@ def _ccache_env(launcher_dir: Path, src: Path, scratch: Path, remote_url: str | 
                            if line.split("=", 1)[0].strip() not in ("remote_storage", "secondary_storage"))
         if kept and not kept.endswith("\n"):
             kept += "\n"
-        config = _private_file(scratch / "ccache-private.conf", f"{kept}remote_storage = {remote_url}\n")
+        config = write_private(scratch / "ccache-private.conf", f"{kept}remote_storage = {remote_url}\n")
         env["CCACHE_CONFIGPATH"] = str(config)
     return env
 
@@ -336,8 +326,7 @@ def _sccache_config(remote: RemoteCache, credentials: Credentials) -> str:
     user = [f"username = {value(credentials.user)}"] if credentials.user else []
     password = [f"password = {value(credentials.password)}"] if credentials.password else []
     if remote.scheme in (RemoteScheme.REDIS, RemoteScheme.REDISS):
-        port = f":{remote.port}" if remote.port is not None else ""
-        lines = ["[cache.redis]", f"endpoint = {value(f'{remote.scheme.value}://{remote.host}{port}')}",
+        lines = ["[cache.redis]", f"endpoint = {value(dataclasses.replace(remote, db=None).url())}",
                  *user, *password, f"db = {remote.db or 0}"]
     elif remote.scheme in (RemoteScheme.HTTP, RemoteScheme.HTTPS):
         lines = ["[cache.webdav]", f"endpoint = {value(str(remote))}", *user, *password]
@@ -416,7 +405,7 @@ def _sccache_server(launcher, cache_root, src, scratch, environ, remote, credent
     }
     env = dict(local)
     if remote is not None:
-        env["SCCACHE_CONF"] = str(_private_file(scratch / "sccache-private.toml", _sccache_config(remote, credentials)))
+        env["SCCACHE_CONF"] = str(write_private(scratch / "sccache-private.toml", _sccache_config(remote, credentials)))
         if remote.scheme is RemoteScheme.GHA:
             env["SCCACHE_GHA_ENABLED"] = "on"
     server_env = {**secret_free_env(environ), **env}

@@ -118,12 +118,16 @@ class RemoteCache:
             raise BadInput(f"{where} {shown!r}: s3:// takes a bucket, not host:port; use s3://BUCKET[/PREFIX]")
         return cls(scheme, parts.hostname, port, db, path)
 
-    def __str__(self) -> str:
+    def url(self, userinfo: str = "") -> str:
+        """The backend's URL; `userinfo` (`user:password@`, quoted) goes only into a launcher's private config."""
         if self.scheme is RemoteScheme.GHA:
             return "gha"
         port = f":{self.port}" if self.port is not None else ""
         tail = f"/{self.db}" if self.db is not None else (f"/{self.path}" if self.path else "")
-        return f"{self.scheme.value}://{self.host}{port}{tail}"
+        return f"{self.scheme.value}://{userinfo}{self.host}{port}{tail}"
+
+    def __str__(self) -> str:
+        return self.url()
 
     def check_launcher(self, launcher: CompilerCache, where: str) -> None:
         """An explicit compiler cache that cannot use this backend is bad input."""

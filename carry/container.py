@@ -27,6 +27,7 @@ from carry import upstream
 from carry.cache import Cache
 from carry.config import Config, strip_credentials
 from carry.errors import BadInput, Failed
+from carry.fsutil import write_private
 from carry.platforms import Emulation, Platform
 from carry.progress import Progress
 from carry.wheel import tail
@@ -200,10 +201,8 @@ def secret_file(config: Config, scratch: Path, extra: dict[str, str] | None = No
     values.update(extra or {})
     if not values:
         return None
-    path = scratch / "secret.env"
-    path.touch(mode=0o600)
-    path.write_text("".join(f"{name}={shlex.quote(value)}\n" for name, value in sorted(values.items())))
-    return path
+    return write_private(scratch / "secret.env",
+                         "".join(f"{name}={shlex.quote(value)}\n" for name, value in sorted(values.items())))
 
 
 @dataclasses.dataclass(frozen=True)

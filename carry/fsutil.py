@@ -65,6 +65,14 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode())
 
 
+def write_private(path: Path, text: str) -> Path:
+    """Write a new mode-600 file (created so: a secret in it is never readable by others, not even briefly)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    return path
+
+
 @contextlib.contextmanager
 def temp_dir(parent: Path, prefix: str) -> Iterator[Path]:
     """A scratch directory under `parent`, removed afterwards whatever happens (and by the next run if killed)."""

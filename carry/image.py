@@ -228,8 +228,8 @@ def build(
             progress.phase("context", f"project, carry, bundle of {config.upstream.commit[:12]}")
             container.assemble_context(config, cache, mirror, context, requirements)
             if options.hermetic:
-                container.hermetic_wheelhouse(config, cache, tuple(i.platform for i in the_plan.images), requirements,
-                               options.wheelhouse, context / "wheelhouse", progress)
+                container.hermetic_wheelhouse(config, cache, tuple(i.platform for i in the_plan.images),
+                                              requirements, options.wheelhouse, context / "wheelhouse", progress)
             access = container.stage_access(config, scratch, options.hermetic, progress)
             for image in the_plan.images:
                 progress.phase("build", f"{image.platform}{image.platform.where()}, arches {image.arches} -> "
