@@ -2,83 +2,58 @@
 
 from __future__ import annotations
 
-import base64
-import csv
-import hashlib
-import io
 import json
 import os
 import re
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Callable
 
 from wheel.wheelfile import WheelError, WheelFile
 
+from carry import wheelzip
 from carry.errors import Failed
 
 FILENAME = "carry-buildinfo.json"
 FORMAT = 1
 
 
-def stamp(wheel_path: Path, info: dict, scratch: Path) -> None:
-    """Add the buildinfo to the wheel's .dist-info and list it in RECORD, changing the wheel in place.
-
-    Callers stamp a wheel they own (a fresh build in their scratch dir), so nothing is copied first. When
-    RECORD is the archive's last member, as wheel builders write it, only RECORD is replaced and every other
-    member keeps its compressed bytes (a large .so is not inflated and deflated again); otherwise the wheel is
-    unpacked and repacked by WheelFile, which regenerates RECORD, and renamed over the original.
-    """
+def stamp(wheel_path: Path, info: dict, tags: tuple[str, ...] | None = None) -> Path:
+    """Add the buildinfo to the wheel's .dist-info and list it in RECORD; with `tags`, also retag the wheel
+    (its WHEEL file's Tag lines and its file name). Every other member keeps its compressed bytes. The new wheel
+    replaces the old one through a rename; returns its path."""
     data = (json.dumps(info, indent=2, sort_keys=True) + "\n").encode()
-    if _replace_last_record(wheel_path, data):
-        return
-    scratch.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=scratch, prefix="stamp-") as tmp:
-        unpacked = Path(tmp) / "unpacked"
-        with WheelFile(wheel_path) as wheel:
-            wheel.extractall(unpacked)
-            dist_info = wheel.dist_info_path
-            _restore_modes(wheel.infolist(), unpacked)
-        (unpacked / dist_info / "RECORD").unlink()
-        (unpacked / dist_info / FILENAME).write_bytes(data)
-        repacked = Path(tmp) / wheel_path.name
-        with WheelFile(repacked, "w") as out:
-            out.write_files(str(unpacked))
-        os.replace(repacked, wheel_path)
+    with zipfile.ZipFile(wheel_path) as archive:
+        info_dir = wheelzip.dist_info(archive)
+        changes: dict[str, bytes | None] = {f"{info_dir}/{FILENAME}": data}
+        if tags:
+            wheel_file = f"{info_dir}/WHEEL"
+            changes[wheel_file] = wheelzip.retagged_wheel_file(archive.read(wheel_file).decode(), tags).encode()
+    target = wheel_path.with_name(retagged_name(wheel_path.name, tags)) if tags else wheel_path
+    tmp = wheel_path.with_name(f".{wheel_path.name}.stamp-{os.getpid()}.tmp")
+    try:
+        wheelzip.rewrite(wheel_path, tmp, changes)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    if target != wheel_path:
+        wheel_path.unlink()
+    return target
 
 
-def _replace_last_record(wheel_path: Path, data: bytes) -> bool:
-    """Cut RECORD off the end of the archive and append the buildinfo and a new RECORD; False if RECORD is
-    not the last member (or the buildinfo is already there), leaving the file as it was.
+def retagged_name(name: str, tags: tuple[str, ...]) -> str:
+    """`dist-version-cp311-cp311-linux_x86_64.whl` with its tag triple replaced by `tags` (compressed the way
+    wheel names are: `py2.py3-none-any`)."""
+    stem = name.removesuffix(".whl").split("-")
+    pythons, abis, platforms = (".".join(dict.fromkeys(tag.split("-")[i] for tag in tags)) for i in range(3))
+    return "-".join([*stem[:-3], pythons, abis, platforms]) + ".whl"
 
-    This leans on two zipfile internals (`start_dir`, `NameToInfo`) so that append mode writes over the old
-    RECORD; `read()` below re-checks every member against the new RECORD, and the tests do too.
-    """
-    with WheelFile(wheel_path) as wheel:
-        dist_info = wheel.dist_info_path
-    record_name, info_name = f"{dist_info}/RECORD", f"{dist_info}/{FILENAME}"
-    with zipfile.ZipFile(wheel_path, "a") as archive:
-        members = archive.infolist()
-        names = {member.filename for member in members}
-        last = max(members, key=lambda member: member.header_offset)
-        if last.filename != record_name or info_name in names:
-            return False
-        rows = [row for row in csv.reader(archive.read(last).decode().splitlines()) if row and row[0] != record_name]
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        rows += [[info_name, f"sha256={digest}", str(len(data))], [record_name, "", ""]]
-        record = io.StringIO()
-        csv.writer(record, lineterminator="\n").writerows(rows)
-        # Drop RECORD from the central directory and write over its bytes; closing truncates the rest.
-        members.remove(last)
-        del archive.NameToInfo[record_name]
-        archive.start_dir = last.header_offset
-        for name, payload in ((info_name, data), (record_name, record.getvalue().encode())):
-            member = zipfile.ZipInfo(name, date_time=last.date_time)
-            member.compress_type = zipfile.ZIP_DEFLATED
-            member.external_attr = 0o644 << 16
-            archive.writestr(member, payload)
-    return True
+
+def wheel_tags(wheel_path: Path) -> tuple[str, ...]:
+    """The Tag lines of a wheel's WHEEL file."""
+    with zipfile.ZipFile(wheel_path) as archive:
+        text = archive.read(f"{wheelzip.dist_info(archive)}/WHEEL").decode()
+    return tuple(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Tag:"))
 
 
 def _restore_modes(members: list[zipfile.ZipInfo], unpacked: Path) -> None:

@@ -15,6 +15,7 @@ from carry import config, version
 from carry.arch import ArchList
 from carry.cache import Cache
 from carry.errors import BadInput, Failed
+from carry.gatepolicy import GatePolicy
 
 if TYPE_CHECKING:
     from carry import apply, crossbuild, drop, image, prove, refresh, series, testrun, verdicts, verify, wheel
@@ -119,6 +120,10 @@ class Session:
             )
         return configured
 
+    def policy(self, arch: str | None, platform: Platform | None = None) -> GatePolicy:
+        """The gate policy of a build: its arches (as `arches` resolves them) and build.gate's rules."""
+        return self.config.gate_policy(self.arches(arch, platform))
+
     @staticmethod
     def given_arches(arch: str | None) -> ArchList | None:
         """--arch parsed, or None when it was not given; an empty --arch is bad input."""
@@ -126,11 +131,16 @@ class Session:
             raise BadInput("--arch is empty; pass arches, e.g. --arch 9.0,12.1, or --arch none for a Python-only wheel")
         return ArchList.parse(arch) if arch is not None else None
 
-    def expected(self) -> verify.Expected:
-        """What an artifact built from this repo now must say about itself."""
+    def expected(self, with_tree: bool = True) -> verify.Expected:
+        """What an artifact built from this repo now must say about itself; `with_tree` adds the patched tree
+        (the series is checked) so that a wheel's files can be compared with it."""
         from carry import verify
 
-        return verify.Expected(self.version(), self.series().hash, self.config.upstream.commit)
+        if not with_tree:
+            return verify.Expected(self.version(), self.series().hash, self.config.upstream.commit)
+        checked = self.check()
+        return verify.Expected(self.version(), checked.series.hash, self.config.upstream.commit,
+                               checked.report.tree, checked.mirror, self.config.build.generated)
 
     def wheel(self, arch: str | None, out: Path, jobs: int | None, progress: Progress) -> wheel.WheelResult:
         """check -> plan -> reuse or build the wheel -> publish into `out`."""
@@ -144,7 +154,7 @@ class Session:
         checked tree."""
         from carry import compilecache, toolchain, wheel
 
-        arches = self.arches(arch)
+        policy = self.policy(arch)
         job_plan = toolchain.choose_jobs(jobs, self.config.build.env)
         remote = compilecache.remote_setting(self.config, os.environ)
         current = self.version()
@@ -157,7 +167,7 @@ class Session:
                                              self.config.build.compiler_cache, self.cache.root, remote))
             progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: "
                            f"tree {str(report.tree)[:12]}")
-            plan = wheel.plan(self.config, report, current, arches, job_plan, tools[0], remote)
+            plan = wheel.plan(self.config, report, current, policy, job_plan, tools[0], remote)
             return wheel.build(self.config, self.cache, mirror, report, patches, plan, out, progress)
 
         return build
@@ -214,14 +224,16 @@ class Session:
     def platform_wheel(self, platform: Platform, arch: str | None, out: Path, hermetic: bool,
                        wheelhouse: Path | None, progress: Progress) -> crossbuild.CrossWheel:
         """check -> context -> that platform's build stage (emulated where foreign) -> checked wheel in `out`."""
-        from carry import container, crossbuild
+        from carry import container, crossbuild, verify
 
-        arches = self.arches(arch, platform)
+        policy = self.policy(arch, platform)
         builder = container.resolve_builder(self.config, (platform,))
         checked = self._checked(progress)
         requirements = container.build_requirements(self._upstream_pyproject(checked))
-        return crossbuild.build(self.config, self.cache, checked.mirror, checked.report.tree, platform, arches,
-                                hermetic, wheelhouse, requirements, builder, self.expected(), out, progress)
+        expected = verify.Expected(self.version(), checked.series.hash, self.config.upstream.commit,
+                                   checked.report.tree, checked.mirror, self.config.build.generated)
+        return crossbuild.build(self.config, self.cache, checked.mirror, checked.report.tree, platform, policy,
+                                hermetic, wheelhouse, requirements, builder, expected, out, progress)
 
     def image(self, options: image.ImageOptions, arch: str | None, progress: Progress) -> image.ImageResult:
         """check -> context (carry + config + bundle) -> a BuildKit build per platform -> tags and labels -> push
@@ -284,13 +296,14 @@ class Session:
         from carry import image
 
         arches = self.given_arches(arch)
-        return image.verify_image(ref, self.config, self.expected(), platform, arches, self.cache.scratch)
+        return image.verify_image(ref, self.config, self.expected(with_tree=False), platform, arches,
+                                  self.cache.scratch)
 
     def verify_wheel(self, path: Path, arch: str | None) -> verify.Verification:
         from carry import verify
 
         arches = self.given_arches(arch)
-        result = verify.verify_wheel(path, self.expected(), self.cache.scratch, arches)
+        result = verify.verify_wheel(path, self.expected(), arches)
         return self._with_test_report(path, result)
 
     def _with_test_report(self, wheel_path: Path, result: verify.Verification) -> verify.Verification:
@@ -322,6 +335,26 @@ class Session:
         from carry import refresh
 
         return refresh.refresh(self.config, self.cache, self.series(), onto)
+
+
+def gate(config_path: Path, targets: tuple[str, ...], arch: str | None, platform: Platform | None,
+         strict: bool = False):
+    """Gate a wheel, an unpacked tree or `.so` files, upstream's own releases included: by build.yaml's policy
+    when there is a config (its arches, or --arch), by the strict rule when not; the CPU of every `.so` against
+    --platform, else the wheel's tag."""
+    from carry import binaries, gate as gating, verify
+
+    loaded = config.load(config_path) if config_path.exists() else None
+    objects, tag = binaries.read(targets)
+    found_platform = platform or (verify.wheel_platform(Path(targets[0])) if tag else None)
+    arches = Session.given_arches(arch)
+    if arches is None and loaded is not None:
+        arches = loaded.arches_for(found_platform) if found_platform else loaded.build.cuda_arches
+    if arches is None:
+        where = f"{config_path} has no build.cuda_arches" if loaded else f"no config at {config_path}"
+        raise BadInput(f"{where}: pass --arch LIST (e.g. --arch 12.1,10.0,9.0) to say which GPUs to gate for")
+    policy = loaded.gate_policy(arches) if loaded is not None and not strict else GatePolicy(arches)
+    return gating.check(objects, policy, found_platform)
 
 
 def names_a_wheel(artifact: str) -> bool:

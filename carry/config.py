@@ -16,6 +16,7 @@ from packaging.version import Version as PackagingVersion
 
 from carry.arch import ArchList
 from carry.errors import BadInput
+from carry.gatepolicy import GatePolicy, GateRule, parse_rules
 from carry.platforms import Platform
 
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -162,6 +163,18 @@ class TestCommand:
     text: str
 
 
+DEFAULT_KEEP = ("build/temp.*",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    """A glob of wheel paths the upstream's build writes (a version file, code copied from a dependency), with
+    why; such files need not be in the patched tree, or may differ from it."""
+
+    glob: str
+    why: str
+
+
 @dataclasses.dataclass(frozen=True)
 class Build:
     cuda_arches: ArchList | None  # None: not set; an empty list: no CUDA code expected
@@ -172,6 +185,9 @@ class Build:
     compiler_cache: CompilerCache
     remote_cache: RemoteCache | None
     tests: tuple[TestCommand, ...] = ()
+    gate: tuple[GateRule, ...] = ()  # shared objects built for some GPUs only, by the upstream's design
+    generated: tuple[Generated, ...] = ()  # files the build makes that the patched tree does not hold
+    keep: tuple[str, ...] = DEFAULT_KEEP  # build-dir paths kept between builds (objects, never outputs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,6 +235,11 @@ class Config:
         """The CUDA arches a build for `platform` asks for: its own, else build.cuda_arches."""
         own = self.target(platform).cuda_arches
         return own if own is not None else self.build.cuda_arches
+
+    def gate_policy(self, arches: ArchList) -> GatePolicy:
+        """The gate's policy for a build promising `arches`: build.gate's rules, from this file."""
+        return GatePolicy(arches, self.build.gate, f"{self.path.name} build.gate") if self.build.gate else \
+            GatePolicy(arches)
 
 
 class _Section:
@@ -393,7 +414,7 @@ def load(path: Path) -> Config:
 
 BUILD_KEYS = (
     "cuda_arches", "env", "wheel_version", "version_env", "build_isolation", "compiler_cache", "remote_cache",
-    "tests",
+    "tests", "gate", "generated", "keep",
 )
 IMAGE_KEYS = (
     "name", "tags", "platforms", "base_image", "runtime_image", "build_args", "labels", "env", "secret_env",
@@ -439,7 +460,39 @@ def _build(section: _Section) -> Build:
         compiler_cache=compiler_cache,
         remote_cache=remote_cache,
         tests=_tests(section),
+        gate=parse_rules(section.data.get("gate"), f"{section.path}: build.gate"),
+        generated=_generated(section),
+        keep=_keep(section),
     )
+
+
+def _generated(section: _Section) -> tuple[Generated, ...]:
+    """build.generated: a mapping of wheel-path glob to why the build writes it."""
+    value = section.data.get("generated")
+    if value is None:
+        return ()
+    form = "a mapping of wheel-path glob to why the build writes it, e.g. {'pkg/_version.py': 'setuptools-scm'}"
+    if not isinstance(value, dict):
+        raise section.fail("generated", form)
+    found = []
+    for glob, why in value.items():
+        if not isinstance(glob, str) or not glob.strip() or glob.startswith("/") or ".." in glob.split("/"):
+            raise BadInput(f"{section.path}: build.generated has {glob!r}; use a glob relative to the wheel's root")
+        if not isinstance(why, str) or not why.strip():
+            raise BadInput(f"{section.path}: build.generated.{glob} needs a reason (which build step writes it)")
+        found.append(Generated(glob.strip(), " ".join(why.split())))
+    return tuple(found)
+
+
+def _keep(section: _Section) -> tuple[str, ...]:
+    """build.keep: build-dir paths (globs) that survive between builds, e.g. setuptools' object dirs."""
+    keep = section.strings("keep", DEFAULT_KEEP)
+    for glob in keep:
+        parts = glob.strip("/").split("/")
+        if glob.startswith("/") or ".." in parts or parts[0] in ("", ".", "*", "**"):
+            raise BadInput(f"{section.path}: build.keep has {glob!r}; name directories of build objects inside "
+                           f"the source tree, e.g. 'build/temp.*'")
+    return keep
 
 
 def _tests(section: _Section) -> tuple[TestCommand, ...]:

@@ -9,29 +9,34 @@ import dataclasses
 from pathlib import Path
 
 from carry import container, gate, verify
-from carry.arch import ArchList
 from carry.cache import Cache
 from carry.config import Config
 from carry.container import Builder, StageBuild
 from carry.errors import Failed
-from carry.fsutil import temp_dir
+from carry.fsutil import atomic_write_text, temp_dir
+from carry.gatepolicy import GatePolicy
 from carry.platforms import Platform
 from carry.progress import Progress
 from carry.verify import Expected
-from carry.wheel import publish
+from carry.wheel import gate_report_path, publish
 
 
 @dataclasses.dataclass(frozen=True)
 class CrossWheel:
     path: Path
     platform: Platform
-    gate: gate.GateReport
+    checks: verify.Inspection
+
+    @property
+    def gate(self) -> gate.GateReport:
+        return self.checks.gate
 
 
-def build(config: Config, cache: Cache, mirror: Path, tree: str, platform: Platform, arches: ArchList,
+def build(config: Config, cache: Cache, mirror: Path, tree: str, platform: Platform, policy: GatePolicy,
           hermetic: bool, wheelhouse: Path | None, requirements: list[str], builder: Builder, expected: Expected,
           out: Path, progress: Progress) -> CrossWheel:
     """Build in `platform`'s build stage, check the exported wheel, publish it into `out` (atomically)."""
+    arches = policy.arches
     log = cache.logs / f"wheel-{platform.tag}-{tree[:12]}.log"
     log.unlink(missing_ok=True)
     with temp_dir(cache.scratch, "crosswheel-") as scratch:
@@ -47,7 +52,8 @@ def build(config: Config, cache: Cache, mirror: Path, tree: str, platform: Platf
                    access.network, output_dir=exported).run(builder, access.secret, context, log)
         wheel = _single_wheel(exported, log)
         progress.phase("gate", f"{wheel.name}: {platform.machine} code for arches {arches}")
-        report = _check(wheel, platform, arches, expected, scratch)
+        report = _check(wheel, platform, policy, expected, progress)
+        atomic_write_text(gate_report_path(wheel), "\n".join(report.full_lines()) + "\n")
         published = publish(wheel, out)
     return CrossWheel(published, platform, report)
 
@@ -59,16 +65,21 @@ def _single_wheel(directory: Path, log: Path) -> Path:
     return wheels[0]
 
 
-def _check(wheel: Path, platform: Platform, arches: ArchList, expected: Expected, scratch: Path) -> gate.GateReport:
+def _check(wheel: Path, platform: Platform, policy: GatePolicy, expected: Expected,
+           progress: Progress) -> verify.Inspection:
     """The wheel is what the build stage says it is: built on `platform`, for its CPU (tag and every `.so`),
-    gated for `arches`, from this repo's series; the first problem fails the build."""
+    gated by `policy`, holding exactly the patched tree, from this repo's series; any problem fails the build,
+    with the checks printed in full."""
     tag = wheel.name.removesuffix(".whl").rsplit("-", 1)[-1]
     if Platform.from_wheel_tag(tag) not in (platform, None):
         raise Failed(f"{wheel.name} is tagged {tag}, not for {platform}")
-    checked = verify.verify_wheel(wheel, expected, scratch, arches)
+    checked = verify.verify_wheel(wheel, expected, policy.arches)
+    for line in checked.checks.lines() if checked.ok else checked.checks.full_lines():
+        progress.phase("gate", line)
     if checked.info.get("platform") != str(platform):
         raise Failed(f"{wheel.name} says it was built on {checked.info.get('platform')}, not {platform}")
     if checked.mismatches:
         raise Failed(f"{wheel.name}: {checked.mismatches[0].describe()}")
-    checked.gate.raise_for_failures()
-    return checked.gate
+    if not checked.checks.ok:
+        raise Failed(f"{wheel.name} failed its checks ({checked.checks.summary()}); nothing was published")
+    return checked.checks

@@ -10,6 +10,7 @@ and its u32 flags at 0x28, where 0x100000 marks an 'a' and 0x200000 an 'f' targe
 
 from __future__ import annotations
 
+import io
 import struct
 from dataclasses import dataclass
 from enum import Enum
@@ -72,19 +73,28 @@ def read(path: str | Path) -> list[FatbinEntry]:
     if not is_elf(path):
         return []
     try:
-        data, align = _section_data(path)
-        return _parse_section(data, align) if data else []
+        return read_bytes(path.read_bytes())
+    except Failed as exc:
+        raise Failed(f"{path}: {exc}") from None
+
+
+def read_bytes(data: bytes) -> list[FatbinEntry]:
+    """Every cubin and PTX entry in the ELF file `data`, in section order; [] for non-ELF or CPU-only code."""
+    if not data.startswith(ELF_MAGIC):
+        return []
+    try:
+        section, align = _section_data(data)
+        return _parse_section(section, align) if section else []
     except (ELFError, _Corrupt, struct.error) as error:
-        raise Failed(f"{path}: corrupt {SECTION} section ({error})") from None
+        raise Failed(f"corrupt {SECTION} section ({error})") from None
 
 
-def _section_data(path: Path) -> tuple[bytes, int]:
+def _section_data(data: bytes) -> tuple[bytes, int]:
     """The section's bytes and its alignment."""
-    with open(path, "rb") as stream:
-        section = ELFFile(stream).get_section_by_name(SECTION)
-        if section is None:
-            return b"", 1
-        return section.data(), max(1, section["sh_addralign"])
+    section = ELFFile(io.BytesIO(data)).get_section_by_name(SECTION)
+    if section is None:
+        return b"", 1
+    return section.data(), max(1, section["sh_addralign"])
 
 
 def _parse_section(data: bytes, align: int = 1) -> list[FatbinEntry]:

@@ -243,3 +243,11 @@ def sync_worktree(repo: Path, tree: str, worktree: Path, index: Path) -> None:
     if modified:
         run(repo, *base, "checkout-index", "--force", "--", *modified, env=env)
 
+
+def clean_untracked(repo: Path, worktree: Path, index: Path, keep: tuple[str, ...]) -> list[str]:
+    """Remove every file and directory in `worktree` that `index` does not track (ignored ones too), except the
+    paths matching `keep` (globs from the worktree's root); return what was removed."""
+    excludes = [arg for glob in keep for arg in ("-e", "/" + glob.strip("/"))]
+    out = run(repo, "--work-tree", str(worktree), "clean", "-ffdx", *excludes, env={"GIT_INDEX_FILE": str(index)})
+    return [line.removeprefix("Removing ").strip() for line in out.splitlines() if line.startswith("Removing ")]
+

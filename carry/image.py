@@ -23,10 +23,10 @@ from carry.config import TAG_RE, Config, public_url
 from carry.container import Builder, StageBuild
 from carry.errors import BadInput, Failed
 from carry.fsutil import temp_dir
-from carry.platforms import Platform, wrong_machine
+from carry.platforms import Platform
 from carry.progress import Progress
 from carry.series import Series
-from carry.verify import Expected, Mismatch, Verification, compare
+from carry.verify import Expected, Inspection, Mismatch, Verification, compare, recorded_policy
 
 LABEL_PREFIX = "io.carry"
 # Run inside an image: import the wheel's package, print the buildinfo, the CPU and the wheel's shared objects.
@@ -35,7 +35,8 @@ import importlib, importlib.metadata as metadata, json, os, platform, sys
 dist = metadata.distribution(sys.argv[1])
 top = (dist.read_text("top_level.txt") or sys.argv[1]).split()[0]
 importlib.import_module(top)
-libs = sorted(os.path.realpath(dist.locate_file(f)) for f in dist.files or () if ".so" in f.name.split("/")[-1])
+libs = sorted([str(f), os.path.realpath(dist.locate_file(f))] for f in dist.files or ()
+              if ".so" in f.name.split("/")[-1])
 print(json.dumps({"machine": platform.machine(), "python": platform.python_version(), "libs": libs,
                   "buildinfo": json.loads(dist.read_text("carry-buildinfo.json"))}))
 """
@@ -348,7 +349,7 @@ def _coverage(ref: str, config: Config, version: str, held: tuple[Platform, ...]
 
 def _verify_one(client, ref: str, image, platform: Platform, expected: Expected, arches: ArchList | None, scratch: Path,
                 coverage: list[Mismatch]) -> Verification:
-    from carry import gate, registry
+    from carry import binaries, gate, registry
 
     labels = image.labels or {}
     from_labels = {
@@ -363,21 +364,19 @@ def _verify_one(client, ref: str, image, platform: Platform, expected: Expected,
         raise Failed(f"{ref}: no {LABEL_PREFIX}.wheel label; it was not built by carry")
     with temp_dir(scratch, "verify-image-") as files:
         output = registry.run(client, image.id, ["python3", "-c", INSPECT_SCRIPT, dist],
-                              copy_out=lambda out: _inspect_output(ref, dist, out)["libs"], dest=files)
+                              copy_out=lambda out: [real for _, real in _inspect_output(ref, dist, out)["libs"]],
+                              dest=files)
         seen = _inspect_output(ref, dist, output)
-        libs = [files / lib.lstrip("/") for lib in seen["libs"]]
-        wanted = arches if arches is not None else ArchList.parse(seen["buildinfo"].get("cuda_arches", ""))
-        report = gate.check_files(libs, wanted, root=files) if libs else gate.GateReport(wanted, ())
-        machine_problems = wrong_machine(libs, platform, files)
+        objects = [binaries.named(installed, files / real.lstrip("/")) for installed, real in seen["libs"]]
     info = seen["buildinfo"]
+    policy = recorded_policy(info, f"{ref} buildinfo")
+    report = gate.check(objects, policy.with_arches(arches) if arches is not None else policy, platform)
     mismatches += [Mismatch(f"buildinfo {m.field}", m.expected, m.found) for m in compare(info, expected)]
     if seen["machine"] != platform.machine:
         mismatches.append(Mismatch("python machine", platform.machine, seen["machine"]))
-    mismatches += [Mismatch("shared object", platform.machine, problem) for problem in machine_problems]
-    notes = (f"platform {platform}{platform.where()}: python {seen['python']} on {seen['machine']}",
-             *(f"{Path(lib).name}: {platform.machine} ELF (e_machine {platform.e_machine})" for lib in seen["libs"]
-               if not any(Path(lib).name in p for p in machine_problems)))
-    return Verification(f"{ref} {platform} ({image.id[:19]})", info, tuple(mismatches), report, notes)
+    notes = (f"platform {platform}{platform.where()}: python {seen['python']} on {seen['machine']}",)
+    return Verification(f"{ref} {platform} ({image.id[:19]})", info, tuple(mismatches), Inspection(report, None),
+                        notes)
 
 
 def _inspect_output(ref: str, dist: str, output: str) -> dict:

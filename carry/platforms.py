@@ -102,29 +102,9 @@ class Platform(enum.Enum):
         return ident + struct.pack(f"{order}HH", 2, self.e_machine)
 
 
-def elf_machine(path: Path) -> int | None:
-    """The e_machine of an ELF file (183 for aarch64, 62 for x86-64), or None when it is not ELF."""
-    with open(path, "rb") as handle:
-        header = handle.read(20)
-    if len(header) < 20 or not header.startswith(ELF_MAGIC):
-        return None
-    return struct.unpack(">H" if header[5] == 2 else "<H", header[18:20])[0]
-
-
 def machine_name(e_machine: int | None) -> str:
     found = next((p for p in Platform if p.e_machine == e_machine), None)
     return found.machine if found else f"e_machine {e_machine}"
-
-
-def wrong_machine(files: list[Path], platform: Platform, root: Path) -> list[str]:
-    """A message for each ELF file among `files` that is not built for `platform`'s CPU."""
-    problems = []
-    for path in files:
-        found = elf_machine(path)
-        if found is not None and found != platform.e_machine:
-            problems.append(f"{path.relative_to(root)} is {machine_name(found)} code (ELF e_machine {found}), "
-                            f"not {platform.machine} ({platform.e_machine}) as {platform} needs")
-    return problems
 
 
 class Emulation:

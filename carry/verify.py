@@ -1,24 +1,33 @@
-"""Verify an artifact against this repo: provenance fields must match, CUDA code must cover the arches."""
+"""Verify an artifact against this repo: provenance fields must match, the CUDA code must satisfy the gate policy
+the wheel was built with, its shared objects must be code for its CPU, and it must hold exactly the patched tree.
+
+`inspect_wheel` is the check every produced wheel passes before it is stamped, and `verify_wheel` runs it again
+on a wheel from anywhere."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from carry import buildinfo, gate
+from carry import binaries, buildinfo, gate, treecheck
 from carry.arch import ArchList
+from carry.config import Generated
 from carry.errors import Failed
-from carry.fsutil import temp_dir
-from carry.platforms import Platform, wrong_machine
+from carry.gatepolicy import GatePolicy
+from carry.platforms import Platform
 
 
 @dataclasses.dataclass(frozen=True)
 class Expected:
-    """What this repo says the artifact must be built from."""
+    """What this repo says the artifact must be built from; `mirror` and `tree` (the patched tree) let the
+    wheel's files be compared with it."""
 
     version: str
     series_hash: str
     commit: str
+    tree: str | None = None
+    mirror: Path | None = None
+    generated: tuple[Generated, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,16 +41,60 @@ class Mismatch:
 
 
 @dataclasses.dataclass(frozen=True)
+class Inspection:
+    """What a wheel's contents prove: the gate (CUDA code per arch, CPU per shared object) and the tree check."""
+
+    gate: gate.GateReport
+    tree: treecheck.TreeCheck | None
+
+    @property
+    def ok(self) -> bool:
+        return self.gate.ok and (self.tree is None or self.tree.ok)
+
+    def summary(self) -> str:
+        parts = [] if self.gate.ok else [f"gate: {len(self.gate.failures)} problem(s)"]
+        parts += [] if self.tree is None or self.tree.ok else [f"tree: {len(self.tree.problems)} file(s)"]
+        return ", ".join(parts) or "ok"
+
+    def lines(self) -> list[str]:
+        return self.gate.lines() + (self.tree.lines() if self.tree else [])
+
+    def full_lines(self) -> list[str]:
+        return self.gate.full_lines() + (self.tree.lines() if self.tree else [])
+
+
+def wheel_platform(path: Path) -> Platform | None:
+    """The platform of a wheel's file-name tag (None for `any`)."""
+    return Platform.from_wheel_tag(path.name.removesuffix(".whl").rsplit("-", 1)[-1])
+
+
+def inspect_wheel(wheel: Path, policy: GatePolicy, mirror: Path | None, tree: str | None,
+                  generated: tuple[Generated, ...], precompiled: dict[str, str] | None = None,
+                  platform: Platform | None = None) -> Inspection:
+    """Gate every shared object in `wheel` by `policy` and for the CPU of `platform` (default: its tag's);
+    compare its files with `tree` (when given)."""
+    report = gate.check(binaries.from_wheel(wheel), policy, platform or wheel_platform(wheel))
+    checked = None
+    if mirror is not None and tree is not None:
+        checked = treecheck.compare(wheel, tree, treecheck.tree_files(mirror, tree), generated, precompiled)
+    return Inspection(report, checked)
+
+
+@dataclasses.dataclass(frozen=True)
 class Verification:
     subject: str
     info: dict
     mismatches: tuple[Mismatch, ...]
-    gate: gate.GateReport | None
+    checks: Inspection | None
     notes: tuple[str, ...] = ()
 
     @property
+    def gate(self) -> gate.GateReport | None:
+        return self.checks.gate if self.checks else None
+
+    @property
     def ok(self) -> bool:
-        return not self.mismatches and (self.gate is None or self.gate.ok)
+        return not self.mismatches and (self.checks is None or self.checks.ok)
 
     def lines(self) -> list[str]:
         info = self.info
@@ -52,9 +105,9 @@ class Verification:
                  f"patches {', '.join(p['name'] for p in info.get('series', {}).get('patches', []))}"]
         rows += [f"  {note}" for note in self.notes]
         rows += [f"  MISMATCH {m.describe()}" for m in self.mismatches]
-        if self.gate is not None:
-            rows += [f"  {line}" for line in self.gate.lines()]
-            rows += [f"  GATE {failure.message}" for failure in self.gate.failures]
+        if self.checks is not None:
+            shown = self.checks.lines() if self.checks.ok else self.checks.full_lines()
+            rows += [f"  {line}" for line in shown]
         rows.append("  verified" if self.ok else "  NOT verified")
         return rows
 
@@ -67,11 +120,23 @@ def compare(info: dict, expected: Expected) -> tuple[Mismatch, ...]:
         "upstream.commit": str(info.get("upstream", {}).get("commit")),
     }
     wanted = {"version": expected.version, "series_hash": expected.series_hash, "upstream.commit": expected.commit}
-    return tuple(Mismatch(field, wanted[field], found[field]) for field in wanted if found[field] != wanted[field])
+    mismatches = [Mismatch(field, wanted[field], found[field]) for field in wanted if found[field] != wanted[field]]
+    if expected.tree and info.get("tree") and info["tree"] != expected.tree:
+        mismatches.append(Mismatch("tree", expected.tree, str(info["tree"])))
+    return tuple(mismatches)
 
 
-def verify_wheel(path: Path, expected: Expected, scratch: Path, arches: ArchList | None = None) -> Verification:
-    """Check RECORD hashes, the buildinfo against `expected`, and run the arch gate on every .so."""
+def recorded_policy(info: dict, where: str) -> GatePolicy:
+    """The gate policy a wheel was built with (its buildinfo); a buildinfo from before policies: the arches."""
+    recorded = info.get("gate_policy")
+    if isinstance(recorded, dict):
+        return GatePolicy.from_json(recorded, where)
+    return GatePolicy(ArchList.parse(info.get("cuda_arches", "")))
+
+
+def verify_wheel(path: Path, expected: Expected, arches: ArchList | None = None) -> Verification:
+    """RECORD hashes, the buildinfo against `expected`, the gate by the policy the wheel records (its arches,
+    or `arches`), the CPU of every shared object against the wheel's tag, and the tree check."""
     info = buildinfo.read(path)
     if info is None:
         raise Failed(f"{path}: no {buildinfo.FILENAME} in the wheel; it was not built by carry")
@@ -79,17 +144,13 @@ def verify_wheel(path: Path, expected: Expected, scratch: Path, arches: ArchList
     if info.get("version") and info["version"] not in buildinfo.wheel_version(path):
         mismatches.append(Mismatch("wheel version", f"a local label with {info['version']}",
                                    buildinfo.wheel_version(path)))
-    wanted = arches if arches is not None else ArchList.parse(info.get("cuda_arches", ""))
-    platform = Platform.from_wheel_tag(path.name.removesuffix(".whl").rsplit("-", 1)[-1])
+    policy = recorded_policy(info, f"{path.name} buildinfo")
+    if arches is not None:
+        policy = policy.with_arches(arches)
+    tree = info.get("tree") if expected.tree in (None, info.get("tree")) else None
+    checks = inspect_wheel(path, policy, expected.mirror, tree, expected.generated)
+    platform = wheel_platform(path)
     notes: tuple[str, ...] = ()
-    with temp_dir(scratch, "verify-") as unpacked:
-        buildinfo.extract(path, unpacked)
-        report = gate.check_files([unpacked], wanted, root=unpacked)
-        if platform is not None:
-            libs = [unpacked / file.path for file in report.files]
-            mismatches += [Mismatch("shared object", platform.machine, problem)
-                           for problem in wrong_machine(libs, platform, unpacked)]
-            notes = (f"platform {platform}: {len(libs)} shared object(s) checked for {platform.machine} code",)
     if platform is not None and info.get("platform") not in (None, str(platform)):
         mismatches.append(Mismatch("buildinfo platform", str(platform), str(info.get("platform"))))
-    return Verification(str(path), info, tuple(mismatches), report, notes)
+    return Verification(str(path), info, tuple(mismatches), checks, notes)

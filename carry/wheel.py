@@ -1,8 +1,15 @@
-"""Build the patched tree into a wheel with the upstream's own PEP 517 build, gate it, stamp it, cache it."""
+"""A wheel of the patched tree: planned once, produced (the upstream's own PEP 517 build in a clean build dir),
+then finished the same way whoever produced it: gate, tree check, version, stamp, store; published into `out`.
+
+    plan -> produce (source build) -> finish (inspect: gate + tree check, stamp, store) -> publish
+
+A rerun with the same plan key reuses the stored wheel and runs nothing.
+"""
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -10,23 +17,25 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from packaging.version import InvalidVersion, Version
 
 import carry
-from carry import buildinfo, compilecache, gate, git, pep517, toolchain
+from carry import buildinfo, compilecache, git, pep517, toolchain, verify
 from carry.apply import CheckReport
-from carry.arch import ArchList
 from carry.cache import Cache
 from carry.config import Config, RemoteCache, public_url
 from carry.errors import Failed
-from carry.fsutil import owned_prefix, sweep_dead, temp_dir
+from carry.fsutil import atomic_write_text, owned_prefix, sweep_dead, temp_dir
+from carry.gatepolicy import GatePolicy
 from carry.platforms import Platform
 from carry.progress import Progress
 from carry.series import Series
 
 LOG_TAIL_LINES = 40
 ARCH_VARIABLES = ("TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES")
+GATE_SUFFIX = ".gate.txt"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,13 +45,18 @@ class WheelPlan:
     tree: str
     version: str
     wheel_version: str
-    arches: ArchList
+    policy: GatePolicy
     env: dict[str, str]
     unset: tuple[str, ...]  # inherited variables the build must not see
     jobs: toolchain.JobPlan
     tools: toolchain.Toolchain
     key: str
     remote: RemoteCache | None = None  # the shared compile cache; it changes no output, so it is not in `key`
+    platform: Platform = dataclasses.field(default_factory=Platform.native)  # whose CPU the shared objects are
+
+    @property
+    def arches(self):
+        return self.policy.arches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +65,7 @@ class WheelResult:
     reused: bool
     plan: WheelPlan
     cache: compilecache.CacheOutcome | None = None  # what the compiler cache did; None when nothing was built
+    checks: verify.Inspection | None = None  # the gate and tree check of a fresh build
 
     def to_json(self) -> dict:
         return {
@@ -62,6 +77,9 @@ class WheelResult:
             "cuda_arches": str(self.plan.arches),
             "cache_key": self.plan.key,
             "compiler_cache": self.cache.to_json() if self.cache else None,
+            "gate": self.checks.gate.to_json() if self.checks else None,
+            "tree_check": self.checks.tree.to_json() if self.checks and self.checks.tree else None,
+            "gate_report": str(gate_report_path(self.path)),
         }
 
 
@@ -69,7 +87,7 @@ def plan(
     config: Config,
     report: CheckReport,
     version: str,
-    arches: ArchList,
+    policy: GatePolicy,
     job_plan: toolchain.JobPlan,
     tools: toolchain.Toolchain,
     remote: RemoteCache | None = None,
@@ -78,11 +96,14 @@ def plan(
         failed = [r.patch.name for r in report.results if r.failure]
         raise Failed(f"the series does not apply ({', '.join(failed)} failed); run `check` for details")
     wheel_version = config.build.wheel_version.format(version=version)
+    arches = policy.arches
     key_material = {
         "carry": carry.__version__,
         "tree": report.tree,
         "series": report.series_hash,  # the buildinfo names the patches: a reworded one is another artifact
         "arches": str(arches),
+        "gate": policy.digest(),  # the checks the stored wheel passed
+        "generated": [[g.glob, g.why] for g in config.build.generated],
         "build_env": config.build.env,
         "wheel_version": wheel_version,
         "version_env": list(config.build.version_env),
@@ -92,10 +113,10 @@ def plan(
     key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()
     env = _build_env(config, arches, wheel_version, job_plan.max_jobs, tools)
     unset = () if arches.expects_cuda else ARCH_VARIABLES
-    return WheelPlan(report.tree, version, wheel_version, arches, env, unset, job_plan, tools, key, remote)
+    return WheelPlan(report.tree, version, wheel_version, policy, env, unset, job_plan, tools, key, remote)
 
 
-def _build_env(config: Config, arches: ArchList, wheel_version: str, jobs: int, tools: toolchain.Toolchain) -> dict:
+def _build_env(config: Config, arches, wheel_version: str, jobs: int, tools: toolchain.Toolchain) -> dict:
     """The variables carry sets for the upstream build (on top of the caller's environment).
 
     With no CUDA arches the arch variables are left out (and `unset` drops inherited ones): PyTorch and CMake
@@ -126,49 +147,48 @@ def build(
     out: Path,
     progress: Progress,
 ) -> WheelResult:
-    """Reuse the cached wheel for this plan's key, or build, gate, stamp and cache it; publish into `out`."""
-    outcome = None
+    """Reuse the stored wheel for this plan's key, or produce and finish one; publish it into `out`."""
+    outcome = checks = None
     with cache.lock(f"wheel-{the_plan.key}"):
         cached = _cached_wheel(cache, the_plan.key)
         if cached is None:
-            with cache.lock(f"build-{mirror.name}"):
-                cached, outcome = _build_fresh(config, cache, mirror, report, series, the_plan, progress)
+            with cache.lock(f"build-{mirror.name}"), produce(config, cache, mirror, the_plan, progress) as produced:
+                cached, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
+                outcome = produced.cache
             reused = False
         else:
             reused = True
             progress.phase("cache", f"hit {the_plan.key[:12]}: reusing {cached.name}")
     published = publish(cached, out)
-    return WheelResult(published, reused, the_plan, outcome)
+    return WheelResult(published, reused, the_plan, outcome, checks)
 
 
-def _cached_wheel(cache: Cache, key: str) -> Path | None:
-    directory = cache.artifacts / key
-    wheels = sorted(directory.glob("*.whl")) if directory.is_dir() else []
-    return wheels[0] if len(wheels) == 1 else None
+# --- producing --------------------------------------------------------------------------------------------
 
 
-def publish(wheel: Path, out: Path) -> Path:
-    """Copy into `out` through a temp file and a rename: `out` never holds a partial wheel."""
-    out.mkdir(parents=True, exist_ok=True)
-    dest = out / wheel.name
-    sweep_dead(out, f".{wheel.name}.")
-    fd, tmp = tempfile.mkstemp(prefix=owned_prefix(f".{wheel.name}."), suffix=".tmp", dir=out)
-    os.close(fd)
-    try:
-        shutil.copyfile(wheel, tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return dest
+@dataclasses.dataclass(frozen=True)
+class Produced:
+    """A wheel some producer made in scratch space, not yet checked, with its log and what the compiler cache
+    did (None where nothing compiled)."""
+
+    wheel: Path
+    log: Path
+    scratch: Path
+    cache: compilecache.CacheOutcome | None = None
 
 
-def _build_fresh(config, cache, mirror, report, series, the_plan: WheelPlan, progress: Progress):
-    """Build, gate and stamp into the artifact cache; returns the wheel there and the compiler cache's outcome."""
+@contextlib.contextmanager
+def produce(config: Config, cache: Cache, mirror: Path, the_plan: WheelPlan,
+            progress: Progress) -> Iterator[Produced]:
+    """The upstream's PEP 517 build of the plan's tree in the stable build dir, cleaned of every earlier
+    build's output first (objects under build.keep survive, for incremental builds)."""
     build_dir = cache.builds / mirror.name.removesuffix(".git")
     src = build_dir / "src"
-    progress.phase("materialize", f"tree {the_plan.tree[:12]} -> {src}")
     git.sync_worktree(mirror, the_plan.tree, src, build_dir / "index")
+    removed = git.clean_untracked(mirror, src, build_dir / "index", config.build.keep)
+    kept = f", kept {', '.join(config.build.keep)}" if config.build.keep else ""
+    progress.phase("materialize", f"tree {the_plan.tree[:12]} -> {src} (removed {len(removed)} earlier build "
+                   f"output(s){kept})")
     log = cache.logs / f"wheel-{the_plan.key[:16]}.log"
     with temp_dir(cache.scratch, "wheel-") as scratch:
         recorded = _Recorder(progress)
@@ -183,17 +203,8 @@ def _build_fresh(config, cache, mirror, report, series, the_plan: WheelPlan, pro
             outcome = launcher.outcome() if launcher else None
         if outcome is not None:
             recorded.phase("cache", outcome.line())
-            _append_log(log, recorded.lines[-1:])
-        progress.phase("gate", f"checking CUDA code in {built.name}")
-        gate_report = _gate(built, the_plan.arches, scratch / "unpacked")
-        for line in gate_report.lines():
-            progress.phase("gate", line)
-        actual = buildinfo.wheel_version(built)
-        _check_version(actual, the_plan)
-        info = make_info(config, report, series, the_plan, actual, gate_report)
-        buildinfo.stamp(built, info, scratch)
-        progress.phase("stamp", f"{buildinfo.FILENAME} in {built.name} (version {actual})")
-        return _store(cache, the_plan.key, built), outcome
+            append_log(log, recorded.lines[-1:])
+        yield Produced(built, log, scratch, outcome)
 
 
 class _Recorder(Progress):
@@ -209,7 +220,7 @@ class _Recorder(Progress):
         super().phase(name, detail)
 
 
-def _append_log(log: Path, lines: list[str]) -> None:
+def append_log(log: Path, lines: list[str]) -> None:
     with open(log, "a") as handle:
         handle.writelines(f"carry: {line}\n" for line in lines)
 
@@ -247,11 +258,33 @@ def tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "".join(line.decode(errors="replace") for line in last).rstrip()
 
 
-def _gate(wheel: Path, arches: ArchList, unpacked: Path) -> gate.GateReport:
-    buildinfo.extract(wheel, unpacked, only=gate.may_be_shared_object)
-    report = gate.check_files([unpacked], arches, root=unpacked)
-    report.raise_for_failures()
-    return report
+# --- finishing --------------------------------------------------------------------------------------------
+
+
+def finish(config: Config, cache: Cache, mirror: Path, report: CheckReport, series: Series, the_plan: WheelPlan,
+           produced: Produced, progress: Progress) -> tuple[Path, verify.Inspection]:
+    """The shared finish of every producer: gate and tree check (printed, in full when they fail, and logged),
+    version, buildinfo stamp, store in the artifact cache with the gate report beside the wheel."""
+    wheel = produced.wheel
+    progress.phase("gate", f"checking {wheel.name}")
+    tagged = verify.wheel_platform(wheel)
+    if tagged not in (None, the_plan.platform):
+        raise Failed(f"{wheel.name} is tagged for {tagged}, but this build is for {the_plan.platform}")
+    checks = verify.inspect_wheel(wheel, the_plan.policy, mirror, the_plan.tree, config.build.generated,
+                                  platform=the_plan.platform)
+    shown = checks.lines() if checks.ok else checks.full_lines()
+    for line in shown:
+        progress.phase("gate", line)
+    append_log(produced.log, checks.full_lines())
+    if not checks.ok:
+        raise Failed(f"{wheel.name} failed its checks ({checks.summary()}); the wheel was not kept; "
+                     f"log: {produced.log}")
+    actual = buildinfo.wheel_version(wheel)
+    _check_version(actual, the_plan)
+    info = make_info(config, report, series, the_plan, actual, checks)
+    stamped = buildinfo.stamp(wheel, info)
+    progress.phase("stamp", f"{buildinfo.FILENAME} in {stamped.name} (version {actual})")
+    return _store(cache, the_plan.key, stamped, checks), checks
 
 
 def _check_version(actual: str, the_plan: WheelPlan) -> None:
@@ -268,7 +301,7 @@ def _check_version(actual: str, the_plan: WheelPlan) -> None:
         )
 
 
-def make_info(config, report, series, the_plan: WheelPlan, actual_version: str, gate_report) -> dict:
+def make_info(config, report, series, the_plan: WheelPlan, actual_version: str, checks: verify.Inspection) -> dict:
     """The provenance record; no timestamps, so the same inputs give the same bytes."""
     return {
         "format": buildinfo.FORMAT,
@@ -290,21 +323,59 @@ def make_info(config, report, series, the_plan: WheelPlan, actual_version: str, 
         "tree": the_plan.tree,
         "platform": str(Platform.native()),
         "cuda_arches": str(the_plan.arches),
-        "gate": gate_report.to_json(),
+        "gate_policy": the_plan.policy.to_json(),
+        "gate": checks.gate.to_json(),
+        "tree_check": checks.tree.to_json() if checks.tree else None,
         "toolchain": the_plan.tools.to_json(),
         "build_env_keys": sorted(the_plan.env),
         "cache_key": the_plan.key,
     }
 
 
-def _store(cache: Cache, key: str, wheel: Path) -> Path:
-    """Move the finished wheel into the artifact cache with one directory rename."""
+def _cached_wheel(cache: Cache, key: str) -> Path | None:
+    directory = cache.artifacts / key
+    wheels = sorted(directory.glob("*.whl")) if directory.is_dir() else []
+    return wheels[0] if len(wheels) == 1 else None
+
+
+def gate_report_path(wheel: Path) -> Path:
+    """`<wheel>.gate.txt`, the full gate report beside a wheel."""
+    return wheel.with_name(wheel.name + GATE_SUFFIX)
+
+
+def _store(cache: Cache, key: str, wheel: Path, checks: verify.Inspection) -> Path:
+    """Move the finished wheel (and its gate report) into the artifact cache with one directory rename."""
     cache.artifacts.mkdir(parents=True, exist_ok=True)
     sweep_dead(cache.artifacts, f".{key[:12]}-")
     staging = Path(tempfile.mkdtemp(prefix=owned_prefix(f".{key[:12]}-"), dir=cache.artifacts))
     shutil.move(str(wheel), staging / wheel.name)
+    atomic_write_text(gate_report_path(staging / wheel.name), "\n".join(checks.full_lines()) + "\n")
     final = cache.artifacts / key
     if final.exists():
         shutil.rmtree(final)
     os.replace(staging, final)
     return final / wheel.name
+
+
+def publish(wheel: Path, out: Path) -> Path:
+    """Copy the wheel, then its gate report (when there is one), into `out` through temp files and renames: `out`
+    never holds a partial wheel, nor a report without its wheel."""
+    out.mkdir(parents=True, exist_ok=True)
+    report = gate_report_path(wheel)
+    published = _copy_atomically(wheel, out / wheel.name)
+    if report.exists():
+        _copy_atomically(report, out / report.name)
+    return published
+
+
+def _copy_atomically(source: Path, dest: Path) -> Path:
+    sweep_dead(dest.parent, f".{dest.name}.")
+    fd, tmp = tempfile.mkstemp(prefix=owned_prefix(f".{dest.name}."), suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(source, tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return dest

@@ -211,7 +211,7 @@ def test_stamp_keeps_the_other_members_bytes(tmp_path):
             return {m.filename: (m.header_offset, m.compress_size, m.CRC) for m in archive.infolist()}
 
     before = raw(wheel)
-    buildinfo.stamp(wheel, {"format": 1}, tmp_path / "scratch")
+    assert buildinfo.stamp(wheel, {"format": 1}) == wheel
     after = raw(wheel)
     assert {n: v for n, v in after.items() if not n.endswith(("RECORD", buildinfo.FILENAME))} == \
         {n: v for n, v in before.items() if not n.endswith("RECORD")}
@@ -221,7 +221,7 @@ def test_stamp_keeps_the_other_members_bytes(tmp_path):
         assert archive.testzip() is None
 
 
-def test_stamp_falls_back_to_a_full_repack_when_record_is_not_last(tmp_path):
+def test_stamp_works_when_record_is_not_last_and_can_retag(tmp_path):
     import zipfile
 
     from carry import buildinfo
@@ -232,5 +232,12 @@ def test_stamp_falls_back_to_a_full_repack_when_record_is_not_last(tmp_path):
     with zipfile.ZipFile(wheel, "w") as archive:
         archive.writestr("pkg-1.0.dist-info/RECORD", record)
         archive.writestr("pkg/__init__.py", "x = 1\n")
-    buildinfo.stamp(wheel, {"format": 2}, tmp_path / "scratch")
+    assert buildinfo.stamp(wheel, {"format": 2}) == wheel
     assert buildinfo.read(wheel) == {"format": 2}
+    archive_wheel = f"pkg-1.0.dist-info/WHEEL"
+    with zipfile.ZipFile(wheel, "a") as archive:
+        archive.writestr(archive_wheel, "Wheel-Version: 1.0\nTag: py3-none-any\n")
+    tagged = buildinfo.stamp(wheel, {"format": 3}, tags=("cp38-abi3-manylinux_2_28_x86_64",))
+    assert tagged.name == "pkg-1.0-cp38-abi3-manylinux_2_28_x86_64.whl" and not wheel.exists()
+    assert buildinfo.wheel_tags(tagged) == ("cp38-abi3-manylinux_2_28_x86_64",)
+    assert buildinfo.read(tagged) == {"format": 3}

@@ -213,6 +213,10 @@ def assert_only_verifiable_wheels(demo: Demo, directory: Path, when: str) -> Non
         if entry.name.startswith("."):
             assert entry.name.endswith(".tmp"), f"{when}: unexpected hidden {entry}"
             continue
+        if entry.name.endswith(".whl.gate.txt"):  # a wheel's gate report: never without its wheel
+            assert entry.with_name(entry.name.removesuffix(".gate.txt")).is_file(), f"{when}: {entry} has no wheel"
+            assert entry.read_text().startswith("arch gate passed"), f"{when}: {entry} is not a full report"
+            continue
         assert entry.name.endswith(".whl"), f"{when}: unexpected {entry} in {directory}"
         verified = demo.run("verify", str(entry))
         assert verified.code == 0, f"{when}: {entry} does not verify:\n{verified.out}{verified.err}"

@@ -12,13 +12,15 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from carry import fatbin
+from carry import binaries, fatbin, gate
 import cuda_tools
 from cuda_tools import cuobjdump
 from carry.arch import ArchList, ComputeCapability, Variant
 from carry.errors import BadInput, Failed
 from carry.fatbin import FatbinEntry, Kind
-from carry.gate import NO_CUDA_CODE, UNEXPECTED_CUDA, How, check_files, coverage
+from carry.gate import NO_CUDA_CODE, UNEXPECTED_CUDA, How, coverage
+from carry.gatepolicy import GatePolicy, parse_rules
+from carry.platforms import Platform
 
 CC = ComputeCapability
 KERNEL = """
@@ -193,11 +195,17 @@ def test_sm_120_cubin_read_from_a_real_build_covers_12_1(built):
     assert coverage(without_121, CC.SM_121).how is How.COMPATIBLE
 
 
-# --- check_files on real builds ------------------------------------------------------------------
+# --- the gate and its policy on real builds -----------------------------------------------------
 
 
-def _gate(paths, arches):
-    return check_files(paths, ArchList.parse(arches))
+def _gate(paths, arches, rules=None, platform=None):
+    policy = GatePolicy(ArchList.parse(arches), parse_rules(rules, "test") if rules else ())
+    return gate.check(binaries.from_paths([Path(p) for p in paths]), policy, platform)
+
+
+def _cells(report, name):
+    entry = next(e for e in report.to_json()["files"] if Path(e["path"]).name == name)
+    return {target: cell["text"] for target, cell in entry["targets"].items()}
 
 
 def test_multi_build_passes_its_own_list(built):
@@ -218,19 +226,46 @@ def test_arch_specific_cubin_alone_fails_for_the_next_chip(built):
     assert "sm_121" in failure.message and "sm_120a" in failure.message
 
 
-def test_ptx_only_is_jit_only_unless_the_list_allows_ptx(built):
+def test_ptx_only_is_jit_only_unless_the_list_or_a_rule_allows_ptx(built):
     (failure,) = _gate([built["ptx_only"]], "12.1").failures
     assert "JIT" in failure.message and str(built["ptx_only"]) in failure.message
     assert _gate([built["ptx_only"]], "12.1+PTX").ok
     assert _gate([built["ptx_only"]], "compute_121").ok
     assert _gate([built["ptx_only"]], "compute_90").ok
+    accepted = _gate([built["ptx_only"]], "12.1", [{"match": "**ptx_only.so", "jit": True, "why": "JIT by design"}])
+    assert accepted.ok and _cells(accepted, "ptx_only.so") == {"12.1": "JIT compute_90"}
 
 
 def test_family_cubin_covers_12_0_and_12_1(built):
     report = _gate([built["family"]], "12.0,12.1")
     assert report.ok
     targets = report.to_json()["files"][0]["targets"]
-    assert targets["12.1"] == {"how": "family", "via": "sm_120f", "ok": True}
+    assert {k: targets["12.1"][k] for k in ("how", "via", "ok")} == {"how": "family", "via": "sm_120f", "ok": True}
+
+
+def test_a_rule_scopes_an_object_to_the_gpus_it_is_built_for(built, tmp_path):
+    tree = tmp_path / "tree" / "pkg"
+    tree.mkdir(parents=True)
+    shutil.copy(built["a_only"], tree / "_hopper_C.abi3.so")
+    shutil.copy(built["multi"], tree / "_C.abi3.so")
+    rule = [{"match": "pkg/_hopper_C.*so", "gpus": "12.0a", "why": "built for its own chip only"}]
+    strict = _gate([tmp_path / "tree"], "12.0,12.1")
+    assert not strict.ok and _cells(strict, "_hopper_C.abi3.so") == {"12.0": "exact sm_120a", "12.1": "NOTHING !"}
+    scoped = _gate([tmp_path / "tree"], "12.0,12.1", rule)
+    assert scoped.ok, scoped.lines()
+    assert _cells(scoped, "_hopper_C.abi3.so") == {"12.0": "exact sm_120a", "12.1": "by design"}
+    assert "12.1: not built for it (by design) [ok]" in [c.describe() for o in scoped.objects for c in o.cells]
+    # The rule names one object: the core stays strict, so a core without 12.1 code still fails.
+    shutil.copy(built["a_only"], tree / "_C.abi3.so")
+    (failure,) = _gate([tmp_path / "tree"], "12.0,12.1", rule).failures
+    assert failure.path == "pkg/_C.abi3.so" and str(failure.target) == "12.1"
+
+
+def test_a_rule_that_matches_nothing_is_reported(built):
+    report = _gate([built["multi"]], "12.1", [{"match": "pkg/_gone*.so", "gpus": "9.0", "why": "removed"}])
+    assert report.ok
+    assert "rule matched no shared object: pkg/_gone*.so: for 9.0" in report.lines()
+    assert report.to_json()["unmatched_rules"][0]["match"] == "pkg/_gone*.so"
 
 
 def test_cpu_only_object_is_reported_not_failed(built, cpu_only, tmp_path):
@@ -244,6 +279,13 @@ def test_cpu_only_object_is_reported_not_failed(built, cpu_only, tmp_path):
     by_name = {Path(entry["path"]).name: entry for entry in report.to_json()["files"]}
     assert set(by_name) == {"_C.abi3.so", "_cpu.so"}
     assert by_name["_cpu.so"]["cuda"] is False and by_name["_C.abi3.so"]["cuda"] is True
+    assert "no CUDA code: _cpu" in report.lines()
+
+
+def test_the_cpu_of_every_object_is_checked_against_the_platform(built):
+    assert _gate([built["multi"]], "12.1", platform=Platform.LINUX_AMD64).ok
+    (failure,) = _gate([built["multi"]], "12.1", platform=Platform.LINUX_ARM64).failures
+    assert "is x86_64 code (ELF e_machine 62), not aarch64 (183)" in failure.message
 
 
 def test_no_cuda_code_anywhere_fails_for_a_non_empty_list(cpu_only, tmp_path):
@@ -256,26 +298,36 @@ def test_no_cuda_code_anywhere_fails_for_a_non_empty_list(cpu_only, tmp_path):
 
 def test_an_empty_list_expects_no_cuda_code_and_says_so(built, cpu_only, tmp_path):
     none = _gate([cpu_only], "none")
-    assert none.ok and none.lines() == ["no CUDA code expected (cuda_arches none), none found in 1 shared object(s)"]
+    assert none.ok and none.lines() == [
+        "arch gate passed: no CUDA code expected (cuda_arches none), none found in 1 shared object(s)"]
     assert _gate([tmp_path], "none").lines()[0].endswith("none found in the wheel (no shared objects)")
     (failure,) = _gate([cpu_only, built["multi"]], "none").failures
-    assert UNEXPECTED_CUDA in failure.message and failure.path == built["multi"]
-    assert "holds sm_120, sm_121, sm_90" in failure.message and "set build.cuda_arches" in failure.message
+    assert UNEXPECTED_CUDA in failure.message and failure.path == str(built["multi"])
+    assert "holds sm_90, sm_120, sm_121" in failure.message and "set build.cuda_arches" in failure.message
 
 
-def test_lines_say_per_target_how_it_runs(built):
-    lines = _gate([built["multi"], built["ptx_only"]], "12.1+PTX,10.0").lines()
-    assert f"{built['multi']}: sm_120, sm_121, sm_90" in lines
-    assert "  12.1+PTX: exact via sm_121 [ok]" in lines and "  10.0: nothing runs on it [FAIL]" in lines
-    assert any(line.startswith("  12.1+PTX: JIT only via compute_") and line.endswith("[ok]") for line in lines)
+def test_the_table_groups_alike_rows_and_fits_80_columns(built, tmp_path):
+    tree = tmp_path / "tree" / "pkg"
+    tree.mkdir(parents=True)
+    for name in ("_one_C", "_two_C"):
+        shutil.copy(built["multi"], tree / f"{name}.abi3.so")
+    shutil.copy(built["ptx_only"], tree / "_ptx_C.abi3.so")
+    report = _gate([tmp_path / "tree"], "12.1+PTX,10.0")
+    lines = report.lines()
+    assert all(len(line) <= 80 for line in lines[1:-3]), lines
+    header = lines[1].split()
+    assert header == ["12.1+PTX", "10.0"]
+    assert any(line.startswith("_one_C, _two_C") and line.split()[-4:] == ["exact", "sm_121", "NOTHING", "!"]
+               for line in lines), lines
+    assert any(line.startswith("_ptx_C") and "JIT compute_90" in line for line in lines), lines
+    full = report.full_lines()
+    assert "  pkg/_ptx_C.abi3.so: compute_90" in full
+    assert sum(line.startswith("FAIL ") for line in full) == 3
 
 
-def test_failures_raise_failed_and_serialize(built):
+def test_failures_serialize(built):
     report = _gate([built["a_only"], built["ptx_only"]], "12.1")
-    assert len(report.failures) == 2
-    with pytest.raises(Failed, match=r"and 1 more") as excinfo:
-        report.raise_for_failures()
-    assert excinfo.value.exit_code == 1
+    assert len(report.failures) == 2 and report.headline().startswith("arch gate FAILED (2 problem(s))")
     document = json.loads(json.dumps(report.to_json()))
     assert document["ok"] is False and document["cuda_arches"] == "12.1"
     assert [f["target"] for f in document["failures"]] == ["12.1", "12.1"]
@@ -283,4 +335,24 @@ def test_failures_raise_failed_and_serialize(built):
 
 def test_missing_path_is_bad_input(tmp_path):
     with pytest.raises(BadInput, match="does not exist"):
-        _gate([tmp_path / "nope.so"], "12.1")
+        binaries.read([tmp_path / "nope.so"])
+
+
+@pytest.mark.parametrize(("rules", "needle"), [
+    ("not a list", "must be a list of rules"),
+    ([{"match": "x.so", "gpus": "9.0"}], "why is required"),
+    ([{"match": "x.so", "gpus": "9.9", "why": "w"}], "gpus: cuda_arches: '9.9'"),
+    ([{"match": "x.so", "why": "w"}], "changes nothing"),
+    ([{"match": "/abs.so", "gpus": "9.0", "why": "w"}], "match must be a glob"),
+    ([{"match": "x.so", "gpus": "9.0", "jit": "yes", "why": "w"}], "jit must be true or false"),
+    ([{"match": "x.so", "gpu": "9.0", "why": "w"}], "unknown key 'gpu'"),
+])
+def test_bad_rules_are_bad_input_naming_the_entry(rules, needle):
+    with pytest.raises(BadInput, match=re.escape(needle)):
+        parse_rules(rules, "build.gate")
+
+
+def test_family_gpus_span_the_family():
+    (rule,) = parse_rules([{"match": "x.so", "gpus": "10.0f,9.0a", "why": "w"}], "build.gate")
+    assert rule.covers(CC.SM_100) and rule.covers(CC.SM_103) and rule.covers(CC.SM_90)
+    assert not rule.covers(CC.SM_120) and not rule.covers(CC.SM_110)

@@ -10,7 +10,8 @@ import pytest
 
 from carry.config import load
 from carry.errors import BadInput
-from carry.platforms import BINFMT_DIR, Emulation, Platform, elf_machine, wrong_machine
+from carry.binaries import elf_machine
+from carry.platforms import BINFMT_DIR, Emulation, Platform
 from helpers import ROOT, write_config
 
 # What qemu-user-static registers for aarch64 on Debian (the mask ignores the ELF header's OS/ABI bytes).
@@ -65,14 +66,18 @@ def test_native_is_what_uname_says():
 
 
 def test_elf_machine_of_real_binaries(tmp_path):
-    assert elf_machine(Path("/bin/true")) == Platform.native().e_machine
-    (tmp_path / "text").write_text("not an ELF file at all\n")
-    assert elf_machine(tmp_path / "text") is None
+    from carry import binaries, gate
+    from carry.arch import ArchList
+    from carry.gatepolicy import GatePolicy
+
+    assert elf_machine(Path("/bin/true").read_bytes()[:64]) == Platform.native().e_machine
+    assert elf_machine(b"not an ELF file at all\n") is None
     arm = tmp_path / "arm.so"
     arm.write_bytes(Platform.LINUX_ARM64.elf_header() + bytes(64))
-    assert elf_machine(arm) == 183
-    problems = wrong_machine([arm, tmp_path / "text"], Platform.LINUX_AMD64, tmp_path)
-    assert problems == ["arm.so is aarch64 code (ELF e_machine 183), not x86_64 (62) as linux/amd64 needs"]
+    assert elf_machine(arm.read_bytes()) == 183
+    report = gate.check(binaries.from_paths([tmp_path]), GatePolicy(ArchList.parse("none")), Platform.LINUX_AMD64)
+    assert [f.message for f in report.failures] == [
+        "arm.so is aarch64 code (ELF e_machine 183), not x86_64 (62) as linux/amd64 needs"]
 
 
 def test_this_kernel_runs_arm64_through_qemu_and_nothing_for_riscv64():

@@ -106,7 +106,9 @@ def test_python_only_wheel_carries_version_records_none_and_verifies(project):
     wheel = Path(built.out.strip())
     assert wheel.name == "minivllm-0.1.0+carry.20261101.2-py3-none-any.whl"
     assert "arches none" in built.err
-    assert "gate: no CUDA code expected (cuda_arches none), none found in the wheel (no shared objects)" in built.err
+    assert ("gate: arch gate passed: no CUDA code expected (cuda_arches none), none found in the wheel (no shared "
+            "objects)") in built.err
+    assert "gate: tree check passed" in built.err
     log = next((Path(env["CARRY_CACHE"]) / "logs").glob("wheel-*.log")).read_text()
     assert "minivllm: target empty, TORCH_CUDA_ARCH_LIST=None, CMAKE_CUDA_ARCHITECTURES=None" in log
     with zipfile.ZipFile(wheel) as archive:
@@ -127,7 +129,7 @@ def test_cuda_code_in_a_wheel_that_expects_none_fails_the_gate(project):
     config.write_text(config.read_text().replace("    VLLM_TARGET_DEVICE: empty\n", "    MAX_JOBS: 1\n"))
     built = carry("--config", str(config), "wheel", "--arch", "none", "--out", str(dist), env=env)
     assert built.code == 1, built.err
-    assert "arch gate: CUDA code in a wheel that expects none: minivllm/_C" in built.err
+    assert "FAIL CUDA code in a wheel that expects none: minivllm/_C" in built.err
     assert "holds sm_90" in built.err and "set build.cuda_arches" in built.err
     assert not dist.exists() or not list(dist.iterdir())
 
