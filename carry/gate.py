@@ -223,6 +223,8 @@ class GateReport:
     def lines(self, width: int = WIDTH) -> list[str]:
         """The summary and the coverage table, grouped where rows are alike; the failures in full."""
         rows = [self.headline()]
+        if self.policy.arches.expects_cuda:
+            rows.append(f"policy: {self.policy.describe_rules()}")
         if self.policy.arches.expects_cuda and any(o.has_cuda for o in self.objects):
             rows += self._table(width)
         rows += self._plain_objects(width)
@@ -254,7 +256,7 @@ class GateReport:
             where = f"in {count}" if self.objects else "in the wheel (no shared objects)"
             expectation = "none found" if self.ok else "some found"
             return f"arch gate {verdict}: no CUDA code expected (cuda_arches none), {expectation} {where}"
-        return f"arch gate {verdict}: {count}, {self.policy.describe()}"
+        return f"arch gate {verdict}: {count}, arches {self.policy.arches}"
 
     def _table(self, width: int) -> list[str]:
         """One row per group of shared objects whose cells are alike; a name too long for its column gets a line

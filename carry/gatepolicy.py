@@ -51,7 +51,8 @@ class GateRule:
 
     def describe(self) -> str:
         jit = ", JIT accepted" if self.jit else ""
-        return f"{self.match}: for {self.gpus_text}{jit}"
+        gpus = "every GPU" if self.gpus is None else self.gpus_text
+        return f"{self.match}: for {gpus}{jit}"
 
     def to_json(self) -> dict:
         return {"match": self.match, "gpus": self.gpus_text, "jit": self.jit, "why": self.why}
@@ -75,9 +76,11 @@ class GatePolicy:
         """The same arch list with no rules: every shared object must run on every requested GPU."""
         return GatePolicy(self.arches, (), STRICT_SOURCE)
 
+    def describe_rules(self) -> str:
+        return f"{len(self.rules)} rule(s) from {self.source}" if self.rules else self.source
+
     def describe(self) -> str:
-        rules = f"{len(self.rules)} rule(s) from {self.source}" if self.rules else self.source
-        return f"arches {self.arches}, {rules}"
+        return f"arches {self.arches}, {self.describe_rules()}"
 
     def to_json(self) -> dict:
         return {"cuda_arches": str(self.arches), "rules": [rule.to_json() for rule in self.rules],
