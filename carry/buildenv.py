@@ -301,6 +301,7 @@ class BuildEnv:
     reused: bool  # True: it existed; False: made by this call
     seconds: float  # what this call took
     downloaded: int | None = None  # packages uv fetched to make it (0: all from uv's cache); None when reused
+    inputs: dict = dataclasses.field(default_factory=dict)  # EnvSpec.public(): what it was made from
 
     @property
     def python(self) -> Path:
@@ -330,8 +331,9 @@ class BuildEnv:
             "packages": dict(self.packages),
             "uv": self.uv_version,
             "reused": self.reused,
-            "seconds": round(self.seconds, 3),
+            "seconds": round(self.seconds, 6),
             "downloaded": self.downloaded,
+            "inputs": dict(self.inputs),
         }
 
     def environ(self, base: Mapping[str, str]) -> dict[str, str]:
@@ -384,7 +386,7 @@ def _complete(root: Path, spec: EnvSpec, start: float) -> BuildEnv | None:
     if not isinstance(marker, dict) or marker.get("key") != spec.key or not (root / "bin" / "python").exists():
         return None
     return BuildEnv(root, spec.key, marker["versions"], marker["packages"], marker["uv"], reused=True,
-                    seconds=time.monotonic() - start)
+                    seconds=time.monotonic() - start, inputs=marker["spec"])
 
 
 def _remove(root: Path) -> None:
@@ -416,7 +418,7 @@ def _make(spec: EnvSpec, root: Path, log: Path, start: float) -> BuildEnv:
               "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     atomic_write_text(root / MARKER, json.dumps(marker, indent=2) + "\n")  # last: from here on it is complete
     return BuildEnv(root, spec.key, versions, packages, spec.uv.version, reused=False, seconds=seconds,
-                    downloaded=downloaded)
+                    downloaded=downloaded, inputs=spec.public())
 
 
 def _uv(spec: EnvSpec, args: list[str], env: dict[str, str], log, log_path: Path) -> str:

@@ -143,6 +143,7 @@ def test_vllm_env_has_cuda_torch_and_the_setuptools_vllm_asks_for(vllm_env, vllm
     assert f"uv {vllm_spec.uv.version}" in vllm_env.describe() and "nvidia-cudnn-cu13" in vllm_env.packages
     as_json = vllm_env.to_json()
     assert as_json["key"] == vllm_spec.key and as_json["versions"]["torch"] == "2.14.0+cu130"
+    assert as_json["inputs"]["requires"] == sorted(VLLM_REQUIRES) and as_json["python"] == str(vllm_env.python)
     build_env = vllm_env.environ({"PATH": "/usr/bin", "PYTHONPATH": "/elsewhere"})
     assert "PYTHONPATH" not in build_env and build_env["VIRTUAL_ENV"] == str(vllm_env.root)
     assert shutil.which("cmake", path=build_env["PATH"]) == str(vllm_env.root / "bin" / "cmake")
@@ -155,7 +156,7 @@ def test_same_spec_is_reused(vllm_env, vllm_spec, cache_root):
     assert again.reused and again.root == vllm_env.root and again.versions == vllm_env.versions
     assert (marker.stat().st_mtime_ns, (again.root / "bin" / "python").lstat().st_ino) == before
     assert again.seconds < 1.0, again.seconds  # a sanity bound; bench/buildenv.py measures it
-    assert "reused" in again.describe() and again.downloaded is None
+    assert "reused" in again.describe() and again.downloaded is None and again.inputs == vllm_env.inputs
 
 
 def test_another_spec_is_another_env(vllm_env, vllm_spec, cache_root):
