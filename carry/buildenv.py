@@ -302,6 +302,7 @@ class BuildEnv:
     seconds: float  # what this call took
     downloaded: int | None = None  # packages uv fetched to make it (0: all from uv's cache); None when reused
     inputs: dict = dataclasses.field(default_factory=dict)  # EnvSpec.public(): what it was made from
+    copied: bool = False  # uv could not hardlink from its cache (another filesystem): the env holds full copies
 
     @property
     def python(self) -> Path:
@@ -320,6 +321,8 @@ class BuildEnv:
             how = f"new {self.seconds:.1f}s, {len(self.packages)} packages, {self.downloaded} downloaded"
         else:
             how = f"new {self.seconds:.1f}s, {len(self.packages)} packages from uv's cache"
+        if self.copied:
+            how += ", copied from uv's cache (another filesystem)"
         return f"env {self.short}: {shown} (uv {self.uv_version}, {how})"
 
     def to_json(self) -> dict:
@@ -334,6 +337,7 @@ class BuildEnv:
             "seconds": round(self.seconds, 6),
             "downloaded": self.downloaded,
             "inputs": dict(self.inputs),
+            "copied": self.copied,
         }
 
     def environ(self, base: Mapping[str, str]) -> dict[str, str]:
@@ -371,10 +375,14 @@ def ensure(spec: EnvSpec, cache_root: Path, progress: Progress | None = None) ->
                                   f"{spec.uv.version} in {root}")
         _remove(root)  # a run killed half-way left it, without the marker
         try:
-            return _make(spec, root, cache.logs / f"env-{root.name}.log", start)
+            made = _make(spec, root, cache.logs / f"env-{root.name}.log", start)
         except BaseException:
             _remove(root)
             raise
+    if made.copied and progress is not None:
+        progress.phase("env", "uv copied every file instead of hardlinking it: its cache is on another filesystem "
+                              "than $CARRY_CACHE; set UV_CACHE_DIR to a directory on the same one to save the disk")
+    return made
 
 
 def _complete(root: Path, spec: EnvSpec, start: float) -> BuildEnv | None:
@@ -386,7 +394,7 @@ def _complete(root: Path, spec: EnvSpec, start: float) -> BuildEnv | None:
     if not isinstance(marker, dict) or marker.get("key") != spec.key or not (root / "bin" / "python").exists():
         return None
     return BuildEnv(root, spec.key, marker["versions"], marker["packages"], marker["uv"], reused=True,
-                    seconds=time.monotonic() - start, inputs=marker["spec"])
+                    seconds=time.monotonic() - start, inputs=marker["spec"], copied=marker.get("copied", False))
 
 
 def _remove(root: Path) -> None:
@@ -412,13 +420,14 @@ def _make(spec: EnvSpec, root: Path, log: Path, start: float) -> BuildEnv:
     versions = _key_versions(packages, spec)
     fetched = re.search(r"^Prepared (\d+) package", installed, re.MULTILINE)
     downloaded = int(fetched.group(1)) if fetched else 0
+    copied = "falling back to full copy" in installed
     seconds = time.monotonic() - start
     marker = {"key": spec.key, "spec": spec.public(), "versions": versions, "packages": packages,
-              "uv": spec.uv.version, "made_s": round(seconds, 3), "downloaded": downloaded,
+              "uv": spec.uv.version, "made_s": round(seconds, 3), "downloaded": downloaded, "copied": copied,
               "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     atomic_write_text(root / MARKER, json.dumps(marker, indent=2) + "\n")  # last: from here on it is complete
     return BuildEnv(root, spec.key, versions, packages, spec.uv.version, reused=False, seconds=seconds,
-                    downloaded=downloaded, inputs=spec.public())
+                    downloaded=downloaded, inputs=spec.public(), copied=copied)
 
 
 def _uv(spec: EnvSpec, args: list[str], env: dict[str, str], log, log_path: Path) -> str:

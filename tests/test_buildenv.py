@@ -8,6 +8,7 @@ sanity bounds: bench/buildenv.py measures cold, warm and reused.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import shutil
@@ -144,6 +145,8 @@ def test_vllm_env_has_cuda_torch_and_the_setuptools_vllm_asks_for(vllm_env, vllm
     as_json = vllm_env.to_json()
     assert as_json["key"] == vllm_spec.key and as_json["versions"]["torch"] == "2.14.0+cu130"
     assert as_json["inputs"]["requires"] == sorted(VLLM_REQUIRES) and as_json["python"] == str(vllm_env.python)
+    libtorch = next(vllm_env.root.rglob("libtorch_cpu.so"))
+    assert vllm_env.copied == (libtorch.stat().st_nlink == 1)  # hardlinked from uv's cache unless it said so
     build_env = vllm_env.environ({"PATH": "/usr/bin", "PYTHONPATH": "/elsewhere"})
     assert "PYTHONPATH" not in build_env and build_env["VIRTUAL_ENV"] == str(vllm_env.root)
     assert shutil.which("cmake", path=build_env["PATH"]) == str(vllm_env.root / "bin" / "cmake")
@@ -166,6 +169,22 @@ def test_another_spec_is_another_env(vllm_env, vllm_spec, cache_root):
     assert other.key != vllm_spec.key and made.root != vllm_env.root and not made.reused
     assert made.versions["six"] and made.versions["torch"] == "2.14.0+cu130"
     assert "six" not in vllm_env.packages and {vllm_env.root.name, made.root.name} <= envs(cache_root)
+
+
+def test_uv_cache_on_another_filesystem_is_said(tmp_path, monkeypatch):
+    shm = Path("/dev/shm")
+    assert shm.is_dir() and os.stat(shm).st_dev != os.stat(tmp_path).st_dev, "needs a tmpfs apart from tmp_path"
+    uv_cache = shm / f"carry-test-uv-{os.getpid()}"
+    monkeypatch.setenv("UV_CACHE_DIR", str(uv_cache))
+    lines = io.StringIO()
+    try:
+        made = buildenv.ensure(buildenv.EnvSpec.resolve(["six"]), tmp_path / "cache", Progress(lines))
+    finally:
+        shutil.rmtree(uv_cache, ignore_errors=True)
+    assert made.copied and "copied from uv's cache" in made.describe()
+    assert "set UV_CACHE_DIR to a directory on the same one" in lines.getvalue()
+    six = next(made.root.rglob("six.py"))
+    assert six.stat().st_nlink == 1  # a copy, not a hardlink
 
 
 # failures -------------------------------------------------------------------------------------------------------
