@@ -129,8 +129,8 @@ def normalize_requirement(text: str, where: str) -> str:
         requirement = Requirement(text)
     except InvalidRequirement as exc:
         reason = str(exc).splitlines()[0]
-        raise BadInput(f"{where} has {text.strip()!r}, which is not a PEP 508 requirement ({reason}); "
-                       f"write it like 'torch==2.14.0'") from None
+        raise BadInput(f"{where} has {strip_credentials(text.strip())!r}, which is not a PEP 508 requirement "
+                       f"({reason}); write it like 'torch==2.14.0'") from None
     if requirement.url and public_url(requirement.url) != requirement.url:
         raise BadInput(f"{where} has {requirement.name} @ {public_url(requirement.url)} with a user:password in "
                        f"its URL; give the credentials to an index URL (build.environment.index_url) instead")

@@ -471,14 +471,21 @@ def _environment(build: _Section, isolation: bool) -> BuildEnvironment:
         try:
             Requirement(text)
         except InvalidRequirement as exc:
-            raise BadInput(f"{section.path}: build.environment.requires has {text!r}, which is not a PEP 508 "
-                           f"requirement ({str(exc).splitlines()[0]}); write it like 'torch==2.14.0'") from None
-    index_url = section.string("index_url")
+            raise BadInput(f"{section.path}: build.environment.requires has {strip_credentials(text)!r}, which is "
+                           f"not a PEP 508 requirement ({str(exc).splitlines()[0]}); write it like 'torch==2.14.0'"
+                           ) from None
+    index_url = section.data.get("index_url")
+    extra = section.data.get("extra_index_urls") or []
+    extra = [extra] if isinstance(extra, str) else extra
+    # Not echoed when malformed, unlike other keys: a URL here may hold a password.
+    if index_url is not None and not isinstance(index_url, str):
+        raise BadInput(f"{section.path}: build.environment.index_url must be one URL; use {INDEX_FORM}")
+    if not isinstance(extra, list) or not all(isinstance(url, str) for url in extra):
+        raise BadInput(f"{section.path}: build.environment.extra_index_urls must be a list of URLs; use {INDEX_FORM}")
     return BuildEnvironment(
         requires=section.strings("requires"),
-        index_url=_index_url(section, "index_url", index_url) if index_url else None,
-        extra_index_urls=tuple(_index_url(section, "extra_index_urls", url)
-                               for url in section.strings("extra_index_urls")),
+        index_url=_index_url(section, "index_url", index_url) if index_url is not None else None,
+        extra_index_urls=tuple(_index_url(section, "extra_index_urls", url) for url in extra),
     )
 
 

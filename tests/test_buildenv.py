@@ -93,7 +93,7 @@ def test_requires_of_a_tree(tmp_path):
         buildenv.requires_of(tmp_path)
 
 
-def test_key_is_what_went_in(vllm_spec):
+def test_key_is_what_went_in(vllm_spec, tmp_path):
     spelled = buildenv.EnvSpec.resolve(["Jinja2", "torch == 2.14.0", "setuptools>=77.0.3 , <81.0.0", "wheel",
                                         "ninja", "setuptools_scm>=8.0", "cmake>=3.26.1", "packaging>=24.2",
                                         "setuptools-rust>=1.9.0"])
@@ -103,12 +103,14 @@ def test_key_is_what_went_in(vllm_spec):
         extra_index_urls=("https://download.pytorch.org/whl/cu130",)))
     with_password = buildenv.EnvSpec.resolve(VLLM_REQUIRES, BuildEnvironment(
         extra_index_urls=("https://carry:s3cret@download.pytorch.org/whl/cu130",)))
-    other_python = buildenv.EnvSpec.resolve(VLLM_REQUIRES, python="/usr/bin/python3.11")
+    (tmp_path / "python3").symlink_to(sys.executable)  # another interpreter path (asked in a subprocess)
+    other_python = buildenv.EnvSpec.resolve(VLLM_REQUIRES, python=str(tmp_path / "python3"))
     assert len({vllm_spec.key, more.key, index.key, other_python.key}) == 4
     assert with_password.key == index.key  # the credential is not part of what is installed
     assert "s3cret" not in json.dumps(with_password.public())
     assert with_password.uv_environ()["UV_EXTRA_INDEX_URL"] == "https://carry:s3cret@download.pytorch.org/whl/cu130"
-    assert other_python.python == "/usr/bin/python3.11" and vllm_spec.python == sys.executable
+    assert other_python.python == str(tmp_path / "python3") and vllm_spec.python == sys.executable
+    assert other_python.python_version == vllm_spec.python_version
     assert vllm_spec.platform is Platform.LINUX_AMD64 and vllm_spec.public()["uv"] == vllm_spec.uv.version
 
 
@@ -331,6 +333,10 @@ def test_build_environment_config(tmp_path):
     ("    extra_index_urls: ['ftp://user:s3cret@host/simple']\n", "false",
      ["build.environment.extra_index_urls", "ftp://host/simple", "https://HOST/PATH"]),
     ("    index_url: 'https://'\n", "false", ["build.environment.index_url", "https://HOST/PATH"]),
+    ("    index_url: ['https://user:s3cret@host/simple']\n", "false", ["build.environment.index_url must be one URL"]),
+    ("    extra_index_urls: [{url: 'https://user:s3cret@host/simple'}]\n", "false",
+     ["build.environment.extra_index_urls must be a list of URLs"]),
+    ("    index_url: ''\n", "false", ["build.environment.index_url has ''"]),
     ("    torch_index: x\n", "false", ["unknown key build.environment.torch_index", "requires, index_url"]),
     ("    requires: [six]\n", "true", ["build.environment is used only with build_isolation: false"]),
 ])
