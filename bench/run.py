@@ -17,7 +17,10 @@ Everything runs in a temp dir against generated upstreams, driving `python build
   6. the demo's GB10 (linux/arm64) wheel built in its build stage under QEMU, against the same build natively,
      and its rerun (needs `bash ci/setup.sh`: Docker, QEMU and the base images; see bench/emulation.py);
   7. the scale upstream's image cold on an empty second engine, then rebuilt there, emptied, by a new runner
-     with --cache-from inline (see bench/imagecache.py).
+     with --cache-from inline (see bench/imagecache.py);
+  8. the build environment for vLLM 0.33.0's real [build-system] requires (torch 2.14.0+cu130): cold (empty env
+     dir and a private, empty uv cache; --quick: the machine's uv cache), warm (a new env dir from uv's cache),
+     reused, and the disk one env takes (see bench/buildenv.py).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
 """
@@ -39,6 +42,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
+import buildenv  # noqa: E402
 import cudahome  # noqa: E402
 import emulation  # noqa: E402
 import gitrepo  # noqa: E402
@@ -361,12 +365,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="scaled down, under 2 minutes")
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
-    parser.add_argument("--only", default="check,fetch,rebuild,runners,arm64,image",
+    parser.add_argument("--only", default="check,fetch,rebuild,runners,arm64,image,buildenv",
                         help="comma-separated parts to run")
     options = parser.parse_args()
     parts = {"check": bench_check, "fetch": bench_fetch, "rebuild": bench_rebuilds, "runners": bench_runners,
              "arm64": lambda work, size: emulation.bench(work, Row),
-             "image": lambda work, size: imagecache.bench(work, size.units, Row)}
+             "image": lambda work, size: imagecache.bench(work, size.units, Row),
+             "buildenv": lambda work, size: buildenv.bench(work, Row, quick=size is QUICK)}
     chosen = options.only.split(",")
     if not chosen or set(chosen) - set(parts):
         parser.error(f"--only takes a list of {', '.join(parts)}")

@@ -12,6 +12,7 @@ from typing import Any
 import urllib.parse
 
 import yaml
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version as PackagingVersion
 
 from carry.arch import ArchList
@@ -176,6 +177,17 @@ class Generated:
 
 
 @dataclasses.dataclass(frozen=True)
+class BuildEnvironment:
+    """`build.environment`: what carry adds to the upstream's `[build-system] requires` when it makes the
+    environment the upstream builds in (build_isolation: false; see carry/buildenv.py). The index URLs may hold
+    `user:password@`: they reach uv through its environment only and are never printed with it."""
+
+    requires: tuple[str, ...] = ()  # PEP 508 requirements, installed with the upstream's own
+    index_url: str | None = None  # replaces PyPI
+    extra_index_urls: tuple[str, ...] = ()  # searched before index_url, in order (e.g. a torch index)
+
+
+@dataclasses.dataclass(frozen=True)
 class Build:
     cuda_arches: ArchList | None  # None: not set; an empty list: no CUDA code expected
     env: dict[str, str]
@@ -188,6 +200,7 @@ class Build:
     gate: tuple[GateRule, ...] = ()  # shared objects built for some GPUs only, by the upstream's design
     generated: tuple[Generated, ...] = ()  # files the build makes that the patched tree does not hold
     keep: tuple[str, ...] = DEFAULT_KEEP  # build-dir paths kept between builds (objects, never outputs)
+    environment: BuildEnvironment = BuildEnvironment()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -414,8 +427,10 @@ def load(path: Path) -> Config:
 
 BUILD_KEYS = (
     "cuda_arches", "env", "wheel_version", "version_env", "build_isolation", "compiler_cache", "remote_cache",
-    "tests", "gate", "generated", "keep",
+    "tests", "gate", "generated", "keep", "environment",
 )
+ENVIRONMENT_KEYS = ("requires", "index_url", "extra_index_urls")
+INDEX_FORM = "an index URL: https://HOST/PATH (user:password@ allowed), http://… or file:///PATH"
 IMAGE_KEYS = (
     "name", "tags", "platforms", "base_image", "runtime_image", "build_args", "labels", "env", "secret_env",
     "docker",
@@ -451,18 +466,20 @@ def _build(section: _Section) -> Build:
         where = f"{section.path}: build.remote_cache"
         remote_cache = RemoteCache.parse(section.string("remote_cache"), where)
         remote_cache.check_launcher(compiler_cache, where)
+    isolation = section.boolean("build_isolation", True)
     return Build(
         cuda_arches=ArchList.parse(arches) if arches is not None else None,
         env=section.env("env"),
         wheel_version=wheel_version,
         version_env=version_env,
-        build_isolation=section.boolean("build_isolation", True),
+        build_isolation=isolation,
         compiler_cache=compiler_cache,
         remote_cache=remote_cache,
         tests=_tests(section),
         gate=parse_rules(section.data.get("gate"), f"{section.path}: build.gate"),
         generated=_generated(section),
         keep=_keep(section),
+        environment=_environment(section, isolation),
     )
 
 
@@ -493,6 +510,50 @@ def _keep(section: _Section) -> tuple[str, ...]:
             raise BadInput(f"{section.path}: build.keep has {glob!r}; name directories of build objects inside "
                            f"the source tree, e.g. 'build/temp.*'")
     return keep
+
+
+def _environment(build: _Section, isolation: bool) -> BuildEnvironment:
+    """build.environment: requirements carry adds to the upstream's build requires, and the indexes uv uses."""
+    if not build.has("environment"):
+        return BuildEnvironment()
+    if isolation:
+        raise BadInput(f"{build.path}: build.environment is used only with build_isolation: false (carry's own build "
+                       f"environment); set build.build_isolation: false or remove build.environment")
+    section = build.section("environment", ENVIRONMENT_KEYS)
+    for text in section.strings("requires"):
+        try:
+            Requirement(text)
+        except InvalidRequirement as exc:
+            raise BadInput(f"{section.path}: build.environment.requires has {strip_credentials(text)!r}, which is "
+                           f"not a PEP 508 requirement ({str(exc).splitlines()[0]}); write it like 'torch==2.14.0'"
+                           ) from None
+    index_url = section.data.get("index_url")
+    extra = section.data.get("extra_index_urls") or []
+    extra = [extra] if isinstance(extra, str) else extra
+    # Not echoed when malformed, unlike other keys: a URL here may hold a password.
+    if index_url is not None and not isinstance(index_url, str):
+        raise BadInput(f"{section.path}: build.environment.index_url must be one URL; use {INDEX_FORM}")
+    if not isinstance(extra, list) or not all(isinstance(url, str) for url in extra):
+        raise BadInput(f"{section.path}: build.environment.extra_index_urls must be a list of URLs; use {INDEX_FORM}")
+    return BuildEnvironment(
+        requires=section.strings("requires"),
+        index_url=_index_url(section, "index_url", index_url) if index_url is not None else None,
+        extra_index_urls=tuple(_index_url(section, "extra_index_urls", url) for url in extra),
+    )
+
+
+def _index_url(section: _Section, key: str, url: str) -> str:
+    shown = _without_secrets(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port
+    except ValueError:
+        parts = None
+    scheme = parts.scheme.lower() if parts else ""
+    if (parts is None or scheme not in ("https", "http", "file") or re.search(r"\s", url)
+            or (scheme != "file" and not parts.hostname) or (scheme == "file" and not parts.path)):
+        raise BadInput(f"{section.path}: build.environment.{key} has {shown!r}; use {INDEX_FORM}")
+    return url
 
 
 def _tests(section: _Section) -> tuple[TestCommand, ...]:
