@@ -15,6 +15,8 @@ ARG CARRY_ARCHES
 ARG PIP_INSTALL_ARGS=
 WORKDIR /carry
 COPY . /carry
+# /opt/carry holds carry and the upstream's [build-system] requires (requirements.txt): carry builds in it
+# (CARRY_BUILD_PYTHON) once it has checked every requirement is there, instead of making a venv with uv.
 # build.yaml's image.secret_env and the shared compile cache's URL and credentials (CARRY_REMOTE_CACHE_*) arrive
 # as a BuildKit secret: readable during this step only, never in a layer or the cache key.
 RUN --mount=type=cache,target=/root/.cache/pip \
@@ -25,7 +27,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     python3 -m venv /opt/carry; \
     /opt/carry/bin/pip install --disable-pip-version-check ${PIP_INSTALL_ARGS} -r /carry/requirements.txt; \
     mkdir -p /tmp/carry-cache; cp -r /carry/cache/bundles /tmp/carry-cache/; \
-    CARRY_CACHE=/tmp/carry-cache CCACHE_DIR=/root/.cache/carry-ccache \
+    CARRY_CACHE=/tmp/carry-cache CCACHE_DIR=/root/.cache/carry-ccache CARRY_BUILD_PYTHON=/opt/carry/bin/python \
         /opt/carry/bin/python /carry/build.py --config "/carry/${CARRY_CONFIG}" \
         wheel --arch "${CARRY_ARCHES}" --out /dist; \
     rm -rf /tmp/carry-cache

@@ -151,6 +151,20 @@ def requires_from_pyproject(pyproject: dict, where: str = "pyproject.toml") -> t
     return tuple(normalize_requirement(text, f"{where} [build-system] requires") for text in requires)
 
 
+def requires_of_tree(mirror: Path, tree: str) -> tuple[str, ...]:
+    """The build requirements of a tree in the mirror (its pyproject.toml at the root)."""
+    from carry import git
+
+    text = git.show_blob(mirror, f"{tree}:pyproject.toml")
+    if text is None:
+        return LEGACY_REQUIRES
+    try:
+        pyproject = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise BadInput(f"the upstream's pyproject.toml at {tree[:12]} is not TOML ({exc}); fix it with a patch") from None
+    return requires_from_pyproject(pyproject, f"pyproject.toml at {tree[:12]}")
+
+
 def requires_of(src: Path) -> tuple[str, ...]:
     """The build requirements of the source tree `src` (its pyproject.toml; the legacy default without one)."""
     path = Path(src) / "pyproject.toml"
@@ -508,3 +522,41 @@ def _key_versions(packages: dict[str, str], spec: EnvSpec) -> dict[str, str]:
     named = [canonicalize_name(_name(r)) for r in spec.requirements]
     order = dict.fromkeys([*KEY_PACKAGES, *named])
     return {name: packages[name] for name in order if name in packages}
+
+
+# the build stage's own environment ----------------------------------------------------------------------------
+
+PROVIDED_ENV = "CARRY_BUILD_PYTHON"
+
+
+def provided(python: str, spec: EnvSpec) -> BuildEnv:
+    """The environment of `python` as given by `$CARRY_BUILD_PYTHON` (the image's build stage, whose venv it made
+    from the same requires): used as it is once every requirement of `spec` is satisfied there; the first that
+    is not is bad input naming it."""
+    from packaging.markers import default_environment
+    from packaging.version import InvalidVersion, Version
+
+    start = time.monotonic()
+    path = Path(python)
+    if not path.exists():
+        raise BadInput(f"${PROVIDED_ENV} is {python}, which does not exist; unset it to let carry make the build "
+                       f"environment")
+    packages = _installed(path, {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")})
+    markers = default_environment()
+    for text in spec.requirements:
+        requirement = Requirement(text)
+        if requirement.marker is not None and not requirement.marker.evaluate(markers):
+            continue
+        found = packages.get(canonicalize_name(requirement.name))
+        try:
+            ok = found is not None and requirement.specifier.contains(Version(found), prereleases=True)
+        except InvalidVersion:
+            ok = False
+        if not ok:
+            has = f"has {found}" if found else "does not have it"
+            raise BadInput(f"build environment {python} (${PROVIDED_ENV}) does not satisfy {text}: it {has}; "
+                           f"install it there or unset ${PROVIDED_ENV}")
+    digest = hashlib.sha256(json.dumps({"python": str(path), "packages": packages}, sort_keys=True).encode())
+    return BuildEnv(path.parent.parent, digest.hexdigest(), _key_versions(packages, spec), packages,
+                    spec.uv.version, reused=True, seconds=time.monotonic() - start,
+                    inputs={**spec.public(), "provided": str(path)})

@@ -118,24 +118,30 @@ def parse_platform(text: str | None, flag: str = "--platform"):
               "wheelhouse.")
 @click.option("--wheelhouse", type=click.Path(path_type=Path, file_okay=False, exists=True),
               help="With --platform --hermetic: the wheels (default: downloaded once into the cache).")
+@click.option("--from-source", is_flag=True, help="Compile, even where build.precompiled has a wheel to take the "
+              "compiled code from.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (wheel, version, cache key, "
-              "what the compiler cache did).")
+              "what the compiler cache did, the gate and tree check).")
 @click.pass_obj
 def wheel_command(obj: Context, arch: str | None, out: Path, jobs: int | None, platform: str | None,
-                  hermetic: bool, wheelhouse: Path | None, as_json: bool) -> None:
-    """Build the patched tree into a wheel for the CUDA arches, gate it, stamp provenance; reuse when unchanged."""
+                  hermetic: bool, wheelhouse: Path | None, from_source: bool, as_json: bool) -> None:
+    """Build the patched tree into a wheel for the CUDA arches (or, with build.precompiled, take the compiled code
+    from the upstream's own wheel, proven to match the source), gate it, check it holds exactly the patched tree,
+    stamp provenance; reuse when unchanged."""
     target = parse_platform(platform)
-    if target is None and (hermetic or wheelhouse):
+    session = obj.session()
+    here = target is None or (not from_source and session.precompiled_for(target))
+    if here and (hermetic or wheelhouse):
         raise click.UsageError("--hermetic and --wheelhouse go with --platform (a build in a container)")
-    if target is not None and (jobs is not None or as_json):
+    if not here and (jobs is not None or as_json):
         raise click.UsageError("--jobs and --json apply to builds on this machine; the build stage picks its jobs")
     progress = Progress()
-    if target is not None:
-        built = obj.session().platform_wheel(target, arch, out, hermetic, wheelhouse, progress)
+    if not here:
+        built = session.platform_wheel(target, arch, out, hermetic, wheelhouse, progress)
         progress.phase("done", f"{built.platform} wheel, gate passed for {built.gate.archlist}")
         click.echo(built.path)
         return
-    result = obj.session().wheel(arch, out, jobs, progress)
+    result = session.wheel(arch, out, jobs, progress, target, from_source)
     progress.phase("done", "reused from cache" if result.reused else "built")
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else result.path)
 

@@ -139,22 +139,33 @@ class Session:
         if not with_tree:
             return verify.Expected(self.version(), self.series().hash, self.config.upstream.commit)
         checked = self.check()
+        settings = self.config.build.precompiled
+        pins = {str(w.platform): w.pinned.sha256 for w in settings.wheels} if settings else {}
         return verify.Expected(self.version(), checked.series.hash, self.config.upstream.commit,
-                               checked.report.tree, checked.mirror, self.config.build.generated)
+                               checked.report.tree, checked.mirror, self.config.build.generated, pins)
 
-    def wheel(self, arch: str | None, out: Path, jobs: int | None, progress: Progress) -> wheel.WheelResult:
-        """check -> plan -> reuse or build the wheel -> publish into `out`."""
-        builder = self._wheel_builder(arch, jobs)
+    def wheel(self, arch: str | None, out: Path, jobs: int | None, progress: Progress,
+              platform: Platform | None = None, from_source: bool = False) -> wheel.WheelResult:
+        """check -> (precompiled: prove the binaries match) -> plan -> reuse or build the wheel -> publish."""
+        builder = self._wheel_builder(arch, jobs, platform, from_source)
         checked = self.check()
         return builder(checked.mirror, checked.report, checked.series, out, progress)
 
-    def _wheel_builder(self, arch: str | None, jobs: int | None):
+    def precompiled_for(self, platform: Platform) -> bool:
+        """Whether build.precompiled has a wheel for `platform` (then a build for it runs here, nothing compiled)."""
+        settings = self.config.build.precompiled
+        return settings is not None and settings.wheel_for(platform) is not None
+
+    def _wheel_builder(self, arch: str | None, jobs: int | None, platform: Platform | None = None,
+                       from_source: bool = False):
         """Resolve arches, jobs, VERSION and the remote compile cache now, the toolchain at the first build (after
         the caller's check, which reports an unusable cache first); return a function that plans and builds one
         checked tree."""
-        from carry import compilecache, toolchain, wheel
+        from carry import compilecache, precompiled, toolchain, wheel
+        from carry.platforms import Platform
 
-        policy = self.policy(arch)
+        target = platform or Platform.native()
+        policy = self.policy(arch, platform)
         job_plan = toolchain.choose_jobs(jobs, self.config.build.env)
         remote = compilecache.remote_setting(self.config, os.environ)
         current = self.version()
@@ -167,7 +178,14 @@ class Session:
                                              self.config.build.compiler_cache, self.cache.root, remote))
             progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: "
                            f"tree {str(report.tree)[:12]}")
-            plan = wheel.plan(self.config, report, current, policy, job_plan, tools[0], remote)
+            taken = None
+            if report.tree and not from_source:
+                taken = precompiled.resolve(self.config, self.cache, mirror, target, report.tree, patches,
+                                            lambda line: progress.phase("precompiled", line))
+                if taken is not None:
+                    progress.phase("precompiled", taken.line())
+            environment = wheel.env_plan(self.config, mirror, report.tree) if report.tree else None
+            plan = wheel.plan(self.config, report, current, policy, job_plan, tools[0], remote, environment, taken)
             return wheel.build(self.config, self.cache, mirror, report, patches, plan, out, progress)
 
         return build

@@ -12,10 +12,10 @@ from typing import Any
 import urllib.parse
 
 import yaml
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version as PackagingVersion
 
 from carry.arch import ArchList
+from carry.download import Pinned
 from carry.errors import BadInput
 from carry.gatepolicy import GatePolicy, GateRule, parse_rules
 from carry.platforms import Platform
@@ -188,6 +188,31 @@ class BuildEnvironment:
 
 
 @dataclasses.dataclass(frozen=True)
+class PrecompiledWheel:
+    """One platform's upstream wheel to take the compiled code from: the file (URL or path) pinned by sha256,
+    and the upstream ref or commit it was built from (None: read from its version)."""
+
+    platform: Platform
+    pinned: Pinned
+    ref: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Precompiled:
+    """build.precompiled: how the upstream takes compiled code from an existing wheel (the variables carry sets,
+    `{wheel}` being the checked local file, and the prefixes of inherited ones it removes), which files are
+    compiled inputs (each with why), and the wheel per platform."""
+
+    env: dict[str, str]
+    clear: tuple[str, ...]
+    inputs: tuple[Generated, ...]
+    wheels: tuple[PrecompiledWheel, ...]
+
+    def wheel_for(self, platform: Platform) -> PrecompiledWheel | None:
+        return next((w for w in self.wheels if w.platform is platform), None)
+
+
+@dataclasses.dataclass(frozen=True)
 class Build:
     cuda_arches: ArchList | None  # None: not set; an empty list: no CUDA code expected
     env: dict[str, str]
@@ -201,6 +226,7 @@ class Build:
     generated: tuple[Generated, ...] = ()  # files the build makes that the patched tree does not hold
     keep: tuple[str, ...] = DEFAULT_KEEP  # build-dir paths kept between builds (objects, never outputs)
     environment: BuildEnvironment = BuildEnvironment()
+    precompiled: Precompiled | None = None  # None: every build compiles from source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -427,8 +453,10 @@ def load(path: Path) -> Config:
 
 BUILD_KEYS = (
     "cuda_arches", "env", "wheel_version", "version_env", "build_isolation", "compiler_cache", "remote_cache",
-    "tests", "gate", "generated", "keep", "environment",
+    "tests", "gate", "generated", "keep", "environment", "precompiled",
 )
+PRECOMPILED_KEYS = ("env", "clear", "inputs", "wheels")
+PRECOMPILED_WHEEL_KEYS = ("url", "path", "sha256", "ref")
 ENVIRONMENT_KEYS = ("requires", "index_url", "extra_index_urls")
 INDEX_FORM = "an index URL: https://HOST/PATH (user:password@ allowed), http://… or file:///PATH"
 IMAGE_KEYS = (
@@ -480,25 +508,72 @@ def _build(section: _Section) -> Build:
         generated=_generated(section),
         keep=_keep(section),
         environment=_environment(section, isolation),
+        precompiled=_precompiled(section, isolation),
     )
+
+
+def _precompiled(build: _Section, isolation: bool) -> Precompiled | None:
+    """build.precompiled: env (with {wheel}), clear (prefixes), inputs (glob: why), wheels (platform: url or
+    path, sha256, ref)."""
+    if not build.has("precompiled"):
+        return None
+    section = build.section("precompiled", PRECOMPILED_KEYS)
+    where = f"{build.path}: build.precompiled"
+    env = section.env("env")
+    if not any("{wheel}" in value for value in env.values()):
+        raise BadInput(f"{where}.env must hand the wheel to the upstream's build: a variable whose value holds "
+                       f"{{wheel}}, e.g. VLLM_PRECOMPILED_WHEEL_LOCATION: '{{wheel}}'")
+    clear = section.strings("clear")
+    if not all(ENV_NAME_RE.match(prefix.rstrip("_") or "_") for prefix in clear):
+        raise section.fail("clear", "a list of variable-name prefixes, e.g. [VLLM_PRECOMPILED_, VLLM_USE_PRECOMPILED]")
+    inputs = _globs_with_reasons(section, "inputs", "which compiled code reads it")
+    if not inputs:
+        raise BadInput(f"{where}.inputs is required: the files the compiled code is built from (e.g. 'csrc/**': "
+                       f"'the CUDA and C++ sources'), which must be identical to the wheel's source")
+    value = section.data.get("wheels")
+    if not isinstance(value, dict) or not value:
+        raise section.fail("wheels", "a mapping of platform to {url or path, sha256, ref}, e.g. "
+                                     "{linux/amd64: {url: https://…/vllm-….whl, sha256: …, ref: v0.33.0}}")
+    wheels = []
+    for name, settings in value.items():
+        platform = Platform.parse(str(name), f"{where}.wheels")
+        own = _Section(settings, f"build.precompiled.wheels.{name}", build.path, PRECOMPILED_WHEEL_KEYS)
+        if own.has("url") == own.has("path"):
+            raise BadInput(f"{where}.wheels.{name} needs one of url or path (the upstream wheel to take the compiled "
+                           f"code from)")
+        source = own.string("url") or str(_relative(build.path, own.string("path")))
+        pinned = Pinned.parse(source, own.data.get("sha256"), f"{where}.wheels.{name}")
+        if not pinned.name.endswith(".whl"):
+            raise BadInput(f"{where}.wheels.{name}: {pinned.name} is not a wheel (.whl)")
+        wheels.append(PrecompiledWheel(platform, pinned, own.string("ref")))
+    return Precompiled(env, clear, inputs, tuple(wheels))
+
+
+def _relative(config_path: Path, path: str) -> Path:
+    return Path(path) if Path(path).is_absolute() else config_path.parent / path
+
+
+def _globs_with_reasons(section: _Section, key: str, reason: str) -> tuple[Generated, ...]:
+    """A mapping of path glob to why, e.g. build.generated or build.precompiled.inputs."""
+    value = section.data.get(key)
+    if value is None:
+        return ()
+    where = f"{section.path}: {section._key(key)}"
+    if not isinstance(value, dict):
+        raise BadInput(f"{where} must be a mapping of path glob to {reason}, e.g. {{'pkg/_version.py': '…'}}")
+    found = []
+    for glob, why in value.items():
+        if not isinstance(glob, str) or not glob.strip() or glob.startswith("/") or ".." in glob.split("/"):
+            raise BadInput(f"{where} has {glob!r}; use a glob relative to the root")
+        if not isinstance(why, str) or not why.strip():
+            raise BadInput(f"{where}.{glob} needs a reason ({reason})")
+        found.append(Generated(glob.strip(), " ".join(why.split())))
+    return tuple(found)
 
 
 def _generated(section: _Section) -> tuple[Generated, ...]:
     """build.generated: a mapping of wheel-path glob to why the build writes it."""
-    value = section.data.get("generated")
-    if value is None:
-        return ()
-    form = "a mapping of wheel-path glob to why the build writes it, e.g. {'pkg/_version.py': 'setuptools-scm'}"
-    if not isinstance(value, dict):
-        raise section.fail("generated", form)
-    found = []
-    for glob, why in value.items():
-        if not isinstance(glob, str) or not glob.strip() or glob.startswith("/") or ".." in glob.split("/"):
-            raise BadInput(f"{section.path}: build.generated has {glob!r}; use a glob relative to the wheel's root")
-        if not isinstance(why, str) or not why.strip():
-            raise BadInput(f"{section.path}: build.generated.{glob} needs a reason (which build step writes it)")
-        found.append(Generated(glob.strip(), " ".join(why.split())))
-    return tuple(found)
+    return _globs_with_reasons(section, "generated", "which build step writes it")
 
 
 def _keep(section: _Section) -> tuple[str, ...]:
@@ -519,6 +594,8 @@ def _environment(build: _Section, isolation: bool) -> BuildEnvironment:
     if isolation:
         raise BadInput(f"{build.path}: build.environment is used only with build_isolation: false (carry's own build "
                        f"environment); set build.build_isolation: false or remove build.environment")
+    from packaging.requirements import InvalidRequirement, Requirement
+
     section = build.section("environment", ENVIRONMENT_KEYS)
     for text in section.strings("requires"):
         try:

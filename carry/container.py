@@ -35,7 +35,8 @@ from carry.wheel import tail
 DOCKERFILE = Path(carry.__file__).resolve().parent.parent / "Dockerfile"
 ENTRYPOINT = Path(carry.__file__).resolve().parent / "image_files" / "entrypoint.sh"
 # What carry itself needs inside the build stage (the docker SDK is only used on the host).
-CARRY_REQUIREMENTS = ("click", "pyyaml", "gitpython", "filelock", "pyelftools", "wheel", "packaging", "build")
+CARRY_REQUIREMENTS = ("click", "pyyaml", "gitpython", "filelock", "pyelftools", "wheel", "packaging", "build",
+                      "pyproject_hooks", "uv", "isal")
 SECRET_ID = "carry_env"
 WHEEL_STAGE = "wheel"
 RUNTIME_STAGE = "runtime"

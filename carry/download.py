@@ -17,9 +17,7 @@ import os
 import re
 import shutil
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Callable
 
@@ -118,6 +116,8 @@ class Store:
         part = target.with_name(f"{target.name}.part")
         started = time.monotonic()
         last_error: Exception | None = None
+        import urllib.error
+
         for attempt in range(ATTEMPTS):
             try:
                 _fetch_into(pinned.source, part, say if attempt == 0 else (lambda line: None))
@@ -145,6 +145,9 @@ class Store:
 
 def _fetch_into(url: str, part: Path, say: Callable[[str], None]) -> None:
     """Append the rest of `url` to `part` (a range request when it has bytes already)."""
+    import urllib.error
+    import urllib.request
+
     have = part.stat().st_size if part.exists() else 0
     request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
     say(f"downloading {_public(url)}" + (f" (resuming at {have} bytes)" if have else ""))

@@ -226,28 +226,33 @@ def show_blob(repo: Path, spec: str, env: dict[str, str] | None = None) -> str |
     return out if status == 0 else None
 
 
-def sync_worktree(repo: Path, tree: str, worktree: Path, index: Path) -> None:
-    """Make `worktree` hold exactly `tree`'s tracked files, rewriting only files whose content differs.
-
-    Untouched files keep their mtimes (incremental builds and compiler caches stay warm); untracked
-    build outputs are left alone.
-    """
-    worktree.mkdir(parents=True, exist_ok=True)
-    Path(f"{index}.lock").unlink(missing_ok=True)  # the caller holds carry's build lock: a killed git left it
-    env = {"GIT_INDEX_FILE": str(index)}
-    base = ("--work-tree", str(worktree))
-    run(repo, *base, "read-tree", "--reset", "-u", tree, env=env)
-    run_status(repo, *base, "update-index", "-q", "--refresh", env=env)
-    modified = run(repo, *base, "diff-files", "--name-only", env=env).split("\n")
-    modified = [name for name in modified if name]
-    if modified:
-        run(repo, *base, "checkout-index", "--force", "--", *modified, env=env)
+# A fixed identity and date: the commit carry makes of a patched tree has the same id for the same tree and base.
+TREE_COMMIT_ENV = {"GIT_AUTHOR_DATE": "1970-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "1970-01-01T00:00:00Z"}
 
 
-def clean_untracked(repo: Path, worktree: Path, index: Path, keep: tuple[str, ...]) -> list[str]:
-    """Remove every file and directory in `worktree` that `index` does not track (ignored ones too), except the
-    paths matching `keep` (globs from the worktree's root); return what was removed."""
+def commit_tree(repo: Path, tree: str, parent: str, message: str) -> str:
+    """A commit of `tree` on `parent` (deterministic: same tree, parent and message give the same id)."""
+    return run(repo, "commit-tree", tree, "-p", parent, "-m", message, env=TREE_COMMIT_ENV)
+
+
+def checkout_tree(repo: Path, tree: str, parent: str, worktree: Path, keep: tuple[str, ...]) -> list[str]:
+    """Make `worktree` a git worktree of `repo` holding exactly `tree` (committed on `parent`): only files whose
+    content differs are rewritten (unchanged ones keep their mtimes, so incremental builds and compiler caches
+    stay warm), and everything untracked is removed except paths matching `keep`. A real worktree, so that the
+    upstream's build sees a git checkout (setuptools-scm lists the package files with `git ls-files`, as in the
+    upstream's own builds). Returns what was removed."""
+    commit = commit_tree(repo, tree, parent, f"carry: patched tree {tree}")
+    if not (worktree / ".git").is_file():
+        if worktree.exists():
+            shutil.rmtree(worktree)
+        run_status(repo, "worktree", "prune")
+        worktree.parent.mkdir(parents=True, exist_ok=True)
+        run(repo, "worktree", "add", "--detach", "--force", "--quiet", str(worktree), commit)
+        return []
+    gitdir = Path((worktree / ".git").read_text().split("gitdir:", 1)[-1].strip())
+    for lock in gitdir.glob("*.lock"):
+        lock.unlink(missing_ok=True)  # the caller holds carry's build lock: a killed git left it
+    run(worktree, "checkout", "--detach", "--force", "--quiet", commit)
     excludes = [arg for glob in keep for arg in ("-e", "/" + glob.strip("/"))]
-    out = run(repo, "--work-tree", str(worktree), "clean", "-ffdx", *excludes, env={"GIT_INDEX_FILE": str(index)})
+    out = run(worktree, "clean", "-ffdx", *excludes)
     return [line.removeprefix("Removing ").strip() for line in out.splitlines() if line.startswith("Removing ")]
-

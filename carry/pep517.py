@@ -1,7 +1,8 @@
 """Run an upstream's own PEP 517 build into a wheel, its output going to a log.
 
-Without build isolation carry calls the backend's `build_wheel` hook itself through pyproject_hooks, as
-`python -m build --no-isolation` would, one interpreter fewer per build. With isolation it runs
+Without build isolation carry calls the backend's `build_wheel` hook itself through pyproject_hooks, in the
+build environment's interpreter (carry/buildenv.py), as `python -m build --no-isolation` would there, one
+interpreter fewer per build. With isolation it runs
 `python -m build`, which makes the isolated environment and installs the build requirements into it.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import BinaryIO
 
@@ -28,8 +30,10 @@ class _StepFailed(Exception):
         self.status = status
 
 
-def build_wheel(src: Path, out: Path, env: dict[str, str], log: BinaryIO, isolated: bool) -> int:
-    """Build `src` into a wheel in `out` with `env`; the failing step's exit status, or 0."""
+def build_wheel(src: Path, out: Path, env: dict[str, str], log: BinaryIO, isolated: bool,
+                python: str = sys.executable) -> int:
+    """Build `src` into a wheel in `out` with `env`; the failing step's exit status, or 0. Without isolation the
+    backend runs in `python` (the build environment's interpreter)."""
 
     def run(command, cwd=None, extra_environ=None) -> None:
         status = subprocess.run(command, cwd=cwd, env={**env, **(extra_environ or {})}, stdout=log,
@@ -44,10 +48,14 @@ def build_wheel(src: Path, out: Path, env: dict[str, str], log: BinaryIO, isolat
             run(command, cwd=src)
             return 0
         backend, backend_path = backend_of(src)
-        _note(log, f"$ {backend} build_wheel {out} (PEP 517 hook, no isolation)")
-        hooks = pyproject_hooks.BuildBackendHookCaller(str(src), backend, backend_path, run, sys.executable)
+        _note(log, f"$ {backend} build_wheel {out} (PEP 517 hook in {python}, no isolation)")
+        hooks = pyproject_hooks.BuildBackendHookCaller(str(src), backend, backend_path, run, str(python))
         out.mkdir(parents=True, exist_ok=True)
-        hooks.build_wheel(str(out))
+        with warnings.catch_warnings(record=True) as caught:  # the backend's warnings belong in the log
+            warnings.simplefilter("always")
+            hooks.build_wheel(str(out))
+        for warning in caught:
+            _note(log, f"warning from the build backend: {warning.message}")
         return 0
     except _StepFailed as failed:
         return failed.status

@@ -28,6 +28,7 @@ class Expected:
     tree: str | None = None
     mirror: Path | None = None
     generated: tuple[Generated, ...] = ()
+    precompiled: dict[str, str] = dataclasses.field(default_factory=dict)  # platform -> pinned sha256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,21 +47,27 @@ class Inspection:
 
     gate: gate.GateReport
     tree: treecheck.TreeCheck | None
+    metadata: tuple[str, ...] = ()  # what a precompiled build's metadata got wrong
+    proven: tuple[str, ...] = ()  # lines of what else was proven (precompiled: where the binaries come from)
 
     @property
     def ok(self) -> bool:
-        return self.gate.ok and (self.tree is None or self.tree.ok)
+        return self.gate.ok and (self.tree is None or self.tree.ok) and not self.metadata
 
     def summary(self) -> str:
         parts = [] if self.gate.ok else [f"gate: {len(self.gate.failures)} problem(s)"]
         parts += [] if self.tree is None or self.tree.ok else [f"tree: {len(self.tree.problems)} file(s)"]
+        parts += [f"metadata: {len(self.metadata)} problem(s)"] if self.metadata else []
         return ", ".join(parts) or "ok"
 
+    def _tail(self) -> list[str]:
+        return (self.tree.lines() if self.tree else []) + [f"FAIL metadata: {m}" for m in self.metadata]
+
     def lines(self) -> list[str]:
-        return self.gate.lines() + (self.tree.lines() if self.tree else [])
+        return [*self.proven, *self.gate.lines(), *self._tail()]
 
     def full_lines(self) -> list[str]:
-        return self.gate.full_lines() + (self.tree.lines() if self.tree else [])
+        return [*self.proven, *self.gate.full_lines(), *self._tail()]
 
 
 def wheel_platform(path: Path) -> Platform | None:
@@ -148,9 +155,23 @@ def verify_wheel(path: Path, expected: Expected, arches: ArchList | None = None)
     if arches is not None:
         policy = policy.with_arches(arches)
     tree = info.get("tree") if expected.tree in (None, info.get("tree")) else None
-    checks = inspect_wheel(path, policy, expected.mirror, tree, expected.generated)
     platform = wheel_platform(path)
-    notes: tuple[str, ...] = ()
+    taken = info.get("precompiled") or None
+    checks = inspect_wheel(path, policy, expected.mirror, tree, expected.generated,
+                           taken.get("members") if taken else None)
+    if taken:
+        from carry import precompiled
+
+        wanted = expected.precompiled.get(str(platform))
+        if wanted != taken.get("sha256"):
+            mismatches.append(Mismatch("precompiled wheel", f"{str(wanted)[:12]} (build.precompiled for {platform})",
+                                       f"{str(taken.get('sha256'))[:12]} ({taken.get('wheel')})"))
+        checks = dataclasses.replace(
+            checks, proven=(f"precompiled: {len(checks.tree.precompiled) if checks.tree else '?'} member(s) "
+                            f"byte-identical to {taken.get('wheel')} (sha256 {str(taken.get('sha256'))[:8]}…), "
+                            f"built from {taken.get('ref')}",),
+            metadata=tuple(precompiled.metadata_problems(path, tuple(taken.get("requires_dist", ())),
+                                                         str(taken.get("wheel")))))
     if platform is not None and info.get("platform") not in (None, str(platform)):
         mismatches.append(Mismatch("buildinfo platform", str(platform), str(info.get("platform"))))
-    return Verification(str(path), info, tuple(mismatches), checks, notes)
+    return Verification(str(path), info, tuple(mismatches), checks)

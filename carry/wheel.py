@@ -22,7 +22,7 @@ from typing import Iterator
 from packaging.version import InvalidVersion, Version
 
 import carry
-from carry import buildinfo, compilecache, git, pep517, toolchain, verify
+from carry import buildenv, buildinfo, compilecache, git, pep517, precompiled, toolchain, verify
 from carry.apply import CheckReport
 from carry.cache import Cache
 from carry.config import Config, RemoteCache, public_url
@@ -36,12 +36,42 @@ from carry.series import Series
 LOG_TAIL_LINES = 40
 ARCH_VARIABLES = ("TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES")
 GATE_SUFFIX = ".gate.txt"
+# Bumped when what a build produces from the same inputs changes (2: the build dir is a git worktree, so
+# setuptools-scm's file finder sees the upstream's tracked package data).
+PRODUCER_FORMAT = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvPlan:
+    """The environment a build without isolation runs the backend in: made by carry from `spec` (uv), or the one
+    `$CARRY_BUILD_PYTHON` names (the image's build stage), already checked against `spec`."""
+
+    spec: buildenv.EnvSpec
+    provided: buildenv.BuildEnv | None = None
+
+    @property
+    def key(self) -> str:
+        return self.provided.key if self.provided else self.spec.key
+
+    def ensure(self, cache: Cache, progress: Progress) -> buildenv.BuildEnv:
+        return self.provided or buildenv.ensure(self.spec, cache.root, progress)
+
+
+def env_plan(config: Config, mirror: Path, tree: str) -> EnvPlan | None:
+    """The build environment of `tree` (its [build-system] requires plus build.environment); None with isolation,
+    where `python -m build` makes its own."""
+    if config.build.build_isolation:
+        return None
+    spec = buildenv.EnvSpec.resolve(buildenv.requires_of_tree(mirror, tree), config.build.environment)
+    given = os.environ.get(buildenv.PROVIDED_ENV)
+    return EnvPlan(spec, buildenv.provided(given, spec) if given else None)
 
 
 @dataclasses.dataclass(frozen=True)
 class WheelPlan:
     """Everything a wheel build depends on, resolved once; `key` addresses the artifact cache."""
 
+    base: str
     tree: str
     version: str
     wheel_version: str
@@ -53,6 +83,12 @@ class WheelPlan:
     key: str
     remote: RemoteCache | None = None  # the shared compile cache; it changes no output, so it is not in `key`
     platform: Platform = dataclasses.field(default_factory=Platform.native)  # whose CPU the shared objects are
+    environment: EnvPlan | None = None  # None: an isolated build
+    precompiled: precompiled.Plan | None = None  # the upstream wheel the compiled code comes from; None: compiled
+
+    @property
+    def compiles(self) -> bool:
+        return self.precompiled is None and self.arches.expects_cuda
 
     @property
     def arches(self):
@@ -80,6 +116,8 @@ class WheelResult:
             "gate": self.checks.gate.to_json() if self.checks else None,
             "tree_check": self.checks.tree.to_json() if self.checks and self.checks.tree else None,
             "gate_report": str(gate_report_path(self.path)),
+            "precompiled": self.plan.precompiled.to_json() if self.plan.precompiled else None,
+            "build_environment": self.plan.environment.key if self.plan.environment else None,
         }
 
 
@@ -91,6 +129,8 @@ def plan(
     job_plan: toolchain.JobPlan,
     tools: toolchain.Toolchain,
     remote: RemoteCache | None = None,
+    environment: EnvPlan | None = None,
+    taken: precompiled.Plan | None = None,
 ) -> WheelPlan:
     if report.tree is None:
         failed = [r.patch.name for r in report.results if r.failure]
@@ -99,6 +139,7 @@ def plan(
     arches = policy.arches
     key_material = {
         "carry": carry.__version__,
+        "producer": PRODUCER_FORMAT,
         "tree": report.tree,
         "series": report.series_hash,  # the buildinfo names the patches: a reworded one is another artifact
         "arches": str(arches),
@@ -109,11 +150,19 @@ def plan(
         "version_env": list(config.build.version_env),
         "isolation": config.build.build_isolation,
         "toolchain": tools.to_json(),
+        "build_environment": environment.key if environment else None,
+        "precompiled": taken.key() if taken else None,
     }
     key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()
+    if taken is not None:  # nothing compiles: no launcher, and the upstream's mechanism gets the wheel
+        tools, remote = dataclasses.replace(tools, launcher=None), None
     env = _build_env(config, arches, wheel_version, job_plan.max_jobs, tools)
+    if taken is not None:
+        env.update(taken.env)
     unset = () if arches.expects_cuda else ARCH_VARIABLES
-    return WheelPlan(report.tree, version, wheel_version, policy, env, unset, job_plan, tools, key, remote)
+    return WheelPlan(report.base, report.tree, version, wheel_version, policy, env, unset, job_plan, tools, key, remote,
+                     platform=taken.platform if taken else Platform.native(), environment=environment,
+                     precompiled=taken)
 
 
 def _build_env(config: Config, arches, wheel_version: str, jobs: int, tools: toolchain.Toolchain) -> dict:
@@ -184,27 +233,36 @@ def produce(config: Config, cache: Cache, mirror: Path, the_plan: WheelPlan,
     build's output first (objects under build.keep survive, for incremental builds)."""
     build_dir = cache.builds / mirror.name.removesuffix(".git")
     src = build_dir / "src"
-    git.sync_worktree(mirror, the_plan.tree, src, build_dir / "index")
-    removed = git.clean_untracked(mirror, src, build_dir / "index", config.build.keep)
+    removed = git.checkout_tree(mirror, the_plan.tree, the_plan.base, src, config.build.keep)
     kept = f", kept {', '.join(config.build.keep)}" if config.build.keep else ""
     progress.phase("materialize", f"tree {the_plan.tree[:12]} -> {src} (removed {len(removed)} earlier build "
                    f"output(s){kept})")
     log = cache.logs / f"wheel-{the_plan.key[:16]}.log"
+    environment = the_plan.environment.ensure(cache, progress) if the_plan.environment else None
+    if environment is not None:
+        progress.phase("env", environment.describe())
     with temp_dir(cache.scratch, "wheel-") as scratch:
         recorded = _Recorder(progress)
         with compilecache.run(the_plan.tools.launcher, the_plan.remote, cache.root, src, scratch, os.environ,
                               recorded) as launcher:
-            recorded.phase(
-                "build",
-                f"PEP 517 build_wheel, arches {the_plan.arches}, {the_plan.jobs.jobs} job(s) "
-                f"({the_plan.jobs.reason}), compiler cache {the_plan.tools.describe_launcher()}; log {log}",
-            )
-            built = _run_build(config, src, scratch / "out", the_plan, log, launcher, recorded)
+            recorded.phase("build", _build_line(the_plan, log))
+            built = _run_build(config, src, scratch / "out", the_plan, log, launcher, recorded, environment)
             outcome = launcher.outcome() if launcher else None
         if outcome is not None:
             recorded.phase("cache", outcome.line())
             append_log(log, recorded.lines[-1:])
         yield Produced(built, log, scratch, outcome)
+
+
+def _build_line(the_plan: WheelPlan, log: Path) -> str:
+    """What the build is about to do: compile (arches, jobs, launcher), or take the compiled code from a wheel."""
+    if the_plan.precompiled is not None:
+        return (f"PEP 517 build_wheel for {the_plan.platform}, compiled code from {the_plan.precompiled.path.name} "
+                f"(nothing compiles); log {log}")
+    if not the_plan.arches.expects_cuda:
+        return f"PEP 517 build_wheel, Python only (arches none); log {log}"
+    return (f"PEP 517 build_wheel, arches {the_plan.arches}, {the_plan.jobs.jobs} job(s) ({the_plan.jobs.reason}), "
+            f"compiler cache {the_plan.tools.describe_launcher()}; log {log}")
 
 
 class _Recorder(Progress):
@@ -226,15 +284,20 @@ def append_log(log: Path, lines: list[str]) -> None:
 
 
 def _run_build(config: Config, src: Path, out: Path, the_plan: WheelPlan, log: Path,
-               launcher: compilecache.CacheRun | None, recorded: _Recorder) -> Path:
+               launcher: compilecache.CacheRun | None, recorded: _Recorder,
+               environment: buildenv.BuildEnv | None) -> Path:
     """Run the upstream build with the plan's variables and the launcher's settings; the caller's own secrets
     (carry's passwords) and the variables the plan unsets stay out of its environment."""
     launcher_env = launcher.env if launcher else {}
     environ = compilecache.secret_free_env(os.environ)
     if launcher and (launcher.remote or launcher.remote_note):
         environ = {k: v for k, v in environ.items() if k not in compilecache.LAUNCHER_REMOTE_ENV}
-    inherited = {name: value for name, value in environ.items() if name not in the_plan.unset}
+    cleared = the_plan.precompiled.clear if the_plan.precompiled else ()
+    inherited = {name: value for name, value in environ.items()
+                 if name not in the_plan.unset and not (cleared and name.startswith(cleared))}
     env = {**inherited, **the_plan.env, **launcher_env}
+    if environment is not None:
+        env = environment.environ(env)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as handle:
         handle.writelines(f"carry: {line}\n".encode() for line in recorded.lines)
@@ -243,7 +306,11 @@ def _run_build(config: Config, src: Path, out: Path, the_plan: WheelPlan, log: P
             handle.write(f"  {name}={env[name]}\n".encode())
         for name in the_plan.unset:
             handle.write(f"  unset {name}\n".encode())
-        status = pep517.build_wheel(src, out, env, handle, config.build.build_isolation)
+        if environment is not None:
+            handle.write(f"build environment: {environment.describe()}\n".encode())
+            status = pep517.build_wheel(src, out, env, handle, False, str(environment.python))
+        else:
+            status = pep517.build_wheel(src, out, env, handle, True)
     if status != 0:
         raise Failed(f"the upstream build failed (exit {status}); log: {log}\n{tail(log)}")
     wheels = list(out.glob("*.whl"))
@@ -266,12 +333,17 @@ def finish(config: Config, cache: Cache, mirror: Path, report: CheckReport, seri
     """The shared finish of every producer: gate and tree check (printed, in full when they fail, and logged),
     version, buildinfo stamp, store in the artifact cache with the gate report beside the wheel."""
     wheel = produced.wheel
+    taken = the_plan.precompiled
     progress.phase("gate", f"checking {wheel.name}")
     tagged = verify.wheel_platform(wheel)
-    if tagged not in (None, the_plan.platform):
+    if taken is None and tagged not in (None, the_plan.platform):
         raise Failed(f"{wheel.name} is tagged for {tagged}, but this build is for {the_plan.platform}")
     checks = verify.inspect_wheel(wheel, the_plan.policy, mirror, the_plan.tree, config.build.generated,
-                                  platform=the_plan.platform)
+                                  taken.members if taken else None, platform=the_plan.platform)
+    if taken is not None:
+        checks = dataclasses.replace(
+            checks, proven=(f"precompiled: {taken.line()}",),
+            metadata=tuple(precompiled.metadata_problems(wheel, taken.requires_dist, taken.path.name)))
     shown = checks.lines() if checks.ok else checks.full_lines()
     for line in shown:
         progress.phase("gate", line)
@@ -282,7 +354,7 @@ def finish(config: Config, cache: Cache, mirror: Path, report: CheckReport, seri
     actual = buildinfo.wheel_version(wheel)
     _check_version(actual, the_plan)
     info = make_info(config, report, series, the_plan, actual, checks)
-    stamped = buildinfo.stamp(wheel, info)
+    stamped = buildinfo.stamp(wheel, info, taken.tags if taken else None)
     progress.phase("stamp", f"{buildinfo.FILENAME} in {stamped.name} (version {actual})")
     return _store(cache, the_plan.key, stamped, checks), checks
 
@@ -321,12 +393,15 @@ def make_info(config, report, series, the_plan: WheelPlan, actual_version: str, 
             ],
         },
         "tree": the_plan.tree,
-        "platform": str(Platform.native()),
+        "platform": str(the_plan.platform),
         "cuda_arches": str(the_plan.arches),
         "gate_policy": the_plan.policy.to_json(),
         "gate": checks.gate.to_json(),
         "tree_check": checks.tree.to_json() if checks.tree else None,
         "toolchain": the_plan.tools.to_json(),
+        "build_environment": ({"key": the_plan.environment.key, "inputs": the_plan.environment.spec.public()}
+                              if the_plan.environment else None),
+        "precompiled": the_plan.precompiled.to_json() if the_plan.precompiled else None,
         "build_env_keys": sorted(the_plan.env),
         "cache_key": the_plan.key,
     }

@@ -105,5 +105,7 @@ def _copy_raw(raw, member: zipfile.ZipInfo, out: zipfile.ZipFile) -> None:
 def retagged_wheel_file(text: str, tags: tuple[str, ...]) -> str:
     """A WHEEL file with its Tag lines replaced by `tags` (e.g. `cp38-abi3-manylinux_2_28_x86_64`)."""
     lines = [line for line in text.splitlines() if not line.startswith("Tag:")]
+    while lines and not lines[-1].strip():
+        lines.pop()
     return "\n".join([*lines, *(f"Tag: {tag}" for tag in tags)]) + "\n"
 

@@ -1,0 +1,206 @@
+"""Precompiled builds: the upstream's own mechanism (vLLM's VLLM_USE_PRECOMPILED) lifts the compiled code out of
+an existing upstream wheel, and carry proves that is right before any build work and after it.
+
+Before: the wheel is the pinned file (sha256; downloaded once into the store), its RECORD holds for every member,
+and the compiled inputs (build.precompiled.inputs: csrc/, CMakeLists.txt, cmake/, ...) are identical between the
+commit the wheel was built from and the patched tree (the PR's changes and the series included). After: the
+built wheel's shared objects (and every other member the upstream took from it) are byte-identical to the
+precompiled wheel's, its Requires-Dist is the precompiled wheel's own, and it carries the precompiled wheel's
+tags, not the build host's.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import email.parser
+import hashlib
+import json
+import re
+import zipfile
+from pathlib import Path
+
+from carry import git, upstream
+from carry.binaries import may_be_shared_object
+from carry.cache import Cache
+from carry.config import Config, PrecompiledWheel
+from carry.download import Store
+from carry.errors import BadInput, Failed
+from carry.fsutil import atomic_write_text
+from carry.platforms import Platform
+from carry.series import Series
+
+RELEASE_RE = re.compile(r"^\d+(\.\d+)*$")
+NIGHTLY_RE = re.compile(r"\+g([0-9a-f]{7,40})(?:\.|$)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """A precompiled build resolved and proven: the checked wheel, the commit it was built from, what it holds."""
+
+    wheel: PrecompiledWheel
+    path: Path
+    ref: str
+    commit: str
+    tags: tuple[str, ...]
+    members: dict[str, str]  # installed path -> RECORD hash, for every member that is not metadata
+    requires_dist: tuple[str, ...]
+    env: dict[str, str]
+    clear: tuple[str, ...]
+    inputs: tuple[str, ...]
+
+    @property
+    def shared_objects(self) -> tuple[str, ...]:
+        return tuple(sorted(path for path in self.members if may_be_shared_object(path)))
+
+    @property
+    def platform(self) -> Platform:
+        return self.wheel.platform
+
+    def line(self) -> str:
+        """What was proven before the build."""
+        return (f"{len(self.shared_objects)} shared objects from {self.path.name} (sha256 {self.wheel.pinned.sha256[:8]}…), "
+                f"compiled inputs identical to {self.ref}" + (f" ({self.commit[:12]})" if self.commit != self.ref else ""))
+
+    def key(self) -> dict:
+        """What the build takes from the precompiled wheel, independent of where the file lies."""
+        env = {name: value.replace(str(self.path), "{wheel}") for name, value in self.env.items()}
+        return {"sha256": self.wheel.pinned.sha256, "platform": str(self.platform), "commit": self.commit,
+                "env": env, "clear": list(self.clear), "inputs": list(self.inputs)}
+
+    def to_json(self) -> dict:
+        return {"wheel": self.path.name, "sha256": self.wheel.pinned.sha256, "platform": str(self.platform),
+                "ref": self.ref, "commit": self.commit, "tags": list(self.tags), "inputs": list(self.inputs),
+                "requires_dist": list(self.requires_dist), "members": dict(sorted(self.members.items()))}
+
+
+def resolve(config: Config, cache: Cache, mirror: Path, platform: Platform, tree: str, series: Series,
+            say=None) -> Plan | None:
+    """The precompiled plan for `platform` (None when build.precompiled has no wheel for it), proven: the
+    wheel checked, the compiled inputs identical to its source commit; else exit 1 naming the files."""
+    settings = config.build.precompiled
+    chosen = settings.wheel_for(platform) if settings else None
+    if chosen is None:
+        return None
+    path = Store.from_env(cache.root).get(chosen.pinned, say)
+    tags, requires, members = _read(path)
+    if Platform.from_wheel_tag(tags[0].rsplit("-", 1)[-1]) is not platform:
+        raise BadInput(f"{config.path}: build.precompiled.wheels.{platform} is {path.name}, tagged {tags[0]}: "
+                       f"not a wheel for {platform}")
+    _check_record_once(cache, chosen, path)
+    ref = chosen.ref or ref_from_version(path.name, config)
+    commit = _commit(config, cache, mirror, ref)
+    inputs = tuple(g.glob for g in settings.inputs)
+    changed = changed_inputs(mirror, commit, tree, inputs)
+    if changed:
+        raise Failed(_inputs_differ(changed, ref, series))
+    env = {name: value.replace("{wheel}", str(path)) for name, value in settings.env.items()}
+    return Plan(chosen, path, ref, commit, tags, members, requires, env, settings.clear, inputs)
+
+
+def _read(wheel: Path) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
+    """The wheel's tags (WHEEL), Requires-Dist (METADATA) and RECORD hashes, read without inflating its code."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            info = next(n.split("/", 1)[0] for n in archive.namelist() if n.split("/", 1)[0].endswith(".dist-info"))
+            wheel_file = archive.read(f"{info}/WHEEL").decode()
+            metadata = email.parser.Parser().parsestr(archive.read(f"{info}/METADATA").decode())
+            record = archive.read(f"{info}/RECORD").decode()
+    except (OSError, KeyError, StopIteration, zipfile.BadZipFile) as exc:
+        raise BadInput(f"{wheel}: not a readable wheel ({exc}); check build.precompiled") from None
+    tags = file_name_tags(wheel.name) or tuple(line.split(":", 1)[1].strip() for line in wheel_file.splitlines()
+                                               if line.startswith("Tag:"))
+    members = {}
+    for row in record.splitlines():
+        name, _, rest = row.partition(",")
+        digest = rest.split(",", 1)[0]
+        if digest and not name.split("/", 1)[0].endswith((".dist-info", ".data")):
+            members[name] = digest
+    return tags, tuple(metadata.get_all("Requires-Dist") or ()), members
+
+
+def file_name_tags(name: str) -> tuple[str, ...]:
+    """The tags a wheel's file name gives (what pip and PyPI go by; a wheel renamed to manylinux may still say
+    `linux_x86_64` in its WHEEL file), compressed sets expanded: `cp38-abi3-manylinux_2_28_x86_64`."""
+    parts = name.removesuffix(".whl").split("-")
+    if len(parts) < 5:
+        return ()
+    pythons, abis, platforms = parts[-3:]
+    return tuple(f"{p}-{a}-{f}" for p in pythons.split(".") for a in abis.split(".") for f in platforms.split("."))
+
+
+def _check_record_once(cache: Cache, chosen: PrecompiledWheel, path: Path) -> None:
+    """Every member of the precompiled wheel matches its RECORD (checked once per sha256, remembered)."""
+    memo = cache.root / "precompiled" / f"{chosen.pinned.sha256}.record-ok"
+    if memo.exists():
+        return
+    from carry.binaries import member_bytes
+
+    with zipfile.ZipFile(path) as archive:
+        rows = {row.split(",")[0]: row.split(",")[1] for row in
+                archive.read(next(n for n in archive.namelist() if n.endswith(".dist-info/RECORD"))).decode()
+                .splitlines() if row.count(",") >= 2}
+        with open(path, "rb") as handle:
+            for member in archive.infolist():
+                digest = rows.get(member.filename)
+                if not digest or member.is_dir():
+                    continue
+                found = "sha256=" + base64.urlsafe_b64encode(
+                    hashlib.sha256(member_bytes(path, member, handle)).digest()).rstrip(b"=").decode()
+                if found != digest:
+                    raise Failed(f"{path.name}: {member.filename} does not match its RECORD hash; the precompiled "
+                                 f"wheel is corrupt")
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(memo, json.dumps({"wheel": path.name, "members": len(rows)}) + "\n")
+
+
+def ref_from_version(name: str, config: Config) -> str:
+    """The ref a wheel was built from, read from its version: a release `X.Y.Z` is the tag `vX.Y.Z`, a nightly
+    `…+g<sha>` that commit."""
+    version = name.split("-")[1]
+    nightly = NIGHTLY_RE.search(version)
+    if nightly:
+        return nightly.group(1)
+    if RELEASE_RE.match(version):
+        return f"v{version}"
+    raise BadInput(f"{config.path}: cannot tell which upstream commit {name} was built from (version {version}); "
+                   f"set its ref in build.precompiled.wheels")
+
+
+def _commit(config: Config, cache: Cache, mirror: Path, ref: str) -> str:
+    for candidate in (ref, f"refs/tags/{ref}"):
+        found = git.resolve(mirror, candidate)
+        if found:
+            return found
+    commit, _ = upstream.resolve_ref(config, cache, ref)
+    return commit
+
+
+def changed_inputs(mirror: Path, commit: str, tree: str, inputs: tuple[str, ...]) -> list[str]:
+    """The compiled inputs that differ between `commit` and the patched `tree`."""
+    pathspecs = [f":(glob){glob}" for glob in inputs]
+    out = git.run(mirror, "diff", "--name-only", "--no-renames", f"{commit}^{{tree}}", tree, "--", *pathspecs)
+    return [line for line in out.splitlines() if line]
+
+
+def _inputs_differ(changed: list[str], ref: str, series: Series) -> str:
+    by_patch = {path: patch.name for patch in series.patches for path in patch.files}
+    shown = ", ".join(f"{path} ({by_patch[path]})" if path in by_patch else path for path in changed[:10])
+    more = f" and {len(changed) - 10} more" if len(changed) > 10 else ""
+    return (f"precompiled: the compiled inputs differ from {ref}, which the precompiled wheel was built from: "
+            f"{shown}{more}; the wheel's binaries were not built from them: build from source "
+            f"(wheel --from-source), or pin a precompiled wheel built from this code")
+
+
+def metadata_problems(wheel: Path, requires_dist: tuple[str, ...], source: str) -> list[str]:
+    """The built wheel's Requires-Dist must be the precompiled wheel's own (its CUDA build's), never a CPU torch."""
+    _, requires, _ = _read(wheel)
+    problems = []
+    if sorted(requires) != sorted(requires_dist):
+        ours, theirs = set(requires), set(requires_dist)
+        detail = "; ".join([*(f"+ {r}" for r in sorted(ours - theirs)), *(f"- {r}" for r in sorted(theirs - ours))])
+        problems.append(f"Requires-Dist differs from {source}'s ({detail[:600]})")
+    cpu = [r for r in requires if re.match(r"^torch\b", r) and "+cpu" in r]
+    if cpu:
+        problems.append(f"Requires-Dist asks for a CPU torch: {', '.join(cpu)}")
+    return problems
