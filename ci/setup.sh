@@ -8,6 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
+# vLLM's real released files the tests and examples/vllm use (sha256-pinned, downloaded once into the download
+# store), and the vLLM history made from them.
+python3 examples/vllm/fetch.py >/dev/null
+python3 examples/vllm/make_upstream.py >/dev/null
 if [ "${CARRY_SETUP_SERVICES:-1}" = 1 ]; then
     bash .ci/services.sh
     bash ci/qemu.sh

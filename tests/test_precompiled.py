@@ -1,0 +1,188 @@
+"""The fixed vLLM wheel in minutes: examples/vllm on the real vLLM 0.33.0 history (made from PyPI's sdists), its
+Python-only series built in precompiled mode from vLLM's own released wheels, for x86_64 and, from this x86_64
+machine, for aarch64 — with every property proven: tags, byte-identical shared objects, the upstream's
+Requires-Dist, the gate, the tree check, verify; and the ways it must refuse."""
+
+from __future__ import annotations
+
+import email.parser
+import json
+import re
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import realvllm
+from carry import wheelzip
+from helpers import ROOT, assert_bad_input, carry
+
+pytestmark = pytest.mark.slow
+
+EXAMPLE = ROOT / "examples" / "vllm"
+WHEELS = {"linux/amd64": realvllm.WHEEL_X86, "linux/arm64": realvllm.WHEEL_ARM}
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory) -> Path:
+    return Path(realvllm.build(tmp_path_factory.mktemp("vllm-history"))["path"])
+
+
+def make_project(root: Path, history: Path) -> Path:
+    """examples/vllm copied, its upstream.url pointing at the history."""
+    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("upstream.git", "__pycache__"))
+    config = root / "build.yaml"
+    config.write_text(config.read_text().replace("  url: upstream.git", f"  url: {history}"))
+    return config
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, history):
+    root = tmp_path_factory.mktemp("example")
+    config = make_project(root / "vllm", history)
+    env = {"CARRY_CACHE": str(root / "cache"), "CARRY_DOWNLOADS": realvllm.download_store()}
+    return config, env, root
+
+
+@pytest.fixture(scope="module")
+def built(project):
+    """Both platforms' fixed wheels, built once for the module."""
+    config, env, root = project
+    found = {}
+    for platform in WHEELS:
+        args = ["--platform", platform] if platform == "linux/arm64" else []
+        result = carry("--config", str(config), "wheel", "--out", str(root / "dist"), *args, env=env)
+        assert result.code == 0, result.err
+        found[platform] = (Path(result.out.strip()), result)
+    return found
+
+
+def members(wheel: Path) -> dict[str, str]:
+    """installed path -> RECORD hash."""
+    with zipfile.ZipFile(wheel) as archive:
+        info = next(n.split("/")[0] for n in archive.namelist() if n.endswith(".dist-info/RECORD"))
+        rows = [row.split(",") for row in archive.read(f"{info}/RECORD").decode().splitlines()]
+    return {row[0]: row[1] for row in rows if row[1] and ".dist-info/" not in row[0]}
+
+
+def metadata(wheel: Path):
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        return email.parser.Parser().parsestr(archive.read(name).decode())
+
+
+@pytest.mark.parametrize("platform", WHEELS)
+def test_the_fixed_wheel_is_what_vllm_would_publish(built, platform):
+    wheel, result = built[platform]
+    released = realvllm.path(WHEELS[platform])
+    machine = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}[platform]
+    assert wheel.name == f"vllm-0.33.0+carry.20261201.1-cp38-abi3-manylinux_2_28_{machine}.whl"
+    sha = realvllm.pinned(WHEELS[platform]).pinned.sha256
+    assert (f"precompiled: 13 shared objects from {released.name} (sha256 {sha[:8]}…), compiled inputs identical "
+            f"to v0.33.0") in result.err
+    assert "job(s)" not in result.err and "compiler cache" not in result.err and "nothing compiles" in result.err
+    assert "env " in result.err and "torch 2.14.0+cu130" in result.err
+    ours, theirs = members(wheel), members(released)
+    assert set(ours) == set(theirs), "the same files as vLLM's own wheel for this platform"
+    shared = [path for path in theirs if ".so" in Path(path).suffixes]
+    assert len(shared) == 13 and all(ours[path] == theirs[path] for path in shared)
+    assert ours["vllm/vllm-rs"] == theirs["vllm/vllm-rs"]
+    with zipfile.ZipFile(wheel) as archive:
+        assert "vllm/_version.py" in theirs and "Failed to read the version from vllm/_version.py" in \
+            archive.read("vllm/version.py").decode()
+        head = archive.read("vllm/_C_stable_libtorch.abi3.so")[:20]
+        assert head[18] == {"x86_64": 62, "aarch64": 183}[machine]
+        info = json.loads(archive.read(next(n for n in archive.namelist() if n.endswith("carry-buildinfo.json"))))
+    requires = metadata(wheel).get_all("Requires-Dist")
+    assert requires == metadata(released).get_all("Requires-Dist") and not any("+cpu" in r for r in requires)
+    assert any(r.startswith("torch==2.14.0") for r in requires)
+    assert info["platform"] == platform and info["precompiled"]["sha256"] == sha
+    assert info["precompiled"]["commit"] == realvllm.V0_33_0 and info["gate"]["ok"] and info["tree_check"]["ok"]
+    assert f"cpu: 13/13 shared object(s) are {machine} code ({platform})" in result.err
+    assert re.search(r"tree check passed: \d+ identical to tree \w+, 2147 byte-identical to the precompiled wheel",
+                     result.err)
+
+
+def test_verify_gate_and_a_rerun_of_the_fixed_wheels(project, built):
+    config, env, root = project
+    for platform, (wheel, _) in built.items():
+        verified = carry("--config", str(config), "verify", str(wheel), env=env)
+        assert verified.code == 0, verified.out + verified.err
+        assert "byte-identical to vllm-0.33.0-cp38-abi3-manylinux_2_28" in verified.out and "verified" in verified.out
+        gated = carry("--config", str(config), "gate", str(wheel), env=env)
+        assert gated.code == 0, gated.out + gated.err
+    again = carry("--config", str(config), "wheel", "--out", str(root / "dist"), env=env)
+    assert again.code == 0 and "reused from cache" in again.err and "materialize" not in again.err
+
+
+def test_a_series_touching_a_cu_file_stops_before_any_build_work(tmp_path, history):
+    config = make_project(tmp_path / "vllm", history)
+    cu = "csrc/activation_kernels.cu"
+    (config.parent / "patches" / "0003-activation-kernels-comment.patch").write_text(
+        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+        "From: carry tests <tests@carry.invalid>\nDate: Tue, 1 Dec 2026 00:00:00 +0000\n"
+        "Subject: [PATCH] activation kernels: a comment\n\n---\n"
+        f"diff --git a/{cu} b/{cu}\n--- a/{cu}\n+++ b/{cu}\n@@ -1,0 +1 @@\n+// carry: a compiled input changed\n")
+    env = {"CARRY_CACHE": str(tmp_path / "cache"), "CARRY_DOWNLOADS": realvllm.download_store()}
+    result = carry("--config", str(config), "wheel", "--out", str(tmp_path / "dist"), env=env)
+    assert result.code == 1, result.err
+    assert (f"precompiled: the compiled inputs differ from v0.33.0, which the precompiled wheel was built from: "
+            f"{cu} (0003-activation-kernels-comment.patch)") in result.err
+    assert "wheel --from-source" in result.err
+    assert "materialize" not in result.err and "env " not in result.err and not (tmp_path / "dist").exists()
+    assert not (tmp_path / "cache" / "envs").exists()
+
+
+def test_another_precompiled_wheel_is_another_build(tmp_path, history):
+    """The precompiled wheel is in the key: a different file (here vLLM's wheel with one member more) rebuilds."""
+    config = make_project(tmp_path / "vllm", history)
+    env = {"CARRY_CACHE": str(tmp_path / "cache"), "CARRY_DOWNLOADS": realvllm.download_store()}
+    other = tmp_path / "wheels" / realvllm.WHEEL_X86
+    other.parent.mkdir()
+    wheelzip.rewrite(realvllm.path(realvllm.WHEEL_X86), other, {"vllm/third_party/CARRY_NOTE": b"rebuilt\n"})
+    from carry.download import sha256_of
+
+    text = config.read_text()
+    url = realvllm.pinned(realvllm.WHEEL_X86).pinned
+    config.write_text(text.replace(f"url: {url.source}", f"path: {other}").replace(url.sha256, sha256_of(other)))
+    result = carry("--config", str(config), "wheel", "--out", str(tmp_path / "dist"), env=env)
+    assert result.code == 0, result.err
+    assert "materialize" in result.err and "reused" not in result.err.split("env ")[0]
+    assert f"from {other.name} (sha256 {sha256_of(other)[:8]}…)" in result.err
+    with zipfile.ZipFile(result.out.strip()) as archive:
+        assert archive.read("vllm/third_party/CARRY_NOTE") == b"rebuilt\n"
+
+
+@pytest.mark.parametrize(("edit", "needle"), [
+    (lambda text: text.replace("4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa", "0" * 64, 1),
+     "sha256 is 4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa, not the pinned"),
+    (lambda text: text.replace("linux/amd64:\n        url: https://files.pythonhosted.org/packages/8b",
+                               "linux/amd64:\n        url: https://files.pythonhosted.org/packages/eb", 1)
+     .replace("a8/92e278093df40fde4c4bfd6572704bb8f398d6a2280d8c82cb5efaf12047/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64",
+              "e0/bfb969e9a03c55402f08684c2691e1e2a4307ebc9c90aae0cebadb43d9b5/vllm-0.33.0-cp38-abi3-manylinux_2_28_aarch64")
+     .replace("4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa",
+              "e9e404f52c8494b69bd83fe99fe7ecfa9f6b89fbd156d2a9639c24ea41d6d606", 1),
+     "not a wheel for linux/amd64"),
+    (lambda text: text.replace('VLLM_PRECOMPILED_WHEEL_LOCATION: "{wheel}"', 'VLLM_PRECOMPILED_WHEEL_LOCATION: x'),
+     "must hand the wheel to the upstream's build"),
+])
+def test_a_wrong_precompiled_pin_is_bad_input(tmp_path, history, edit, needle):
+    config = make_project(tmp_path / "vllm", history)
+    config.write_text(edit(config.read_text()))
+    env = {"CARRY_CACHE": str(tmp_path / "cache"), "CARRY_DOWNLOADS": realvllm.download_store()}
+    assert_bad_input(carry("--config", str(config), "wheel", "--out", str(tmp_path / "dist"), env=env), needle)
+    assert not (tmp_path / "dist").exists()
+
+
+def test_a_python_only_build_after_a_precompiled_one_holds_no_shared_object(project, built):
+    """The build dir is cleaned: the precompiled build's extracted .so files do not reach a later build."""
+    config, env, root = project
+    empty = config.with_name("python-only.yaml")
+    empty.write_text(config.read_text().replace("VLLM_TARGET_DEVICE: cuda", "VLLM_TARGET_DEVICE: empty"))
+    result = carry("--config", str(empty), "wheel", "--from-source", "--arch", "none", "--out",
+                   str(root / "dist-empty"), env=env)
+    assert result.code == 0, result.err
+    assert re.search(r"removed \d+ earlier build output\(s\)", result.err) and "Python only" in result.err
+    with zipfile.ZipFile(result.out.strip()) as archive:
+        assert not [n for n in archive.namelist() if ".so" in Path(n).suffixes]
