@@ -2,6 +2,7 @@
 # with VERSION and patches/, a git bundle of the pinned upstream commit, and in hermetic mode a wheelhouse)
 # and fills every build arg from build.yaml. The build stage runs the same `build.py wheel` as a
 # workstation does: fetch (falling back to the bundle), strict series check, wheel, arch gate, buildinfo.
+# A precompiled build (build.precompiled) finds its upstream wheel in the context's cache/downloads.
 # The runtime stage installs only that wheel; the `wheel` stage holds only the wheel, for `build.py wheel
 # --platform P`, which exports it with `--output type=local`. Needs BuildKit (cache and secret mounts).
 # Every stage builds for one platform (`--platform`); another CPU's runs under QEMU where the host has it.
@@ -28,6 +29,7 @@ RUN --mount=type=cache,target=/root/.cache/pip \
     /opt/carry/bin/pip install --disable-pip-version-check ${PIP_INSTALL_ARGS} -r /carry/requirements.txt; \
     mkdir -p /tmp/carry-cache; cp -r /carry/cache/bundles /tmp/carry-cache/; \
     CARRY_CACHE=/tmp/carry-cache CCACHE_DIR=/root/.cache/carry-ccache CARRY_BUILD_PYTHON=/opt/carry/bin/python \
+    CARRY_DOWNLOADS=/carry/cache/downloads \
         /opt/carry/bin/python /carry/build.py --config "/carry/${CARRY_CONFIG}" \
         wheel --arch "${CARRY_ARCHES}" --out /dist; \
     rm -rf /tmp/carry-cache

@@ -97,7 +97,7 @@ def _check_hashes(wheel_path: Path, members: list[zipfile.ZipInfo], record: dict
         with open(wheel_path, "rb") as handle:
             found = base64.urlsafe_b64encode(hashlib.sha256(member_bytes(wheel_path, member, handle)).digest())
         if found.rstrip(b"=").decode() != digest:
-            raise Failed(f"hash mismatch for {member.filename}: its bytes are not what RECORD says")
+            raise Failed(f"Hash mismatch for {member.filename}: its bytes are not what RECORD says")
 
     workers = max(1, min(4, os.cpu_count() or 1))
     with ThreadPoolExecutor(workers) as pool:

@@ -123,8 +123,10 @@ def build_requirements(pyproject: dict) -> list[str]:
     return [*CARRY_REQUIREMENTS, *pyproject.get("build-system", {}).get("requires", [])]
 
 
-def assemble_context(config: Config, cache: Cache, mirror: Path, context: Path, requirements: list[str]) -> None:
-    """carry, build.py, the config with VERSION and patches, and a bundle of the pinned commit."""
+def assemble_context(config: Config, cache: Cache, mirror: Path, context: Path, requirements: list[str],
+                     platforms: tuple[Platform, ...] = ()) -> None:
+    """carry, build.py, the config with VERSION and patches, a bundle of the pinned commit, and the precompiled
+    wheels of `platforms` (build.precompiled), so that the build stage needs no network for them."""
     project = context / "project"
     project.mkdir(parents=True)
     shutil.copy2(config.version_file, project / _inside(config, config.version_file))
@@ -141,7 +143,26 @@ def assemble_context(config: Config, cache: Cache, mirror: Path, context: Path, 
     bundle = upstream.write_bundle(mirror, cache, config.upstream.commit)
     (context / "cache" / "bundles").mkdir(parents=True)
     shutil.copy2(bundle, context / "cache" / "bundles" / bundle.name)
+    _precompiled_wheels(config, cache, platforms, context / "cache" / "downloads")
     (context / "wheelhouse").mkdir()
+
+
+def _precompiled_wheels(config: Config, cache: Cache, platforms: tuple[Platform, ...], store_dir: Path) -> None:
+    """The checked precompiled wheel of each platform, laid out as a download store the build stage reads
+    ($CARRY_DOWNLOADS): hardlinked where it can be, copied otherwise."""
+    from carry.download import Store
+
+    settings = config.build.precompiled
+    wanted = [settings.wheel_for(p) for p in platforms] if settings else []
+    source, inside = Store.from_env(cache.root), Store(store_dir)
+    for chosen in filter(None, wanted):
+        found = source.get(chosen.pinned)
+        target = inside.path(chosen.pinned)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(found, target)
+        except OSError:
+            shutil.copy2(found, target)
 
 
 def _inside(config: Config, path: Path) -> Path:

@@ -41,7 +41,7 @@ def build(config: Config, cache: Cache, mirror: Path, tree: str, platform: Platf
     log.unlink(missing_ok=True)
     with temp_dir(cache.scratch, "crosswheel-") as scratch:
         context = scratch / "context"
-        container.assemble_context(config, cache, mirror, context, requirements)
+        container.assemble_context(config, cache, mirror, context, requirements, (platform,))
         if hermetic:
             container.hermetic_wheelhouse(config, cache, (platform,), requirements, wheelhouse,
                                           context / "wheelhouse", progress)

@@ -227,7 +227,8 @@ def build(
         with temp_dir(cache.scratch, "image-") as scratch:
             context = scratch / "context"
             progress.phase("context", f"project, carry, bundle of {config.upstream.commit[:12]}")
-            container.assemble_context(config, cache, mirror, context, requirements)
+            container.assemble_context(config, cache, mirror, context, requirements,
+                                       tuple(i.platform for i in the_plan.images))
             if options.hermetic:
                 container.hermetic_wheelhouse(config, cache, tuple(i.platform for i in the_plan.images),
                                               requirements, options.wheelhouse, context / "wheelhouse", progress)

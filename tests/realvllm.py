@@ -23,3 +23,28 @@ def path(name: str) -> Path:
 
 def pinned(name: str) -> releases.Release:
     return next(release for release in releases.load(RELEASES) if release.name == name)
+
+
+MAKE_UPSTREAM = ROOT / "examples" / "vllm" / "make_upstream.py"
+V0_33_0 = "c40d26fd17550609ac3a9479055ce88eddba444a"
+
+
+def download_store() -> str:
+    """The real download store, whatever CARRY_CACHE a test uses: the files are downloaded once per machine."""
+    import os
+
+    return os.environ.get("CARRY_DOWNLOADS") or str(Path.home() / ".cache" / "carry" / "downloads")
+
+
+def build(cache: Path) -> dict:
+    """The vLLM history made by make_upstream.py into `cache` (its JSON: path and refs)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CARRY_CACHE": str(cache), "CARRY_DOWNLOADS": download_store()}
+    result = subprocess.run([sys.executable, str(MAKE_UPSTREAM), "--no-link", "--json"], env=env,
+                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=900)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)

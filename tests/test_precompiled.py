@@ -186,3 +186,26 @@ def test_a_python_only_build_after_a_precompiled_one_holds_no_shared_object(proj
     assert re.search(r"removed \d+ earlier build output\(s\)", result.err) and "Python only" in result.err
     with zipfile.ZipFile(result.out.strip()) as archive:
         assert not [n for n in archive.namelist() if ".so" in Path(n).suffixes]
+
+
+def test_the_build_context_carries_the_precompiled_wheel(tmp_path, history):
+    """A hermetic image build fetches nothing: the context holds each platform's precompiled wheel where the build
+    stage's download store ($CARRY_DOWNLOADS=/carry/cache/downloads) looks for it."""
+    import os
+
+    from carry import config as configuration, container, upstream
+    from carry.cache import Cache
+    from carry.platforms import Platform
+
+    project = make_project(tmp_path / "vllm", history)
+    os.environ.setdefault("CARRY_DOWNLOADS", realvllm.download_store())
+    loaded, cache = configuration.load(project), Cache(tmp_path / "cache")
+    mirror, _ = upstream.ensure_base(loaded, cache)
+    context = tmp_path / "context"
+    container.assemble_context(loaded, cache, mirror, context, [], (Platform.LINUX_ARM64,))
+    pinned = realvllm.pinned(realvllm.WHEEL_ARM).pinned
+    carried = context / "cache" / "downloads" / pinned.sha256 / pinned.name
+    assert carried.stat().st_size == pinned.size
+    assert carried.stat().st_ino == realvllm.path(realvllm.WHEEL_ARM).stat().st_ino  # hardlinked, not copied
+    assert not (context / "cache" / "downloads" / realvllm.pinned(realvllm.WHEEL_X86).pinned.sha256).exists()
+    assert "CARRY_DOWNLOADS=/carry/cache/downloads" in (ROOT / "Dockerfile").read_text()
