@@ -7,10 +7,12 @@ import hashlib
 import os
 import re
 from pathlib import Path
-
-import filelock
+from typing import TYPE_CHECKING
 
 from carry.errors import BadInput
+
+if TYPE_CHECKING:
+    import filelock
 
 LOCK_TIMEOUT_S = 3600
 
@@ -61,6 +63,8 @@ class Cache:
 
     def lock(self, name: str) -> filelock.FileLock:
         """A cross-process lock named `name` (mirror, build dir, artifact key)."""
+        import filelock  # here, not at import: `version` and `check` on a fetched mirror never lock
+
         path = self.lock_path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         return filelock.FileLock(str(path), timeout=LOCK_TIMEOUT_S)

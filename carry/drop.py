@@ -1,4 +1,5 @@
-"""`drop`: remove a patch upstream has merged, bump VERSION and log it in `patches/DROPPED.md`."""
+"""`drop`: remove a patch REF needs no more (merged, fixed upstream, or its file deleted upstream or only in the PR),
+bump VERSION and log it in `patches/DROPPED.md`."""
 
 from __future__ import annotations
 
@@ -25,16 +26,18 @@ class Dropped:
 
 
 def drop(config: Config, cache: Cache, series: Series, name: str, against: str | None, force: bool) -> Dropped:
-    """Drop `name` when REF (default upstream.main) has merged it; anything else is refused unless `force`."""
+    """Drop `name` when REF (default upstream.main) needs it no more (a droppable verdict); anything else is refused
+    unless `force`."""
     patch = series.find(name)
     ref = against or config.upstream.main
-    report = verdicts.status(config, cache, series, (ref,))
+    report = verdicts.status(config, cache, series, (ref,), with_pr=False)
     found = report.reports[0].find(patch.name)
-    forced = not found.verdict.merged
+    forced = not found.verdict.droppable
     if forced and not force:
         raise BadInput(
-            f"{patch.name} is {found.verdict.value} against {ref} (decided by {found.test}), not merged upstream; "
-            f"drop needs MERGED-EXACT or MERGED-MODIFIED: keep the patch, or pass --force to drop it anyway"
+            f"{patch.name} is {found.verdict.value} against {ref} (decided by {found.test}), still needed there; "
+            f"drop needs one of {verdicts.Verdict.droppable_names()}: keep the patch, or pass --force to drop it "
+            f"anyway"
         )
     log = series.directory / LOG_NAME
     before = read_log(log)

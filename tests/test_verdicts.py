@@ -124,13 +124,15 @@ def test_touched_file_renamed_upstream(tmp_path):
     merged = p.commit("Reset semaphore, close on shutdown", {"pkg/engine.py": replace(
         with_reset(ENGINE), shutdown, shutdown + "        self.closed = True\n")})
     p.git("mv", "pkg/engine.py", "pkg/runtime.py")
-    p.commit("Rename engine to runtime", {})
+    renamed = p.commit("Rename engine to runtime", {})
     verdicts = p.status()
     reset, fp8 = verdicts["0001-reset-semaphore.patch"], verdicts["0002-fp8-dispatch.patch"]
     assert (reset["verdict"], reset["test"], reset["commit"]) == ("MERGED-EXACT", "reverse-apply", merged)
-    assert "pkg/engine.py is pkg/runtime.py in REF (renamed upstream)" in evidence(reset)
+    moved = (f"pkg/engine.py is pkg/runtime.py in REF (renamed upstream by {renamed[:12]} 'Rename engine to "
+             f"runtime'); refresh follows the rename")
+    assert moved in evidence(reset)
     assert (fp8["verdict"], fp8["test"]) == ("NEEDED", "forward-apply")
-    assert "pkg/engine.py is pkg/runtime.py in REF (renamed upstream)" in evidence(fp8)
+    assert moved in evidence(fp8)
     assert fp8["hunks"][0]["target"] == "pkg/runtime.py"
 
 
