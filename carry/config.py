@@ -155,11 +155,18 @@ class Upstream:
 
 @dataclasses.dataclass(frozen=True)
 class TestCommand:
-    """One entry of build.tests: the argv to run, never through a shell, and the command as written."""
+    """One entry of build.tests: the argv to run, never through a shell, and the command as written; whether it
+    needs a GPU, and whether it runs against the built wheel (a fresh venv) or in the patched source tree (nothing is
+    built: for a test that reads the upstream's Python sources itself)."""
 
     __test__ = False  # not a pytest class
     argv: tuple[str, ...]
     text: str
+    gpu: bool = True
+    tree: bool = False
+
+    def same_command(self, argv: tuple[str, ...]) -> bool:
+        return tuple(argv) == self.argv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -443,30 +450,57 @@ def _build(section: _Section) -> Build:
 
 
 def _tests(section: _Section) -> tuple[TestCommand, ...]:
-    """build.tests: a list of commands, each a string split like a shell would (no shell runs it) or a list of
-    arguments."""
+    """build.tests: a list of commands, each a string split like a shell would (no shell runs it), a list of
+    arguments, or a mapping {run: <either>, gpu: true|false, against: wheel|tree}."""
     value = section.data.get("tests")
     if value is None:
         return ()
-    form = "a list of commands, each a string like 'python -m pkg.check' or a list like [python, -m, pkg.check]"
+    form = ("a list of commands, each a string like 'python -m pkg.check', a list like [python, -m, pkg.check], or "
+            "{run: ..., gpu: false, against: tree}")
     if not isinstance(value, list):
         raise section.fail("tests", form)
-    commands = []
-    for index, entry in enumerate(value):
-        where = f"{section.path}: build.tests[{index}]"
-        if isinstance(entry, str):
-            try:
-                argv, text = shlex.split(entry), entry.strip()
-            except ValueError as exc:
-                raise BadInput(f"{where} {entry!r} does not parse ({exc}); close the quote or use a list") from None
-        elif isinstance(entry, list) and all(isinstance(arg, str) for arg in entry):
-            argv, text = list(entry), shlex.join(entry)
-        else:
-            raise BadInput(f"{where} must be a string or a list of strings, got {entry!r}")
-        if not argv or not argv[0].strip():
-            raise BadInput(f"{where} is empty; give the command to run, e.g. 'python -m pkg.check'")
-        commands.append(TestCommand(tuple(argv), text))
-    return tuple(commands)
+    return tuple(_test(entry, f"{section.path}: build.tests[{index}]") for index, entry in enumerate(value))
+
+
+TEST_KEYS = ("run", "gpu", "against")
+TEST_AGAINST = ("wheel", "tree")
+
+
+def _test(entry: Any, where: str) -> TestCommand:
+    gpu, tree = True, False
+    if isinstance(entry, dict):
+        unknown = sorted(str(k) for k in entry if k not in TEST_KEYS)
+        if unknown:
+            raise BadInput(f"{where}: unknown key {unknown[0]!r}; allowed keys here: {', '.join(TEST_KEYS)}")
+        gpu = entry.get("gpu", True)
+        if not isinstance(gpu, bool):
+            raise BadInput(f"{where}.gpu must be true or false, got {gpu!r}")
+        against = entry.get("against", "wheel")
+        if against not in TEST_AGAINST:
+            raise BadInput(f"{where}.against must be wheel (the built wheel) or tree (the patched source tree, nothing "
+                           f"built), got {against!r}")
+        tree = against == "tree"
+        if "run" not in entry:
+            raise BadInput(f"{where} needs run: the command, e.g. {{run: 'python -m pkg.check', gpu: false}}")
+        entry, where = entry["run"], f"{where}.run"
+    argv, text = test_argv(entry, where)
+    return TestCommand(tuple(argv), text, gpu, tree)
+
+
+def test_argv(entry: Any, where: str) -> tuple[list[str], str]:
+    """A command as a string (split like a shell would) or a list of arguments: (argv, the command as text)."""
+    if isinstance(entry, str):
+        try:
+            argv, text = shlex.split(entry), entry.strip()
+        except ValueError as exc:
+            raise BadInput(f"{where} {entry!r} does not parse ({exc}); close the quote or use a list") from None
+    elif isinstance(entry, list) and all(isinstance(arg, str) for arg in entry):
+        argv, text = list(entry), shlex.join(entry)
+    else:
+        raise BadInput(f"{where} must be a string or a list of strings, got {entry!r}")
+    if not argv or not argv[0].strip():
+        raise BadInput(f"{where} is empty; give the command to run, e.g. 'python -m pkg.check'")
+    return argv, text
 
 
 def _check_wheel_version(section: _Section, template: str) -> None:

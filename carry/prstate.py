@@ -56,9 +56,9 @@ class PrState:
     def describe(self) -> str:
         words = {State.CLOSED: "closed without being merged", State.MERGED: "merged"}.get(self.state, self.state.value)
         merged = f" as {self.merge_commit[:12]}" if self.merge_commit else ""
-        source = "GitHub API" if self.source == "github" else "git"
+        source = "the GitHub API" if self.source == "github" else "git"
         detail = f"; {self.detail}" if self.detail else ""
-        return f"PR #{self.number}: {words}{merged} (from the {source}: {self.where}){detail}"
+        return f"PR #{self.number}: {words}{merged} (from {source}: {self.where}){detail}"
 
     def to_json(self) -> dict:
         return {"number": self.number, "state": self.state.value, "merged": self.state is State.MERGED,

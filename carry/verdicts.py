@@ -121,7 +121,8 @@ class PatchVerdict:
     hunks: tuple[HunkFinding, ...] = ()
     advice: str | None = None
     behaviour: dict | None = None  # what its test did on REF without it (status --test), see carry/behaviour.py
-
+    before: str | None = dataclasses.field(default=None, compare=False)  # tree of REF + the earlier patches as far
+    # as they apply there (following upstream's renames), recorded for `--test`; not part of the verdict
     @property
     def difference(self) -> str:
         return "\n".join(h.difference for h in self.hunks if h.difference)
@@ -162,7 +163,8 @@ def new_start(hunk: Hunk) -> int:
 class Assessor:
     """Judge a series against one ref; holds the two private indexes and the history between base and ref."""
 
-    def __init__(self, mirror: Path, history: History, scratch: Path, indexes: tuple[dict, dict]):
+    def __init__(self, mirror: Path, history: History, scratch: Path, indexes: tuple[dict, dict],
+                 trees: bool = False):
         self.mirror = mirror
         self.history = history
         self.base = history.base
@@ -173,8 +175,10 @@ class Assessor:
         self.counter = itertools.count()
         self.since = git.run(mirror, "show", "-s", "--format=%ct", self.base)
         self._moved: dict[str, str | None] = {}
+        self.trees = trees
 
     def assess(self, patch: Patch) -> PatchVerdict:
+        before = git.write_tree(self.mirror, self.ref_env) if self.trees else None
         parts = patch.diffs
         pre = {d.old_path: self._read(d.old_path, self.base_env) for d in patch.diffs if d.old_path}
         applied_on_base = self._apply(self._whole(parts, self.base_env), self.base_env, check=False)
@@ -184,7 +188,7 @@ class Assessor:
             pre, post = {}, {}
         verdict = self._judge(patch, parts, pre, post, applied_on_base)
         self._carry_forward(parts, verdict)
-        return dataclasses.replace(verdict, advice=advice(patch, verdict.verdict))
+        return dataclasses.replace(verdict, advice=advice(patch, verdict.verdict), before=before)
 
     def _judge(self, patch: Patch, parts, pre: dict, post: dict, applied_on_base: bool) -> PatchVerdict:
         same = self._same_patch_id(patch)
@@ -444,15 +448,16 @@ def _subject(mirror: Path, commit: str) -> str:
     return git.run(mirror, "show", "-s", "--format=%s", commit)
 
 
-def assess(mirror: Path, history: History, series: Series, scratch: Path) -> RefReport:
-    """Verdicts for every patch of `series` against `history.commit` (named `history.ref`), in series order."""
+def assess(mirror: Path, history: History, series: Series, scratch: Path, trees: bool = False) -> RefReport:
+    """Verdicts for every patch of `series` against `history.commit` (named `history.ref`), in series order; with
+    `trees`, each verdict records the tree it was judged on (REF plus the earlier patches as far as they apply)."""
     with contextlib.ExitStack() as stack:
         work = stack.enter_context(temp_dir(scratch, "status-"))
         ref_env = stack.enter_context(git.temp_index(mirror, work / "ref"))
         base_env = stack.enter_context(git.temp_index(mirror, work / "base"))
         git.read_tree(mirror, history.commit, ref_env)
         git.read_tree(mirror, history.base, base_env)
-        assessor = Assessor(mirror, history, work, (ref_env, base_env))
+        assessor = Assessor(mirror, history, work, (ref_env, base_env), trees)
         verdicts = tuple(assessor.assess(patch) for patch in series.patches)
     return RefReport(history.ref, history.commit, verdicts)
 
@@ -511,9 +516,9 @@ def default_refs(config: Config) -> tuple[str, ...]:
 
 
 def status(config: Config, cache: Cache, series: Series, refs: tuple[str, ...] = (),
-           with_pr: bool = True) -> StatusReport:
+           with_pr: bool = True, trees: bool = False) -> StatusReport:
     """Verdicts for the series against each ref (default: `default_refs`), every ref resolved before any work;
-    with the PR's own state when upstream.pr is set and `with_pr`."""
+    with the PR's own state when upstream.pr is set and `with_pr`; `trees` for `--test` (see assess)."""
     mirror, notes = upstream.ensure_base(config, cache)
     resolved: dict[str, str] = {}
 
@@ -532,7 +537,7 @@ def status(config: Config, cache: Cache, series: Series, refs: tuple[str, ...] =
     for ref in dict.fromkeys(refs or default_refs(config)):
         commit = resolved[ref]
         history = History(mirror, base, ref, commit, lambda c=commit: upstream.merge_base(config, cache, mirror, base, c))
-        reports.append(assess(mirror, history, series, cache.scratch))
+        reports.append(assess(mirror, history, series, cache.scratch, trees))
         notes.extend(history.notes)
     pr = None
     if with_pr and config.upstream.pr is not None:
