@@ -17,7 +17,10 @@ Everything runs in a temp dir against generated upstreams, driving `python build
   6. the demo's GB10 (linux/arm64) wheel built in its build stage under QEMU, against the same build natively,
      and its rerun (needs `bash ci/setup.sh`: Docker, QEMU and the base images; see bench/emulation.py);
   7. the scale upstream's image cold on an empty second engine, then rebuilt there, emptied, by a new runner
-     with --cache-from inline (see bench/imagecache.py).
+     with --cache-from inline (see bench/imagecache.py);
+  8. `check` and `status` on the real vLLM history (PyPI's 0.32.0 and 0.33.0 as git, examples/vllm/make_upstream.py):
+     check against `python -c 'import click, yaml'` and against a naive clone + checkout + apply, and status against
+     the v0.33.0 tag (see bench/vllmbench.py).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
 """
@@ -44,6 +47,7 @@ import emulation  # noqa: E402
 import gitrepo  # noqa: E402
 import imagecache  # noqa: E402
 import measure  # noqa: E402
+import vllmbench  # noqa: E402
 import redisd  # noqa: E402
 import scale  # noqa: E402
 import trees  # noqa: E402
@@ -361,12 +365,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="scaled down, under 2 minutes")
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
-    parser.add_argument("--only", default="check,fetch,rebuild,runners,arm64,image",
+    parser.add_argument("--only", default="check,fetch,rebuild,runners,arm64,image,vllm",
                         help="comma-separated parts to run")
     options = parser.parse_args()
     parts = {"check": bench_check, "fetch": bench_fetch, "rebuild": bench_rebuilds, "runners": bench_runners,
              "arm64": lambda work, size: emulation.bench(work, Row),
-             "image": lambda work, size: imagecache.bench(work, size.units, Row)}
+             "image": lambda work, size: imagecache.bench(work, size.units, Row),
+             "vllm": lambda work, size: vllmbench.bench(work / "vllm", size, Row)}
     chosen = options.only.split(",")
     if not chosen or set(chosen) - set(parts):
         parser.error(f"--only takes a list of {', '.join(parts)}")

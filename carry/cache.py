@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from carry.digest import sha256
 from carry.errors import BadInput
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ class Cache:
 
     def mirror(self, url: str) -> Path:
         slug = re.sub(r"[^A-Za-z0-9]+", "-", url.rstrip("/").rsplit("/", 1)[-1]).strip("-")[:40] or "upstream"
-        return self.root / "mirrors" / f"{slug}-{hashlib.sha256(url.encode()).hexdigest()[:16]}.git"
+        return self.root / "mirrors" / f"{slug}-{sha256(url.encode()).hexdigest()[:16]}.git"
 
     def bundle(self, commit: str) -> Path:
         return self.root / "bundles" / f"{commit}.bundle"

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from carry import config, version
+from carry import config
 from carry.arch import ArchList
 from carry.cache import Cache
 from carry.errors import BadInput, Failed
@@ -24,10 +24,14 @@ if TYPE_CHECKING:
 
 
 def read_version(config_path: Path) -> str:
+    from carry import version
+
     return str(version.read(_version_file(config_path)))
 
 
 def bump_version(config_path: Path) -> str:
+    from carry import version
+
     return str(version.bump(_version_file(config_path)))
 
 
@@ -104,6 +108,8 @@ class Session:
         return CheckResult(report, notes, patches, mirror)
 
     def version(self) -> str:
+        from carry import version
+
         return str(version.read(self.config.version_file))
 
     def arches(self, arch: str | None, platform: Platform | None = None) -> ArchList:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 import re
-import shlex
 from pathlib import Path, PurePosixPath
 
+from carry.digest import sha256
 from carry.errors import BadInput
 
 PATCH_NAME_RE = re.compile(r"^(\d{4})-[A-Za-z0-9][A-Za-z0-9._+-]*\.patch$")
@@ -153,7 +152,7 @@ class Series:
     @property
     def hash(self) -> str:
         """sha256 over the ordered per-patch sha256 digests."""
-        return hashlib.sha256("\n".join(p.sha256 for p in self.patches).encode()).hexdigest()
+        return sha256("\n".join(p.sha256 for p in self.patches).encode()).hexdigest()
 
     def find(self, name: str) -> Patch:
         for patch in self.patches:
@@ -212,7 +211,7 @@ def parse_patch(path: Path, number: int) -> Patch:
         description=description,
         upstream_status=status,
         forwarded=forwarded,
-        sha256=hashlib.sha256(data).hexdigest(),
+        sha256=sha256(data).hexdigest(),
         diffs=diffs,
         tests=tests,
     )
@@ -272,6 +271,8 @@ def _trailers(description: str, path: Path) -> tuple[UpstreamStatus | None, str 
 def _test_trailer(text: str, path: Path) -> str:
     """A `Carry-Test:` value: a command split like a shell would (no shell runs it); which build.tests entry it
     names, if any, is settled against the config (carry/behaviour.py)."""
+    import shlex
+
     try:
         argv = shlex.split(text)
     except ValueError as exc:

@@ -123,11 +123,20 @@ def _pr_unchecked(config: Config, source: Source, error: git.GitError) -> str:
 def ensure_base(config: Config, cache: Cache) -> tuple[Path, tuple[str, ...]]:
     """The mirror holding the pinned commit, fetching only when it is not there yet."""
     mirror = cache.mirror(config.upstream.url)
-    if (mirror / "HEAD").exists() and git.has_commit(mirror, config.upstream.commit):
+    if (mirror / "HEAD").exists() and (_pinned(mirror) == config.upstream.commit
+                                       or git.has_commit(mirror, config.upstream.commit)):
         cache.ensure_writable()
         return mirror, ()
     report = fetch(config, cache, with_pr=False)
     return report.mirror, report.notes
+
+
+def _pinned(mirror: Path) -> str | None:
+    """What refs/carry/pin names, read from its file (set only once the mirror has that commit); None if packed."""
+    try:
+        return (mirror / PIN_REF).read_text().strip()
+    except OSError:
+        return None
 
 
 def resolve_ref(config: Config, cache: Cache, ref: str) -> tuple[str, tuple[str, ...]]:
