@@ -115,7 +115,8 @@ def bench(work: Path, size, Row) -> list:
     return [
         Row("vllm", "real history (PyPI sdists 0.32.0 -> 0.33.0, PR stand-in)",
             f"{files} files at v0.33.0; {len(patches)} patches on the PR head {pin[:12]}"),
-        Row("vllm", "`python -c 'import click, yaml'` (whole process)", f"{base * 1000:.0f} ms (median of {len(bases)})"),
+        Row("vllm", "`python -c 'import click, yaml'` (whole process)",
+            f"{base * 1000:.0f} ms (median of {len(bases)})"),
         Row("vllm", "`build.py check` (whole process, mirror fetched)",
             f"{ours * 1000:.0f} ms = {ours / base:.2f}x the click+yaml start-up; carry's own imports "
             f"{imports:.0f} ms", "<= 1.5x click+yaml", ours <= 1.5 * base),

@@ -376,7 +376,8 @@ def _parse_hunk(lines: list[str], index: int, path: Path, name: str) -> tuple[Hu
             f"{path}: truncated hunk {header.strip()} in {name} (expected {old_count}/{new_count} lines, "
             f"found {len(old)}/{len(new)}); regenerate the patch"
         )
-    hunk = Hunk(header.strip(), old_start, tuple(old), tuple(new), tuple(added), tuple(removed), tuple(lines[start:index]))
+    hunk = Hunk(header.strip(), old_start, tuple(old), tuple(new), tuple(added), tuple(removed),
+                tuple(lines[start:index]))
     return hunk, index
 
 

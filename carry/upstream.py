@@ -217,7 +217,8 @@ def _fetch_ref(config: Config, mirror: Path, refspec: str) -> None:
         git.fetch(mirror, config.upstream.url, refspec, depth=1)
 
 
-def merge_base(config: Config, cache: Cache, mirror: Path, base: str, commit: str) -> tuple[str | None, tuple[str, ...]]:
+def merge_base(config: Config, cache: Cache, mirror: Path, base: str,
+               commit: str) -> tuple[str | None, tuple[str, ...]]:
     """The merge base of the pinned base and `commit`, deepening a shallow mirror's history of both (x4 each time,
     up to MAX_HISTORY_DEPTH commits) until they meet; None with a note when they don't."""
     found = git.merge_base(mirror, base, commit)

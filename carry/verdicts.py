@@ -302,7 +302,8 @@ class Assessor:
             return HunkFinding(diff.path, None, header, HunkState.DELETED, absence.evidence, commit=commit)
         if absence.why is Gone.PR_ONLY:
             return HunkFinding(diff.path, None, header, HunkState.PR_ONLY, absence.evidence, commit=commit)
-        lines = [f"does not apply: {absence.evidence}", *itertools.chain.from_iterable(diff.hunks[i].raw for i in hunks)]
+        lines = [f"does not apply: {absence.evidence}",
+                 *itertools.chain.from_iterable(diff.hunks[i].raw for i in hunks)]
         return HunkFinding(diff.path, None, header, HunkState.CONFLICT, "\n".join(lines))
 
     def _moves(self, parts: tuple[FileDiff, ...]) -> tuple[str, ...]:
@@ -536,7 +537,8 @@ def status(config: Config, cache: Cache, series: Series, refs: tuple[str, ...] =
     reports = []
     for ref in dict.fromkeys(refs or default_refs(config)):
         commit = resolved[ref]
-        history = History(mirror, base, ref, commit, lambda c=commit: upstream.merge_base(config, cache, mirror, base, c))
+        history = History(mirror, base, ref, commit,
+                          lambda c=commit: upstream.merge_base(config, cache, mirror, base, c))
         reports.append(assess(mirror, history, series, cache.scratch, trees))
         notes.extend(history.notes)
     pr = None

@@ -82,10 +82,9 @@ def project(tmp_path):
     upstream.make_patch(patches / "0001-upper-case-units.patch", "Accept upper-case units",
                         {"sizes/parse.py": PARSE.replace("text[:-1], text[-1]", "text[:-1], text[-1].lower()")},
                         f"Upstream-Status: Submitted [https://example.invalid/pr/1]\nCarry-Test: {UPPER}")
+    zero = "    if n == 0:\n        return '0 B'\n    unit = largest_unit(n)\n"
     upstream.make_patch(patches / "0002-empty-size.patch", "Zero bytes are 0 B",
-                        {"sizes/parse.py": PARSE.replace("    unit = largest_unit(n)\n",
-                                                         "    if n == 0:\n        return '0 B'\n    unit = largest_unit(n)\n")},
-                        f"Carry-Test: {EMPTY}")
+                        {"sizes/parse.py": PARSE.replace("    unit = largest_unit(n)\n", zero)}, f"Carry-Test: {EMPTY}")
     # Upstream fixes upper-case units its own way (a wider table), and leaves empty sizes alone.
     fixed = PARSE.replace('UNITS = {"k": 1000, "m": 1000 ** 2, "g": 1000 ** 3}',
                           'UNITS = {"k": 1000, "m": 1000 ** 2, "g": 1000 ** 3}\nUNITS.update({u.upper(): v for u, v '
