@@ -234,3 +234,17 @@ def test_stamp_falls_back_to_a_full_repack_when_record_is_not_last(tmp_path):
         archive.writestr("pkg/__init__.py", "x = 1\n")
     buildinfo.stamp(wheel, {"format": 2}, tmp_path / "scratch")
     assert buildinfo.read(wheel) == {"format": 2}
+
+
+def test_the_vllm_part_measures_carry_as_installed_and_counts_only_carry_imports(tmp_path, monkeypatch):
+    import vllmbench
+
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--only", "nope"], capture_output=True,
+                          text=True)
+    assert "vllm" in done.stderr.splitlines()[-1]
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    env = vllmbench.env_for(tmp_path)
+    assert "PYTHONDONTWRITEBYTECODE" not in env and env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache")
+    out = ("import time: self [us] | cumulative | imported package\nimport time:      1500 |       2000 | carry.config\n"
+           "import time:       900 |        900 |   yaml\nimport time:       500 |        500 |     carry.arch\n")
+    assert sum(int(us) for us, name in vllmbench.IMPORT_RE.findall(out) if name.strip().startswith("carry")) == 2000
