@@ -121,8 +121,10 @@ class PatchVerdict:
     hunks: tuple[HunkFinding, ...] = ()
     advice: str | None = None
     behaviour: dict | None = None  # what its test did on REF without it (status --test), see carry/behaviour.py
-    before: str | None = dataclasses.field(default=None, compare=False)  # tree of REF + the earlier patches as far
-    # as they apply there (following upstream's renames), recorded for `--test`; not part of the verdict
+    # The tree of REF plus the earlier patches as far as they apply there (following upstream's renames): what
+    # `--test` builds on; recorded only then, and not part of the verdict.
+    before: str | None = dataclasses.field(default=None, compare=False)
+
     @property
     def difference(self) -> str:
         return "\n".join(h.difference for h in self.hunks if h.difference)
