@@ -21,9 +21,12 @@ Everything runs in a temp dir against generated upstreams, driving `python build
   8. the build environment for vLLM 0.33.0's real [build-system] requires (torch 2.14.0+cu130): cold (empty env
      dir and a private, empty uv cache; --quick: the machine's uv cache), warm (a new env dir from uv's cache),
      reused, and the disk one env takes (see bench/buildenv.py);
-  9. `gate` on vLLM 0.33.0's real released wheels (whole process), and the fixed vLLM wheel of examples/vllm in
-     precompiled mode against a hand-run `VLLM_USE_PRECOMPILED=1 pip wheel`, its rerun, and the aarch64 wheel
-     from this x86_64 machine cold and cached (see bench/realvllm.py).
+  9. `check` and `status` on the real vLLM history (PyPI's 0.32.0 and 0.33.0 as git, examples/vllm/make_upstream.py):
+     check against `python -c 'import click, yaml'` and against a naive clone + checkout + apply, and status against
+     the v0.33.0 tag (see bench/vllmbench.py);
+  10. `gate` on vLLM 0.33.0's real released wheels (whole process), and the fixed vLLM wheel of examples/vllm in
+      precompiled mode against a hand-run `VLLM_USE_PRECOMPILED=1 pip wheel`, its rerun, and the aarch64 wheel
+      from this x86_64 machine cold and cached (see bench/realwheels.py).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
 """
@@ -51,7 +54,8 @@ import emulation  # noqa: E402
 import gitrepo  # noqa: E402
 import imagecache  # noqa: E402
 import measure  # noqa: E402
-import realvllm  # noqa: E402
+import realwheels  # noqa: E402
+import vllmbench  # noqa: E402
 import redisd  # noqa: E402
 import scale  # noqa: E402
 import trees  # noqa: E402
@@ -369,15 +373,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="scaled down, under 2 minutes")
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
-    parser.add_argument("--only", default="check,fetch,rebuild,runners,arm64,image,buildenv,gate,precompiled",
+    parser.add_argument("--only", default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled",
                         help="comma-separated parts to run")
     options = parser.parse_args()
     parts = {"check": bench_check, "fetch": bench_fetch, "rebuild": bench_rebuilds, "runners": bench_runners,
              "arm64": lambda work, size: emulation.bench(work, Row),
              "image": lambda work, size: imagecache.bench(work, size.units, Row),
              "buildenv": lambda work, size: buildenv.bench(work, Row, quick=size is QUICK),
-             "gate": lambda work, size: realvllm.bench_gate(work, Row),
-             "precompiled": lambda work, size: realvllm.bench_precompiled(work, Row)}
+             "gate": lambda work, size: realwheels.bench_gate(work, Row),
+             "precompiled": lambda work, size: realwheels.bench_precompiled(work, Row),
+             "vllm": lambda work, size: vllmbench.bench(work / "vllm", size, Row)}
     chosen = options.only.split(",")
     if not chosen or set(chosen) - set(parts):
         parser.error(f"--only takes a list of {', '.join(parts)}")

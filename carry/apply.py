@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
+import os
 import re
 from pathlib import Path
 
@@ -77,13 +79,95 @@ class CheckReport:
 
 
 def check(mirror: Path, base: str, series: Series, scratch: Path) -> CheckReport:
-    """Apply each patch on base + all earlier patches; the tree id is set only when every patch applied."""
+    """Apply each patch on base + all earlier patches; the tree id is set only when every patch applied.
+
+    The answer depends only on the base commit and the patches' bytes, so it is kept in the mirror
+    (carry/checks/<base>-<series hash>.json) and a second check of the same series on the same base reads it back,
+    as long as the tree it names is still in the mirror."""
+    known = _known(mirror, base, series)
+    if known is not None:
+        return known
+    report = _check(mirror, base, series, scratch)
+    _remember(mirror, report)
+    return report
+
+
+def _check(mirror: Path, base: str, series: Series, scratch: Path) -> CheckReport:
     with git.temp_index(mirror, scratch) as env:
         git.read_tree(mirror, base, env)
-        results = tuple(apply_patch(mirror, patch, env) for patch in series.patches)
+        results = _all_at_once(mirror, base, series, env)
+        if results is None:
+            results = tuple(apply_patch(mirror, patch, env) for patch in series.patches)
         ok = all(r.status is not PatchStatus.FAILED for r in results)
         tree = git.write_tree(mirror, env) if ok else None
     return CheckReport(base=base, series_hash=series.hash, tree=tree, results=results)
+
+
+RESULT_FORMAT = 1
+
+
+def _result_path(mirror: Path, base: str, series_hash: str) -> Path:
+    return mirror / "carry" / "checks" / f"{base}-{series_hash}.json"
+
+
+def _known(mirror: Path, base: str, series: Series) -> CheckReport | None:
+    """The remembered report of this series on this base, or None (never checked, or its tree is gone)."""
+    if len(base) != 40:
+        return None
+    try:
+        data = json.loads(_result_path(mirror, base, series.hash).read_text())
+        if data["format"] != RESULT_FORMAT or [r["name"] for r in data["results"]] != [p.name for p in series.patches]:
+            return None
+        tree = data["tree"]
+        if tree is not None and not (mirror / "objects" / tree[:2] / tree[2:]).is_file():
+            return None  # only a loose tree is known to be there without asking git: check again
+        results = tuple(
+            PatchResult(patch, PatchStatus(r["status"]), tuple(r["offsets"]),
+                        Mismatch(**r["failure"]) if r["failure"] else None)
+            for patch, r in zip(series.patches, data["results"])
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return CheckReport(base=base, series_hash=series.hash, tree=tree, results=results)
+
+
+def _remember(mirror: Path, report: CheckReport) -> None:
+    if len(report.base) != 40:
+        return
+    path = _result_path(mirror, report.base, report.series_hash)
+    data = {"format": RESULT_FORMAT, "tree": report.tree, "results": [
+        {"name": r.patch.name, "status": r.status.value, "offsets": list(r.offsets),
+         "failure": dataclasses.asdict(r.failure) if r.failure else None} for r in report.results]}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # only a cache
+
+
+def _all_at_once(mirror: Path, base: str, series: Series, env: dict[str, str]) -> tuple[PatchResult, ...] | None:
+    """The usual case in one git process: the whole series applies. Each patch's part of git's report is found by
+    counting its files' "Checking patch" lines. None (the index as it was) when a patch fails: then they are
+    applied one by one, to say which and where."""
+    if len(series.patches) < 2:
+        return None
+    status, report = git.apply_cached_all(mirror, [p.path for p in series.patches], env)
+    if status != 0:
+        return None
+    parts = re.split(r"(?m)^(?=Checking patch )", report)
+    checks = [part for part in parts if part.startswith("Checking patch ")]
+    if len(checks) != sum(len(p.diffs) for p in series.patches):
+        git.read_tree(mirror, base, env)  # git reported otherwise than expected: do it one by one
+        return None
+    results, index = [], 0
+    for patch in series.patches:
+        mine = "".join(checks[index:index + len(patch.diffs)])
+        index += len(patch.diffs)
+        offsets = _offsets(mine)
+        results.append(PatchResult(patch, PatchStatus.OFFSET if offsets else PatchStatus.CLEAN, offsets))
+    return tuple(results)
 
 
 def apply_patch(mirror: Path, patch: Patch, env: dict[str, str]) -> PatchResult:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import filelock
-
+from carry.digest import sha256
 from carry.errors import BadInput
+
+if TYPE_CHECKING:
+    import filelock
 
 LOCK_TIMEOUT_S = 3600
 
@@ -35,7 +37,7 @@ class Cache:
 
     def mirror(self, url: str) -> Path:
         slug = re.sub(r"[^A-Za-z0-9]+", "-", url.rstrip("/").rsplit("/", 1)[-1]).strip("-")[:40] or "upstream"
-        return self.root / "mirrors" / f"{slug}-{hashlib.sha256(url.encode()).hexdigest()[:16]}.git"
+        return self.root / "mirrors" / f"{slug}-{sha256(url.encode()).hexdigest()[:16]}.git"
 
     def bundle(self, commit: str) -> Path:
         return self.root / "bundles" / f"{commit}.bundle"
@@ -61,6 +63,8 @@ class Cache:
 
     def lock(self, name: str) -> filelock.FileLock:
         """A cross-process lock named `name` (mirror, build dir, artifact key)."""
+        import filelock  # here, not at import: `version` and `check` on a fetched mirror never lock
+
         path = self.lock_path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         return filelock.FileLock(str(path), timeout=LOCK_TIMEOUT_S)

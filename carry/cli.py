@@ -287,14 +287,18 @@ def prove_command(obj: Context, arch: str | None, out: Path, jobs: int | None, t
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
 @click.option("--fail-on", "fail_on", metavar="VERDICTS",
               help="Exit 1 when one of these verdicts occurs, e.g. MERGED-EXACT,MERGED-MODIFIED,CONFLICT.")
+@click.option("--test", "test", is_flag=True, help="Also run each patch's test (its Carry-Test trailer, or what "
+              "prove learned) on each ref without the patch: FIXED-UPSTREAM when it passes.")
 @click.pass_obj
-def status(obj: Context, against: tuple[str, ...], as_json: bool, fail_on: str | None) -> None:
-    """One verdict per patch against newer upstream refs: MERGED-EXACT, MERGED-MODIFIED, PARTIAL, CONFLICT
-    or NEEDED, each with its evidence."""
+def status(obj: Context, against: tuple[str, ...], as_json: bool, fail_on: str | None, test: bool) -> None:
+    """One verdict per patch against newer upstream refs, each with its evidence: MERGED-EXACT, MERGED-MODIFIED,
+    PARTIAL, CONFLICT, NEEDED; DELETED-UPSTREAM or PR-ONLY when the patched file is gone from REF (upstream deleted
+    it, or only the PR has it); FIXED-UPSTREAM (--test) when the patch's test passes on REF without it. The PR's own
+    state (open, closed, merged) comes first."""
     from carry import verdicts
 
     failing = verdicts.Verdict.parse_list(fail_on, "--fail-on") if fail_on is not None else frozenset()
-    result = obj.session().status(against)
+    result = obj.session().status(against, test, Progress() if test else None)
     echo_notes(result.notes)
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else verdicts.table(result))
     sys.exit(1 if failing & result.occurred else 0)
@@ -303,22 +307,29 @@ def status(obj: Context, against: tuple[str, ...], as_json: bool, fail_on: str |
 @cli.command("drop")
 @click.argument("name")
 @click.option("--against", "against", metavar="REF", help="Upstream ref that must have merged it (default: main).")
-@click.option("--force", is_flag=True, help="Drop even when the patch is not merged upstream (logged as forced).")
+@click.option("--force", is_flag=True, help="Drop even when REF still needs the patch (logged as forced).")
+@click.option("--test", "test", is_flag=True, help="Run the patch's test on REF without it first: FIXED-UPSTREAM "
+              "lets it go.")
 @click.pass_obj
-def drop_command(obj: Context, name: str, against: str | None, force: bool) -> None:
-    """Remove a patch upstream merged, bump VERSION and log it in patches/DROPPED.md."""
-    result = obj.session().drop(name, against, force)
+def drop_command(obj: Context, name: str, against: str | None, force: bool, test: bool) -> None:
+    """Remove a patch REF needs no more (MERGED-*, DELETED-UPSTREAM, PR-ONLY, FIXED-UPSTREAM), bump VERSION and log
+    it in patches/DROPPED.md."""
+    result = obj.session().drop(name, against, force, test)
     echo_notes(result.notes)
     click.echo(result.line)
 
 
 @cli.command()
-@click.option("--onto", "onto", metavar="REF", help="Upstream ref to move onto (default: upstream.main).")
+@click.option("--onto", "onto", metavar="REF", help="Upstream ref to move onto: a tag, a branch, refs/... or a SHA "
+              "(default: upstream.main).")
+@click.option("--test", "test", is_flag=True, help="On a conflict, run the patches' tests on REF too, so a patch "
+              "upstream fixed its own way is named for `drop`.")
 @click.pass_obj
-def refresh(obj: Context, onto: str | None) -> None:
-    """Rebase the series onto a new upstream base (3-way merge), move the pin and rewrite the patches that
-    moved; on a conflict change nothing and exit 1."""
-    result = obj.session().refresh(onto)
+def refresh(obj: Context, onto: str | None, test: bool) -> None:
+    """Rebase the series onto a new upstream base (3-way merge, following upstream's renames), move the pin and
+    rewrite the patches that moved; on a conflict change nothing and exit 1, naming `drop` for the patches REF needs
+    no more."""
+    result = obj.session().refresh(onto, test)
     echo_notes(result.notes)
     click.echo("\n".join(result.lines()))
 

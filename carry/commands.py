@@ -6,12 +6,13 @@ the wheel, image, gate and registry modules and the libraries behind them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from carry import config, version
+from carry import config
 from carry.arch import ArchList
 from carry.cache import Cache
 from carry.errors import BadInput, Failed
@@ -24,10 +25,14 @@ if TYPE_CHECKING:
 
 
 def read_version(config_path: Path) -> str:
+    from carry import version
+
     return str(version.read(_version_file(config_path)))
 
 
 def bump_version(config_path: Path) -> str:
+    from carry import version
+
     return str(version.bump(_version_file(config_path)))
 
 
@@ -104,6 +109,8 @@ class Session:
         return CheckResult(report, notes, patches, mirror)
 
     def version(self) -> str:
+        from carry import version
+
         return str(version.read(self.config.version_file))
 
     def arches(self, arch: str | None, platform: Platform | None = None) -> ArchList:
@@ -201,8 +208,11 @@ class Session:
         the report beside the wheel, or into `out` keyed by the image's ID."""
         from carry import gpu, testrun
 
-        found = gpu.require("test")
-        commands = self._tests()
+        commands = tuple(command for command in self._tests() if not command.tree)
+        if not commands:
+            raise BadInput(f"{self.config.path}: every build.tests entry runs against the source tree (against: "
+                           f"tree), none against a wheel or image; `status --test` and `prove` run those")
+        found = gpu.require("test", commands)
         if names_a_wheel(artifact):
             wheel_path = Path(artifact)
             report = testrun.run_on_wheel(wheel_path, commands, found, self.cache.scratch, timeout, progress)
@@ -219,8 +229,8 @@ class Session:
         it, write its report; the GPU and the tests are checked before anything is built."""
         from carry import apply, gpu, prove, testrun, upstream
 
-        found = gpu.require("prove")
         commands = self._tests()
+        found = gpu.require("prove", commands)
         builder = self._wheel_builder(arch, jobs)
         patches = self.series()
         mirror, _ = upstream.ensure_base(self.config, self.cache)
@@ -234,10 +244,28 @@ class Session:
         for prefix, report in checked:
             progress.phase("prove", prefix.label)
             built = builder(mirror, report, prefix.series, out / "prove" / prefix.label, progress)
-            tested = testrun.run_on_wheel(built.path, commands, found, self.cache.scratch, timeout, progress)
+            with self._tree_for(commands, mirror, report.tree) as tree:
+                tested = testrun.run_on_wheel(built.path, commands, found, self.cache.scratch, timeout, progress,
+                                              tree, self.config.root)
             path = testrun.write(tested, testrun.wheel_report_path(built.path))
             steps.append(prove.Step(prefix, built.path, path, tested, built.reused))
-        return prove.Proof(found, tuple(steps))
+        proof = prove.Proof(found, tuple(steps))
+        from carry import learned
+
+        learned.record(patches.directory, proof)
+        return proof
+
+    @contextlib.contextmanager
+    def _tree_for(self, commands: tuple[config.TestCommand, ...], mirror: Path, tree: str | None):
+        """A checkout of `tree` while commands that run in the source tree need one, else None."""
+        if not any(command.tree for command in commands) or tree is None:
+            yield None
+            return
+        from carry import testrun
+        from carry.fsutil import temp_dir
+
+        with temp_dir(self.cache.scratch, "tree-") as work:
+            yield testrun.checkout(mirror, tree, work / "tree")
 
     def platform_wheel(self, platform: Platform, arch: str | None, out: Path, hermetic: bool,
                        wheelhouse: Path | None, progress: Progress) -> crossbuild.CrossWheel:
@@ -338,21 +366,39 @@ class Session:
         mismatches = tuple(verify.Mismatch("test report", "a report of this wheel", m) for m in check.mismatches)
         return dataclasses.replace(result, mismatches=result.mismatches + mismatches, notes=result.notes + (note,))
 
-    def status(self, against: tuple[str, ...] = ()) -> verdicts.StatusReport:
-        """A verdict per patch against each ref (default: upstream.main, and the PR head when pr is set)."""
+    def status(self, against: tuple[str, ...] = (), test: bool = False,
+               progress: Progress | None = None) -> verdicts.StatusReport:
+        """A verdict per patch against each ref (default: upstream.main, and the PR head when pr is set); with
+        `test`, each patch's test is run on the ref without it too (carry/behaviour.py)."""
         from carry import verdicts
 
-        return verdicts.status(self.config, self.cache, self.series(), against)
+        patches = self.series()
+        report = verdicts.status(self.config, self.cache, patches, against, trees=test)
+        if not test:
+            return report
+        from carry import behaviour
 
-    def drop(self, name: str, against: str | None, force: bool) -> drop.Dropped:
+        return behaviour.judge(self, report, patches, progress)
+
+    def drop(self, name: str, against: str | None, force: bool, test: bool = False) -> drop.Dropped:
         from carry import drop
 
-        return drop.drop(self.config, self.cache, self.series(), name, against, force)
+        judge = None
+        if test:
+            from carry import behaviour
 
-    def refresh(self, onto: str | None) -> refresh.Refreshed:
+            judge = lambda report, patches: behaviour.judge(self, report, patches)  # noqa: E731
+        return drop.drop(self.config, self.cache, self.series(), name, against, force, judge)
+
+    def refresh(self, onto: str | None, test: bool = False) -> refresh.Refreshed:
         from carry import refresh
 
-        return refresh.refresh(self.config, self.cache, self.series(), onto)
+        judge = None
+        if test:
+            from carry import behaviour
+
+            judge = lambda report, patches: behaviour.judge(self, report, patches)  # noqa: E731
+        return refresh.refresh(self.config, self.cache, self.series(), onto, judge)
 
 
 def gate(config_path: Path, targets: tuple[str, ...], arch: str | None, platform: Platform | None,

@@ -9,10 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-import urllib.parse
-
 import yaml
-from packaging.version import Version as PackagingVersion
 
 from carry.arch import ArchList
 from carry.download import Pinned
@@ -25,6 +22,7 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SCP_LIKE_RE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^:]")
 ALLOWED_SCHEMES = ("https", "ssh", "git", "file")
 DEFAULT_IMAGE_TAGS = ("{version}",)
+DEFAULT_WHEEL_VERSION = "0+carry.{version}"
 TAG_FIELDS = ("version", "base_short", "cuda", "series_short")
 TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
@@ -92,6 +90,8 @@ class RemoteCache:
     def parse(cls, text: str, where: str) -> RemoteCache:
         if text.strip() == "gha":
             return cls(RemoteScheme.GHA, "")
+        import urllib.parse
+
         shown = _without_secrets(text)
         try:
             parts = urllib.parse.urlsplit(text.strip())
@@ -157,11 +157,18 @@ class Upstream:
 
 @dataclasses.dataclass(frozen=True)
 class TestCommand:
-    """One entry of build.tests: the argv to run, never through a shell, and the command as written."""
+    """One entry of build.tests: the argv to run, never through a shell, and the command as written; whether it
+    needs a GPU, and whether it runs against the built wheel (a fresh venv) or in the patched source tree (nothing is
+    built: for a test that reads the upstream's Python sources itself)."""
 
     __test__ = False  # not a pytest class
     argv: tuple[str, ...]
     text: str
+    gpu: bool = True
+    tree: bool = False
+
+    def same_command(self, argv: tuple[str, ...]) -> bool:
+        return tuple(argv) == self.argv
 
 
 DEFAULT_KEEP = ("build/temp.*",)
@@ -484,7 +491,7 @@ def _build(section: _Section) -> Build:
     if arches is not None and not isinstance(arches, (str, list)):
         raise section.fail("cuda_arches", "a string like '9.0,12.1', a list of arches, or [] for no CUDA code")
     version_env = _env_names(section, "version_env")
-    wheel_version = section.string("wheel_version", "0+carry.{version}")
+    wheel_version = section.string("wheel_version", DEFAULT_WHEEL_VERSION)
     if "{version}" not in wheel_version:
         raise section.fail("wheel_version", "a template containing {version}, e.g. '0.11.0+carry.{version}'")
     _check_wheel_version(section, wheel_version)
@@ -634,34 +641,65 @@ def _index_url(section: _Section, key: str, url: str) -> str:
 
 
 def _tests(section: _Section) -> tuple[TestCommand, ...]:
-    """build.tests: a list of commands, each a string split like a shell would (no shell runs it) or a list of
-    arguments."""
+    """build.tests: a list of commands, each a string split like a shell would (no shell runs it), a list of
+    arguments, or a mapping {run: <either>, gpu: true|false, against: wheel|tree}."""
     value = section.data.get("tests")
     if value is None:
         return ()
-    form = "a list of commands, each a string like 'python -m pkg.check' or a list like [python, -m, pkg.check]"
+    form = ("a list of commands, each a string like 'python -m pkg.check', a list like [python, -m, pkg.check], or "
+            "{run: ..., gpu: false, against: tree}")
     if not isinstance(value, list):
         raise section.fail("tests", form)
-    commands = []
-    for index, entry in enumerate(value):
-        where = f"{section.path}: build.tests[{index}]"
-        if isinstance(entry, str):
-            try:
-                argv, text = shlex.split(entry), entry.strip()
-            except ValueError as exc:
-                raise BadInput(f"{where} {entry!r} does not parse ({exc}); close the quote or use a list") from None
-        elif isinstance(entry, list) and all(isinstance(arg, str) for arg in entry):
-            argv, text = list(entry), shlex.join(entry)
-        else:
-            raise BadInput(f"{where} must be a string or a list of strings, got {entry!r}")
-        if not argv or not argv[0].strip():
-            raise BadInput(f"{where} is empty; give the command to run, e.g. 'python -m pkg.check'")
-        commands.append(TestCommand(tuple(argv), text))
-    return tuple(commands)
+    return tuple(_test(entry, f"{section.path}: build.tests[{index}]") for index, entry in enumerate(value))
+
+
+TEST_KEYS = ("run", "gpu", "against")
+TEST_AGAINST = ("wheel", "tree")
+
+
+def _test(entry: Any, where: str) -> TestCommand:
+    gpu, tree = True, False
+    if isinstance(entry, dict):
+        unknown = sorted(str(k) for k in entry if k not in TEST_KEYS)
+        if unknown:
+            raise BadInput(f"{where}: unknown key {unknown[0]!r}; allowed keys here: {', '.join(TEST_KEYS)}")
+        gpu = entry.get("gpu", True)
+        if not isinstance(gpu, bool):
+            raise BadInput(f"{where}.gpu must be true or false, got {gpu!r}")
+        against = entry.get("against", "wheel")
+        if against not in TEST_AGAINST:
+            raise BadInput(f"{where}.against must be wheel (the built wheel) or tree (the patched source tree, nothing "
+                           f"built), got {against!r}")
+        tree = against == "tree"
+        if "run" not in entry:
+            raise BadInput(f"{where} needs run: the command, e.g. {{run: 'python -m pkg.check', gpu: false}}")
+        entry, where = entry["run"], f"{where}.run"
+    argv, text = test_argv(entry, where)
+    return TestCommand(tuple(argv), text, gpu, tree)
+
+
+def test_argv(entry: Any, where: str) -> tuple[list[str], str]:
+    """A command as a string (split like a shell would) or a list of arguments: (argv, the command as text)."""
+    if isinstance(entry, str):
+        try:
+            argv, text = shlex.split(entry), entry.strip()
+        except ValueError as exc:
+            raise BadInput(f"{where} {entry!r} does not parse ({exc}); close the quote or use a list") from None
+    elif isinstance(entry, list) and all(isinstance(arg, str) for arg in entry):
+        argv, text = list(entry), shlex.join(entry)
+    else:
+        raise BadInput(f"{where} must be a string or a list of strings, got {entry!r}")
+    if not argv or not argv[0].strip():
+        raise BadInput(f"{where} is empty; give the command to run, e.g. 'python -m pkg.check'")
+    return argv, text
 
 
 def _check_wheel_version(section: _Section, template: str) -> None:
     """Whatever VERSION holds, the template must render to a PEP 440 version with a local label."""
+    if template == DEFAULT_WHEEL_VERSION:
+        return  # valid; spares every command the import of `packaging`
+    from packaging.version import Version as PackagingVersion
+
     try:
         valid = bool(PackagingVersion(template.format(version="20260101.1")).local)
     except (ValueError, KeyError, IndexError):

@@ -1,9 +1,11 @@
-"""`drop`: remove a patch upstream has merged, bump VERSION and log it in `patches/DROPPED.md`."""
+"""`drop`: remove a patch REF needs no more (merged, fixed upstream, or its file deleted upstream or only in the PR),
+bump VERSION and log it in `patches/DROPPED.md`."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Callable
 
 from carry import verdicts, version
 from carry.cache import Cache
@@ -24,17 +26,22 @@ class Dropped:
     notes: tuple[str, ...]
 
 
-def drop(config: Config, cache: Cache, series: Series, name: str, against: str | None, force: bool) -> Dropped:
-    """Drop `name` when REF (default upstream.main) has merged it; anything else is refused unless `force`."""
+def drop(config: Config, cache: Cache, series: Series, name: str, against: str | None, force: bool,
+         judge: Callable | None = None) -> Dropped:
+    """Drop `name` when REF (default upstream.main) needs it no more (a droppable verdict); anything else is refused
+    unless `force`."""
     patch = series.find(name)
     ref = against or config.upstream.main
-    report = verdicts.status(config, cache, series, (ref,))
+    report = verdicts.status(config, cache, series, (ref,), with_pr=False, trees=judge is not None)
+    if judge is not None:  # --test: the patch's test decides too (FIXED-UPSTREAM)
+        report = judge(report, series)
     found = report.reports[0].find(patch.name)
-    forced = not found.verdict.merged
+    forced = not found.verdict.droppable
     if forced and not force:
         raise BadInput(
-            f"{patch.name} is {found.verdict.value} against {ref} (decided by {found.test}), not merged upstream; "
-            f"drop needs MERGED-EXACT or MERGED-MODIFIED: keep the patch, or pass --force to drop it anyway"
+            f"{patch.name} is {found.verdict.value} against {ref} (decided by {found.test}); drop needs one of "
+            f"{verdicts.Verdict.droppable_names()} (FIXED-UPSTREAM comes from --test): keep the patch, or pass "
+            f"--force to drop it anyway"
         )
     log = series.directory / LOG_NAME
     before = read_log(log)

@@ -47,10 +47,21 @@ def probe() -> Gpu | None:
     return Gpu(name, capability, driver, len(rows))
 
 
-def require(command: str) -> Gpu:
-    """The GPU, or bad input (exit 2, one line) when there is none."""
+# What a report records where no GPU was needed and none answered.
+NONE = Gpu("no GPU (none needed)", "none", "none", 0)
+
+
+def require(command: str, tests: tuple = ()) -> Gpu:
+    """The GPU, or bad input (exit 2, one line) when there is none; when `tests` are given and none of them needs a
+    GPU (build.tests entries with `gpu: false`), NONE stands in where no GPU answers."""
     found = probe()
+    if found is None and tests and not any(test.gpu for test in tests):
+        return NONE
     if found is None:
-        reason = "nvidia-smi is not on PATH" if shutil.which("nvidia-smi") is None else "nvidia-smi finds no GPU"
-        raise BadInput(f"`{command}` needs a CUDA GPU and {reason}; {NO_GPU_HINT}")
+        raise BadInput(f"`{command}` needs a CUDA GPU and {missing()}; {NO_GPU_HINT}")
     return found
+
+
+def missing() -> str:
+    """Why no GPU answers, in a few words."""
+    return "nvidia-smi is not on PATH" if shutil.which("nvidia-smi") is None else "nvidia-smi finds no GPU"

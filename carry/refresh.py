@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Callable
 
 from carry import drop, git, series, upstream, version
 from carry.cache import Cache
@@ -40,15 +41,25 @@ class Refreshed:
         return rows
 
 
-def refresh(config: Config, cache: Cache, patches: series.Series, onto: str | None) -> Refreshed:
-    """Rebase `patches` onto `onto` (default upstream.main); on a conflict raise Failed and change nothing."""
+def refresh(config: Config, cache: Cache, patches: series.Series, onto: str | None,
+            judge: Callable | None = None) -> Refreshed:
+    """Rebase `patches` onto `onto` (default upstream.main); on a conflict raise Failed and change nothing, naming
+    the patches REF needs no more (`drop` is their way out; `judge` adds the verdict by their tests)."""
     mirror, notes = upstream.ensure_base(config, cache)
     ref = onto or config.upstream.main
     new_base, more = upstream.resolve_ref(config, cache, ref)
     pin = config.upstream.commit
+    conflict = None
     with cache.lock(mirror.name), temp_dir(cache.scratch, "refresh-") as work:
-        texts = _rebase(mirror, pin, new_base, ref, patches, work)
-        changed = {p.name: texts[p.name] for p in patches.patches if texts[p.name] and _moved(p, texts[p.name], work)}
+        try:
+            texts = _rebase(mirror, pin, new_base, ref, patches, work)
+        except Conflict as exc:
+            conflict = exc
+        else:
+            changed = {p.name: texts[p.name] for p in patches.patches
+                       if texts[p.name] and _moved(p, texts[p.name], work)}
+    if conflict is not None:
+        raise Failed(_conflict_message(config, cache, patches, ref, new_base, conflict, judge))
     emptied = tuple(name for name, text in texts.items() if text is None)
     _write(config, patches, changed, emptied, ref, new_base)
     unchanged = tuple(p.name for p in patches.patches if p.name not in changed and p.name not in emptied)
@@ -91,6 +102,15 @@ def _commit(tree: Path, patch: series.Patch, pin: str) -> str:
     return git.run(tree, "rev-parse", "HEAD")
 
 
+class Conflict(Exception):
+    """A patch that does not cherry-pick onto the new base, and the files it conflicts in."""
+
+    def __init__(self, patch: series.Patch, files: str):
+        super().__init__(patch.name)
+        self.patch = patch
+        self.files = files
+
+
 def _cherry_pick(tree: Path, patch: series.Patch, commit: str, ref: str, new_base: str) -> None:
     status, _, err = git.run_status(tree, "cherry-pick", "--keep-redundant-commits", commit, env=CLEAN_ENV)
     if status == 0:
@@ -98,10 +118,28 @@ def _cherry_pick(tree: Path, patch: series.Patch, commit: str, ref: str, new_bas
     conflicted = git.run(tree, "diff", "--name-only", "--diff-filter=U").split("\n")
     git.run_status(tree, "cherry-pick", "--abort", env=CLEAN_ENV)
     files = ", ".join(name for name in conflicted if name) or (err.strip().splitlines() or ["?"])[-1]
-    raise Failed(
-        f"{patch.name} conflicts with {ref} {new_base[:12]} in {files}; nothing was changed: "
-        f"rebase that patch by hand, then refresh again"
-    )
+    raise Conflict(patch, files)
+
+
+def _conflict_message(config: Config, cache: Cache, patches: series.Series, ref: str, new_base: str,
+                      conflict: Conflict, judge: Callable | None) -> str:
+    """One line: the patch that conflicts, and the way out: `drop` for every patch REF needs no more (by the
+    verdicts of `status`), else rebasing that patch by hand."""
+    from carry import verdicts
+
+    head = f"{conflict.patch.name} conflicts with {ref} {new_base[:12]} in {conflict.files}; nothing was changed"
+    report = verdicts.status(config, cache, patches, (ref,), with_pr=False, trees=judge is not None)
+    if judge is not None:
+        report = judge(report, patches)
+    found = report.reports[0]
+    droppable = [v for v in found.verdicts if v.verdict.droppable]
+    mine = found.find(conflict.patch.name)
+    if droppable:
+        names = "; ".join(f"{v.patch.name} is {v.verdict.value} ({v.evidence[0].splitlines()[0]})" for v in droppable)
+        commands = " and ".join(f"`{verdicts.drop_command(v.patch.name, ref)}`" for v in droppable)
+        return f"{head}. {ref} needs no more: {names}: drop it with {commands}, then refresh again"
+    return (f"{head}: {mine.patch.name} is {mine.verdict.value} against {ref}; rebase that patch by hand, then "
+            f"refresh again")
 
 
 def _moved(patch: series.Patch, text: str, work: Path) -> bool:

@@ -1,20 +1,24 @@
-"""The patch series: `NNNN-slug.patch` files, their headers, DEP-3 trailers and what each one touches."""
+"""The patch series: `NNNN-slug.patch` files, their headers, DEP-3 trailers and what each one touches.
+
+Each file section keeps its raw header lines and each hunk its raw lines, so the patch file is read once: whatever
+needs a part of a patch as text (status tries single hunks) takes it from here.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import email.header
 import enum
-import hashlib
 import re
 from pathlib import Path, PurePosixPath
 
+from carry.digest import sha256
 from carry.errors import BadInput
 
 PATCH_NAME_RE = re.compile(r"^(\d{4})-[A-Za-z0-9][A-Za-z0-9._+-]*\.patch$")
-ALLOWED_EXTRA_FILES = ("DROPPED.md", "README.md")
+PROVED_NAME = "PROVED.json"  # what `prove` learned: which patch makes which test pass (carry/learned.py)
+ALLOWED_EXTRA_FILES = ("DROPPED.md", "README.md", PROVED_NAME)
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-TRAILER_RE = re.compile(r"^(Upstream-Status|Forwarded):\s*(.*?)\s*$", re.IGNORECASE)
+TRAILER_RE = re.compile(r"^(Upstream-Status|Forwarded|Carry-Test):\s*(.*?)\s*$", re.IGNORECASE)
 SYMLINK_MODE = "120000"
 GIT_DIFF_RE = re.compile(r'^diff --git ("(?:[^"\\]|\\.)+"|\S+) ("(?:[^"\\]|\\.)+"|\S+)$')
 C_ESCAPES = {b"a": b"\a", b"b": b"\b", b"t": b"\t", b"n": b"\n", b"v": b"\v", b"f": b"\f", b"r": b"\r"}
@@ -42,16 +46,21 @@ class UpstreamState(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class UpstreamStatus:
+    """The trailer's state, its detail without DEP-3's brackets (`local tweak`), and the value as written
+    (`Inappropriate [local tweak]`), which is what str() gives."""
+
     state: UpstreamState
     detail: str
+    text: str = ""
 
     def __str__(self) -> str:
-        return f"{self.state.value} {self.detail}".strip()
+        return self.text or f"{self.state.value} {self.detail}".strip()
 
 
 @dataclasses.dataclass(frozen=True)
 class Hunk:
-    """One hunk of a file diff: its header and the old/new lines (without the leading marker)."""
+    """One hunk of a file diff: its header and the old/new lines (without the leading marker), and its raw lines
+    as the patch has them (the header, the body, `\\ No newline` markers), which are form, not compared."""
 
     header: str
     old_start: int
@@ -59,17 +68,41 @@ class Hunk:
     new_lines: tuple[str, ...]
     added: tuple[str, ...]
     removed: tuple[str, ...]
+    raw: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
 
 @dataclasses.dataclass(frozen=True)
 class FileDiff:
+    """One file's change; `header` holds its raw header lines (`diff --git`, `index`, `---`, `+++`, ...), form only
+    like the index line in it, so not compared."""
+
     old_path: str | None
     new_path: str | None
     hunks: tuple[Hunk, ...]
+    header: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     @property
     def path(self) -> str:
         return self.new_path or self.old_path
+
+    def text(self, hunks: tuple[int, ...] | None = None, target: str | None = None) -> str:
+        """This file's diff with only `hunks` (all by default), its path moved to `target` when given (a file
+        upstream renamed)."""
+        header = self.header
+        if target and self.old_path == self.new_path and target != self.old_path:
+            header = tuple(_retarget(line, target) for line in header)
+        chosen = range(len(self.hunks)) if hunks is None else hunks
+        return "\n".join([*header, *(line for i in chosen for line in self.hunks[i].raw)]) + "\n"
+
+
+def _retarget(line: str, target: str) -> str:
+    if line.startswith("diff --git "):
+        return f"diff --git a/{target} b/{target}"
+    if line.startswith("--- a/"):
+        return f"--- a/{target}"
+    if line.startswith("+++ b/"):
+        return f"+++ b/{target}"
+    return line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +118,7 @@ class Patch:
     forwarded: str | None
     sha256: str
     diffs: tuple[FileDiff, ...]
+    tests: tuple[str, ...] = ()  # `Carry-Test:` trailers: the commands that show this patch's fix, as written
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -106,6 +140,7 @@ class Patch:
             "added": self.added,
             "removed": self.removed,
             "upstream_status": str(self.upstream_status) if self.upstream_status else None,
+            "tests": list(self.tests),
         }
 
 
@@ -117,7 +152,7 @@ class Series:
     @property
     def hash(self) -> str:
         """sha256 over the ordered per-patch sha256 digests."""
-        return hashlib.sha256("\n".join(p.sha256 for p in self.patches).encode()).hexdigest()
+        return sha256("\n".join(p.sha256 for p in self.patches).encode()).hexdigest()
 
     def find(self, name: str) -> Patch:
         for patch in self.patches:
@@ -164,7 +199,7 @@ def parse_patch(path: Path, number: int) -> Patch:
     if diff_start is None:
         raise BadInput(f"{path}: empty patch (no diff in it); remove the file or regenerate it")
     headers, description = _parse_message(lines[:diff_start])
-    status, forwarded = _trailers(description, path)
+    status, forwarded, tests = _trailers(description, path)
     diffs = _parse_diffs(lines[diff_start:], path)
     return Patch(
         number=number,
@@ -176,8 +211,9 @@ def parse_patch(path: Path, number: int) -> Patch:
         description=description,
         upstream_status=status,
         forwarded=forwarded,
-        sha256=hashlib.sha256(data).hexdigest(),
+        sha256=sha256(data).hexdigest(),
         diffs=diffs,
+        tests=tests,
     )
 
 
@@ -202,7 +238,10 @@ def _parse_message(lines: list[str]) -> tuple[dict[str, str], str]:
     if not {"from", "subject"} <= headers.keys():
         return {}, "\n".join(lines).strip()
     for key in ("subject", "from"):
-        headers[key] = str(email.header.make_header(email.header.decode_header(headers[key])))
+        if "=?" in headers[key]:  # RFC 2047 encoded words (a non-ASCII name or subject)
+            import email.header
+
+            headers[key] = str(email.header.make_header(email.header.decode_header(headers[key])))
     headers["subject"] = re.sub(r"^\[PATCH[^\]]*\]\s*", "", headers["subject"])
     body = lines[index:]
     if "---" in body:
@@ -210,19 +249,37 @@ def _parse_message(lines: list[str]) -> tuple[dict[str, str], str]:
     return headers, "\n".join(body).strip()
 
 
-def _trailers(description: str, path: Path) -> tuple[UpstreamStatus | None, str | None]:
+def _trailers(description: str, path: Path) -> tuple[UpstreamStatus | None, str | None, tuple[str, ...]]:
     status = forwarded = None
+    tests = []
     for line in description.split("\n"):
         match = TRAILER_RE.match(line)
         if not match:
             continue
-        if match.group(1).lower() == "upstream-status":
-            status = UpstreamStatus(*UpstreamState.parse(match.group(2), str(path)))
+        key = match.group(1).lower()
+        if key == "upstream-status":
+            status = UpstreamStatus(*UpstreamState.parse(match.group(2), str(path)), match.group(2))
+        elif key == "carry-test":
+            tests.append(_test_trailer(match.group(2), path))
         else:
             forwarded = match.group(2)
             if not (forwarded in ("no", "not-needed") or re.match(r"^\S+://\S+$", forwarded)):
                 raise BadInput(f"{path}: Forwarded {forwarded!r} must be a URL, 'no' or 'not-needed'")
-    return status, forwarded
+    return status, forwarded, tuple(tests)
+
+
+def _test_trailer(text: str, path: Path) -> str:
+    """A `Carry-Test:` value: a command split like a shell would (no shell runs it); which build.tests entry it
+    names, if any, is settled against the config (carry/behaviour.py)."""
+    import shlex
+
+    try:
+        argv = shlex.split(text)
+    except ValueError as exc:
+        raise BadInput(f"{path}: Carry-Test {text!r} does not parse ({exc}); close the quote") from None
+    if not argv:
+        raise BadInput(f"{path}: Carry-Test is empty; name the command that shows the fix, e.g. one of build.tests")
+    return text
 
 
 def _parse_diffs(lines: list[str], path: Path) -> tuple[FileDiff, ...]:
@@ -245,6 +302,7 @@ def _parse_diffs(lines: list[str], path: Path) -> tuple[FileDiff, ...]:
 def _parse_file_diff(lines: list[str], index: int, path: Path) -> tuple[FileDiff, int]:
     old_path = new_path = None
     symlink = False
+    start = index
     if lines[index].startswith("diff --git "):
         _reject_crlf(lines[index], path)
         git_paths = GIT_DIFF_RE.match(lines[index])
@@ -272,6 +330,7 @@ def _parse_file_diff(lines: list[str], index: int, path: Path) -> tuple[FileDiff
     for name in (old_path, new_path):
         if name is not None:
             _check_path(name, path)
+    header = tuple(lines[start:index])
     hunks = []
     while index < len(lines) and lines[index].startswith("@@"):
         hunk, index = _parse_hunk(lines, index, path, new_path or old_path)
@@ -280,10 +339,11 @@ def _parse_file_diff(lines: list[str], index: int, path: Path) -> tuple[FileDiff
         for hunk in hunks:
             for target in hunk.added:
                 _check_symlink_target(new_path, target, path)
-    return FileDiff(old_path, new_path, tuple(hunks)), index
+    return FileDiff(old_path, new_path, tuple(hunks), header), index
 
 
 def _parse_hunk(lines: list[str], index: int, path: Path, name: str) -> tuple[Hunk, int]:
+    start = index
     header = lines[index]
     _reject_crlf(header, path)
     match = HUNK_RE.match(header)
@@ -316,7 +376,8 @@ def _parse_hunk(lines: list[str], index: int, path: Path, name: str) -> tuple[Hu
             f"{path}: truncated hunk {header.strip()} in {name} (expected {old_count}/{new_count} lines, "
             f"found {len(old)}/{len(new)}); regenerate the patch"
         )
-    hunk = Hunk(header.strip(), old_start, tuple(old), tuple(new), tuple(added), tuple(removed))
+    hunk = Hunk(header.strip(), old_start, tuple(old), tuple(new), tuple(added), tuple(removed),
+                tuple(lines[start:index]))
     return hunk, index
 
 

@@ -190,8 +190,9 @@ def _provenance(wheel: Path) -> dict | None:
 
 
 def run_on_wheel(wheel: Path, commands: tuple[TestCommand, ...], gpu: Gpu, scratch: Path, timeout: float,
-               progress=None) -> TestReport:
-    """Install `wheel` into a fresh venv and run every command there."""
+               progress=None, tree: Path | None = None, project: Path | None = None) -> TestReport:
+    """Install `wheel` into a fresh venv and run every command there; a command that runs against the source tree
+    (`against: tree`) runs in `tree` instead, a checkout of the tree the wheel was built from (see run_in_tree)."""
     if not wheel.is_file() or not wheel.name.endswith(".whl"):
         raise BadInput(f"{wheel}: not a wheel file; pass the .whl that `wheel` printed")
     artifact = Artifact(ArtifactKind.WHEEL, wheel.name, sha256_file(wheel))
@@ -201,9 +202,53 @@ def run_on_wheel(wheel: Path, commands: tuple[TestCommand, ...], gpu: Gpu, scrat
         venv = _make_venv(work / "venv")
         _install(venv, wheel)
         env = _venv_env(venv)
-        results = tuple(_run(command, command.argv, env, work, timeout, progress) for command in commands)
+        results = tuple(_run_one(command, env, work, tree, project, timeout, progress) for command in commands)
     return TestReport(artifact, gpu, platform.python_version(), started, time.monotonic() - clock, provenance,
                       results)
+
+
+def run_in_tree(tree: Path, commands: tuple[TestCommand, ...], scratch: Path, timeout: float, progress=None,
+                project: Path | None = None) -> tuple[CommandResult, ...]:
+    """Run commands that read the upstream's sources in `tree` (a checkout; their working directory), with no wheel
+    and no PYTHONPATH. In their arguments `{tree}` is that checkout and `{project}` the directory of build.yaml (a
+    project's own check scripts live there); CARRY_TREE and CARRY_PROJECT say the same."""
+    with temp_dir(scratch, "test-") as work:
+        return tuple(_run_one(command, _plain_env(), work, tree, project, timeout, progress) for command in commands)
+
+
+def checkout(repo: Path, tree: str, dest: Path) -> Path:
+    """`tree` (a tree id in the mirror) as files under `dest`, for commands that run in the source tree."""
+    from carry import git
+
+    git.checkout_tree(repo, tree, None, dest)
+    return dest
+
+
+def _run_one(command: TestCommand, env: dict[str, str], work: Path, tree: Path | None, project: Path | None,
+             timeout: float, progress) -> CommandResult:
+    if not command.tree:
+        return _run(command, command.argv, env, work, timeout, progress)
+    if tree is None:
+        return CommandResult(command.text, 127, 0.0, "carry: this command runs in the source tree, and none was "
+                                                     "checked out for it")
+    places = {"{tree}": str(tree), "{project}": str(project or tree)}
+    argv = [_fill(arg, places) for arg in command.argv]
+    env = {**_plain_env(), "CARRY_TREE": places["{tree}"], "CARRY_PROJECT": places["{project}"]}
+    return _run(command, argv, env, work, timeout, progress, cwd=tree)
+
+
+def _fill(arg: str, places: dict[str, str]) -> str:
+    for name, value in places.items():
+        arg = arg.replace(name, value)
+    return arg
+
+
+def _plain_env() -> dict[str, str]:
+    """The caller's environment without PYTHONPATH, the running Python's directory first on PATH (so `python` is
+    the Python running carry)."""
+    env = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "PYTHONHOME")}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
+    return env
 
 
 def run_on_image(ref: str, commands: tuple[TestCommand, ...], gpu: Gpu, docker: str, scratch: Path, timeout: float,
@@ -259,11 +304,13 @@ def _venv_env(venv: Path) -> dict[str, str]:
 
 
 def _run(command: TestCommand, argv: list[str] | tuple[str, ...], env: dict[str, str], work: Path, timeout: float,
-         progress) -> CommandResult:
-    """Run one command in a fresh empty directory; its output goes to a file, its tail into the result."""
+         progress, cwd: Path | None = None) -> CommandResult:
+    """Run one command in a fresh empty directory (or `cwd`); its output goes to a file, its tail into the
+    result."""
     index = len(list(work.glob("run-*")))
-    cwd, log = work / f"run-{index}", work / f"output-{index}.log"
-    cwd.mkdir()
+    run_dir, log = work / f"run-{index}", work / f"output-{index}.log"
+    run_dir.mkdir()
+    cwd = cwd or run_dir
     if progress is not None:
         progress.phase("test", command.text)
     executable = shutil.which(argv[0], path=env.get("PATH"))

@@ -20,6 +20,8 @@ from carry.fsutil import atomic_write_text
 PIN_REF = "refs/carry/pin"
 FIRST_PR_DEPTH = 1  # the PR head is usually the pin: then nothing more is fetched; else deepen x4
 MAX_PR_DEPTH = 4096
+FIRST_HISTORY_DEPTH = 64  # more history when the base and a ref must meet (why a patched file is gone); then x4
+MAX_HISTORY_DEPTH = 16384
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,37 +123,122 @@ def _pr_unchecked(config: Config, source: Source, error: git.GitError) -> str:
 def ensure_base(config: Config, cache: Cache) -> tuple[Path, tuple[str, ...]]:
     """The mirror holding the pinned commit, fetching only when it is not there yet."""
     mirror = cache.mirror(config.upstream.url)
-    if (mirror / "HEAD").exists() and git.has_commit(mirror, config.upstream.commit):
+    if (mirror / "HEAD").exists() and (_pinned(mirror) == config.upstream.commit
+                                       or git.has_commit(mirror, config.upstream.commit)):
         cache.ensure_writable()
         return mirror, ()
     report = fetch(config, cache, with_pr=False)
     return report.mirror, report.notes
 
 
+def _pinned(mirror: Path) -> str | None:
+    """What refs/carry/pin names, read from its file (set only once the mirror has that commit); None if packed."""
+    try:
+        return (mirror / PIN_REF).read_text().strip()
+    except OSError:
+        return None
+
+
 def resolve_ref(config: Config, cache: Cache, ref: str) -> tuple[str, tuple[str, ...]]:
-    """The commit an upstream ref (branch, `refs/pull/N/head`, SHA) names now, fetching it when possible."""
+    """The commit an upstream ref names now, fetching it when possible: a tag (`v0.33.0`), a branch (`main`), a
+    full name (`refs/pull/N/head`) or a commit SHA, older or newer than the pin.
+
+    A short name is looked up on upstream as git does, a tag before a branch. A ref whose tip the mirror has already
+    is not fetched again; offline, the ref as last fetched is used and a note says so.
+    """
     mirror = mirror_for(config, cache)
-    if SHA_RE.match(ref) and git.has_commit(mirror, ref):
-        return ref, ()
-    upstream_ref = ref if ref.startswith("refs/") or SHA_RE.match(ref) else f"refs/heads/{ref}"
-    local = f"refs/carry/upstream/{upstream_ref.removeprefix('refs/')}"
+    if SHA_RE.match(ref):
+        return _resolve_sha(config, cache, mirror, ref), ()
+    names = candidates(ref)
     with cache.lock(mirror.name):
         git.clear_stale_locks(mirror)
         try:
-            if SHA_RE.match(ref):
-                git.fetch(mirror, config.upstream.url, ref)
-                return ref, ()
-            git.fetch(mirror, config.upstream.url, f"+{upstream_ref}:{local}", extra=_since_base(config, mirror))
+            found = git.ls_remote(mirror, config.upstream.url, *names)
+            name = next((n for n in names if n in found), None)
+            if name is None:
+                raise BadInput(
+                    f"unknown ref {ref!r}: upstream {public_url(config.upstream.url)} has no "
+                    f"{' or '.join(names)}; check the ref name (a tag, a branch, refs/..., or a full commit SHA)"
+                )
+            local = local_ref(name)
+            if git.resolve(mirror, found[name]) is None:
+                _fetch_ref(config, mirror, f"+{name}:{local}")
+            else:
+                git.update_ref(mirror, local, found[name])
         except git.GitError as exc:
-            known = git.resolve(mirror, local)
+            known = next(((n, c) for n in names if (c := git.resolve(mirror, local_ref(n)))), None)
             if known is None:
                 raise BadInput(
                     f"unknown ref {ref!r}: upstream {public_url(config.upstream.url)} cannot give it "
-                    f"({_reason(exc)}); "
-                    f"check the ref name or the network"
+                    f"({_reason(exc)}); check the ref name or the network"
                 ) from None
-            return known, (f"upstream unreachable ({_reason(exc)}); using the cached {ref} {known[:12]}",)
+            return known[1], (f"upstream unreachable ({_reason(exc)}); using the cached {known[0]} {known[1][:12]}",)
     return git.resolve(mirror, local), ()
+
+
+def candidates(ref: str) -> tuple[str, ...]:
+    """The full ref names a name given by a user may mean, in git's order (refs/tags/ before refs/heads/)."""
+    if ref.startswith("refs/"):
+        return (ref,)
+    return (f"refs/tags/{ref}", f"refs/heads/{ref}")
+
+
+def local_ref(name: str) -> str:
+    """Where the mirror keeps upstream's `name`: refs/carry/upstream/tags/v0.33.0, .../heads/main, .../pull/7/head."""
+    return f"refs/carry/upstream/{name.removeprefix('refs/')}"
+
+
+def _resolve_sha(config: Config, cache: Cache, mirror: Path, sha: str) -> str:
+    if git.has_commit(mirror, sha):
+        return sha
+    with cache.lock(mirror.name):
+        git.clear_stale_locks(mirror)
+        try:
+            _fetch_ref(config, mirror, sha)
+        except git.GitError as exc:
+            raise BadInput(
+                f"unknown ref {sha!r}: upstream {public_url(config.upstream.url)} cannot give that commit "
+                f"({_reason(exc)}); check the SHA or the network"
+            ) from None
+    if not git.has_commit(mirror, sha):
+        raise BadInput(f"unknown ref {sha!r}: upstream sent no such commit; check the SHA")
+    return sha
+
+
+def _fetch_ref(config: Config, mirror: Path, refspec: str) -> None:
+    """Fetch one ref into the mirror; in a shallow mirror only the history newer than the pinned base, or just the
+    tip when the ref is older than that (git then selects no commit for the shallow request)."""
+    since = _since_base(config, mirror)
+    try:
+        git.fetch(mirror, config.upstream.url, refspec, extra=since)
+    except git.GitError:
+        if not since:
+            raise
+        git.fetch(mirror, config.upstream.url, refspec, depth=1)
+
+
+def merge_base(config: Config, cache: Cache, mirror: Path, base: str,
+               commit: str) -> tuple[str | None, tuple[str, ...]]:
+    """The merge base of the pinned base and `commit`, deepening a shallow mirror's history of both (x4 each time,
+    up to MAX_HISTORY_DEPTH commits) until they meet; None with a note when they don't."""
+    found = git.merge_base(mirror, base, commit)
+    if found or not git.shallow_commits(mirror):
+        return found, ()
+    depth = FIRST_HISTORY_DEPTH
+    with cache.lock(mirror.name):
+        git.clear_stale_locks(mirror)
+        while found is None:
+            try:
+                git.fetch(mirror, config.upstream.url, base, commit, extra=(f"--deepen={depth}",))
+            except git.GitError as exc:
+                return None, (f"upstream {public_url(config.upstream.url)} gave no more history of {base[:12]} and "
+                              f"{commit[:12]} ({_reason(exc)}); their merge base is not known",)
+            found = git.merge_base(mirror, base, commit)
+            if found is None and (depth >= MAX_HISTORY_DEPTH or not git.shallow_commits(mirror)):
+                return None, (f"{base[:12]} and {commit[:12]} share no commit in the {depth} commits of history "
+                              f"before each",)
+            depth *= 4
+    return found, ()
 
 
 def update_pin(config: Config, new_commit: str) -> None:

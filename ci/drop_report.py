@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Turn `build.py status --json` output into a markdown report of the patches upstream has merged,
-and keep one GitHub issue up to date with it.
+"""Turn `build.py status --json` output into a markdown report of the patches upstream needs no more (merged,
+fixed its own way, or nothing left to patch), led by the carried PR's own state, and keep one GitHub issue up to
+date with it.
 
     drop_report.py render STATUS.json [STATUS.json ...]    print the markdown
     drop_report.py publish STATUS.json [STATUS.json ...]   open, update or close the report issue (needs `gh`
@@ -36,8 +37,23 @@ FIELDS = {
     "upstream_commit": ("upstream_commit", "commit"),
     "trailer_note": ("trailer_note", "advice"),
     "difference": ("difference",),
+    "droppable": ("droppable",),
+    "pr": ("pr",),
+    "pr_number": ("number",),
+    "pr_state": ("state",),
+    "merge_commit": ("merge_commit",),
+    "source": ("source",),
+    "where": ("where",),
+    "detail": ("detail",),
 }
-DROPPABLE = ("MERGED-EXACT", "MERGED-MODIFIED")
+# What each droppable verdict means, in the report's words; `status --json` also says `droppable` per patch.
+DROPPABLE = {
+    "MERGED-EXACT": "merged upstream as it is",
+    "MERGED-MODIFIED": "merged upstream with edits",
+    "FIXED-UPSTREAM": "fixed upstream its own way (its test passes without it)",
+    "DELETED-UPSTREAM": "its file was deleted upstream: nothing left to patch",
+    "PR-ONLY": "only the PR has its file, and the PR is not in the ref: nothing left to patch",
+}
 
 TITLE = "carry: patches ready to drop"
 LABEL = "carry-drop-report"
@@ -64,10 +80,40 @@ class PatchVerdict:
     upstream_commit: str | None
     trailer_note: str | None
     difference: str | None
+    marked_droppable: bool | None = None  # what status said, when it said it
 
     @property
     def droppable(self) -> bool:
-        return self.verdict in DROPPABLE
+        return self.marked_droppable if self.marked_droppable is not None else self.verdict in DROPPABLE
+
+
+@dataclasses.dataclass(frozen=True)
+class PrState:
+    """The carried PR's state as `status` found it, and where from (the GitHub API or git)."""
+
+    number: int
+    state: str
+    merge_commit: str | None
+    source: str
+    where: str
+    detail: str | None
+
+    @property
+    def closed_unmerged(self) -> bool:
+        return self.state == "closed"
+
+    def sentence(self, upstream_url: str | None) -> str:
+        source = "the GitHub API" if self.source == "github" else "git"
+        origin = f" (from {source}: {code(self.where)})" if self.where else f" (from {source})"
+        detail = f"; {code(one_line(self.detail))}" if self.detail else ""
+        if self.closed_unmerged:
+            return (f"**PR #{self.number} was closed without being merged**{origin}{detail}. Its patches have no "
+                    f"upstream PR to wait for any more: move the carry to a release (`build.py refresh --onto "
+                    f"<tag>`) and drop what it needs no more.")
+        if self.state == "merged":
+            at = f" as {commit_link(self.merge_commit, upstream_url)}" if self.merge_commit else ""
+            return f"PR #{self.number} is merged{at}{origin}{detail}."
+        return f"PR #{self.number}: {self.state}{origin}{detail}."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +170,32 @@ def parse_patch(data: object, where: str) -> PatchVerdict:
         upstream_commit=_optional_text(_pick(data, "upstream_commit", where, False), f"{where}.upstream_commit"),
         trailer_note=_optional_text(_pick(data, "trailer_note", where, False), f"{where}.trailer_note"),
         difference=_optional_text(_pick(data, "difference", where, False), f"{where}.difference"),
+        marked_droppable=_flag(_pick(data, "droppable", where, False), f"{where}.droppable"),
+    )
+
+
+def _flag(value: object, where: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise ReportError(f"{where}: expected true or false, got {type(value).__name__}")
+
+
+def parse_pr(data: object, where: str) -> PrState | None:
+    """The `pr` object of the status JSON, or None when there is none (no upstream.pr)."""
+    pr = _pick(data, "pr", where, required=False)
+    if pr is None:
+        return None
+    at = f"{where}.pr"
+    number = _pick(pr, "pr_number", at)
+    if isinstance(number, bool) or not isinstance(number, int):
+        raise ReportError(f"{at}.number: expected a number, got {type(number).__name__}")
+    return PrState(
+        number=number,
+        state=_text(_pick(pr, "pr_state", at), f"{at}.state"),
+        merge_commit=_optional_text(_pick(pr, "merge_commit", at, False), f"{at}.merge_commit"),
+        source=_text(_pick(pr, "source", at, False) or "git", f"{at}.source"),
+        where=_optional_text(_pick(pr, "where", at, False), f"{at}.where") or "",
+        detail=_optional_text(_pick(pr, "detail", at, False), f"{at}.detail"),
     )
 
 
@@ -146,7 +218,13 @@ def parse_status(data: object, where: str) -> tuple[RefReport, ...]:
 
 
 def load(paths: list[Path]) -> tuple[RefReport, ...]:
+    return load_all(paths)[0]
+
+
+def load_all(paths: list[Path]) -> tuple[tuple[RefReport, ...], PrState | None]:
+    """Every ref of every file, in order, and the PR's state (the last file that has one)."""
     reports: list[RefReport] = []
+    pr = None
     for path in paths:
         try:
             data = json.loads(path.read_text())
@@ -156,7 +234,8 @@ def load(paths: list[Path]) -> tuple[RefReport, ...]:
             raise ReportError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); "
                               "pass the output of `build.py status --json`") from None
         reports.extend(parse_status(data, path.name))
-    return tuple(reports)
+        pr = parse_pr(data, path.name) or pr
+    return tuple(reports), pr
 
 
 # --- markdown ---------------------------------------------------------------------------------------------
@@ -225,15 +304,22 @@ def _summary_table(reports: tuple[RefReport, ...], upstream_url: str | None) -> 
     return [*lines, ""]
 
 
-def render(reports: tuple[RefReport, ...], upstream_url: str | None = None, run_url: str | None = None) -> str:
-    """The report: droppable patches per ref with their evidence, then every verdict in one table."""
+def render(reports: tuple[RefReport, ...], upstream_url: str | None = None, run_url: str | None = None,
+           pr: PrState | None = None) -> str:
+    """The report: the PR's state first (a PR closed without being merged is the news), the droppable patches per
+    ref with their evidence, then every verdict in one table."""
     droppable = sorted({p.name for r in reports for p in r.droppable})
     head = [MARKER, ""]
+    if pr is not None:
+        head += [pr.sentence(upstream_url), ""]
     if droppable:
-        head.append(f"{len(droppable)} carried patch(es) can be dropped: upstream has merged them "
-                    f"({' or '.join(DROPPABLE)} against the ref named below).")
+        found = [v for v in DROPPABLE if any(p.verdict == v for r in reports for p in r.droppable)]
+        why = "; ".join(f"{code(v)}: {DROPPABLE[v]}" for v in found) or "status marks them droppable"
+        head.append(f"{len(droppable)} carried patch(es) can be dropped, the ref named below needs them no more "
+                    f"({why}).")
     else:
-        head.append("No carried patch is merged upstream: nothing to drop.")
+        head.append("No carried patch is merged upstream, fixed there or left without a file to patch: nothing to "
+                    "drop.")
     head.append("")
     sections = []
     for report in reports:
@@ -284,7 +370,8 @@ def report_issue(issues: list[dict]) -> int | None:
 
 
 def publish(body: str, has_droppable: bool) -> str:
-    """Create, update or close the report issue; say what was done."""
+    """Create, update or close the report issue; say what was done. `has_droppable`: there is news (a patch to
+    drop, or a PR closed without being merged)."""
     if not os.environ.get("GH_TOKEN"):
         raise ReportError("GH_TOKEN is not set; export a token that may write issues")
     listed = gh("issue", "list", "--state", "open", "--label", LABEL, "--limit", "100", "--json", "number,body")
@@ -301,7 +388,7 @@ def publish(body: str, has_droppable: bool) -> str:
             return f"opened {url}"
         gh("issue", "edit", str(number), "--title", TITLE, "--body-file", str(body_file))
         if not has_droppable:
-            gh("issue", "close", str(number), "--comment", "No carried patch is merged upstream any more.")
+            gh("issue", "close", str(number), "--comment", "Nothing to drop any more.")
             return f"updated and closed issue #{number}"
         return f"updated issue #{number}"
 
@@ -317,12 +404,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-url", help="the CI run that made the report")
     args = parser.parse_args(argv)
     try:
-        reports = load(args.status)
-        body = render(reports, args.upstream_url, args.run_url)
+        reports, pr = load_all(args.status)
+        body = render(reports, args.upstream_url, args.run_url, pr)
         if args.action == "render":
             sys.stdout.write(body)
         else:
-            print(f"drop_report: {publish(body, any(r.droppable for r in reports))}")
+            news = any(r.droppable for r in reports) or (pr is not None and pr.closed_unmerged)
+            print(f"drop_report: {publish(body, news)}")
     except ReportError as exc:
         print(f"drop_report: error: {exc}", file=sys.stderr)
         return 2

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Weekly drop report: every carried patch's verdict against upstream main and against the PR head, turned by
-# drop_report.py into one GitHub issue that is opened, updated, or closed when nothing is droppable any more.
-# Needs GH_TOKEN (issues: write) and GH_REPO (or a GitHub remote) for `gh`. CARRY_REPORT_ONLY=1 only prints it.
+# Weekly drop report: the carried PR's own state and every carried patch's verdict against upstream main and
+# against the PR head, turned by drop_report.py into one GitHub issue that is opened, updated, or closed when there
+# is no news any more (nothing to drop, the PR not closed unmerged). The PR state comes from the GitHub API with
+# GITHUB_TOKEN / GH_TOKEN where it answers, else from git. Needs GH_TOKEN (issues: write) and GH_REPO (or a GitHub
+# remote) for `gh`. CARRY_REPORT_ONLY=1 only prints it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -241,3 +241,17 @@ def test_stamp_works_when_record_is_not_last_and_can_retag(tmp_path):
     assert tagged.name == "pkg-1.0-cp38-abi3-manylinux_2_28_x86_64.whl" and not wheel.exists()
     assert buildinfo.wheel_tags(tagged) == ("cp38-abi3-manylinux_2_28_x86_64",)
     assert buildinfo.read(tagged) == {"format": 3}
+
+
+def test_the_vllm_part_measures_carry_as_installed_and_counts_only_carry_imports(tmp_path, monkeypatch):
+    import vllmbench
+
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--only", "nope"], capture_output=True,
+                          text=True)
+    assert "vllm" in done.stderr.splitlines()[-1]
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    env = vllmbench.env_for(tmp_path)
+    assert "PYTHONDONTWRITEBYTECODE" not in env and env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache")
+    out = ("import time: self [us] | cumulative | imported package\nimport time:      1500 |       2000 | carry.config\n"
+           "import time:       900 |        900 |   yaml\nimport time:       500 |        500 |     carry.arch\n")
+    assert sum(int(us) for us, name in vllmbench.IMPORT_RE.findall(out) if name.strip().startswith("carry")) == 2000

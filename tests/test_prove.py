@@ -270,6 +270,9 @@ def test_prove_on_the_demo_gpu_shows_0002_fixes_the_stale_reads(tmp_path):
     assert [(f["patch"][:4], f["before"], f["after"]) for f in proof["flips"]] == [("0001", "FAIL", "PASS"),
                                                                                  ("0002", "FAIL", "PASS")]
     assert "FP8_PER_CHANNEL_PER_TOKEN" in proof["flips"][0]["command"] and proof["flips"][1]["command"] == REPRO
+    learned = json.loads((config.parent / "patches" / "PROVED.json").read_text())["patches"]
+    assert {name[:4]: entry["fixes"] for name, entry in learned.items()} == {
+        "0001": [proof["flips"][0]["command"]], "0002": [REPRO]}
     for prefix in proof["prefixes"]:
         check = carry("verify", prefix["report"])
         assert check.code == 0, check.out + check.err

@@ -246,3 +246,48 @@ def test_help_reads_well():
     assert result.code == 0
     for command in ("check", "fetch", "version"):
         assert command in result.out
+
+
+def test_a_series_checked_before_is_answered_the_same_from_the_mirror(project):
+    """One git apply for the whole series, offsets split per patch; the answer kept per (base, series) and read
+    back identical; a failing series, a corrupt or stale record, and a changed patch are checked again."""
+    upstream, config, env = project
+    patches = config.parent / "patches"
+    patch_line(upstream, patches / "0001-one.patch", "value_10 = 10\n", "value_10 = 100\n")
+    patch_line(upstream, patches / "0002-two.patch", "value_70 = 70\n", "value_70 = 700\n")
+    moved = "".join(f"# header line {i}\n" for i in range(5)) + BODY
+    new_base = upstream.commit("prepend 5 lines", {"pkg/core.py": moved})
+    first = run(config, env, "check", "--against", new_base, "--json")
+    assert first.code == 0, first.err
+    report = json.loads(first.out)
+    assert [p["status"] for p in report["patches"]] == ["offset", "offset"]
+    assert ["offset 5 lines" in p["offsets"][0] for p in report["patches"]] == [True, True]
+    assert report["tree"] == _tree_with(upstream, new_base, patches)
+    (mirror,) = (Path(env["CARRY_CACHE"]) / "mirrors").iterdir()
+    (kept,) = (mirror / "carry" / "checks").iterdir()
+    assert kept.name == f"{new_base}-{report['series_hash']}.json"
+    again = run(config, env, "check", "--against", new_base, "--json")
+    assert again.out == first.out and again.code == 0
+    kept.write_text("{not json")
+    assert run(config, env, "check", "--against", new_base, "--json").out == first.out
+    git(mirror, "repack", "-a", "-d", "-q")  # the tree no longer a loose object: not trusted unseen, checked again
+    assert run(config, env, "check", "--against", new_base, "--json").out == first.out
+    # A changed patch is another series: checked again, here failing, and a failure is kept and read back too.
+    patch_line(upstream, patches / "0002-two.patch", "value_71 = 71\n", "value_71 = 7\n")
+    (patches / "0002-two.patch").write_text((patches / "0002-two.patch").read_text().replace(" value_70 = 70",
+                                                                                              " value_70 = 77"))
+    failing = run(config, env, "check", "--against", new_base, "--json")
+    assert failing.code == 1
+    assert [p["status"] for p in json.loads(failing.out)["patches"]] == ["offset", "failed"]
+    assert run(config, env, "check", "--against", new_base, "--json").out == failing.out
+
+
+def _tree_with(upstream: Upstream, base: str, patches: Path) -> str:
+    """The tree of `base` with every patch applied, made by hand in the upstream's own worktree."""
+    git(upstream.path, "checkout", "-q", base)
+    for patch in sorted(patches.glob("*.patch")):
+        git(upstream.path, "apply", "--index", str(patch))
+    tree = git(upstream.path, "write-tree")
+    git(upstream.path, "reset", "-q", "--hard", base)
+    git(upstream.path, "checkout", "-q", "main")
+    return tree

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from helpers import assert_bad_input
+from helpers import assert_bad_input, git
 from scenarios import ENGINE, project, replace, with_fp8, with_reset
 
 
@@ -124,13 +124,15 @@ def test_touched_file_renamed_upstream(tmp_path):
     merged = p.commit("Reset semaphore, close on shutdown", {"pkg/engine.py": replace(
         with_reset(ENGINE), shutdown, shutdown + "        self.closed = True\n")})
     p.git("mv", "pkg/engine.py", "pkg/runtime.py")
-    p.commit("Rename engine to runtime", {})
+    renamed = p.commit("Rename engine to runtime", {})
     verdicts = p.status()
     reset, fp8 = verdicts["0001-reset-semaphore.patch"], verdicts["0002-fp8-dispatch.patch"]
     assert (reset["verdict"], reset["test"], reset["commit"]) == ("MERGED-EXACT", "reverse-apply", merged)
-    assert "pkg/engine.py is pkg/runtime.py in REF (renamed upstream)" in evidence(reset)
+    moved = (f"pkg/engine.py is pkg/runtime.py in REF (renamed upstream by {renamed[:12]} 'Rename engine to "
+             f"runtime'); refresh follows the rename")
+    assert moved in evidence(reset)
     assert (fp8["verdict"], fp8["test"]) == ("NEEDED", "forward-apply")
-    assert "pkg/engine.py is pkg/runtime.py in REF (renamed upstream)" in evidence(fp8)
+    assert moved in evidence(fp8)
     assert fp8["hunks"][0]["target"] == "pkg/runtime.py"
 
 
@@ -211,3 +213,65 @@ def test_fail_on_and_bad_input(tmp_path):
     assert_bad_input(p.run("status", "--fail-on", "MERGED"), "unknown verdict 'MERGED'", "NEEDED")
     assert_bad_input(p.run("status", "--against", "no-such-branch"), "unknown ref 'no-such-branch'")
 
+
+
+def test_refs_as_users_name_them_tags_branches_and_shas(tmp_path):
+    p = project(tmp_path)
+    first = git(p.upstream.path, "rev-list", "--max-parents=0", "HEAD")  # a month older than the pin
+    light = p.commit("Release 2", {"CHANGELOG": "2\n"})
+    p.git("tag", "v2")  # lightweight
+    annotated = p.land("0001-reset-semaphore.patch")
+    p.git("tag", "-a", "v3", "-m", "Release 3")
+    p.git("checkout", "-q", "-b", "v2-maint", light)  # a branch
+    p.git("checkout", "-q", "main")
+    assert p.status("--against", "v2")["0001-reset-semaphore.patch"]["verdict"] == "NEEDED"
+    assert (p.mirror() / "shallow").exists()
+    for ref, commit in (("v3", annotated), ("refs/tags/v3", annotated), ("v2", light), ("v2-maint", light),
+                        ("refs/heads/main", annotated), (first, first)):
+        result = p.run("status", "--json", "--against", ref)
+        assert result.code == 0, (ref, result.err)
+        found = json.loads(result.out)["refs"][0]
+        assert (found["ref"], found["commit"]) == (ref, commit)
+    merged = p.status("--against", "v3")["0001-reset-semaphore.patch"]
+    assert merged["verdict"] == "MERGED-EXACT"
+    older = p.run("check", "--against", first)  # before the pin in a shallow mirror: fetched alone, not refused
+    assert older.code == 0 and f"base   {first}" in older.out
+    assert_bad_input(p.run("status", "--against", "f" * 40), f"unknown ref '{'f' * 40}'")
+
+
+def test_patched_file_deleted_upstream(tmp_path):
+    p = project(tmp_path)
+    p.commit("unrelated", {"README": "engine, faster\n"})
+    gone = p.commit("Remove the engine: superseded", {"pkg/engine.py": None})
+    verdicts = p.status()
+    for name in ("0001-reset-semaphore.patch", "0002-fp8-dispatch.patch"):
+        entry = verdicts[name]
+        assert (entry["verdict"], entry["test"], entry["commit"]) == ("DELETED-UPSTREAM", "history", gone)
+        assert (f"pkg/engine.py was deleted upstream by {gone[:12]} 'Remove the engine: superseded'"
+                in evidence(entry)), evidence(entry)
+        assert entry["hunks"][0]["state"] == "file deleted upstream"
+    assert verdicts["0001-reset-semaphore.patch"]["advice"] == (
+        "Upstream-Status says Submitted, but REF needs it no more (DELETED-UPSTREAM): drop it")
+    failing = p.run("status", "--fail-on", "DELETED-UPSTREAM")
+    assert failing.code == 1 and "way out: build.py drop 0001-reset-semaphore.patch --against main" in failing.out
+    refreshed = p.run("refresh")
+    assert refreshed.code == 1 and "rebase" not in refreshed.err
+    assert "`build.py drop 0001-reset-semaphore.patch --against main`" in refreshed.err
+    dropped = p.run("drop", "0001")
+    assert dropped.code == 0, dropped.err
+    assert f"0001-reset-semaphore.patch: DELETED-UPSTREAM against main; upstream commit {gone}" in dropped.out
+
+
+def test_upstream_status_keeps_its_brackets_as_written(tmp_path):
+    from carry import series
+
+    p = project(tmp_path)
+    p.add_patch("0003-tweak.patch", "Local tweak", with_fp8(ENGINE).replace("default-kernel", "tuned-kernel"),
+                "Upstream-Status: Inappropriate [local tweak]\nCarry-Test: python -m pkg.check --fast")
+    patch = series.load(p.patches).find("0003")
+    assert (patch.upstream_status.state, patch.upstream_status.detail) == (series.UpstreamState.INAPPROPRIATE,
+                                                                           "local tweak")
+    assert str(patch.upstream_status) == "Inappropriate [local tweak]"
+    assert patch.tests == ("python -m pkg.check --fast",)
+    assert series.load(p.patches).find("0001").summary()["upstream_status"] == (
+        "Submitted [https://example.invalid/pr/1]")

@@ -57,7 +57,8 @@ PR_NUMBER = 53899
 PR_DELAY_S = 3 * 86400
 VERSIONS = ("0.32.0", "0.33.0")
 PR_FILES = {
-    "vllm/v1/ple_offload/__init__.py": '"""Stand-in for a PR branch: per-layer-embedding offload (carry\'s test data)."""\n',
+    "vllm/v1/ple_offload/__init__.py":
+        '"""Stand-in for a PR branch: per-layer-embedding offload (carry\'s test data)."""\n',
     "vllm/v1/ple_offload/connector.py": '''\
 """Stand-in for the carried PR's connector, written for carry's tests: only this branch has the file."""
 

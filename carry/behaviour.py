@@ -1,0 +1,224 @@
+"""A verdict by behaviour (`status --test`): does the patch's own test pass on REF without the patch?
+
+A patch names its test in a `Carry-Test:` trailer (one of build.tests, matched by its arguments, or a command of its
+own), or `prove` learned which test it fixes (patches/PROVED.json, carry/learned.py). For each ref, REF plus the
+earlier patches that still apply there (the series without the patch) is built and the test run on it:
+
+- it passes: upstream fixed the bug its own way -> FIXED-UPSTREAM, whatever the text says (a MERGED-* verdict
+  stays, the test backing it);
+- it fails: the patch is still needed; the text's verdict stays (NEEDED is then decided by the test; CONFLICT
+  still says it needs rebasing; DELETED-UPSTREAM / PR-ONLY still say there is nothing left to patch);
+- it needs a GPU and none answers: not run, said in one line; the text's verdict stands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from carry import gpu
+from carry.config import Config, TestCommand
+from carry.errors import CarryError
+from carry.series import Patch, Series
+
+from carry.progress import Progress
+
+if TYPE_CHECKING:
+    from carry.commands import Session
+    from carry.verdicts import PatchVerdict, StatusReport
+
+TEST_TIMEOUT_S = 900
+
+
+class Outcome(enum.Enum):
+    PASS = "pass"  # every test of the patch passes on REF without it
+    FAIL = "fail"  # one fails: still needed
+    NEEDS_GPU = "needs a GPU"  # a test needs a GPU and none answers: not run
+    ERROR = "error"  # REF without the patch could not be built or tested (the series does not apply, a build failed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Behaviour:
+    """What the patch's tests did on REF without it, in words (`lines`) and as data."""
+
+    outcome: Outcome
+    tests: tuple[str, ...]
+    source: str  # where the tests came from: the trailer, or what prove learned
+    mode: str  # how REF was made runnable: "tree" (checked out, nothing built) or "wheel"
+    lines: tuple[str, ...]
+    earlier: tuple[str, ...] = ()  # the earlier patches and their verdicts: REF had them built in as far as they apply
+
+    def to_json(self) -> dict:
+        return {"outcome": self.outcome.value, "tests": list(self.tests), "source": self.source, "mode": self.mode,
+                "lines": list(self.lines), "earlier": list(self.earlier)}
+
+
+def tests_for(config: Config, patch: Patch, learned: dict) -> tuple[tuple[TestCommand, ...], str] | None:
+    """The patch's tests and where they came from: its Carry-Test trailers, else what prove learned; None if neither.
+
+    A trailer naming a build.tests entry (same arguments) takes that entry's settings (gpu, against); any other
+    command is its own, run against the wheel on a GPU like build.tests entries by default."""
+    if patch.tests:
+        return tuple(_command(config, text) for text in patch.tests), "its Carry-Test trailer"
+    found = learned.get(patch.name)
+    if found is None:
+        return None
+    known = [_command(config, text) for text in found.fixes]
+    return tuple(known), f"what prove learned on {found.proved} (patches/PROVED.json)"
+
+
+def _command(config: Config, text: str) -> TestCommand:
+    argv = tuple(shlex.split(text))
+    return next((t for t in config.build.tests if t.same_command(argv)), TestCommand(argv, text.strip()))
+
+
+def run_without(session: Session, mirror: Path, commit: str, series: Series, tests: tuple[TestCommand, ...],
+                progress: Progress | None = None, timeout: float = TEST_TIMEOUT_S,
+                tree: str | None = None) -> Behaviour:
+    """Build REF (`commit`) with `series` applied -- the series without the patch being judged -- in the cheapest
+    correct mode, run the patch's `tests` on it, and say PASS, FAIL or NEEDS_GPU (ERROR: REF plus `series` could
+    not be built or tested, with the reason). `tree`, when the caller has it, is the tree of REF with `series`
+    applied as far as it applies (status follows upstream's renames, which `git apply` of the raw patches cannot);
+    without it the series is applied here and must apply whole.
+
+    The modes, cheapest first:
+    - every test runs in the source tree (build.tests `against: tree`): nothing is built; the tree is checked out
+      into a stable scratch directory (only changed files rewritten) and each command runs there;
+    - otherwise a wheel is built by the configured builder (`Session._wheel_builder`: the upstream's own PEP 517
+      build, Python-only when build.cuda_arches is []; cached by tree like every build) and the tests run through
+      testrun in a fresh venv (tree tests in a checkout beside it). A cheaper builder for upstreams with compiled
+      code (vLLM's precompiled mode: the released wheel's .so files) plugs in here, where the wheel is built.
+
+    A test that needs a GPU where none answers makes it NEEDS_GPU before anything is built: never a guess."""
+    from carry import apply, testrun
+    from carry.fsutil import temp_dir
+
+    texts = tuple(t.text for t in tests)
+    wheel_tests = any(not t.tree for t in tests)
+    mode = "wheel" if wheel_tests else "tree"
+    found = gpu.probe()
+    if found is None and any(t.gpu for t in tests):
+        needing = ", ".join(f"`{t.text}`" for t in tests if t.gpu)
+        line = f"its test {needing} needs a GPU and {gpu.missing()}: not run, the verdict is the text's"
+        return Behaviour(Outcome.NEEDS_GPU, texts, "", mode, (line,))
+    cache = session.cache
+    if tree is None:
+        report = apply.check(mirror, commit, series, cache.scratch)
+        if report.tree is None:
+            failed = ", ".join(r.patch.name for r in report.results if r.failure)
+            return Behaviour(Outcome.ERROR, texts, "", mode, (f"the earlier patches ({failed}) do not apply on REF",))
+    else:
+        report = apply.CheckReport(commit, series.hash, tree, ())
+    project = session.config.root
+    try:
+        with _checkout(cache, mirror, report.tree, any(t.tree for t in tests)) as checkout:
+            if wheel_tests:
+                with temp_dir(cache.scratch, "behaviour-") as work:
+                    built = session._wheel_builder(None, None)(mirror, report, series, work / "dist",
+                                                               progress or Progress(quiet=True))
+                    results = testrun.run_on_wheel(built.path, tests, found or gpu.NONE, cache.scratch, timeout,
+                                                   progress, checkout, project).results
+            else:
+                results = testrun.run_in_tree(checkout, tests, cache.scratch, timeout, progress, project)
+    except CarryError as exc:
+        return Behaviour(Outcome.ERROR, texts, "", mode, (f"REF without the patch could not be tested: {exc}",))
+    lines = tuple(_line(result) for result in results)
+    outcome = Outcome.PASS if all(r.passed for r in results) else Outcome.FAIL
+    return Behaviour(outcome, texts, "", mode, lines)
+
+
+@contextlib.contextmanager
+def _checkout(cache, mirror: Path, tree: str, wanted: bool):
+    """A checkout of `tree` in a stable directory of the cache (held under its lock), or None when not wanted."""
+    if not wanted:
+        yield None
+        return
+    from carry import testrun
+
+    where = cache.builds / f"tree-{mirror.name}"
+    with cache.lock(where.name):
+        yield testrun.checkout(mirror, tree, where / "tree")
+
+
+def _line(result) -> str:
+    last = f": {result.last_line()}" if result.last_line() else ""
+    return f"{result.verdict} `{result.command}` on REF without the patch ({result.outcome()}){last}"
+
+
+def judge(session: Session, report: StatusReport, series: Series, progress: Progress | None = None,
+          timeout: float = TEST_TIMEOUT_S) -> StatusReport:
+    """`report` with each patch that has a test judged by it too, against every ref of the report."""
+    from carry import learned, upstream
+    from carry.verdicts import RefReport
+
+    config, cache = session.config, session.cache
+    mirror, _ = upstream.ensure_base(config, cache)
+    known = learned.load(series.directory)
+    notes = list(report.notes)
+    refs = []
+    for ref_report in report.reports:
+        verdicts = []
+        for index, verdict in enumerate(ref_report.verdicts):
+            chosen = tests_for(config, verdict.patch, known)
+            if chosen is None:
+                notes.append(f"{verdict.patch.name}: no Carry-Test trailer and nothing learned by prove; judged by "
+                             f"its text against {ref_report.ref}")
+                verdicts.append(verdict)
+                continue
+            tests, source = chosen
+            earlier = dataclasses.replace(series, patches=series.patches[:index])
+            found = run_without(session, mirror, ref_report.commit, earlier, tests, progress, timeout, verdict.before)
+            built_on = tuple(f"{v.patch.name} {v.verdict.value}" for v in ref_report.verdicts[:index])
+            found = dataclasses.replace(found, source=source, earlier=built_on)
+            if found.outcome is Outcome.NEEDS_GPU:
+                notes.append(f"{verdict.patch.name}: {found.lines[0]}")
+            verdicts.append(combine(verdict, found))
+        refs.append(RefReport(ref_report.ref, ref_report.commit, tuple(verdicts)))
+    return dataclasses.replace(report, reports=tuple(refs), notes=tuple(notes))
+
+
+def combine(verdict: PatchVerdict, behaviour: Behaviour) -> PatchVerdict:
+    """The verdict once the patch's test has run on REF without it (see the module's docstring)."""
+    from carry.verdicts import Verdict
+
+    tests = ", ".join(f"`{t}`" for t in behaviour.tests)
+    said = f"its test {tests} (from {behaviour.source})"
+    built = "REF as it is" if not behaviour.earlier else (
+        f"REF with the earlier patches as far as they apply there ({', '.join(behaviour.earlier)})")
+    lines = (*behaviour.lines, f"tested on {built}, {_how(behaviour.mode)}")
+    data = behaviour.to_json()
+    text = verdict.verdict
+    if behaviour.outcome is Outcome.PASS and not text.merged:
+        evidence = (f"{said} passes on REF without the patch: upstream fixed it its own way", *lines,
+                    f"the text alone says {text.value} (decided by {verdict.test}):", *verdict.evidence)
+        return dataclasses.replace(verdict, verdict=Verdict.FIXED_UPSTREAM, test="test", commit=None,
+                                   evidence=evidence, behaviour=data, advice=_advice(verdict, Verdict.FIXED_UPSTREAM))
+    if behaviour.outcome is Outcome.PASS:
+        return dataclasses.replace(verdict, evidence=(*verdict.evidence, f"{said} passes on REF too", *lines),
+                                   behaviour=data)
+    if behaviour.outcome is Outcome.FAIL:
+        if text.merged:
+            note = (f"{said} fails on REF although the patch's change is there: the failure has another cause; look "
+                    f"before dropping")
+            return dataclasses.replace(verdict, evidence=(*verdict.evidence, *lines), behaviour=data, advice=note)
+        if text in (Verdict.DELETED_UPSTREAM, Verdict.PR_ONLY):
+            return dataclasses.replace(verdict, evidence=(*verdict.evidence, f"{said} fails on REF too: the code it "
+                                                          f"fixed is not there either", *lines), behaviour=data)
+        head = f"{said} fails on REF without the patch: still needed"
+        decided = "test" if text is Verdict.NEEDED else verdict.test
+        return dataclasses.replace(verdict, test=decided, evidence=(head, *lines, *verdict.evidence), behaviour=data)
+    return dataclasses.replace(verdict, evidence=(*verdict.evidence, *lines), behaviour=data)
+
+
+def _how(mode: str) -> str:
+    return "checked out, nothing built" if mode == "tree" else "built into a wheel"
+
+
+def _advice(verdict: PatchVerdict, now) -> str | None:
+    from carry.verdicts import advice
+
+    return advice(verdict.patch, now)
