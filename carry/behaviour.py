@@ -90,8 +90,9 @@ def run_without(session: Session, mirror: Path, commit: str, series: Series, tes
       into a stable scratch directory (only changed files rewritten) and each command runs there;
     - otherwise a wheel is built by the configured builder (`Session._wheel_builder`: the upstream's own PEP 517
       build, Python-only when build.cuda_arches is []; cached by tree like every build) and the tests run through
-      testrun in a fresh venv (tree tests in a checkout beside it). A cheaper builder for upstreams with compiled
-      code (vLLM's precompiled mode: the released wheel's .so files) plugs in here, where the wheel is built.
+      testrun in a fresh venv (tree tests in a checkout beside it); with build.precompiled (vLLM's precompiled
+      mode) nothing is compiled when REF still has the compiled inputs of the precompiled wheel, else it is built
+      from source (`_build`).
 
     A test that needs a GPU where none answers makes it NEEDS_GPU before anything is built: never a guess."""
     from carry import apply, testrun
@@ -118,8 +119,7 @@ def run_without(session: Session, mirror: Path, commit: str, series: Series, tes
         with _checkout(cache, mirror, report.tree, any(t.tree for t in tests)) as checkout:
             if wheel_tests:
                 with temp_dir(cache.scratch, "behaviour-") as work:
-                    built = session._wheel_builder(None, None)(mirror, report, series, work / "dist",
-                                                               progress or Progress(quiet=True))
+                    built = _build(session, mirror, report, series, work / "dist", progress or Progress(quiet=True))
                     results = testrun.run_on_wheel(built.path, tests, found or gpu.NONE, cache.scratch, timeout,
                                                    progress, checkout, project).results
             else:
@@ -129,6 +129,18 @@ def run_without(session: Session, mirror: Path, commit: str, series: Series, tes
     lines = tuple(_line(result) for result in results)
     outcome = Outcome.PASS if all(r.passed for r in results) else Outcome.FAIL
     return Behaviour(outcome, texts, "", mode, lines)
+
+
+def _build(session: Session, mirror: Path, report, series: Series, out: Path, progress: Progress):
+    """The wheel of REF without the patch, the cheapest correct way: precompiled where build.precompiled has a
+    wheel whose compiled inputs REF still has, else the configured build (Python-only with cuda_arches [])."""
+    from carry.precompiled import InputsDiffer
+
+    try:
+        return session._wheel_builder(None, None)(mirror, report, series, out, progress)
+    except InputsDiffer as differ:
+        progress.phase("precompiled", f"not usable on REF ({differ}); building from source")
+        return session._wheel_builder(None, None, from_source=True)(mirror, report, series, out, progress)
 
 
 @contextlib.contextmanager

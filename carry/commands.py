@@ -177,6 +177,9 @@ class Session:
         remote = compilecache.remote_setting(self.config, os.environ)
         current = self.version()
         tools: list[toolchain.Toolchain] = []
+        # The precompiled wheel is checked before anything else: a wrong pin is bad input, nothing written.
+        found = None if from_source else precompiled.pin(self.config, self.cache, target, _say)
+        checked_pin = (found,) if found else ()
 
         def build(mirror: Path, report: apply.CheckReport, patches: series.Series, out: Path,
                   progress: Progress) -> wheel.WheelResult:
@@ -186,11 +189,9 @@ class Session:
             progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: "
                            f"tree {str(report.tree)[:12]}")
             taken = None
-            if report.tree and not from_source:
-                taken = precompiled.resolve(self.config, self.cache, mirror, target, report.tree, patches,
-                                            lambda line: progress.phase("precompiled", line))
-                if taken is not None:
-                    progress.phase("precompiled", taken.line())
+            if report.tree and checked_pin:
+                taken = precompiled.prove(self.config, self.cache, mirror, checked_pin[0], report.tree, patches)
+                progress.phase("precompiled", taken.line())
             environment = wheel.env_plan(self.config, mirror, report.tree) if report.tree else None
             plan = wheel.plan(self.config, report, current, policy, job_plan, tools[0], remote, environment, taken)
             return wheel.build(self.config, self.cache, mirror, report, patches, plan, out, progress)
@@ -419,6 +420,13 @@ def gate(config_path: Path, targets: tuple[str, ...], arch: str | None, platform
         raise BadInput(f"{where}: pass --arch LIST (e.g. --arch 12.1,10.0,9.0) to say which GPUs to gate for")
     policy = loaded.gate_policy(arches) if loaded is not None and not strict else GatePolicy(arches)
     return gating.check(objects, policy, found_platform)
+
+
+def _say(line: str) -> None:
+    """A line of what is done before the progress of a build starts (a download of a precompiled wheel)."""
+    import sys
+
+    print(f"carry: {line}", file=sys.stderr, flush=True)
 
 
 def names_a_wheel(artifact: str) -> bool:

@@ -115,12 +115,13 @@ class Store:
         target.parent.mkdir(parents=True, exist_ok=True)
         part = target.with_name(f"{target.name}.part")
         started = time.monotonic()
+        started_at = part.stat().st_size if part.exists() else 0
         last_error: Exception | None = None
         import urllib.error
 
         for attempt in range(ATTEMPTS):
             try:
-                _fetch_into(pinned.source, part, say if attempt == 0 else (lambda line: None))
+                _fetch_into(pinned.source, part)
                 last_error = None
                 break
             except (urllib.error.URLError, OSError, TimeoutError) as exc:
@@ -131,26 +132,27 @@ class Store:
                          f" {part.stat().st_size if part.exists() else 0} bytes kept in {part} for the next try")
         size = part.stat().st_size
         if pinned.size is not None and size != pinned.size:
-            part.unlink()
+            _discard(part)
             raise BadInput(f"{_public(pinned.source)}: {size} bytes, not the pinned {pinned.size}; fix the pin or URL")
         found = sha256_of(part)
         if found != pinned.sha256:
-            part.unlink()
+            _discard(part)
             raise BadInput(f"{_public(pinned.source)}: sha256 is {found}, not the pinned {pinned.sha256}; "
                            f"fix the sha256 or the URL")
         os.replace(part, target)
-        say(f"{pinned.name}: {size / 1e6:.1f} MB in {time.monotonic() - started:.1f}s, sha256 {found[:12]} ok")
+        resumed = f", resumed at {started_at} bytes" if started_at else ""
+        say(f"downloaded {pinned.name} from {_public(pinned.source)}: {size / 1e6:.1f} MB in "
+            f"{time.monotonic() - started:.1f}s{resumed}, sha256 {found[:12]} ok")
         return target
 
 
-def _fetch_into(url: str, part: Path, say: Callable[[str], None]) -> None:
+def _fetch_into(url: str, part: Path) -> None:
     """Append the rest of `url` to `part` (a range request when it has bytes already)."""
     import urllib.error
     import urllib.request
 
     have = part.stat().st_size if part.exists() else 0
     request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
-    say(f"downloading {_public(url)}" + (f" (resuming at {have} bytes)" if have else ""))
     try:
         response = urllib.request.urlopen(request, timeout=TIMEOUT_S)
     except urllib.error.HTTPError as exc:
@@ -161,6 +163,15 @@ def _fetch_into(url: str, part: Path, say: Callable[[str], None]) -> None:
         resumed = have and response.status == 206
         with open(part, "ab" if resumed else "wb") as handle:
             shutil.copyfileobj(response, handle, CHUNK)
+
+
+def _discard(part: Path) -> None:
+    """A download that is not the pinned file: removed, with its store directory when that is left empty."""
+    part.unlink(missing_ok=True)
+    try:
+        part.parent.rmdir()
+    except OSError:
+        pass
 
 
 def sha256_of(path: Path) -> str:

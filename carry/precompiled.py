@@ -30,6 +30,10 @@ from carry.fsutil import atomic_write_text
 from carry.platforms import Platform
 from carry.series import Series
 
+class InputsDiffer(Failed):
+    """The compiled inputs differ from the precompiled wheel's source: its binaries do not fit this tree."""
+
+
 RELEASE_RE = re.compile(r"^\d+(\.\d+)*$")
 NIGHTLY_RE = re.compile(r"\+g([0-9a-f]{7,40})(?:\.|$)")
 
@@ -74,10 +78,20 @@ class Plan:
                 "requires_dist": list(self.requires_dist), "members": dict(sorted(self.members.items()))}
 
 
-def resolve(config: Config, cache: Cache, mirror: Path, platform: Platform, tree: str, series: Series,
-            say=None) -> Plan | None:
-    """The precompiled plan for `platform` (None when build.precompiled has no wheel for it), proven: the
-    wheel checked, the compiled inputs identical to its source commit; else exit 1 naming the files."""
+@dataclasses.dataclass(frozen=True)
+class Pin:
+    """A precompiled wheel checked before any work: the pinned file (sha256), for the platform, its RECORD sound."""
+
+    wheel: PrecompiledWheel
+    path: Path
+    tags: tuple[str, ...]
+    requires_dist: tuple[str, ...]
+    members: dict[str, str]
+
+
+def pin(config: Config, cache: Cache, platform: Platform, say=None) -> Pin | None:
+    """The checked precompiled wheel for `platform` (None when build.precompiled has none): downloaded once into the
+    store, its sha256 the pinned one and its tags this platform's (else bad input), every member as RECORD says."""
     settings = config.build.precompiled
     chosen = settings.wheel_for(platform) if settings else None
     if chosen is None:
@@ -88,14 +102,22 @@ def resolve(config: Config, cache: Cache, mirror: Path, platform: Platform, tree
         raise BadInput(f"{config.path}: build.precompiled.wheels.{platform} is {path.name}, tagged {tags[0]}: "
                        f"not a wheel for {platform}")
     _check_record_once(cache, chosen, path)
-    ref = chosen.ref or ref_from_version(path.name, config)
+    return Pin(chosen, path, tags, requires, members)
+
+
+def prove(config: Config, cache: Cache, mirror: Path, checked: Pin, tree: str, series: Series) -> Plan:
+    """The plan of a precompiled build of `tree`, once the compiled inputs are proven identical between the commit
+    the wheel was built from and `tree`; else exit 1 naming the files (InputsDiffer)."""
+    settings = config.build.precompiled
+    ref = checked.wheel.ref or ref_from_version(checked.path.name, config)
     commit = _commit(config, cache, mirror, ref)
     inputs = tuple(g.glob for g in settings.inputs)
     changed = changed_inputs(mirror, commit, tree, inputs)
     if changed:
-        raise Failed(_inputs_differ(changed, ref, series))
-    env = {name: value.replace("{wheel}", str(path)) for name, value in settings.env.items()}
-    return Plan(chosen, path, ref, commit, tags, members, requires, env, settings.clear, inputs)
+        raise InputsDiffer(_inputs_differ(changed, ref, series))
+    env = {name: value.replace("{wheel}", str(checked.path)) for name, value in settings.env.items()}
+    return Plan(checked.wheel, checked.path, ref, commit, checked.tags, checked.members, checked.requires_dist, env,
+                settings.clear, inputs)
 
 
 def _read(wheel: Path) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:

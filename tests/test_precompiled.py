@@ -123,7 +123,8 @@ def test_a_series_touching_a_cu_file_stops_before_any_build_work(tmp_path, histo
         "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
         "From: carry tests <tests@carry.invalid>\nDate: Tue, 1 Dec 2026 00:00:00 +0000\n"
         "Subject: [PATCH] activation kernels: a comment\n\n---\n"
-        f"diff --git a/{cu} b/{cu}\n--- a/{cu}\n+++ b/{cu}\n@@ -1,0 +1 @@\n+// carry: a compiled input changed\n")
+        f"diff --git a/{cu} b/{cu}\n--- a/{cu}\n+++ b/{cu}\n@@ -1 +1,2 @@\n+// carry: a compiled input changed\n"
+        " #include <cuda.h>\n")
     env = {"CARRY_CACHE": str(tmp_path / "cache"), "CARRY_DOWNLOADS": realvllm.download_store()}
     result = carry("--config", str(config), "wheel", "--out", str(tmp_path / "dist"), env=env)
     assert result.code == 1, result.err
@@ -140,7 +141,7 @@ def test_another_precompiled_wheel_is_another_build(tmp_path, history):
     env = {"CARRY_CACHE": str(tmp_path / "cache"), "CARRY_DOWNLOADS": realvllm.download_store()}
     other = tmp_path / "wheels" / realvllm.WHEEL_X86
     other.parent.mkdir()
-    wheelzip.rewrite(realvllm.path(realvllm.WHEEL_X86), other, {"vllm/third_party/CARRY_NOTE": b"rebuilt\n"})
+    wheelzip.rewrite(realvllm.path(realvllm.WHEEL_X86), other, {"vllm/third_party/deep_gemm/CARRY_NOTE": b"rebuilt\n"})
     from carry.download import sha256_of
 
     text = config.read_text()
@@ -151,11 +152,11 @@ def test_another_precompiled_wheel_is_another_build(tmp_path, history):
     assert "materialize" in result.err and "reused" not in result.err.split("env ")[0]
     assert f"from {other.name} (sha256 {sha256_of(other)[:8]}…)" in result.err
     with zipfile.ZipFile(result.out.strip()) as archive:
-        assert archive.read("vllm/third_party/CARRY_NOTE") == b"rebuilt\n"
+        assert archive.read("vllm/third_party/deep_gemm/CARRY_NOTE") == b"rebuilt\n"
 
 
 @pytest.mark.parametrize(("edit", "needle"), [
-    (lambda text: text.replace("4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa", "0" * 64, 1),
+    (lambda text: text.replace("4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa", "ab" * 32, 1),
      "sha256 is 4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa, not the pinned"),
     (lambda text: text.replace("linux/amd64:\n        url: https://files.pythonhosted.org/packages/8b",
                                "linux/amd64:\n        url: https://files.pythonhosted.org/packages/eb", 1)
