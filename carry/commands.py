@@ -164,39 +164,13 @@ class Session:
         return settings is not None and settings.wheel_for(platform) is not None
 
     def _wheel_builder(self, arch: str | None, jobs: int | None, platform: Platform | None = None,
-                       from_source: bool = False):
-        """Resolve arches, jobs, VERSION and the remote compile cache now, the toolchain at the first build (after
-        the caller's check, which reports an unusable cache first); return a function that plans and builds one
-        checked tree."""
-        from carry import compilecache, precompiled, toolchain, wheel
-        from carry.platforms import Platform
+                       from_source: bool = False) -> wheel.Builder:
+        """What every build of this command shares, resolved now (wheel.Builder); calling it builds one checked
+        tree."""
+        from carry import wheel
 
-        target = platform or Platform.native()
-        policy = self.policy(arch, platform)
-        job_plan = toolchain.choose_jobs(jobs, self.config.build.env)
-        remote = compilecache.remote_setting(self.config, os.environ)
-        current = self.version()
-        tools: list[toolchain.Toolchain] = []
-        # The precompiled wheel is checked before anything else: a wrong pin is bad input, nothing written.
-        found = None if from_source else precompiled.pin(self.config, self.cache, target, _say)
-        checked_pin = (found,) if found else ()
-
-        def build(mirror: Path, report: apply.CheckReport, patches: series.Series, out: Path,
-                  progress: Progress) -> wheel.WheelResult:
-            if not tools:
-                tools.append(toolchain.probe({**os.environ, **self.config.build.env},
-                                             self.config.build.compiler_cache, self.cache.root, remote))
-            progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: "
-                           f"tree {str(report.tree)[:12]}")
-            taken = None
-            if report.tree and checked_pin:
-                taken = precompiled.prove(self.config, self.cache, mirror, checked_pin[0], report.tree, patches)
-                progress.phase("precompiled", taken.line())
-            environment = wheel.env_plan(self.config, mirror, report.tree) if report.tree else None
-            plan = wheel.plan(self.config, report, current, policy, job_plan, tools[0], remote, environment, taken)
-            return wheel.build(self.config, self.cache, mirror, report, patches, plan, out, progress)
-
-        return build
+        return wheel.Builder.resolve(self.config, self.cache, self.policy(arch, platform), jobs, self.version(),
+                                     platform, from_source)
 
     def _tests(self) -> tuple[config.TestCommand, ...]:
         if not self.config.build.tests:
@@ -420,13 +394,6 @@ def gate(config_path: Path, targets: tuple[str, ...], arch: str | None, platform
         raise BadInput(f"{where}: pass --arch LIST (e.g. --arch 12.1,10.0,9.0) to say which GPUs to gate for")
     policy = loaded.gate_policy(arches) if loaded is not None and not strict else GatePolicy(arches)
     return gating.check(objects, policy, found_platform)
-
-
-def _say(line: str) -> None:
-    """A line of what is done before the progress of a build starts (a download of a precompiled wheel)."""
-    import sys
-
-    print(f"carry: {line}", file=sys.stderr, flush=True)
 
 
 def names_a_wheel(artifact: str) -> bool:

@@ -627,6 +627,8 @@ def _environment(build: _Section, isolation: bool) -> BuildEnvironment:
 
 
 def _index_url(section: _Section, key: str, url: str) -> str:
+    import urllib.parse
+
     shown = _without_secrets(url)
     try:
         parts = urllib.parse.urlsplit(url)

@@ -212,6 +212,51 @@ def build(
     return WheelResult(published, reused, the_plan, outcome, checks)
 
 
+class Builder:
+    """What every build of one command shares, resolved once and before any work: the gate policy, the compile
+    jobs, VERSION, the remote compile cache and, unless building from source, the precompiled wheel for the
+    platform (checked: a wrong pin is bad input before anything is written); the toolchain is probed at the
+    first build (after the caller's check, which reports an unusable cache first). Calling it picks the
+    producer for one checked tree (precompiled when its compiled inputs are proven, else the source build),
+    plans and builds."""
+
+    def __init__(self, config: Config, cache: Cache, policy: GatePolicy, job_plan: toolchain.JobPlan, version: str,
+                 platform: Platform, pin: precompiled.Pin | None, remote: RemoteCache | None):
+        self.config, self.cache, self.policy, self.job_plan = config, cache, policy, job_plan
+        self.version, self.platform, self.pin, self.remote = version, platform, pin, remote
+        self._tools: toolchain.Toolchain | None = None
+
+    @classmethod
+    def resolve(cls, config: Config, cache: Cache, policy: GatePolicy, jobs: int | None, version: str,
+                platform: Platform | None, from_source: bool) -> Builder:
+        target = platform or Platform.native()
+        pin = None if from_source else precompiled.pin(config, cache, target, _say)
+        return cls(config, cache, policy, toolchain.choose_jobs(jobs, config.build.env), version, target, pin,
+                   compilecache.remote_setting(config, os.environ))
+
+    def __call__(self, mirror: Path, report: CheckReport, patches: Series, out: Path,
+                 progress: Progress) -> WheelResult:
+        if self._tools is None:
+            self._tools = toolchain.probe({**os.environ, **self.config.build.env}, self.config.build.compiler_cache,
+                                          self.cache.root, self.remote)
+        progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: tree {str(report.tree)[:12]}")
+        taken = None
+        if report.tree and self.pin is not None:
+            taken = precompiled.prove(self.config, self.cache, mirror, self.pin, report.tree, patches)
+            progress.phase("precompiled", taken.line())
+        environment = env_plan(self.config, mirror, report.tree) if report.tree else None
+        the_plan = plan(self.config, report, self.version, self.policy, self.job_plan, self._tools, self.remote,
+                        environment, taken)
+        return build(self.config, self.cache, mirror, report, patches, the_plan, out, progress)
+
+
+def _say(line: str) -> None:
+    """A line of what was done before a build's progress starts (a precompiled wheel downloaded)."""
+    import sys
+
+    print(f"carry: {line}", file=sys.stderr, flush=True)
+
+
 # --- producing --------------------------------------------------------------------------------------------
 
 
