@@ -469,6 +469,7 @@ def _store(cache: Cache, key: str, wheel: Path, checks: verify.Inspection) -> Pa
     sweep_dead(cache.artifacts, f".{key[:12]}-")
     staging = Path(tempfile.mkdtemp(prefix=owned_prefix(f".{key[:12]}-"), dir=cache.artifacts))
     shutil.move(str(wheel), staging / wheel.name)
+    os.chmod(staging / wheel.name, 0o644)
     atomic_write_text(gate_report_path(staging / wheel.name), "\n".join(checks.full_lines()) + "\n")
     final = cache.artifacts / key
     if final.exists():
@@ -478,24 +479,30 @@ def _store(cache: Cache, key: str, wheel: Path, checks: verify.Inspection) -> Pa
 
 
 def publish(wheel: Path, out: Path) -> Path:
-    """Copy the wheel, then its gate report (when there is one), into `out` through temp files and renames: `out`
-    never holds a partial wheel, nor a report without its wheel."""
+    """Put the wheel, then its gate report (when there is one), into `out` through temp names and renames: `out`
+    never holds a partial wheel, nor a report without its wheel. A hardlink of the stored file where `out` is on
+    the same filesystem (a 330 MB wheel is not copied again; one already published is left as it is), else a
+    copy."""
     out.mkdir(parents=True, exist_ok=True)
     report = gate_report_path(wheel)
-    published = _copy_atomically(wheel, out / wheel.name)
+    published = _place(wheel, out / wheel.name)
     if report.exists():
-        _copy_atomically(report, out / report.name)
+        _place(report, out / report.name)
     return published
 
 
-def _copy_atomically(source: Path, dest: Path) -> Path:
+def _place(source: Path, dest: Path) -> Path:
+    if dest.exists() and os.path.samefile(source, dest):
+        return dest
     sweep_dead(dest.parent, f".{dest.name}.")
-    fd, tmp = tempfile.mkstemp(prefix=owned_prefix(f".{dest.name}."), suffix=".tmp", dir=dest.parent)
-    os.close(fd)
+    tmp = Path(tempfile.mktemp(prefix=owned_prefix(f".{dest.name}."), suffix=".tmp", dir=dest.parent))
     try:
-        shutil.copyfile(source, tmp)
-        os.chmod(tmp, 0o644)
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+            os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
     return dest
