@@ -434,6 +434,8 @@ def generate(dest: Path, units: int, variants: int = 4, nvcc_threads: int = 1) -
           version_env: [SETUPTOOLS_SCM_PRETEND_VERSION]
           build_isolation: false
           compiler_cache: ccache
+          generated:
+            scalebench/_version.py: setup.py's build_py writes the version it was given
         image:
           name: scalebench
         """))

@@ -93,22 +93,18 @@ class Uv:
 
 @functools.lru_cache(maxsize=None)
 def find_uv() -> Uv:
-    """The uv binary of the `uv` package installed next to carry, and its version."""
+    """The uv binary of the `uv` package installed next to carry, and its version (the package's own: the same
+    number, read without starting uv; a binary that does not run is reported when it is first run)."""
+    from importlib import metadata
+
     try:
         import uv
         path = uv.find_uv_bin()
-    except (ImportError, FileNotFoundError):
+        version = metadata.version("uv")
+    except (ImportError, FileNotFoundError, metadata.PackageNotFoundError):
         raise BadInput(f"uv is not installed for {sys.executable}; run `{sys.executable} -m pip install uv` "
                        f"(carry makes the build environment with it)") from None
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60, check=True,
-                             env=_uv_environ({}), stdin=subprocess.DEVNULL).stdout.split()
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise BadInput(f"uv at {path} does not run ({exc}); reinstall it: {sys.executable} -m pip install "
-                       f"--force-reinstall uv") from None
-    if len(out) < 2 or out[0] != "uv":
-        raise BadInput(f"{path} --version says {' '.join(out)!r}, not uv's version; reinstall uv")
-    return Uv(path, out[1])
+    return Uv(path, version)
 
 
 def _uv_environ(extra: Mapping[str, str]) -> dict[str, str]:

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from wheel.wheelfile import WheelError, WheelFile
+from wheel.wheelfile import WheelFile
 
 from carry import wheelzip
 from carry.errors import Failed

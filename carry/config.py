@@ -7,15 +7,17 @@ import enum
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from carry.arch import ArchList
-from carry.download import Pinned
 from carry.errors import BadInput
 from carry.gatepolicy import GatePolicy, GateRule, parse_rules
 from carry.platforms import Platform
+
+if TYPE_CHECKING:
+    from carry.download import Pinned
 
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -524,6 +526,8 @@ def _precompiled(build: _Section, isolation: bool) -> Precompiled | None:
     path, sha256, ref)."""
     if not build.has("precompiled"):
         return None
+    from carry import download
+
     section = build.section("precompiled", PRECOMPILED_KEYS)
     where = f"{build.path}: build.precompiled"
     env = section.env("env")
@@ -549,7 +553,7 @@ def _precompiled(build: _Section, isolation: bool) -> Precompiled | None:
             raise BadInput(f"{where}.wheels.{name} needs one of url or path (the upstream wheel to take the compiled "
                            f"code from)")
         source = own.string("url") or str(_relative(build.path, own.string("path")))
-        pinned = Pinned.parse(source, own.data.get("sha256"), f"{where}.wheels.{name}")
+        pinned = download.Pinned.parse(source, own.data.get("sha256"), f"{where}.wheels.{name}")
         if not pinned.name.endswith(".whl"):
             raise BadInput(f"{where}.wheels.{name}: {pinned.name} is not a wheel (.whl)")
         wheels.append(PrecompiledWheel(platform, pinned, own.string("ref")))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from carry import container, gate, verify
+from carry import container, verify
 from carry.cache import Cache
 from carry.config import Config
 from carry.container import Builder, StageBuild
@@ -28,7 +28,7 @@ class CrossWheel:
     checks: verify.Inspection
 
     @property
-    def gate(self) -> gate.GateReport:
+    def gate(self):
         return self.checks.gate
 
 

@@ -17,12 +17,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from packaging.version import InvalidVersion, Version
 
 import carry
-from carry import buildenv, buildinfo, compilecache, git, pep517, precompiled, toolchain, verify
+from carry import buildenv, buildinfo, compilecache, git, pep517, toolchain, verify
 from carry.apply import CheckReport
 from carry.cache import Cache
 from carry.config import Config, RemoteCache, public_url
@@ -32,6 +32,9 @@ from carry.gatepolicy import GatePolicy
 from carry.platforms import Platform
 from carry.progress import Progress
 from carry.series import Series
+
+if TYPE_CHECKING:
+    from carry import precompiled
 
 LOG_TAIL_LINES = 40
 ARCH_VARIABLES = ("TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES")
@@ -230,7 +233,11 @@ class Builder:
     def resolve(cls, config: Config, cache: Cache, policy: GatePolicy, jobs: int | None, version: str,
                 platform: Platform | None, from_source: bool) -> Builder:
         target = platform or Platform.native()
-        pin = None if from_source else precompiled.pin(config, cache, target, _say)
+        pin = None
+        if not from_source and config.build.precompiled is not None:
+            from carry import precompiled
+
+            pin = precompiled.pin(config, cache, target, _say)
         return cls(config, cache, policy, toolchain.choose_jobs(jobs, config.build.env), version, target, pin,
                    compilecache.remote_setting(config, os.environ))
 
@@ -242,6 +249,8 @@ class Builder:
         progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: tree {str(report.tree)[:12]}")
         taken = None
         if report.tree and self.pin is not None:
+            from carry import precompiled
+
             taken = precompiled.prove(self.config, self.cache, mirror, self.pin, report.tree, patches)
             progress.phase("precompiled", taken.line())
         environment = env_plan(self.config, mirror, report.tree) if report.tree else None
@@ -386,6 +395,8 @@ def finish(config: Config, cache: Cache, mirror: Path, report: CheckReport, seri
     checks = verify.inspect_wheel(wheel, the_plan.policy, mirror, the_plan.tree, config.build.generated,
                                   taken.members if taken else None, platform=the_plan.platform)
     if taken is not None:
+        from carry import precompiled
+
         checks = dataclasses.replace(
             checks, proven=(f"precompiled: {taken.line()}",),
             metadata=tuple(precompiled.metadata_problems(wheel, taken.requires_dist, taken.path.name)))

@@ -234,7 +234,7 @@ def test_stamp_works_when_record_is_not_last_and_can_retag(tmp_path):
         archive.writestr("pkg/__init__.py", "x = 1\n")
     assert buildinfo.stamp(wheel, {"format": 2}) == wheel
     assert buildinfo.read(wheel) == {"format": 2}
-    archive_wheel = f"pkg-1.0.dist-info/WHEEL"
+    archive_wheel = "pkg-1.0.dist-info/WHEEL"
     with zipfile.ZipFile(wheel, "a") as archive:
         archive.writestr(archive_wheel, "Wheel-Version: 1.0\nTag: py3-none-any\n")
     tagged = buildinfo.stamp(wheel, {"format": 3}, tags=("cp38-abi3-manylinux_2_28_x86_64",))

@@ -152,3 +152,18 @@ def test_the_demo_drops_a_module_of_an_earlier_series(tmp_path):
     assert second.code == 0, second.err
     assert "pledemo/carry_stale_probe.py" not in _members(Path(second.out.strip()))
     assert "kept build/temp.*" in second.err and "0 hit(s)" not in second.err  # objects survive for the cache
+
+
+def test_a_build_dir_of_an_older_layout_is_replaced(tiny):
+    """A build dir made before it was a git worktree (a plain directory) is replaced, not built in."""
+    upstream, config, env, dist = tiny
+    first = carry("--config", str(config), "wheel", "--out", str(dist), env=env)
+    assert first.code == 0, first.err
+    (src,) = (Path(env["CARRY_CACHE"]) / "build").glob("*/src")
+    (src / ".git").unlink()
+    (src / "tinyup" / "leftover.py").write_text("OLD = True\n")
+    shutil.rmtree(Path(env["CARRY_CACHE"]) / "artifacts")
+    again = carry("--config", str(config), "wheel", "--out", str(dist), env=env)
+    assert again.code == 0, again.err
+    assert (src / ".git").is_file() and not (src / "tinyup" / "leftover.py").exists()
+    assert "tinyup/leftover.py" not in _members(Path(again.out.strip()))
