@@ -16,9 +16,9 @@ from carry import config
 from carry.arch import ArchList
 from carry.cache import Cache
 from carry.errors import BadInput, Failed
-from carry.gatepolicy import GatePolicy
 
 if TYPE_CHECKING:
+    from carry.gatepolicy import GatePolicy
     from carry import apply, crossbuild, drop, image, prove, refresh, series, testrun, verdicts, verify, wheel
     from carry.platforms import Platform
     from carry.progress import Progress
@@ -392,6 +392,8 @@ def gate(config_path: Path, targets: tuple[str, ...], arch: str | None, platform
     if arches is None:
         where = f"{config_path} has no build.cuda_arches" if loaded else f"no config at {config_path}"
         raise BadInput(f"{where}: pass --arch LIST (e.g. --arch 12.1,10.0,9.0) to say which GPUs to gate for")
+    from carry.gatepolicy import GatePolicy
+
     policy = loaded.gate_policy(arches) if loaded is not None and not strict else GatePolicy(arches)
     return gating.check(objects, policy, found_platform)
 

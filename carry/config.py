@@ -13,11 +13,11 @@ import yaml
 
 from carry.arch import ArchList
 from carry.errors import BadInput
-from carry.gatepolicy import GatePolicy, GateRule, parse_rules
 from carry.platforms import Platform
 
 if TYPE_CHECKING:
     from carry.download import Pinned
+    from carry.gatepolicy import GatePolicy, GateRule
 
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -286,6 +286,8 @@ class Config:
 
     def gate_policy(self, arches: ArchList) -> GatePolicy:
         """The gate's policy for a build promising `arches`: build.gate's rules, from this file."""
+        from carry.gatepolicy import GatePolicy
+
         return GatePolicy(arches, self.build.gate, f"{self.path.name} build.gate") if self.build.gate else \
             GatePolicy(arches)
 
@@ -513,12 +515,20 @@ def _build(section: _Section) -> Build:
         compiler_cache=compiler_cache,
         remote_cache=remote_cache,
         tests=_tests(section),
-        gate=parse_rules(section.data.get("gate"), f"{section.path}: build.gate"),
+        gate=_gate_rules(section),
         generated=_generated(section),
         keep=_keep(section),
         environment=_environment(section, isolation),
         precompiled=_precompiled(section, isolation),
     )
+
+
+def _gate_rules(section: _Section) -> tuple[GateRule, ...]:
+    if section.data.get("gate") is None:
+        return ()
+    from carry.gatepolicy import parse_rules
+
+    return parse_rules(section.data.get("gate"), f"{section.path}: build.gate")
 
 
 def _precompiled(build: _Section, isolation: bool) -> Precompiled | None:

@@ -21,8 +21,6 @@ itself; `all` (the default) means every GPU. The first matching rule decides.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import re
 
 from carry.arch import ArchList, ComputeCapability, Variant
@@ -88,6 +86,9 @@ class GatePolicy:
 
     def digest(self) -> str:
         """What the gate checks, for the wheel cache key (the source's name does not change the verdict)."""
+        import hashlib
+        import json
+
         material = {"cuda_arches": str(self.arches), "rules": [rule.to_json() for rule in self.rules]}
         return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
