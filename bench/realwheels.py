@@ -69,7 +69,7 @@ def bench_precompiled(work: Path, Row) -> list:
     history = json.loads(subprocess.run([sys.executable, str(EXAMPLE / "make_upstream.py"), "--no-link", "--json"],
                                         env=_env(work / "history"), check=True, capture_output=True,
                                         text=True).stdout)["path"]
-    project = work / "vllm"
+    project = work / "example-vllm"
     shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("upstream.git", "__pycache__"))
     config = project / "build.yaml"
     config.write_text(config.read_text().replace("  url: upstream.git", f"  url: {history}"))
