@@ -203,3 +203,10 @@ def _tokens(value: str | Iterable[str | float]) -> Iterator[str]:
         if isinstance(item, bool) or not isinstance(item, (str, int, float)):
             raise _bad_token(str(item), "is not a string")
         yield from (token for token in _SEPARATORS.split(str(item)) if token)
+
+
+def given(text: str | None) -> ArchList | None:
+    """An --arch option parsed, or None when it was not given; an empty --arch is bad input."""
+    if text is not None and not text.strip():
+        raise BadInput("--arch is empty; pass arches, e.g. --arch 9.0,12.1, or --arch none for a Python-only wheel")
+    return ArchList.parse(text) if text is not None else None

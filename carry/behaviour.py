@@ -88,7 +88,7 @@ def run_without(session: Session, mirror: Path, commit: str, series: Series, tes
     The modes, cheapest first:
     - every test runs in the source tree (build.tests `against: tree`): nothing is built; the tree is checked out
       into a stable scratch directory (only changed files rewritten) and each command runs there;
-    - otherwise a wheel is built by the configured builder (`Session._wheel_builder`: the upstream's own PEP 517
+    - otherwise a wheel is built by the configured builder (`Session.wheel_builder`: the upstream's own PEP 517
       build, Python-only when build.cuda_arches is []; cached by tree like every build) and the tests run through
       testrun in a fresh venv (tree tests in a checkout beside it); with build.precompiled (vLLM's precompiled
       mode) nothing is compiled when REF still has the compiled inputs of the precompiled wheel, else it is built
@@ -137,10 +137,10 @@ def _build(session: Session, mirror: Path, report, series: Series, out: Path, pr
     from carry.precompiled import InputsDiffer
 
     try:
-        return session._wheel_builder(None, None)(mirror, report, series, out, progress)
+        return session.wheel_builder(None, None)(mirror, report, series, out, progress)
     except InputsDiffer as differ:
         progress.phase("precompiled", f"not usable on REF ({differ}); building from source")
-        return session._wheel_builder(None, None, from_source=True)(mirror, report, series, out, progress)
+        return session.wheel_builder(None, None, from_source=True)(mirror, report, series, out, progress)
 
 
 @contextlib.contextmanager

@@ -6,14 +6,13 @@ the wheel, image, gate and registry modules and the libraries behind them.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from carry import config
-from carry.arch import ArchList
+from carry.arch import ArchList, given
 from carry.cache import Cache
 from carry.errors import BadInput, Failed
 
@@ -114,29 +113,12 @@ class Session:
         return str(version.read(self.config.version_file))
 
     def arches(self, arch: str | None, platform: Platform | None = None) -> ArchList:
-        """--arch, else the platform's own cuda_arches, else build.cuda_arches; the empty list (`none`, `[]`)
-        builds a wheel with no CUDA code."""
-        given = self.given_arches(arch)
-        if given is not None:
-            return given
-        configured = self.config.arches_for(platform) if platform is not None else self.config.build.cuda_arches
-        if configured is None:
-            raise BadInput(
-                f"{self.config.path}: build.cuda_arches is not set; set it (e.g. '9.0,12.1', or [] for a "
-                f"Python-only wheel) or pass --arch"
-            )
-        return configured
+        """--arch, else the platform's own cuda_arches, else build.cuda_arches (config.build_arches)."""
+        return self.config.build_arches(given(arch), platform)
 
     def policy(self, arch: str | None, platform: Platform | None = None) -> GatePolicy:
         """The gate policy of a build: its arches (as `arches` resolves them) and build.gate's rules."""
         return self.config.gate_policy(self.arches(arch, platform))
-
-    @staticmethod
-    def given_arches(arch: str | None) -> ArchList | None:
-        """--arch parsed, or None when it was not given; an empty --arch is bad input."""
-        if arch is not None and not arch.strip():
-            raise BadInput("--arch is empty; pass arches, e.g. --arch 9.0,12.1, or --arch none for a Python-only wheel")
-        return ArchList.parse(arch) if arch is not None else None
 
     def expected(self, with_tree: bool = True) -> verify.Expected:
         """What an artifact built from this repo now must say about itself; `with_tree` adds the patched tree
@@ -154,7 +136,7 @@ class Session:
     def wheel(self, arch: str | None, out: Path, jobs: int | None, progress: Progress,
               platform: Platform | None = None, from_source: bool = False) -> wheel.WheelResult:
         """check -> (precompiled: prove the binaries match) -> plan -> reuse or build the wheel -> publish."""
-        builder = self._wheel_builder(arch, jobs, platform, from_source)
+        builder = self.wheel_builder(arch, jobs, platform, from_source)
         checked = self.check()
         return builder(checked.mirror, checked.report, checked.series, out, progress)
 
@@ -163,7 +145,7 @@ class Session:
         settings = self.config.build.precompiled
         return settings is not None and settings.wheel_for(platform) is not None
 
-    def _wheel_builder(self, arch: str | None, jobs: int | None, platform: Platform | None = None,
+    def wheel_builder(self, arch: str | None, jobs: int | None, platform: Platform | None = None,
                        from_source: bool = False) -> wheel.Builder:
         """What every build of this command shares, resolved now (wheel.Builder); calling it builds one checked
         tree."""
@@ -179,8 +161,7 @@ class Session:
         return self.config.build.tests
 
     def test(self, artifact: str, out: Path, timeout: float, progress: Progress) -> TestOutcome:
-        """Run build.tests against a wheel (fresh venv) or an image (docker run --gpus all) on this GPU; write
-        the report beside the wheel, or into `out` keyed by the image's ID."""
+        """Run build.tests against a wheel or an image on this GPU (testrun.run_artifact)."""
         from carry import gpu, testrun
 
         commands = tuple(command for command in self._tests() if not command.tree)
@@ -188,59 +169,20 @@ class Session:
             raise BadInput(f"{self.config.path}: every build.tests entry runs against the source tree (against: "
                            f"tree), none against a wheel or image; `status --test` and `prove` run those")
         found = gpu.require("test", commands)
-        if names_a_wheel(artifact):
-            wheel_path = Path(artifact)
-            report = testrun.run_on_wheel(wheel_path, commands, found, self.cache.scratch, timeout, progress)
-            return TestOutcome(report, testrun.write(report, testrun.wheel_report_path(wheel_path)))
-        from carry import container
-
-        report = testrun.run_on_image(artifact, commands, found, container.docker_binary(self.config),
-                                      self.cache.scratch, timeout, progress)
-        return TestOutcome(report, testrun.write(report, testrun.image_report_path(out, report.artifact.digest)))
+        report, path = testrun.run_artifact(artifact, self.config, commands, found, self.cache.scratch, out, timeout,
+                                            progress)
+        return TestOutcome(report, path)
 
     def prove(self, arch: str | None, out: Path, jobs: int | None, timeout: float,
               progress: Progress) -> prove.Proof:
-        """For base and each prefix of the series: build the wheel into out/prove/<prefix>/, run build.tests on
-        it, write its report; the GPU and the tests are checked before anything is built."""
-        from carry import apply, gpu, prove, testrun, upstream
+        """base and each prefix of the series built and tested (prove.run); the GPU and the tests are checked
+        before anything is resolved or built."""
+        from carry import gpu, prove
 
         commands = self._tests()
         found = gpu.require("prove", commands)
-        builder = self._wheel_builder(arch, jobs)
-        patches = self.series()
-        mirror, _ = upstream.ensure_base(self.config, self.cache)
-        base = self.config.upstream.commit
-        checked = [(prefix, apply.check(mirror, base, prefix.series, self.cache.scratch))
-                   for prefix in prove.prefixes(patches)]
-        if not checked[-1][1].ok:
-            failed = [result.patch.name for result in checked[-1][1].results if result.failure]
-            raise Failed(f"the series does not apply ({', '.join(failed)} failed); run `check` for details")
-        steps = []
-        for prefix, report in checked:
-            progress.phase("prove", prefix.label)
-            built = builder(mirror, report, prefix.series, out / "prove" / prefix.label, progress)
-            with self._tree_for(commands, mirror, report.tree) as tree:
-                tested = testrun.run_on_wheel(built.path, commands, found, self.cache.scratch, timeout, progress,
-                                              tree, self.config.root)
-            path = testrun.write(tested, testrun.wheel_report_path(built.path))
-            steps.append(prove.Step(prefix, built.path, path, tested, built.reused))
-        proof = prove.Proof(found, tuple(steps))
-        from carry import learned
-
-        learned.record(patches.directory, proof)
-        return proof
-
-    @contextlib.contextmanager
-    def _tree_for(self, commands: tuple[config.TestCommand, ...], mirror: Path, tree: str | None):
-        """A checkout of `tree` while commands that run in the source tree need one, else None."""
-        if not any(command.tree for command in commands) or tree is None:
-            yield None
-            return
-        from carry import testrun
-        from carry.fsutil import temp_dir
-
-        with temp_dir(self.cache.scratch, "tree-") as work:
-            yield testrun.checkout(mirror, tree, work / "tree")
+        builder = self.wheel_builder(arch, jobs)
+        return prove.run(self.config, self.cache, self.series(), builder, commands, found, out, timeout, progress)
 
     def platform_wheel(self, platform: Platform, arch: str | None, out: Path, hermetic: bool,
                        wheelhouse: Path | None, progress: Progress) -> crossbuild.CrossWheel:
@@ -306,40 +248,19 @@ class Session:
         return container.upstream_pyproject(git.show_blob(checked.mirror, f"{checked.report.tree}:pyproject.toml"))
 
     def verify(self, artifact: str, platform: Platform | None, arch: str | None) -> tuple[verify.Verification, ...]:
-        """A wheel file, or every platform (or the one asked) of an image reference."""
-        if not names_a_wheel(artifact):
-            return self.verify_image(artifact, platform, arch)
-        if platform is not None:
-            raise BadInput("--platform is for image tags; a wheel's platform is in its file name")
-        return (self.verify_wheel(Path(artifact), arch),)
-
-    def verify_image(self, ref: str, platform: Platform | None, arch: str | None) -> tuple[verify.Verification, ...]:
-        from carry import image
-
-        arches = self.given_arches(arch)
-        return image.verify_image(ref, self.config, self.expected(with_tree=False), platform, arches,
-                                  self.cache.scratch)
-
-    def verify_wheel(self, path: Path, arch: str | None) -> verify.Verification:
-        from carry import verify
-
-        arches = self.given_arches(arch)
-        result = verify.verify_wheel(path, self.expected(), arches)
-        return self._with_test_report(path, result)
-
-    def _with_test_report(self, wheel_path: Path, result: verify.Verification) -> verify.Verification:
-        """A test report beside the wheel must belong to it (same sha256); say what it recorded."""
+        """A wheel file (and the test report beside it), or every platform (or the one asked) of an image
+        reference."""
         from carry import testrun, verify
 
-        report_path = testrun.wheel_report_path(wheel_path)
-        if not report_path.exists():
-            return result
-        check = testrun.check_report(report_path)
-        passed = sum(r.passed for r in check.report.results)
-        note = (f"test report {report_path.name}: {passed}/{len(check.report.results)} passed on "
-                f"{check.report.gpu.describe()}")
-        mismatches = tuple(verify.Mismatch("test report", "a report of this wheel", m) for m in check.mismatches)
-        return dataclasses.replace(result, mismatches=result.mismatches + mismatches, notes=result.notes + (note,))
+        if not testrun.names_a_wheel(artifact):
+            from carry import imageverify
+
+            return imageverify.verify_image(artifact, self.config, self.expected(with_tree=False), platform,
+                                            given(arch), self.cache.scratch)
+        if platform is not None:
+            raise BadInput("--platform is for image tags; a wheel's platform is in its file name")
+        path = Path(artifact)
+        return (verify.with_test_report(path, verify.verify_wheel(path, self.expected(), given(arch))),)
 
     def status(self, against: tuple[str, ...] = (), test: bool = False,
                progress: Progress | None = None) -> verdicts.StatusReport:
@@ -386,7 +307,7 @@ def gate(config_path: Path, targets: tuple[str, ...], arch: str | None, platform
     loaded = config.load(config_path) if config_path.exists() else None
     objects, tag = binaries.read(targets)
     found_platform = platform or (verify.wheel_platform(Path(targets[0])) if tag else None)
-    arches = Session.given_arches(arch)
+    arches = given(arch)
     if arches is None and loaded is not None:
         arches = loaded.arches_for(found_platform) if found_platform else loaded.build.cuda_arches
     if arches is None:
@@ -396,11 +317,6 @@ def gate(config_path: Path, targets: tuple[str, ...], arch: str | None, platform
 
     policy = loaded.gate_policy(arches) if loaded is not None and not strict else GatePolicy(arches)
     return gating.check(objects, policy, found_platform)
-
-
-def names_a_wheel(artifact: str) -> bool:
-    """A wheel file (an existing file or a *.whl path) rather than an image reference."""
-    return artifact.endswith(".whl") or Path(artifact).is_file()
 
 
 def check_table(report: apply.CheckReport) -> str:

@@ -284,6 +284,19 @@ class Config:
         own = self.target(platform).cuda_arches
         return own if own is not None else self.build.cuda_arches
 
+    def build_arches(self, given: ArchList | None, platform: Platform | None = None) -> ArchList:
+        """The arches a build promises: `given` (--arch), else the platform's own cuda_arches, else
+        build.cuda_arches; the empty list (`none`, `[]`) builds a wheel with no CUDA code."""
+        if given is not None:
+            return given
+        configured = self.arches_for(platform) if platform is not None else self.build.cuda_arches
+        if configured is None:
+            raise BadInput(
+                f"{self.path}: build.cuda_arches is not set; set it (e.g. '9.0,12.1', or [] for a "
+                f"Python-only wheel) or pass --arch"
+            )
+        return configured
+
     def gate_policy(self, arches: ArchList) -> GatePolicy:
         """The gate's policy for a build promising `arches`: build.gate's rules, from this file."""
         from carry.gatepolicy import GatePolicy

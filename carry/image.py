@@ -1,5 +1,6 @@
 """The container image: one BuildKit build per platform (carry.container), tags and labels from VERSION and the
-series, push through the Docker SDK, multi-platform tags (carry.manifest), and verification of what a tag holds.
+series, push through the Docker SDK, and multi-platform tags (carry.manifest); carry.imageverify checks what a tag
+holds.
 
 One platform (the config lists at most one): its image gets every tag. Several: each platform's image is tagged
 `<VERSION>-<arch>` and every shared tag (VERSION, the templates, --tag) becomes, on push, a manifest list of all
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import json
 import os
 from pathlib import Path
 
@@ -26,20 +26,8 @@ from carry.fsutil import temp_dir
 from carry.platforms import Platform
 from carry.progress import Progress
 from carry.series import Series
-from carry.verify import Expected, Inspection, Mismatch, Verification, compare, recorded_policy
 
 LABEL_PREFIX = "io.carry"
-# Run inside an image: import the wheel's package, print the buildinfo, the CPU and the wheel's shared objects.
-INSPECT_SCRIPT = """
-import importlib, importlib.metadata as metadata, json, os, platform, sys
-dist = metadata.distribution(sys.argv[1])
-top = (dist.read_text("top_level.txt") or sys.argv[1]).split()[0]
-importlib.import_module(top)
-libs = sorted([str(f), os.path.realpath(dist.locate_file(f))] for f in dist.files or ()
-              if ".so" in f.name.split("/")[-1])
-print(json.dumps({"machine": platform.machine(), "python": platform.python_version(), "libs": libs,
-                  "buildinfo": json.loads(dist.read_text("carry-buildinfo.json"))}))
-"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,99 +281,3 @@ def join_pushed(config: Config, version: str, shared: tuple[str, ...], platforms
             progress.phase("manifest", f"{ref} -> {', '.join(sources.values())}")
             joined[ref] = manifest.join(client, builder, login, ref, sources)
     return joined
-
-
-# -- verification -----------------------------------------------------------------------------------------------
-
-def verify_image(ref: str, config: Config, expected: Expected, platform: Platform | None, arches: ArchList | None,
-                 scratch: Path) -> tuple[Verification, ...]:
-    """Verify each platform `ref` holds (or the one asked): pulled from the registry when it has the tag, else
-    the local image. Labels and the wheel's buildinfo against this repo, the CPU its Python runs on, and the
-    shared objects of the installed wheel (ELF machine, and the arch gate for `arches` or else the arches the
-    wheel records)."""
-    from carry import registry
-
-    client = registry.client()
-    docker_cli = container.docker_binary(config)
-    notes: tuple[str, ...] = ()
-    with registry.credentials(ref, docker_cli) as login:
-        try:
-            remote = registry.remote_platforms(client, ref, login)
-        except Failed as unreadable:
-            if registry.local(client, ref) is None:
-                raise
-            remote, notes = None, (f"{unreadable}; verified the local image instead",)
-        if remote is None:
-            image = registry.local(client, ref)
-            if image is None:
-                raise Failed(f"cannot verify {ref}: neither its registry nor the local image store has it")
-            images = [(registry.image_platform(image), image)]
-            coverage = []
-        else:
-            wanted = [platform] if platform is not None else list(remote[1])
-            missing = [p for p in wanted if p not in remote[1]]
-            if missing:
-                raise Failed(f"{ref} holds {', '.join(map(str, remote[1]))}, not {', '.join(map(str, missing))}")
-            images = [(p, registry.pull(client, ref, p, login)) for p in wanted]
-            coverage = _coverage(ref, config, expected.version, remote[1]) if platform is None else []
-    results = []
-    for found_platform, image in images:
-        if platform is not None and found_platform is not platform:
-            raise Failed(f"{ref} is a {found_platform} image, not {platform}")
-        result = _verify_one(client, ref, image, found_platform, expected, arches, scratch, coverage)
-        results.append(dataclasses.replace(result, notes=notes + result.notes))
-    return tuple(results)
-
-
-def _coverage(ref: str, config: Config, version: str, held: tuple[Platform, ...]) -> list[Mismatch]:
-    """A shared tag must name every configured platform; a platform's own tag only that platform."""
-    configured = [t.platform for t in config.image.platforms]
-    tag = ref.rsplit(":", 1)[1] if ":" in ref.rsplit("/", 1)[-1] else "latest"
-    own = [p for p in configured if tag == own_tag(version, p)]
-    wanted = own or configured
-    if not wanted or set(wanted) == set(held):
-        return []
-    return [Mismatch("platforms", ", ".join(map(str, wanted)), ", ".join(map(str, held)))]
-
-
-def _verify_one(client, ref: str, image, platform: Platform, expected: Expected, arches: ArchList | None, scratch: Path,
-                coverage: list[Mismatch]) -> Verification:
-    from carry import binaries, gate, registry
-
-    labels = image.labels or {}
-    from_labels = {
-        "version": labels.get(f"{LABEL_PREFIX}.version"),
-        "series": {"hash": labels.get(f"{LABEL_PREFIX}.series.hash")},
-        "upstream": {"commit": labels.get(f"{LABEL_PREFIX}.upstream.commit")},
-    }
-    mismatches = list(coverage)
-    mismatches += [Mismatch(f"label {m.field}", m.expected, m.found) for m in compare(from_labels, expected)]
-    dist = labels.get(f"{LABEL_PREFIX}.wheel")
-    if not dist:
-        raise Failed(f"{ref}: no {LABEL_PREFIX}.wheel label; it was not built by carry")
-    with temp_dir(scratch, "verify-image-") as files:
-        output = registry.run(client, image.id, ["python3", "-c", INSPECT_SCRIPT, dist],
-                              copy_out=lambda out: [real for _, real in _inspect_output(ref, dist, out)["libs"]],
-                              dest=files)
-        seen = _inspect_output(ref, dist, output)
-        objects = [binaries.named(installed, files / real.lstrip("/")) for installed, real in seen["libs"]]
-    info = seen["buildinfo"]
-    policy = recorded_policy(info, f"{ref} buildinfo")
-    report = gate.check(objects, policy.with_arches(arches) if arches is not None else policy, platform)
-    mismatches += [Mismatch(f"buildinfo {m.field}", m.expected, m.found) for m in compare(info, expected)]
-    if seen["machine"] != platform.machine:
-        mismatches.append(Mismatch("python machine", platform.machine, seen["machine"]))
-    notes = (f"platform {platform}{platform.where()}: python {seen['python']} on {seen['machine']}",)
-    return Verification(f"{ref} {platform} ({image.id[:19]})", info, tuple(mismatches), Inspection(report, None),
-                        notes)
-
-
-def _inspect_output(ref: str, dist: str, output: str) -> dict:
-    for line in reversed(output.strip().splitlines()):
-        try:
-            found = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(found, dict) and "buildinfo" in found:
-            return found
-    raise Failed(f"{ref}: the image's python did not report the buildinfo of {dist}: {output[-300:]}")

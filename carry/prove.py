@@ -7,12 +7,21 @@ made to pass by the patch that prefix adds.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from carry.errors import Failed
 from carry.gpu import Gpu
 from carry.series import Patch, Series
 from carry.testrun import TestReport
+
+if TYPE_CHECKING:
+    from carry.cache import Cache
+    from carry.config import Config, TestCommand
+    from carry.progress import Progress
+    from carry.wheel import Builder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,3 +133,42 @@ def table(proof: Proof) -> str:
     rows.append("")
     rows += [flip.describe() for flip in proof.flips] or ["no patch changes the outcome of any test"]
     return "\n".join(rows)
+
+
+def run(config: Config, cache: Cache, series: Series, builder: Builder, commands: tuple[TestCommand, ...],
+        gpu: Gpu, out: Path, timeout: float, progress: Progress) -> Proof:
+    """Every prefix checked first (the whole series must apply), then each built into out/prove/<prefix>/ and
+    tested; each report is written beside its wheel and what the proof learned beside the patches."""
+    from carry import apply, learned, testrun, upstream
+
+    mirror, _ = upstream.ensure_base(config, cache)
+    checked = [(prefix, apply.check(mirror, config.upstream.commit, prefix.series, cache.scratch))
+               for prefix in prefixes(series)]
+    if not checked[-1][1].ok:
+        failed = [result.patch.name for result in checked[-1][1].results if result.failure]
+        raise Failed(f"the series does not apply ({', '.join(failed)} failed); run `check` for details")
+    steps = []
+    for prefix, report in checked:
+        progress.phase("prove", prefix.label)
+        built = builder(mirror, report, prefix.series, out / "prove" / prefix.label, progress)
+        with _tree_for(commands, mirror, report.tree, cache.scratch) as tree:
+            tested = testrun.run_on_wheel(built.path, commands, gpu, cache.scratch, timeout, progress, tree,
+                                          config.root)
+        path = testrun.write(tested, testrun.wheel_report_path(built.path))
+        steps.append(Step(prefix, built.path, path, tested, built.reused))
+    proof = Proof(gpu, tuple(steps))
+    learned.record(series.directory, proof)
+    return proof
+
+
+@contextlib.contextmanager
+def _tree_for(commands: tuple[TestCommand, ...], mirror: Path, tree: str | None, scratch: Path):
+    """A checkout of `tree` while commands that run in the source tree need one, else None."""
+    if not any(command.tree for command in commands) or tree is None:
+        yield None
+        return
+    from carry import testrun
+    from carry.fsutil import temp_dir
+
+    with temp_dir(scratch, "tree-") as work:
+        yield testrun.checkout(mirror, tree, work / "tree")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import carry
 from carry import buildinfo
-from carry.config import TestCommand
+from carry.config import Config, TestCommand
 from carry.errors import BadInput, Failed
 from carry.fsutil import atomic_write_text, temp_dir
 from carry.gpu import Gpu
@@ -205,6 +205,26 @@ def run_on_wheel(wheel: Path, commands: tuple[TestCommand, ...], gpu: Gpu, scrat
         results = tuple(_run_one(command, env, work, tree, project, timeout, progress) for command in commands)
     return TestReport(artifact, gpu, platform.python_version(), started, time.monotonic() - clock, provenance,
                       results)
+
+
+def names_a_wheel(artifact: str) -> bool:
+    """A wheel file (an existing file or a *.whl path) rather than an image reference."""
+    return artifact.endswith(".whl") or Path(artifact).is_file()
+
+
+def run_artifact(artifact: str, config: Config, commands: tuple[TestCommand, ...], gpu: Gpu, scratch: Path, out: Path,
+                 timeout: float, progress=None) -> tuple[TestReport, Path]:
+    """Run commands against a wheel (fresh venv) or an image (docker run --gpus all, with the config's docker);
+    the report is written beside the wheel, or into `out` keyed by the image's ID. Returns the report and where it
+    was written."""
+    if names_a_wheel(artifact):
+        wheel = Path(artifact)
+        report = run_on_wheel(wheel, commands, gpu, scratch, timeout, progress)
+        return report, write(report, wheel_report_path(wheel))
+    from carry import container
+
+    report = run_on_image(artifact, commands, gpu, container.docker_binary(config), scratch, timeout, progress)
+    return report, write(report, image_report_path(out, report.artifact.digest))
 
 
 def run_in_tree(tree: Path, commands: tuple[TestCommand, ...], scratch: Path, timeout: float, progress=None,
