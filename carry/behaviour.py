@@ -77,13 +77,13 @@ def _command(config: Config, text: str) -> TestCommand:
 
 
 def run_without(session: Session, mirror: Path, commit: str, series: Series, tests: tuple[TestCommand, ...],
-                progress: Progress | None = None, timeout: float = TEST_TIMEOUT_S,
-                tree: str | None = None) -> Behaviour:
+                tree: str, found: gpu.Gpu | None, progress: Progress | None = None,
+                timeout: float = TEST_TIMEOUT_S) -> Behaviour:
     """Build REF (`commit`) with `series` applied -- the series without the patch being judged -- in the cheapest
     correct mode, run the patch's `tests` on it, and say PASS, FAIL or NEEDS_GPU (ERROR: REF plus `series` could
-    not be built or tested, with the reason). `tree`, when the caller has it, is the tree of REF with `series`
-    applied as far as it applies (status follows upstream's renames, which `git apply` of the raw patches cannot);
-    without it the series is applied here and must apply whole.
+    not be built or tested, with the reason). `tree` is the tree of REF with `series` applied as far as it applies
+    (status writes it: it follows upstream's renames, which `git apply` of the raw patches cannot); `found` is the
+    GPU that answered, or None.
 
     The modes, cheapest first:
     - every test runs in the source tree (build.tests `against: tree`): nothing is built; the tree is checked out
@@ -101,19 +101,12 @@ def run_without(session: Session, mirror: Path, commit: str, series: Series, tes
     texts = tuple(t.text for t in tests)
     wheel_tests = any(not t.tree for t in tests)
     mode = "wheel" if wheel_tests else "tree"
-    found = gpu.probe()
     if found is None and any(t.gpu for t in tests):
         needing = ", ".join(f"`{t.text}`" for t in tests if t.gpu)
         line = f"its test {needing} needs a GPU and {gpu.missing()}: not run, the verdict is the text's"
         return Behaviour(Outcome.NEEDS_GPU, texts, "", mode, (line,))
     cache = session.cache
-    if tree is None:
-        report = apply.check(mirror, commit, series, cache.scratch)
-        if report.tree is None:
-            failed = ", ".join(r.patch.name for r in report.results if r.failure)
-            return Behaviour(Outcome.ERROR, texts, "", mode, (f"the earlier patches ({failed}) do not apply on REF",))
-    else:
-        report = apply.CheckReport(commit, series.hash, tree, ())
+    report = apply.CheckReport(commit, series.hash, tree, ())
     project = session.config.root
     try:
         with _checkout(cache, mirror, report.tree, any(t.tree for t in tests)) as checkout:
@@ -172,6 +165,7 @@ def judge(session: Session, report: StatusReport, series: Series, progress: Prog
     known = learned.load(series.directory)
     notes = list(report.notes)
     refs = []
+    probed: tuple[gpu.Gpu | None] | None = None
     for ref_report in report.reports:
         verdicts = []
         for index, verdict in enumerate(ref_report.verdicts):
@@ -183,7 +177,10 @@ def judge(session: Session, report: StatusReport, series: Series, progress: Prog
                 continue
             tests, source = chosen
             earlier = dataclasses.replace(series, patches=series.patches[:index])
-            found = run_without(session, mirror, ref_report.commit, earlier, tests, progress, timeout, verdict.before)
+            if probed is None:
+                probed = (gpu.probe(),)  # once per judgement: nvidia-smi is slow where no GPU answers
+            found = run_without(session, mirror, ref_report.commit, earlier, tests, verdict.before, probed[0],
+                                progress, timeout)
             built_on = tuple(f"{v.patch.name} {v.verdict.value}" for v in ref_report.verdicts[:index])
             found = dataclasses.replace(found, source=source, earlier=built_on)
             if found.outcome is Outcome.NEEDS_GPU:

@@ -11,9 +11,6 @@ import re
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
-
-from wheel.wheelfile import WheelFile
 
 from carry import wheelzip
 from carry.errors import Failed
@@ -60,14 +57,6 @@ def wheel_tags(wheel_path: Path) -> tuple[str, ...]:
     return tuple(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Tag:"))
 
 
-def _restore_modes(members: list[zipfile.ZipInfo], unpacked: Path) -> None:
-    """zipfile drops permission bits on extract; put them back so .so files stay executable."""
-    for member in members:
-        mode = (member.external_attr >> 16) & 0o777
-        if mode and not member.is_dir():
-            os.chmod(unpacked / member.filename, mode)
-
-
 def read(wheel_path: Path) -> dict | None:
     """The buildinfo in a wheel, or None; every member's RECORD hash is checked first (inflated several at a time,
     biggest first: a vLLM wheel holds 650 MB of shared objects)."""
@@ -102,15 +91,6 @@ def _check_hashes(wheel_path: Path, members: list[zipfile.ZipInfo], record: dict
     workers = max(1, min(4, os.cpu_count() or 1))
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(check, members))
-
-
-def extract(wheel_path: Path, dest: Path, only: Callable[[str], bool] | None = None) -> None:
-    """Unpack the wheel (with `only`, the members whose name it accepts), keeping permission bits."""
-    dest.mkdir(parents=True, exist_ok=True)
-    with WheelFile(wheel_path) as wheel:
-        members = [m for m in wheel.infolist() if only is None or only(m.filename)]
-        wheel.extractall(dest, members)
-    _restore_modes(members, dest)
 
 
 def wheel_version(wheel_path: Path) -> str:

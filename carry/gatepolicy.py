@@ -70,15 +70,8 @@ class GatePolicy:
     def with_arches(self, arches: ArchList) -> GatePolicy:
         return dataclasses.replace(self, arches=arches)
 
-    def strict(self) -> GatePolicy:
-        """The same arch list with no rules: every shared object must run on every requested GPU."""
-        return GatePolicy(self.arches, (), STRICT_SOURCE)
-
     def describe_rules(self) -> str:
         return f"{len(self.rules)} rule(s) from {self.source}" if self.rules else self.source
-
-    def describe(self) -> str:
-        return f"arches {self.arches}, {self.describe_rules()}"
 
     def to_json(self) -> dict:
         return {"cuda_arches": str(self.arches), "rules": [rule.to_json() for rule in self.rules],

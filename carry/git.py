@@ -65,6 +65,28 @@ def run_input(repo: Path, args: tuple[str, ...], text: str) -> str:
     return out
 
 
+def subject(repo: Path, commit: str) -> str:
+    """The first line of `commit`'s message."""
+    return run(repo, "show", "-s", "--format=%s", commit)
+
+
+def patch_id(repo: Path, diff: str) -> str | None:
+    """`git patch-id --stable` of a diff's text; None when it changes nothing."""
+    found = run_input(repo, ("patch-id", "--stable"), diff).split()
+    return found[0] if found else None
+
+
+def commit_with_patch_id(repo: Path, wanted: str, *log_args: str) -> str | None:
+    """The newest commit that `git log -p --no-merges <log_args>` shows whose change has patch-id `wanted`."""
+    log = run(repo, "log", "-p", "--no-merges", "--no-color", "--full-index", "--format=commit %H", *log_args,
+              strip=False)
+    for line in run_input(repo, ("patch-id", "--stable"), log).splitlines():
+        fields = line.split()
+        if fields and fields[0] == wanted:
+            return fields[1]
+    return None
+
+
 def _execute(
     repo: Path, args: tuple[str, ...], env: dict[str, str] | None, stdin: Path | None, timeout: float | None,
     strip: bool, data: bytes | None = None,

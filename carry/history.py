@@ -57,6 +57,8 @@ class History:
         self._deepen = deepen
         self._merge_base: tuple[str | None, tuple[str, ...]] | None = None
         self._renames: dict[tuple[str, str], dict[str, str]] = {}
+        self._added: dict[str, list[str]] = {}
+        self._absences: dict[str, Absence] = {}
 
     @property
     def merge_base(self) -> str | None:
@@ -85,13 +87,19 @@ class History:
         return _commit(out)
 
     def absence(self, path: str) -> Absence:
-        """Why `path` (on the base) is not on REF; the caller has ruled out a rename."""
+        """Why `path` (on the base) is not on REF; the caller has ruled out a rename. Asked once per path (every
+        hunk of a gone file asks the same)."""
+        if path not in self._absences:
+            self._absences[path] = self._absence(path)
+        return self._absences[path]
+
+    def _absence(self, path: str) -> Absence:
         merge_base = self.merge_base
         if merge_base is None:
             why = "; ".join(self.notes) or "the base and REF share no history"
             return Absence(path, Gone.UNKNOWN, None, f"{path} is not in REF, and whether upstream deleted it or only "
                                                      f"the PR adds it cannot be told: {why}")
-        at = f"{merge_base[:12]} {_subject(self.mirror, merge_base)!r}"
+        at = f"{merge_base[:12]} {git.subject(self.mirror, merge_base)!r}"
         if has(self.mirror, merge_base, path):
             deleted = _commit(git.run(self.mirror, "log", "-1", "--diff-filter=D", FORMAT, self.commit, "--not",
                                       self.base, "--", path))
@@ -112,9 +120,7 @@ class History:
         the files REF added (a full rename search of a 9,600-file tree costs a quarter second)."""
         key = (start, path)
         if key not in self._renames:
-            added = git.run(self.mirror, "diff", "--no-renames", "--diff-filter=A", "--name-only", "-z", start,
-                            self.commit, strip=False).split("\0")
-            added = [name for name in added if name]
+            added = self._added_since(start)
             found = {}
             if added:
                 out = git.run(self.mirror, "diff", "--find-renames", "--name-status", "-z", start, self.commit,
@@ -122,6 +128,14 @@ class History:
                 found = parse_renames(out)
             self._renames[key] = found
         return self._renames[key]
+
+    def _added_since(self, start: str) -> list[str]:
+        """The files REF added since `start` (one git diff per start, whatever the paths asked about)."""
+        if start not in self._added:
+            out = git.run(self.mirror, "diff", "--no-renames", "--diff-filter=A", "--name-only", "-z", start,
+                          self.commit, strip=False)
+            self._added[start] = [name for name in out.split("\0") if name]
+        return self._added[start]
 
 
 def parse_renames(out: str) -> dict[str, str]:
@@ -147,7 +161,3 @@ def _commit(line: str) -> Commit | None:
 def has(mirror: Path, commit: str, path: str) -> bool:
     status, _, _ = git.run_status(mirror, "cat-file", "-e", f"{commit}:{path}")
     return status == 0
-
-
-def _subject(mirror: Path, commit: str) -> str:
-    return git.run(mirror, "show", "-s", "--format=%s", commit)

@@ -49,10 +49,6 @@ class PrState:
     detail: str = ""
     notes: tuple[str, ...] = ()
 
-    @property
-    def closed_unmerged(self) -> bool:
-        return self.state is State.CLOSED
-
     def describe(self) -> str:
         words = {State.CLOSED: "closed without being merged", State.MERGED: "merged"}.get(self.state, self.state.value)
         merged = f" as {self.merge_commit[:12]}" if self.merge_commit else ""
@@ -172,14 +168,8 @@ def _same_change(mirror: Path, merge_base: str, head: str, main: str) -> str | N
     if not diff.strip():
         return None
     files = git.run(mirror, "diff", "--name-only", merge_base, head).split("\n")
-    with_ids = git.run_input(mirror, ("patch-id", "--stable"), diff).split()
-    if not with_ids:
+    wanted = git.patch_id(mirror, diff)
+    if wanted is None:
         return None
     since = int(git.run(mirror, "show", "-s", "--format=%ct", head)) - DAY_S
-    log = git.run(mirror, "log", "-p", "--no-merges", "--no-color", "--full-index", "--format=commit %H",
-                  f"--max-age={since}", main, "--not", merge_base, "--", *files, strip=False)
-    for line in git.run_input(mirror, ("patch-id", "--stable"), log).splitlines():
-        fields = line.split()
-        if fields and fields[0] == with_ids[0]:
-            return fields[1]
-    return None
+    return git.commit_with_patch_id(mirror, wanted, f"--max-age={since}", main, "--not", merge_base, "--", *files)

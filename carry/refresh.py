@@ -52,7 +52,7 @@ def refresh(config: Config, cache: Cache, patches: series.Series, onto: str | No
     conflict = None
     with cache.lock(mirror.name), temp_dir(cache.scratch, "refresh-") as work:
         try:
-            texts = _rebase(mirror, pin, new_base, ref, patches, work)
+            texts = _rebase(mirror, pin, new_base, patches, work)
         except Conflict as exc:
             conflict = exc
         else:
@@ -66,7 +66,7 @@ def refresh(config: Config, cache: Cache, patches: series.Series, onto: str | No
     return Refreshed(pin, new_base, tuple(changed), unchanged, emptied, (*notes, *more))
 
 
-def _rebase(mirror: Path, pin: str, new_base: str, ref: str, patches: series.Series, work: Path) -> dict:
+def _rebase(mirror: Path, pin: str, new_base: str, patches: series.Series, work: Path) -> dict:
     """patch name -> its text on `new_base` (None when it became empty), via a temporary worktree."""
     tree = work / "tree"
     git.run(mirror, "worktree", "add", "--detach", "--quiet", str(tree), pin, env=CLEAN_ENV)
@@ -75,7 +75,7 @@ def _rebase(mirror: Path, pin: str, new_base: str, ref: str, patches: series.Ser
         git.run(tree, "checkout", "--detach", "--quiet", new_base, env=CLEAN_ENV)
         texts = {}
         for patch, commit in zip(patches.patches, commits):
-            _cherry_pick(tree, patch, commit, ref, new_base)
+            _cherry_pick(tree, patch, commit)
             if git.run(tree, "rev-parse", "HEAD^{tree}") == git.run(tree, "rev-parse", "HEAD^^{tree}"):
                 texts[patch.name] = None
             else:
@@ -111,7 +111,7 @@ class Conflict(Exception):
         self.files = files
 
 
-def _cherry_pick(tree: Path, patch: series.Patch, commit: str, ref: str, new_base: str) -> None:
+def _cherry_pick(tree: Path, patch: series.Patch, commit: str) -> None:
     status, _, err = git.run_status(tree, "cherry-pick", "--keep-redundant-commits", commit, env=CLEAN_ENV)
     if status == 0:
         return

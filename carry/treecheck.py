@@ -119,14 +119,6 @@ def compare(wheel: Path, tree: str, files: dict[str, str], generated: tuple[Gene
     return TreeCheck(tree, identical, tuple(built), tuple(made), tuple(copied), tuple(skipped), tuple(problems))
 
 
-def record_hashes(wheel: Path, only=None) -> dict[str, str]:
-    """Installed path -> RECORD hash of a wheel's members (those `only` accepts)."""
-    with zipfile.ZipFile(wheel) as archive:
-        record = _record(archive)
-    return {path: digest for name, digest in record.items()
-            if (path := _installed(name)) is not None and (only is None or only(path))}
-
-
 def _record(archive: zipfile.ZipFile) -> dict[str, str]:
     import csv
 

@@ -27,7 +27,6 @@ from carry.series import HUNK_RE, FileDiff, Hunk, Patch, Series, UpstreamState
 if TYPE_CHECKING:
     from carry.prstate import PrState
 
-LOG_FORMAT = "--format=commit %H"
 CLEANLY = "cleanly"
 IGNORING_WHITESPACE = "ignoring whitespace"
 
@@ -348,16 +347,10 @@ class Assessor:
 
     def _same_patch_id(self, patch: Patch) -> tuple[str, ...] | None:
         """(commit, evidence...) for an upstream commit whose change to these files has this patch's patch-id."""
-        mine = git.run(self.mirror, "patch-id", "--stable", stdin=patch.path).split()
-        if not mine:
+        mine = git.patch_id(self.mirror, patch.path.read_bytes().decode("utf-8", errors="surrogateescape"))
+        if mine is None:
             return None
-        log = self.scratch / f"log-{next(self.counter)}.txt"
-        log.write_text(
-            git.run(self.mirror, "log", "-p", "--no-merges", "--no-color", "--full-index", LOG_FORMAT,
-                    *self._range(), "--", *self._paths(patch), strip=False)
-        )
-        ids = git.run(self.mirror, "patch-id", "--stable", stdin=log).splitlines()
-        commit = next((line.split()[1] for line in ids if line.split()[0] == mine[0]), None)
+        commit = git.commit_with_patch_id(self.mirror, mine, *self._range(), "--", *self._paths(patch))
         if commit is None:
             return None
         touched = git.run(self.mirror, "diff-tree", "--no-commit-id", "--name-only", "-r", "--root", commit).split()
@@ -365,7 +358,7 @@ class Assessor:
         how = f"together with {len(others)} other file(s) (squash)" if others else "and nothing else"
         return (
             commit,
-            f"upstream commit {commit[:12]} {_subject(self.mirror, commit)!r} has the same patch-id "
+            f"upstream commit {commit[:12]} {git.subject(self.mirror, commit)!r} has the same patch-id "
             f"(git patch-id --stable) over the files this patch touches",
             f"that commit changes these files exactly as the patch does, {how}",
         )
@@ -445,10 +438,6 @@ def advice(patch: Patch, verdict: Verdict) -> str | None:
     if verdict is Verdict.NEEDED and status.state in (UpstreamState.ACCEPTED, UpstreamState.BACKPORT):
         return f"contradiction: Upstream-Status says {status.state.value}, but REF does not contain it"
     return None
-
-
-def _subject(mirror: Path, commit: str) -> str:
-    return git.run(mirror, "show", "-s", "--format=%s", commit)
 
 
 def assess(mirror: Path, history: History, series: Series, scratch: Path, trees: bool = False) -> RefReport:

@@ -96,10 +96,6 @@ class Verification:
     notes: tuple[str, ...] = ()
 
     @property
-    def gate(self) -> gate.GateReport | None:
-        return self.checks.gate if self.checks else None
-
-    @property
     def ok(self) -> bool:
         return not self.mismatches and (self.checks is None or self.checks.ok)
 

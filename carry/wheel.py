@@ -90,10 +90,6 @@ class WheelPlan:
     precompiled: precompiled.Plan | None = None  # the upstream wheel the compiled code comes from; None: compiled
 
     @property
-    def compiles(self) -> bool:
-        return self.precompiled is None and self.arches.expects_cuda
-
-    @property
     def arches(self):
         return self.policy.arches
 
