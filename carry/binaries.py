@@ -8,22 +8,14 @@ import dataclasses
 import os
 import struct
 import zipfile
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Iterable
 
 from carry import fatbin
 from carry.errors import BadInput, Failed
-from carry.fatbin import FatbinEntry
-
-try:  # ISA-L inflates about twice as fast as zlib; both release the GIL, so members inflate in parallel
-    from isal import isal_zlib as _inflater
-except ImportError:  # pragma: no cover - isal is a dependency; zlib keeps carry working without it
-    _inflater = zlib
-
-ELF_MAGIC = b"\x7fELF"
-_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
+from carry.fatbin import ELF_MAGIC, FatbinEntry, is_elf
+from carry.wheelzip import member_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +61,8 @@ def from_paths(paths: Iterable[Path]) -> list[SharedObject]:
         if path.is_dir():
             files = sorted(p for p in path.rglob("*.so*") if p.is_file() and not p.is_symlink()
                            and may_be_shared_object(p.name))
-            found += [_parse(p.relative_to(path).as_posix(), p.read_bytes()) for p in files if _is_elf_file(p)]
-        elif _is_elf_file(path):
+            found += [_parse(p.relative_to(path).as_posix(), p.read_bytes()) for p in files if is_elf(p)]
+        elif is_elf(path):
             found.append(_parse(str(path), path.read_bytes()))
         else:
             raise BadInput(f"{path} is not an ELF shared object; pass a wheel, a directory or .so files")
@@ -96,28 +88,6 @@ def from_wheel(wheel: Path) -> list[SharedObject]:
     return sorted((obj for obj in found if obj is not None), key=lambda obj: obj.path)
 
 
-def member_bytes(wheel: Path, member: zipfile.ZipInfo, handle=None) -> bytes:
-    """A member's contents: stored or deflated members are read and inflated directly (the GIL is released
-    while inflating; `handle`, an open file of the wheel, is read with pread), others through zipfile."""
-    if member.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        with zipfile.ZipFile(wheel) as archive:
-            return archive.read(member)
-    if handle is None:
-        with open(wheel, "rb") as own:
-            return member_bytes(wheel, member, own)
-    header = os.pread(handle.fileno(), _LOCAL_HEADER.size, member.header_offset)
-    fields = _LOCAL_HEADER.unpack(header)
-    if fields[0] != b"PK\x03\x04":
-        raise Failed(f"{wheel}: bad local header for {member.filename}")
-    start = member.header_offset + _LOCAL_HEADER.size + fields[9] + fields[10]
-    raw = os.pread(handle.fileno(), member.compress_size, start)
-    data = raw if member.compress_type == zipfile.ZIP_STORED else \
-        _inflater.decompress(raw, -15, max(member.file_size, 1))  # one output buffer of the known size
-    if len(data) != member.file_size:
-        raise Failed(f"{wheel}: {member.filename} inflates to {len(data)} bytes, not {member.file_size}")
-    return data
-
-
 def _from_member(wheel: Path, member: zipfile.ZipInfo) -> SharedObject | None:
     data = member_bytes(wheel, member)
     return _parse(member.filename, data) if data.startswith(ELF_MAGIC) else None
@@ -136,8 +106,3 @@ def elf_machine(header: bytes) -> int | None:
     if len(header) < 20 or not header.startswith(ELF_MAGIC):
         return None
     return struct.unpack(">H" if header[5] == 2 else "<H", header[18:20])[0]
-
-
-def _is_elf_file(path: Path) -> bool:
-    with open(path, "rb") as handle:
-        return handle.read(4) == ELF_MAGIC

@@ -1,15 +1,12 @@
-"""Provenance: `carry-buildinfo.json` in the wheel's .dist-info, written and read through the `wheel` library."""
+"""Provenance: `carry-buildinfo.json` in the wheel's .dist-info, stamped with carry.wheelzip (every other member
+keeps its compressed bytes) and read back only once every member matches RECORD."""
 
 from __future__ import annotations
 
-import base64
-import csv
-import hashlib
 import json
 import os
 import re
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from carry import wheelzip
@@ -54,7 +51,7 @@ def wheel_tags(wheel_path: Path) -> tuple[str, ...]:
     """The Tag lines of a wheel's WHEEL file."""
     with zipfile.ZipFile(wheel_path) as archive:
         text = archive.read(f"{wheelzip.dist_info(archive)}/WHEEL").decode()
-    return tuple(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Tag:"))
+    return wheelzip.tags_of(text)
 
 
 def read(wheel_path: Path) -> dict | None:
@@ -62,35 +59,11 @@ def read(wheel_path: Path) -> dict | None:
     biggest first: a vLLM wheel holds 650 MB of shared objects)."""
     try:
         with zipfile.ZipFile(wheel_path) as archive:
-            info_dir = wheelzip.dist_info(archive)
-            record_name = f"{info_dir}/RECORD"
-            record = {row[0]: row[1] for row in csv.reader(archive.read(record_name).decode().splitlines()) if row}
-            members = sorted((m for m in archive.infolist() if not m.is_dir() and m.filename != record_name),
-                             key=lambda m: -m.file_size)
-        _check_hashes(wheel_path, members, record)
-        with zipfile.ZipFile(wheel_path) as archive:
-            name = f"{info_dir}/{FILENAME}"
-            return json.loads(archive.read(name)) if name in archive.namelist() else None
+            wheelzip.check_record(wheel_path, archive)
+            name = f"{wheelzip.dist_info(archive)}/{FILENAME}"
+            return json.loads(archive.read(name)) if name in archive.NameToInfo else None
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, Failed) as exc:
         raise Failed(f"{wheel_path}: not a valid wheel ({exc}); rebuild it") from None
-
-
-def _check_hashes(wheel_path: Path, members: list[zipfile.ZipInfo], record: dict[str, str]) -> None:
-    from carry.binaries import member_bytes
-
-    def check(member: zipfile.ZipInfo) -> None:
-        expected = record.get(member.filename, "")
-        algorithm, _, digest = expected.partition("=")
-        if algorithm != "sha256" or not digest:
-            raise Failed(f"{member.filename} has no sha256 hash in RECORD")
-        with open(wheel_path, "rb") as handle:
-            found = base64.urlsafe_b64encode(hashlib.sha256(member_bytes(wheel_path, member, handle)).digest())
-        if found.rstrip(b"=").decode() != digest:
-            raise Failed(f"Hash mismatch for {member.filename}: its bytes are not what RECORD says")
-
-    workers = max(1, min(4, os.cpu_count() or 1))
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(check, members))
 
 
 def wheel_version(wheel_path: Path) -> str:

@@ -11,16 +11,15 @@ tags, not the build host's.
 
 from __future__ import annotations
 
-import base64
+import csv
 import dataclasses
 import email.parser
-import hashlib
 import json
 import re
 import zipfile
 from pathlib import Path
 
-from carry import git, upstream
+from carry import git, upstream, wheelzip
 from carry.binaries import may_be_shared_object
 from carry.cache import Cache
 from carry.config import Config, PrecompiledWheel
@@ -124,18 +123,16 @@ def _read(wheel: Path) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]
     """The wheel's tags (WHEEL), Requires-Dist (METADATA) and RECORD hashes, read without inflating its code."""
     try:
         with zipfile.ZipFile(wheel) as archive:
-            info = next(n.split("/", 1)[0] for n in archive.namelist() if n.split("/", 1)[0].endswith(".dist-info"))
+            info = wheelzip.dist_info(archive)
             wheel_file = archive.read(f"{info}/WHEEL").decode()
             metadata = email.parser.Parser().parsestr(archive.read(f"{info}/METADATA").decode())
             record = archive.read(f"{info}/RECORD").decode()
-    except (OSError, KeyError, StopIteration, zipfile.BadZipFile) as exc:
+    except (OSError, KeyError, Failed, zipfile.BadZipFile) as exc:
         raise BadInput(f"{wheel}: not a readable wheel ({exc}); check build.precompiled") from None
-    tags = file_name_tags(wheel.name) or tuple(line.split(":", 1)[1].strip() for line in wheel_file.splitlines()
-                                               if line.startswith("Tag:"))
+    tags = file_name_tags(wheel.name) or wheelzip.tags_of(wheel_file)
     members = {}
-    for row in record.splitlines():
-        name, _, rest = row.partition(",")
-        digest = rest.split(",", 1)[0]
+    for row in csv.reader(record.splitlines()):
+        name, digest = (row + ["", ""])[:2]
         if digest and not name.split("/", 1)[0].endswith((".dist-info", ".data")):
             members[name] = digest
     return tags, tuple(metadata.get_all("Requires-Dist") or ()), members
@@ -156,24 +153,13 @@ def _check_record_once(cache: Cache, chosen: PrecompiledWheel, path: Path) -> No
     memo = cache.root / "precompiled" / f"{chosen.pinned.sha256}.record-ok"
     if memo.exists():
         return
-    from carry.binaries import member_bytes
-
-    with zipfile.ZipFile(path) as archive:
-        rows = {row.split(",")[0]: row.split(",")[1] for row in
-                archive.read(next(n for n in archive.namelist() if n.endswith(".dist-info/RECORD"))).decode()
-                .splitlines() if row.count(",") >= 2}
-        with open(path, "rb") as handle:
-            for member in archive.infolist():
-                digest = rows.get(member.filename)
-                if not digest or member.is_dir():
-                    continue
-                found = "sha256=" + base64.urlsafe_b64encode(
-                    hashlib.sha256(member_bytes(path, member, handle)).digest()).rstrip(b"=").decode()
-                if found != digest:
-                    raise Failed(f"{path.name}: {member.filename} does not match its RECORD hash; the precompiled "
-                                 f"wheel is corrupt")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            checked = wheelzip.check_record(path, archive, unhashed_ok=True)
+    except (OSError, zipfile.BadZipFile, Failed) as exc:
+        raise Failed(f"{path.name}: {exc}; the precompiled wheel is corrupt") from None
     memo.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(memo, json.dumps({"wheel": path.name, "members": len(rows)}) + "\n")
+    atomic_write_text(memo, json.dumps({"wheel": path.name, "members": checked}) + "\n")
 
 
 def ref_from_version(name: str, config: Config) -> str:

@@ -11,9 +11,10 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 from carry import git
-from carry.binaries import may_be_shared_object, member_bytes
+from carry.binaries import may_be_shared_object
 from carry.config import Generated
 from carry.gatepolicy import glob_pattern
+from carry.wheelzip import member_bytes
 
 SHOWN_PROBLEMS = 20
 
