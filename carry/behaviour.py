@@ -13,7 +13,6 @@ earlier patches that still apply there (the series without the patch) is built a
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import enum
 import shlex
@@ -109,7 +108,7 @@ def run_without(session: Session, mirror: Path, commit: str, series: Series, tes
     report = apply.CheckReport(commit, series.hash, tree, ())
     project = session.config.root
     try:
-        with _checkout(cache, mirror, report.tree, any(t.tree for t in tests)) as checkout:
+        with testrun.tree_checkout(cache, mirror, report.tree, any(t.tree for t in tests)) as checkout:
             if wheel_tests:
                 with temp_dir(cache.scratch, "behaviour-") as work:
                     built = _build(session, mirror, report, series, work / "dist", progress or Progress(quiet=True))
@@ -134,19 +133,6 @@ def _build(session: Session, mirror: Path, report, series: Series, out: Path, pr
     except InputsDiffer as differ:
         progress.phase("precompiled", f"not usable on REF ({differ}); building from source")
         return session.wheel_builder(None, None, from_source=True)(mirror, report, series, out, progress)
-
-
-@contextlib.contextmanager
-def _checkout(cache, mirror: Path, tree: str, wanted: bool):
-    """A checkout of `tree` in a stable directory of the cache (held under its lock), or None when not wanted."""
-    if not wanted:
-        yield None
-        return
-    from carry import testrun
-
-    where = cache.builds / f"tree-{mirror.name}"
-    with cache.lock(where.name):
-        yield testrun.checkout(mirror, tree, where / "tree")
 
 
 def _line(result) -> str:

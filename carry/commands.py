@@ -120,14 +120,13 @@ class Session:
         """The gate policy of a build: its arches (as `arches` resolves them) and build.gate's rules."""
         return self.config.gate_policy(self.arches(arch, platform))
 
-    def expected(self, with_tree: bool = True) -> verify.Expected:
-        """What an artifact built from this repo now must say about itself; `with_tree` adds the patched tree
-        (the series is checked) so that a wheel's files can be compared with it."""
+    def expected(self, checked: CheckResult | None = None) -> verify.Expected:
+        """What an artifact built from this repo now must say about itself; with the `checked` series, also the
+        patched tree (so that a wheel's files can be compared with it) and the precompiled pins."""
         from carry import verify
 
-        if not with_tree:
+        if checked is None:
             return verify.Expected(self.version(), self.series().hash, self.config.upstream.commit)
-        checked = self.check()
         settings = self.config.build.precompiled
         pins = {str(w.platform): w.pinned.sha256 for w in settings.wheels} if settings else {}
         return verify.Expected(self.version(), checked.series.hash, self.config.upstream.commit,
@@ -187,16 +186,14 @@ class Session:
     def platform_wheel(self, platform: Platform, arch: str | None, out: Path, hermetic: bool,
                        wheelhouse: Path | None, progress: Progress) -> crossbuild.CrossWheel:
         """check -> context -> that platform's build stage (emulated where foreign) -> checked wheel in `out`."""
-        from carry import container, crossbuild, verify
+        from carry import container, crossbuild
 
         policy = self.policy(arch, platform)
         builder = container.resolve_builder(self.config, (platform,))
         checked = self._checked(progress)
         requirements = container.build_requirements(self._upstream_pyproject(checked))
-        expected = verify.Expected(self.version(), checked.series.hash, self.config.upstream.commit,
-                                   checked.report.tree, checked.mirror, self.config.build.generated)
         return crossbuild.build(self.config, self.cache, checked.mirror, checked.report.tree, platform, policy,
-                                hermetic, wheelhouse, requirements, builder, expected, out, progress)
+                                hermetic, wheelhouse, requirements, builder, self.expected(checked), out, progress)
 
     def image(self, options: image.ImageOptions, arch: str | None, progress: Progress) -> image.ImageResult:
         """check -> context (carry + config + bundle) -> a BuildKit build per platform -> tags and labels -> push
@@ -255,12 +252,12 @@ class Session:
         if not testrun.names_a_wheel(artifact):
             from carry import imageverify
 
-            return imageverify.verify_image(artifact, self.config, self.expected(with_tree=False), platform,
+            return imageverify.verify_image(artifact, self.config, self.expected(), platform,
                                             given(arch), self.cache.scratch)
         if platform is not None:
             raise BadInput("--platform is for image tags; a wheel's platform is in its file name")
         path = Path(artifact)
-        return (verify.with_test_report(path, verify.verify_wheel(path, self.expected(), given(arch))),)
+        return (verify.with_test_report(path, verify.verify_wheel(path, self.expected(self.check()), given(arch))),)
 
     def status(self, against: tuple[str, ...] = (), test: bool = False,
                progress: Progress | None = None) -> verdicts.StatusReport:
@@ -279,22 +276,20 @@ class Session:
     def drop(self, name: str, against: str | None, force: bool, test: bool = False) -> drop.Dropped:
         from carry import drop
 
-        judge = None
-        if test:
-            from carry import behaviour
-
-            judge = lambda report, patches: behaviour.judge(self, report, patches)  # noqa: E731
-        return drop.drop(self.config, self.cache, self.series(), name, against, force, judge)
+        return drop.drop(self.config, self.cache, self.series(), name, against, force, self._judge(test))
 
     def refresh(self, onto: str | None, test: bool = False) -> refresh.Refreshed:
         from carry import refresh
 
-        judge = None
-        if test:
-            from carry import behaviour
+        return refresh.refresh(self.config, self.cache, self.series(), onto, self._judge(test))
 
-            judge = lambda report, patches: behaviour.judge(self, report, patches)  # noqa: E731
-        return refresh.refresh(self.config, self.cache, self.series(), onto, judge)
+    def _judge(self, test: bool):
+        """With `test`, what drop and refresh call to judge a status report by the patches' tests too."""
+        if not test:
+            return None
+        from carry import behaviour
+
+        return lambda report, patches: behaviour.judge(self, report, patches)
 
 
 def gate(config_path: Path, targets: tuple[str, ...], arch: str | None, platform: Platform | None,
@@ -302,14 +297,15 @@ def gate(config_path: Path, targets: tuple[str, ...], arch: str | None, platform
     """Gate a wheel, an unpacked tree or `.so` files, upstream's own releases included: by build.yaml's policy
     when there is a config (its arches, or --arch), by the strict rule when not; the CPU of every `.so` against
     --platform, else the wheel's tag."""
-    from carry import binaries, gate as gating, verify
+    from carry import binaries, gate as gating
+    from carry.platforms import Platform
 
     loaded = config.load(config_path) if config_path.exists() else None
     objects, tag = binaries.read(targets)
-    found_platform = platform or (verify.wheel_platform(Path(targets[0])) if tag else None)
+    found_platform = platform or (Platform.from_wheel_tag(tag) if tag else None)
     arches = given(arch)
     if arches is None and loaded is not None:
-        arches = loaded.arches_for(found_platform) if found_platform else loaded.build.cuda_arches
+        arches = loaded.arches_for(found_platform)
     if arches is None:
         where = f"{config_path} has no build.cuda_arches" if loaded else f"no config at {config_path}"
         raise BadInput(f"{where}: pass --arch LIST (e.g. --arch 12.1,10.0,9.0) to say which GPUs to gate for")

@@ -279,9 +279,9 @@ class Config:
         """image.platforms' entry for `platform`, or one that sets nothing of its own."""
         return next((t for t in self.image.platforms if t.platform is platform), PlatformTarget(platform))
 
-    def arches_for(self, platform: Platform) -> ArchList:
-        """The CUDA arches a build for `platform` asks for: its own, else build.cuda_arches."""
-        own = self.target(platform).cuda_arches
+    def arches_for(self, platform: Platform | None) -> ArchList | None:
+        """The CUDA arches a build for `platform` asks for: its own, else build.cuda_arches (None: not set)."""
+        own = self.target(platform).cuda_arches if platform is not None else None
         return own if own is not None else self.build.cuda_arches
 
     def build_arches(self, given: ArchList | None, platform: Platform | None = None) -> ArchList:
@@ -289,7 +289,7 @@ class Config:
         build.cuda_arches; the empty list (`none`, `[]`) builds a wheel with no CUDA code."""
         if given is not None:
             return given
-        configured = self.arches_for(platform) if platform is not None else self.build.cuda_arches
+        configured = self.arches_for(platform)
         if configured is None:
             raise BadInput(
                 f"{self.path}: build.cuda_arches is not set; set it (e.g. '9.0,12.1', or [] for a "
@@ -532,7 +532,7 @@ def _build(section: _Section) -> Build:
         generated=_generated(section),
         keep=_keep(section),
         environment=_environment(section, isolation),
-        precompiled=_precompiled(section, isolation),
+        precompiled=_precompiled(section),
     )
 
 
@@ -544,7 +544,7 @@ def _gate_rules(section: _Section) -> tuple[GateRule, ...]:
     return parse_rules(section.data.get("gate"), f"{section.path}: build.gate")
 
 
-def _precompiled(build: _Section, isolation: bool) -> Precompiled | None:
+def _precompiled(build: _Section) -> Precompiled | None:
     """build.precompiled: env (with {wheel}), clear (prefixes), inputs (glob: why), wheels (platform: url or
     path, sha256, ref)."""
     if not build.has("precompiled"):
@@ -631,7 +631,8 @@ def _environment(build: _Section, isolation: bool) -> BuildEnvironment:
     from packaging.requirements import InvalidRequirement, Requirement
 
     section = build.section("environment", ENVIRONMENT_KEYS)
-    for text in section.strings("requires"):
+    requires = section.strings("requires")
+    for text in requires:
         try:
             Requirement(text)
         except InvalidRequirement as exc:
@@ -647,7 +648,7 @@ def _environment(build: _Section, isolation: bool) -> BuildEnvironment:
     if not isinstance(extra, list) or not all(isinstance(url, str) for url in extra):
         raise BadInput(f"{section.path}: build.environment.extra_index_urls must be a list of URLs; use {INDEX_FORM}")
     return BuildEnvironment(
-        requires=section.strings("requires"),
+        requires=requires,
         index_url=_index_url(section, "index_url", index_url) if index_url is not None else None,
         extra_index_urls=tuple(_index_url(section, "extra_index_urls", url) for url in extra),
     )

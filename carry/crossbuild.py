@@ -13,12 +13,12 @@ from carry.cache import Cache
 from carry.config import Config
 from carry.container import Builder, StageBuild
 from carry.errors import Failed
-from carry.fsutil import atomic_write_text, temp_dir
+from carry.fsutil import temp_dir
 from carry.gatepolicy import GatePolicy
 from carry.platforms import Platform
 from carry.progress import Progress
 from carry.verify import Expected
-from carry.wheel import gate_report_path, publish
+from carry.wheel import publish, write_gate_report
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +53,7 @@ def build(config: Config, cache: Cache, mirror: Path, tree: str, platform: Platf
         wheel = _single_wheel(exported, log)
         progress.phase("gate", f"{wheel.name}: {platform.machine} code for arches {arches}")
         report = _check(wheel, platform, policy, expected, progress)
-        atomic_write_text(gate_report_path(wheel), "\n".join(report.full_lines()) + "\n")
+        write_gate_report(wheel, report)
         published = publish(wheel, out)
     return CrossWheel(published, platform, report)
 

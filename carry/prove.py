@@ -7,7 +7,6 @@ made to pass by the patch that prefix adds.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -151,7 +150,7 @@ def run(config: Config, cache: Cache, series: Series, builder: Builder, commands
     for prefix, report in checked:
         progress.phase("prove", prefix.label)
         built = builder(mirror, report, prefix.series, out / "prove" / prefix.label, progress)
-        with _tree_for(commands, mirror, report.tree, cache.scratch) as tree:
+        with testrun.tree_checkout(cache, mirror, report.tree, any(c.tree for c in commands)) as tree:
             tested = testrun.run_on_wheel(built.path, commands, gpu, cache.scratch, timeout, progress, tree,
                                           config.root)
         path = testrun.write(tested, testrun.wheel_report_path(built.path))
@@ -160,15 +159,3 @@ def run(config: Config, cache: Cache, series: Series, builder: Builder, commands
     learned.record(series.directory, proof)
     return proof
 
-
-@contextlib.contextmanager
-def _tree_for(commands: tuple[TestCommand, ...], mirror: Path, tree: str | None, scratch: Path):
-    """A checkout of `tree` while commands that run in the source tree need one, else None."""
-    if not any(command.tree for command in commands) or tree is None:
-        yield None
-        return
-    from carry import testrun
-    from carry.fsutil import temp_dir
-
-    with temp_dir(scratch, "tree-") as work:
-        yield testrun.checkout(mirror, tree, work / "tree")

@@ -13,6 +13,7 @@ it sits beside.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import enum
@@ -242,6 +243,18 @@ def checkout(repo: Path, tree: str, dest: Path) -> Path:
 
     git.checkout_tree(repo, tree, None, dest)
     return dest
+
+
+@contextlib.contextmanager
+def tree_checkout(cache, mirror: Path, tree: str | None, wanted: bool):
+    """A checkout of `tree` for commands that run in the source tree, in a stable directory of the cache (held
+    under its lock; only changed files are rewritten), or None when not `wanted` or there is no tree."""
+    if not wanted or tree is None:
+        yield None
+        return
+    where = cache.builds / f"tree-{mirror.name}"
+    with cache.lock(where.name):
+        yield checkout(mirror, tree, where / "tree")
 
 
 def _run_one(command: TestCommand, env: dict[str, str], work: Path, tree: Path | None, project: Path | None,

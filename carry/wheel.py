@@ -470,6 +470,11 @@ def gate_report_path(wheel: Path) -> Path:
     return wheel.with_name(wheel.name + GATE_SUFFIX)
 
 
+def write_gate_report(wheel: Path, checks: verify.Inspection) -> None:
+    """The checks in full (table, holdings, rules, tree check) into `<wheel>.gate.txt`."""
+    atomic_write_text(gate_report_path(wheel), "\n".join(checks.full_lines()) + "\n")
+
+
 def _store(cache: Cache, key: str, wheel: Path, checks: verify.Inspection) -> Path:
     """Move the finished wheel (and its gate report) into the artifact cache with one directory rename."""
     cache.artifacts.mkdir(parents=True, exist_ok=True)
@@ -477,7 +482,7 @@ def _store(cache: Cache, key: str, wheel: Path, checks: verify.Inspection) -> Pa
     staging = Path(tempfile.mkdtemp(prefix=owned_prefix(f".{key[:12]}-"), dir=cache.artifacts))
     shutil.move(str(wheel), staging / wheel.name)
     os.chmod(staging / wheel.name, 0o644)
-    atomic_write_text(gate_report_path(staging / wheel.name), "\n".join(checks.full_lines()) + "\n")
+    write_gate_report(staging / wheel.name, checks)
     final = cache.artifacts / key
     if final.exists():
         shutil.rmtree(final)
