@@ -7,10 +7,12 @@ import os
 import resource
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 TICKS = os.sysconf("SC_CLK_TCK")
+BUILD_PY = Path(__file__).resolve().parent.parent / "build.py"
 
 
 def cores() -> int:
@@ -61,3 +63,15 @@ def run(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> Measur
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def carry(config: Path, env: dict[str, str], *args: str) -> Measured:
+    """`build.py --config CONFIG ARGS...` measured; a failure stops the bench."""
+    return run([sys.executable, str(BUILD_PY), "--config", str(config), *args], env).check()
+
+
+def downloads() -> str:
+    """The download store the real vLLM files are in, as carry resolves it ($CARRY_DOWNLOADS, else the cache's)."""
+    from carry import releases
+
+    return str(releases.store().root)

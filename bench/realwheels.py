@@ -15,31 +15,26 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 import measure  # noqa: E402
+import vllmbench  # noqa: E402
 
 GATE_TARGET_S = 3.0
 RATIO_TARGET = 1.2
 RERUN_TARGET_S = 1.0
 GATE_RUNS = 3
 EXAMPLE = ROOT / "examples" / "vllm"
-BUILD_PY = ROOT / "build.py"
 
 
 def _env(cache: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CARRY_", "CCACHE_", "VLLM_"))}
     env["CARRY_CACHE"] = str(cache)
-    env["CARRY_DOWNLOADS"] = os.environ.get("CARRY_DOWNLOADS") or str(Path.home() / ".cache/carry/downloads")
+    env["CARRY_DOWNLOADS"] = measure.downloads()
     return env
-
-
-def _carry(config: Path, env: dict[str, str], *args: str) -> measure.Measured:
-    return measure.run([sys.executable, str(BUILD_PY), "--config", str(config), *args], env).check()
 
 
 def _releases() -> dict[str, Path]:
@@ -53,7 +48,7 @@ def bench_gate(work: Path, Row) -> list:
     paths = _releases()
     rows = []
     for name in ("vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl", "vllm-0.33.0-cp38-abi3-manylinux_2_28_aarch64.whl"):
-        runs = [_carry(ROOT / "build.yaml", _env(work / "gate-cache"), "gate", str(paths[name]))
+        runs = [measure.carry(ROOT / "build.yaml", _env(work / "gate-cache"), "gate", str(paths[name]))
                 for _ in range(GATE_RUNS)]
         wall = measure.median([run.wall_s for run in runs])
         arch = "x86_64" if "x86_64" in name else "aarch64"
@@ -66,21 +61,19 @@ def bench_gate(work: Path, Row) -> list:
 
 def bench_precompiled(work: Path, Row) -> list:
     paths = _releases()
-    history = json.loads(subprocess.run([sys.executable, str(EXAMPLE / "make_upstream.py"), "--no-link", "--json"],
-                                        env=_env(work / "history"), check=True, capture_output=True,
-                                        text=True).stdout)["path"]
+    history = vllmbench.history(_env(work / "history"))["path"]
     project = work / "example-vllm"
     shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("upstream.git", "__pycache__"))
     config = project / "build.yaml"
     config.write_text(config.read_text().replace("  url: upstream.git", f"  url: {history}"))
     x86 = paths["vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"]
 
-    cold = _carry(config, _env(work / "x86"), "wheel", "--json", "--out", str(work / "dist-x86"))
+    cold = measure.carry(config, _env(work / "x86"), "wheel", "--json", "--out", str(work / "dist-x86"))
     result = json.loads(cold.out)
-    rerun = _carry(config, _env(work / "x86"), "wheel", "--out", str(work / "dist-x86"))
+    rerun = measure.carry(config, _env(work / "x86"), "wheel", "--out", str(work / "dist-x86"))
     hand = _hand_run(work, history, project, x86, _env(work / "x86"))
-    arm_cold = _carry(config, _env(work / "arm"), "wheel", "--platform", "linux/arm64", "--out", str(work / "dist-arm"))
-    arm_rerun = _carry(config, _env(work / "arm"), "wheel", "--platform", "linux/arm64", "--out", str(work / "dist-arm"))
+    arm_cold = measure.carry(config, _env(work / "arm"), "wheel", "--platform", "linux/arm64", "--out", str(work / "dist-arm"))
+    arm_rerun = measure.carry(config, _env(work / "arm"), "wheel", "--platform", "linux/arm64", "--out", str(work / "dist-arm"))
     ratio = cold.wall_s / hand.wall_s
     return [
         Row("precompiled", "examples/vllm: vLLM 0.33.0 + 2 Python-only patches, from the released wheels",

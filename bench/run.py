@@ -60,6 +60,7 @@ import redisd  # noqa: E402
 import scale  # noqa: E402
 import trees  # noqa: E402
 from carry import toolchain  # noqa: E402
+from measure import carry  # noqa: E402
 
 BUILD_PY = ROOT / "build.py"
 JOBS_RE = re.compile(r"] build: .*?(\d+) job\(s\)")
@@ -114,10 +115,6 @@ def carry_env(cache: Path, cuda_home: Path | None = None) -> dict[str, str]:
     if cuda_home is not None:
         env["CUDA_HOME"] = str(cuda_home)
     return env
-
-
-def carry(config: Path, env: dict[str, str], *args: str) -> measure.Measured:
-    return measure.run([sys.executable, str(BUILD_PY), "--config", str(config), *args], env).check()
 
 
 def dir_bytes(path: Path) -> int:

@@ -38,12 +38,12 @@ def env_for(work: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CARRY_", "CCACHE_", "SCCACHE_")) and k != "PYTHONDONTWRITEBYTECODE"}
     env["CARRY_CACHE"] = str(work / "cache")
-    env["CARRY_DOWNLOADS"] = os.environ.get("CARRY_DOWNLOADS") or str(Path.home() / ".cache" / "carry" / "downloads")
+    env["CARRY_DOWNLOADS"] = measure.downloads()
     env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
     return env
 
 
-def history(work: Path, env: dict[str, str]) -> dict:
+def history(env: dict[str, str]) -> dict:
     import json
 
     result = measure.run([sys.executable, str(MAKE_UPSTREAM), "--no-link", "--json"], env).check()
@@ -83,7 +83,7 @@ def carry_imports_ms(config: Path, env: dict[str, str]) -> float:
 def bench(work: Path, size, Row) -> list:
     work.mkdir(parents=True, exist_ok=True)
     env = env_for(work)
-    built = history(work, env)
+    built = history(env)
     upstream, pin = built["path"], built["refs"][f"refs/pull/{PR_NUMBER}/head"]
     config = project(work, upstream, pin)
     files = len(subprocess.run(["git", "-C", upstream, "ls-tree", "-r", "--name-only", "v0.33.0"],

@@ -217,10 +217,6 @@ def parse_status(data: object, where: str) -> tuple[RefReport, ...]:
     return tuple(reports)
 
 
-def load(paths: list[Path]) -> tuple[RefReport, ...]:
-    return load_all(paths)[0]
-
-
 def load_all(paths: list[Path]) -> tuple[tuple[RefReport, ...], PrState | None]:
     """Every ref of every file, in order, and the PR's state (the last file that has one)."""
     reports: list[RefReport] = []

@@ -46,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from carry import releases  # noqa: E402
+from carry.cache import Cache  # noqa: E402
 from carry.errors import CarryError  # noqa: E402
 
 RELEASES = HERE / "releases.yaml"
@@ -105,12 +106,8 @@ class Built:
         return [str(self.path), *(f"  {ref:<{width}}  {sha}" for ref, sha in self.refs.items())]
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("CARRY_CACHE") or Path.home() / ".cache" / "carry").absolute()
-
-
 def target() -> Path:
-    return cache_root() / "examples" / "vllm-upstream.git"
+    return Cache.from_env().root / "examples" / "vllm-upstream.git"
 
 
 def git_env() -> dict[str, str]:
