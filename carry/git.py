@@ -372,3 +372,26 @@ def checkout_tree(repo: Path, tree: str, parent: str | None, worktree: Path, kee
     excludes = [arg for glob in keep for arg in ("-e", "/" + glob.strip("/"))]
     out = run(worktree, "clean", "-ffdx", *excludes)
     return [line.removeprefix("Removing ").strip() for line in out.splitlines() if line.startswith("Removing ")]
+
+
+def ignored_in_tree(repo: Path, tree: str, paths: list[str]) -> set[str]:
+    """Which of `paths` the .gitignore files of `tree` exclude (`git check-ignore --no-index`, which reads them
+    from a work tree: a scratch one holding only those files); the machine's own excludes are not asked."""
+    import tempfile
+
+    if not paths:
+        return set()
+    names = [name for name in run(repo, "ls-tree", "-r", "-z", "--name-only", "--full-tree", tree,
+                                  strip=False).split("\0") if name == ".gitignore" or name.endswith("/.gitignore")]
+    with tempfile.TemporaryDirectory(prefix="carry-ignore-") as scratch:
+        for name in names:
+            target = Path(scratch) / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(run(repo, "show", f"{tree}:{name}", strip=False).encode("utf-8", "surrogateescape"))
+        args = ("--git-dir", str(repo.absolute()), "--work-tree", scratch, "-c", "core.excludesFile=/dev/null",
+                "check-ignore", "--no-index", "--stdin", "-z")
+        status, out, err = _execute(Path(scratch), args, {"GIT_CONFIG_GLOBAL": os.devnull}, None, None, False,
+                                    "\0".join(paths).encode() + b"\0")
+    if status not in (0, 1):
+        raise GitError(f"git check-ignore failed: {_headline(err) or f'exit status {status}'}", err.strip())
+    return {name for name in out.split("\0") if name}

@@ -83,7 +83,8 @@ def inspect_wheel(wheel: Path, policy: GatePolicy, mirror: Path | None, tree: st
     report = gate.check(binaries.from_wheel(wheel), policy, platform or wheel_platform(wheel))
     checked = None
     if mirror is not None and tree is not None:
-        checked = treecheck.compare(wheel, tree, treecheck.tree_files(mirror, tree), generated, precompiled)
+        checked = treecheck.compare(wheel, tree, treecheck.tree_files(mirror, tree), generated, precompiled,
+                                    treecheck.ignored_by(mirror, tree))
     return Inspection(report, checked)
 
 

@@ -15,10 +15,10 @@ from helpers import ROOT, Result, carry
 MAKE_UPSTREAM = ROOT / "examples" / "vllm" / "make_upstream.py"
 CASES = ROOT / "tests" / "data" / "vllm-cases"
 # The SHAs make_upstream.py gives on every machine: fixed identity and dates, files and modes from the pinned sdists.
-V0_32_0 = "045e2c6a0e30a08a9d1a49e448baf9a42023c937"
-V0_33_0 = "c40d26fd17550609ac3a9479055ce88eddba444a"
+V0_32_0 = "d534f23b4782b60c50344de42644325c474622a9"
+V0_33_0 = "4573200f17f9dba6ef84c3ce59fb24d5a81e9a51"
 PR_NUMBER = 53899
-PR_HEAD = "ba1db760992d30ec7216fe833caf048c2477bee1"
+PR_HEAD = "32213d916cc14338523720d79031dc4b56173c5d"
 
 DELETED = "0001-medusa-config-keep-own-key-names.patch"  # vllm/transformers_utils/configs/medusa.py: gone in 0.33.0
 RENAMED = "0002-lora-modules-skip-blank-entries.patch"  # entrypoints/launchers/cli_args.py -> entrypoints/common/

@@ -11,8 +11,11 @@ source. This script turns the two sdists pinned in releases.yaml into a small, r
 
 Every commit is deterministic: a fixed author and committer, dates from the sdist itself (the mtime of its
 PKG-INFO, i.e. when the release was built; the PR three days after 0.32.0), the files and modes (644 or 755)
-of the tarball in sorted order, without what only an sdist has (the top-level PKG-INFO and *.egg-info/). So
-the SHAs are the same on every machine and can be pinned in a build.yaml.
+of the tarball in sorted order, without what packaging adds to an sdist and git never tracks: the top-level
+PKG-INFO, *.egg-info/ and the version file setuptools-scm writes (vllm/_version.py, in vLLM's .gitignore). Nothing
+else is left out: an sdist holds exactly the tracked files (setuptools-scm's file finder), tracked files that match
+a .gitignore pattern included. So the history is what vLLM's own git holds, the SHAs are the same on every machine
+and can be pinned in a build.yaml.
 
 The repository is written, bare, to $CARRY_CACHE/examples/vllm-upstream.git (default ~/.cache/carry), in one
 rename, and examples/vllm/upstream.git links to it (git-ignored). A second run finds it up to date (a stamp
@@ -51,7 +54,7 @@ from carry.errors import CarryError  # noqa: E402
 
 RELEASES = HERE / "releases.yaml"
 LINK = HERE / "upstream.git"
-FORMAT = 1  # bump when the history this script writes changes
+FORMAT = 2  # bump when the history this script writes changes
 NAME = "vLLM releases (from PyPI)"
 EMAIL = "releases@vllm-sdist.invalid"
 PR_NUMBER = 53899
@@ -136,10 +139,14 @@ def inputs_key(paths: dict[str, Path]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
+VERSION_FILE = "vllm/_version.py"  # setup.py: get_version(write_to="vllm/_version.py"); .gitignore names it
+
+
 def skipped(name: str) -> bool:
-    """What only an sdist has: its PKG-INFO and the egg-info directory setuptools writes."""
+    """What packaging adds to an sdist and git does not track: PKG-INFO, the egg-info directory setuptools writes
+    and setuptools-scm's version file. Nothing else (never a filter by .gitignore: tracked files match it too)."""
     parts = name.split("/")
-    return parts == ["PKG-INFO"] or any(part.endswith(".egg-info") for part in parts)
+    return parts == ["PKG-INFO"] or name == VERSION_FILE or any(part.endswith(".egg-info") for part in parts)
 
 
 def sdist_files(path: Path) -> tuple[int, list[tuple[str, str, bytes]]]:
@@ -186,8 +193,8 @@ def stream(paths: dict[str, Path]):
     dates = {}
     for index, version in enumerate(VERSIONS, start=1):
         when, files = sdist_files(paths[version])
-        message = (f"vLLM {version}\n\nThe files of the PyPI sdist {paths[version].name}, without PKG-INFO and "
-                   f"*.egg-info.\n")
+        message = (f"vLLM {version}\n\nThe files of the PyPI sdist {paths[version].name}, without PKG-INFO, "
+                   f"*.egg-info and {VERSION_FILE}.\n")
         yield _commit("refs/heads/main", index, when, message, index - 1 if index > 1 else None, files, full=True)
         yield _tag(f"v{version}", index, when, f"vLLM {version}\n")
         dates[version] = when
