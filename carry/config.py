@@ -198,8 +198,9 @@ class BuildEnvironment:
 
 @dataclasses.dataclass(frozen=True)
 class PrecompiledWheel:
-    """One platform's upstream wheel to take the compiled code from: the file (URL or path) pinned by sha256,
-    and the upstream ref or commit it was built from (None: read from its version)."""
+    """One platform's upstream wheel to take the compiled code from: the file (by requirement from the package
+    index, a path, or a URL) pinned by sha256, and the upstream ref or commit it was built from (None: read from
+    its version)."""
 
     platform: Platform
     pinned: Pinned
@@ -480,7 +481,7 @@ BUILD_KEYS = (
     "tests", "gate", "generated", "keep", "environment", "precompiled",
 )
 PRECOMPILED_KEYS = ("env", "clear", "inputs", "wheels")
-PRECOMPILED_WHEEL_KEYS = ("url", "path", "sha256", "ref")
+PRECOMPILED_WHEEL_KEYS = ("requirement", "index", "path", "url", "sha256", "ref")
 ENVIRONMENT_KEYS = ("requires", "index_url", "extra_index_urls")
 INDEX_FORM = "an index URL: https://HOST/PATH (user:password@ allowed), http://… or file:///PATH"
 IMAGE_KEYS = (
@@ -545,8 +546,8 @@ def _gate_rules(section: _Section) -> tuple[GateRule, ...]:
 
 
 def _precompiled(build: _Section) -> Precompiled | None:
-    """build.precompiled: env (with {wheel}), clear (prefixes), inputs (glob: why), wheels (platform: url or
-    path, sha256, ref)."""
+    """build.precompiled: env (with {wheel}), clear (prefixes), inputs (glob: why), wheels (platform: requirement
+    with an optional index, or path, or url; sha256; ref)."""
     if not build.has("precompiled"):
         return None
     from carry import download
@@ -566,19 +567,27 @@ def _precompiled(build: _Section) -> Precompiled | None:
                        f"'the CUDA and C++ sources'), which must be identical to the wheel's source")
     value = section.data.get("wheels")
     if not isinstance(value, dict) or not value:
-        raise section.fail("wheels", "a mapping of platform to {url or path, sha256, ref}, e.g. "
-                                     "{linux/amd64: {url: https://…/vllm-….whl, sha256: …, ref: v0.33.0}}")
+        raise section.fail("wheels", "a mapping of platform to {requirement (or path), sha256, ref}, e.g. "
+                                     "{linux/amd64: {requirement: 'vllm==0.33.0', sha256: …, ref: v0.33.0}}")
     wheels = []
     for name, settings in value.items():
         platform = Platform.parse(str(name), f"{where}.wheels")
         own = _Section(settings, f"build.precompiled.wheels.{name}", build.path, PRECOMPILED_WHEEL_KEYS)
-        if own.has("url") == own.has("path"):
-            raise BadInput(f"{where}.wheels.{name} needs one of url or path (the upstream wheel to take the compiled "
-                           f"code from)")
-        source = own.string("url") or str(_relative(build.path, own.string("path")))
-        pinned = download.Pinned.parse(source, own.data.get("sha256"), f"{where}.wheels.{name}")
-        if not pinned.name.endswith(".whl"):
-            raise BadInput(f"{where}.wheels.{name}: {pinned.name} is not a wheel (.whl)")
+        here = f"{where}.wheels.{name}"
+        if sum(own.has(key) for key in ("requirement", "path", "url")) != 1:
+            raise BadInput(f"{here} needs one of requirement (e.g. 'vllm==0.33.0', served by the package index pip is "
+                           f"configured with, or by index:), path or url: the upstream wheel to take the compiled "
+                           f"code from")
+        if own.has("index") and not own.has("requirement"):
+            raise BadInput(f"{here}: index is for a wheel pinned by requirement; give requirement: 'NAME==VERSION'")
+        if own.has("requirement"):
+            pinned = download.Pinned.by_name(own.string("requirement"), own.data.get("sha256"), here,
+                                             index=own.string("index"), platform=platform)
+        else:
+            source = own.string("url") or str(_relative(build.path, own.string("path")))
+            pinned = download.Pinned.parse(source, own.data.get("sha256"), here)
+            if not pinned.name.endswith(".whl"):
+                raise BadInput(f"{here}: {pinned.name} is not a wheel (.whl)")
         wheels.append(PrecompiledWheel(platform, pinned, own.string("ref")))
     return Precompiled(env, clear, inputs, tuple(wheels))
 

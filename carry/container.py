@@ -157,7 +157,7 @@ def _precompiled_wheels(config: Config, cache: Cache, platforms: tuple[Platform,
     source, inside = Store.from_env(cache.root), Store(store_dir)
     for chosen in filter(None, wanted):
         found = source.get(chosen.pinned)
-        target = inside.path(chosen.pinned)
+        target = inside.path(chosen.pinned, found.name)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             os.link(found, target)

@@ -1,8 +1,11 @@
 """Precompiled builds: the upstream's own mechanism (vLLM's VLLM_USE_PRECOMPILED) lifts the compiled code out of
 an existing upstream wheel, and carry proves that is right before any build work and after it.
 
-Before: the wheel is the pinned file (sha256; downloaded once into the store), its RECORD holds for every member,
-and the compiled inputs (build.precompiled.inputs: csrc/, CMakeLists.txt, cmake/, ...) are identical between the
+Before: the pin's ref is the one the wheel's own version names (a release `X.Y.Z` is the tag `vX.Y.Z` or
+`X.Y.Z`; a nightly `…+g<sha>` that commit; a version naming no commit, e.g. `0.33.0.dev5`, needs `ref` and is taken
+at its word, which the build says), read from the pin (its requirement or file name) before anything is fetched
+and held to the wheel's METADATA after; the wheel is the pinned file (sha256; downloaded once into the store), its
+RECORD holds for every member, and the compiled inputs (build.precompiled.inputs: csrc/, CMakeLists.txt, cmake/, ...) are identical between the
 commit the wheel was built from and the patched tree (the PR's changes and the series included). After: the
 built wheel's shared objects (and every other member the upstream took from it) are byte-identical to the
 precompiled wheel's, its Requires-Dist is the precompiled wheel's own, and it carries the precompiled wheel's
@@ -33,8 +36,55 @@ class InputsDiffer(Failed):
     """The compiled inputs differ from the precompiled wheel's source: its binaries do not fit this tree."""
 
 
-RELEASE_RE = re.compile(r"^\d+(\.\d+)*$")
-NIGHTLY_RE = re.compile(r"\+g([0-9a-f]{7,40})(?:\.|$)")
+NIGHTLY_RE = re.compile(r"(?:^|[.+])g([0-9a-f]{7,40})(?:\.|$)")
+HEX_RE = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """What the pinned wheel's own version says it was built from, and the ref that is then resolved: a nightly's
+    commit (prefix), a release's tags, or nothing (a ref given and taken at its word)."""
+
+    version: str
+    ref: str
+    commit: str | None = None  # the `+g<sha>` of a nightly
+    tags: tuple[str, ...] = ()  # `vX.Y.Z`, `X.Y.Z` of a release
+
+    def describe(self) -> str:
+        if self.commit:
+            return f"version {self.version} names commit {self.commit}"
+        if self.tags:
+            return f"version {self.version} is tag {self.tags[0]}"
+        return f"ref {self.ref} taken as given (version {self.version} names no commit)"
+
+
+def claim(wheel: PrecompiledWheel, where: str) -> Claim:
+    """The pin's ref proven against the version the pin names, before anything is fetched (bad input, naming
+    both, when they disagree)."""
+    from packaging.version import InvalidVersion, Version
+
+    version, ref, name = wheel.pinned.version or "", wheel.ref, wheel.pinned.name or wheel.pinned.requirement
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        parsed = None
+    nightly = NIGHTLY_RE.search(parsed.local or "") if parsed else None
+    if nightly:
+        sha = nightly.group(1)
+        if ref and HEX_RE.match(ref) and not (ref.startswith(sha) or sha.startswith(ref)):
+            raise BadInput(f"{where}: the wheel {name} is version {version}, built from commit {sha}, but ref is {ref}; "
+                           f"pin the wheel built from {ref}, or set ref: {sha}")
+        return Claim(version, ref or sha, commit=sha)
+    if parsed is not None and not parsed.is_devrelease:
+        tags = (f"v{parsed.public}", parsed.public)
+        if ref and not HEX_RE.match(ref) and ref.removeprefix("refs/tags/") not in tags:
+            raise BadInput(f"{where}: the wheel {name} is version {version}, built from the tag {tags[0]}, but ref "
+                           f"is {ref}; pin the wheel of {ref}, or set ref: {tags[0]}")
+        return Claim(version, ref or tags[0], tags=tags)
+    if not ref:
+        raise BadInput(f"{where}: the wheel {name} is version {version}, which does not say which commit it was built "
+                       f"from (no release, no +g<sha>); set ref to that commit (it is then taken as given)")
+    return Claim(version, ref)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +101,7 @@ class Plan:
     env: dict[str, str]
     clear: tuple[str, ...]
     inputs: tuple[str, ...]
+    proof: str = ""  # how the ref was proven against the wheel's own version
 
     @property
     def shared_objects(self) -> tuple[str, ...]:
@@ -63,7 +114,8 @@ class Plan:
     def line(self) -> str:
         """What was proven before the build."""
         return (f"{len(self.shared_objects)} shared objects from {self.path.name} (sha256 {self.wheel.pinned.sha256[:8]}…), "
-                f"compiled inputs identical to {self.ref}" + (f" ({self.commit[:12]})" if self.commit != self.ref else ""))
+                f"compiled inputs identical to {self.ref}" + (f" ({self.commit[:12]})" if self.commit != self.ref else "")
+                + (f"; {self.proof}" if self.proof else ""))
 
     def key(self) -> dict:
         """What the build takes from the precompiled wheel, independent of where the file lies."""
@@ -73,7 +125,7 @@ class Plan:
 
     def to_json(self) -> dict:
         return {"wheel": self.path.name, "sha256": self.wheel.pinned.sha256, "platform": str(self.platform),
-                "ref": self.ref, "commit": self.commit, "tags": list(self.tags), "inputs": list(self.inputs),
+                "ref": self.ref, "commit": self.commit, "ref_proof": self.proof, "tags": list(self.tags), "inputs": list(self.inputs),
                 "requires_dist": list(self.requires_dist), "members": dict(sorted(self.members.items()))}
 
 
@@ -86,6 +138,7 @@ class Pin:
     tags: tuple[str, ...]
     requires_dist: tuple[str, ...]
     members: dict[str, str]
+    claim: Claim
 
 
 def pin(config: Config, cache: Cache, platform: Platform, say=None) -> Pin | None:
@@ -95,32 +148,75 @@ def pin(config: Config, cache: Cache, platform: Platform, say=None) -> Pin | Non
     chosen = settings.wheel_for(platform) if settings else None
     if chosen is None:
         return None
+    where = f"{config.path}: build.precompiled.wheels.{platform}"
+    claimed = claim(chosen, where)
     path = Store.from_env(cache.root).get(chosen.pinned, say)
-    tags, requires, members = _read(path)
+    tags, requires, members, version = _read(path)
     if Platform.from_wheel_tag(tags[0].rsplit("-", 1)[-1]) is not platform:
-        raise BadInput(f"{config.path}: build.precompiled.wheels.{platform} is {path.name}, tagged {tags[0]}: "
-                       f"not a wheel for {platform}")
+        raise BadInput(f"{where} is {path.name}, tagged {tags[0]}: not a wheel for {platform}")
+    if not _same_version(version, claimed.version):
+        raise BadInput(f"{where}: {path.name}'s METADATA says Version {version}, not the pinned {claimed.version}; "
+                       f"pin the file by its own version")
     _check_record_once(cache, chosen, path)
-    return Pin(chosen, path, tags, requires, members)
+    return Pin(chosen, path, tags, requires, members, claimed)
+
+
+def _same_version(one: str, other: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(one) == Version(other)
+    except InvalidVersion:
+        return one == other
 
 
 def prove(config: Config, cache: Cache, mirror: Path, checked: Pin, tree: str, series: Series) -> Plan:
     """The plan of a precompiled build of `tree`, once the compiled inputs are proven identical between the commit
     the wheel was built from and `tree`; else exit 1 naming the files (InputsDiffer)."""
     settings = config.build.precompiled
-    ref = checked.wheel.ref or ref_from_version(checked.path.name, config)
+    ref = checked.claim.ref
     commit = _commit(config, cache, mirror, ref)
+    _prove_ref(config, cache, mirror, checked, commit)
     inputs = tuple(g.glob for g in settings.inputs)
     changed = changed_inputs(mirror, commit, tree, inputs)
     if changed:
         raise InputsDiffer(_inputs_differ(changed, ref, series))
     env = {name: value.replace("{wheel}", str(checked.path)) for name, value in settings.env.items()}
     return Plan(checked.wheel, checked.path, ref, commit, checked.tags, checked.members, checked.requires_dist, env,
-                settings.clear, inputs)
+                settings.clear, inputs, checked.claim.describe())
 
 
-def _read(wheel: Path) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]]:
-    """The wheel's tags (WHEEL), Requires-Dist (METADATA) and RECORD hashes, read without inflating its code."""
+def _prove_ref(config: Config, cache: Cache, mirror: Path, checked: Pin, commit: str) -> None:
+    """The resolved ref is the commit the wheel's version names: a nightly's `+g<sha>`, a release's tag."""
+    claimed, where = checked.claim, f"{config.path}: build.precompiled.wheels.{checked.wheel.platform}"
+    if claimed.commit and not commit.startswith(claimed.commit):
+        raise BadInput(f"{where}: the wheel {checked.path.name} is version {claimed.version}, built from commit "
+                       f"{claimed.commit}, but ref {claimed.ref} is {commit[:12]}; pin the wheel built from "
+                       f"{claimed.ref}, or set ref: {claimed.commit}")
+    if claimed.tags and claimed.ref not in (*claimed.tags, *(f"refs/tags/{t}" for t in claimed.tags)):
+        tagged = _tag_commit(config, cache, mirror, claimed.tags)
+        if tagged != commit:
+            raise BadInput(f"{where}: the wheel {checked.path.name} is version {claimed.version}, built from the tag "
+                           f"{claimed.tags[0]} ({tagged[:12] if tagged else 'not in the upstream'}), but ref is "
+                           f"{claimed.ref}; pin the wheel of {claimed.ref}, or set ref: {claimed.tags[0]}")
+
+
+def _tag_commit(config: Config, cache: Cache, mirror: Path, tags: tuple[str, ...]) -> str | None:
+    for tag in tags:
+        found = git.resolve(mirror, f"refs/tags/{tag}^{{commit}}")
+        if found:
+            return found
+    for tag in tags:
+        try:
+            return _commit(config, cache, mirror, tag)
+        except (BadInput, Failed):
+            continue
+    return None
+
+
+def _read(wheel: Path) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str], str]:
+    """The wheel's tags (WHEEL), Requires-Dist (METADATA), RECORD hashes and Version (METADATA), read without
+    inflating its code."""
     try:
         with zipfile.ZipFile(wheel) as archive:
             info = wheelzip.dist_info(archive)
@@ -135,7 +231,7 @@ def _read(wheel: Path) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]
         name, digest = (row + ["", ""])[:2]
         if digest and not name.split("/", 1)[0].endswith((".dist-info", ".data")):
             members[name] = digest
-    return tags, tuple(metadata.get_all("Requires-Dist") or ()), members
+    return tags, tuple(metadata.get_all("Requires-Dist") or ()), members, str(metadata.get("Version", ""))
 
 
 def file_name_tags(name: str) -> tuple[str, ...]:
@@ -160,19 +256,6 @@ def _check_record_once(cache: Cache, chosen: PrecompiledWheel, path: Path) -> No
         raise Failed(f"{path.name}: {exc}; the precompiled wheel is corrupt") from None
     memo.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(memo, json.dumps({"wheel": path.name, "members": checked}) + "\n")
-
-
-def ref_from_version(name: str, config: Config) -> str:
-    """The ref a wheel was built from, read from its version: a release `X.Y.Z` is the tag `vX.Y.Z`, a nightly
-    `…+g<sha>` that commit."""
-    version = name.split("-")[1]
-    nightly = NIGHTLY_RE.search(version)
-    if nightly:
-        return nightly.group(1)
-    if RELEASE_RE.match(version):
-        return f"v{version}"
-    raise BadInput(f"{config.path}: cannot tell which upstream commit {name} was built from (version {version}); "
-                   f"set its ref in build.precompiled.wheels")
 
 
 def _commit(config: Config, cache: Cache, mirror: Path, ref: str) -> str:
@@ -202,7 +285,7 @@ def _inputs_differ(changed: list[str], ref: str, series: Series) -> str:
 
 def metadata_problems(wheel: Path, requires_dist: tuple[str, ...], source: str) -> list[str]:
     """The built wheel's Requires-Dist must be the precompiled wheel's own (its CUDA build's), never a CPU torch."""
-    _, requires, _ = _read(wheel)
+    _, requires, _, _ = _read(wheel)
     problems = []
     if sorted(requires) != sorted(requires_dist):
         ours, theirs = set(requires), set(requires_dist)

@@ -1,5 +1,6 @@
-"""A list of an upstream's released files pinned by sha256 (e.g. examples/vllm/releases.yaml), fetched through the
-download store."""
+"""A list of an upstream's released files pinned by name, version and sha256 (e.g. examples/vllm/releases.yaml),
+fetched through the download store from the package index pip is configured with (carry/index.py): no URL is
+written in the list."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import yaml
 from carry.cache import Cache
 from carry.download import Pinned, Store
 from carry.errors import BadInput
+from carry.platforms import Platform
+
+KINDS = ("sdist", "wheel")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,18 +36,28 @@ def load(path: Path) -> tuple[Release, ...]:
         raise BadInput(f"{path}: cannot read the release list ({exc}); fix the file") from None
     entries = data.get("files") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not entries:
-        raise BadInput(f"{path}: 'files' must be a list of {{name, version, kind, sha256, size, url}}")
-    found = []
-    for index, entry in enumerate(entries):
-        where = f"{path}: files[{index}]"
-        if not isinstance(entry, dict) or not all(entry.get(k) for k in ("name", "version", "kind", "url")):
-            raise BadInput(f"{where} needs name, version, kind, sha256, size and url")
-        pinned = Pinned.parse(str(entry["url"]), str(entry.get("sha256", "")), where, entry.get("size"))
-        if pinned.name != entry["name"]:
-            raise BadInput(f"{where}: the url names {pinned.name}, not {entry['name']}; fix one of them")
-        found.append(Release(str(entry["name"]), str(entry["version"]), str(entry["kind"]), entry.get("platform"),
-                             pinned))
-    return tuple(found)
+        raise BadInput(f"{path}: 'files' must be a list of {{name, version, kind, platform, sha256, size}}")
+    return tuple(_release(entry, f"{path}: files[{index}]") for index, entry in enumerate(entries))
+
+
+def _release(entry, where: str) -> Release:
+    if not isinstance(entry, dict) or not all(entry.get(k) for k in ("name", "version", "kind", "sha256")):
+        raise BadInput(f"{where} needs name, version, kind, sha256 and size (and platform for a wheel)")
+    name, version, kind = str(entry["name"]), str(entry["version"]), str(entry["kind"])
+    if "url" in entry:
+        raise BadInput(f"{where}: no url: the file is asked for by name from the index pip is configured with")
+    if kind not in KINDS:
+        raise BadInput(f"{where}: kind {kind!r} is none of {', '.join(KINDS)}")
+    project, sep, _ = name.partition(f"-{version}")
+    if not sep or not project:
+        raise BadInput(f"{where}: {name} is not a file of version {version} (PROJECT-{version}…); fix one of them")
+    platform = entry.get("platform")
+    if kind == "wheel":
+        if not platform:
+            raise BadInput(f"{where}: a wheel needs its platform (e.g. linux/amd64)")
+        Platform.parse(str(platform), where)
+    pinned = Pinned.by_name(f"{project}=={version}", str(entry["sha256"]), where, name=name, size=entry.get("size"))
+    return Release(name, version, kind, platform, pinned)
 
 
 def store() -> Store:

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Download vLLM's pinned release files (releases.yaml) once into carry's download store; print each path.
+"""Download vLLM's pinned release files (releases.yaml: name, version, sha256) once into carry's download store,
+from the package index pip is configured with; print each path.
 
     python examples/vllm/fetch.py [NAME ...]     every file, or only those named (e.g. vllm-0.33.0.tar.gz)
 
