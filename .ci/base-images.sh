@@ -9,7 +9,9 @@
 #                                        platform; the build base's CUDA compiler is NVIDIA's aarch64 wheels
 #                                        from PyPI (kept in $CI_DIR/wheelhouse-cuda-arm64)
 # Each is also tagged carry-local/{build,runtime}-base:{amd64,arm64}, the names examples/demo/build.yaml uses.
-# Packages come from the Debian mirror over plain HTTP. <tag> hashes this script and the host's nvcc
+# Packages come from the Debian mirror this machine's apt uses (the first `URIs:` of
+# /etc/apt/sources.list.d/*.sources, else the first `deb` line of /etc/apt/sources.list and *.list, that serves
+# Debian's main archive; CARRY_CI_DEBIAN_MIRROR overrides it), over plain HTTP. <tag> hashes this script and the host's nvcc
 # version: images that exist are reused, a changed recipe gets a new tag. The two arm64 roots are made at
 # the same time as the amd64 images (their package scripts run emulated, about 3 and 6 minutes).
 # Run after services.sh; records the image names in the same env file.
@@ -19,7 +21,26 @@ set -euo pipefail
 
 # shellcheck source=env-file.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env-file.sh"
-MIRROR=${CARRY_CI_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The machine's own Debian mirror: the first URI of its apt sources that serves a Debian suite (not -security).
+apt_mirror() {
+    local file
+    for file in /etc/apt/sources.list.d/*.sources; do
+        [ -f "$file" ] || continue
+        awk 'BEGIN { RS = ""; FS = "\n" }
+             { uri = ""; suites = ""
+               for (i = 1; i <= NF; i++) {
+                   if ($i ~ /^URIs:/) { sub(/^URIs:[ \t]*/, "", $i); split($i, u, /[ \t]+/); uri = u[1] }
+                   if ($i ~ /^Suites:/) suites = $i }
+               if (uri != "" && suites !~ /-security/) { print uri; exit } }' "$file"
+    done
+    cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
+        awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/) { if ($(i+1) !~ /-security/) print $i; next } }'
+}
+MIRROR=${CARRY_CI_DEBIAN_MIRROR:-$(apt_mirror | head -n 1)}
+if [ -z "$MIRROR" ]; then
+    echo "base-images: no Debian mirror in this machine's apt sources; set CARRY_CI_DEBIAN_MIRROR" >&2
+    exit 2
+fi
 CUDA_SRC=${CARRY_CI_CUDA_SRC:-/usr/local/cuda-13.0}
 CUDA_DEST=/usr/local/cuda-13.0
 SUITE=bookworm

@@ -5,9 +5,9 @@ Before: the pin's ref is the one the wheel's own version names (a release `X.Y.Z
 `X.Y.Z`; a nightly `…+g<sha>` that commit; a version naming no commit, e.g. `0.33.0.dev5`, needs `ref` and is taken
 at its word, which the build says), read from the pin (its requirement or file name) before anything is fetched
 and held to the wheel's METADATA after; the wheel is the pinned file (sha256; downloaded once into the store), its
-RECORD holds for every member, and the compiled inputs (build.precompiled.inputs: csrc/, CMakeLists.txt, cmake/, ...) are identical between the
-commit the wheel was built from and the patched tree (the PR's changes and the series included). After: the
-built wheel's shared objects (and every other member the upstream took from it) are byte-identical to the
+RECORD holds for every member, and the compiled inputs (build.precompiled.inputs: csrc/, CMakeLists.txt, cmake/,
+...) are identical between the commit the wheel was built from and the patched tree (the PR's changes and the
+series included). After: the built wheel's shared objects (and every other member the upstream took from it) are byte-identical to the
 precompiled wheel's, its Requires-Dist is the precompiled wheel's own, and it carries the precompiled wheel's
 tags, not the build host's.
 """
@@ -72,8 +72,8 @@ def claim(wheel: PrecompiledWheel, where: str) -> Claim:
     if nightly:
         sha = nightly.group(1)
         if ref and HEX_RE.match(ref) and not (ref.startswith(sha) or sha.startswith(ref)):
-            raise BadInput(f"{where}: the wheel {name} is version {version}, built from commit {sha}, but ref is {ref}; "
-                           f"pin the wheel built from {ref}, or set ref: {sha}")
+            raise BadInput(f"{where}: the wheel {name} is version {version}, built from commit {sha}, but ref is "
+                           f"{ref}; pin the wheel built from {ref}, or set ref: {sha}")
         return Claim(version, ref or sha, commit=sha)
     if parsed is not None and not parsed.is_devrelease:
         tags = (f"v{parsed.public}", parsed.public)
@@ -113,8 +113,9 @@ class Plan:
 
     def line(self) -> str:
         """What was proven before the build."""
-        return (f"{len(self.shared_objects)} shared objects from {self.path.name} (sha256 {self.wheel.pinned.sha256[:8]}…), "
-                f"compiled inputs identical to {self.ref}" + (f" ({self.commit[:12]})" if self.commit != self.ref else "")
+        commit = f" ({self.commit[:12]})" if self.commit != self.ref else ""
+        return (f"{len(self.shared_objects)} shared objects from {self.path.name} "
+                f"(sha256 {self.wheel.pinned.sha256[:8]}…), compiled inputs identical to {self.ref}{commit}"
                 + (f"; {self.proof}" if self.proof else ""))
 
     def key(self) -> dict:
@@ -125,7 +126,8 @@ class Plan:
 
     def to_json(self) -> dict:
         return {"wheel": self.path.name, "sha256": self.wheel.pinned.sha256, "platform": str(self.platform),
-                "ref": self.ref, "commit": self.commit, "ref_proof": self.proof, "tags": list(self.tags), "inputs": list(self.inputs),
+                "ref": self.ref, "commit": self.commit, "ref_proof": self.proof, "tags": list(self.tags),
+                "inputs": list(self.inputs),
                 "requires_dist": list(self.requires_dist), "members": dict(sorted(self.members.items()))}
 
 

@@ -100,15 +100,15 @@ def test_key_is_what_went_in(vllm_spec, tmp_path):
     assert spelled.key == vllm_spec.key  # order, case and spelling of the same requirements do not matter
     more = buildenv.EnvSpec.resolve(VLLM_REQUIRES, BuildEnvironment(requires=("six",)))
     index = buildenv.EnvSpec.resolve(VLLM_REQUIRES, BuildEnvironment(
-        extra_index_urls=("https://download.pytorch.org/whl/cu130",)))
+        extra_index_urls=("https://torch.index.example/whl/cu130",)))
     with_password = buildenv.EnvSpec.resolve(VLLM_REQUIRES, BuildEnvironment(
-        extra_index_urls=("https://carry:s3cret@download.pytorch.org/whl/cu130",)))
+        extra_index_urls=("https://carry:s3cret@torch.index.example/whl/cu130",)))
     (tmp_path / "python3").symlink_to(sys.executable)  # another interpreter path (asked in a subprocess)
     other_python = buildenv.EnvSpec.resolve(VLLM_REQUIRES, python=str(tmp_path / "python3"))
     assert len({vllm_spec.key, more.key, index.key, other_python.key}) == 4
     assert with_password.key == index.key  # the credential is not part of what is installed
     assert "s3cret" not in json.dumps(with_password.public())
-    assert with_password.uv_environ()["UV_EXTRA_INDEX_URL"] == "https://carry:s3cret@download.pytorch.org/whl/cu130"
+    assert with_password.uv_environ()["UV_EXTRA_INDEX_URL"] == "https://carry:s3cret@torch.index.example/whl/cu130"
     assert other_python.python == str(tmp_path / "python3") and vllm_spec.python == sys.executable
     assert other_python.python_version == vllm_spec.python_version
     assert vllm_spec.platform is Platform.LINUX_AMD64 and vllm_spec.public()["uv"] == vllm_spec.uv.version
@@ -319,10 +319,10 @@ def config_with(tmp_path: Path, body: str, isolation: str = "false") -> Path:
 def test_build_environment_config(tmp_path):
     path = config_with(tmp_path, "    requires: ['torch==2.14.0', six]\n"
                                  "    index_url: https://user:pw@pypi.example/simple\n"
-                                 "    extra_index_urls: https://download.pytorch.org/whl/cu130\n")
+                                 "    extra_index_urls: https://torch.index.example/whl/cu130\n")
     environment = config.load(path).build.environment
     assert environment == BuildEnvironment(("torch==2.14.0", "six"), "https://user:pw@pypi.example/simple",
-                                           ("https://download.pytorch.org/whl/cu130",))
+                                           ("https://torch.index.example/whl/cu130",))
     no_environment = config_with(tmp_path / "plain", "    {}\n")
     assert config.load(no_environment).build.environment == BuildEnvironment()
 
