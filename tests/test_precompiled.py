@@ -58,6 +58,10 @@ def built(project):
     return found
 
 
+def realvllm_config_text() -> str:
+    return (EXAMPLE / "build.yaml").read_text()
+
+
 def members(wheel: Path) -> dict[str, str]:
     """installed path -> RECORD hash."""
     with zipfile.ZipFile(wheel) as archive:
@@ -80,7 +84,7 @@ def test_the_fixed_wheel_is_what_vllm_would_publish(built, platform):
     assert wheel.name == f"vllm-0.33.0+carry.20261201.1-cp38-abi3-manylinux_2_28_{machine}.whl"
     sha = realvllm.pinned(WHEELS[platform]).pinned.sha256
     assert (f"precompiled: 13 shared objects from {released.name} (sha256 {sha[:8]}…), compiled inputs identical "
-            f"to v0.33.0") in result.err
+            f"to v0.33.0 ({realvllm.V0_33_0[:12]}); version 0.33.0 is tag v0.33.0") in result.err
     assert "job(s)" not in result.err and "compiler cache" not in result.err and "nothing compiles" in result.err
     assert "env " in result.err and "torch 2.14.0+cu130" in result.err
     ours, theirs = members(wheel), members(released)
@@ -100,8 +104,14 @@ def test_the_fixed_wheel_is_what_vllm_would_publish(built, platform):
     assert info["platform"] == platform and info["precompiled"]["sha256"] == sha
     assert info["precompiled"]["commit"] == realvllm.V0_33_0 and info["gate"]["ok"] and info["tree_check"]["ok"]
     assert f"cpu: 13/13 shared object(s) are {machine} code ({platform})" in result.err
-    assert re.search(r"tree check passed: \d+ identical to tree \w+, 2147 byte-identical to the precompiled wheel",
+    # vllm/_version.py: not tracked (the history is vLLM's git), excluded by vLLM's .gitignore, written by this
+    # build (its content is the build's, not the precompiled wheel's), and no build.generated names it
+    assert "generated:" not in realvllm_config_text() and info["tree_check"]["ignored"] == ["vllm/_version.py"]
+    assert re.search(r"tree check passed: \d+ identical to tree \w+, 2147 byte-identical to the precompiled wheel, "
+                     r"1 generated \(ignored by the upstream's \.gitignore, written by this build: vllm/_version\.py\)",
                      result.err)
+    with zipfile.ZipFile(wheel) as archive:
+        assert "0.33.0+carry.20261201.1" in archive.read("vllm/_version.py").decode()
 
 
 def test_verify_gate_and_a_rerun_of_the_fixed_wheels(project, built):
@@ -110,6 +120,8 @@ def test_verify_gate_and_a_rerun_of_the_fixed_wheels(project, built):
         verified = carry("--config", str(config), "verify", str(wheel), env=env)
         assert verified.code == 0, verified.out + verified.err
         assert "byte-identical to vllm-0.33.0-cp38-abi3-manylinux_2_28" in verified.out and "verified" in verified.out
+        assert "1 generated (ignored by the upstream's .gitignore, written by this build: vllm/_version.py)" in \
+            verified.out
         gated = carry("--config", str(config), "gate", str(wheel), env=env)
         assert gated.code == 0, gated.out + gated.err
     again = carry("--config", str(config), "wheel", "--out", str(root / "dist"), env=env)
@@ -145,8 +157,10 @@ def test_another_precompiled_wheel_is_another_build(tmp_path, history):
     from carry.download import sha256_of
 
     text = config.read_text()
-    url = realvllm.pinned(realvllm.WHEEL_X86).pinned
-    config.write_text(text.replace(f"url: {url.source}", f"path: {other}").replace(url.sha256, sha256_of(other)))
+    sha = realvllm.pinned(realvllm.WHEEL_X86).pinned.sha256
+    config.write_text(text.replace(f"requirement: vllm==0.33.0\n        sha256: {sha}",
+                                   f"path: {other}\n        sha256: {sha256_of(other)}"))
+    assert f"path: {other}" in config.read_text()
     result = carry("--config", str(config), "wheel", "--out", str(tmp_path / "dist"), env=env)
     assert result.code == 0, result.err
     assert "materialize" in result.err and "reused" not in result.err.split("env ")[0]
@@ -155,18 +169,28 @@ def test_another_precompiled_wheel_is_another_build(tmp_path, history):
         assert archive.read("vllm/third_party/deep_gemm/CARRY_NOTE") == b"rebuilt\n"
 
 
+SHA_X86 = "4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa"
+SHA_ARM = "e9e404f52c8494b69bd83fe99fe7ecfa9f6b89fbd156d2a9639c24ea41d6d606"
+SHA_032_X86 = "5e2ecdc5b0baf72921c288486417ca82778456a448e4fe60b62ee43c0dfc8611"  # vllm 0.32.0's x86_64 wheel
+AMD64_PIN = f"linux/amd64:\n        requirement: vllm==0.33.0\n        sha256: {SHA_X86}\n        ref: v0.33.0\n"
+
+
+def pin_amd64(text: str, *lines: str) -> str:
+    """The example's build.yaml with its linux/amd64 pin replaced by `lines`."""
+    assert AMD64_PIN in text
+    return text.replace(AMD64_PIN, "linux/amd64:\n" + "".join(f"        {line}\n" for line in lines), 1)
+
+
 @pytest.mark.parametrize(("edit", "needle"), [
-    (lambda text: text.replace("4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa", "ab" * 32, 1),
-     "sha256 is 4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa, not the pinned"),
-    (lambda text: text.replace("linux/amd64:\n        url: https://files.pythonhosted.org/packages/8b",
-                               "linux/amd64:\n        url: https://files.pythonhosted.org/packages/eb", 1)
-     .replace("a8/92e278093df40fde4c4bfd6572704bb8f398d6a2280d8c82cb5efaf12047/vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64",
-              "e0/bfb969e9a03c55402f08684c2691e1e2a4307ebc9c90aae0cebadb43d9b5/vllm-0.33.0-cp38-abi3-manylinux_2_28_aarch64")
-     .replace("4b6bdec4ab269990bf70d45a3c1e94c3760a27064513760193b26d6f0da883aa",
-              "e9e404f52c8494b69bd83fe99fe7ecfa9f6b89fbd156d2a9639c24ea41d6d606", 1),
+    (lambda text: pin_amd64(text, f"path: {realvllm.path(realvllm.WHEEL_X86)}", f"sha256: {'ab' * 32}"),
+     f"sha256 is {SHA_X86}, not the pinned"),
+    (lambda text: pin_amd64(text, f"path: {realvllm.path(realvllm.WHEEL_ARM)}", f"sha256: {SHA_ARM}"),
      "not a wheel for linux/amd64"),
     (lambda text: text.replace('VLLM_PRECOMPILED_WHEEL_LOCATION: "{wheel}"', 'VLLM_PRECOMPILED_WHEEL_LOCATION: x'),
      "must hand the wheel to the upstream's build"),
+    (lambda text: pin_amd64(text, "requirement: vllm>=0.33.0", f"sha256: {SHA_X86}"), "names no single version"),
+    (lambda text: pin_amd64(text, f"path: {realvllm.path(realvllm.WHEEL_X86)}", "index: file:///nowhere",
+                            f"sha256: {SHA_X86}"), "index is for a wheel pinned by requirement"),
 ])
 def test_a_wrong_precompiled_pin_is_bad_input(tmp_path, history, edit, needle):
     config = make_project(tmp_path / "vllm", history)
@@ -210,3 +234,140 @@ def test_the_build_context_carries_the_precompiled_wheel(tmp_path, history):
     assert carried.stat().st_ino == realvllm.path(realvllm.WHEEL_ARM).stat().st_ino  # hardlinked, not copied
     assert not (context / "cache" / "downloads" / realvllm.pinned(realvllm.WHEEL_X86).pinned.sha256).exists()
     assert "CARRY_DOWNLOADS=/carry/cache/downloads" in (ROOT / "Dockerfile").read_text()
+
+
+def test_a_pin_by_name_resolves_the_file_the_url_pin_did(tmp_path):
+    """`requirement: vllm==0.33.0` with its sha256: pip, with this machine's own index configuration and nothing
+    carry wrote, fetches the very file releases.yaml pins (the one the URL pin named): same name, size, sha256;
+    the second time from the store, asking no index."""
+    from carry import config as configuration
+    from carry.download import Store, sha256_of
+    from carry.platforms import Platform
+
+    loaded = configuration.load(EXAMPLE / "build.yaml")
+    pinned = loaded.build.precompiled.wheel_for(Platform.LINUX_AMD64).pinned
+    assert pinned.requirement == "vllm==0.33.0" and not pinned.source and not pinned.name
+    released = realvllm.pinned(realvllm.WHEEL_X86).pinned
+    store, said = Store(tmp_path / "store"), []
+    try:
+        got = store.get(pinned, said.append)
+        assert got.name == realvllm.WHEEL_X86 == released.name
+        assert got.stat().st_size == released.size and sha256_of(got) == released.sha256 == pinned.sha256
+        assert got == store.root / released.sha256 / released.name
+        assert len(said) == 1 and "(vllm==0.33.0 for linux/amd64) with pip from" in said[0]
+        assert "sha256 4b6bdec4" in said[0]
+        again = []
+        assert store.get(pinned, again.append) == got and again == []
+        assert [p.name for p in store.root.iterdir()] == [released.sha256]  # no pip scratch dir left
+    finally:
+        shutil.rmtree(tmp_path / "store", ignore_errors=True)
+
+
+@pytest.fixture()
+def local_index(tmp_path):
+    """A simple-API index (PEP 503, file://) that serves vLLM 0.33.0's x86_64 wheel only."""
+    files, project = tmp_path / "index" / "files", tmp_path / "index" / "simple" / "vllm"
+    files.mkdir(parents=True)
+    project.mkdir(parents=True)
+    import os
+
+    os.link(realvllm.path(realvllm.WHEEL_X86), files / realvllm.WHEEL_X86)
+    (project / "index.html").write_text(f'<html><body><a href="../../files/{realvllm.WHEEL_X86}#sha256={SHA_X86}">'
+                                        f'{realvllm.WHEEL_X86}</a></body></html>\n')
+    yield f"file://{tmp_path / 'index' / 'simple'}"
+    shutil.rmtree(tmp_path / "index", ignore_errors=True)
+
+
+def test_a_pin_names_its_index(tmp_path, local_index, history):
+    """`index:` (vLLM's per-commit nightly index, a mirror): pip is told that index, and the wheel comes from it."""
+    from carry.download import Pinned, Store
+    from carry.platforms import Platform
+
+    pinned = Pinned.by_name("vllm==0.33.0", SHA_X86, "test", index=local_index, platform=Platform.LINUX_AMD64)
+    said = []
+    try:
+        got = Store(tmp_path / "store").get(pinned, said.append)
+        assert got.name == realvllm.WHEEL_X86 and local_index in said[0]
+    finally:
+        shutil.rmtree(tmp_path / "store", ignore_errors=True)
+
+
+@pytest.mark.parametrize(("lines", "needles"), [
+    (("requirement: vllm==0.32.0", f"sha256: {SHA_032_X86}", "ref: v0.32.0"),
+     ("no wheel of vllm==0.32.0 for linux/amd64", "no such version, or none for that platform")),
+    (("requirement: vllm==0.33.0", f"sha256: {'ab' * 32}"),
+     (f"serves vllm==0.33.0 for linux/amd64 with sha256 {SHA_X86}", f"not the pinned {'ab' * 32}")),
+])
+def test_what_the_index_does_not_serve_is_bad_input(tmp_path, local_index, history, lines, needles):
+    config = make_project(tmp_path / "vllm", history)
+    config.write_text(pin_amd64(config.read_text(), *lines, f"index: {local_index}"))
+    env = {"CARRY_CACHE": str(tmp_path / "cache"), "CARRY_DOWNLOADS": str(tmp_path / "store")}
+    result = carry("--config", str(config), "wheel", "--out", str(tmp_path / "dist"), env=env)
+    assert_bad_input(result, *needles, local_index, "build.precompiled.wheels.linux/amd64")
+    assert not (tmp_path / "dist").exists() and not list((tmp_path / "store").glob("*/*"))
+
+
+def test_no_wheel_for_the_platform_is_bad_input(tmp_path, local_index, history):
+    config = make_project(tmp_path / "vllm", history)
+    arm = f"linux/arm64:\n        requirement: vllm==0.33.0\n        sha256: {SHA_ARM}\n"
+    text = config.read_text()
+    assert arm in text
+    config.write_text(text.replace(arm, arm + f"        index: {local_index}\n"))
+    env = {"CARRY_CACHE": str(tmp_path / "cache"), "CARRY_DOWNLOADS": str(tmp_path / "store")}
+    result = carry("--config", str(config), "wheel", "--platform", "linux/arm64", "--out", str(tmp_path / "dist"),
+                   env=env)
+    assert_bad_input(result, "no wheel of vllm==0.33.0 for linux/arm64", "manylinux", local_index)
+    assert not (tmp_path / "dist").exists()
+
+
+def test_a_pins_ref_is_proven_before_any_work(tmp_path, history):
+    """0.32.0's released x86_64 wheel (its real sha256) pinned as `ref: v0.33.0`: the pin's own version says
+    0.32.0, so it is refused before anything is fetched, checked or built."""
+    config = make_project(tmp_path / "vllm", history)
+    config.write_text(pin_amd64(config.read_text(), "requirement: vllm==0.32.0", f"sha256: {SHA_032_X86}",
+                                "ref: v0.33.0"))
+    env = {"CARRY_CACHE": str(tmp_path / "cache"), "CARRY_DOWNLOADS": str(tmp_path / "store")}
+    result = carry("--config", str(config), "wheel", "--out", str(tmp_path / "dist"), env=env)
+    assert_bad_input(result, "is version 0.32.0", "built from the tag v0.32.0", "but ref is v0.33.0",
+                     "build.precompiled.wheels.linux/amd64")
+    assert not (tmp_path / "store").exists() and not (tmp_path / "dist").exists()
+    assert not (tmp_path / "cache" / "mirrors").exists() and not (tmp_path / "cache" / "envs").exists()
+
+
+def test_an_own_series_on_the_honest_history_builds_both_cpus(tmp_path, history):
+    """A series of our own (a file under vllm/ changed, a module added) with build.generated naming
+    vllm/_version.py: the build's copy wins over the precompiled wheel's; both CPUs' wheels build, verify, gate."""
+    config = make_project(tmp_path / "vllm", history)
+    for patch in (config.parent / "patches").glob("*.patch"):
+        patch.unlink()
+    head = "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n" \
+           "From: carry tests <tests@carry.invalid>\nDate: Tue, 1 Dec 2026 00:00:00 +0000\n"
+    changed = "vllm/version.py"
+    (config.parent / "patches" / "0001-version-a-comment.patch").write_text(
+        head + f"Subject: [PATCH 1/2] version: a comment\n\n---\ndiff --git a/{changed} b/{changed}\n"
+        f"--- a/{changed}\n+++ b/{changed}\n@@ -1 +1,2 @@\n # SPDX-License-Identifier: Apache-2.0\n"
+        "+# carry: a line of the series\n")
+    (config.parent / "patches" / "0002-add-a-module.patch").write_text(
+        head + "Subject: [PATCH 2/2] add a module\n\n---\ndiff --git a/vllm/carry_note.py b/vllm/carry_note.py\n"
+        "new file mode 100644\n--- /dev/null\n+++ b/vllm/carry_note.py\n@@ -0,0 +1 @@\n+NOTE = 'carried'\n")
+    text = config.read_text()
+    config.write_text(text.replace("  precompiled:\n", "  generated:\n    vllm/_version.py: setuptools-scm writes it\n"
+                                                        "  precompiled:\n", 1))
+    env = {"CARRY_CACHE": str(tmp_path / "cache"), "CARRY_DOWNLOADS": realvllm.download_store()}
+    for platform in WHEELS:
+        result = carry("--config", str(config), "wheel", "--platform", platform, "--out", str(tmp_path / "dist"),
+                       env=env)
+        assert result.code == 0, result.err
+        assert re.search(r"tree check passed: \d+ identical to tree \w+, 2147 byte-identical to the precompiled "
+                         r"wheel, 1 generated by the build \(build.generated\)", result.err), result.err
+        wheel = Path(result.out.strip())
+        with zipfile.ZipFile(wheel) as archive:
+            assert "# carry: a line of the series" in archive.read(changed).decode()
+            assert archive.read("vllm/carry_note.py") == b"NOTE = 'carried'\n"
+            assert "+carry." in archive.read("vllm/_version.py").decode()
+        assert set(members(wheel)) == set(members(realvllm.path(WHEELS[platform]))) | {"vllm/carry_note.py"}
+        verified = carry("--config", str(config), "verify", str(wheel), env=env)
+        assert verified.code == 0 and "verified" in verified.out, verified.out + verified.err
+        gated = carry("--config", str(config), "gate", str(wheel), env=env)
+        assert gated.code == 0, gated.out + gated.err
+    shutil.rmtree(tmp_path / "dist", ignore_errors=True)
