@@ -347,8 +347,8 @@ def test_an_own_series_on_the_honest_history_builds_both_cpus(tmp_path, history)
     changed = "vllm/version.py"
     (config.parent / "patches" / "0001-version-a-comment.patch").write_text(
         head + f"Subject: [PATCH 1/2] version: a comment\n\n---\ndiff --git a/{changed} b/{changed}\n"
-        f"--- a/{changed}\n+++ b/{changed}\n@@ -1 +1,2 @@\n # SPDX-License-Identifier: Apache-2.0\n"
-        "+# carry: a line of the series\n")
+        f"--- a/{changed}\n+++ b/{changed}\n@@ -1 +1,2 @@\n+# carry: a line of the series\n"
+        " # SPDX-License-Identifier: Apache-2.0\n")
     (config.parent / "patches" / "0002-add-a-module.patch").write_text(
         head + "Subject: [PATCH 2/2] add a module\n\n---\ndiff --git a/vllm/carry_note.py b/vllm/carry_note.py\n"
         "new file mode 100644\n--- /dev/null\n+++ b/vllm/carry_note.py\n@@ -0,0 +1 @@\n+NOTE = 'carried'\n")
