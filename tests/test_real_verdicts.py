@@ -51,8 +51,8 @@ def test_the_history_is_the_same_on_every_machine_and_built_once(history, tmp_pa
     assert git("rev-parse", "v0.33.0^") == V0_32_0 and git("rev-parse", f"{PR_HEAD}^") == V0_32_0
     assert git("cat-file", "-t", "v0.33.0") == "tag"  # annotated, as releases are
     files = git("ls-tree", "-r", "--name-only", "v0.33.0").splitlines()
-    assert len(files) == 8515 and "vllm/entrypoints/common/cli_args.py" in files
-    assert "PKG-INFO" not in files and not any(".egg-info/" in f for f in files)
+    assert len(files) == 8514 and "vllm/entrypoints/common/cli_args.py" in files
+    assert "PKG-INFO" not in files and not any(".egg-info/" in f for f in files) and "vllm/_version.py" not in files
     modes = {line.split()[0] for line in git("ls-tree", "-r", "v0.33.0").splitlines()}
     assert modes == {"100644", "100755"}  # the tarball's executables stay executable
     assert git("log", "-1", "--format=%an <%ae> %ad", "--date=iso-strict", "v0.32.0").startswith(
