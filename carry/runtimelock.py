@@ -5,7 +5,8 @@ build.yaml as `<image.lock>/<os>-<arch>.txt` and committed.
     base facts (docker) + the wheel's Requires-Dist -> uv pip compile (the user's index) -> header + body -> file
 
 The body is `uv pip compile --generate-hashes --only-binary :all: --no-header --no-annotate` output, so pip and uv
-both install it with --require-hashes; carry's header above it records what it was resolved from (the platform,
+both install it with --require-hashes, each pin's hashes narrowed to those of its wheels for the target (uv lists
+every file of the version; its pylock.toml of the same pins lists the target's); carry's header above it records what it was resolved from (the platform,
 the Python, uv's target, the base image and its ID, a digest of the Requires-Dist). `check_fresh` refuses a lock
 whose inputs drifted.
 
@@ -461,7 +462,54 @@ def resolve(requires: Sequence[str], platform: Platform, facts: BaseFacts, index
             raise BadInput(f"uv at {uv.path} cannot run ({exc.strerror}); reinstall it: pip install uv") from None
         if done.returncode != 0:
             raise _failure(platform, facts, done.stderr, index)
-        return out.read_text()
+        body = out.read_text()
+        return narrow(body, _installable(uv.path, out, work, platform, facts, index))
+
+
+def _installable(uv: str, locked: Path, work: Path, platform: Platform, facts: BaseFacts, index: Index
+                 ) -> dict[str, set[str]]:
+    """Per package of the resolved lock, the sha256 of each of its wheels that installs on the target: uv's
+    pylock.toml of exactly those pins (`--no-deps`), which lists only the wheels for the target."""
+    import tomllib
+
+    from packaging.utils import canonicalize_name
+
+    out = work / "pylock.toml"
+    args = ["pip", "compile", str(locked), "--no-deps", "--output-file", str(out), "--format", "pylock.toml",
+            "--python-platform", facts.target(platform), "--python-version", facts.python, "--only-binary", ":all:",
+            "--quiet", "--color", "never"]
+    done = subprocess.run([uv, *args], cwd=work, env=index.environ, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise _failure(platform, facts, done.stderr, index)
+    found: dict[str, set[str]] = {}
+    for package in tomllib.loads(out.read_text()).get("packages", []):
+        hashes = {f"sha256:{w['hashes']['sha256']}" for w in package.get("wheels", []) if "sha256" in w.get("hashes", {})}
+        found[canonicalize_name(package["name"])] = hashes
+    return found
+
+
+def narrow(body: str, installable: Mapping[str, set[str]]) -> str:
+    """uv's requirements output with each pin's hashes narrowed to those of its wheels for the target (uv lists
+    every file of the version, for every platform); a pin with none of them known keeps all."""
+    from packaging.utils import canonicalize_name
+
+    blocks: list[tuple[str, list[str]]] = []
+    for line in body.splitlines():
+        text = line.strip().removesuffix("\\").strip()
+        if not text:
+            continue
+        if text.startswith("--hash="):
+            blocks[-1][1].append(text.removeprefix("--hash="))
+        else:
+            blocks.append((text, []))
+    lines = []
+    for pin, hashes in blocks:
+        match = PIN_RE.match(pin)
+        wanted = installable.get(canonicalize_name(match.group(1)), set()) if match else set()
+        kept = [h for h in hashes if h in wanted] or hashes
+        lines.append(" \\\n".join([pin, *(f"    --hash={h}" for h in kept)]))
+    return "\n".join(lines) + "\n"
 
 
 def _failure(platform: Platform, facts: BaseFacts, stderr: str, index: Index) -> CarryError:
