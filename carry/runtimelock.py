@@ -439,9 +439,10 @@ def pip_settings() -> dict[str, str]:
 # --- resolving ---------------------------------------------------------------------------------------------------
 
 def resolve(requires: Sequence[str], platform: Platform, facts: BaseFacts, index: Index, scratch: Path,
-            previous: str | None = None, upgrade: bool = False) -> str:
+            previous: str | None = None, upgrade: bool = False, cwd: Path | None = None) -> str:
     """The lock body: uv pip compile of `requires` for the base's Python and glibc, wheels only, every pin hashed.
-    The previous lock's pins are uv's preferences (kept while they still fit), unless `upgrade`."""
+    The previous lock's pins are uv's preferences (kept while they still fit), unless `upgrade`. uv runs in `cwd`
+    (the config's directory), where it finds a project's own uv.toml as choose_index does."""
     from carry.buildenv import find_uv
 
     uv = find_uv()
@@ -450,23 +451,23 @@ def resolve(requires: Sequence[str], platform: Platform, facts: BaseFacts, index
         out = work / "lock.txt"
         if previous and not upgrade:
             out.write_text(previous)
-        args = ["pip", "compile", "requirements.in", "--output-file", str(out), "--python-platform",
+        args = ["pip", "compile", str(work / "requirements.in"), "--output-file", str(out), "--python-platform",
                 facts.target(platform), "--python-version", facts.python, "--generate-hashes", "--only-binary",
                 ":all:", "--no-header", "--no-annotate", "--quiet", "--color", "never"]
         if upgrade:
             args.append("--upgrade")
         try:
-            done = subprocess.run([uv.path, *args], cwd=work, env=index.environ, capture_output=True, text=True,
+            done = subprocess.run([uv.path, *args], cwd=cwd or work, env=index.environ, capture_output=True, text=True,
                                   stdin=subprocess.DEVNULL)
         except OSError as exc:
             raise BadInput(f"uv at {uv.path} cannot run ({exc.strerror}); reinstall it: pip install uv") from None
         if done.returncode != 0:
             raise _failure(platform, facts, done.stderr, index)
         body = out.read_text()
-        return narrow(body, _installable(uv.path, out, work, platform, facts, index))
+        return narrow(body, _installable(uv.path, out, work, cwd or work, platform, facts, index))
 
 
-def _installable(uv: str, locked: Path, work: Path, platform: Platform, facts: BaseFacts, index: Index
+def _installable(uv: str, locked: Path, work: Path, cwd: Path, platform: Platform, facts: BaseFacts, index: Index
                  ) -> dict[str, set[str]]:
     """Per package of the resolved lock, the sha256 of each of its wheels that installs on the target: uv's
     pylock.toml of exactly those pins (`--no-deps`), which lists only the wheels for the target."""
@@ -478,7 +479,7 @@ def _installable(uv: str, locked: Path, work: Path, platform: Platform, facts: B
     args = ["pip", "compile", str(locked), "--no-deps", "--output-file", str(out), "--format", "pylock.toml",
             "--python-platform", facts.target(platform), "--python-version", facts.python, "--only-binary", ":all:",
             "--quiet", "--color", "never"]
-    done = subprocess.run([uv, *args], cwd=work, env=index.environ, capture_output=True, text=True,
+    done = subprocess.run([uv, *args], cwd=cwd, env=index.environ, capture_output=True, text=True,
                           stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         raise _failure(platform, facts, done.stderr, index)
@@ -546,7 +547,7 @@ def lock(config: Config, cache: Cache, facts: Mapping[Platform, BaseFacts], whee
         requires, dist = wheel_metadata(wheels[platform])
         path = lock_path(config, platform)
         previous = _previous_body(path)
-        body = resolve(dist, platform, found, index, cache.scratch, previous, upgrade)
+        body = resolve(dist, platform, found, index, cache.scratch, previous, upgrade, config.root)
         text = render(platform, found, requires_digest(dist), requires, body)
         made.append((platform, path, text))
         say(f"{platform}: resolved {len(dist)} Requires-Dist line(s) of {requires} for {found.target(platform)}")

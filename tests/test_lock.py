@@ -4,6 +4,7 @@ Requires-Dist) and on the real vLLM 0.33.0 of examples/vllm, whose lock files ar
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -171,7 +172,7 @@ def test_bad_input_writes_nothing(project):
     config.write_text(text.replace(f"{OWN}:arm64", f"{OWN}:amd64"))
     assert_bad_input(lock(config, env), f"runtime image {OWN}:amd64 is for linux/amd64, not linux/arm64")
 
-    config.write_text(text.replace('["idna>=3.4"]', '["idna>=3.4"]'))
+    config.write_text(text)
     upstream_py = config.parent.parent / "upstream"
     Upstream(upstream_py).make_patch(config.parent / "patches" / "0001-impossible.patch", "Impossible pin",
                                      {"pyproject.toml": PYPROJECT.replace('"idna>=3.4"', '"idna==0.0.1"')})
@@ -202,3 +203,24 @@ def test_vllm_example_lock_is_committed_and_fresh(tmp_path):
         assert "# requires: vllm==0.33.0+carry." in text
     checked = carry("--config", str(example / "build.yaml"), "lock", "--check", timeout=1800)
     assert checked.code == 0, checked.out + checked.err[-2000:]
+
+
+def test_the_index_is_uvs_own_else_pips_remote_ones(tmp_path):
+    from carry import runtimelock
+
+    pip = {"index-url": "https://user:secret@mirror.internal.example/simple",
+           "extra-index-url": "file:///opt/local/simple https://extra.internal.example/simple"}
+    uv_env = runtimelock.choose_index({"UV_DEFAULT_INDEX": "https://uv.internal.example/simple"}, tmp_path,
+                                      lambda: pip)
+    assert uv_env.source == "uv's own index settings" and "UV_INDEX_URL" not in uv_env.environ
+    (tmp_path / "uv.toml").write_text('index-url = "https://uv.internal.example/simple"\n')
+    assert runtimelock.choose_index({}, tmp_path, lambda: pip).source == "uv's own index settings"
+    (tmp_path / "uv.toml").unlink()
+    from_pip = runtimelock.choose_index({"XDG_CONFIG_HOME": str(tmp_path)}, tmp_path, lambda: pip)
+    assert from_pip.environ["UV_INDEX_URL"] == pip["index-url"]
+    assert from_pip.environ["UV_EXTRA_INDEX_URL"] == "https://extra.internal.example/simple"
+    assert "secret" not in from_pip.source and "mirror.internal.example/simple" in from_pip.source
+    assert "skipped pip's local file:///opt/local/simple" in from_pip.source
+    # this machine: pip.conf's extra indexes are local directories, so uv's default index resolves
+    here = runtimelock.choose_index({k: v for k, v in os.environ.items() if not k.startswith("UV_")}, ROOT)
+    assert not here.environ.get("UV_EXTRA_INDEX_URL", "").startswith("file:")
