@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -183,26 +184,40 @@ def test_bad_input_writes_nothing(project):
 
 def test_vllm_example_lock_is_committed_and_fresh(tmp_path):
     """examples/vllm's lock, made from the real 0.33.0 fixed wheels (precompiled, both CPUs here): `lock` in a copy
-    of the example says up to date and rewrites no byte of the committed files."""
+    of the example keeps every pin and hash of the committed files. The base line holds the runtime image's ID,
+    which is this machine's own where the base images were built locally (.ci/base-images.sh): where it is the
+    committed one, nothing is rewritten at all."""
     dockerenv.require()
     example = ROOT / "examples" / "vllm"
     copy = tmp_path / "vllm"
-    subprocess.run(["python3", str(example / "make_upstream.py")], check=True, capture_output=True)
+    subprocess.run([sys.executable, str(example / "make_upstream.py")], check=True, capture_output=True)
     shutil.copytree(example, copy, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     config = copy / "build.yaml"
     done = carry("--config", str(config), "lock", timeout=1800)
     assert done.code == 0, done.err[-3000:]
-    assert done.out.count(": up to date") == 2, done.out
     for arch, machine in (("amd64", "x86_64"), ("arm64", "aarch64")):
-        committed = (example / "runtime-lock" / f"linux-{arch}.txt").read_bytes()
-        assert (copy / "runtime-lock" / f"linux-{arch}.txt").read_bytes() == committed
-        text = committed.decode()
-        assert f"# target: {machine}-manylinux_2_36" in text and "# python: 3.11.2" in text
-        assert "\ntorch==2.14.0 \\\n" in text and "\nnvidia-cuda-nvcc==" in text and "\nflashinfer-python==" in text
-        assert f"linux/{arch}: 197 packages, python 3.11.2, target {machine}-manylinux_2_36" in done.out
-        assert "# requires: vllm==0.33.0+carry." in text
-    checked = carry("--config", str(example / "build.yaml"), "lock", "--check", timeout=1800)
+        committed = (example / "runtime-lock" / f"linux-{arch}.txt").read_text()
+        made = (copy / "runtime-lock" / f"linux-{arch}.txt").read_text()
+        image_id = subprocess.run([DOCKER, "image", "inspect", "--format", "{{.Id}}",
+                                   f"carry-local/runtime-base:{arch}"], capture_output=True, text=True,
+                                  check=True).stdout.strip()
+        assert f"# base: carry-local/runtime-base:{arch}@{image_id}\n" in made
+        same_base = f"@{image_id}\n" in committed
+        assert (made == committed) == same_base
+        assert [l for l in made.splitlines() if not l.startswith("# base:")] == \
+            [l for l in committed.splitlines() if not l.startswith("# base:")]
+        line = f"linux/{arch}: 197 packages, python 3.11.2, target {machine}-manylinux_2_36"
+        assert f"{line}, base carry-local/runtime-base:{arch}@{image_id[:19]}…: " \
+               f"{'up to date' if same_base else f'wrote runtime-lock/linux-{arch}.txt'}" in done.out
+        assert f"# target: {machine}-manylinux_2_36" in committed and "# python: 3.11.2" in committed
+        assert "\ntorch==2.14.0 \\\n" in committed and "\nnvidia-cuda-nvcc==" in committed
+        assert "\nflashinfer-python==" in committed and "# requires: vllm==0.33.0+carry." in committed
+        # one hash for torch: its wheel for this CPU and Python
+        torch = committed.split("\ntorch==2.14.0 \\\n", 1)[1].split("\n")[0]
+        assert torch.strip().startswith("--hash=sha256:") and not torch.endswith("\\")
+    checked = carry("--config", str(config), "lock", "--check", timeout=1800)
     assert checked.code == 0, checked.out + checked.err[-2000:]
+    assert checked.out.splitlines() == ["linux/amd64: fresh", "linux/arm64: fresh"]
 
 
 def test_the_index_is_uvs_own_else_pips_remote_ones(tmp_path):
