@@ -519,12 +519,13 @@ def _failure(platform: Platform, facts: BaseFacts, stderr: str, index: Index) ->
     error = next((line.split("error:", 1)[1].strip() for line in text.splitlines() if "error:" in line), "")
     causes = [line.split("cause:", 1)[1].strip() for line in text.splitlines() if "cause:" in line]
     reason = " ".join(" ".join([error, *causes]).split()) or " ".join(text.split())[-300:]
-    where = f"{platform} (target {facts.target(platform)}, python {facts.python}; index: {index.source})"
+    where = f"{platform} (target {facts.target(platform)}, python {facts.python}; {index.source.split(';')[0]})"
     if error.startswith("No solution found"):
         named = re.findall(r"\b([A-Za-z0-9][A-Za-z0-9._-]*)==[^\s,]+ has no (?:usable|matching|compatible)", reason)
         culprit = f"{named[0]}: " if named else ""
-        return BadInput(f"runtime lock for {where}: {culprit}{' '.join(causes) or error}; pin a version with wheels "
-                        f"for this target with a patch, or change the runtime image")
+        cause = (" ".join(causes) or error).rstrip(".")
+        return BadInput(f"runtime lock for {where}: {culprit}{cause}; pin a version with wheels for this target "
+                        f"with a patch, or change the runtime image")
     return Failed(f"runtime lock for {where}: uv pip compile failed: {reason}")
 
 
