@@ -406,7 +406,8 @@ def _lock_files(cache: Cache, names: tuple[str, ...]) -> list[Path]:
         if name.endswith("*"):
             prefix = cache.lock_path(name[:-1] + "_").name[:-len("_.lock")]
             directory = cache.root / "locks"
-            paths += sorted(p for p in directory.glob("*.lock") if p.name.startswith(prefix)) if directory.is_dir() else []
+            if directory.is_dir():
+                paths += sorted(p for p in directory.glob("*.lock") if p.name.startswith(prefix))
         else:
             paths.append(cache.lock_path(name))
     return paths

@@ -18,7 +18,8 @@ from carry.errors import BadInput, Failed
 
 if TYPE_CHECKING:
     from carry.gatepolicy import GatePolicy
-    from carry import apply, crossbuild, drop, image, prove, refresh, runtimelock, series, testrun, verdicts, verify, wheel
+    from carry import (apply, crossbuild, drop, image, prove, refresh, runtimelock, series, testrun, verdicts, verify,
+                       wheel)
     from carry.platforms import Platform
     from carry.progress import Progress
 

@@ -6,8 +6,9 @@ build.yaml as `<image.lock>/<os>-<arch>.txt` and committed.
 
 The body is `uv pip compile --generate-hashes --only-binary :all: --no-header --no-annotate` output, so pip and uv
 both install it with --require-hashes, each pin's hashes narrowed to those of its wheels for the target (uv lists
-every file of the version; its pylock.toml of the same pins lists the target's); carry's header above it records what it was resolved from (the platform,
-the Python, uv's target, the base image and its ID, a digest of the Requires-Dist). `check_fresh` refuses a lock
+every file of the version; its pylock.toml of the same pins lists the target's); carry's header above it records
+what it was resolved from (the platform, the Python, uv's target, the base image and its ID, a digest of the
+Requires-Dist). `check_fresh` refuses a lock
 whose inputs drifted.
 
 The index is the user's: uv's own configuration (uv.toml, UV_INDEX_URL / UV_DEFAULT_INDEX / UV_INDEX /
@@ -23,7 +24,6 @@ import dataclasses
 import email.parser
 import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -485,8 +485,9 @@ def _installable(uv: str, locked: Path, work: Path, cwd: Path, platform: Platfor
         raise _failure(platform, facts, done.stderr, index)
     found: dict[str, set[str]] = {}
     for package in tomllib.loads(out.read_text()).get("packages", []):
-        hashes = {f"sha256:{w['hashes']['sha256']}" for w in package.get("wheels", []) if "sha256" in w.get("hashes", {})}
-        found[canonicalize_name(package["name"])] = hashes
+        wheels = package.get("wheels", [])
+        found[canonicalize_name(package["name"])] = {f"sha256:{w['hashes']['sha256']}" for w in wheels
+                                                      if "sha256" in w.get("hashes", {})}
     return found
 
 

@@ -99,7 +99,7 @@ def test_cache_shows_each_part_with_hardlinks_counted_once(filled):
 
 
 def test_prune_keeps_what_the_config_needs_and_skips_what_is_in_use(filled, tmp_path):
-    cache, env, config_a, config_b, old_env, new_env, first = filled
+    cache, env, config_a, config_b, old_env, new_env, _ = filled
     before = entries(cache)
 
     dry = carry("cache", "prune", "--config", str(config_a), "--dry-run", env=env)
@@ -142,7 +142,7 @@ def test_prune_keeps_what_the_config_needs_and_skips_what_is_in_use(filled, tmp_
 
 
 def test_prune_with_every_config_removes_only_the_old_tree(filled):
-    cache, env, config_a, config_b, old_env, new_env, first = filled
+    cache, env, config_a, config_b, old_env, new_env, _ = filled
     pruned = carry("cache", "prune", "--config", str(config_a), "--config", str(config_b), env=env)
     assert pruned.code == 0, pruned.err
     after = entries(cache)

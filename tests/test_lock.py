@@ -5,6 +5,7 @@ Requires-Dist) and on the real vLLM 0.33.0 of examples/vllm, whose lock files ar
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -69,7 +70,7 @@ def lock(config: Path, env: dict, *args: str):
 
 
 def test_lock_pins_every_platform_from_the_base_image_and_a_rerun_rewrites_nothing(project):
-    config, env, _, docker_env = project
+    config, env, _, _ = project
     made = lock(config, env)
     assert made.code == 0, made.err
     files = {p: config.parent / "runtime-lock" / f"linux-{p}.txt" for p in ("amd64", "arm64")}
@@ -82,7 +83,7 @@ def test_lock_pins_every_platform_from_the_base_image_and_a_rerun_rewrites_nothi
         image_id = subprocess.run([DOCKER, "image", "inspect", "--format", "{{.Id}}", f"{OWN}:{arch}"],
                                   capture_output=True, text=True, check=True).stdout.strip()
         assert header[5] == f"# base: {OWN}:{arch}@{image_id}"
-        assert header[6].startswith("# requires-dist: sha256:") and len(header[6]) == len("# requires-dist: sha256:") + 64
+        assert re.fullmatch(r"# requires-dist: sha256:[0-9a-f]{64}", header[6])
         assert header[7] == "# requires: minilock==0.1.0+carry.20261201.1"
         assert header[8].startswith("idna==") and header[9].strip().startswith("--hash=sha256:")
         assert f"linux/{arch}: 1 packages, python 3.11.2, target {machine}-manylinux_2_36" in made.out
@@ -100,7 +101,7 @@ def test_lock_pins_every_platform_from_the_base_image_and_a_rerun_rewrites_nothi
     assert checked.out.splitlines() == ["linux/amd64: fresh", "linux/arm64: fresh"]
 
     # determinism: resolved afresh (no lock to prefer, then --upgrade) it is the same bytes
-    for arch, path in files.items():
+    for path in files.values():
         path.unlink()
     assert lock(config, env).code == 0
     assert lock(config, env, "--upgrade").code == 0
@@ -157,7 +158,7 @@ def test_a_stale_lock_names_what_drifted(project, tmp_path):
 
 
 def test_bad_input_writes_nothing(project):
-    config, env, _, docker_env = project
+    config, env, _, _ = project
     text = config.read_text()
     lock_dir = config.parent / "runtime-lock"
 
