@@ -479,8 +479,12 @@ def _installable(uv: str, locked: Path, work: Path, cwd: Path, platform: Platfor
     args = ["pip", "compile", str(locked), "--no-deps", "--output-file", str(out), "--format", "pylock.toml",
             "--python-platform", facts.target(platform), "--python-version", facts.python, "--only-binary", ":all:",
             "--quiet", "--color", "never"]
-    done = subprocess.run([uv, *args], cwd=cwd, env=index.environ, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL)
+    # uv's cache has just been refreshed for exactly these pins: read it offline, online only if that fails
+    for mode in (["--offline"], []):
+        done = subprocess.run([uv, *args, *mode], cwd=cwd, env=index.environ, capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL)
+        if done.returncode == 0:
+            break
     if done.returncode != 0:
         raise _failure(platform, facts, done.stderr, index)
     found: dict[str, set[str]] = {}
@@ -543,16 +547,20 @@ def platforms_to_lock(config: Config, given: Sequence[Platform] = ()) -> tuple[P
 
 def lock(config: Config, cache: Cache, facts: Mapping[Platform, BaseFacts], wheels: Mapping[Platform, Path],
          index: Index, upgrade: bool = False, say: Callable[[str], None] = lambda line: None) -> tuple[Outcome, ...]:
-    """Resolve every platform, then write the files that changed (nothing is written unless all resolved)."""
-    made = []
-    for platform, found in facts.items():
+    """Resolve every platform (at once: uv waits mostly on the index), then write the files that changed (nothing
+    is written unless all resolved)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(platform: Platform) -> tuple[Platform, Path, str]:
+        found = facts[platform]
         requires, dist = wheel_metadata(wheels[platform])
         path = lock_path(config, platform)
-        previous = _previous_body(path)
-        body = resolve(dist, platform, found, index, cache.scratch, previous, upgrade, config.root)
-        text = render(platform, found, requires_digest(dist), requires, body)
-        made.append((platform, path, text))
+        body = resolve(dist, platform, found, index, cache.scratch, _previous_body(path), upgrade, config.root)
         say(f"{platform}: resolved {len(dist)} Requires-Dist line(s) of {requires} for {found.target(platform)}")
+        return platform, path, render(platform, found, requires_digest(dist), requires, body)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(facts))) as pool:
+        made = list(pool.map(one, facts))  # in order; the first failure is raised
     outcomes = []
     for platform, path, text in made:
         written = not path.is_file() or path.read_text() != text
