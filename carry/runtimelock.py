@@ -235,6 +235,15 @@ def check_fresh(lock: Lock, *, requires_dist: Iterable[str], base_id: str, pytho
         raise BadInput(stale_line(lock, changes))
 
 
+def require_fresh(config: Config, platform: Platform, wheel: Path, cache: Cache | None = None) -> Lock:
+    """The lock of `platform`, checked against `wheel` (its Requires-Dist) and the runtime base image as it is now
+    (base_facts): read, then check_fresh; bad input when it is missing, garbled or stale."""
+    current = read(config, platform)
+    facts = base_facts(config, platform, cache)
+    check_fresh(current, requires_dist=requires_dist_of(wheel), base_id=facts.image_id, python=facts.python)
+    return current
+
+
 def stale_line(lock: Lock, changes: Sequence[str]) -> str:
     return (f"{_shown(lock.path, Path.cwd())} is stale ({lock.platform}): {'; '.join(changes)}; relock: "
             f"`{relock_command(lock.config)}`")

@@ -140,11 +140,16 @@ def test_a_stale_lock_names_what_drifted(project, tmp_path):
 
     # the image side's check (runtimelock.check_fresh): one line, exit 2, per field
     from carry import config as configuration, runtimelock
+    from carry.cache import Cache
     from carry.errors import BadInput
     from carry.platforms import Platform
 
     loaded = configuration.load(config)
     current = runtimelock.read(loaded, Platform.LINUX_AMD64)
+    wheel = max((Path(env["CARRY_CACHE"]) / "artifacts").glob("*/minilock-*.whl"), key=lambda w: w.stat().st_mtime)
+    with pytest.raises(BadInput) as raised:  # the base retagged above
+        runtimelock.require_fresh(loaded, Platform.LINUX_AMD64, wheel, Cache(Path(env["CARRY_CACHE"])))
+    assert f"base {OWN}:amd64 {old_id[:19]}… -> {new_id[:19]}…" in str(raised.value)
     wheel_requires = ["idna>=3.4", "six"]
     runtimelock.check_fresh(current, requires_dist=wheel_requires, base_id=current.base_id, python="3.11.2")
     with pytest.raises(BadInput) as raised:
