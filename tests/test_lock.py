@@ -248,3 +248,23 @@ def test_the_index_is_uvs_own_else_pips_remote_ones(tmp_path):
     # this machine: pip.conf's extra indexes are local directories, so uv's default index resolves
     here = runtimelock.choose_index({k: v for k, v in os.environ.items() if not k.startswith("UV_")}, ROOT)
     assert not here.environ.get("UV_EXTRA_INDEX_URL", "").startswith("file:")
+
+
+def test_image_lock_entrypoint_and_cmd_are_parsed_and_checked(tmp_path):
+    from carry import config as configuration
+
+    base = "upstream:\n  url: /nowhere\n  commit: " + "a" * 40 + "\nimage:\n"
+    path = tmp_path / "build.yaml"
+    path.write_text(base + "  lock: runtime-lock\n  entrypoint: [vllm, serve]\n  cmd: []\n")
+    loaded = configuration.load(path)
+    assert loaded.image.lock == tmp_path / "runtime-lock"
+    assert loaded.image.entrypoint == ("vllm", "serve") and loaded.image.cmd == ()
+    path.write_text(base + "  entrypoint: vllm serve --port 8000\n")
+    assert configuration.load(path).image.entrypoint == ("vllm", "serve", "--port", "8000")
+    assert configuration.load(path).image.lock is None and configuration.load(path).image.cmd is None
+    for bad, needle in (("  lock: /abs/lock\n", "image.lock must be a directory relative to the config's"),
+                        ("  lock: ../elsewhere\n", "image.lock must be a directory relative"),
+                        ("  entrypoint: 7\n", "image.entrypoint must be a string or a list of strings"),
+                        ("  cmd: [python3, 3]\n", "image.cmd must be a string or a list of strings")):
+        path.write_text(base + bad)
+        assert_bad_input(carry("--config", str(path), "lock"), needle)
