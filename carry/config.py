@@ -660,7 +660,7 @@ def _index_url(section: _Section, key: str, url: str) -> str:
     shown = _without_secrets(url)
     try:
         parts = urllib.parse.urlsplit(url)
-        parts.port
+        _ = parts.port  # a bad port raises ValueError
     except ValueError:
         parts = None
     scheme = parts.scheme.lower() if parts else ""

@@ -20,7 +20,7 @@ from pathlib import Path
 try:
     import tomllib
 except ImportError:  # Python 3.10: `build` depends on tomli there
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[no-redef]
 
 import carry
 from carry import upstream
@@ -30,12 +30,12 @@ from carry.errors import BadInput, Failed
 from carry.fsutil import write_private
 from carry.platforms import Emulation, Platform
 from carry.progress import Progress
-from carry.wheel import tail
+from carry.logtail import tail
 
 DOCKERFILE = Path(carry.__file__).resolve().parent.parent / "Dockerfile"
 ENTRYPOINT = Path(carry.__file__).resolve().parent / "image_files" / "entrypoint.sh"
 # What carry itself needs inside the build stage (the docker SDK is only used on the host).
-CARRY_REQUIREMENTS = ("click", "pyyaml", "gitpython", "filelock", "pyelftools", "wheel", "packaging", "build",
+CARRY_REQUIREMENTS = ("click", "pyyaml", "filelock", "pyelftools", "wheel", "packaging", "build",
                       "pyproject_hooks", "uv", "isal")
 SECRET_ID = "carry_env"
 WHEEL_STAGE = "wheel"

@@ -62,8 +62,9 @@ class Plan:
 
     def line(self) -> str:
         """What was proven before the build."""
-        return (f"{len(self.shared_objects)} shared objects from {self.path.name} (sha256 {self.wheel.pinned.sha256[:8]}…), "
-                f"compiled inputs identical to {self.ref}" + (f" ({self.commit[:12]})" if self.commit != self.ref else ""))
+        commit = f" ({self.commit[:12]})" if self.commit != self.ref else ""
+        return (f"{len(self.shared_objects)} shared objects from {self.path.name} "
+                f"(sha256 {self.wheel.pinned.sha256[:8]}…), compiled inputs identical to {self.ref}{commit}")
 
     def key(self) -> dict:
         """What the build takes from the precompiled wheel, independent of where the file lies."""

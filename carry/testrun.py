@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import carry
 from carry import buildinfo
@@ -53,7 +54,8 @@ class ArtifactKind(enum.Enum):
             return cls(text)
         except ValueError:
             allowed = ", ".join(kind.value for kind in cls)
-            raise Failed(f"{where}: artifact kind {text!r} is not one of {allowed}; it is not a carry test report")
+            raise Failed(f"{where}: artifact kind {text!r} is not one of {allowed}; "
+                         f"it is not a carry test report") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +131,7 @@ class TestReport:
         }
 
     @classmethod
-    def from_json(cls, data: object, where: str) -> TestReport:
+    def from_json(cls, data: Any, where: str) -> TestReport:
         """Read a report back; Failed, naming the field, when it is not one carry wrote."""
         try:
             if data.get("format") != FORMAT:
@@ -442,7 +444,8 @@ def check_report(path: Path, docker: str | None = None) -> ReportCheck:
     found = result.stdout.strip() if result.returncode == 0 else None
     if found is None:
         return ReportCheck(str(path), report, (f"image: {artifact.name} is not here; pull it first",))
-    mismatches = () if found == artifact.digest else (f"image id: report {artifact.digest}, {artifact.name} is {found}",)
+    mismatches = () if found == artifact.digest else (
+        f"image id: report {artifact.digest}, {artifact.name} is {found}",)
     return ReportCheck(str(path), report, mismatches)
 
 

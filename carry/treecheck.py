@@ -101,8 +101,8 @@ def compare(wheel: Path, tree: str, files: dict[str, str], generated: tuple[Gene
                 if record.get(member.filename) == precompiled[path]:
                     copied.append(path)
                 else:
-                    problems.append(f"{path}: differs from the precompiled wheel's (RECORD {record.get(member.filename)}"
-                                    f" vs {precompiled[path]})")
+                    problems.append(f"{path}: differs from the precompiled wheel's "
+                                    f"(RECORD {record.get(member.filename)} vs {precompiled[path]})")
             elif may_be_shared_object(path) and precompiled is None:
                 built.append(path)
             elif listed:
