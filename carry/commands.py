@@ -259,7 +259,7 @@ class Session:
         if platform is not None:
             raise BadInput("--platform is for image tags; a wheel's platform is in its file name")
         path = Path(artifact)
-        return (verify.with_test_report(path, verify.verify_wheel(path, self.expected(self.check()), given(arch))),)
+        return (testrun.with_test_report(path, verify.verify_wheel(path, self.expected(self.check()), given(arch))),)
 
     def status(self, against: tuple[str, ...] = (), test: bool = False,
                progress: Progress | None = None) -> verdicts.StatusReport:

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import carry
 from carry import buildinfo
@@ -37,6 +37,9 @@ from carry.config import Config, TestCommand
 from carry.errors import BadInput, Failed
 from carry.fsutil import atomic_write_text, temp_dir
 from carry.gpu import Gpu
+
+if TYPE_CHECKING:
+    from carry.verify import Verification
 
 FORMAT = 1
 SUFFIX = ".test.json"
@@ -458,3 +461,18 @@ def summary(report: TestReport, path: Path) -> list[str]:
             rows.append(f"      {result.last_line()}")
     rows.append(f"report {path}")
     return rows
+
+
+def with_test_report(wheel: Path, result: Verification) -> Verification:
+    """`verify` of a wheel: a test report beside the wheel must belong to it (same sha256); say what it recorded."""
+    from carry.verify import Mismatch
+
+    report_path = wheel_report_path(wheel)
+    if not report_path.exists():
+        return result
+    check = check_report(report_path)
+    passed = sum(r.passed for r in check.report.results)
+    note = (f"test report {report_path.name}: {passed}/{len(check.report.results)} passed on "
+            f"{check.report.gpu.describe()}")
+    mismatches = tuple(Mismatch("test report", "a report of this wheel", m) for m in check.mismatches)
+    return dataclasses.replace(result, mismatches=result.mismatches + mismatches, notes=result.notes + (note,))
