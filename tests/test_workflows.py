@@ -219,7 +219,7 @@ def cli_problems(argv: list[str]) -> list[str]:
             i += 1
         if isinstance(command, click.Group):
             if subcommand is None:
-                if not command.invoke_without_command:
+                if not command.invoke_without_command and not HELP_OPTIONS & set(tokens):
                     problems.append(f"{where}: needs a command, one of: {', '.join(sorted(command.commands))}")
                 return problems
             if subcommand not in command.commands:
@@ -268,6 +268,7 @@ INVOCATIONS = all_invocations()
         ["version"],
         ["version", "bump"],
         ["check", "--help"],
+        ["--help"],
     ],
 )
 def test_checker_accepts_real_invocations(argv):
