@@ -3,8 +3,8 @@
 Patches are judged in series order on REF, in a private index that holds REF plus the earlier patches as far as
 they still apply. A second private index follows the same series on the pinned base, so each hunk can be
 compared with the pre- and post-image it was written against. When a file a patch changes is not on REF, upstream's
-history says why (carry/history.py): renamed (the patch is judged at the new path), deleted upstream, or only on
-the PR's side. `--test` adds a verdict by behaviour (carry/behaviour.py).
+history says why (carry/history.py): renamed (the patch is judged at the new path), deleted upstream, or only
+on the PR's side. `--test` adds a verdict by behaviour (carry/behaviour.py).
 """
 
 from __future__ import annotations
