@@ -803,3 +803,11 @@ def test_publish_manifest_needs_registry_credentials_before_anything(tmp_path):
     """What stops it without a login is the missing variable, before docker or QEMU is touched."""
     missing = run_script("publish-manifest.sh", env={"CARRY_CACHE": str(tmp_path)})
     assert missing.returncode == 1 and "CARRY_REGISTRY_USER" in missing.stderr
+
+
+def test_pre_commit_hooks_are_local_and_run_the_lint_tools():
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
+    assert [repo["repo"] for repo in config["repos"]] == ["local"]  # no hook repository to download
+    hooks = [hook for repo in config["repos"] for hook in repo["hooks"]]
+    assert {hook["entry"].split()[0] for hook in hooks} == set(LINT_TOOLS)
+    assert all(hook["language"] == "system" for hook in hooks)
