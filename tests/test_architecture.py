@@ -18,10 +18,10 @@ RULES: dict[str, set[str]] = {
     "util": set(),
     "source": {"util"},
     "binaries": {"util", "source"},
-    "build": {"util", "source", "binaries"},
-    "image": {"util", "source", "binaries", "build"},
+    "wheelbuild": {"util", "source", "binaries"},
+    "image": {"util", "source", "binaries", "wheelbuild"},
     "verdicts": {"util", "source"},
-    "gputest": {"util", "source", "binaries", "build", "image", "verdicts"},
+    "gputest": {"util", "source", "binaries", "wheelbuild", "image", "verdicts"},
 }
 # The top-level modules every subpackage may use: the typed, resolved options everything is handed.
 SHARED = {"config", "arch", "platforms", "version", "__init__"}
