@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by services.sh and base-images.sh: where CI state lives, and how facts are recorded in the
 # env file ($CARRY_CI_ENV, KEY=VALUE lines that tests/dockerenv.py reads).
 CI_DIR=${CARRY_CI_DIR:-/tmp/carry-ci}

@@ -17,7 +17,7 @@ import dataclasses
 import enum
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from carry import gpu
 from carry.config import Config, TestCommand
@@ -27,10 +27,13 @@ from carry.series import Patch, Series
 from carry.progress import Progress
 
 if TYPE_CHECKING:
-    from carry.commands import Session
+    from carry.cache import Cache
     from carry.verdicts import PatchVerdict, StatusReport
 
 TEST_TIMEOUT_S = 900
+
+# The configured wheel build of a tree (a wheel.Builder), from source when asked: what `judge` builds REF with.
+BuilderFor = Callable[[bool], Callable]
 
 
 class Outcome(enum.Enum):
@@ -75,8 +78,8 @@ def _command(config: Config, text: str) -> TestCommand:
     return next((t for t in config.build.tests if t.same_command(argv)), TestCommand(argv, text.strip()))
 
 
-def run_without(session: Session, mirror: Path, commit: str, series: Series, tests: tuple[TestCommand, ...],
-                tree: str, found: gpu.Gpu | None, progress: Progress | None = None,
+def run_without(cache: Cache, project: Path, builder_for: BuilderFor, mirror: Path, commit: str, series: Series,
+                tests: tuple[TestCommand, ...], tree: str, found: gpu.Gpu | None, progress: Progress | None = None,
                 timeout: float = TEST_TIMEOUT_S) -> Behaviour:
     """Build REF (`commit`) with `series` applied -- the series without the patch being judged -- in the cheapest
     correct mode, run the patch's `tests` on it, and say PASS, FAIL or NEEDS_GPU (ERROR: REF plus `series` could
@@ -87,11 +90,11 @@ def run_without(session: Session, mirror: Path, commit: str, series: Series, tes
     The modes, cheapest first:
     - every test runs in the source tree (build.tests `against: tree`): nothing is built; the tree is checked out
       into a stable scratch directory (only changed files rewritten) and each command runs there;
-    - otherwise a wheel is built by the configured builder (`Session.wheel_builder`: the upstream's own PEP 517
-      build, Python-only when build.cuda_arches is []; cached by tree like every build) and the tests run through
-      testrun in a fresh venv (tree tests in a checkout beside it); with build.precompiled (vLLM's precompiled
-      mode) nothing is compiled when REF still has the compiled inputs of the precompiled wheel, else it is built
-      from source (`_build`).
+    - otherwise a wheel is built by the configured builder (`builder_for`, the command's `Session.wheel_builder`:
+      the upstream's own PEP 517 build, Python-only when build.cuda_arches is []; cached by tree like every build)
+      and the tests run through testrun in a fresh venv (tree tests in a checkout beside it); with
+      build.precompiled (vLLM's precompiled mode) nothing is compiled when REF still has the compiled inputs of the
+      precompiled wheel, else it is built from source (`_build`).
 
     A test that needs a GPU where none answers makes it NEEDS_GPU before anything is built: never a guess."""
     from carry import apply, testrun
@@ -104,14 +107,12 @@ def run_without(session: Session, mirror: Path, commit: str, series: Series, tes
         needing = ", ".join(f"`{t.text}`" for t in tests if t.gpu)
         line = f"its test {needing} needs a GPU and {gpu.missing()}: not run, the verdict is the text's"
         return Behaviour(Outcome.NEEDS_GPU, texts, "", mode, (line,))
-    cache = session.cache
     report = apply.CheckReport(commit, series.hash, tree, ())
-    project = session.config.root
     try:
         with testrun.tree_checkout(cache, mirror, report.tree, any(t.tree for t in tests)) as checkout:
             if wheel_tests:
                 with temp_dir(cache.scratch, "behaviour-") as work:
-                    built = _build(session, mirror, report, series, work / "dist", progress or Progress(quiet=True))
+                    built = _build(builder_for, mirror, report, series, work / "dist", progress or Progress(quiet=True))
                     results = testrun.run_on_wheel(built.path, tests, found or gpu.NONE, cache.scratch, timeout,
                                                    progress, checkout, project).results
             else:
@@ -123,16 +124,16 @@ def run_without(session: Session, mirror: Path, commit: str, series: Series, tes
     return Behaviour(outcome, texts, "", mode, lines)
 
 
-def _build(session: Session, mirror: Path, report, series: Series, out: Path, progress: Progress):
+def _build(builder_for: BuilderFor, mirror: Path, report, series: Series, out: Path, progress: Progress):
     """The wheel of REF without the patch, the cheapest correct way: precompiled where build.precompiled has a
     wheel whose compiled inputs REF still has, else the configured build (Python-only with cuda_arches [])."""
     from carry.precompiled import InputsDiffer
 
     try:
-        return session.wheel_builder(None, None)(mirror, report, series, out, progress)
+        return builder_for(False)(mirror, report, series, out, progress)
     except InputsDiffer as differ:
         progress.phase("precompiled", f"not usable on REF ({differ}); building from source")
-        return session.wheel_builder(None, None, from_source=True)(mirror, report, series, out, progress)
+        return builder_for(True)(mirror, report, series, out, progress)
 
 
 def _line(result) -> str:
@@ -140,13 +141,12 @@ def _line(result) -> str:
     return f"{result.verdict} `{result.command}` on REF without the patch ({result.outcome()}){last}"
 
 
-def judge(session: Session, report: StatusReport, series: Series, progress: Progress | None = None,
-          timeout: float = TEST_TIMEOUT_S) -> StatusReport:
+def judge(config: Config, cache: Cache, builder_for: BuilderFor, report: StatusReport, series: Series,
+          progress: Progress | None = None, timeout: float = TEST_TIMEOUT_S) -> StatusReport:
     """`report` with each patch that has a test judged by it too, against every ref of the report."""
     from carry import learned, upstream
     from carry.verdicts import RefReport
 
-    config, cache = session.config, session.cache
     mirror, _ = upstream.ensure_base(config, cache)
     known = learned.load(series.directory)
     notes = list(report.notes)
@@ -165,8 +165,8 @@ def judge(session: Session, report: StatusReport, series: Series, progress: Prog
             earlier = dataclasses.replace(series, patches=series.patches[:index])
             if probed is None:
                 probed = (gpu.probe(),)  # once per judgement: nvidia-smi is slow where no GPU answers
-            found = run_without(session, mirror, ref_report.commit, earlier, tests, verdict.before, probed[0],
-                                progress, timeout)
+            found = run_without(cache, config.root, builder_for, mirror, ref_report.commit, earlier, tests,
+                                verdict.before, probed[0], progress, timeout)
             built_on = tuple(f"{v.patch.name} {v.verdict.value}" for v in ref_report.verdicts[:index])
             found = dataclasses.replace(found, source=source, earlier=built_on)
             if found.outcome is Outcome.NEEDS_GPU:

@@ -43,7 +43,7 @@ from carry.progress import Progress
 try:
     import tomllib
 except ImportError:  # Python 3.10: `build` depends on tomli there
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[no-redef]
 
 ENVS_DIR = "envs"
 MARKER = "carry-env.json"
@@ -91,7 +91,7 @@ class Uv:
     version: str
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def find_uv() -> Uv:
     """The uv binary of the `uv` package installed next to carry, and its version (the package's own: the same
     number, read without starting uv; a binary that does not run is reported when it is first run)."""
@@ -157,7 +157,8 @@ def requires_of_tree(mirror: Path, tree: str) -> tuple[str, ...]:
     try:
         pyproject = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise BadInput(f"the upstream's pyproject.toml at {tree[:12]} is not TOML ({exc}); fix it with a patch") from None
+        raise BadInput(f"the upstream's pyproject.toml at {tree[:12]} is not TOML ({exc}); "
+                       f"fix it with a patch") from None
     return requires_from_pyproject(pyproject, f"pyproject.toml at {tree[:12]}")
 
 
@@ -541,7 +542,7 @@ def provided(python: str, spec: EnvSpec) -> BuildEnv:
     markers = default_environment()
     for text in spec.requirements:
         requirement = Requirement(text)
-        if requirement.marker is not None and not requirement.marker.evaluate(markers):
+        if requirement.marker is not None and not requirement.marker.evaluate(markers):  # type: ignore[arg-type]
             continue
         found = packages.get(canonicalize_name(requirement.name))
         try:

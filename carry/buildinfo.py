@@ -1,5 +1,5 @@
-"""Provenance: `carry-buildinfo.json` in the wheel's .dist-info, stamped with carry.wheelzip (every other member
-keeps its compressed bytes) and read back only once every member matches RECORD."""
+"""Provenance: `carry-buildinfo.json` in the wheel's .dist-info, stamped with carry.wheelzip (every other
+member keeps its compressed bytes) and read back only once every member matches RECORD."""
 
 from __future__ import annotations
 

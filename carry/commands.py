@@ -17,11 +17,13 @@ from carry.cache import Cache
 from carry.errors import BadInput, Failed
 
 if TYPE_CHECKING:
+    from carry.config import TestCommand
     from carry.gatepolicy import GatePolicy
     from carry import (apply, crossbuild, drop, image, prove, refresh, runtimelock, series, testrun, verdicts, verify,
                        wheel)
     from carry.platforms import Platform
     from carry.progress import Progress
+    from carry.wheel import Builder
 
 
 def read_version(config_path: Path) -> str:
@@ -155,7 +157,7 @@ class Session:
         return settings is not None and settings.wheel_for(platform) is not None
 
     def wheel_builder(self, arch: str | None, jobs: int | None, platform: Platform | None = None,
-                       from_source: bool = False) -> wheel.Builder:
+                       from_source: bool = False) -> Builder:
         """What every build of this command shares, resolved now (wheel.Builder); calling it builds one checked
         tree."""
         from carry import wheel
@@ -163,7 +165,7 @@ class Session:
         return wheel.Builder.resolve(self.config, self.cache, self.policy(arch, platform), jobs, self.version(),
                                      platform, from_source)
 
-    def _tests(self) -> tuple[config.TestCommand, ...]:
+    def _tests(self) -> tuple[TestCommand, ...]:
         if not self.config.build.tests:
             raise BadInput(f"{self.config.path}: build.tests is empty; list the commands that prove the fix, "
                            f"e.g. tests: [\"python -m pkg.repro\"]")
@@ -312,7 +314,7 @@ class Session:
         if platform is not None:
             raise BadInput("--platform is for image tags; a wheel's platform is in its file name")
         path = Path(artifact)
-        return (verify.with_test_report(path, verify.verify_wheel(path, self.expected(self.check()), given(arch))),)
+        return (testrun.with_test_report(path, verify.verify_wheel(path, self.expected(self.check()), given(arch))),)
 
     def status(self, against: tuple[str, ...] = (), test: bool = False,
                progress: Progress | None = None) -> verdicts.StatusReport:
@@ -326,7 +328,7 @@ class Session:
             return report
         from carry import behaviour
 
-        return behaviour.judge(self, report, patches, progress)
+        return behaviour.judge(self.config, self.cache, self._builder_for, report, patches, progress)
 
     def drop(self, name: str, against: str | None, force: bool, test: bool = False) -> drop.Dropped:
         from carry import drop
@@ -344,7 +346,11 @@ class Session:
             return None
         from carry import behaviour
 
-        return lambda report, patches: behaviour.judge(self, report, patches)
+        return lambda report, patches: behaviour.judge(self.config, self.cache, self._builder_for, report, patches)
+
+    def _builder_for(self, from_source: bool) -> Builder:
+        """The configured build of a tree, from source when asked: what `status --test` builds REF with."""
+        return self.wheel_builder(None, None, from_source=from_source)
 
 
 def gate(config_path: Path, targets: tuple[str, ...], arch: str | None, platform: Platform | None,

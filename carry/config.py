@@ -188,8 +188,8 @@ class Generated:
 @dataclasses.dataclass(frozen=True)
 class BuildEnvironment:
     """`build.environment`: what carry adds to the upstream's `[build-system] requires` when it makes the
-    environment the upstream builds in (build_isolation: false; see carry/buildenv.py). The index URLs may hold
-    `user:password@`: they reach uv through its environment only and are never printed with it."""
+    environment the upstream builds in (build_isolation: false; see carry/buildenv.py). The index URLs may
+    hold `user:password@`: they reach uv through its environment only and are never printed with it."""
 
     requires: tuple[str, ...] = ()  # PEP 508 requirements, installed with the upstream's own
     index_url: str | None = None  # replaces PyPI
@@ -672,7 +672,7 @@ def _index_url(section: _Section, key: str, url: str) -> str:
     shown = _without_secrets(url)
     try:
         parts = urllib.parse.urlsplit(url)
-        parts.port
+        _ = parts.port  # a bad port raises ValueError
     except ValueError:
         parts = None
     scheme = parts.scheme.lower() if parts else ""

@@ -20,7 +20,7 @@ from pathlib import Path
 try:
     import tomllib
 except ImportError:  # Python 3.10: `build` depends on tomli there
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[no-redef]
 
 import carry
 from carry import upstream
@@ -30,12 +30,12 @@ from carry.errors import BadInput, Failed
 from carry.fsutil import write_private
 from carry.platforms import Emulation, Platform
 from carry.progress import Progress
-from carry.wheel import tail
+from carry.logtail import tail
 
-DOCKERFILE = Path(carry.__file__).resolve().parent.parent / "Dockerfile"
+DOCKERFILE = Path(carry.__file__).resolve().parent / "resources" / "Dockerfile"  # the top-level Dockerfile links here
 ENTRYPOINT = Path(carry.__file__).resolve().parent / "image_files" / "entrypoint.sh"
 # What carry itself needs inside the build stage (the docker SDK is only used on the host).
-CARRY_REQUIREMENTS = ("click", "pyyaml", "gitpython", "filelock", "pyelftools", "wheel", "packaging", "build",
+CARRY_REQUIREMENTS = ("click", "pyyaml", "filelock", "pyelftools", "wheel", "packaging", "build",
                       "pyproject_hooks", "uv", "isal")
 SECRET_ID = "carry_env"
 WHEEL_STAGE = "wheel"
@@ -125,8 +125,9 @@ def build_requirements(pyproject: dict) -> list[str]:
 
 def assemble_context(config: Config, cache: Cache, mirror: Path, context: Path, requirements: list[str],
                      platforms: tuple[Platform, ...] = ()) -> None:
-    """carry, build.py, the config with VERSION and patches, a bundle of the pinned commit, and the precompiled
-    wheels of `platforms` (build.precompiled), so that the build stage needs no network for them."""
+    """carry (the build stage runs it as `python -m carry`), the config with VERSION and patches, a bundle of the
+    pinned commit, and the precompiled wheels of `platforms` (build.precompiled), so that the build stage needs
+    no network for them."""
     project = context / "project"
     project.mkdir(parents=True)
     shutil.copy2(config.version_file, project / _inside(config, config.version_file))
@@ -135,7 +136,6 @@ def assemble_context(config: Config, cache: Cache, mirror: Path, context: Path, 
     shutil.copytree(config.patches_dir, project / _inside(config, config.patches_dir))
     package = Path(carry.__file__).resolve().parent
     shutil.copytree(package, context / "carry", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(package.parent / "build.py", context / "build.py")
     shutil.copy2(ENTRYPOINT, context / "entrypoint.sh")
     env_lines = "".join(f"{name}={shlex.quote(value)}\n" for name, value in sorted(config.image.env.items()))
     (context / "runtime.env").write_text(env_lines)

@@ -1,6 +1,6 @@
-"""The container image: one BuildKit build per platform (carry.container), tags and labels from VERSION and the
-series, push through the Docker SDK, and multi-platform tags (carry.manifest); carry.imageverify checks what a tag
-holds.
+"""The container image: one BuildKit build per platform (carry.container), tags and labels from VERSION and
+the series, push through the Docker SDK, and multi-platform tags (carry.manifest); carry.imageverify checks
+what a tag holds.
 
 One platform (the config lists at most one): its image gets every tag. Several: each platform's image is tagged
 `<VERSION>-<arch>` and every shared tag (VERSION, the templates, --tag) becomes, on push, a manifest list of all

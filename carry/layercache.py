@@ -174,14 +174,14 @@ def check(specs: tuple[CacheSpec, ...], buildx: bool, docker: str, platforms: in
 
 def outcome(log_text: str, sources: tuple[str, ...]) -> list[str]:
     """What the layer cache did in one build, from BuildKit's plain progress: imports that failed, and whether
-    the build stage's `build.py wheel` step ran or came from the cache."""
+    the build stage's `build.py wheel` step (`python -m carry ... wheel`) ran or came from the cache."""
     notes = []
     for ref in sources:
         step = re.search(rf"^(#\d+) importing cache manifest from {re.escape(ref)}\s*$", log_text, re.M)
         failed = step and re.search(rf"^{step.group(1)} ERROR: (.*)$", log_text, re.M)
         if failed:
             notes.append(f"cache {ref} not used: {failed.group(1).strip()[:160]}")
-    run = re.search(r"^(#\d+) \[(?:\S+ )?build \d+/\d+\] RUN .*build\.py", log_text, re.M)
+    run = re.search(r"^(#\d+) \[(?:\S+ )?build \d+/\d+\] RUN .*(?:build\.py|-m carry)", log_text, re.M)
     if run is not None:
         cached = re.search(rf"^{run.group(1)} CACHED$", log_text, re.M)
         notes.append("build stage: cached, nothing compiled" if cached else "build stage: ran build.py wheel")

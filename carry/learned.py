@@ -16,15 +16,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from carry.errors import BadInput
 from carry.fsutil import atomic_write_text
 from carry.series import PROVED_NAME
-
-if TYPE_CHECKING:
-    from carry.prove import Proof
 
 FORMAT = 1
 
@@ -64,20 +61,16 @@ def load(directory: Path) -> dict[str, Learned]:
                        f"again") from None
 
 
-def record(directory: Path, proof: Proof) -> Path | None:
-    """Write what this proof learned (the tests each patch fixes), replacing what an earlier prove wrote; nothing is
-    written when no patch fixes a test and no file is there yet."""
-    fixes: dict[str, list[str]] = {}
-    for flip in proof.flips:
-        if flip.after == "PASS":
-            fixes.setdefault(flip.patch, []).append(flip.command)
+def record(directory: Path, fixes: Mapping[str, Sequence[str]], sha256: Mapping[str, str], gpu: str) -> Path | None:
+    """Write what a proof learned: `fixes`, patch name -> the tests it makes pass, with each patch's `sha256` and
+    the `gpu` it ran on, replacing what an earlier prove wrote; nothing is written when no patch fixes a test and no
+    file is there yet."""
     where = path(directory)
     if not fixes and not where.exists():
         return None
     when = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat()
-    by_name = {patch.name: patch for step in proof.steps for patch in step.prefix.series.patches}
     entries = {
-        name: {"fixes": commands, "sha256": by_name[name].sha256, "proved": when, "gpu": proof.gpu.describe()}
+        name: {"fixes": list(commands), "sha256": sha256[name], "proved": when, "gpu": gpu}
         for name, commands in sorted(fixes.items())
     }
     atomic_write_text(where, json.dumps({"format": FORMAT, "patches": entries}, indent=2) + "\n")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -19,7 +20,7 @@ import pyproject_hooks
 try:
     import tomllib
 except ImportError:  # Python 3.10: `build` depends on tomli there
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[no-redef]
 
 LEGACY_BACKEND = "setuptools.build_meta:__legacy__"
 
@@ -35,8 +36,8 @@ def build_wheel(src: Path, out: Path, env: dict[str, str], log: BinaryIO, isolat
     """Build `src` into a wheel in `out` with `env`; the failing step's exit status, or 0. Without isolation the
     backend runs in `python` (the build environment's interpreter)."""
 
-    def run(command, cwd=None, extra_environ=None) -> None:
-        status = subprocess.run(command, cwd=cwd, env={**env, **(extra_environ or {})}, stdout=log,
+    def run(cmd: Sequence[str], cwd: str | Path | None = None, extra_environ: Mapping[str, str] | None = None) -> None:
+        status = subprocess.run(cmd, cwd=cwd, env={**env, **(extra_environ or {})}, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
         if status:
             raise _StepFailed(status)

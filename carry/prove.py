@@ -38,7 +38,8 @@ class Prefix:
 def prefixes(series: Series) -> tuple[Prefix, ...]:
     """base, then base plus each patch in turn, ending with the whole series."""
     return tuple(
-        Prefix(dataclasses.replace(series, patches=series.patches[:count]), series.patches[count - 1] if count else None)
+        Prefix(dataclasses.replace(series, patches=series.patches[:count]),
+               series.patches[count - 1] if count else None)
         for count in range(len(series.patches) + 1)
     )
 
@@ -91,6 +92,16 @@ class Proof:
     def passed(self) -> bool:
         """The whole series passes every test."""
         return self.steps[-1].report.passed
+
+    def learned(self) -> tuple[dict[str, list[str]], dict[str, str], str]:
+        """What this proof learned, for learned.record: patch name -> the tests it makes pass, each patch's sha256,
+        the GPU."""
+        fixes: dict[str, list[str]] = {}
+        for flip in self.flips:
+            if flip.after == "PASS":
+                fixes.setdefault(flip.patch, []).append(flip.command)
+        sha256 = {patch.name: patch.sha256 for step in self.steps for patch in step.prefix.series.patches}
+        return fixes, sha256, self.gpu.describe()
 
     def to_json(self) -> dict:
         return {
@@ -156,6 +167,6 @@ def run(config: Config, cache: Cache, series: Series, builder: Builder, commands
         path = testrun.write(tested, testrun.wheel_report_path(built.path))
         steps.append(Step(prefix, built.path, path, tested, built.reused))
     proof = Proof(gpu, tuple(steps))
-    learned.record(series.directory, proof)
+    learned.record(series.directory, *proof.learned())
     return proof
 

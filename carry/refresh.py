@@ -73,7 +73,7 @@ def _rebase(mirror: Path, pin: str, new_base: str, patches: series.Series, work:
     try:
         commits = [_commit(tree, patch, pin) for patch in patches.patches]
         git.run(tree, "checkout", "--detach", "--quiet", new_base, env=CLEAN_ENV)
-        texts = {}
+        texts: dict[str, str | None] = {}
         for patch, commit in zip(patches.patches, commits):
             _cherry_pick(tree, patch, commit)
             if git.run(tree, "rev-parse", "HEAD^{tree}") == git.run(tree, "rev-parse", "HEAD^^{tree}"):

@@ -352,7 +352,10 @@ def _parse_hunk(lines: list[str], index: int, path: Path, name: str) -> tuple[Hu
     old_start = int(match.group(1))
     old_count = int(match.group(2) or 1)
     new_count = int(match.group(4) or 1)
-    old, new, added, removed = [], [], [], []
+    old: list[str] = []
+    new: list[str] = []
+    added: list[str] = []
+    removed: list[str] = []
     index += 1
     while (len(old) < old_count or len(new) < new_count) and index < len(lines):
         line = lines[index]

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import carry
 from carry import buildinfo
@@ -36,6 +37,9 @@ from carry.config import Config, TestCommand
 from carry.errors import BadInput, Failed
 from carry.fsutil import atomic_write_text, temp_dir
 from carry.gpu import Gpu
+
+if TYPE_CHECKING:
+    from carry.verify import Verification
 
 FORMAT = 1
 SUFFIX = ".test.json"
@@ -53,7 +57,8 @@ class ArtifactKind(enum.Enum):
             return cls(text)
         except ValueError:
             allowed = ", ".join(kind.value for kind in cls)
-            raise Failed(f"{where}: artifact kind {text!r} is not one of {allowed}; it is not a carry test report")
+            raise Failed(f"{where}: artifact kind {text!r} is not one of {allowed}; "
+                         f"it is not a carry test report") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +134,7 @@ class TestReport:
         }
 
     @classmethod
-    def from_json(cls, data: object, where: str) -> TestReport:
+    def from_json(cls, data: Any, where: str) -> TestReport:
         """Read a report back; Failed, naming the field, when it is not one carry wrote."""
         try:
             if data.get("format") != FORMAT:
@@ -442,7 +447,8 @@ def check_report(path: Path, docker: str | None = None) -> ReportCheck:
     found = result.stdout.strip() if result.returncode == 0 else None
     if found is None:
         return ReportCheck(str(path), report, (f"image: {artifact.name} is not here; pull it first",))
-    mismatches = () if found == artifact.digest else (f"image id: report {artifact.digest}, {artifact.name} is {found}",)
+    mismatches = () if found == artifact.digest else (
+        f"image id: report {artifact.digest}, {artifact.name} is {found}",)
     return ReportCheck(str(path), report, mismatches)
 
 
@@ -455,3 +461,18 @@ def summary(report: TestReport, path: Path) -> list[str]:
             rows.append(f"      {result.last_line()}")
     rows.append(f"report {path}")
     return rows
+
+
+def with_test_report(wheel: Path, result: Verification) -> Verification:
+    """`verify` of a wheel: a test report beside the wheel must belong to it (same sha256); say what it recorded."""
+    from carry.verify import Mismatch
+
+    report_path = wheel_report_path(wheel)
+    if not report_path.exists():
+        return result
+    check = check_report(report_path)
+    passed = sum(r.passed for r in check.report.results)
+    note = (f"test report {report_path.name}: {passed}/{len(check.report.results)} passed on "
+            f"{check.report.gpu.describe()}")
+    mismatches = tuple(Mismatch("test report", "a report of this wheel", m) for m in check.mismatches)
+    return dataclasses.replace(result, mismatches=result.mismatches + mismatches, notes=result.notes + (note,))

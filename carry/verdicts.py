@@ -3,8 +3,8 @@
 Patches are judged in series order on REF, in a private index that holds REF plus the earlier patches as far as
 they still apply. A second private index follows the same series on the pinned base, so each hunk can be
 compared with the pre- and post-image it was written against. When a file a patch changes is not on REF, upstream's
-history says why (carry/history.py): renamed (the patch is judged at the new path), deleted upstream, or only on
-the PR's side. `--test` adds a verdict by behaviour (carry/behaviour.py).
+history says why (carry/history.py): renamed (the patch is judged at the new path), deleted upstream, or only
+on the PR's side. `--test` adds a verdict by behaviour (carry/behaviour.py).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import functools
 import itertools
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -191,7 +192,7 @@ class Assessor:
         self._carry_forward(parts, verdict)
         return dataclasses.replace(verdict, advice=advice(patch, verdict.verdict), before=before)
 
-    def _judge(self, patch: Patch, parts, pre: dict, post: dict, applied_on_base: bool) -> PatchVerdict:
+    def _judge(self, patch: Patch, parts, pre: dict, post: dict, applied_on_base: str | None) -> PatchVerdict:
         same = self._same_patch_id(patch)
         if same:
             return PatchVerdict(patch, Verdict.MERGED_EXACT, "patch-id", same[0], same[1:])
@@ -511,7 +512,8 @@ def status(config: Config, cache: Cache, series: Series, refs: tuple[str, ...] =
            with_pr: bool = True, trees: bool = False) -> StatusReport:
     """Verdicts for the series against each ref (default: `default_refs`), every ref resolved before any work;
     with the PR's own state when upstream.pr is set and `with_pr`; `trees` for `--test` (see assess)."""
-    mirror, notes = upstream.ensure_base(config, cache)
+    mirror, base_notes = upstream.ensure_base(config, cache)
+    notes = list(base_notes)
     resolved: dict[str, str] = {}
 
     def resolve(ref: str) -> str:
@@ -521,15 +523,14 @@ def status(config: Config, cache: Cache, series: Series, refs: tuple[str, ...] =
             notes.extend(more)
         return resolved[ref]
 
-    notes = list(notes)
     for ref in dict.fromkeys(refs or default_refs(config)):
         resolve(ref)
     base = config.upstream.commit
     reports = []
     for ref in dict.fromkeys(refs or default_refs(config)):
         commit = resolved[ref]
-        history = History(mirror, base, ref, commit,
-                          lambda c=commit: upstream.merge_base(config, cache, mirror, base, c))
+        history = History(mirror, base, ref, commit, functools.partial(upstream.merge_base, config, cache, mirror,
+                                                                       base, commit))
         reports.append(assess(mirror, history, series, cache.scratch, trees))
         notes.extend(history.notes)
     pr = None

@@ -172,18 +172,3 @@ def verify_wheel(path: Path, expected: Expected, arches: ArchList | None = None)
     if platform is not None and info.get("platform") not in (None, str(platform)):
         mismatches.append(Mismatch("buildinfo platform", str(platform), str(info.get("platform"))))
     return Verification(str(path), info, tuple(mismatches), checks)
-
-
-def with_test_report(wheel: Path, result: Verification) -> Verification:
-    """A test report beside the wheel must belong to it (same sha256); say what it recorded."""
-    from carry import testrun
-
-    report_path = testrun.wheel_report_path(wheel)
-    if not report_path.exists():
-        return result
-    check = testrun.check_report(report_path)
-    passed = sum(r.passed for r in check.report.results)
-    note = (f"test report {report_path.name}: {passed}/{len(check.report.results)} passed on "
-            f"{check.report.gpu.describe()}")
-    mismatches = tuple(Mismatch("test report", "a report of this wheel", m) for m in check.mismatches)
-    return dataclasses.replace(result, mismatches=result.mismatches + mismatches, notes=result.notes + (note,))

@@ -8,7 +8,6 @@ A rerun with the same plan key reuses the stored wheel and runs nothing.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import hashlib
@@ -28,6 +27,7 @@ from carry.cache import Cache
 from carry.config import Config, RemoteCache, public_url
 from carry.errors import Failed
 from carry.fsutil import atomic_write_text, owned_prefix, sweep_dead, temp_dir
+from carry.logtail import tail
 from carry.gatepolicy import GatePolicy
 from carry.platforms import Platform
 from carry.progress import Progress
@@ -36,7 +36,6 @@ from carry.series import Series
 if TYPE_CHECKING:
     from carry import precompiled
 
-LOG_TAIL_LINES = 40
 ARCH_VARIABLES = ("TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES")
 GATE_SUFFIX = ".gate.txt"
 # Bumped when what a build produces from the same inputs changes (2: the build dir is a git worktree, so
@@ -367,12 +366,6 @@ def _run_build(config: Config, src: Path, out: Path, the_plan: WheelPlan, log: P
     if len(wheels) != 1:
         raise Failed(f"the upstream build made {len(wheels)} wheels, expected 1; log: {log}")
     return wheels[0]
-
-
-def tail(log: Path, lines: int = LOG_TAIL_LINES) -> str:
-    with open(log, "rb") as handle:
-        last = collections.deque(handle, maxlen=lines)
-    return "".join(line.decode(errors="replace") for line in last).rstrip()
 
 
 # --- finishing --------------------------------------------------------------------------------------------

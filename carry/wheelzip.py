@@ -27,7 +27,7 @@ from carry.errors import Failed
 try:  # ISA-L inflates about twice as fast as zlib; both release the GIL, so members inflate in parallel
     from isal import isal_zlib as _inflater
 except ImportError:  # pragma: no cover - isal is a dependency; zlib keeps carry working without it
-    _inflater = zlib
+    _inflater = zlib  # type: ignore[misc]
 
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")
 _DESCRIPTOR_SIGNATURE = b"PK\x07\x08"

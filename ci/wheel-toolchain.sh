@@ -27,6 +27,7 @@ apt_install() {
 
 nvidia_repo() {
     local distro
+    # shellcheck source=/dev/null
     distro="$(. /etc/os-release && printf '%s%s' "$ID" "${VERSION_ID//./}")"
     case "$(uname -m)" in
         x86_64) echo "$distro/x86_64" ;;

