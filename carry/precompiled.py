@@ -7,8 +7,8 @@ at its word, which the build says), read from the pin (its requirement or file n
 and held to the wheel's METADATA after; the wheel is the pinned file (sha256; downloaded once into the store), its
 RECORD holds for every member, and the compiled inputs (build.precompiled.inputs: csrc/, CMakeLists.txt, cmake/,
 ...) are identical between the commit the wheel was built from and the patched tree (the PR's changes and the
-series included). After: the built wheel's shared objects (and every other member the upstream took from it) are byte-identical to the
-precompiled wheel's, its Requires-Dist is the precompiled wheel's own, and it carries the precompiled wheel's
+series included). After: the built wheel's shared objects (and every other member the upstream took from it) are
+byte-identical to the precompiled wheel's, its Requires-Dist is the precompiled wheel's own, and it carries the precompiled wheel's
 tags, not the build host's.
 """
 

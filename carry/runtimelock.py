@@ -367,7 +367,7 @@ def choose_index(environ: Mapping[str, str], cwd: Path, pip_config: Callable[[],
     if index and not _remote(index):
         skipped.append(index)
         index = None
-    extra = []
+    extra: list[str] = []
     for url in settings.get("extra-index-url", "").split():
         (extra if _remote(url) else skipped).append(url)
     shown = []
@@ -406,7 +406,7 @@ def _uv_config_files(env: Mapping[str, str], cwd: Path) -> list[Path]:
         if (directory / "uv.toml").is_file() or (directory / "pyproject.toml").is_file():
             found += [directory / "uv.toml", directory / "pyproject.toml"]
             break
-    home = Path(env.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    home = Path(env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config"))
     found.append(home / "uv" / "uv.toml")
     for directory in (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":"):
         found.append(Path(directory) / "uv" / "uv.toml")
