@@ -8,8 +8,8 @@ and held to the wheel's METADATA after; the wheel is the pinned file (sha256; do
 RECORD holds for every member, and the compiled inputs (build.precompiled.inputs: csrc/, CMakeLists.txt, cmake/,
 ...) are identical between the commit the wheel was built from and the patched tree (the PR's changes and the
 series included). After: the built wheel's shared objects (and every other member the upstream took from it) are
-byte-identical to the precompiled wheel's, its Requires-Dist is the precompiled wheel's own, and it carries the precompiled wheel's
-tags, not the build host's.
+byte-identical to the precompiled wheel's, its Requires-Dist is the precompiled wheel's own, and it carries the
+precompiled wheel's tags, not the build host's.
 """
 
 from __future__ import annotations
