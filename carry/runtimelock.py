@@ -401,15 +401,15 @@ def _uv_config_files(env: Mapping[str, str], cwd: Path) -> list[Path]:
     in the directory or a parent), the user's and the system's."""
     if env.get("UV_CONFIG_FILE"):
         return [Path(env["UV_CONFIG_FILE"])]
-    found = []
+    found: list[Path] = []
     for directory in [cwd, *cwd.parents]:
         if (directory / "uv.toml").is_file() or (directory / "pyproject.toml").is_file():
             found += [directory / "uv.toml", directory / "pyproject.toml"]
             break
     home = Path(env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config"))
     found.append(home / "uv" / "uv.toml")
-    for directory in (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":"):
-        found.append(Path(directory) / "uv" / "uv.toml")
+    for system in (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":"):
+        found.append(Path(system) / "uv" / "uv.toml")
     found.append(Path("/etc/uv/uv.toml"))
     return found
 
