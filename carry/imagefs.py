@@ -279,7 +279,8 @@ class Registry:
                     if self._authorization:
                         continue
                 raise Failed(f"registry {self.ref.host} answered {answer.code} for {self.ref.repository} "
-                             f"({path.split('/')[0]}); log in (docker login, or set CARRY_REGISTRY_USER and CARRY_REGISTRY_PASSWORD)") from None
+                             f"({path.split('/')[0]}); log in (docker login, or set CARRY_REGISTRY_USER and "
+                             f"CARRY_REGISTRY_PASSWORD)") from None
             except (OSError, urllib.error.URLError) as exc:
                 raise Failed(f"cannot reach registry {self.ref.host}: {getattr(exc, 'reason', exc)}") from None
         return None

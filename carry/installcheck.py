@@ -196,8 +196,8 @@ def check(files: ImageFiles, locked: Iterable[tuple[str, str]], fixed: FixedWhee
                    if (node := nodes.get(posixpath.join(site, path))) is not None and node.shared is not None)
     proven = (
         f"files: {len(dists)} distribution(s) = the lock's {len(locked)} + the fixed wheel; {checked} "
-        f"file(s), {size / 1e6:,.1f} MB, each matching its RECORD; read from {len(files.layers)} layer(s) "
-        f"({files.source}) in {files.seconds:.1f} s",
+        f"file(s), {size / 1e6:,.1f} MB, each matching its RECORD; nothing under "
+        f"site-packages or {BIN} that no RECORD lists",
         f"fixed wheel: {fixed.path.name} (sha256 {fixed.sha256[:12]}…): {len(fixed.rows) - 1} RECORD file(s) "
         f"installed as in the wheel, nothing else under {', '.join(sorted(fixed.tops)) or '-'}",
         f"console scripts: run {PYTHON}",
@@ -267,12 +267,17 @@ def _shown(path: str, site: str) -> str:
     return path[len(site) + 1:] if path.startswith(site + "/") else path
 
 
+def node_is_link(name: str) -> bool:
+    """The venv's own interpreter names in its bin (`python`, `python3`, `python3.11`)."""
+    return bool(BIN_LINK_RE.match(name))
+
+
 def _allowed(path: str, site: str) -> bool:
     parts = path.split("/")
     if "__pycache__" in parts or path.endswith(".pyc"):
         return True
     if path.startswith(f"{BIN}/"):
-        return bool(BIN_LINK_RE.match(parts[-1])) and len(parts) == 4
+        return posixpath.dirname(path) == BIN and node_is_link(parts[-1])
     directory, name = posixpath.split(path)
     return directory.endswith(".dist-info") and posixpath.dirname(directory) == site and name in ("RECORD",
                                                                                                   "INSTALLER")

@@ -1,0 +1,320 @@
+"""`verify IMAGE` on locked images: the image's files read from its layers on this machine (the registry with
+auth, or the local engine's `docker save`), proven against a hashed lock and the fixed wheel; each tampering
+after the build (a package added, one removed, a file changed in a later layer, a version changed, the fixed
+wheel's files or its console script touched) is named.
+
+The images are real: a BuildKit build (--network=none) FROM the test runtime base that makes /opt/venv and
+installs real wheels downloaded on the host (locked with `uv pip compile --generate-hashes`), plus a small fixed
+wheel holding a compiled shared object. They are pushed to the test registry; the test removes its images, its
+manifests and its repository's blob links afterwards."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import secrets
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import dockerenv
+from carry import imagefs, imageverify, installcheck
+from carry.platforms import Platform
+from carry.verify import Expected
+
+VERSION = "20261201.1"
+SERIES = "5e71e5" + "0" * 58
+COMMIT = "c0ffee" + "0" * 34
+WHEEL_NAME = "pledemo"
+WHEEL_VERSION = f"0.1.0+carry.{VERSION}"
+REQUIREMENTS = "markdown-it-py==3.0.0\nsix==1.16.0\n"
+EXTRA = ("idna==3.7", "mdurl==0.1.1")  # a package the lock does not have; another version of a locked one
+SITE = "/opt/venv/lib/python3.11/site-packages"
+PIP = "/usr/share/python-wheels/pip-23.0.1-py3-none-any.whl/pip"
+PIP_INSTALL = f"/opt/venv/bin/python {PIP} install --no-index --no-deps --no-compile --disable-pip-version-check"
+EXPECTED = Expected(VERSION, SERIES, COMMIT)
+
+
+def run(*argv: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600) -> str:
+    result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(argv[:3])} failed: {result.stdout[-2000:]}{result.stderr[-2000:]}"
+    return result.stdout
+
+
+def read_lock(path: Path) -> tuple[tuple[str, str], ...]:
+    """The (name, version) pairs of a hashed requirements file (a stand-in for carry.runtimelock.read)."""
+    pairs = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "--")) and "==" in line:
+            name, version = line.split(" ", 1)[0].split("==")
+            pairs.append((installcheck.canonical(name), version.strip().rstrip("\\").strip()))
+    return tuple(pairs)
+
+
+def record_row(name: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={digest},{len(data)}"
+
+
+def make_fixed_wheel(directory: Path) -> Path:
+    """A small carry-like wheel: a package with a compiled shared object, a console script, Requires-Dist on
+    the lock's roots and carry's buildinfo."""
+    build = directory / "so"
+    build.mkdir()
+    (build / "native.c").write_text("int pledemo_answer(void) { return 42; }\n")
+    run("gcc", "-shared", "-fPIC", "-O2", "-o", str(build / "_native.so"), str(build / "native.c"))
+    info = f"{WHEEL_NAME}-{WHEEL_VERSION}.dist-info"
+    buildinfo = {"version": VERSION, "series": {"hash": SERIES, "patches": []}, "upstream": {"commit": COMMIT},
+                 "cuda_arches": "none", "wheel_version": WHEEL_VERSION, "platform": "linux/amd64"}
+    members = {
+        f"{WHEEL_NAME}/__init__.py": b"def main():\n    print('pledemo')\n",
+        f"{WHEEL_NAME}/render.py": b"import markdown_it\nimport six\n",
+        f"{WHEEL_NAME}/_native.so": (build / "_native.so").read_bytes(),
+        f"{info}/METADATA": (f"Metadata-Version: 2.1\nName: {WHEEL_NAME}\nVersion: {WHEEL_VERSION}\n"
+                             "Requires-Dist: markdown-it-py\nRequires-Dist: six\n").encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: carry-test\nRoot-Is-Purelib: false\n"
+                         b"Tag: cp311-cp311-linux_x86_64\n",
+        f"{info}/entry_points.txt": f"[console_scripts]\n{WHEEL_NAME} = {WHEEL_NAME}:main\n".encode(),
+        f"{info}/carry-buildinfo.json": json.dumps(buildinfo, indent=2).encode(),
+    }
+    rows = [record_row(name, data) for name, data in members.items()] + [f"{info}/RECORD,,"]
+    dist = directory / "dist"
+    dist.mkdir()
+    wheel = dist / f"{WHEEL_NAME}-{WHEEL_VERSION}-cp311-cp311-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+        archive.writestr(f"{info}/RECORD", "\n".join(rows) + "\n")
+    return wheel
+
+
+class Images:
+    """The images this module builds and pushes, removed at the end (engine images, registry manifests and the
+    repository's blob links)."""
+
+    def __init__(self, env: dockerenv.DockerEnv, context: Path, cli_env: dict):
+        self.env, self.context, self.cli_env = env, context, cli_env
+        self.repository = f"carry-test/issue-24-verify-{secrets.token_hex(4)}"
+        self.local: list[str] = []
+        self.pushed: list[str] = []
+
+    def ref(self, tag: str) -> str:
+        return f"{self.env.registry}/{self.repository}:{tag}"
+
+    def build(self, tag: str, dockerfile: str, push: bool = True) -> str:
+        ref = self.ref(tag)
+        (self.context / f"{tag}.Dockerfile").write_text(dockerfile)
+        run(dockerenv.DOCKER_CLI, "build", "--network=none", "--platform", "linux/amd64", "-f",
+            str(self.context / f"{tag}.Dockerfile"), "-t", ref, str(self.context), env=self.cli_env)
+        self.local.append(ref)
+        if push:
+            run(dockerenv.DOCKER_CLI, "push", ref, env=self.cli_env)
+            self.pushed.append(tag)
+        return ref
+
+    def registry_call(self, method: str, path: str, accept: str = "") -> tuple[int, bytes, dict]:
+        request = urllib.request.Request(f"http://{self.env.registry}/v2/{self.repository}/{path}", method=method)
+        credentials = f"{self.env.registry_user}:{self.env.registry_password()}".encode()
+        request.add_unredirected_header("Authorization", "Basic " + base64.b64encode(credentials).decode())
+        if accept:
+            request.add_header("Accept", accept)
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                return answer.status, answer.read(), dict(answer.headers)
+        except urllib.error.HTTPError as answer:
+            return answer.code, b"", {}
+
+    def remove(self) -> None:
+        client = dockerenv.docker_client()
+        blobs: set[str] = set()
+        for tag in self.pushed:
+            status, body, headers = self.registry_call("GET", f"manifests/{tag}", ", ".join(imagefs.MANIFEST_TYPES))
+            if status != 200:
+                continue
+            manifest = json.loads(body)
+            blobs |= {manifest["config"]["digest"], *(layer["digest"] for layer in manifest["layers"])}
+            self.registry_call("DELETE", f"manifests/{headers.get('Docker-Content-Digest')}")
+        for blob in blobs:
+            self.registry_call("DELETE", f"blobs/{blob}")
+        for ref in reversed(self.local):
+            try:
+                client.images.remove(ref, force=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    env = dockerenv.require()
+    if shutil.which("gcc") is None:
+        pytest.fail("gcc is needed to build the fixed wheel's shared object")
+    work = tmp_path_factory.mktemp("verify-locked")
+    context = work / "context"
+    wheels = context / "wheels"
+    wheels.mkdir(parents=True)
+    (work / "requirements.in").write_text(REQUIREMENTS)
+    lock = work / "linux-amd64.txt"
+    run(sys.executable, "-m", "uv", "pip", "compile", "--generate-hashes", "--only-binary", ":all:", "--no-header",
+        "--no-annotate", "--python-platform", "x86_64-manylinux_2_36", "--python-version", "3.11",
+        str(work / "requirements.in"), "-o", str(lock))
+    shutil.copy(lock, wheels / "lock.txt")
+    run(sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--python-version", "3.11",
+        "--platform", "manylinux_2_36_x86_64", "-r", str(lock), "-d", str(wheels))
+    run(sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--python-version", "3.11",
+        "--platform", "manylinux_2_36_x86_64", *EXTRA, "-d", str(wheels))
+    fixed = make_fixed_wheel(work)
+    shutil.copy(fixed, wheels / fixed.name)
+    with dockerenv.logged_in(env) as cli_env:
+        images = Images(env, context, cli_env)
+        try:
+            good = images.build("good", f"""\
+FROM {env.runtime_base}
+RUN --mount=type=bind,source=wheels,target=/wheels python3 -m venv --without-pip /opt/venv \\
+ && rm /opt/venv/bin/activate* /opt/venv/bin/Activate.ps1 \\
+ && {PIP_INSTALL} --require-hashes --find-links /wheels -r /wheels/lock.txt \\
+ && {PIP_INSTALL} /wheels/{fixed.name}
+LABEL io.carry.version={VERSION} io.carry.series.hash={SERIES} io.carry.upstream.commit={COMMIT} \\
+      io.carry.wheel={WHEEL_NAME} io.carry.wheel.sha256={hashlib.sha256(fixed.read_bytes()).hexdigest()}
+""")
+            yield {"env": env, "images": images, "good": good, "fixed": installcheck.FixedWheel.read(fixed),
+                   "locked": read_lock(lock), "work": work}
+        finally:
+            images.remove()
+
+
+def auth(env: dockerenv.DockerEnv) -> dict:
+    return {"username": env.registry_user, "password": env.registry_password()}
+
+
+def verify(setup, ref: str, from_registry: bool = True):
+    client = dockerenv.docker_client()
+    login = type("Login", (), {"auth": auth(setup["env"])})()
+    files, content = imageverify.read_and_check(client, login, ref, Platform.LINUX_AMD64, setup["locked"],
+                                                setup["fixed"], from_registry=from_registry)
+    return files, imageverify.judge(ref, files, content, setup["fixed"], EXPECTED, None, [])
+
+
+def tampered(setup, tag: str, steps: str, push: bool = True) -> str:
+    return setup["images"].build(tag, f"FROM {setup['good']}\n{steps}\n", push=push)
+
+
+def test_the_lock_is_real_and_hashed(setup):
+    names = dict(setup["locked"])
+    assert names.keys() >= {"markdown-it-py", "mdurl", "six"}
+    assert "--hash=sha256:" in (setup["work"] / "linux-amd64.txt").read_text()
+
+
+def test_a_good_image_is_proven_from_the_registry(setup):
+    files, result = verify(setup, setup["good"])
+    text = "\n".join(result.lines())
+    assert result.ok, text
+    assert files.source == "registry" and len(files.layers) >= 2
+    assert all(layer.compressed > 0 for layer in files.layers)
+    assert f"{len(setup['locked']) + 1} distribution(s)" in text
+    assert "arch gate passed" in text and "cpu: 1/1 shared object(s) are x86_64 code" in text
+    assert f"io.carry.wheel.sha256 = {setup['fixed'].path.name}'s" in text
+    assert f"{SITE}/{WHEEL_NAME}/_native.so" in files.nodes
+    assert files.nodes["/opt/venv/bin/pledemo"].data.startswith(b"#!/opt/venv/bin/python\n")
+
+
+def test_the_local_engine_gives_the_same_view(setup):
+    remote, _ = verify(setup, setup["good"])
+    files, result = verify(setup, setup["good"], from_registry=False)
+    assert result.ok, "\n".join(result.lines())
+    assert files.source == "local engine"
+    assert {p: (n.kind, n.sha256, n.size, n.target) for p, n in files.nodes.items()} == \
+        {p: (n.kind, n.sha256, n.size, n.target) for p, n in remote.nodes.items()}
+
+
+def problems(result) -> str:
+    assert not result.ok
+    return "\n".join(result.checks.problems)
+
+
+def test_a_package_added_later_is_named(setup):
+    ref = tampered(setup, "added", f"RUN --mount=type=bind,source=wheels,target=/wheels {PIP_INSTALL} "
+                                   f"/wheels/idna-3.7-py3-none-any.whl")
+    text = problems(verify(setup, ref)[1])
+    assert "idna 3.7 is installed (idna-3.7.dist-info) but is not in the lock" in text
+
+
+def test_a_package_removed_later_is_named(setup):
+    ref = tampered(setup, "removed", f"RUN rm -rf {SITE}/six.py {SITE}/six-1.16.0.dist-info")
+    text = problems(verify(setup, ref)[1])
+    assert "six==1.16.0 is in the lock but not installed" in text
+    print(text)
+
+
+def test_a_file_changed_in_a_later_layer_is_named(setup):
+    ref = tampered(setup, "changed", f"RUN echo '# changed' >> {SITE}/markdown_it/__init__.py")
+    files, result = verify(setup, ref)
+    text = problems(result)
+    assert "markdown-it-py 3.0.0: markdown_it/__init__.py changed" in text
+    assert f"(layer {len(files.layers)})" in text
+
+
+def test_a_version_changed_later_is_named(setup):
+    ref = tampered(setup, "version", f"RUN --mount=type=bind,source=wheels,target=/wheels "
+                                     f"{PIP_INSTALL} /wheels/mdurl-0.1.1-py3-none-any.whl")
+    text = problems(verify(setup, ref)[1])
+    wanted = dict(setup["locked"])["mdurl"]
+    assert f"mdurl 0.1.1 is installed (mdurl-0.1.1.dist-info); the lock pins {wanted}" in text
+
+
+def test_a_file_added_under_the_fixed_package_is_named(setup):
+    ref = tampered(setup, "extra", f"RUN echo 'x = 1' > {SITE}/{WHEEL_NAME}/extra.py", push=False)
+    files, result = verify(setup, ref)  # not pushed: read from the local engine
+    text = problems(result)
+    assert files.source == "local engine"
+    assert f"{WHEEL_NAME}/extra.py (file, layer {len(files.layers)}) belongs to no installed distribution" in text
+    assert f"{WHEEL_NAME} {WHEEL_VERSION}: {WHEEL_NAME}/extra.py (file, layer {len(files.layers)}) is under " \
+           f"{WHEEL_NAME} but not in the fixed wheel" in text
+
+
+def test_a_console_script_on_another_interpreter_is_named(setup):
+    ref = tampered(setup, "shebang", "RUN sed -i '1s:.*:#!/usr/bin/python3:' /opt/venv/bin/pledemo")
+    text = problems(verify(setup, ref)[1])
+    assert f"{WHEEL_NAME} {WHEEL_VERSION}: /opt/venv/bin/pledemo runs /usr/bin/python3, not /opt/venv/bin/python" \
+        in text
+    assert f"{WHEEL_NAME} {WHEEL_VERSION}: /opt/venv/bin/pledemo changed" in text
+    print(text)
+
+
+def test_a_shared_object_replaced_is_named_and_gated_from_the_layer(setup):
+    ref = tampered(setup, "so", f"RUN cp /usr/bin/true {SITE}/{WHEEL_NAME}/_native.so")
+    files, result = verify(setup, ref)
+    text = problems(result)
+    assert f"{WHEEL_NAME}/_native.so changed" in text
+    assert files.nodes[f"{SITE}/{WHEEL_NAME}/_native.so"].shared is not None  # parsed from the layer's bytes
+
+
+def test_a_wrong_wheel_sha256_label_is_a_mismatch(setup):
+    ref = tampered(setup, "label", "LABEL io.carry.wheel.sha256=" + "0" * 64, push=False)
+    result = verify(setup, ref)[1]
+    assert not result.ok
+    assert any(m.field == "label io.carry.wheel.sha256" for m in result.mismatches)
+
+
+def test_whiteouts_hide_lower_paths():
+    def scan(nodes=(), whiteouts=(), opaque=()):
+        layer = imagefs.LayerScan("sha256:x")
+        layer.nodes = {path: imagefs.Node(path, kind, 0o644) for path, kind in nodes}
+        layer.whiteouts, layer.opaque = set(whiteouts), set(opaque)
+        return layer
+
+    view = imagefs.apply([
+        scan([("/opt/venv/a", "dir"), ("/opt/venv/a/x", "file"), ("/opt/venv/b", "dir"), ("/opt/venv/b/y", "file"),
+              ("/opt/venv/c", "dir"), ("/opt/venv/c/z", "file"), ("/opt/venv/d", "file")]),
+        scan([("/opt/venv/b/new", "file"), ("/opt/venv/c", "file")], whiteouts=["/opt/venv/a", "/opt/venv/d"],
+             opaque=["/opt/venv/b"]),
+    ])
+    assert sorted(view) == ["/opt/venv/b", "/opt/venv/b/new", "/opt/venv/c"]
+    assert view["/opt/venv/c"].kind == "file"
