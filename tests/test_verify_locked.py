@@ -25,13 +25,12 @@ from pathlib import Path
 import pytest
 
 import dockerenv
-from carry import imagefs, imageverify, installcheck
+from helpers import Upstream, carry, write_config
+from carry import imagefs, imageverify, installcheck, runtimelock
 from carry.platforms import Platform
 from carry.verify import Expected
 
 VERSION = "20261201.1"
-SERIES = "5e71e5" + "0" * 58
-COMMIT = "c0ffee" + "0" * 34
 WHEEL_NAME = "pledemo"
 WHEEL_VERSION = f"0.1.0+carry.{VERSION}"
 REQUIREMENTS = "markdown-it-py==3.0.0\nsix==1.16.0\n"
@@ -39,7 +38,6 @@ EXTRA = ("idna==3.7", "mdurl==0.1.1")  # a package the lock does not have; anoth
 SITE = "/opt/venv/lib/python3.11/site-packages"
 PIP = "/usr/share/python-wheels/pip-23.0.1-py3-none-any.whl/pip"
 PIP_INSTALL = f"/opt/venv/bin/python {PIP} install --no-index --no-deps --no-compile --disable-pip-version-check"
-EXPECTED = Expected(VERSION, SERIES, COMMIT)
 
 
 def run(*argv: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 600) -> str:
@@ -48,31 +46,21 @@ def run(*argv: str, cwd: Path | None = None, env: dict | None = None, timeout: f
     return result.stdout
 
 
-def read_lock(path: Path) -> tuple[tuple[str, str], ...]:
-    """The (name, version) pairs of a hashed requirements file (a stand-in for carry.runtimelock.read)."""
-    pairs = []
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith(("#", "--")) and "==" in line:
-            name, version = line.split(" ", 1)[0].split("==")
-            pairs.append((installcheck.canonical(name), version.strip().rstrip("\\").strip()))
-    return tuple(pairs)
-
-
 def record_row(name: str, data: bytes) -> str:
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return f"{name},sha256={digest},{len(data)}"
 
 
-def make_fixed_wheel(directory: Path) -> Path:
+def make_fixed_wheel(directory: Path, expected: Expected) -> Path:
     """A small carry-like wheel: a package with a compiled shared object, a console script, Requires-Dist on
     the lock's roots and carry's buildinfo."""
-    build = directory / "so"
+    build = directory.parent / "so"
     build.mkdir()
     (build / "native.c").write_text("int pledemo_answer(void) { return 42; }\n")
     run("gcc", "-shared", "-fPIC", "-O2", "-o", str(build / "_native.so"), str(build / "native.c"))
     info = f"{WHEEL_NAME}-{WHEEL_VERSION}.dist-info"
-    buildinfo = {"version": VERSION, "series": {"hash": SERIES, "patches": []}, "upstream": {"commit": COMMIT},
+    buildinfo = {"version": VERSION, "series": {"hash": expected.series_hash, "patches": []},
+                 "upstream": {"commit": expected.commit},
                  "cuda_arches": "none", "wheel_version": WHEEL_VERSION, "platform": "linux/amd64"}
     members = {
         f"{WHEEL_NAME}/__init__.py": b"def main():\n    print('pledemo')\n",
@@ -100,9 +88,8 @@ class Images:
     """The images this module builds and pushes, removed at the end (engine images, registry manifests and the
     repository's blob links)."""
 
-    def __init__(self, env: dockerenv.DockerEnv, context: Path, cli_env: dict):
-        self.env, self.context, self.cli_env = env, context, cli_env
-        self.repository = f"carry-test/issue-24-verify-{secrets.token_hex(4)}"
+    def __init__(self, env: dockerenv.DockerEnv, repository: str, context: Path, cli_env: dict):
+        self.env, self.repository, self.context, self.cli_env = env, repository, context, cli_env
         self.local: list[str] = []
         self.pushed: list[str] = []
 
@@ -151,29 +138,50 @@ class Images:
                 pass
 
 
+def lock_for(work: Path, project: Path, env: dockerenv.DockerEnv) -> Path:
+    """The runtime lock of linux/amd64 as `lock` writes it: uv's hashed compile under carry's header."""
+    (work / "requirements.in").write_text(REQUIREMENTS)
+    body = run(sys.executable, "-m", "uv", "pip", "compile", "--generate-hashes", "--only-binary", ":all:",
+               "--no-header", "--no-annotate", "--python-platform", "x86_64-manylinux_2_36", "--python-version",
+               "3.11", str(work / "requirements.in"), "-o", "-")
+    base_id = dockerenv.docker_client().images.get(env.runtime_base).id
+    facts = runtimelock.BaseFacts("3.11.2", "2.36", base_id, env.runtime_base)
+    path = project / "runtime-lock" / "linux-amd64.txt"
+    path.parent.mkdir(parents=True)
+    path.write_text(runtimelock.render(Platform.LINUX_AMD64, facts, runtimelock.requires_digest(REQUIREMENTS.split()),
+                                       f"{WHEEL_NAME}=={WHEEL_VERSION}", body))
+    return path
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     env = dockerenv.require()
     if shutil.which("gcc") is None:
         pytest.fail("gcc is needed to build the fixed wheel's shared object")
     work = tmp_path_factory.mktemp("verify-locked")
+    upstream = Upstream.create(work / "upstream", {"README.md": "an upstream\n"})
+    project = work / "project"
+    repository = f"carry-test/issue-24-verify-{secrets.token_hex(4)}"
+    write_config(project, str(upstream.path), upstream.head(), extra=(
+        f"image:\n  name: {env.registry}/{repository}\n  lock: runtime-lock\n  platforms:\n    linux/amd64:\n"
+        f"      runtime_image: {env.runtime_base}\n"))
+    (project / "VERSION").write_text(VERSION + "\n")
+    checked = carry("check", "--json", cwd=project)
+    assert checked.code == 0, checked.err
+    expected = Expected(VERSION, json.loads(checked.out)["series_hash"], upstream.head())
+    lock = runtimelock.parse(lock_for(work, project, env).read_text(), Path("linux-amd64.txt"), Platform.LINUX_AMD64)
     context = work / "context"
     wheels = context / "wheels"
     wheels.mkdir(parents=True)
-    (work / "requirements.in").write_text(REQUIREMENTS)
-    lock = work / "linux-amd64.txt"
-    run(sys.executable, "-m", "uv", "pip", "compile", "--generate-hashes", "--only-binary", ":all:", "--no-header",
-        "--no-annotate", "--python-platform", "x86_64-manylinux_2_36", "--python-version", "3.11",
-        str(work / "requirements.in"), "-o", str(lock))
-    shutil.copy(lock, wheels / "lock.txt")
-    run(sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--python-version", "3.11",
-        "--platform", "manylinux_2_36_x86_64", "-r", str(lock), "-d", str(wheels))
-    run(sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--python-version", "3.11",
-        "--platform", "manylinux_2_36_x86_64", *EXTRA, "-d", str(wheels))
-    fixed = make_fixed_wheel(work)
+    shutil.copy(project / "runtime-lock" / "linux-amd64.txt", wheels / "lock.txt")
+    download = (sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--python-version",
+                "3.11", "--platform", "manylinux_2_36_x86_64", "-d", str(wheels))
+    run(*download, "-r", str(wheels / "lock.txt"))
+    run(*download, *EXTRA)
+    fixed = make_fixed_wheel(project, expected)
     shutil.copy(fixed, wheels / fixed.name)
     with dockerenv.logged_in(env) as cli_env:
-        images = Images(env, context, cli_env)
+        images = Images(env, repository, context, cli_env)
         try:
             good = images.build("good", f"""\
 FROM {env.runtime_base}
@@ -181,11 +189,13 @@ RUN --mount=type=bind,source=wheels,target=/wheels python3 -m venv --without-pip
  && rm /opt/venv/bin/activate* /opt/venv/bin/Activate.ps1 \\
  && {PIP_INSTALL} --require-hashes --find-links /wheels -r /wheels/lock.txt \\
  && {PIP_INSTALL} /wheels/{fixed.name}
-LABEL io.carry.version={VERSION} io.carry.series.hash={SERIES} io.carry.upstream.commit={COMMIT} \\
-      io.carry.wheel={WHEEL_NAME} io.carry.wheel.sha256={hashlib.sha256(fixed.read_bytes()).hexdigest()}
+LABEL io.carry.version={VERSION} io.carry.series.hash={expected.series_hash} \\
+      io.carry.upstream.commit={expected.commit} io.carry.wheel={WHEEL_NAME} \\
+      io.carry.wheel.sha256={hashlib.sha256(fixed.read_bytes()).hexdigest()}
 """)
             yield {"env": env, "images": images, "good": good, "fixed": installcheck.FixedWheel.read(fixed),
-                   "locked": read_lock(lock), "work": work}
+                   "locked": tuple((p.name, p.version) for p in lock.packages), "lock": lock, "project": project,
+                   "expected": expected}
         finally:
             images.remove()
 
@@ -199,7 +209,7 @@ def verify(setup, ref: str, from_registry: bool = True):
     login = type("Login", (), {"auth": auth(setup["env"])})()
     files, content = imageverify.read_and_check(client, login, ref, Platform.LINUX_AMD64, setup["locked"],
                                                 setup["fixed"], from_registry=from_registry)
-    return files, imageverify.judge(ref, files, content, setup["fixed"], EXPECTED, None, [])
+    return files, imageverify.judge(ref, files, content, setup["fixed"], setup["expected"], None, [])
 
 
 def tampered(setup, tag: str, steps: str, push: bool = True) -> str:
@@ -209,7 +219,7 @@ def tampered(setup, tag: str, steps: str, push: bool = True) -> str:
 def test_the_lock_is_real_and_hashed(setup):
     names = dict(setup["locked"])
     assert names.keys() >= {"markdown-it-py", "mdurl", "six"}
-    assert "--hash=sha256:" in (setup["work"] / "linux-amd64.txt").read_text()
+    assert all(p.hashes and p.hashes[0].startswith("sha256:") for p in setup["lock"].packages)
 
 
 def test_a_good_image_is_proven_from_the_registry(setup):
@@ -301,6 +311,37 @@ def test_a_wrong_wheel_sha256_label_is_a_mismatch(setup):
     result = verify(setup, ref)[1]
     assert not result.ok
     assert any(m.field == "label io.carry.wheel.sha256" for m in result.mismatches)
+
+
+def cli_verify(setup, ref: str, *args: str):
+    login = {"CARRY_REGISTRY_USER": setup["env"].registry_user,
+             "CARRY_REGISTRY_PASSWORD": setup["env"].registry_password()}
+    return carry("verify", ref, *args, cwd=setup["project"], env=login)
+
+
+def test_verify_image_proves_a_locked_image_on_the_command_line(setup):
+    result = cli_verify(setup, setup["good"])
+    assert result.code == 0, result.out + result.err
+    assert "platform linux/amd64: read natively from registry" in result.out
+    assert f"{len(setup['locked']) + 1} distribution(s) = the lock's {len(setup['locked'])} + the fixed wheel" \
+        in result.out
+    assert result.out.strip().endswith("verified")
+
+
+def test_verify_image_names_every_problem_and_exits_1(setup):
+    ref = tampered(setup, "cli-bad", f"RUN --mount=type=bind,source=wheels,target=/wheels {PIP_INSTALL} "
+                                     f"/wheels/idna-3.7-py3-none-any.whl && echo '#' >> {SITE}/six.py")
+    result = cli_verify(setup, ref)
+    assert result.code == 1, result.out + result.err
+    assert "FAIL idna 3.7 is installed (idna-3.7.dist-info) but is not in the lock" in result.out
+    assert "FAIL six 1.16.0: six.py changed" in result.out
+    assert "NOT verified" in result.out and "Traceback" not in result.err
+
+
+def test_verify_image_for_a_platform_the_tag_does_not_hold_fails_naming_it(setup):
+    result = cli_verify(setup, setup["good"], "--platform", "linux/arm64")
+    assert result.code == 1
+    assert "holds linux/amd64, not linux/arm64" in result.err
 
 
 def test_whiteouts_hide_lower_paths():
