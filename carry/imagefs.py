@@ -19,7 +19,6 @@ import io
 import json
 import os
 import posixpath
-import tarfile
 import time
 import urllib.error
 import urllib.parse
@@ -27,6 +26,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator
 
+from carry import tarstream
 from carry.errors import Failed
 from carry.platforms import Platform
 
@@ -131,19 +131,19 @@ class ImageFiles:
 def scan_layer(stream, digest: str, selection: Selection, layer: int) -> LayerScan:
     """Read one uncompressed layer tar from `stream` front to back."""
     scan = LayerScan(digest)
+    reader = tarstream.Reader(stream, f"layer {digest[:19]}")
     try:
-        with tarfile.open(fileobj=stream, mode="r|", bufsize=CHUNK) as archive:
-            for member in archive:
-                scan.entries += 1
-                _take(archive, member, scan, selection, layer)
-    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        while (header := reader.next()) is not None:
+            scan.entries += 1
+            _take(reader, header, scan, selection, layer)
+    except (OSError, ValueError, EOFError) as exc:
         raise Failed(f"layer {digest[:19]} is not a readable tar ({exc})") from None
     return scan
 
 
-def _take(archive: tarfile.TarFile, member: tarfile.TarInfo, scan: LayerScan, selection: Selection,
+def _take(reader: tarstream.Reader, header: tarstream.Header, scan: LayerScan, selection: Selection,
           layer: int) -> None:
-    path = _absolute(member.name)
+    path = _absolute(header.name)
     directory, name = posixpath.split(path)
     if name == OPAQUE:
         scan.opaque.add(directory)
@@ -151,23 +151,23 @@ def _take(archive: tarfile.TarFile, member: tarfile.TarInfo, scan: LayerScan, se
     if name.startswith(WHITEOUT):
         scan.whiteouts.add(posixpath.join(directory, name[len(WHITEOUT):]))
         return
-    if member.isfile():
-        scan.bytes += member.size
+    if header.is_file:
+        scan.bytes += header.size
     if not selection.wants(path):
         return
-    mode = member.mode & 0o7777
-    if member.isdir():
+    mode = header.mode & 0o7777
+    if header.is_dir:
         scan.nodes[path] = Node(path, "dir", mode, layer=layer)
-    elif member.issym():
-        scan.nodes[path] = Node(path, "symlink", mode, target=member.linkname, layer=layer)
-    elif member.islnk():
-        source = scan.nodes.get(_absolute(member.linkname))
+    elif header.is_symlink:
+        scan.nodes[path] = Node(path, "symlink", mode, target=header.linkname, layer=layer)
+    elif header.is_hardlink:
+        source = scan.nodes.get(_absolute(header.linkname))
         if source is not None and source.kind == "file":
             scan.nodes[path] = dataclasses.replace(source, path=path, mode=mode)
         else:  # a hard link to a path outside the selection: its bytes are unknown, which a hash check reports
             scan.nodes[path] = Node(path, "file", mode, sha256="(hard link to an unread path)", layer=layer)
-    elif member.isfile():
-        scan.nodes[path] = _file_node(archive, member, path, mode, selection, layer)
+    elif header.is_file:
+        scan.nodes[path] = _file_node(reader, header, path, mode, selection, layer)
 
 
 def _absolute(name: str) -> str:
@@ -175,25 +175,24 @@ def _absolute(name: str) -> str:
     return posixpath.normpath("/" + name.lstrip("/"))
 
 
-def _file_node(archive: tarfile.TarFile, member: tarfile.TarInfo, path: str, mode: int, selection: Selection,
+def _file_node(reader: tarstream.Reader, header: tarstream.Header, path: str, mode: int, selection: Selection,
                layer: int) -> Node:
     whole = selection.keep(path) or selection.shared(path)
-    digest, kept, remaining = hashlib.sha256(), [], member.size
-    handle = archive.extractfile(member)
-    while remaining:
-        chunk = handle.read(min(CHUNK, remaining))
-        if not chunk:
-            raise Failed(f"{path} is cut short in its layer")
+    head = not whole and selection.head(path)
+    digest, kept = hashlib.sha256(), []
+
+    def sink(chunk: memoryview) -> None:
         digest.update(chunk)
-        if whole or (not kept and selection.head(path)):
-            kept.append(chunk)
-        remaining -= len(chunk)
-    data = b"".join(kept) if whole else (kept[0][:HEAD] if kept else (b"" if selection.head(path) else None))
+        if whole or (head and not kept):
+            kept.append(bytes(chunk[:HEAD] if head else chunk))
+
+    reader.read_data(sink)
+    data = b"".join(kept) if (whole or head) else None
     shared = None
     if selection.shared(path) and selection.parse_shared is not None:
         shared = selection.parse_shared(path, data)
         data = None
-    return Node(path, "file", mode, member.size, digest.hexdigest(), data=data, shared=shared, layer=layer)
+    return Node(path, "file", mode, header.size, digest.hexdigest(), data=data, shared=shared, layer=layer)
 
 
 # --- applying layers ---------------------------------------------------------------------------------------------
@@ -349,11 +348,16 @@ class _Checked(io.RawIOBase):
         return True
 
     def readinto(self, buffer) -> int:
-        data = self.raw.read(len(buffer))
-        self.hash.update(data)
-        self.count += len(data)
-        buffer[:len(data)] = data
-        return len(data)
+        view = memoryview(buffer)
+        if hasattr(self.raw, "readinto"):
+            size = self.raw.readinto(view) or 0
+        else:
+            data = self.raw.read(len(view))
+            size = len(data)
+            view[:size] = data
+        self.hash.update(view[:size])
+        self.count += size
+        return size
 
     def verify(self) -> None:
         while self.read(CHUNK):  # a tar's end may leave padding unread
@@ -470,15 +474,16 @@ def from_engine(client, ref: str, platform: Platform, selection: Selection) -> I
         raise Failed(f"cannot read {ref} from the local engine: {str(exc).strip().splitlines()[-1:]}") from None
     scans: dict[str, tuple[LayerScan, str]] = {}
     small: dict[str, bytes] = {}
-    with tarfile.open(fileobj=stream, mode="r|", bufsize=CHUNK) as outer:
-        for member in outer:
-            if not member.isfile():
-                continue
-            handle = outer.extractfile(member)
-            if member.size > 16 << 20 or member.name.endswith("layer.tar"):
-                scans[member.name] = _scan_saved(handle, member.name, selection)
-            else:
-                small[member.name] = handle.read()
+    outer = tarstream.Reader(stream, f"docker save of {ref}")
+    while (member := outer.next()) is not None:
+        if not member.is_file:
+            continue
+        if member.size > 16 << 20 or member.name.endswith("layer.tar"):
+            scans[member.name] = _scan_saved(outer.member_stream(), member.name, selection)
+        else:
+            parts: list[bytes] = []
+            outer.read_data(lambda chunk: parts.append(bytes(chunk)))
+            small[member.name] = b"".join(parts)
     manifest = json.loads(small.get("manifest.json", b"[]"))
     if len(manifest) != 1:
         raise Failed(f"{ref}: docker save gave {len(manifest)} image manifests, expected one")

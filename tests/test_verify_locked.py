@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import secrets
 import shutil
 import subprocess
+import tarfile
 import sys
 import urllib.error
 import urllib.request
@@ -359,3 +361,37 @@ def test_whiteouts_hide_lower_paths():
     ])
     assert sorted(view) == ["/opt/venv/b", "/opt/venv/b/new", "/opt/venv/c"]
     assert view["/opt/venv/c"].kind == "file"
+
+
+@pytest.mark.parametrize("form", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
+def test_a_layer_tar_is_read_as_tarfile_writes_it(tmp_path, form):
+    long_dir = "opt/venv/lib/python3.11/site-packages/" + "deep/" * 12
+    data = {f"{long_dir}m.py" if form != tarfile.USTAR_FORMAT else "opt/venv/a/m.py": b"x = 1\n" * 300,
+            "opt/venv/bin/tool": b"#!/opt/venv/bin/python\nprint(1)\n", "usr/lib/skipped": b"\0" * 5000}
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=form) as archive:
+        for name, body in data.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(body), 0o755
+            archive.addfile(info, io.BytesIO(body))
+        for name, kind, target in (("opt/venv/bin/python", tarfile.SYMTYPE, "/usr/bin/python3"),
+                                   ("opt/venv/bin/same", tarfile.LNKTYPE, "opt/venv/bin/tool"),
+                                   ("opt/venv/gone/.wh.old", tarfile.REGTYPE, ""),
+                                   ("opt/venv/dark/.wh..wh..opq", tarfile.REGTYPE, "")):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, target
+            archive.addfile(info)
+    buffer.seek(0)
+    selection = imagefs.Selection(prefixes=("/opt/venv/",), head=lambda path: "/bin/" in path)
+    scan = imagefs.scan_layer(io.BufferedReader(buffer), "sha256:test", selection, 0)
+    assert scan.entries == 7 and scan.bytes == sum(map(len, data.values()))
+    for name, body in data.items():
+        node = scan.nodes.get("/" + name)
+        if name.startswith("usr/"):
+            assert node is None
+            continue
+        assert (node.kind, node.size, node.sha256) == ("file", len(body), hashlib.sha256(body).hexdigest())
+    assert scan.nodes["/opt/venv/bin/tool"].data.startswith(b"#!/opt/venv/bin/python")
+    assert scan.nodes["/opt/venv/bin/same"].sha256 == scan.nodes["/opt/venv/bin/tool"].sha256
+    assert scan.nodes["/opt/venv/bin/python"].target == "/usr/bin/python3"
+    assert scan.whiteouts == {"/opt/venv/gone/old"} and scan.opaque == {"/opt/venv/dark"}
