@@ -367,7 +367,9 @@ class _Checked(io.RawIOBase):
             raise Failed(f"{self.where}: its bytes hash to {found[:19]}…, not {self.expected[:19]}…")
 
 
-def _platform_manifest(registry: Registry, ref: str, platform: Platform) -> tuple[dict, str] | None:
+def platform_manifest(registry: Registry, ref: str, platform: Platform) -> tuple[dict, str] | None:
+    """(`platform`'s manifest of `ref`, its digest), through the manifest list when `ref` names one; None when the
+    registry does not have `ref`."""
     found = registry.manifest(registry.ref.reference)
     if found is None:
         return None
@@ -395,7 +397,7 @@ def from_registry(ref: str, platform: Platform, selection: Selection, auth: dict
     registry does not have `ref`."""
     start = time.monotonic()
     registry = Registry(Reference.parse(ref), auth, plain_http)
-    found = _platform_manifest(registry, ref, platform)
+    found = platform_manifest(registry, ref, platform)
     if found is None:
         return None
     manifest, digest = found
