@@ -159,7 +159,8 @@ def verify_locked(client, docker_cli: str, ref: str, config: Config, expected: E
             lock = runtimelock.read(config, target)
             locked = tuple((package.name, package.version) for package in lock.packages)
             fixed = fixed_wheel(dist, expected.version, target)
-            files, content = read_and_check(client, login, ref, target, locked, fixed, from_registry=remote is not None)
+            files, content = read_and_check(client, login, ref, target, locked, fixed, from_registry=remote is not None,
+                                            wheels=stored_wheels(lock.packages))
             results.append(judge(ref, files, content, fixed, expected, arches, coverage))
     return tuple(results)
 
@@ -179,8 +180,23 @@ def fixed_wheel(dist: Path, version: str, platform: Platform):
     return installcheck.FixedWheel.read(found[0])
 
 
+def stored_wheels(packages) -> dict[str, Path]:
+    """The locked wheels the download store holds (by the sha256 the lock pins): canonical name -> file."""
+    from carry import releases
+
+    root, found = releases.store().root, {}
+    for package in packages:
+        for pinned in package.hashes:
+            directory = root / pinned.split(":", 1)[-1]
+            wheel = next(iter(sorted(directory.glob("*.whl"))), None) if directory.is_dir() else None
+            if wheel is not None:
+                found[package.name] = wheel
+                break
+    return found
+
+
 def read_and_check(client, login, ref: str, platform: Platform, locked: tuple[tuple[str, str], ...], fixed,
-                   from_registry: bool = True):
+                   from_registry: bool = True, wheels: dict[str, Path] | None = None):
     """`platform`'s image of `ref` read from its layers (the registry when it has `ref`, else the local engine)
     and its files checked against `locked` (name, version pairs) and the `fixed` wheel."""
     from carry import binaries, imagefs, installcheck, registry
@@ -192,7 +208,7 @@ def read_and_check(client, login, ref: str, platform: Platform, locked: tuple[tu
                                       registry.insecure(client, registry.registry_of(ref)))
     if files is None:
         files = imagefs.from_engine(client, ref, platform, wanted)
-    return files, installcheck.check(files, locked, fixed)
+    return files, installcheck.check(files, locked, fixed, wheels)
 
 
 def judge(ref: str, files, content, fixed, expected: Expected, arches: ArchList | None,

@@ -174,8 +174,10 @@ class ContentCheck:
         return [*self.proven, *(f"FAIL {problem}" for problem in self.problems)]
 
 
-def check(files: ImageFiles, locked: Iterable[tuple[str, str]], fixed: FixedWheel) -> ContentCheck:
-    """The image's venv against the lock (name, version pairs) and the fixed wheel."""
+def check(files: ImageFiles, locked: Iterable[tuple[str, str]], fixed: FixedWheel,
+          wheels: dict[str, Path] | None = None) -> ContentCheck:
+    """The image's venv against the lock (name, version pairs) and the fixed wheel; `wheels` (canonical name ->
+    the locked wheel file, from the download store) have their RECORDs compared with the installed ones."""
     nodes, locked = files.nodes, tuple(locked)
     problems: list[str] = []
     sites = sorted({match.group(0) for path in nodes if (match := SITE_RE.match(path))})
@@ -190,6 +192,12 @@ def check(files: ImageFiles, locked: Iterable[tuple[str, str]], fixed: FixedWhee
     fixed_dist = next((d for d in dists if d.name == fixed.name), None)
     if fixed_dist is not None:
         problems += _against_fixed(nodes, site, fixed_dist, fixed)
+    compared = 0
+    for dist in dists:
+        if wheels and dist.name in wheels and dist.name != fixed.name:
+            info, rows = wheel_record(wheels[dist.name])
+            problems += against_wheel(dist, rows, info, wheels[dist.name].name)
+            compared += 1
     problems += _scripts(nodes, dists)
     problems += _interpreter(files)
     shared = tuple(node.shared for path in sorted(fixed.shared)
@@ -200,6 +208,8 @@ def check(files: ImageFiles, locked: Iterable[tuple[str, str]], fixed: FixedWhee
         f"site-packages or {BIN} that no RECORD lists",
         f"fixed wheel: {fixed.path.name} (sha256 {fixed.sha256[:12]}…): {len(fixed.rows) - 1} RECORD file(s) "
         f"installed as in the wheel, nothing else under {', '.join(sorted(fixed.tops)) or '-'}",
+        f"locked wheels: {compared} of {len(locked)} installed RECORDs equal to their wheel's in the download "
+        f"store (sha256 from the lock)" + ("" if compared == len(locked) else "; the others' taken from the image"),
         f"console scripts: run {PYTHON}",
     )
     return ContentCheck(files.platform, site, len(dists), checked, size, tuple(problems), proven, shared)
@@ -314,36 +324,14 @@ def _against_lock(dists: list[Installed], locked: Iterable[tuple[str, str]], fix
 
 
 def _against_fixed(nodes: dict[str, Node], site: str, dist: Installed, fixed: FixedWheel) -> list[str]:
-    """The installed fixed wheel equals the wheel from dist/: its dist-info directory, each of its RECORD rows in
-    the installed RECORD with the wheel's hash and size and the file there with them, nothing else in the
-    installed RECORD but what an installer adds, and nothing under the wheel's top-level names it does not have."""
+    """The installed fixed wheel equals the wheel from dist/: its dist-info directory, its RECORD as the wheel's
+    (`against_wheel`), and nothing under the wheel's top-level names that the wheel does not have."""
     problems = []
-    record_name = f"{fixed.dist_info}/RECORD"
     if posixpath.basename(dist.dist_info) != fixed.dist_info:
         problems.append(f"{dist}: installed as {posixpath.basename(dist.dist_info)}, the fixed wheel's is "
                         f"{fixed.dist_info}")
-    installed_rows = {posixpath.normpath(row.path): row for row in dist.rows}
-    expected: set[str] = set()
-    for row in fixed.rows:
-        if row.path == record_name:
-            continue
-        target = _installed_path(row.path)
-        if not target:
-            continue
-        expected.add(posixpath.normpath(target))
-        if target.startswith("../../../bin/"):
-            continue  # a `.data/scripts` file gets its `#!python` rewritten: checked by its installed RECORD row
-        mine = installed_rows.get(posixpath.normpath(target))
-        if mine is None or (mine.hash, mine.size) != (row.hash, row.size):
-            problems.append(f"{dist}: {target} is {_describe(mine)} in the installed RECORD, the fixed wheel's "
-                            f"RECORD says {row.size} bytes {row.hash}")
-    extra_ok = {f"{fixed.dist_info}/{name}" for name in INSTALLER_FILES}
-    for path, row in sorted(installed_rows.items()):
-        if path in expected or path in extra_ok:
-            continue
-        if path.startswith("../../../bin/") and posixpath.basename(path) in dist.scripts:
-            continue
-        problems.append(f"{dist}: the installed RECORD lists {path}, which the fixed wheel does not have")
+    problems += against_wheel(dist, fixed.rows, fixed.dist_info, "the fixed wheel")
+    expected = {posixpath.normpath(target) for row in fixed.rows if (target := _installed_path(row.path))}
     tops = tuple(fixed.tops)
     for path, node in sorted(nodes.items()):
         if node.kind == "dir" or not path.startswith(site + "/"):
@@ -354,6 +342,44 @@ def _against_fixed(nodes: dict[str, Node], site: str, dist: Installed, fixed: Fi
             problems.append(f"{dist}: {rel} ({node.kind}, layer {node.layer + 1}) is under {top} but not in the "
                             f"fixed wheel")
     return problems
+
+
+def against_wheel(dist: Installed, wheel_rows: tuple[Row, ...], wheel_dist_info: str, what: str) -> list[str]:
+    """The installed RECORD against the RECORD of the wheel it was installed from: every row of the wheel's there
+    with the wheel's hash and size (`.data/scripts` files aside: their `#!python` is rewritten), and nothing else
+    but what an installer adds (INSTALLER, REQUESTED, direct_url.json, RECORD, console scripts in the bin)."""
+    problems = []
+    installed_rows = {posixpath.normpath(row.path): row for row in dist.rows}
+    expected: set[str] = set()
+    for row in wheel_rows:
+        target = _installed_path(row.path)
+        if row.path == f"{wheel_dist_info}/RECORD" or not target:
+            continue
+        expected.add(posixpath.normpath(target))
+        if target.startswith("../../../bin/"):
+            continue
+        mine = installed_rows.get(posixpath.normpath(target))
+        if mine is None or (mine.hash, mine.size) != (row.hash, row.size):
+            problems.append(f"{dist}: {target} is {_describe(mine)} in the installed RECORD, {what}'s RECORD says "
+                            f"{row.size} bytes {row.hash}")
+    extra_ok = {f"{wheel_dist_info}/{name}" for name in INSTALLER_FILES}
+    for path in sorted(installed_rows):
+        if path in expected or path in extra_ok:
+            continue
+        if path.startswith("../../../bin/") and posixpath.basename(path) in dist.scripts:
+            continue
+        problems.append(f"{dist}: the installed RECORD lists {path}, which {what} does not have")
+    return problems
+
+
+def wheel_record(path: Path) -> tuple[str, tuple[Row, ...]]:
+    """(dist-info directory, RECORD rows) of a wheel file."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            info = wheelzip.dist_info(archive)
+            return info, parse_record(archive.read(f"{info}/RECORD").decode())
+    except (OSError, KeyError, zipfile.BadZipFile) as exc:
+        raise Failed(f"{path}: not a readable wheel ({exc})") from None
 
 
 def _describe(row: Row | None) -> str:

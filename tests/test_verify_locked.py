@@ -11,9 +11,11 @@ manifests and its repository's blob links afterwards."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import json
+import os
 import secrets
 import shutil
 import subprocess
@@ -36,7 +38,18 @@ VERSION = "20261201.1"
 WHEEL_NAME = "pledemo"
 WHEEL_VERSION = f"0.1.0+carry.{VERSION}"
 REQUIREMENTS = "markdown-it-py==3.0.0\nsix==1.16.0\n"
-EXTRA = ("idna==3.7", "mdurl==0.1.1")  # a package the lock does not have; another version of a locked one
+EXTRA = ("idna==3.7", "mdurl==0.1.1")
+REWRITE_RECORD = """\
+import base64, hashlib, pathlib, sys
+site, name, dist_info = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+changed = site / name
+changed.write_bytes(changed.read_bytes() + b"# changed with its RECORD row\\n")
+data = changed.read_bytes()
+row = f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\\n"
+record = site / dist_info / "RECORD"
+record.write_text("".join(row if line.startswith(name + ",") else line
+                          for line in record.read_text().splitlines(True)))
+"""  # a package the lock does not have; another version of a locked one
 SITE = "/opt/venv/lib/python3.11/site-packages"
 PIP = "/usr/share/python-wheels/pip-23.0.1-py3-none-any.whl/pip"
 PIP_INSTALL = f"/opt/venv/bin/python {PIP} install --no-index --no-deps --no-compile --disable-pip-version-check"
@@ -181,7 +194,12 @@ def setup(tmp_path_factory):
     run(*download, "-r", str(wheels / "lock.txt"))
     run(*download, *EXTRA)
     fixed = make_fixed_wheel(project, expected)
+    store = work / "downloads"  # the download store as carry keeps it: <sha256>/<file name>
+    for wheel in wheels.glob("*.whl"):
+        (store / hashlib.sha256(wheel.read_bytes()).hexdigest()).mkdir(parents=True)
+        shutil.copy(wheel, store / hashlib.sha256(wheel.read_bytes()).hexdigest() / wheel.name)
     shutil.copy(fixed, wheels / fixed.name)
+    (context / "rerecord.py").write_text(REWRITE_RECORD)
     with dockerenv.logged_in(env) as cli_env:
         images = Images(env, repository, context, cli_env)
         try:
@@ -196,10 +214,25 @@ LABEL io.carry.version={VERSION} io.carry.series.hash={expected.series_hash} \\
       io.carry.wheel.sha256={hashlib.sha256(fixed.read_bytes()).hexdigest()}
 """)
             yield {"env": env, "images": images, "good": good, "fixed": installcheck.FixedWheel.read(fixed),
+                   "store": store,
                    "locked": tuple((p.name, p.version) for p in lock.packages), "lock": lock, "project": project,
                    "expected": expected}
         finally:
             images.remove()
+
+
+@contextlib.contextmanager
+def downloads_at(store: Path):
+    """$CARRY_DOWNLOADS pointed at the test's download store for the duration."""
+    before = os.environ.get("CARRY_DOWNLOADS")
+    os.environ["CARRY_DOWNLOADS"] = str(store)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CARRY_DOWNLOADS")
+        else:
+            os.environ["CARRY_DOWNLOADS"] = before
 
 
 def auth(env: dockerenv.DockerEnv) -> dict:
@@ -209,8 +242,10 @@ def auth(env: dockerenv.DockerEnv) -> dict:
 def verify(setup, ref: str, from_registry: bool = True):
     client = dockerenv.docker_client()
     login = type("Login", (), {"auth": auth(setup["env"])})()
-    files, content = imageverify.read_and_check(client, login, ref, Platform.LINUX_AMD64, setup["locked"],
-                                                setup["fixed"], from_registry=from_registry)
+    with downloads_at(setup["store"]):
+        files, content = imageverify.read_and_check(
+            client, login, ref, Platform.LINUX_AMD64, setup["locked"], setup["fixed"], from_registry=from_registry,
+            wheels=imageverify.stored_wheels(setup["lock"].packages))
     return files, imageverify.judge(ref, files, content, setup["fixed"], setup["expected"], None, [])
 
 
@@ -249,6 +284,15 @@ def test_the_local_engine_gives_the_same_view(setup):
 def problems(result) -> str:
     assert not result.ok
     return "\n".join(result.checks.problems)
+
+
+def test_a_file_changed_with_its_record_row_is_caught_by_the_locked_wheel(setup):
+    ref = tampered(setup, "rerecord", f"RUN --mount=type=bind,source=rerecord.py,target=/rerecord.py python3 "
+                                      f"/rerecord.py {SITE} six.py six-1.16.0.dist-info")
+    text = problems(verify(setup, ref)[1])
+    assert "six 1.16.0: six.py changed" not in text  # the image's own RECORD agrees with the file ...
+    assert "six 1.16.0: six.py is " in text  # ... but not with the wheel's
+    assert "six-1.16.0-py2.py3-none-any.whl's RECORD says" in text
 
 
 def test_a_package_added_later_is_named(setup):
@@ -317,7 +361,7 @@ def test_a_wrong_wheel_sha256_label_is_a_mismatch(setup):
 
 def cli_verify(setup, ref: str, *args: str):
     login = {"CARRY_REGISTRY_USER": setup["env"].registry_user,
-             "CARRY_REGISTRY_PASSWORD": setup["env"].registry_password()}
+             "CARRY_REGISTRY_PASSWORD": setup["env"].registry_password(), "CARRY_DOWNLOADS": str(setup["store"])}
     return carry("verify", ref, *args, cwd=setup["project"], env=login)
 
 
@@ -327,6 +371,7 @@ def test_verify_image_proves_a_locked_image_on_the_command_line(setup):
     assert "platform linux/amd64: read natively from registry" in result.out
     assert f"{len(setup['locked']) + 1} distribution(s) = the lock's {len(setup['locked'])} + the fixed wheel" \
         in result.out
+    assert f"locked wheels: {len(setup['locked'])} of {len(setup['locked'])} installed RECORDs equal" in result.out
     assert result.out.strip().endswith("verified")
 
 
