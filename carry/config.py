@@ -260,6 +260,9 @@ class Image:
     env: dict[str, str]
     secret_env: tuple[str, ...]
     docker: str
+    lock: str | None = None  # the runtime lock's directory beside build.yaml: the locked, layered image
+    entrypoint: tuple[str, ...] = ()  # ENTRYPOINT after carry's, exec form
+    cmd: tuple[str, ...] = ()  # CMD
 
 
 @dataclasses.dataclass(frozen=True)
@@ -485,7 +488,7 @@ ENVIRONMENT_KEYS = ("requires", "index_url", "extra_index_urls")
 INDEX_FORM = "an index URL: https://HOST/PATH (user:password@ allowed), http://… or file:///PATH"
 IMAGE_KEYS = (
     "name", "tags", "platforms", "base_image", "runtime_image", "build_args", "labels", "env", "secret_env",
-    "docker",
+    "docker", "lock", "entrypoint", "cmd",
 )
 
 
@@ -751,7 +754,17 @@ def _image(section: _Section, path: Path) -> Image:
         env=section.env("env"),
         secret_env=_env_names(section, "secret_env"),
         docker=section.string("docker", "docker"),
+        lock=_lock_dir(section),
+        entrypoint=section.strings("entrypoint"),
+        cmd=section.strings("cmd"),
     )
+
+
+def _lock_dir(section: _Section) -> str | None:
+    value = section.string("lock")
+    if value is not None and (value.startswith("/") or ".." in value.split("/")):
+        raise section.fail("lock", "a directory beside build.yaml, e.g. runtime-lock")
+    return value
 
 
 PLATFORM_KEYS = ("cuda_arches", "base_image", "runtime_image")
