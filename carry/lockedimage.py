@@ -183,13 +183,16 @@ def _stored(store: Store, package) -> Path | None:
 
 
 def pip_platforms(target: str) -> list[str]:
-    """pip's --platform for uv's target (`aarch64-manylinux_2_36` -> manylinux_2_36_aarch64); pip adds the
-    older manylinux tags itself."""
-    match = re.fullmatch(r"(x86_64|aarch64|ppc64le|s390x|armv7l|riscv64)-manylinux_(\d+)_(\d+)", target)
+    """pip's --platform list for uv's target (`aarch64-manylinux_2_36`): that glibc and every older manylinux tag
+    with the legacy aliases, as an installing pip on that glibc accepts (pip download does not add them itself)."""
+    match = re.fullmatch(r"(x86_64|aarch64|ppc64le|s390x|armv7l|i686)-manylinux_(\d+)_(\d+)", target)
     if not match:
         raise BadInput(f"runtime lock target {target!r} is not ARCH-manylinux_X_Y; relock (build.py lock)")
-    arch, major, minor = match.groups()
-    return [f"manylinux_{major}_{minor}_{arch}"]
+    arch, major, minor = match.group(1), int(match.group(2)), int(match.group(3))
+    floor = 5 if arch in ("x86_64", "i686") else 17
+    tags = [f"manylinux_{major}_{m}_{arch}" for m in range(minor, floor - 1, -1)]
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    return tags + [f"{name}_{arch}" for m, name in legacy.items() if floor <= m <= minor]
 
 
 def _pip_download(lock, requirements: Path, into: Path) -> None:
@@ -429,7 +432,8 @@ def _push_layer(repo, layer: LayerPlan, digests: Digests, progress: Progress, pl
         return outcome
     started = time.monotonic()
     box: dict[str, Written] = {}
-    chunks = ocilayer.compressed(ocilayer.stream(layer.items), lambda w: box.update(w=w), layer.installed)
+    chunks = ocilayer.prefetched(ocilayer.compressed(ocilayer.prefetched(ocilayer.stream(layer.items)),
+                                                     lambda w: box.update(w=w), layer.installed))
     repo.upload(chunks, lambda: box["w"].digest)
     written = box["w"]
     digests.put(layer.key, written)

@@ -163,6 +163,42 @@ def compressed(chunks: Iterable[bytes], on_done: Callable[[Written], None], inst
     on_done(Written(f"sha256:{digest.hexdigest()}", size, f"sha256:{diff.hexdigest()}", raw_size, installed))
 
 
+def prefetched(chunks: Iterable[bytes], depth: int = 16) -> Iterator[bytes]:
+    """`chunks` produced in a thread of its own (inflating the wheels' members releases the GIL, as do isal and
+    sha256 in the consumer), so reading, compressing and sending overlap on several cores."""
+    import queue
+    import threading
+
+    box: queue.Queue = queue.Queue(depth)
+    done = object()
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                if stop.is_set():
+                    return
+                box.put(chunk)
+            box.put(done)
+        except BaseException as exc:  # handed to the consumer
+            box.put(exc)
+
+    worker = threading.Thread(target=produce, daemon=True)
+    worker.start()
+    try:
+        while (chunk := box.get()) is not done:
+            if isinstance(chunk, BaseException):
+                raise chunk
+            yield chunk
+    finally:
+        stop.set()
+        while worker.is_alive():
+            try:
+                box.get_nowait()
+            except queue.Empty:
+                worker.join(0.05)
+
+
 def gzip_key() -> dict:
     """What the compressed bytes depend on besides the tar: part of every layer's cache key."""
     import isal
