@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.docker]
 EXAMPLE = ROOT / "examples" / "vllm"
 PLATFORMS = ("linux/amd64", "linux/arm64")
 LAYERS = ["base", "venv", "nvidia", "torch", "deps", "vllm-release", "vllm-fixed"]
-PATCHED = "vllm/version.py"
+PATCHED = "vllm/logger.py"  # no patch of the series touches it
 
 
 def image_section(env: dockerenv.DockerEnv, name: str) -> str:
@@ -191,7 +191,6 @@ def test_a_python_only_patch_change_pushes_one_small_layer(project, cold, regist
             pushed = sum(l["size"] for l in new if l["action"] == "pushed")
             image_size = sum(l["size"] for l in new)
             assert pushed <= 0.15 * image_size and pushed < 2e6, (pushed, image_size)
-            assert f"{platform}: " in result.out or True
             members = _members(registry.blob(name, new[-1]["digest"]))
             text = members[f"opt/venv/lib/python3.11/site-packages/{PATCHED}"][1]
             assert b"carried by carry" in text
@@ -209,13 +208,10 @@ def test_a_tampered_lock_fails_naming_the_package_nothing_pushed(project, regist
     (tampered / "build.yaml").write_text(text)
     lock = tampered / "runtime-lock" / "linux-arm64.txt"
     lines = lock.read_text().splitlines()
-    at = next(i for i, line in enumerate(lines) if line.startswith("six=="))
-    lines = lines[: at + 1] + ["    --hash=sha256:" + "0" * 64] + [l for l in lines[at + 1:] if not l.startswith("    --hash") or
-                                                                  lines.index(l) > at + 3]
-    lock.write_text("\n".join(_one_hash(lines, at)) + "\n")
+    lock.write_text("\n".join(_one_hash(lines, next(i for i, l in enumerate(lines) if l.startswith("idna==")))) + "\n")
     result = carry("--config", str(tampered / "build.yaml"), "image", "--push", env=env, timeout=900)
     assert result.code == 1, result.err[-2000:]
-    assert "six==" in result.err.strip().splitlines()[-1] and "relock" in result.err
+    assert "idna==" in result.err.strip().splitlines()[-1] and "relock" in result.err
     assert registry.manifest(other, "20261201.1") is None
     assert not (Path("/tmp/carry-ci/registry/data/docker/registry/v2/repositories") / other.split("/", 1)[1]).exists()
 
@@ -241,7 +237,7 @@ def _members(blob: bytes) -> dict[str, tuple[tarfile.TarInfo, bytes]]:
 
 
 def _one_hash(lines: list[str], at: int) -> list[str]:
-    """`six`'s entry with a single, wrong hash (a tampered lock)."""
+    """`idna`'s entry with a single, wrong hash (a tampered lock)."""
     out = lines[: at]
     name = lines[at].split(" ")[0]
     out.append(f"{name} \\")
@@ -257,7 +253,6 @@ def _patch_adding_a_line(root: Path) -> str:
     import subprocess
 
     work = root / "patchwork"
-    history = next((root / "history").glob("**/*.git"), None) or root / "history"
     subprocess.run(["git", "clone", "-q", "--no-checkout", str(_history_path(root)), str(work)], check=True)
     subprocess.run(["git", "-C", str(work), "checkout", "-q", realvllm.V0_33_0, "--", PATCHED], check=True)
     target = work / PATCHED
