@@ -343,6 +343,58 @@ def refresh(obj: Context, onto: str | None, test: bool) -> None:
     click.echo("\n".join(result.lines()))
 
 
+@cli.command("lock")
+@click.option("--platform", "platforms", metavar="P", multiple=True,
+              help="Lock only this platform; repeatable (default: image.platforms).")
+@click.option("--check", "check_only", is_flag=True, help="Write nothing; exit 1 when a lock is missing or stale "
+              "(for CI).")
+@click.option("--upgrade", is_flag=True, help="Resolve afresh, not preferring the versions the lock pins now.")
+@click.pass_obj
+def lock_command(obj: Context, platforms: tuple[str, ...], check_only: bool, upgrade: bool) -> None:
+    """Resolve the fixed wheel's Requires-Dist with uv into pinned, sha256-hashed wheels for each platform's runtime
+    base image (its Python and glibc, read from the image), through your configured index; write it beside
+    build.yaml (image.lock). A rerun with nothing changed rewrites no byte."""
+    if check_only and upgrade:
+        raise click.UsageError("--check writes nothing; leave out --upgrade")
+    result = obj.session().lock(tuple(parse_platform(p) for p in platforms), check_only, upgrade, Progress())
+    if check_only:
+        for platform, stale in result.stale:
+            click.echo(stale or f"{platform}: fresh")
+        sys.exit(1 if any(stale for _, stale in result.stale) else 0)
+    root = obj.config_path.absolute().parent
+    click.echo("\n".join(outcome.line(root) for outcome in result.outcomes))
+
+
+@cli.group("cache", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the sizes as JSON.")
+@click.pass_context
+def cache_command(ctx: click.Context, as_json: bool) -> None:
+    """Show the size of each part of carry's cache ($CARRY_CACHE): mirrors, bundles, build dirs, environments,
+    wheels, downloads, wheelhouses, logs, and the rest; hardlinked files counted once."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from carry import cachectl
+    from carry.cache import Cache
+
+    usage = cachectl.usage(Cache.from_env())
+    click.echo(json.dumps(usage.to_json(), indent=2) if as_json else "\n".join(usage.lines()))
+
+
+@cache_command.command("prune")
+@click.option("--config", "configs", multiple=True, type=click.Path(path_type=Path, dir_okay=False),
+              help="A config whose needs are kept; repeatable (default: the global --config, build.yaml).")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@click.pass_obj
+def cache_prune(obj: Context, configs: tuple[Path, ...], dry_run: bool) -> None:
+    """Remove what no current config needs (old build environments, wheels, build dirs, mirrors, downloads,
+    wheelhouses, logs); an entry another carry holds the lock of is skipped, and says so."""
+    from carry import cachectl
+    from carry.cache import Cache
+
+    result = cachectl.prune(Cache.from_env(), configs or (obj.config_path,), dry_run)
+    click.echo("\n".join(result.lines()))
+
+
 def main() -> None:
     try:
         cli.main(prog_name="carry", standalone_mode=False)

@@ -18,7 +18,8 @@ from carry.errors import BadInput, Failed
 
 if TYPE_CHECKING:
     from carry.gatepolicy import GatePolicy
-    from carry import apply, crossbuild, drop, image, lockedimage, prove, refresh, series, testrun, verdicts, verify, wheel
+    from carry import (apply, crossbuild, drop, image, lockedimage, prove, refresh, runtimelock, series, testrun,
+                       verdicts, verify, wheel)
     from carry.platforms import Platform
     from carry.progress import Progress
 
@@ -61,6 +62,15 @@ class TestOutcome:
     __test__ = False  # not a pytest class
     report: testrun.TestReport
     path: Path
+
+
+@dataclasses.dataclass(frozen=True)
+class LockResult:
+    """What `lock` did per platform (outcomes), or with --check, per platform None (fresh) or why it is stale."""
+
+    outcomes: tuple[runtimelock.Outcome, ...]
+    stale: tuple[tuple[Platform, str | None], ...]
+    index: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +272,51 @@ class Session:
         shared = image.render_tags(self.config, self.version(), self.series(), image.cuda_tag(tools.nvcc_version))
         refs = tuple(dict.fromkeys(f"{self.config.image.name}:{tag}" for tag in shared + extra_tags))
         return image.join_pushed(self.config, self.version(), refs, chosen, builder, progress)
+
+    def lock(self, platforms: tuple[Platform, ...], check: bool, upgrade: bool, progress: Progress) -> LockResult:
+        """The runtime lock of each platform (image.platforms, or those given): the base image's facts first (bad
+        input before any work), then the fixed wheel as `wheel` makes it, then uv; with `check`, only whether each
+        lock is fresh."""
+        from carry import runtimelock
+        from carry.fsutil import temp_dir
+
+        chosen = runtimelock.platforms_to_lock(self.config, platforms)
+        facts = {platform: runtimelock.base_facts(self.config, platform, self.cache) for platform in chosen}
+        for platform, found in facts.items():
+            progress.phase("base", f"{platform}: {found.ref} ({found.image_id[:19]}…): python {found.python}, glibc "
+                                   f"{found.glibc}")
+        with temp_dir(self.cache.scratch, "lock-wheels-") as out:
+            wheels = self.lock_wheels(chosen, out, progress)
+            if check:
+                return LockResult((), runtimelock.check(self.config, facts, wheels), "")
+            index = runtimelock.choose_index(os.environ, self.config.root)
+            progress.phase("index", index.source)
+            outcomes = runtimelock.lock(self.config, self.cache, facts, wheels, index, upgrade,
+                                        lambda line: progress.phase("resolve", line))
+        return LockResult(outcomes, (), index.source)
+
+    def lock_wheels(self, platforms: tuple[Platform, ...], out: Path, progress: Progress) -> dict[Platform, Path]:
+        """The fixed wheel of each platform, made as `wheel` makes it (cached by content): here where it can be
+        (this machine's CPU, or build.precompiled's wheel for the platform), else this machine's own wheel when it
+        is pure Python (`py3-none-any` installs anywhere), else in that platform's build stage."""
+        from carry.platforms import Platform
+
+        native = Platform.native()
+        here = [p for p in platforms if p is native or self.precompiled_for(p)]
+        if any(p not in here for p in platforms) and native not in here and not self.config.arches_for(native):
+            here.append(native)  # no CUDA code expected: probably pure, which serves every platform
+        wheels: dict[Platform, Path] = {}
+        if here:
+            checked = self.check()
+            for platform in here:
+                built = self.wheel_builder(None, None, platform)(checked.mirror, checked.report, checked.series, out,
+                                                                 progress)
+                wheels[platform] = built.path
+        pure = next((w for w in wheels.values() if w.name.endswith("-none-any.whl")), None)
+        for platform in platforms:
+            if platform not in wheels:
+                wheels[platform] = pure or self.platform_wheel(platform, None, out, False, None, progress).path
+        return {platform: wheels[platform] for platform in platforms}
 
     def _checked(self, progress: Progress) -> CheckResult:
         checked = self.check()

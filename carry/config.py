@@ -260,9 +260,9 @@ class Image:
     env: dict[str, str]
     secret_env: tuple[str, ...]
     docker: str
-    lock: str | None = None  # the runtime lock's directory beside build.yaml: the locked, layered image
-    entrypoint: tuple[str, ...] = ()  # ENTRYPOINT after carry's, exec form
-    cmd: tuple[str, ...] = ()  # CMD
+    lock: Path | None = None  # image.lock: the runtime lock's directory (beside build.yaml); None: not locked
+    entrypoint: tuple[str, ...] | None = None  # image.entrypoint, exec form; None: the base's
+    cmd: tuple[str, ...] | None = None  # image.cmd, exec form (may be empty); None: the base's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -754,17 +754,32 @@ def _image(section: _Section, path: Path) -> Image:
         env=section.env("env"),
         secret_env=_env_names(section, "secret_env"),
         docker=section.string("docker", "docker"),
-        lock=_lock_dir(section),
-        entrypoint=section.strings("entrypoint"),
-        cmd=section.strings("cmd"),
+        lock=_lock_dir(section, path),
+        entrypoint=_exec_form(section, "entrypoint"),
+        cmd=_exec_form(section, "cmd", empty=True),
     )
 
 
-def _lock_dir(section: _Section) -> str | None:
-    value = section.string("lock")
-    if value is not None and (value.startswith("/") or ".." in value.split("/")):
-        raise section.fail("lock", "a directory beside build.yaml, e.g. runtime-lock")
-    return value
+def _lock_dir(section: _Section, path: Path) -> Path | None:
+    """image.lock: a directory beside build.yaml (relative, inside the config's directory) for the runtime lock."""
+    name = section.string("lock")
+    if name is None:
+        return None
+    parts = Path(name).parts
+    if Path(name).is_absolute() or ".." in parts or not parts:
+        raise section.fail("lock", "a directory relative to the config's directory, e.g. runtime-lock")
+    return path.parent / name
+
+
+def _exec_form(section: _Section, key: str, empty: bool = False) -> tuple[str, ...] | None:
+    """image.entrypoint / image.cmd: a list of arguments (exec form), or a string split like a shell would."""
+    value = section.data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, list) and not value and empty:
+        return ()
+    argv, _ = test_argv(value, f"{section.path}: image.{key}")
+    return tuple(argv)
 
 
 PLATFORM_KEYS = ("cuda_arches", "base_image", "runtime_image")

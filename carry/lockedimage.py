@@ -50,10 +50,7 @@ from carry.platforms import Platform
 from carry.progress import Progress
 from carry.wheelinstall import Entry, Installed, Venv
 
-try:  # issue-24-lock's module; the throwaway reader until it lands
-    from carry import runtimelock
-except ImportError:  # pragma: no cover
-    from carry import lockread_tmp as runtimelock
+from carry import runtimelock
 
 PREFIX = "/opt/venv"
 TORCH_KIN = frozenset({"torch", "triton", "torchvision", "torchaudio", "torchcodec", "torch-c-dlpack-ext"})
@@ -329,8 +326,11 @@ def image_config(config: Config, plan: PlatformPlan, diff_ids: list[str], labels
     env = [line for line in env if line.split("=", 1)[0] not in config.image.env]
     env += [f"{name}={value}" for name, value in sorted(config.image.env.items())]
     env.append(f"PATH={PREFIX}/bin:{path}")
-    entrypoint = ["/usr/local/bin/carry-entrypoint", *config.image.entrypoint]
-    cmd = list(config.image.cmd) if (config.image.entrypoint or config.image.cmd) else ["python3"]
+    entrypoint = ["/usr/local/bin/carry-entrypoint", *(config.image.entrypoint or ())]
+    if config.image.cmd is not None:
+        cmd = list(config.image.cmd)
+    else:
+        cmd = ["python3"] if config.image.entrypoint is None else []
     body = {
         "architecture": plan.platform.architecture,
         "os": plan.platform.os,

@@ -1,0 +1,244 @@
+"""`lock`: the runtime lock per platform, resolved with uv through this machine's own index settings for the Python
+and glibc read from the real runtime base images; on a small real upstream (a Python-only wheel with real
+Requires-Dist) and on the real vLLM 0.33.0 of examples/vllm, whose lock files are committed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import dockerenv
+from helpers import ROOT, Upstream, assert_bad_input, carry, write_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.docker]
+
+DOCKER = dockerenv.DOCKER_CLI
+OWN = "carry-test-lock-issue-24-lock/runtime"  # this test's own tags of the runtime bases, removed afterwards
+
+PYPROJECT = """[build-system]
+requires = ["setuptools>=61", "wheel"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "minilock"
+dynamic = ["version"]
+dependencies = ["idna>=3.4"]
+"""
+SETUP_PY = "import os\nfrom setuptools import setup\nsetup(version=os.environ['MINILOCK_VERSION'])\n"
+FILES = {"pyproject.toml": PYPROJECT, "setup.py": SETUP_PY, "minilock/__init__.py": "NAME = 'minilock'\n"}
+BUILD = """build:
+  cuda_arches: []
+  wheel_version: "0.1.0+carry.{version}"
+  version_env: [MINILOCK_VERSION]
+  build_isolation: false
+  compiler_cache: none
+"""
+
+
+def image_section(amd64: str, arm64: str, lock: str = "  lock: runtime-lock\n") -> str:
+    return (f"image:\n  name: carry-test-lock\n  platforms:\n    linux/amd64: {{runtime_image: {amd64}}}\n"
+            f"    linux/arm64: {{runtime_image: {arm64}}}\n{lock}")
+
+
+def tag(source: str, target: str) -> None:
+    subprocess.run([DOCKER, "tag", source, target], check=True, capture_output=True)
+
+
+@pytest.fixture
+def project(tmp_path):
+    env = dockerenv.require()
+    amd64, arm64 = f"{OWN}:amd64", f"{OWN}:arm64"
+    tag(env.runtime_base, amd64)
+    tag(env.runtime_base_arm64, arm64)
+    upstream = Upstream.create(tmp_path / "upstream", FILES)
+    config = write_config(tmp_path / "project", str(upstream.path), upstream.head(),
+                          extra=BUILD + image_section(amd64, arm64))
+    (config.parent / "VERSION").write_text("20261201.1\n")
+    cache = {"CARRY_CACHE": str(tmp_path / "cache")}
+    yield config, cache, upstream, env
+    subprocess.run([DOCKER, "rmi", amd64, arm64, f"{OWN}:other"], capture_output=True)
+
+
+def lock(config: Path, env: dict, *args: str):
+    return carry("--config", str(config), "lock", *args, env=env)
+
+
+def test_lock_pins_every_platform_from_the_base_image_and_a_rerun_rewrites_nothing(project):
+    config, env, _, docker_env = project
+    made = lock(config, env)
+    assert made.code == 0, made.err
+    files = {p: config.parent / "runtime-lock" / f"linux-{p}.txt" for p in ("amd64", "arm64")}
+    for arch, machine in (("amd64", "x86_64"), ("arm64", "aarch64")):
+        text = files[arch].read_text()
+        header = text.splitlines()
+        assert header[0] == "# carry runtime lock: written by `build.py lock`; do not edit (relock: build.py lock)"
+        assert header[1:5] == ["# format: 1", f"# platform: linux/{arch}", "# python: 3.11.2",
+                               f"# target: {machine}-manylinux_2_36"]
+        image_id = subprocess.run([DOCKER, "image", "inspect", "--format", "{{.Id}}", f"{OWN}:{arch}"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+        assert header[5] == f"# base: {OWN}:{arch}@{image_id}"
+        assert header[6].startswith("# requires-dist: sha256:") and len(header[6]) == len("# requires-dist: sha256:") + 64
+        assert header[7] == "# requires: minilock==0.1.0+carry.20261201.1"
+        assert header[8].startswith("idna==") and header[9].strip().startswith("--hash=sha256:")
+        assert f"linux/{arch}: 1 packages, python 3.11.2, target {machine}-manylinux_2_36" in made.out
+    assert made.out.count("wrote runtime-lock/linux-") == 2
+    # the base's facts were read from the images themselves (python3 run in each, arm64 emulated)
+    assert "linux/arm64: carry-test-lock-issue-24-lock/runtime:arm64" in made.err and "glibc 2.36" in made.err
+
+    before = {arch: (path.read_bytes(), path.stat().st_mtime_ns) for arch, path in files.items()}
+    again = lock(config, env)
+    assert again.code == 0, again.err
+    assert again.out.count(": up to date") == 2
+    assert {arch: (path.read_bytes(), path.stat().st_mtime_ns) for arch, path in files.items()} == before
+    checked = lock(config, env, "--check")
+    assert checked.code == 0, checked.err
+    assert checked.out.splitlines() == ["linux/amd64: fresh", "linux/arm64: fresh"]
+
+    # determinism: resolved afresh (no lock to prefer, then --upgrade) it is the same bytes
+    for arch, path in files.items():
+        path.unlink()
+    assert lock(config, env).code == 0
+    assert lock(config, env, "--upgrade").code == 0
+    assert {arch: path.read_bytes() for arch, path in files.items()} == {a: b for a, (b, _) in before.items()}
+
+
+def test_a_stale_lock_names_what_drifted(project, tmp_path):
+    config, env, upstream, docker_env = project
+    assert lock(config, env, "--platform", "linux/amd64").code == 0
+    path = config.parent / "runtime-lock" / "linux-amd64.txt"
+    old_digest = path.read_text().splitlines()[6].split(": ")[1]
+
+    # Requires-Dist changed: a patch adds a dependency
+    upstream.make_patch(config.parent / "patches" / "0001-needs-six.patch", "Depend on six",
+                        {"pyproject.toml": PYPROJECT.replace('["idna>=3.4"]', '["idna>=3.4", "six"]')})
+    stale = lock(config, env, "--platform", "linux/amd64", "--check")
+    assert stale.code == 1, stale.err
+    line = stale.out.strip()
+    assert line.startswith("runtime-lock/linux-amd64.txt is stale (linux/amd64): requires-dist ") or \
+        "linux-amd64.txt is stale (linux/amd64): requires-dist " in line
+    assert f"requires-dist {old_digest[:19]}… -> sha256:" in line
+    assert f"relock: `build.py --config {config} lock`" in line
+    relocked = lock(config, env, "--platform", "linux/amd64")
+    assert relocked.code == 0, relocked.err
+    assert "six==" in path.read_text() and "linux/amd64: 2 packages" in relocked.out
+
+    # the base changed: another image retagged as the runtime image
+    old_id = path.read_text().splitlines()[5].rsplit("@", 1)[1]
+    tag(docker_env.build_base, f"{OWN}:amd64")
+    stale = lock(config, env, "--platform", "linux/amd64", "--check")
+    assert stale.code == 1
+    new_id = subprocess.run([DOCKER, "image", "inspect", "--format", "{{.Id}}", docker_env.build_base],
+                            capture_output=True, text=True, check=True).stdout.strip()
+    assert f"base {OWN}:amd64 {old_id[:19]}… -> {new_id[:19]}…" in stale.out
+    assert "requires-dist" not in stale.out
+
+    # the image side's check (runtimelock.check_fresh): one line, exit 2, per field
+    from carry import config as configuration, runtimelock
+    from carry.errors import BadInput
+    from carry.platforms import Platform
+
+    loaded = configuration.load(config)
+    current = runtimelock.read(loaded, Platform.LINUX_AMD64)
+    wheel_requires = ["idna>=3.4", "six"]
+    runtimelock.check_fresh(current, requires_dist=wheel_requires, base_id=current.base_id, python="3.11.2")
+    with pytest.raises(BadInput) as raised:
+        runtimelock.check_fresh(current, requires_dist=wheel_requires, base_id=current.base_id, python="3.12.1")
+    assert "python 3.11.2 -> 3.12.1" in str(raised.value) and "\n" not in str(raised.value)
+    assert BadInput.exit_code == 2
+    with pytest.raises(BadInput) as raised:
+        runtimelock.check_fresh(current, requires_dist=["idna>=3.4"], base_id="sha256:" + "0" * 64, python="3.11.2")
+    message = str(raised.value)
+    assert "requires-dist" in message and f"base {OWN}:amd64" in message and "python" not in message.split(";")[0]
+
+
+def test_bad_input_writes_nothing(project):
+    config, env, _, docker_env = project
+    text = config.read_text()
+    lock_dir = config.parent / "runtime-lock"
+
+    config.write_text(text.replace("  lock: runtime-lock\n", ""))
+    assert_bad_input(lock(config, env), "image.lock is not set", "lock: runtime-lock")
+
+    config.write_text(text.replace(f"    linux/arm64: {{runtime_image: {OWN}:arm64}}\n", "    linux/arm64: {}\n"))
+    assert_bad_input(lock(config, env), "no runtime image for linux/arm64", "runtime_image")
+
+    config.write_text(text.replace(f"{OWN}:arm64", f"{OWN}:missing"))
+    assert_bad_input(lock(config, env), f"runtime image {OWN}:missing (for linux/arm64) is not in the Docker engine")
+
+    config.write_text(text.replace(f"{OWN}:arm64", f"{OWN}:amd64"))
+    assert_bad_input(lock(config, env), f"runtime image {OWN}:amd64 is for linux/amd64, not linux/arm64")
+
+    config.write_text(text)
+    upstream_py = config.parent.parent / "upstream"
+    Upstream(upstream_py).make_patch(config.parent / "patches" / "0001-impossible.patch", "Impossible pin",
+                                     {"pyproject.toml": PYPROJECT.replace('"idna>=3.4"', '"idna==0.0.1"')})
+    failed = lock(config, env)  # found after the wheel is built: the error is the last line, after the progress
+    assert failed.code == 2 and "Traceback" not in failed.err
+    last = failed.err.strip().splitlines()[-1]
+    assert last.startswith("carry: error: runtime lock for linux/amd64 (target x86_64-manylinux_2_36, python 3.11.2")
+    assert "no version of idna==0.0.1" in last
+    assert not lock_dir.exists()
+
+
+def test_vllm_example_lock_is_committed_and_fresh(tmp_path):
+    """examples/vllm's lock, made from the real 0.33.0 fixed wheels (precompiled, both CPUs here): `lock` in a copy
+    of the example keeps every pin and hash of the committed files. The base line holds the runtime image's ID,
+    which is this machine's own where the base images were built locally (.ci/base-images.sh): where it is the
+    committed one, nothing is rewritten at all."""
+    dockerenv.require()
+    example = ROOT / "examples" / "vllm"
+    copy = tmp_path / "vllm"
+    subprocess.run([sys.executable, str(example / "make_upstream.py")], check=True, capture_output=True)
+    shutil.copytree(example, copy, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    config = copy / "build.yaml"
+    done = carry("--config", str(config), "lock", timeout=1800)
+    assert done.code == 0, done.err[-3000:]
+    for arch, machine in (("amd64", "x86_64"), ("arm64", "aarch64")):
+        committed = (example / "runtime-lock" / f"linux-{arch}.txt").read_text()
+        made = (copy / "runtime-lock" / f"linux-{arch}.txt").read_text()
+        image_id = subprocess.run([DOCKER, "image", "inspect", "--format", "{{.Id}}",
+                                   f"carry-local/runtime-base:{arch}"], capture_output=True, text=True,
+                                  check=True).stdout.strip()
+        assert f"# base: carry-local/runtime-base:{arch}@{image_id}\n" in made
+        same_base = f"@{image_id}\n" in committed
+        assert (made == committed) == same_base
+        assert [l for l in made.splitlines() if not l.startswith("# base:")] == \
+            [l for l in committed.splitlines() if not l.startswith("# base:")]
+        line = f"linux/{arch}: 197 packages, python 3.11.2, target {machine}-manylinux_2_36"
+        assert f"{line}, base carry-local/runtime-base:{arch}@{image_id[:19]}…: " \
+               f"{'up to date' if same_base else f'wrote runtime-lock/linux-{arch}.txt'}" in done.out
+        assert f"# target: {machine}-manylinux_2_36" in committed and "# python: 3.11.2" in committed
+        assert "\ntorch==2.14.0 \\\n" in committed and "\nnvidia-cuda-nvcc==" in committed
+        assert "\nflashinfer-python==" in committed and "# requires: vllm==0.33.0+carry." in committed
+        # one hash for torch: its wheel for this CPU and Python
+        torch = committed.split("\ntorch==2.14.0 \\\n", 1)[1].split("\n")[0]
+        assert torch.strip().startswith("--hash=sha256:") and not torch.endswith("\\")
+    checked = carry("--config", str(config), "lock", "--check", timeout=1800)
+    assert checked.code == 0, checked.out + checked.err[-2000:]
+    assert checked.out.splitlines() == ["linux/amd64: fresh", "linux/arm64: fresh"]
+
+
+def test_the_index_is_uvs_own_else_pips_remote_ones(tmp_path):
+    from carry import runtimelock
+
+    pip = {"index-url": "https://user:secret@mirror.internal.example/simple",
+           "extra-index-url": "file:///opt/local/simple https://extra.internal.example/simple"}
+    uv_env = runtimelock.choose_index({"UV_DEFAULT_INDEX": "https://uv.internal.example/simple"}, tmp_path,
+                                      lambda: pip)
+    assert uv_env.source == "uv's own index settings" and "UV_INDEX_URL" not in uv_env.environ
+    (tmp_path / "uv.toml").write_text('index-url = "https://uv.internal.example/simple"\n')
+    assert runtimelock.choose_index({}, tmp_path, lambda: pip).source == "uv's own index settings"
+    (tmp_path / "uv.toml").unlink()
+    from_pip = runtimelock.choose_index({"XDG_CONFIG_HOME": str(tmp_path)}, tmp_path, lambda: pip)
+    assert from_pip.environ["UV_INDEX_URL"] == pip["index-url"]
+    assert from_pip.environ["UV_EXTRA_INDEX_URL"] == "https://extra.internal.example/simple"
+    assert "secret" not in from_pip.source and "mirror.internal.example/simple" in from_pip.source
+    assert "skipped pip's local file:///opt/local/simple" in from_pip.source
+    # this machine: pip.conf's extra indexes are local directories, so uv's default index resolves
+    here = runtimelock.choose_index({k: v for k, v in os.environ.items() if not k.startswith("UV_")}, ROOT)
+    assert not here.environ.get("UV_EXTRA_INDEX_URL", "").startswith("file:")
