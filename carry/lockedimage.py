@@ -112,13 +112,6 @@ def requires_dist(wheel: Path) -> tuple[str, ...]:
     return tuple(message.get_all("Requires-Dist") or ())
 
 
-def read_lock(config: Config, platform: Platform, requires: tuple[str, ...], base_id: str):
-    """The platform's lock, refused when stale (Requires-Dist, base or Python drifted): before any work."""
-    lock = runtimelock.read(config, platform)
-    runtimelock.check_fresh(lock, requires_dist=requires, base_id=base_id, python=lock.python)
-    return lock
-
-
 def runtime_base(config: Config, platform: Platform, client) -> tuple[str, dict]:
     ref = config.target(platform).runtime_image or config.image.runtime_image
     if not ref:
@@ -664,18 +657,18 @@ class Prepared:
 
 def prepare(config: Config, cache: Cache, platforms: tuple[Platform, ...], client, say) -> Prepared:
     """Locks read and checked against the release wheel's Requires-Dist and the base image: before any work."""
-    bases, releases, locks = {}, {}, {}
+    bases, releases, locks, facts = {}, {}, {}, {}
     for platform in platforms:
+        facts[platform] = runtimelock.base_facts(config, platform, cache)
         bases[platform] = runtime_base(config, platform, client)
         releases[platform] = release_wheel(config, cache, platform, say)
         if releases[platform] is None and platform is not Platform.native():
             raise BadInput(f"{config.path}: a locked image for {platform} needs its fixed wheel made on this machine: "
                            f"set build.precompiled.wheels.{platform}")
-        requires = requires_dist(releases[platform]) if releases[platform] else None
-        if requires is not None:
-            locks[platform] = read_lock(config, platform, requires, bases[platform][1]["Id"])
-        else:
-            locks[platform] = runtimelock.read(config, platform)
+        locks[platform] = runtimelock.read(config, platform)
+        if releases[platform] is not None:  # the fixed wheel's Requires-Dist is the precompiled wheel's own
+            runtimelock.check_fresh(locks[platform], requires_dist=requires_dist(releases[platform]),
+                                    base_id=facts[platform].image_id, python=facts[platform].python)
     return Prepared(locks, bases, releases)
 
 
@@ -692,7 +685,7 @@ def build(config: Config, cache: Cache, prepared: Prepared, the_plan, fixed_whee
         lock = prepared.locks[platform]
         if prepared.releases[platform] is None:  # no precompiled wheel: the fixed wheel's own Requires-Dist
             runtimelock.check_fresh(lock, requires_dist=requires_dist(fixed_wheels[platform]),
-                                    base_id=prepared.bases[platform][1]["Id"], python=lock.python)
+                                    base_id=prepared.bases[platform][1]["Id"], python=lock.python)  # base: above
         wheels = fetch_wheels(lock, store, progress, cache.scratch)
         base_ref, base = prepared.bases[platform]
         started = time.monotonic()
