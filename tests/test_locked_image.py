@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 import dockerenv
-import lockfile
 import realvllm
 from carry import registryhttp
 from helpers import ROOT, assert_bad_input, carry
@@ -89,7 +88,7 @@ def project(tmp_path_factory, services, registry):
     root = tmp_path_factory.mktemp("locked")
     history = Path(realvllm.build(root / "history")["path"])
     shutil.copytree(EXAMPLE, root / "vllm", ignore=shutil.ignore_patterns("upstream.git", "__pycache__",
-                                                                          "runtime-lock"))
+                                                                          "runtime-lock"))  # locked below, here
     config = root / "vllm" / "build.yaml"
     name = f"{services.registry}/carry-test/locked-{uuid.uuid4().hex[:8]}"
     registry.names.append(name)
@@ -97,16 +96,8 @@ def project(tmp_path_factory, services, registry):
     config.write_text(text[: text.index("\nimage:\n") + 1] + image_section(services, name))
     env = {"CARRY_CACHE": str(root / "cache"), "CARRY_DOWNLOADS": realvllm.download_store(),
            "CARRY_REGISTRY_USER": services.registry_user, "CARRY_REGISTRY_PASSWORD": services.registry_password()}
-    store = Path(realvllm.download_store())
-    releases = {"linux/amd64": realvllm.WHEEL_X86, "linux/arm64": realvllm.WHEEL_ARM}
-    for platform in PLATFORMS:
-        release = next(store.glob(f"*/{releases[platform]}"), None)
-        if release is None:  # the precompiled pin downloads it
-            assert carry("--config", str(config), "wheel", "--platform", platform, "--out", str(root / "dist"),
-                         env=env).code == 0
-            release = next(store.glob(f"*/{releases[platform]}"))
-        base = services.runtime_base if platform == "linux/amd64" else services.runtime_base_arm64
-        lockfile.write(config, "runtime-lock", platform, base, release, env)
+    locked = carry("--config", str(config), "lock", env=env, timeout=1200)  # the fixed wheels, then uv
+    assert locked.code == 0, locked.err[-2000:]
     return config, env, name, root
 
 
