@@ -130,7 +130,7 @@ def fetch_wheels(lock, store: Store, progress: Progress, scratch: Path) -> dict[
     found: dict[str, Path] = {}
     missing = []
     for package in lock.packages:
-        path = _stored(store, package)
+        path = _stored(store, package, lock.platform.machine)
         if path is None:
             missing.append(package)
         else:
@@ -150,7 +150,7 @@ def fetch_wheels(lock, store: Store, progress: Progress, scratch: Path) -> dict[
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(path, target)
         for package in missing:
-            path = _stored(store, package)
+            path = _stored(store, package, lock.platform.machine)
             if path is None:
                 raise Failed(f"{lock.path}: {package.name}=={package.version}: pip downloaded no wheel with the "
                              f"locked sha256; relock (build.py lock)")
@@ -161,15 +161,22 @@ def fetch_wheels(lock, store: Store, progress: Progress, scratch: Path) -> dict[
     return found
 
 
-def _stored(store: Store, package) -> Path | None:
+def _stored(store: Store, package, machine: str) -> Path | None:
+    """The stored wheel of a locked package for this CPU (a lock may list every file of a version: another
+    CPU's wheel of the same pin is not this platform's)."""
     for value in package.hashes:
         sha = value.split(":", 1)[1]
         directory = store.root / sha
         if directory.is_dir():
-            wheels = [p for p in directory.iterdir() if p.suffix == ".whl"]
+            wheels = [p for p in directory.iterdir() if p.suffix == ".whl" and _installs_on(p.name, machine)]
             if wheels:
                 return wheels[0]
     return None
+
+
+def _installs_on(wheel_name: str, machine: str) -> bool:
+    platforms = wheel_name[: -len(".whl")].rsplit("-", 1)[-1].split(".")
+    return any(tag == "any" or tag.endswith(f"_{machine}") for tag in platforms)
 
 
 def pip_platforms(target: str) -> list[str]:
