@@ -630,7 +630,7 @@ class LockedImageResult:
             compressed = sum(layer.written.size for layer in outcome.layers)
             sent = sum(layer.written.size for layer in outcome.layers if layer.action == "pushed")
             rows.append(f"  {outcome.platform}: {len(outcome.layers)} layers, {_size(compressed)} compressed, "
-                        f"{_size(installed)} installed by carry's layers; {_size(sent)} pushed; config "
+                        f"{_size(installed)} installed; {_size(sent)} pushed; config "
                         f"{outcome.config_action}; {outcome.seconds:.1f}s")
             if outcome.smoke:
                 rows.append(f"  smoke: {outcome.smoke}")

@@ -216,7 +216,7 @@ def test_a_stale_lock_is_refused_before_any_work(project, tmp_path):
     head, _, rest = text.partition("# requires-dist: sha256:")
     lock.write_text(head + "# requires-dist: sha256:" + "1" * 64 + rest[64:])
     result = carry("--config", str(stale / "build.yaml"), "image", "--push", env={**env, "CARRY_CACHE": str(tmp_path / "c")})
-    assert_bad_input(result, "linux-amd64.txt", "build.py lock")
+    assert_bad_input(result, "linux-amd64.txt", "is stale", "requires-dist", " lock`")
     assert not (tmp_path / "c" / "image-layers").exists()
 
 
