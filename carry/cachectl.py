@@ -78,22 +78,33 @@ def _walk(path: Path) -> Iterator[os.stat_result]:
 
 
 class Meter:
-    """Disk usage with every inode counted once across everything measured by this meter."""
+    """Disk usage with every inode counted once across everything measured by this meter, and which of those
+    inodes have links outside it (uv's cache hardlinked into environments, dist/ into wheels)."""
 
     def __init__(self):
-        self.seen: set[tuple[int, int]] = set()
+        self.seen: dict[tuple[int, int], list] = {}  # inode -> [links seen, blocks, st_nlink, part]
 
-    def size(self, path: Path) -> tuple[int, int]:
+    def size(self, path: Path, part: str = "") -> tuple[int, int]:
         """(bytes, files) of `path` not counted before."""
         total = files = 0
         for info in _walk(path):
             key = (info.st_dev, info.st_ino)
             if key in self.seen:
+                self.seen[key][0] += 1
                 continue
-            self.seen.add(key)
+            links = 1 if stat.S_ISDIR(info.st_mode) else info.st_nlink  # a directory's links are its subdirs
+            self.seen[key] = [1, info.st_blocks * 512, links, part]
             total += info.st_blocks * 512
             files += not stat.S_ISDIR(info.st_mode)
         return total, files
+
+    def shared(self) -> dict[str, int]:
+        """Per part, the bytes of its inodes that also have links outside everything measured."""
+        found: dict[str, int] = {}
+        for seen, blocks, nlink, part in self.seen.values():
+            if seen < nlink:
+                found[part] = found.get(part, 0) + blocks
+        return found
 
 
 def freed_by(path: Path) -> int:
@@ -115,6 +126,7 @@ class Part:
     files: int
     entries: int
     what: str
+    shared: int = 0  # bytes also linked from outside the cache (uv's cache, dist/): not freed by removing it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,15 +141,17 @@ class Usage:
     def lines(self) -> list[str]:
         width = max(len(part.name) for part in self.parts) if self.parts else 5
         rows = [f"cache {self.root}"]
-        rows += [f"  {part.name:<{width}}  {human(part.bytes):>9}  {part.entries:>5} entr{'y' if part.entries == 1 else 'ies'}"
-                 f"  {part.path}" for part in self.parts]
+        for part in self.parts:
+            shared = f" ({human(part.shared)} shared with files outside the cache)" if part.shared else ""
+            entries = f"{part.entries} entr{'y' if part.entries == 1 else 'ies'}"
+            rows.append(f"  {part.name:<{width}}  {human(part.bytes):>9}  {entries:>12}  {part.path}{shared}")
         rows.append(f"  {'total':<{width}}  {human(self.total):>9}  (hardlinked files counted once)")
         return rows
 
     def to_json(self) -> dict:
         return {"root": str(self.root), "total": self.total,
                 "parts": [{"name": p.name, "path": str(p.path), "bytes": p.bytes, "files": p.files,
-                           "entries": p.entries, "what": p.what} for p in self.parts]}
+                           "entries": p.entries, "what": p.what, "shared": p.shared} for p in self.parts]}
 
 
 def usage(cache: Cache) -> Usage:
@@ -149,14 +163,15 @@ def usage(cache: Cache) -> Usage:
         path = store if relative is None else cache.root / relative
         named.add(path)
         if path.exists():
-            size, files = meter.size(path)
+            size, files = meter.size(path, name)
             parts.append(Part(name, path, size, files, _count(path), what))
     if cache.root.is_dir():
         for entry in sorted(cache.root.iterdir()):
             if entry not in named:
-                size, files = meter.size(entry)
+                size, files = meter.size(entry, entry.name)
                 parts.append(Part(entry.name, entry, size, files, _count(entry), "other"))
-    return Usage(cache.root, tuple(parts))
+    shared = meter.shared()
+    return Usage(cache.root, tuple(dataclasses.replace(p, shared=shared.get(p.name, 0)) for p in parts))
 
 
 def _count(path: Path) -> int:

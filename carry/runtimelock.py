@@ -5,7 +5,8 @@ build.yaml as `<image.lock>/<os>-<arch>.txt` and committed.
     base facts (docker) + the wheel's Requires-Dist -> uv pip compile (the user's index) -> header + body -> file
 
 The body is `uv pip compile --generate-hashes --only-binary :all: --no-header --no-annotate` output, so pip and uv
-both install it with --require-hashes; carry's header above it records what it was resolved from (the platform,
+both install it with --require-hashes, each pin's hashes narrowed to those of its wheels for the target (uv lists
+every file of the version; its pylock.toml of the same pins lists the target's); carry's header above it records what it was resolved from (the platform,
 the Python, uv's target, the base image and its ID, a digest of the Requires-Dist). `check_fresh` refuses a lock
 whose inputs drifted.
 
@@ -438,9 +439,10 @@ def pip_settings() -> dict[str, str]:
 # --- resolving ---------------------------------------------------------------------------------------------------
 
 def resolve(requires: Sequence[str], platform: Platform, facts: BaseFacts, index: Index, scratch: Path,
-            previous: str | None = None, upgrade: bool = False) -> str:
+            previous: str | None = None, upgrade: bool = False, cwd: Path | None = None) -> str:
     """The lock body: uv pip compile of `requires` for the base's Python and glibc, wheels only, every pin hashed.
-    The previous lock's pins are uv's preferences (kept while they still fit), unless `upgrade`."""
+    The previous lock's pins are uv's preferences (kept while they still fit), unless `upgrade`. uv runs in `cwd`
+    (the config's directory), where it finds a project's own uv.toml as choose_index does."""
     from carry.buildenv import find_uv
 
     uv = find_uv()
@@ -449,19 +451,66 @@ def resolve(requires: Sequence[str], platform: Platform, facts: BaseFacts, index
         out = work / "lock.txt"
         if previous and not upgrade:
             out.write_text(previous)
-        args = ["pip", "compile", "requirements.in", "--output-file", str(out), "--python-platform",
+        args = ["pip", "compile", str(work / "requirements.in"), "--output-file", str(out), "--python-platform",
                 facts.target(platform), "--python-version", facts.python, "--generate-hashes", "--only-binary",
                 ":all:", "--no-header", "--no-annotate", "--quiet", "--color", "never"]
         if upgrade:
             args.append("--upgrade")
         try:
-            done = subprocess.run([uv.path, *args], cwd=work, env=index.environ, capture_output=True, text=True,
+            done = subprocess.run([uv.path, *args], cwd=cwd or work, env=index.environ, capture_output=True, text=True,
                                   stdin=subprocess.DEVNULL)
         except OSError as exc:
             raise BadInput(f"uv at {uv.path} cannot run ({exc.strerror}); reinstall it: pip install uv") from None
         if done.returncode != 0:
             raise _failure(platform, facts, done.stderr, index)
-        return out.read_text()
+        body = out.read_text()
+        return narrow(body, _installable(uv.path, out, work, cwd or work, platform, facts, index))
+
+
+def _installable(uv: str, locked: Path, work: Path, cwd: Path, platform: Platform, facts: BaseFacts, index: Index
+                 ) -> dict[str, set[str]]:
+    """Per package of the resolved lock, the sha256 of each of its wheels that installs on the target: uv's
+    pylock.toml of exactly those pins (`--no-deps`), which lists only the wheels for the target."""
+    import tomllib
+
+    from packaging.utils import canonicalize_name
+
+    out = work / "pylock.toml"
+    args = ["pip", "compile", str(locked), "--no-deps", "--output-file", str(out), "--format", "pylock.toml",
+            "--python-platform", facts.target(platform), "--python-version", facts.python, "--only-binary", ":all:",
+            "--quiet", "--color", "never"]
+    done = subprocess.run([uv, *args], cwd=cwd, env=index.environ, capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise _failure(platform, facts, done.stderr, index)
+    found: dict[str, set[str]] = {}
+    for package in tomllib.loads(out.read_text()).get("packages", []):
+        hashes = {f"sha256:{w['hashes']['sha256']}" for w in package.get("wheels", []) if "sha256" in w.get("hashes", {})}
+        found[canonicalize_name(package["name"])] = hashes
+    return found
+
+
+def narrow(body: str, installable: Mapping[str, set[str]]) -> str:
+    """uv's requirements output with each pin's hashes narrowed to those of its wheels for the target (uv lists
+    every file of the version, for every platform); a pin with none of them known keeps all."""
+    from packaging.utils import canonicalize_name
+
+    blocks: list[tuple[str, list[str]]] = []
+    for line in body.splitlines():
+        text = line.strip().removesuffix("\\").strip()
+        if not text:
+            continue
+        if text.startswith("--hash="):
+            blocks[-1][1].append(text.removeprefix("--hash="))
+        else:
+            blocks.append((text, []))
+    lines = []
+    for pin, hashes in blocks:
+        match = PIN_RE.match(pin)
+        wanted = installable.get(canonicalize_name(match.group(1)), set()) if match else set()
+        kept = [h for h in hashes if h in wanted] or hashes
+        lines.append(" \\\n".join([pin, *(f"    --hash={h}" for h in kept)]))
+    return "\n".join(lines) + "\n"
 
 
 def _failure(platform: Platform, facts: BaseFacts, stderr: str, index: Index) -> CarryError:
@@ -470,12 +519,13 @@ def _failure(platform: Platform, facts: BaseFacts, stderr: str, index: Index) ->
     error = next((line.split("error:", 1)[1].strip() for line in text.splitlines() if "error:" in line), "")
     causes = [line.split("cause:", 1)[1].strip() for line in text.splitlines() if "cause:" in line]
     reason = " ".join(" ".join([error, *causes]).split()) or " ".join(text.split())[-300:]
-    where = f"{platform} (target {facts.target(platform)}, python {facts.python}; index: {index.source})"
+    where = f"{platform} (target {facts.target(platform)}, python {facts.python}; {index.source.split(';')[0]})"
     if error.startswith("No solution found"):
         named = re.findall(r"\b([A-Za-z0-9][A-Za-z0-9._-]*)==[^\s,]+ has no (?:usable|matching|compatible)", reason)
         culprit = f"{named[0]}: " if named else ""
-        return BadInput(f"runtime lock for {where}: {culprit}{' '.join(causes) or error}; pin a version with wheels "
-                        f"for this target with a patch, or change the runtime image")
+        cause = (" ".join(causes) or error).rstrip(".")
+        return BadInput(f"runtime lock for {where}: {culprit}{cause}; pin a version with wheels for this target "
+                        f"with a patch, or change the runtime image")
     return Failed(f"runtime lock for {where}: uv pip compile failed: {reason}")
 
 
@@ -498,7 +548,7 @@ def lock(config: Config, cache: Cache, facts: Mapping[Platform, BaseFacts], whee
         requires, dist = wheel_metadata(wheels[platform])
         path = lock_path(config, platform)
         previous = _previous_body(path)
-        body = resolve(dist, platform, found, index, cache.scratch, previous, upgrade)
+        body = resolve(dist, platform, found, index, cache.scratch, previous, upgrade, config.root)
         text = render(platform, found, requires_digest(dist), requires, body)
         made.append((platform, path, text))
         say(f"{platform}: resolved {len(dist)} Requires-Dist line(s) of {requires} for {found.target(platform)}")
