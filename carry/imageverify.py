@@ -167,12 +167,13 @@ def verify_locked(client, docker_cli: str, ref: str, config: Config, expected: E
 
 def fixed_wheel(dist: Path, version: str, platform: Platform):
     """The fixed wheel for `platform` in `dist`: the one whose version carries VERSION and whose tag is that
-    platform's."""
+    platform's (else a pure `-none-any` one, which every platform installs)."""
     from carry import installcheck
     from carry.verify import wheel_platform
 
-    found = sorted(path for path in dist.glob("*.whl")
-                   if wheel_platform(path) is platform and version in path.name.split("-")[1])
+    ours = [path for path in dist.glob("*.whl") if version in path.name.split("-")[1]]
+    found = sorted(path for path in ours if wheel_platform(path) is platform) or \
+        sorted(path for path in ours if path.name.endswith("-none-any.whl"))
     if len(found) != 1:
         names = ", ".join(path.name for path in found) or "none"
         raise Failed(f"the fixed wheel of {version} for {platform} in {dist}/: expected one, found {names}; "
