@@ -66,32 +66,36 @@ def record_row(name: str, data: bytes) -> str:
     return f"{name},sha256={digest},{len(data)}"
 
 
-def make_fixed_wheel(directory: Path, expected: Expected) -> Path:
-    """A small carry-like wheel: a package with a compiled shared object, a console script, Requires-Dist on
-    the lock's roots and carry's buildinfo."""
-    build = directory.parent / "so"
+def make_fixed_wheel(directory: Path, expected: Expected, shared: bytes | None = None,
+                     platform: Platform = Platform.LINUX_AMD64) -> Path:
+    """A small carry-like wheel: a package with a compiled shared object (gcc's, or `shared`), a console script,
+    Requires-Dist on the lock's roots and carry's buildinfo."""
+    build = directory.parent / f"so-{platform.machine}"
     build.mkdir()
-    (build / "native.c").write_text("int pledemo_answer(void) { return 42; }\n")
-    run("gcc", "-shared", "-fPIC", "-O2", "-o", str(build / "_native.so"), str(build / "native.c"))
+    if shared is None:
+        (build / "native.c").write_text("int pledemo_answer(void) { return 42; }\n")
+        run("gcc", "-shared", "-fPIC", "-O2", "-o", str(build / "_native.so"), str(build / "native.c"))
+    else:
+        (build / "_native.so").write_bytes(shared)
     info = f"{WHEEL_NAME}-{WHEEL_VERSION}.dist-info"
     buildinfo = {"version": VERSION, "series": {"hash": expected.series_hash, "patches": []},
                  "upstream": {"commit": expected.commit},
-                 "cuda_arches": "none", "wheel_version": WHEEL_VERSION, "platform": "linux/amd64"}
+                 "cuda_arches": "none", "wheel_version": WHEEL_VERSION, "platform": str(platform)}
     members = {
         f"{WHEEL_NAME}/__init__.py": b"def main():\n    print('pledemo')\n",
         f"{WHEEL_NAME}/render.py": b"import markdown_it\nimport six\n",
         f"{WHEEL_NAME}/_native.so": (build / "_native.so").read_bytes(),
         f"{info}/METADATA": (f"Metadata-Version: 2.1\nName: {WHEEL_NAME}\nVersion: {WHEEL_VERSION}\n"
                              "Requires-Dist: markdown-it-py\nRequires-Dist: six\n").encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: carry-test\nRoot-Is-Purelib: false\n"
-                         b"Tag: cp311-cp311-linux_x86_64\n",
+        f"{info}/WHEEL": ("Wheel-Version: 1.0\nGenerator: carry-test\nRoot-Is-Purelib: false\n"
+                          f"Tag: cp311-cp311-linux_{platform.machine}\n").encode(),
         f"{info}/entry_points.txt": f"[console_scripts]\n{WHEEL_NAME} = {WHEEL_NAME}:main\n".encode(),
         f"{info}/carry-buildinfo.json": json.dumps(buildinfo, indent=2).encode(),
     }
     rows = [record_row(name, data) for name, data in members.items()] + [f"{info}/RECORD,,"]
     dist = directory / "dist"
-    dist.mkdir()
-    wheel = dist / f"{WHEEL_NAME}-{WHEEL_VERSION}-cp311-cp311-linux_x86_64.whl"
+    dist.mkdir(parents=True, exist_ok=True)
+    wheel = dist / f"{WHEEL_NAME}-{WHEEL_VERSION}-cp311-cp311-linux_{platform.machine}.whl"
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, data in members.items():
             archive.writestr(name, data)
@@ -107,14 +111,15 @@ class Images:
         self.env, self.repository, self.context, self.cli_env = env, repository, context, cli_env
         self.local: list[str] = []
         self.pushed: list[str] = []
+        self.lists: list[str] = []
 
     def ref(self, tag: str) -> str:
         return f"{self.env.registry}/{self.repository}:{tag}"
 
-    def build(self, tag: str, dockerfile: str, push: bool = True) -> str:
+    def build(self, tag: str, dockerfile: str, push: bool = True, platform: str = "linux/amd64") -> str:
         ref = self.ref(tag)
         (self.context / f"{tag}.Dockerfile").write_text(dockerfile)
-        run(dockerenv.DOCKER_CLI, "build", "--network=none", "--platform", "linux/amd64", "-f",
+        run(dockerenv.DOCKER_CLI, "build", "--network=none", "--platform", platform, "-f",
             str(self.context / f"{tag}.Dockerfile"), "-t", ref, str(self.context), env=self.cli_env)
         self.local.append(ref)
         if push:
@@ -137,6 +142,10 @@ class Images:
     def remove(self) -> None:
         client = dockerenv.docker_client()
         blobs: set[str] = set()
+        for tag in self.lists:
+            status, _, headers = self.registry_call("GET", f"manifests/{tag}", imagefs.INDEX_TYPES[1])
+            if status == 200:
+                self.registry_call("DELETE", f"manifests/{headers.get('Docker-Content-Digest')}")
         for tag in self.pushed:
             status, body, headers = self.registry_call("GET", f"manifests/{tag}", ", ".join(imagefs.MANIFEST_TYPES))
             if status != 200:
@@ -151,19 +160,41 @@ class Images:
                 client.images.remove(ref, force=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+        self._drop_storage()
+
+    def _drop_storage(self) -> None:
+        """The repository's directory and the blobs no other repository links, from the registry's storage (the
+        registry has no API to collect them; the data directory is the password file's sibling, as services.sh
+        lays it out)."""
+        root = self.env.password_file.parent / "data" / "docker" / "registry" / "v2"
+        repositories, mine = root / "repositories", root / "repositories" / self.repository
+        if not mine.is_dir():
+            return
+        linked = {p.name for p in (mine / "_layers" / "sha256").glob("*")}
+        shutil.rmtree(mine, ignore_errors=True)
+        others = {p.name for p in repositories.glob("**/_layers/sha256/*")}
+        for digest in linked - others:
+            shutil.rmtree(root / "blobs" / "sha256" / digest[:2] / digest, ignore_errors=True)
+
+    def manifest_list(self, tag: str, *sources: str) -> str:
+        ref = self.ref(tag)
+        run(dockerenv.DOCKER_CLI, "manifest", "create", "--insecure", ref, *map(self.ref, sources), env=self.cli_env)
+        run(dockerenv.DOCKER_CLI, "manifest", "push", "--purge", "--insecure", ref, env=self.cli_env)
+        self.lists.append(tag)
+        return ref
 
 
-def lock_for(work: Path, project: Path, env: dockerenv.DockerEnv) -> Path:
-    """The runtime lock of linux/amd64 as `lock` writes it: uv's hashed compile under carry's header."""
+def lock_for(work: Path, project: Path, env: dockerenv.DockerEnv, platform: Platform = Platform.LINUX_AMD64) -> Path:
+    """The runtime lock of `platform` as `lock` writes it: uv's hashed compile under carry's header."""
     (work / "requirements.in").write_text(REQUIREMENTS)
     body = run(sys.executable, "-m", "uv", "pip", "compile", "--generate-hashes", "--only-binary", ":all:",
-               "--no-header", "--no-annotate", "--python-platform", "x86_64-manylinux_2_36", "--python-version",
-               "3.11", str(work / "requirements.in"), "-o", "-")
-    base_id = dockerenv.docker_client().images.get(env.runtime_base).id
-    facts = runtimelock.BaseFacts("3.11.2", "2.36", base_id, env.runtime_base)
-    path = project / "runtime-lock" / "linux-amd64.txt"
-    path.parent.mkdir(parents=True)
-    path.write_text(runtimelock.render(Platform.LINUX_AMD64, facts, runtimelock.requires_digest(REQUIREMENTS.split()),
+               "--no-header", "--no-annotate", "--python-platform", f"{platform.machine}-manylinux_2_36",
+               "--python-version", "3.11", str(work / "requirements.in"), "-o", "-")
+    base = env.bases(str(platform))[1]
+    facts = runtimelock.BaseFacts("3.11.2", "2.36", dockerenv.docker_client().images.get(base).id, base)
+    path = project / "runtime-lock" / f"{platform.os}-{platform.tag}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(runtimelock.render(platform, facts, runtimelock.requires_digest(REQUIREMENTS.split()),
                                        f"{WHEEL_NAME}=={WHEEL_VERSION}", body))
     return path
 
@@ -214,7 +245,7 @@ LABEL io.carry.version={VERSION} io.carry.series.hash={expected.series_hash} \\
       io.carry.wheel.sha256={hashlib.sha256(fixed.read_bytes()).hexdigest()}
 """)
             yield {"env": env, "images": images, "good": good, "fixed": installcheck.FixedWheel.read(fixed),
-                   "store": store,
+                   "store": store, "upstream": upstream.path, "context": context,
                    "locked": tuple((p.name, p.version) for p in lock.packages), "lock": lock, "project": project,
                    "expected": expected}
         finally:
@@ -357,6 +388,90 @@ def test_a_wrong_wheel_sha256_label_is_a_mismatch(setup):
     result = verify(setup, ref)[1]
     assert not result.ok
     assert any(m.field == "label io.carry.wheel.sha256" for m in result.mismatches)
+
+
+def aarch64_library(image: str, path: str = "/usr/lib/aarch64-linux-gnu/libz.so.1") -> bytes:
+    """A shared object's bytes from the arm64 base image's files (links followed), nothing run."""
+    client = dockerenv.docker_client()
+    container = client.containers.create(image, command=["true"])
+    try:
+        for _ in range(8):
+            stream, _ = container.get_archive(path)
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
+                member = archive.next()
+                if not member.issym():
+                    return archive.extractfile(member).read()
+                path = str(Path(path).parent / member.linkname)
+    finally:
+        container.remove(force=True)
+    raise AssertionError(f"{path}: too many links")
+
+
+@pytest.fixture(scope="module")
+def both(setup):
+    """A tag holding linux/amd64 and linux/arm64 (the arm64 image's install ran emulated; its verification does
+    not), and a config of both platforms with a lock each and both fixed wheels in its dist/."""
+    env, images, expected = setup["env"], setup["images"], setup["expected"]
+    project = setup["project"].parent / "both"
+    write_config(project, str(setup["upstream"]), expected.commit, extra=(
+        f"image:\n  name: {env.registry}/{images.repository}\n  lock: runtime-lock\n  platforms:\n"
+        f"    linux/amd64: {{runtime_image: {env.runtime_base}}}\n"
+        f"    linux/arm64: {{runtime_image: {env.runtime_base_arm64}}}\n"))
+    (project / "VERSION").write_text(VERSION + "\n")
+    (project / "runtime-lock").mkdir()
+    shutil.copy(setup["project"] / "runtime-lock" / "linux-amd64.txt", project / "runtime-lock")
+    arm_lock = lock_for(project.parent, project, env, Platform.LINUX_ARM64)
+    (project / "dist").mkdir()
+    shutil.copy(setup["fixed"].path, project / "dist")
+    wheel = make_fixed_wheel(project, expected, aarch64_library(env.runtime_base_arm64), Platform.LINUX_ARM64)
+    wheels = setup["context"] / "wheels"
+    shutil.copy(wheel, wheels / wheel.name)
+    shutil.copy(arm_lock, wheels / "lock-arm64.txt")
+    images.build("good-arm64", f"""\
+FROM {env.runtime_base_arm64}
+RUN --mount=type=bind,source=wheels,target=/wheels python3 -m venv --without-pip /opt/venv \\
+ && rm /opt/venv/bin/activate* /opt/venv/bin/Activate.ps1 \\
+ && {PIP_INSTALL} --require-hashes --find-links /wheels -r /wheels/lock-arm64.txt \\
+ && {PIP_INSTALL} /wheels/{wheel.name}
+LABEL io.carry.version={VERSION} io.carry.series.hash={expected.series_hash} \\
+      io.carry.upstream.commit={expected.commit} io.carry.wheel={WHEEL_NAME} \\
+      io.carry.wheel.sha256={hashlib.sha256(wheel.read_bytes()).hexdigest()}
+""", platform="linux/arm64")
+    return images.manifest_list("both", "good", "good-arm64"), project
+
+
+def test_every_platform_of_a_shared_tag_is_verified_natively(setup, both):
+    ref, project = both
+    login = {"CARRY_REGISTRY_USER": setup["env"].registry_user,
+             "CARRY_REGISTRY_PASSWORD": setup["env"].registry_password(), "CARRY_DOWNLOADS": str(setup["store"])}
+    result = carry("verify", ref, cwd=project, env=login)
+    assert result.code == 0, result.out + result.err
+    seconds = {}
+    for platform in ("linux/amd64", "linux/arm64"):
+        line = next(line for line in result.out.splitlines() if f"platform {platform}: read natively" in line)
+        seconds[platform] = float(line.rsplit(" in ", 1)[1].split()[0])
+    assert "cpu: 1/1 shared object(s) are aarch64 code (linux/arm64)" in result.out
+    assert "cpu: 1/1 shared object(s) are x86_64 code (linux/amd64)" in result.out
+    assert result.out.count("\n  verified") == 2, result.out
+    print(f"\nverify both platforms of {ref}: {seconds}")
+
+
+def test_the_wrong_fixed_wheel_for_a_platform_is_named(setup, both):
+    ref, project = both
+    other = project.parent / "swapped"
+    shutil.copytree(project, other)
+    arm = next((other / "dist").glob("*aarch64.whl"))
+    # a fixed wheel of the same name and version whose shared object is x86_64 code: not the one installed
+    swapped = make_fixed_wheel(other / "elsewhere", setup["expected"], (setup["fixed"].path.parent.parent.parent /
+                                                                          "so-x86_64" / "_native.so").read_bytes(),
+                               Platform.LINUX_ARM64)
+    shutil.copy(swapped, arm)
+    login = {"CARRY_REGISTRY_USER": setup["env"].registry_user,
+             "CARRY_REGISTRY_PASSWORD": setup["env"].registry_password(), "CARRY_DOWNLOADS": str(setup["store"])}
+    result = carry("verify", ref, "--platform", "linux/arm64", cwd=other, env=login)
+    assert result.code == 1, result.out + result.err
+    assert f"{WHEEL_NAME}/_native.so is" in result.out and "the fixed wheel's RECORD says" in result.out
+    assert "label io.carry.wheel.sha256" in result.out
 
 
 def cli_verify(setup, ref: str, *args: str):
