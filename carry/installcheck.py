@@ -170,9 +170,6 @@ class ContentCheck:
     def ok(self) -> bool:
         return not self.problems
 
-    def lines(self) -> list[str]:
-        return [*self.proven, *(f"FAIL {problem}" for problem in self.problems)]
-
 
 def check(files: ImageFiles, locked: Iterable[tuple[str, str]], fixed: FixedWheel,
           wheels: dict[str, Path] | None = None) -> ContentCheck:

@@ -30,7 +30,7 @@ import pytest
 
 import dockerenv
 from helpers import Upstream, carry, write_config
-from carry import imagefs, imageverify, installcheck, runtimelock
+from carry import imagefs, imageverify, installcheck, registry, runtimelock
 from carry.platforms import Platform
 from carry.verify import Expected
 
@@ -272,7 +272,7 @@ def auth(env: dockerenv.DockerEnv) -> dict:
 
 def verify(setup, ref: str, from_registry: bool = True):
     client = dockerenv.docker_client()
-    login = type("Login", (), {"auth": auth(setup["env"])})()
+    login = registry.Login(setup["env"].registry, auth(setup["env"]), None)
     with downloads_at(setup["store"]):
         files, content = imageverify.read_and_check(
             client, login, ref, Platform.LINUX_AMD64, setup["locked"], setup["fixed"], from_registry=from_registry,
