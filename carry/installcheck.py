@@ -140,16 +140,17 @@ def selection(fixed: Iterable[FixedWheel], parse_shared) -> Selection:
     interpreter's head, and the fixed wheels' shared objects parsed by `parse_shared(path, bytes)`."""
     shared = frozenset(path for wheel in fixed for path in wheel.shared)
 
-    def is_shared(path: str) -> bool:
+    def relative(path: str) -> str | None:
         match = SITE_RE.match(path)
-        return bool(match) and path[match.end() + 1:] in shared
+        return path[match.end() + 1:] if match else None
 
     return Selection(
         prefixes=(f"{VENV}/", INTERPRETER_PREFIX),
         keep=lambda path: path.startswith(f"{VENV}/lib/") and ".dist-info/" in path,
         head=lambda path: path.startswith((f"{BIN}/", INTERPRETER_PREFIX)),
-        shared=is_shared,
-        parse_shared=parse_shared,
+        shared=lambda path: relative(path) in shared,
+        # named as in the wheel (`vllm/_C.abi3.so`), so that build.gate's rules match them as they do the wheel's
+        parse_shared=lambda path, data: parse_shared(relative(path), data),
     )
 
 
