@@ -118,7 +118,8 @@ class FixedWheel:
 
 def _installed_path(wheel_path: str) -> str:
     """Where a wheel member is installed, relative to site-packages: `.data/purelib|platlib/x` to `x`,
-    `.data/scripts/x` to `../../../bin/x`; `.data/headers` and `.data/data` are left out (""), outside the check."""
+    `.data/scripts/x` to `../../../bin/x`, `.data/data/x` to `../../../x` (the venv); `.data/headers` is left
+    out ("")."""
     top, _, rest = wheel_path.partition("/")
     if not top.endswith(".data"):
         return wheel_path
@@ -127,7 +128,9 @@ def _installed_path(wheel_path: str) -> str:
         return inner
     if kind == "scripts":
         return f"../../../bin/{inner}"
-    return ""
+    if kind == "data":
+        return f"../../../{inner}"
+    return ""  # headers: where pip puts them depends on the distribution's name; left out
 
 
 def _headers(data: bytes) -> dict[str, str]:
@@ -184,7 +187,8 @@ def check(files: ImageFiles, locked: Iterable[tuple[str, str]], fixed: FixedWhee
         raise Failed(f"{files.ref} {files.platform}: expected one site-packages under {VENV}/lib, found {found}")
     site = sites[0]
     dists = installed(nodes, site, problems)
-    owned, checked, size = _check_records(nodes, site, dists, problems)
+    shared_paths: list[str] = []
+    owned, checked, size = _check_records(nodes, site, dists, problems, shared_paths)
     problems += _unowned(nodes, site, owned)
     problems += _against_lock(dists, locked, fixed, site)
     fixed_dist = next((d for d in dists if d.name == fixed.name), None)
@@ -209,6 +213,8 @@ def check(files: ImageFiles, locked: Iterable[tuple[str, str]], fixed: FixedWhee
         f"locked wheels: {compared} of {len(locked)} installed RECORDs equal to their wheel's in the download "
         f"store (sha256 from the lock)" + ("" if compared == len(locked) else "; the others' taken from the image"),
         f"console scripts: run {PYTHON}",
+        *(f"note: {len(shared_paths)} file(s) two locked wheels install, each as one of them has it: "
+          f"{'; '.join(shared_paths[:3])}{' …' if len(shared_paths) > 3 else ''}",) * bool(shared_paths),
     )
     return ContentCheck(files.platform, site, len(dists), checked, size, tuple(problems), proven, shared)
 
@@ -246,9 +252,13 @@ def _console_scripts(node: Node | None) -> tuple[str, ...]:
 
 
 def _check_records(nodes: dict[str, Node], site: str, dists: list[Installed],
-                   problems: list[str]) -> tuple[set[str], int, int]:
+                   problems: list[str], shared: list[str]) -> tuple[set[str], int, int]:
     owned: set[str] = set()
     checked = size = 0
+    claims: dict[str, list[tuple[Installed, Row]]] = {}
+    for dist in dists:
+        for row in dist.rows:
+            claims.setdefault(posixpath.normpath(posixpath.join(site, row.path)), []).append((dist, row))
     for dist in dists:
         for row in dist.rows:
             path = posixpath.normpath(posixpath.join(site, row.path))
@@ -266,6 +276,11 @@ def _check_records(nodes: dict[str, Node], site: str, dists: list[Installed],
             checked += 1
             size += node.size
             if node.record_hash() != row.hash or (row.size is not None and row.size != node.size):
+                winner = next((other for other, theirs in claims[path] if other is not dist
+                               and theirs.hash == node.record_hash()), None)
+                if winner is not None:  # two locked wheels install this file; the image holds the other's
+                    shared.append(f"{shown}: in the RECORDs of {dist} and {winner}; the image holds {winner}'s")
+                    continue
                 problems.append(f"{dist}: {shown} changed: {node.size} bytes {node.record_hash()} "
                                 f"(layer {node.layer + 1}), RECORD says {row.size} bytes {row.hash}")
     return owned, checked, size
@@ -351,8 +366,8 @@ def against_wheel(dist: Installed, wheel_rows: tuple[Row, ...], wheel_dist_info:
     expected: set[str] = set()
     for row in wheel_rows:
         target = _installed_path(row.path)
-        if row.path == f"{wheel_dist_info}/RECORD" or not target:
-            continue
+        if row.path == f"{wheel_dist_info}/RECORD" or not target or "__pycache__" in target.split("/"):
+            continue  # a wheel's own .pyc files may be left out, as the layout installs no .pyc
         expected.add(posixpath.normpath(target))
         if target.startswith("../../../bin/"):
             continue
@@ -366,6 +381,8 @@ def against_wheel(dist: Installed, wheel_rows: tuple[Row, ...], wheel_dist_info:
             continue
         if path.startswith("../../../bin/") and posixpath.basename(path) in dist.scripts:
             continue
+        if path.startswith("../../../include/") and any("/headers/" in r.path for r in wheel_rows):
+            continue  # `.data/headers`, installed where pip puts them
         problems.append(f"{dist}: the installed RECORD lists {path}, which {what} does not have")
     return problems
 

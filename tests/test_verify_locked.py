@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -555,3 +556,18 @@ def test_a_layer_tar_is_read_as_tarfile_writes_it(tmp_path, form):
     assert scan.nodes["/opt/venv/bin/same"].sha256 == scan.nodes["/opt/venv/bin/tool"].sha256
     assert scan.nodes["/opt/venv/bin/python"].target == "/usr/bin/python3"
     assert scan.whiteouts == {"/opt/venv/gone/old"} and scan.opaque == {"/opt/venv/dark"}
+
+
+def test_a_wheels_data_files_and_own_pyc_are_installed_where_pip_puts_them():
+    row = installcheck.Row
+    wheel = (row("z3/__init__.py", "sha256=a", 1), row("z3-1.data/data/bin/z3", "sha256=b", 2),
+             row("z3-1.data/scripts/z3-tool", "sha256=c", 3), row("z3/__pycache__/x.cpython-311.pyc", "sha256=d", 4),
+             row("z3-1.dist-info/METADATA", "sha256=e", 5), row("z3-1.dist-info/RECORD", "", None))
+    installed = installcheck.Installed("z3", "z3", "1", "/site/z3-1.dist-info", (
+        row("z3/__init__.py", "sha256=a", 1), row("../../../bin/z3", "sha256=b", 2),
+        row("../../../bin/z3-tool", "sha256=other", 3), row("z3-1.dist-info/METADATA", "sha256=e", 5),
+        row("z3-1.dist-info/INSTALLER", "sha256=f", 6), row("z3-1.dist-info/RECORD", "", None)), ())
+    assert installcheck.against_wheel(installed, wheel, "z3-1.dist-info", "z3.whl") == []
+    extra = dataclasses.replace(installed, rows=installed.rows + (row("z3/evil.py", "sha256=g", 7),))
+    assert installcheck.against_wheel(extra, wheel, "z3-1.dist-info", "z3.whl") == [
+        "z3 1: the installed RECORD lists z3/evil.py, which z3.whl does not have"]
