@@ -26,7 +26,12 @@ Everything runs in a temp dir against generated upstreams, driving `python build
      the v0.33.0 tag (see bench/vllmbench.py);
   10. `gate` on vLLM 0.33.0's real released wheels (whole process), and the fixed vLLM wheel of examples/vllm in
       precompiled mode against a hand-run `VLLM_USE_PRECOMPILED=1 pip wheel`, its rerun, and the aarch64 wheel
-      from this x86_64 machine cold and cached (see bench/realwheels.py).
+      from this x86_64 machine cold and cached (see bench/realwheels.py);
+  11. the locked, layered vLLM image of both platforms (examples/vllm): cold `image --push` with the download
+      store warm against the arm64 install under QEMU (a measured fraction, scaled by bytes), a Python-only patch
+      change, the bytes it pushes, image sizes, files stored twice, peak disk (see bench/lockedimage.py);
+  12. `verify IMAGE` on the real vLLM image of examples/vllm, per platform, against reading and hashing its blobs
+      alone, and linux/arm64 against linux/amd64 (both read natively; see bench/verifyimage.py).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
 """
@@ -53,8 +58,10 @@ import cudahome  # noqa: E402
 import emulation  # noqa: E402
 import gitrepo  # noqa: E402
 import imagecache  # noqa: E402
+import lockedimage  # noqa: E402
 import measure  # noqa: E402
 import realwheels  # noqa: E402
+import verifyimage  # noqa: E402
 import vllmbench  # noqa: E402
 import redisd  # noqa: E402
 import scale  # noqa: E402
@@ -370,7 +377,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="scaled down, under 2 minutes")
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
-    parser.add_argument("--only", default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled",
+    parser.add_argument("--only", default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,"
+                        "locked,verify",
                         help="comma-separated parts to run")
     options = parser.parse_args()
     parts = {"check": bench_check, "fetch": bench_fetch, "rebuild": bench_rebuilds, "runners": bench_runners,
@@ -379,9 +387,13 @@ def main() -> int:
              "buildenv": lambda work, size: buildenv.bench(work, Row, quick=size is QUICK),
              "gate": lambda work, size: realwheels.bench_gate(work, Row),
              "precompiled": lambda work, size: realwheels.bench_precompiled(work, Row),
-             "vllm": lambda work, size: vllmbench.bench(work / "vllm", size, Row)}
+             "vllm": lambda work, size: vllmbench.bench(work / "vllm", size, Row),
+             "locked": lambda work, size: lockedimage.bench(work, Row),
+             "verify": lambda work, size: verifyimage.bench(work, Row)}
     # The start-up ratios (check, vllm) run first, before the parts that churn gigabytes through the page cache.
-    order = ["check", "vllm", "fetch", "rebuild", "runners", "arm64", "image", "buildenv", "gate", "precompiled"]
+    # verify reads the image `locked` pushed.
+    order = ["check", "vllm", "fetch", "rebuild", "runners", "arm64", "image", "buildenv", "gate", "precompiled",
+             "locked", "verify"]
     chosen = options.only.split(",")
     if not chosen or set(chosen) - set(parts):
         parser.error(f"--only takes a list of {', '.join(parts)}")

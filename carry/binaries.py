@@ -74,6 +74,12 @@ def named(name: str, path: Path) -> SharedObject:
     return _parse(name, path.read_bytes())
 
 
+def from_bytes(name: str, data: bytes) -> SharedObject | None:
+    """The shared object in `data` (e.g. a file's bytes read from an image layer), shown as `name`; None when the
+    bytes are not ELF."""
+    return _parse(name, data) if data.startswith(ELF_MAGIC) else None
+
+
 def from_wheel(wheel: Path) -> list[SharedObject]:
     """Every ELF shared object inside `wheel`, named by its path in the archive, biggest first in parallel."""
     try:

@@ -212,10 +212,13 @@ def gate_command(obj: Context, targets: tuple[str, ...], arch: str | None, platf
 @click.option("--cache-to", "cache_to", metavar="SPEC", multiple=True,
               help="Export it: inline (inside the image; any BuildKit), registry (buildx, mode=max, to "
                    "NAME:VERSION-ARCH-buildcache), or type=... (buildx).")
+@click.option("--no-smoke", "no_smoke", is_flag=True,
+              help="With image.lock: skip the smoke test (after --push it pulls each platform's image back).")
+@click.option("--json", "as_json", is_flag=True, help="With image.lock: the layers and tags as JSON on stdout.")
 @click.pass_obj
 def image_command(obj: Context, push: bool, tags: tuple[str, ...], platforms: tuple[str, ...], arch: str | None,
                   hermetic: bool, wheelhouse: Path | None, cache_from: tuple[str, ...],
-                  cache_to: tuple[str, ...]) -> None:
+                  cache_to: tuple[str, ...], no_smoke: bool, as_json: bool) -> None:
     """Build the image with BuildKit, one build per platform (the build stage runs `build.py wheel`), tag it
     from VERSION, label it with its provenance, and optionally push; with several platforms each is tagged
     VERSION-ARCH and, on push, every shared tag becomes a manifest list of them all."""
@@ -225,7 +228,13 @@ def image_command(obj: Context, push: bool, tags: tuple[str, ...], platforms: tu
     caches = tuple(CacheSpec.parse(s, False) for s in cache_from) + tuple(CacheSpec.parse(s, True) for s in cache_to)
     progress = Progress()
     options = ImageOptions(push, tags, tuple(parse_platform(p) for p in platforms), hermetic, wheelhouse, caches)
-    result = obj.session().image(options, arch, progress)
+    session = obj.session()
+    if session.config.image.lock:
+        locked = session.locked_image(options, arch, not no_smoke, progress)
+        echo_notes(locked.notes)
+        click.echo(json.dumps(locked.to_json(), indent=2) if as_json else "\n".join(locked.lines()))
+        return
+    result = session.image(options, arch, progress)
     echo_notes(result.notes)
     click.echo("\n".join(result.lines()))
 

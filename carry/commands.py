@@ -19,8 +19,8 @@ from carry.errors import BadInput, Failed
 if TYPE_CHECKING:
     from carry.config import TestCommand
     from carry.gatepolicy import GatePolicy
-    from carry import (apply, crossbuild, drop, image, prove, refresh, runtimelock, series, testrun, verdicts, verify,
-                       wheel)
+    from carry import (apply, crossbuild, drop, image, lockedimage, prove, refresh, runtimelock, series, testrun,
+                       verdicts, verify, wheel)
     from carry.platforms import Platform
     from carry.progress import Progress
     from carry.wheel import Builder
@@ -225,6 +225,38 @@ class Session:
                           container.distribution_name(pyproject), image.cuda_tag(tools.nvcc_version), options)
         return image.build(self.config, self.cache, checked.mirror, plan, options, builder,
                            container.build_requirements(pyproject), progress)
+
+    def locked_image(self, options: image.ImageOptions, arch: str | None, smoke: bool,
+                     progress: Progress) -> lockedimage.LockedImageResult:
+        """image.lock set: locks read and checked (before any work) -> check -> each platform's fixed wheel here
+        (native or precompiled) -> carry writes the layers (lockedimage) -> push or load -> smoke test."""
+        from carry import image, lockedimage, registry, toolchain
+        from carry.config import CompilerCache
+        from carry.platforms import Platform
+
+        if options.hermetic or options.wheelhouse or options.cache:
+            raise BadInput(f"{self.config.path}: image.lock is set: carry writes the layers itself (no BuildKit "
+                           f"build), so --hermetic, --wheelhouse, --cache-from and --cache-to do not apply")
+        platforms = image.platforms_to_build(self.config, options)
+        client = registry.client()
+        prepared = lockedimage.prepare(self.config, self.cache, platforms, client,
+                                       lambda line: progress.phase("download", line))
+        checked = self._checked(progress)
+        arches = {platform: self.arches(arch, platform) for platform in platforms}
+        pyproject = self._upstream_pyproject(checked)
+        from carry import container
+
+        tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
+        cuda = image.cuda_tag(tools.nvcc_version) if any("{cuda}" in t for t in self.config.image.tags) else "none"
+        plan = image.plan(self.config, checked.report, checked.series, self.version(), arches,
+                          container.distribution_name(pyproject), cuda, options)
+        wheels = {}
+        for platform in platforms:
+            built = self.wheel(arch, Path("dist"), None, progress, platform)
+            wheels[platform] = built.path
+            progress.phase("wheel", f"{platform}: {built.path.name}{' (reused)' if built.reused else ''}")
+        return lockedimage.build(self.config, self.cache, prepared, plan, wheels, options.push, smoke, client,
+                                 progress)
 
     def manifest(self, platforms: tuple[Platform, ...], extra_tags: tuple[str, ...],
                  progress: Progress) -> dict[str, str]:

@@ -1,6 +1,10 @@
 """`verify IMAGE`: what a tag holds, per platform, against this repo: the labels, the installed wheel's buildinfo,
 the CPU its Python runs on, and the shared objects of the wheel (ELF machine and the arch gate by the policy the
-wheel records)."""
+wheel records).
+
+A locked image (`image.lock` set) is read from its layers on this machine instead (carry.imagefs: no pull, no
+container, no emulator, so arm64 takes as long as amd64) and its files proven against the lock and the fixed wheel
+in dist/ (carry.installcheck); the labels, the buildinfo and the gate of the installed shared objects as before."""
 
 from __future__ import annotations
 
@@ -40,6 +44,8 @@ def verify_image(ref: str, config: Config, expected: Expected, platform: Platfor
 
     client = registry.client()
     docker_cli = container.docker_binary(config)
+    if getattr(config.image, "lock", None):
+        return verify_locked(client, docker_cli, ref, config, expected, platform, arches)
     notes: tuple[str, ...] = ()
     with registry.credentials(ref, docker_cli) as login:
         try:
@@ -86,13 +92,7 @@ def _verify_one(client, ref: str, image, platform: Platform, expected: Expected,
     from carry import binaries, gate, registry
 
     labels = image.labels or {}
-    from_labels = {
-        "version": labels.get(f"{LABEL_PREFIX}.version"),
-        "series": {"hash": labels.get(f"{LABEL_PREFIX}.series.hash")},
-        "upstream": {"commit": labels.get(f"{LABEL_PREFIX}.upstream.commit")},
-    }
-    mismatches = list(coverage)
-    mismatches += [Mismatch(f"label {m.field}", m.expected, m.found) for m in compare(from_labels, expected)]
+    mismatches = list(coverage) + _label_mismatches(labels, expected)
     dist = labels.get(f"{LABEL_PREFIX}.wheel")
     if not dist:
         raise Failed(f"{ref}: no {LABEL_PREFIX}.wheel label; it was not built by carry")
@@ -122,3 +122,136 @@ def _inspect_output(ref: str, dist: str, output: str) -> dict:
         if isinstance(found, dict) and "buildinfo" in found:
             return found
     raise Failed(f"{ref}: the image's python did not report the buildinfo of {dist}: {output[-300:]}")
+
+
+# --- locked images: proven from their layers -----------------------------------------------------------------------
+
+WHEEL_SHA256_LABEL = f"{LABEL_PREFIX}.wheel.sha256"
+
+
+def verify_locked(client, docker_cli: str, ref: str, config: Config, expected: Expected, platform: Platform | None,
+                  arches: ArchList | None, dist: Path = Path("dist")) -> tuple[Verification, ...]:
+    """Each platform of `ref` (or the one asked) read from its layers and proven against its lock
+    (carry.runtimelock) and the fixed wheel for it in `dist`."""
+    from carry import registry, runtimelock
+
+    with registry.credentials(ref, docker_cli) as login:
+        try:
+            remote = registry.remote_platforms(client, ref, login)
+        except Failed:
+            if registry.local(client, ref) is None:
+                raise
+            remote = None
+        if remote is None:
+            image = registry.local(client, ref)
+            if image is None:
+                raise Failed(f"cannot verify {ref}: neither its registry nor the local image store has it")
+            held, coverage = (registry.image_platform(image),), []
+        else:
+            held = remote[1]
+            coverage = _coverage(ref, config, expected.version, held) if platform is None else []
+        wanted = [platform] if platform is not None else list(held)
+        missing = [p for p in wanted if p not in held]
+        if missing:
+            raise Failed(f"{ref} holds {', '.join(map(str, held))}, not {', '.join(map(str, missing))}")
+        results = []
+        for target in wanted:
+            lock = runtimelock.read(config, target)
+            locked = tuple((package.name, package.version) for package in lock.packages)
+            fixed = fixed_wheel(dist, expected.version, target)
+            files, content = read_and_check(client, login, ref, target, locked, fixed, from_registry=remote is not None,
+                                            wheels=stored_wheels(lock.packages))
+            results.append(judge(ref, files, content, fixed, expected, arches, coverage))
+    return tuple(results)
+
+
+def fixed_wheel(dist: Path, version: str, platform: Platform):
+    """The fixed wheel for `platform` in `dist`: the one whose version carries VERSION and whose tag is that
+    platform's (else a pure `-none-any` one, which every platform installs)."""
+    from carry import installcheck
+    from carry.verify import wheel_platform
+
+    ours = [path for path in dist.glob("*.whl") if version in path.name.split("-")[1]]
+    found = sorted(path for path in ours if wheel_platform(path) is platform) or \
+        sorted(path for path in ours if path.name.endswith("-none-any.whl"))
+    if len(found) != 1:
+        names = ", ".join(path.name for path in found) or "none"
+        raise Failed(f"the fixed wheel of {version} for {platform} in {dist}/: expected one, found {names}; "
+                     f"build it (build.py wheel --platform {platform}) or run from the directory holding dist/")
+    return installcheck.FixedWheel.read(found[0])
+
+
+def stored_wheels(packages) -> dict[str, Path]:
+    """The locked wheels the download store holds (by the sha256 the lock pins): canonical name -> file."""
+    from carry import releases
+
+    root, found = releases.store().root, {}
+    for package in packages:
+        for pinned in package.hashes:
+            directory = root / pinned.split(":", 1)[-1]
+            wheel = next(iter(sorted(directory.glob("*.whl"))), None) if directory.is_dir() else None
+            if wheel is not None:
+                found[package.name] = wheel
+                break
+    return found
+
+
+def read_and_check(client, login, ref: str, platform: Platform, locked: tuple[tuple[str, str], ...], fixed,
+                   from_registry: bool = True, wheels: dict[str, Path] | None = None):
+    """`platform`'s image of `ref` read from its layers (the registry when it has `ref`, else the local engine)
+    and its files checked against `locked` (name, version pairs) and the `fixed` wheel."""
+    from carry import binaries, imagefs, installcheck, registry
+
+    wanted = installcheck.selection([fixed], binaries.from_bytes)
+    files = None
+    if from_registry:
+        files = imagefs.from_registry(ref, platform, wanted, login.auth,
+                                      registry.insecure(client, registry.registry_of(ref)))
+    if files is None:
+        files = imagefs.from_engine(client, ref, platform, wanted)
+    return files, installcheck.check(files, locked, fixed, wheels)
+
+
+def judge(ref: str, files, content, fixed, expected: Expected, arches: ArchList | None,
+          coverage: list[Mismatch]) -> Verification:
+    """The labels, the installed buildinfo and the gate of the installed shared objects, with what the files
+    proved (`content`), as one platform's verification."""
+    from carry import gate
+    from carry.installcheck import canonical
+
+    labels = files.labels
+    mismatches = list(coverage) + _label_mismatches(labels, expected)
+    if canonical(labels.get(f"{LABEL_PREFIX}.wheel", "")) != fixed.name:
+        mismatches.append(Mismatch(f"label {LABEL_PREFIX}.wheel", fixed.name, str(labels.get(f"{LABEL_PREFIX}.wheel"))))
+    recorded = labels.get(WHEEL_SHA256_LABEL)
+    if recorded is not None and recorded != fixed.sha256:
+        mismatches.append(Mismatch(f"label {WHEEL_SHA256_LABEL}", f"{fixed.sha256} ({fixed.path.name})", recorded))
+    node = files.nodes.get(f"{content.site}/{fixed.dist_info}/carry-buildinfo.json")
+    try:
+        info = json.loads(node.data) if node is not None and node.data else {}
+    except ValueError:
+        info = {}
+    if not info:
+        mismatches.append(Mismatch("buildinfo", f"{fixed.dist_info}/carry-buildinfo.json", "none readable"))
+    mismatches += [Mismatch(f"buildinfo {m.field}", m.expected, m.found) for m in compare(info, expected)]
+    policy = recorded_policy(info, f"{ref} buildinfo")
+    report = gate.check(content.shared, policy.with_arches(arches) if arches is not None else policy, files.platform)
+    compressed = sum(layer.compressed for layer in files.layers)
+    unpacked = sum(layer.bytes for layer in files.layers)
+    where = (f"{len(files.layers)} layer(s), {compressed / 1e6:,.1f} MB compressed, {unpacked / 1e6:,.1f} MB"
+             if compressed else f"{len(files.layers)} layer(s), {unpacked / 1e6:,.1f} MB")
+    sha_line = (f"wheel sha256: {WHEEL_SHA256_LABEL} = {fixed.path.name}'s" if recorded == fixed.sha256 else
+                f"wheel sha256: no {WHEEL_SHA256_LABEL} label; the wheel is proven by its installed files")
+    proven = (f"platform {files.platform}: read natively from {files.source} ({where}) in {files.seconds:.1f} s",
+              *content.proven, sha_line)
+    checks = Inspection(report, None, proven=proven, problems=content.problems)
+    return Verification(f"{ref} {files.platform} ({files.digest[:19]})", info, tuple(mismatches), checks)
+
+
+def _label_mismatches(labels: dict, expected: Expected) -> list[Mismatch]:
+    from_labels = {
+        "version": labels.get(f"{LABEL_PREFIX}.version"),
+        "series": {"hash": labels.get(f"{LABEL_PREFIX}.series.hash")},
+        "upstream": {"commit": labels.get(f"{LABEL_PREFIX}.upstream.commit")},
+    }
+    return [Mismatch(f"label {m.field}", m.expected, m.found) for m in compare(from_labels, expected)]

@@ -49,19 +49,22 @@ class Inspection:
     tree: treecheck.TreeCheck | None
     metadata: tuple[str, ...] = ()  # what a precompiled build's metadata got wrong
     proven: tuple[str, ...] = ()  # lines of what else was proven (precompiled: where the binaries come from)
+    problems: tuple[str, ...] = ()  # what else is wrong, each named (a locked image's files against its lock)
 
     @property
     def ok(self) -> bool:
-        return self.gate.ok and (self.tree is None or self.tree.ok) and not self.metadata
+        return self.gate.ok and (self.tree is None or self.tree.ok) and not self.metadata and not self.problems
 
     def summary(self) -> str:
         parts = [] if self.gate.ok else [f"gate: {len(self.gate.failures)} problem(s)"]
         parts += [] if self.tree is None or self.tree.ok else [f"tree: {len(self.tree.problems)} file(s)"]
         parts += [f"metadata: {len(self.metadata)} problem(s)"] if self.metadata else []
+        parts += [f"contents: {len(self.problems)} problem(s)"] if self.problems else []
         return ", ".join(parts) or "ok"
 
     def _tail(self) -> list[str]:
-        return (self.tree.lines() if self.tree else []) + [f"FAIL metadata: {m}" for m in self.metadata]
+        return ((self.tree.lines() if self.tree else []) + [f"FAIL metadata: {m}" for m in self.metadata]
+                + [f"FAIL {problem}" for problem in self.problems])
 
     def lines(self) -> list[str]:
         return [*self.proven, *self.gate.lines(), *self._tail()]

@@ -1,0 +1,259 @@
+"""The locked, layered vLLM image (examples/vllm, real 0.33.0): cold two-platform `image --push` with the download
+store warm, against the same arm64 install under QEMU (a measured fraction: pip installing a few of the locked
+aarch64 wheels in the arm64 runtime base, scaled by installed bytes); a Python-only patch change; bytes pushed
+against the vLLM layer; image size per platform against vLLM's published 6.93 GB for GH200; no file stored twice;
+peak disk of the cold run; isal against zlib on a layer's tar stream.
+
+    python bench/lockedimage.py [--json OUT]     (needs `bash ci/setup.sh`; part `locked` of bench/run.py)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import zlib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+VLLM_GH200_GB = 6.93  # vLLM's docs: the arm64 image built natively on GH200
+QEMU_SAMPLE = ("idna", "packaging", "filelock", "six", "jinja2", "pyyaml", "regex", "numpy")
+
+
+def carry(config: Path, env: dict, *args: str, timeout: float = 3000) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "build.py"), "--config", str(config), *args],
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+class DiskWatch:
+    """The lowest free space on the filesystem of `path` while it runs (sampled every 0.5 s)."""
+
+    def __init__(self, path: Path):
+        self.path, self.low, self._stop = path, shutil.disk_usage(path).free, threading.Event()
+        self.start_free = self.low
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.low = min(self.low, shutil.disk_usage(self.path).free)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def peak(self) -> int:
+        return self.start_free - self.low
+
+
+def compression(sample_wheel: Path, limit: int = 400 << 20) -> dict:
+    """MB/s and ratio of isal (levels 0-2) and zlib level 1 on the tar stream of one big wheel's install."""
+    from isal import isal_zlib
+
+    from carry import ocilayer, wheelinstall
+
+    entries = wheelinstall.plan(sample_wheel, wheelinstall.Venv("/opt/venv", "3.11")).entries
+    data = bytearray()
+    for chunk in ocilayer.stream(ocilayer.items_for(entries)):
+        data += chunk
+        if len(data) >= limit:
+            break
+    data = bytes(data)
+    found = {}
+    for name, make in (("isal 0", lambda: isal_zlib.compressobj(0, isal_zlib.DEFLATED, 31)),
+                       ("isal 1", lambda: isal_zlib.compressobj(1, isal_zlib.DEFLATED, 31)),
+                       ("isal 2", lambda: isal_zlib.compressobj(2, isal_zlib.DEFLATED, 31)),
+                       ("zlib 1", lambda: zlib.compressobj(1, zlib.DEFLATED, 31))):
+        started = time.monotonic()
+        compressor = make()
+        size = sum(len(compressor.compress(data[i:i + (1 << 20)])) for i in range(0, len(data), 1 << 20))
+        size += len(compressor.flush())
+        seconds = time.monotonic() - started
+        found[name] = {"MB/s": round(len(data) / seconds / 1e6), "ratio": round(size / len(data), 3)}
+    return {"sample": f"{sample_wheel.name}, first {len(data) / 1e6:.0f} MB of its layer tar", **found}
+
+
+def qemu_fraction(store: Path, lock: Path, base: str) -> dict:
+    """pip installing a few locked aarch64 wheels into a venv in the arm64 runtime base under QEMU, timed."""
+    from carry import wheelinstall
+
+    wheels = []
+    text = lock.read_text()
+    for name in QEMU_SAMPLE:
+        line = next((l for l in text.splitlines() if l.lower().startswith(f"{name}==")), None)
+        if line is None:
+            continue
+        block = text.split(line, 1)[1].split("\n")
+        hashes = [l.split("--hash=sha256:", 1)[1].split()[0] for l in block[:6] if "--hash=sha256:" in l]
+        for sha in hashes:
+            found = list((store / sha).glob("*.whl"))
+            if found:
+                wheels.append(found[0])
+                break
+    installed = sum(sum(e.size for e in wheelinstall.plan(w, wheelinstall.Venv("/opt/venv", "3.11")).entries)
+                    for w in wheels)
+    with tempfile.TemporaryDirectory(prefix="carry-bench-qemu-") as tmp:
+        for wheel in wheels:
+            shutil.copy(wheel, Path(tmp) / wheel.name)
+        script = ("python3 -m venv /v && /v/bin/python -m pip install --no-index --no-deps --no-compile "
+                  "--disable-pip-version-check -q /w/*.whl")
+        started = time.monotonic()
+        run = subprocess.run(["/usr/bin/docker", "run", "--rm", "--network=none", "--platform", "linux/arm64",
+                              "-v", f"{tmp}:/w:ro", base, "sh", "-c", script], capture_output=True, text=True,
+                             timeout=1800)
+        seconds = time.monotonic() - started
+    if run.returncode != 0:
+        raise RuntimeError(f"pip under QEMU failed: {run.stderr[-500:]}")
+    return {"wheels": [w.name for w in wheels], "installed": installed, "seconds": seconds}
+
+
+def main() -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", type=Path)
+    options = parser.parse_args()
+    result = measure_all(Path(tempfile.mkdtemp(prefix="carry-bench-locked-")))
+    rows = report(result)
+    print("\n".join(f"{m}: {v}" + (f"  target {t}  {'PASS' if ok else 'FAIL'}" if t else "") for m, v, t, ok in rows))
+    if options.json:
+        options.json.write_text(json.dumps(result, indent=2))
+    return 1 if any(ok is False for _, _, t, ok in rows if t) else 0
+
+
+def bench(work: Path, row) -> list:
+    """bench/run.py's part `locked`."""
+    return [row("locked", m, v, t, ok if t else None) for m, v, t, ok in report(measure_all(work / "locked"))]
+
+
+def measure_all(work: Path) -> dict:
+    import dockerenv
+    import realvllm
+
+    services = dockerenv.load()
+    work.mkdir(parents=True, exist_ok=True)
+    name = f"{services.registry}/carry-bench/locked-{uuid.uuid4().hex[:8]}"
+    result: dict = {"image": name}
+    try:
+        history = Path(realvllm.build(work / "history")["path"])
+        shutil.copytree(ROOT / "examples" / "vllm", work / "vllm",
+                        ignore=shutil.ignore_patterns("upstream.git", "__pycache__", "runtime-lock"))
+        config = work / "vllm" / "build.yaml"
+        text = config.read_text().replace("  url: upstream.git", f"  url: {history}")
+        from test_locked_image import image_section, _patch_adding_a_line
+
+        config.write_text(text[: text.index("\nimage:\n") + 1] + image_section(services, name))
+        env = {"CARRY_CACHE": str(work / "cache"), "CARRY_DOWNLOADS": realvllm.download_store(),
+               "CARRY_REGISTRY_USER": services.registry_user,
+               "CARRY_REGISTRY_PASSWORD": services.registry_password()}
+        locked = carry(config, env, "lock")
+        assert locked.returncode == 0, locked.stderr[-2000:]
+        for platform in ("linux/amd64", "linux/arm64"):  # the fixed wheels (cached) and the download store warm
+            assert carry(config, env, "wheel", "--platform", platform, "--out", str(work / "dist")).returncode == 0
+        warm = carry(config, env, "image", "--push", "--no-smoke", "--json", "--tag", "warmup")  # store warm
+        assert warm.returncode == 0, warm.stderr[-2000:]
+        shutil.rmtree(work / "cache" / "image-layers")  # the layers' digests forgotten: everything is written
+        _registry_cleanup(name)
+        with DiskWatch(Path(realvllm.download_store())) as disk:
+            started = time.monotonic()
+            cold = carry(config, env, "image", "--push", "--no-smoke", "--json")
+            cold_s = time.monotonic() - started
+        assert cold.returncode == 0, cold.stderr[-2000:]
+        cold_json = json.loads(cold.out)
+        result["cold_s"] = cold_s
+        result["cold_peak_disk"] = disk.peak
+        result["cold"] = cold_json
+        (work / "vllm" / "patches" / "0003-logger-say-carried.patch").write_text(_patch_adding_a_line(work))
+        started = time.monotonic()
+        patched = carry(config, env, "image", "--push", "--no-smoke", "--json")
+        result["patch_s"] = time.monotonic() - started
+        assert patched.returncode == 0, patched.stderr[-2000:]
+        result["patch"] = json.loads(patched.out)
+        arm64 = next(p for p in cold_json["platforms"] if p["platform"] == "linux/arm64")
+        result["qemu"] = qemu_fraction(Path(realvllm.download_store()), work / "vllm" / "runtime-lock" /
+                                       "linux-arm64.txt", services.runtime_base_arm64)
+        arm64_installed = sum(l["installed"] for l in arm64["layers"] if l["name"] != "base")
+        result["qemu"]["scaled_s"] = result["qemu"]["seconds"] * arm64_installed / result["qemu"]["installed"]
+        torch = next(Path(realvllm.download_store()).glob("*/torch-2.14.0-*x86_64.whl"), None)
+        if torch is not None:
+            result["compression"] = compression(torch)
+    finally:
+        _registry_cleanup(name)
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def _registry_cleanup(name: str) -> None:
+    from test_locked_image import Registry
+    import dockerenv
+
+    registry = Registry(dockerenv.load())
+    registry.names.append(name)
+    registry.remove()
+
+
+def report(result: dict) -> list[tuple[str, str, str, bool]]:
+    """(measure, value, target, ok) rows; target "" for what is reported only."""
+    rows = []
+    cold, patch = result["cold"], result["patch"]
+    per_arch = {}
+    for outcome in cold["platforms"]:
+        layers = outcome["layers"]
+        installed = sum(l["installed"] for l in layers)
+        per_arch[outcome["platform"]] = layers
+        rows.append((f"{outcome['platform']} image", f"{installed / 1e9:.2f} GB installed, "
+                     f"{sum(l['size'] for l in layers) / 1e9:.2f} GB compressed; vLLM's own arm64 (GH200): "
+                     f"{VLLM_GH200_GB} GB", "", True))
+        rows.append((f"  {outcome['platform']} layers (compressed/installed)",
+                     ", ".join(f"{l['name']} {l['size'] / 1e6:.1f}/{l['installed'] / 1e6:.1f} MB" for l in layers),
+                     "", True))
+    qemu = result["qemu"]
+    ratio = qemu["scaled_s"] / result["cold_s"]
+    rows.append(("cold two-platform `image --push --no-smoke` (download store warm)", f"{result['cold_s']:.0f} s",
+                 "", True))
+    rows.append(("the arm64 install under QEMU, scaled by installed bytes",
+                 f"{qemu['scaled_s']:.0f} s ({len(qemu['wheels'])} wheels, {qemu['installed'] / 1e6:.0f} MB by pip in "
+                 f"{qemu['seconds']:.0f} s) = {ratio:.1f}x carry's two platforms", ">= 5x", ratio >= 5))
+    share = result["patch_s"] / result["cold_s"]
+    rows.append(("Python-only patch change, image --push again", f"{result['patch_s']:.0f} s = {share:.1%} of cold",
+                 "<= 15%", share <= 0.15))
+    for outcome in patch["platforms"]:
+        before = {l["digest"] for l in per_arch[outcome["platform"]]}
+        layers = outcome["layers"]
+        pushed = sum(l["size"] for l in layers if l["action"] == "pushed")
+        fixed = layers[-1]
+        unchanged = sum(l["digest"] in before for l in layers[:-1])
+        total = sum(l["size"] for l in layers)
+        rows.append((f"  {outcome['platform']}: bytes pushed (layers)",
+                     f"{pushed} B = {pushed / fixed['size']:.2f}x the vllm-fixed layer ({fixed['files']} files, "
+                     f"{fixed['installed']} B installed: the patched files + the dist-info), {pushed / total:.4%} of "
+                     f"the image; {unchanged}/{len(layers) - 1} other digests unchanged",
+                     "<= 1.1x, <= 15%, all unchanged",
+                     pushed <= 1.1 * fixed["size"] and pushed <= 0.15 * total and unchanged == len(layers) - 1))
+    rows.append(("files stored twice across layers", str(len(cold["duplicates"])), "0", not cold["duplicates"]))
+    rows.append(("peak disk of the cold run (registry blobs, cache; store warm)",
+                 f"{result['cold_peak_disk'] / 1e9:.1f} GB", "< 30 GB", result["cold_peak_disk"] < 30e9))
+    if "compression" in result:
+        found = dict(result["compression"])
+        sample = found.pop("sample")
+        rows.append((f"gzip on {sample}", ", ".join(f"{k} {v['MB/s']} MB/s ratio {v['ratio']}"
+                                                      for k, v in found.items()), "", True))
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())

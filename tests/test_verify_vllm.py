@@ -1,0 +1,33 @@
+"""`verify IMAGE` on the real locked vLLM 0.33.0 image (examples/vllm, both platforms), as carry's `image --push`
+writes it (the cold build of tests/test_locked_image.py, shared through its fixtures): every platform read from
+the registry natively and proven against its lock and the fixed wheel; linux/arm64 takes about as long as
+linux/amd64 (nothing emulated). The times per platform are printed (-s) and asserted only against each other."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from helpers import carry
+from test_locked_image import PLATFORMS, cold, project, registry, services  # noqa: F401 - the shared fixtures
+
+pytestmark = [pytest.mark.slow, pytest.mark.docker]
+
+
+def test_verify_proves_both_platforms_of_the_real_vllm_image(project, cold):  # noqa: F811
+    config, env, name, _ = project
+    ref = f"{name}:20261201.1"
+    seconds = {}
+    for platform in PLATFORMS:
+        start = time.monotonic()
+        result = carry("--config", str(config), "verify", ref, "--platform", platform, env=env, timeout=1200)
+        seconds[platform] = time.monotonic() - start
+        assert result.code == 0, result.out[-6000:] + result.err[-2000:]
+        out = result.out
+        assert f"platform {platform}: read natively from registry" in out
+        assert "distribution(s) = the lock's" in out and "each matching its RECORD" in out
+        assert "fixed wheel: vllm-0.33.0+carry.20261201.1-" in out and "nothing else under vllm" in out
+        assert "arch gate passed" in out and out.strip().endswith("verified")
+        print(f"\nverify {platform}: {seconds[platform]:.1f} s\n" + "\n".join(out.splitlines()[:8]))
+    assert seconds["linux/arm64"] <= 1.5 * seconds["linux/amd64"] + 10, seconds
