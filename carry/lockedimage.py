@@ -666,13 +666,13 @@ def prepare(config: Config, cache: Cache, platforms: tuple[Platform, ...], clien
     """Locks read and checked against the release wheel's Requires-Dist and the base image: before any work."""
     bases, releases, locks, facts = {}, {}, {}, {}
     for platform in platforms:
+        locks[platform] = runtimelock.read(config, platform)
         facts[platform] = runtimelock.base_facts(config, platform, cache)
         bases[platform] = runtime_base(config, platform, client)
         releases[platform] = release_wheel(config, cache, platform, say)
         if releases[platform] is None and platform is not Platform.native():
             raise BadInput(f"{config.path}: a locked image for {platform} needs its fixed wheel made on this machine: "
                            f"set build.precompiled.wheels.{platform}")
-        locks[platform] = runtimelock.read(config, platform)
         if releases[platform] is not None:  # the fixed wheel's Requires-Dist is the precompiled wheel's own
             runtimelock.check_fresh(locks[platform], requires_dist=requires_dist(releases[platform]),
                                     base_id=facts[platform].image_id, python=facts[platform].python)
