@@ -28,14 +28,13 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tarfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 from carry import ocilayer, wheelinstall
 from carry.cache import Cache
@@ -205,8 +204,8 @@ def _pip_download(lock, requirements: Path, into: Path) -> None:
 
 def _pip_failure(lock, output: str) -> str:
     """One line: the package whose hash did not match (pip's hash report), else pip's last line."""
-    mismatch = re.search(r"^\s+([A-Za-z0-9_.\-]+)==(\S+) from \S+.*?\n\s+Expected sha256 (\S+)(?:.*?\n)*?\s+Got\s+(\S+)",
-                         output, re.M)
+    mismatch = re.search(r"^\s+([A-Za-z0-9_.\-]+)==(\S+) from \S+.*?\n\s+Expected sha256 (\S+)"
+                         r"(?:.*?\n)*?\s+Got\s+(\S+)", output, re.M)
     if mismatch:
         name, version, expected, got = mismatch.groups()
         return (f"{lock.path}: {name}=={version}: the wheel's sha256 is {got}, the lock says {expected}; the lock "
