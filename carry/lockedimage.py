@@ -21,7 +21,6 @@ $CARRY_CACHE/image-layers, so a rerun asks the registry (HEAD) and skips it: "al
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import email.parser
 import hashlib
@@ -29,14 +28,13 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tarfile
 import time
 import zipfile
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 from carry import ocilayer, wheelinstall
 from carry.cache import Cache
@@ -74,7 +72,7 @@ class LayerPlan:
     items: tuple[Item, ...]
     files: int
     installed: int
-    overwritten: tuple[str, ...] = ()  # paths two wheels of this layer both install (the later one wins, as pip)
+    overwritten: tuple[str, ...] = ()  # paths two wheels of this layer both install (kept once: _merge)
 
     @property
     def key(self) -> str:
@@ -94,7 +92,7 @@ class PlatformPlan:
     layers: tuple[LayerPlan, ...]
     fixed: Installed
     patched: dict[str, str]  # installed path of each file L6 changes or adds outside the dist-info -> sha256 hex
-    duplicates: tuple[str, ...]  # paths two layers (or two wheels of one) both write
+    duplicates: tuple[str, ...]  # paths two layers both write (stored twice)
 
 
 def release_wheel(config: Config, cache: Cache, platform: Platform, say) -> Path | None:
@@ -206,8 +204,8 @@ def _pip_download(lock, requirements: Path, into: Path) -> None:
 
 def _pip_failure(lock, output: str) -> str:
     """One line: the package whose hash did not match (pip's hash report), else pip's last line."""
-    mismatch = re.search(r"^\s+([A-Za-z0-9_.\-]+)==(\S+) from \S+.*?\n\s+Expected sha256 (\S+)(?:.*?\n)*?\s+Got\s+(\S+)",
-                         output, re.M)
+    mismatch = re.search(r"^\s+([A-Za-z0-9_.\-]+)==(\S+) from \S+.*?\n\s+Expected sha256 (\S+)"
+                         r"(?:.*?\n)*?\s+Got\s+(\S+)", output, re.M)
     if mismatch:
         name, version, expected, got = mismatch.groups()
         return (f"{lock.path}: {name}=={version}: the wheel's sha256 is {got}, the lock says {expected}; the lock "
@@ -225,7 +223,8 @@ def plan_platform(config: Config, platform: Platform, lock, wheels: dict[str, Pa
     fixed = wheelinstall.plan(fixed_wheel, venv)
     layers = [_layer("venv", [], _venv_items(config, lock, venv))]
     for group in ("nvidia", "torch", "deps"):
-        layers.append(_layer(group, [e for installed in groups[group] for e in installed.entries]))
+        entries, overwritten = _merge(groups[group], venv)
+        layers.append(_layer(group, entries, overwritten=overwritten))
     patched: dict[str, str] = {}
     if release is not None:
         released = wheelinstall.plan(release, venv)
@@ -239,12 +238,35 @@ def plan_platform(config: Config, platform: Platform, lock, wheels: dict[str, Pa
     return PlatformPlan(platform, base_ref, base, tuple(layers), fixed, patched, _duplicates(layers))
 
 
-def _layer(name: str, entries: list[Entry], extra: Iterable[Item] = ()) -> LayerPlan:
+def _layer(name: str, entries: list[Entry], extra: Iterable[Item] = (),
+           overwritten: tuple[str, ...] = ()) -> LayerPlan:
     items = ocilayer.items_for(entries, extra)
     files = [i for i in items if i.kind == "file"]
-    counts = collections.Counter(e.path for e in entries)
-    overwritten = tuple(sorted(path for path, n in counts.items() if n > 1))
     return LayerPlan(name, items, len(files), sum(i.size for i in files), overwritten)
+
+
+def _merge(installs: list[Installed], venv: Venv) -> tuple[list[Entry], tuple[str, ...]]:
+    """The files of several wheels in one layer. A path two wheels install (cuda-python 12.6 ships its own copy
+    of cuda/bindings/, which cuda-bindings installs) goes to the wheel whose name is the path's package
+    (cuda-bindings for cuda/bindings/...), else to the later by name; such paths are reported."""
+    chosen: dict[str, tuple[str, Entry]] = {}
+    twice: set[str] = set()
+    site = venv.site.lstrip("/") + "/"
+    for installed in installs:
+        owner = installed.name.lower().replace("_", "-").replace(".", "-")
+        for entry in installed.entries:
+            before = chosen.get(entry.path)
+            if before is not None:
+                twice.add(entry.path)
+                if _owns(before[0], entry.path, site) and not _owns(owner, entry.path, site):
+                    continue
+            chosen[entry.path] = (owner, entry)
+    return [entry for _, entry in chosen.values()], tuple(sorted(twice))
+
+
+def _owns(name: str, path: str, site: str) -> bool:
+    parts = path[len(site):].split("/") if path.startswith(site) else []
+    return bool(parts) and name in (parts[0].lower(), "-".join(parts[:2]).lower())
 
 
 def difference(released: Installed, fixed: Installed) -> tuple[list[Entry], list[Item]]:
@@ -289,7 +311,6 @@ def _duplicates(layers: list[LayerPlan]) -> tuple[str, ...]:
                 if item.path in seen:
                     twice.append(f"{item.path} ({seen[item.path]}, {layer.name})")
                 seen[item.path] = layer.name
-        twice += [f"{path} (two wheels of {layer.name})" for path in layer.overwritten]
     return tuple(twice)
 
 
@@ -666,13 +687,13 @@ def prepare(config: Config, cache: Cache, platforms: tuple[Platform, ...], clien
     """Locks read and checked against the release wheel's Requires-Dist and the base image: before any work."""
     bases, releases, locks, facts = {}, {}, {}, {}
     for platform in platforms:
+        locks[platform] = runtimelock.read(config, platform)
         facts[platform] = runtimelock.base_facts(config, platform, cache)
         bases[platform] = runtime_base(config, platform, client)
         releases[platform] = release_wheel(config, cache, platform, say)
         if releases[platform] is None and platform is not Platform.native():
             raise BadInput(f"{config.path}: a locked image for {platform} needs its fixed wheel made on this machine: "
                            f"set build.precompiled.wheels.{platform}")
-        locks[platform] = runtimelock.read(config, platform)
         if releases[platform] is not None:  # the fixed wheel's Requires-Dist is the precompiled wheel's own
             runtimelock.check_fresh(locks[platform], requires_dist=requires_dist(releases[platform]),
                                     base_id=facts[platform].image_id, python=facts[platform].python)
@@ -706,7 +727,13 @@ def build(config: Config, cache: Cache, prepared: Prepared, the_plan, fixed_whee
     notes: list[str] = []
     duplicates = tuple(d for p in plans.values() for d in p.duplicates)
     if duplicates:
-        notes.append(f"{len(duplicates)} file(s) written twice (the later wins, as pip): {', '.join(duplicates[:3])}")
+        notes.append(f"{len(duplicates)} file(s) stored in two layers: {', '.join(duplicates[:3])}")
+    for platform, plan in plans.items():
+        for layer in plan.layers:
+            if layer.overwritten:
+                notes.append(f"{platform} {layer.name}: {len(layer.overwritten)} path(s) installed by two locked "
+                             f"wheels, kept once (the wheel named like the path's package, else the later by "
+                             f"name), e.g. {layer.overwritten[0]}")
     if push:
         with registry.credentials(config.image.name, config.image.docker) as login:
             repo = registryhttp.Repository.of(config.image.name, login.auth)

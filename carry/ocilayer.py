@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import tarfile
 import zipfile
 from pathlib import Path
@@ -18,12 +19,14 @@ from typing import Callable, Iterable, Iterator
 
 from isal import isal_zlib
 
+from carry import wheelzip
 from carry.wheelinstall import Entry
 
 BLOCK = 512
 CHUNK = 1 << 20
+BIG = 64 << 10  # chunks this big are yielded as they are
 LEVEL = 1  # isal levels 0-3; 1 is igzip's fast default (bench: MB/s and ratio)
-FORMAT = 1  # bump when the bytes of a layer for the same inputs change
+FORMAT = 2  # bump when the bytes of a layer for the same inputs change
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +108,7 @@ def stream(items: Iterable[Item]) -> Iterator[bytes]:
     """The layer's tar, chunk by chunk; each file's bytes are inflated from its wheel member (one open zip per
     wheel) or taken from the entry's data."""
     archives: dict[Path, zipfile.ZipFile] = {}
-    pending = bytearray()
+    pending = bytearray()  # headers, padding and small files gathered; big chunks pass through uncopied
     try:
         for item in items:
             pending += _header(item)
@@ -113,16 +116,19 @@ def stream(items: Iterable[Item]) -> Iterator[bytes]:
                 written = 0
                 for chunk in _content(item.entry, archives):
                     written += len(chunk)
-                    pending += chunk
-                    if len(pending) >= CHUNK:
-                        yield bytes(pending)
-                        pending.clear()
+                    if len(chunk) >= BIG:
+                        if pending:
+                            yield bytes(pending)
+                            pending = bytearray()
+                        yield chunk
+                    else:
+                        pending += chunk
                 if written != item.size:
                     raise OSError(f"{item.path}: {written} bytes read, {item.size} expected")
                 pending += b"\0" * (-item.size % BLOCK)
             if len(pending) >= CHUNK:
                 yield bytes(pending)
-                pending.clear()
+                pending = bytearray()
         pending += b"\0" * (2 * BLOCK)
         yield bytes(pending)
     finally:
@@ -131,15 +137,36 @@ def stream(items: Iterable[Item]) -> Iterator[bytes]:
 
 
 def _content(entry: Entry, archives: dict[Path, zipfile.ZipFile]) -> Iterator[bytes]:
+    """A file's bytes: its entry's data, or its wheel member inflated chunk by chunk with isal (several times
+    zlib's speed; the wheel's sha256 was checked against the lock, and every file's hash is in RECORD)."""
     if entry.data is not None:
         yield entry.data
         return
     archive = archives.get(entry.wheel)
     if archive is None:
         archive = archives[entry.wheel] = zipfile.ZipFile(entry.wheel)
-    with archive.open(entry.member) as handle:
-        while chunk := handle.read(CHUNK):
-            yield chunk
+    info = archive.getinfo(entry.member)
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        with archive.open(info) as handle:
+            while chunk := handle.read(CHUNK):
+                yield chunk
+        return
+    handle = archive.fp
+    offset = wheelzip.data_start(handle, info, entry.wheel)
+    end = offset + info.compress_size
+    inflater = isal_zlib.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
+    while offset < end:
+        raw = os.pread(handle.fileno(), min(CHUNK, end - offset), offset)
+        if not raw:
+            raise OSError(f"{entry.wheel.name}: {entry.member} is cut short")
+        offset += len(raw)
+        out = inflater.decompress(raw) if inflater else raw
+        if out:
+            yield out
+    if inflater is not None:
+        tail = inflater.flush()
+        if tail:
+            yield tail
 
 
 def compressed(chunks: Iterable[bytes], on_done: Callable[[Written], None], installed: int = 0,
@@ -148,15 +175,24 @@ def compressed(chunks: Iterable[bytes], on_done: Callable[[Written], None], inst
     compressor = isal_zlib.compressobj(level, isal_zlib.DEFLATED, 16 + 15)
     diff, digest = hashlib.sha256(), hashlib.sha256()
     raw_size = size = 0
+    buffer = bytearray()
     for chunk in chunks:
         diff.update(chunk)
         raw_size += len(chunk)
-        out = compressor.compress(chunk)
-        if out:
-            digest.update(out)
-            size += len(out)
-            yield out
-    out = compressor.flush()
+        buffer += chunk
+        if len(buffer) < CHUNK:
+            continue
+        # isal's output depends on how its input is split: feed it whole CHUNKs, whatever the reader yielded
+        view, whole = memoryview(buffer), len(buffer) - len(buffer) % CHUNK
+        for start in range(0, whole, CHUNK):
+            out = compressor.compress(view[start:start + CHUNK])
+            if out:
+                digest.update(out)
+                size += len(out)
+                yield out
+        view.release()
+        del buffer[:whole]
+    out = compressor.compress(bytes(buffer)) + compressor.flush()
     digest.update(out)
     size += len(out)
     yield out

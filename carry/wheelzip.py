@@ -51,7 +51,7 @@ def member_bytes(wheel: Path, member: zipfile.ZipInfo, handle=None) -> bytes:
     if handle is None:
         with open(wheel, "rb") as own:
             return member_bytes(wheel, member, own)
-    raw = os.pread(handle.fileno(), member.compress_size, _data_start(handle, member, wheel))
+    raw = os.pread(handle.fileno(), member.compress_size, data_start(handle, member, wheel))
     data = raw if member.compress_type == zipfile.ZIP_STORED else \
         _inflater.decompress(raw, -15, max(member.file_size, 1))  # one output buffer of the known size
     if len(data) != member.file_size:
@@ -59,7 +59,7 @@ def member_bytes(wheel: Path, member: zipfile.ZipInfo, handle=None) -> bytes:
     return data
 
 
-def _data_start(handle, member: zipfile.ZipInfo, where) -> int:
+def data_start(handle, member: zipfile.ZipInfo, where) -> int:
     """Where `member`'s compressed bytes start: after its local header, name and extra field."""
     fields = _LOCAL.unpack(os.pread(handle.fileno(), _LOCAL.size, member.header_offset))
     if fields[0] != b"PK\x03\x04":
@@ -135,7 +135,7 @@ def _recompute(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> list[str]:
 
 def _copy_raw(raw, member: zipfile.ZipInfo, out: zipfile.ZipFile) -> None:
     """Append `member`'s local header, compressed data and data descriptor as they are in `raw`."""
-    length = _data_start(raw, member, raw.name) - member.header_offset + member.compress_size
+    length = data_start(raw, member, raw.name) - member.header_offset + member.compress_size
     if member.flag_bits & 0x08:
         tail = os.pread(raw.fileno(), 4, member.header_offset + length)
         zip64 = member.file_size >= 0xFFFFFFFF or member.compress_size >= 0xFFFFFFFF
