@@ -19,6 +19,7 @@ from carry.errors import BadInput, Failed
 if TYPE_CHECKING:
     from carry.config import TestCommand
     from carry.gatepolicy import GatePolicy
+    from carry.image import ImageOptions
     from carry import (apply, crossbuild, drop, image, lockedimage, prove, refresh, runtimelock, series, testrun,
                        verdicts, verify, wheel)
     from carry.platforms import Platform
@@ -226,13 +227,12 @@ class Session:
         return image.build(self.config, self.cache, checked.mirror, plan, options, builder,
                            container.build_requirements(pyproject), progress)
 
-    def locked_image(self, options: image.ImageOptions, arch: str | None, smoke: bool,
+    def locked_image(self, options: ImageOptions, arch: str | None, smoke: bool,
                      progress: Progress) -> lockedimage.LockedImageResult:
         """image.lock set: locks read and checked (before any work) -> check -> each platform's fixed wheel here
         (native or precompiled) -> carry writes the layers (lockedimage) -> push or load -> smoke test."""
         from carry import image, lockedimage, registry, toolchain
         from carry.config import CompilerCache
-        from carry.platforms import Platform
 
         if options.hermetic or options.wheelhouse or options.cache:
             raise BadInput(f"{self.config.path}: image.lock is set: carry writes the layers itself (no BuildKit "

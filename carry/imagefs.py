@@ -179,7 +179,7 @@ def _file_node(reader: tarstream.Reader, header: tarstream.Header, path: str, mo
                layer: int) -> Node:
     whole = selection.keep(path) or selection.shared(path)
     head = not whole and selection.head(path)
-    digest, kept = hashlib.sha256(), []
+    digest, kept = hashlib.sha256(), list[bytes]()
 
     def sink(chunk: memoryview) -> None:
         digest.update(chunk)
@@ -483,9 +483,7 @@ def from_engine(client, ref: str, platform: Platform, selection: Selection) -> I
         if member.size > 16 << 20 or member.name.endswith("layer.tar"):
             scans[member.name] = _scan_saved(outer.member_stream(), member.name, selection)
         else:
-            parts: list[bytes] = []
-            outer.read_data(lambda chunk: parts.append(bytes(chunk)))
-            small[member.name] = b"".join(parts)
+            small[member.name] = _read_all(outer)
     manifest = json.loads(small.get("manifest.json", b"[]"))
     if len(manifest) != 1:
         raise Failed(f"{ref}: docker save gave {len(manifest)} image manifests, expected one")
@@ -503,6 +501,12 @@ def from_engine(client, ref: str, platform: Platform, selection: Selection) -> I
     if seen != str(platform):
         raise Failed(f"{ref} is a {seen} image, not {platform}")
     return _finish(ref, platform, "local engine", image.id, config, ordered, start)
+
+
+def _read_all(outer) -> bytes:
+    parts: list[bytes] = []
+    outer.read_data(lambda chunk: parts.append(bytes(chunk)))
+    return b"".join(parts)
 
 
 def _scan_saved(handle, name: str, selection: Selection) -> tuple[LayerScan, str]:

@@ -146,7 +146,7 @@ def verify_locked(client, docker_cli: str, ref: str, config: Config, expected: E
             image = registry.local(client, ref)
             if image is None:
                 raise Failed(f"cannot verify {ref}: neither its registry nor the local image store has it")
-            held, coverage = (registry.image_platform(image),), []
+            held, coverage = tuple[Platform, ...]((registry.image_platform(image),)), []
         else:
             held = remote[1]
             coverage = _coverage(ref, config, expected.version, held) if platform is None else []

@@ -188,7 +188,9 @@ def check(files: ImageFiles, locked: Iterable[tuple[str, str]], fixed: FixedWhee
     site = sites[0]
     dists = installed(nodes, site, problems)
     shared_paths: list[str] = []
-    owned, checked, size = _check_records(nodes, site, dists, problems, shared_paths)
+    changed: list[tuple[Installed, Row, Node, str]] = []
+    owned, checked, size = _check_records(nodes, site, dists, problems, shared_paths, changed)
+    wrong_records = _changed(changed, wheels or {}, problems)
     problems += _unowned(nodes, site, owned)
     problems += _against_lock(dists, locked, fixed, site)
     fixed_dist = next((d for d in dists if d.name == fixed.name), None)
@@ -213,6 +215,9 @@ def check(files: ImageFiles, locked: Iterable[tuple[str, str]], fixed: FixedWhee
         f"locked wheels: {compared} of {len(locked)} installed RECORDs equal to their wheel's in the download "
         f"store (sha256 from the lock)" + ("" if compared == len(locked) else "; the others' taken from the image"),
         f"console scripts: run {PYTHON}",
+        *(f"note: {len(wrong_records)} file(s) whose own wheel's RECORD is wrong, installed with the wheel's bytes "
+          f"as pip installs them: {'; '.join(wrong_records[:3])}{' …' if len(wrong_records) > 3 else ''}",)
+        * bool(wrong_records),
         *(f"note: {len(shared_paths)} file(s) two locked wheels install, each as one of them has it: "
           f"{'; '.join(shared_paths[:3])}{' …' if len(shared_paths) > 3 else ''}",) * bool(shared_paths),
     )
@@ -251,8 +256,8 @@ def _console_scripts(node: Node | None) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _check_records(nodes: dict[str, Node], site: str, dists: list[Installed],
-                   problems: list[str], shared: list[str]) -> tuple[set[str], int, int]:
+def _check_records(nodes: dict[str, Node], site: str, dists: list[Installed], problems: list[str],
+                   shared: list[str], changed: list[tuple[Installed, Row, Node, str]]) -> tuple[set[str], int, int]:
     owned: set[str] = set()
     checked = size = 0
     claims: dict[str, list[tuple[Installed, Row]]] = {}
@@ -281,9 +286,36 @@ def _check_records(nodes: dict[str, Node], site: str, dists: list[Installed],
                 if winner is not None:  # two locked wheels install this file; the image holds the other's
                     shared.append(f"{shown}: in the RECORDs of {dist} and {winner}; the image holds {winner}'s")
                     continue
-                problems.append(f"{dist}: {shown} changed: {node.size} bytes {node.record_hash()} "
-                                f"(layer {node.layer + 1}), RECORD says {row.size} bytes {row.hash}")
+                changed.append((dist, row, node, shown))
     return owned, checked, size
+
+
+def _changed(changed: list[tuple[Installed, Row, Node, str]], wheels: dict[str, Path],
+             problems: list[str]) -> list[str]:
+    """Files that differ from their RECORD: a problem, unless the locked wheel itself (from the download store,
+    by the lock's sha256) holds exactly these bytes under a RECORD that is wrong about them (pynvvideocodec 2.0.4
+    ships such a RECORD; pip installs the bytes, not the claim). Returns those, as notes."""
+    import base64
+    import hashlib
+    import zipfile
+
+    upstream_wrong: list[str] = []
+    for dist, row, node, shown in changed:
+        wheel = wheels.get(dist.name)
+        member_hash = None
+        if wheel is not None:
+            try:
+                with zipfile.ZipFile(wheel) as archive:
+                    digest = hashlib.sha256(archive.read(row.path)).digest()
+                member_hash = "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+            except (OSError, KeyError, zipfile.BadZipFile):
+                member_hash = None
+        if member_hash is not None and member_hash == node.record_hash():
+            upstream_wrong.append(f"{dist}: {shown}")
+            continue
+        problems.append(f"{dist}: {shown} changed: {node.size} bytes {node.record_hash()} "
+                        f"(layer {node.layer + 1}), RECORD says {row.size} bytes {row.hash}")
+    return upstream_wrong
 
 
 def _shown(path: str, site: str) -> str:
@@ -318,7 +350,8 @@ def _against_lock(dists: list[Installed], locked: Iterable[tuple[str, str]], fix
                   site: str) -> list[str]:
     wanted = {canonical(name): version for name, version in locked}
     wanted.setdefault(fixed.name, fixed.version)
-    problems, by_name = [], {}
+    problems: list[str] = []
+    by_name: dict[str, list[Installed]] = {}
     for dist in dists:
         by_name.setdefault(dist.name, []).append(dist)
     for name, found in sorted(by_name.items()):

@@ -22,6 +22,7 @@ $CARRY_CACHE/image-layers, so a rerun asks the registry (HEAD) and skips it: "al
 from __future__ import annotations
 
 import dataclasses
+import functools
 import email.parser
 import hashlib
 import json
@@ -222,8 +223,7 @@ def plan_platform(config: Config, platform: Platform, lock, wheels: dict[str, Pa
         groups[group_of(name)].append(wheelinstall.plan(wheels[name], venv))
     fixed = wheelinstall.plan(fixed_wheel, venv)
     layers = [_layer("venv", [], _venv_items(config, lock, venv))]
-    for group in ("nvidia", "torch", "deps"):
-        entries, overwritten = _merge(groups[group], venv)
+    for group, (entries, overwritten) in _merge(groups, venv).items():
         layers.append(_layer(group, entries, overwritten=overwritten))
     patched: dict[str, str] = {}
     if release is not None:
@@ -245,23 +245,28 @@ def _layer(name: str, entries: list[Entry], extra: Iterable[Item] = (),
     return LayerPlan(name, items, len(files), sum(i.size for i in files), overwritten)
 
 
-def _merge(installs: list[Installed], venv: Venv) -> tuple[list[Entry], tuple[str, ...]]:
-    """The files of several wheels in one layer. A path two wheels install (cuda-python 12.6 ships its own copy
-    of cuda/bindings/, which cuda-bindings installs) goes to the wheel whose name is the path's package
-    (cuda-bindings for cuda/bindings/...), else to the later by name; such paths are reported."""
-    chosen: dict[str, tuple[str, Entry]] = {}
-    twice: set[str] = set()
+def _merge(groups: dict[str, list[Installed]], venv: Venv) -> dict[str, tuple[list[Entry], tuple[str, ...]]]:
+    """The files of the locked wheels, per layer (group), each path stored once across all of them. A path two
+    wheels install (cuda-python 12.6 ships its own copy of cuda/bindings/, which cuda-bindings installs;
+    flashinfer-python and torch-c-dlpack-ext both ship a top-level build_backend.py) goes to the wheel whose name
+    is the path's package (cuda-bindings for cuda/bindings/...), else to the later by name, and only into that
+    wheel's layer; such paths are reported with the layer that keeps them."""
+    chosen: dict[str, tuple[str, str, Entry]] = {}
+    twice: dict[str, set[str]] = {group: set() for group in groups}
     site = venv.site.lstrip("/") + "/"
-    for installed in installs:
-        owner = installed.name.lower().replace("_", "-").replace(".", "-")
+    ordered = sorted(((installed.name.lower().replace("_", "-").replace(".", "-"), group, installed)
+                      for group, installs in groups.items() for installed in installs), key=lambda t: t[0])
+    for owner, group, installed in ordered:
         for entry in installed.entries:
             before = chosen.get(entry.path)
             if before is not None:
-                twice.add(entry.path)
                 if _owns(before[0], entry.path, site) and not _owns(owner, entry.path, site):
+                    twice[before[1]].add(entry.path)
                     continue
-            chosen[entry.path] = (owner, entry)
-    return [entry for _, entry in chosen.values()], tuple(sorted(twice))
+                twice[group].add(entry.path)
+            chosen[entry.path] = (owner, group, entry)
+    return {group: ([entry for _, kept, entry in chosen.values() if kept == group], tuple(sorted(twice[group])))
+            for group in groups}
 
 
 def _owns(name: str, path: str, site: str) -> bool:
@@ -463,6 +468,14 @@ def _push_layer(repo, layer: LayerPlan, digests: Digests, progress: Progress, pl
     return outcome
 
 
+def _keep(box: dict, written: Written) -> None:
+    box["w"] = written
+
+
+def _kept_digest(box: dict) -> str:
+    return box["w"].digest
+
+
 def _base_key(diff_id: str) -> str:
     return hashlib.sha256(json.dumps({**ocilayer.gzip_key(), "base": diff_id}, sort_keys=True).encode()).hexdigest()
 
@@ -478,7 +491,7 @@ def _push_base(repo, client, plan: PlatformPlan, digests: Digests, progress: Pro
             found[diff_id] = LayerOutcome("base", known, "already exists")
     if len(found) < len(diff_ids):
         saved = client.api.get_image(plan.base["Id"])
-        with tarfile.open(fileobj=_ChunkReader(saved), mode="r|") as archive:
+        with tarfile.open(fileobj=_ChunkReader(saved), mode="r|") as archive:  # type: ignore[call-overload]
             for member in archive:
                 if not member.isfile() or not (member.name.endswith("layer.tar") or member.name.startswith("blobs/")):
                     continue
@@ -486,9 +499,9 @@ def _push_base(repo, client, plan: PlatformPlan, digests: Digests, progress: Pro
                     continue
                 handle = archive.extractfile(member)
                 box: dict[str, Written] = {}
-                chunks = ocilayer.compressed(iter(lambda: handle.read(ocilayer.CHUNK), b""),
-                                             lambda w: box.update(w=w), member.size)
-                repo.upload(chunks, lambda: box["w"].digest)
+                chunks = ocilayer.compressed(iter(functools.partial(handle.read, ocilayer.CHUNK), b""),
+                                             functools.partial(_keep, box), member.size)
+                repo.upload(chunks, functools.partial(_kept_digest, box))
                 written = box["w"]
                 if written.diff_id in diff_ids and written.diff_id not in found:
                     digests.put(_base_key(written.diff_id), written)
@@ -720,7 +733,7 @@ def build(config: Config, cache: Cache, prepared: Prepared, the_plan, fixed_whee
         plans[platform] = plan_platform(config, platform, lock, wheels, fixed_wheels[platform],
                                         prepared.releases[platform], base_ref, base)
         progress.phase("plan", f"{platform}: {len(lock.packages)} locked wheel(s) + {fixed_wheels[platform].name}: "
-                               + ", ".join(f"{l.name} {l.files} files" for l in plans[platform].layers)
+                               + ", ".join(f"{layer.name} {layer.files} files" for layer in plans[platform].layers)
                                + f" ({time.monotonic() - started:.1f}s)")
     outcomes: list[PlatformOutcome] = []
     pushed: dict[str, str] = {}
