@@ -1,4 +1,4 @@
-"""The build environment carry makes for vLLM 0.33.0's real `[build-system] requires` (carry/buildenv.py): cold,
+"""The build environment carry makes for vLLM 0.33.0's real `[build-system] requires` (carry/wheelbuild/buildenv.py): cold,
 warm and reused, each the whole process (`python bench/buildenv.py ensure CACHE REQUIRES`, interpreter start and
 imports included), and the disk one env takes beyond uv's cache.
 
@@ -34,7 +34,8 @@ REUSED_RUNS = 3
 
 
 def vllm_requires() -> list[str]:
-    from carry import buildenv, releases
+    from carry.source import releases
+    from carry.wheelbuild import buildenv
 
     try:
         import tomllib
@@ -50,8 +51,9 @@ def ensure(cache: Path, requires: list[str], uv_cache: Path | None) -> tuple[mea
     env["CARRY_CACHE"] = str(cache)
     if uv_cache is not None:
         env["UV_CACHE_DIR"] = str(uv_cache)
-    run = measure.run([sys.executable, str(Path(__file__).resolve()), "ensure", str(cache), json.dumps(requires)],
-                      env).check()
+    run = measure.run(
+        [sys.executable, str(Path(__file__).resolve()), "ensure", str(cache), json.dumps(requires)], env
+    ).check()
     return run, json.loads(run.out)
 
 
@@ -95,34 +97,55 @@ def bench(work: Path, Row, quick: bool = False) -> list:
     reused_in = measure.median([env["seconds"] for _, env in reused])
     size = disk(Path(warm_env["root"]))
     versions = warm_env["versions"]
-    cold_what = ("empty env dir, empty uv cache (private UV_CACHE_DIR)" if uv_cache is not None
-                 else "empty env dir, the machine's uv cache as found")
+    cold_what = (
+        "empty env dir, empty uv cache (private UV_CACHE_DIR)"
+        if uv_cache is not None
+        else "empty env dir, the machine's uv cache as found"
+    )
     if uv_cache is not None:
         cold_value = f"{cold.wall_s:.1f} s, {cold_env['downloaded']} of {len(cold_env['packages'])} packages downloaded"
     else:
-        cold_value = (f"{cold.wall_s:.1f} s, {cold_env['downloaded']} of {len(cold_env['packages'])} packages "
-                      f"downloaded (--quick: not a cold uv cache)")
+        cold_value = (
+            f"{cold.wall_s:.1f} s, {cold_env['downloaded']} of {len(cold_env['packages'])} packages "
+            f"downloaded (--quick: not a cold uv cache)"
+        )
     return [
-        Row("buildenv", "vLLM 0.33.0 [build-system] requires",
+        Row(
+            "buildenv",
+            "vLLM 0.33.0 [build-system] requires",
             f"{len(requires)} requirements -> {len(warm_env['packages'])} packages (torch {versions.get('torch')}, "
-            f"setuptools {versions.get('setuptools')}); uv {warm_env['uv']}"),
+            f"setuptools {versions.get('setuptools')}); uv {warm_env['uv']}",
+        ),
         Row("buildenv", f"cold: {cold_what}", cold_value),
-        Row("buildenv", "warm: new env dir, uv's cache warm",
+        Row(
+            "buildenv",
+            "warm: new env dir, uv's cache warm",
             f"{warm.wall_s:.2f} s = {100 * warm.wall_s / cold.wall_s:.0f}% of cold (ensure itself "
-            f"{warm_env['seconds']:.2f} s), 0 downloaded", f"<= {WARM_TARGET_S:.0f} s", warm.wall_s <= WARM_TARGET_S),
-        Row("buildenv", f"reused: the env exists (median of {REUSED_RUNS})",
+            f"{warm_env['seconds']:.2f} s), 0 downloaded",
+            f"<= {WARM_TARGET_S:.0f} s",
+            warm.wall_s <= WARM_TARGET_S,
+        ),
+        Row(
+            "buildenv",
+            f"reused: the env exists (median of {REUSED_RUNS})",
             f"{reused_s:.2f} s whole process (ensure itself {reused_in * 1000:.2f} ms)",
-            f"<= {REUSED_TARGET_S} s", reused_s <= REUSED_TARGET_S),
-        Row("buildenv", "disk per env (the warm one, once per inode)",
+            f"<= {REUSED_TARGET_S} s",
+            reused_s <= REUSED_TARGET_S,
+        ),
+        Row(
+            "buildenv",
+            "disk per env (the warm one, once per inode)",
             f"{gb(size['apparent'])} in {size['files']} files; {gb(size['shared'])} of it in {size['linked']} files "
             f"hardlinked from uv's cache, {gb(size['own'])} on disk its own",
-            f"own <= {OWN_DISK_TARGET:.0%} of apparent", size["own"] <= OWN_DISK_TARGET * size["apparent"]),
+            f"own <= {OWN_DISK_TARGET:.0%} of apparent",
+            size["own"] <= OWN_DISK_TARGET * size["apparent"],
+        ),
     ]
 
 
 def _ensure_main(cache: str, requires: str) -> int:
-    from carry import buildenv
-    from carry.errors import CarryError
+    from carry.util.errors import CarryError
+    from carry.wheelbuild import buildenv
 
     try:
         env = buildenv.ensure(buildenv.EnvSpec.resolve(json.loads(requires)), Path(cache))

@@ -114,8 +114,10 @@ def make(directory: Path) -> RecordingCuda:
     log = directory / "nvcc-calls.jsonl"
     wrapper = home / "bin" / "nvcc"
     wrapper.write_text(
-        WRAPPER.replace("@PYTHON@", sys.executable).replace("@LOG@", str(log))
-        .replace("@REAL@", str(real / "bin" / "nvcc")).replace("@SAMPLE@", str(SAMPLE_S))
+        WRAPPER.replace("@PYTHON@", sys.executable)
+        .replace("@LOG@", str(log))
+        .replace("@REAL@", str(real / "bin" / "nvcc"))
+        .replace("@SAMPLE@", str(SAMPLE_S))
     )
     wrapper.chmod(0o755)
     return RecordingCuda(home, log)

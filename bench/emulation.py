@@ -35,8 +35,20 @@ def demo_copy(work: Path) -> Path:
 
 def build(config: Path, env: dict[str, str], platform: str, dist: Path) -> tuple[measure.Measured, float | None]:
     """`wheel --platform P --hermetic --arch 12.1`; (the run, seconds of the compile phase in the build stage)."""
-    argv = [sys.executable, str(BUILD_PY), "--config", str(config), "wheel", "--platform", platform, "--hermetic",
-            "--arch", "12.1", "--out", str(dist)]
+    argv = [
+        sys.executable,
+        str(BUILD_PY),
+        "--config",
+        str(config),
+        "wheel",
+        "--platform",
+        platform,
+        "--hermetic",
+        "--arch",
+        "12.1",
+        "--out",
+        str(dist),
+    ]
     run = measure.run(argv, env).check()
     log = re.search(r"log (\S+)$", next(line for line in run.err.splitlines() if "] build:" in line))
     phases = dict((name, float(at)) for at, name in PHASE_RE.findall(Path(log.group(1)).read_text()))
@@ -48,19 +60,29 @@ def bench(work: Path, row) -> list:
     """Rows for the emulated arm64 build; `row` makes a table row (section, measure, value, target, ok)."""
     config = demo_copy(work / "arm64")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CARRY_", "CCACHE_", "SCCACHE_"))}
-    env.update(CARRY_CACHE=str(work / "arm64" / "cache"), CARRY_DOCKER=os.environ.get("CARRY_DOCKER", "/usr/bin/docker"))
+    env.update(
+        CARRY_CACHE=str(work / "arm64" / "cache"), CARRY_DOCKER=os.environ.get("CARRY_DOCKER", "/usr/bin/docker")
+    )
     dist = work / "arm64" / "dist"
     native, native_compile = build(config, env, "linux/amd64", dist)
     emulated, emulated_compile = build(config, env, "linux/arm64", dist)
     rerun, _ = build(config, env, "linux/arm64", dist)
     whole = emulated.wall_s / native.wall_s
-    compiled = (f"; compile phase {emulated_compile:.1f} s vs {native_compile:.1f} s = "
-                f"{emulated_compile / native_compile:.1f}x" if emulated_compile and native_compile else "")
+    compiled = (
+        f"; compile phase {emulated_compile:.1f} s vs {native_compile:.1f} s = {emulated_compile / native_compile:.1f}x"
+        if emulated_compile and native_compile
+        else ""
+    )
     return [
         row("arm64", "build stage, linux/amd64 (native), cold", f"{native.wall_s:.1f} s for the demo, arch 12.1"),
-        row("arm64", "build stage, linux/arm64 (QEMU), cold",
-            f"{emulated.wall_s:.1f} s = {whole:.1f}x native{compiled}"),
-        row("arm64", "build stage, linux/arm64, rerun (BuildKit cache)",
+        row(
+            "arm64", "build stage, linux/arm64 (QEMU), cold", f"{emulated.wall_s:.1f} s = {whole:.1f}x native{compiled}"
+        ),
+        row(
+            "arm64",
+            "build stage, linux/arm64, rerun (BuildKit cache)",
             f"{rerun.wall_s:.1f} s = {100 * rerun.wall_s / emulated.wall_s:.1f}% of its cold build",
-            "<= 10% of cold", rerun.wall_s <= 0.10 * emulated.wall_s),
+            "<= 10% of cold",
+            rerun.wall_s <= 0.10 * emulated.wall_s,
+        ),
     ]

@@ -29,12 +29,16 @@ def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     }
 
 
-def git(repo: Path, *args: str, input: bytes | None = None, env: dict[str, str] | None = None,
-        strip: bool = True) -> str:
+def git(
+    repo: Path, *args: str, input: bytes | None = None, env: dict[str, str] | None = None, strip: bool = True
+) -> str:
     """Run git in `repo`; return stdout (stripped unless told); raise with git's stderr on failure."""
     result = subprocess.run(
         ["git", "-c", "init.defaultBranch=main", "-c", "commit.gpgsign=false", *args],
-        cwd=repo, env=git_env(env), input=input, capture_output=True,
+        cwd=repo,
+        env=git_env(env),
+        input=input,
+        capture_output=True,
     )
     if result.returncode != 0:
         raise RuntimeError(f"git {' '.join(args[:3])} failed in {repo}: {result.stderr.decode().strip()}")

@@ -15,8 +15,9 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 import measure
 import scale
@@ -26,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the second engine and the test servic
 
 import dockerenv  # noqa: E402
 import secondengine  # noqa: E402
-from carry import container  # noqa: E402
+from carry.image import container  # noqa: E402
 
 BUILD_PY = ROOT / "build.py"
 COMPILES_RE = re.compile(r"\] cache: ccache(?: \(auto\))?: (\d+) compile\(s\), (\d+) hit\(s\).*?, (\d+) miss")
@@ -35,9 +36,23 @@ LOG_RE = re.compile(r"] build: linux/\S+ .*; log (\S+)$", re.M)
 
 def _wheelhouse(dest: Path) -> Path:
     requirements = container.build_requirements(tomllib.loads(scale.PYPROJECT))
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-                           "--only-binary=:all:", "-d", str(dest), *requirements], capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--only-binary=:all:",
+            "-d",
+            str(dest),
+            *requirements,
+        ],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     if done.returncode != 0:
         raise SystemExit(f"bench: pip download of the build requirements failed:\n{done.stderr[-2000:]}")
     return dest
@@ -45,8 +60,9 @@ def _wheelhouse(dest: Path) -> Path:
 
 def _image(config: Path, env: dict[str, str], *args: str) -> tuple[measure.Measured, str]:
     """One `image` run and its BuildKit log."""
-    run = measure.run([sys.executable, str(BUILD_PY), "--config", str(config), "image", "--hermetic", *args],
-                      env).check()
+    run = measure.run(
+        [sys.executable, str(BUILD_PY), "--config", str(config), "image", "--hermetic", *args], env
+    ).check()
     return run, Path(LOG_RE.search(run.err).group(1)).read_text()
 
 
@@ -65,8 +81,12 @@ def bench(work: Path, units: int, row) -> list:
     dockerenv.set_image_section(project.config, facts.image_section(name))
     wheelhouse = _wheelhouse(base / "wheelhouse")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CARRY_", "CCACHE_", "SCCACHE_", "DOCKER_"))}
-    env.update(CARRY_DOCKER=dockerenv.DOCKER_CLI, DOCKER_CONFIG=str(base / "docker-config"),
-               CARRY_REGISTRY_USER=facts.registry_user, CARRY_REGISTRY_PASSWORD=facts.registry_password())
+    env.update(
+        CARRY_DOCKER=dockerenv.DOCKER_CLI,
+        DOCKER_CONFIG=str(base / "docker-config"),
+        CARRY_REGISTRY_USER=facts.registry_user,
+        CARRY_REGISTRY_PASSWORD=facts.registry_password(),
+    )
     with secondengine.started((facts.build_base, facts.runtime_base), facts.docker_host) as engine:
         env["DOCKER_HOST"] = engine.host
         runner_a = {**env, "CARRY_CACHE": str(base / "runner-a" / "cache")}
@@ -85,12 +105,19 @@ def bench(work: Path, units: int, row) -> list:
     skipped = "build stage: cached, nothing compiled" in warm.err
     ratio = warm.wall_s / cold.wall_s
     return [
-        row("image", f"cold image, empty engine ({units} .cu units, --hermetic)",
+        row(
+            "image",
+            f"cold image, empty engine ({units} .cu units, --hermetic)",
             f"{cold.wall_s:.1f} s, {nvcc_cold} compiles in the build stage; push with the inline cache "
-            f"{pushed.wall_s:.1f} s"),
-        row("image", "second engine state (no images, no build cache), --cache-from inline",
+            f"{pushed.wall_s:.1f} s",
+        ),
+        row(
+            "image",
+            "second engine state (no images, no build cache), --cache-from inline",
             f"{warm.wall_s:.1f} s = {100 * ratio:.1f}% of cold, {nvcc_warm} compiles, build stage "
             f"{'CACHED' if skipped else 'ran'} (engine before: {emptied.get('Images')} images, "
             f"{emptied.get('Build Cache')} cache entries)",
-            "0 compiles, <= 25% of cold", skipped and nvcc_warm == 0 and ratio <= 0.25),
+            "0 compiles, <= 25% of cold",
+            skipped and nvcc_warm == 0 and ratio <= 0.25,
+        ),
     ]

@@ -30,9 +30,14 @@ QEMU_SAMPLE = ("idna", "packaging", "filelock", "jinja2", "numpy", "regex", "pyy
 
 
 def carry(config: Path, env: dict, *args: str, timeout: float = 3000) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "build.py"), "--config", str(config), *args],
-                          env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "build.py"), "--config", str(config), *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 class DiskWatch:
@@ -64,7 +69,7 @@ def compression(sample_wheel: Path, limit: int = 400 << 20) -> dict:
     """MB/s and ratio of isal (levels 0-2) and zlib level 1 on the tar stream of one big wheel's install."""
     from isal import isal_zlib
 
-    from carry import ocilayer, wheelinstall
+    from carry.image import ocilayer, wheelinstall
 
     entries = wheelinstall.plan(sample_wheel, wheelinstall.Venv("/opt/venv", "3.11")).entries
     data = bytearray()
@@ -74,13 +79,15 @@ def compression(sample_wheel: Path, limit: int = 400 << 20) -> dict:
             break
     data = bytes(data)
     found = {}
-    for name, make in (("isal 0", lambda: isal_zlib.compressobj(0, isal_zlib.DEFLATED, 31)),
-                       ("isal 1", lambda: isal_zlib.compressobj(1, isal_zlib.DEFLATED, 31)),
-                       ("isal 2", lambda: isal_zlib.compressobj(2, isal_zlib.DEFLATED, 31)),
-                       ("zlib 1", lambda: zlib.compressobj(1, zlib.DEFLATED, 31))):
+    for name, make in (
+        ("isal 0", lambda: isal_zlib.compressobj(0, isal_zlib.DEFLATED, 31)),
+        ("isal 1", lambda: isal_zlib.compressobj(1, isal_zlib.DEFLATED, 31)),
+        ("isal 2", lambda: isal_zlib.compressobj(2, isal_zlib.DEFLATED, 31)),
+        ("zlib 1", lambda: zlib.compressobj(1, zlib.DEFLATED, 31)),
+    ):
         started = time.monotonic()
         compressor = make()
-        size = sum(len(compressor.compress(data[i:i + (1 << 20)])) for i in range(0, len(data), 1 << 20))
+        size = sum(len(compressor.compress(data[i : i + (1 << 20)])) for i in range(0, len(data), 1 << 20))
         size += len(compressor.flush())
         seconds = time.monotonic() - started
         found[name] = {"MB/s": round(len(data) / seconds / 1e6), "ratio": round(size / len(data), 3)}
@@ -89,7 +96,7 @@ def compression(sample_wheel: Path, limit: int = 400 << 20) -> dict:
 
 def qemu_fraction(store: Path, lock: Path, base: str) -> dict:
     """pip installing a few locked aarch64 wheels into a venv in the arm64 runtime base under QEMU, timed."""
-    from carry import wheelinstall
+    from carry.image import wheelinstall
 
     wheels = []
     text = lock.read_text()
@@ -104,18 +111,37 @@ def qemu_fraction(store: Path, lock: Path, base: str) -> dict:
             if found:
                 wheels.append(found[0])
                 break
-    installed = sum(sum(e.size for e in wheelinstall.plan(w, wheelinstall.Venv("/opt/venv", "3.11")).entries)
-                    for w in wheels)
+    installed = sum(
+        sum(e.size for e in wheelinstall.plan(w, wheelinstall.Venv("/opt/venv", "3.11")).entries) for w in wheels
+    )
     with tempfile.TemporaryDirectory(prefix="carry-bench-qemu-") as tmp:
         for wheel in wheels:
             shutil.copy(wheel, Path(tmp) / wheel.name)
         # the venv (ensurepip) is made first; only pip's install of the wheels is timed, inside the container
-        script = ("python3 -m venv /v && python3 -c 'import time; print(time.time())' && /v/bin/python -m pip "
-                  "install --no-index --no-deps --no-compile --disable-pip-version-check -q /w/*.whl && "
-                  "python3 -c 'import time; print(time.time())'")
-        run = subprocess.run(["/usr/bin/docker", "run", "--rm", "--network=none", "--platform", "linux/arm64",
-                              "-v", f"{tmp}:/w:ro", base, "sh", "-c", script], capture_output=True, text=True,
-                             timeout=1800)
+        script = (
+            "python3 -m venv /v && python3 -c 'import time; print(time.time())' && /v/bin/python -m pip "
+            "install --no-index --no-deps --no-compile --disable-pip-version-check -q /w/*.whl && "
+            "python3 -c 'import time; print(time.time())'"
+        )
+        run = subprocess.run(
+            [
+                "/usr/bin/docker",
+                "run",
+                "--rm",
+                "--network=none",
+                "--platform",
+                "linux/arm64",
+                "-v",
+                f"{tmp}:/w:ro",
+                base,
+                "sh",
+                "-c",
+                script,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
     if run.returncode != 0:
         raise RuntimeError(f"pip under QEMU failed: {run.stderr[-500:]}")
     stamps = [float(line) for line in run.stdout.split()[-2:]]
@@ -151,16 +177,22 @@ def measure_all(work: Path) -> dict:
     result: dict = {"image": name}
     try:
         history = Path(realvllm.build(work / "history")["path"])
-        shutil.copytree(ROOT / "examples" / "vllm", work / "vllm",
-                        ignore=shutil.ignore_patterns("upstream.git", "__pycache__", "runtime-lock"))
+        shutil.copytree(
+            ROOT / "examples" / "vllm",
+            work / "vllm",
+            ignore=shutil.ignore_patterns("upstream.git", "__pycache__", "runtime-lock"),
+        )
         config = work / "vllm" / "build.yaml"
         text = config.read_text().replace("  url: upstream.git", f"  url: {history}")
-        from test_locked_image import image_section, _patch_adding_a_line
+        from test_locked_image import _patch_adding_a_line, image_section
 
         config.write_text(text[: text.index("\nimage:\n") + 1] + image_section(services, name))
-        env = {"CARRY_CACHE": str(work / "cache"), "CARRY_DOWNLOADS": realvllm.download_store(),
-               "CARRY_REGISTRY_USER": services.registry_user,
-               "CARRY_REGISTRY_PASSWORD": services.registry_password()}
+        env = {
+            "CARRY_CACHE": str(work / "cache"),
+            "CARRY_DOWNLOADS": realvllm.download_store(),
+            "CARRY_REGISTRY_USER": services.registry_user,
+            "CARRY_REGISTRY_PASSWORD": services.registry_password(),
+        }
         locked = carry(config, env, "lock")
         assert locked.returncode == 0, locked.stderr[-2000:]
         for platform in ("linux/amd64", "linux/arm64"):  # the fixed wheels (cached) and the download store warm
@@ -185,8 +217,11 @@ def measure_all(work: Path) -> dict:
         assert patched.returncode == 0, patched.stderr[-2000:]
         result["patch"] = json.loads(patched.out)
         arm64 = next(p for p in cold_json["platforms"] if p["platform"] == "linux/arm64")
-        result["qemu"] = qemu_fraction(Path(realvllm.download_store()), work / "vllm" / "runtime-lock" /
-                                       "linux-arm64.txt", services.runtime_base_arm64)
+        result["qemu"] = qemu_fraction(
+            Path(realvllm.download_store()),
+            work / "vllm" / "runtime-lock" / "linux-arm64.txt",
+            services.runtime_base_arm64,
+        )
         arm64_installed = sum(l["installed"] for l in arm64["layers"] if l["name"] != "base")
         result["qemu"]["scaled_s"] = result["qemu"]["seconds"] * arm64_installed / result["qemu"]["installed"]
         torch = next(Path(realvllm.download_store()).glob("*/torch-2.14.0-*x86_64.whl"), None)
@@ -199,8 +234,8 @@ def measure_all(work: Path) -> dict:
 
 
 def _registry_cleanup(name: str) -> None:
-    from test_locked_image import Registry
     import dockerenv
+    from test_locked_image import Registry
 
     registry = Registry(dockerenv.load())
     registry.names.append(name)
@@ -216,22 +251,47 @@ def report(result: dict) -> list[tuple[str, str, str, bool]]:
         layers = outcome["layers"]
         installed = sum(l["installed"] for l in layers)
         per_arch[outcome["platform"]] = layers
-        rows.append((f"{outcome['platform']} image", f"{installed / 1e9:.2f} GB installed, "
-                     f"{sum(l['size'] for l in layers) / 1e9:.2f} GB compressed; vLLM's own arm64 (GH200): "
-                     f"{VLLM_GH200_GB} GB", "", True))
-        rows.append((f"  {outcome['platform']} layers (compressed/installed)",
-                     ", ".join(f"{l['name']} {l['size'] / 1e6:.1f}/{l['installed'] / 1e6:.1f} MB" for l in layers),
-                     "", True))
+        rows.append(
+            (
+                f"{outcome['platform']} image",
+                f"{installed / 1e9:.2f} GB installed, "
+                f"{sum(l['size'] for l in layers) / 1e9:.2f} GB compressed; vLLM's own arm64 (GH200): "
+                f"{VLLM_GH200_GB} GB",
+                "",
+                True,
+            )
+        )
+        rows.append(
+            (
+                f"  {outcome['platform']} layers (compressed/installed)",
+                ", ".join(f"{l['name']} {l['size'] / 1e6:.1f}/{l['installed'] / 1e6:.1f} MB" for l in layers),
+                "",
+                True,
+            )
+        )
     qemu = result["qemu"]
     ratio = qemu["scaled_s"] / result["cold_s"]
-    rows.append(("cold two-platform `image --push --no-smoke` (download store warm)", f"{result['cold_s']:.0f} s",
-                 "", True))
-    rows.append(("the arm64 install under QEMU, scaled by installed bytes",
-                 f"{qemu['scaled_s']:.0f} s ({len(qemu['wheels'])} wheels, {qemu['installed'] / 1e6:.0f} MB by pip in "
-                 f"{qemu['seconds']:.0f} s) = {ratio:.1f}x carry's two platforms", ">= 5x", ratio >= 5))
+    rows.append(
+        ("cold two-platform `image --push --no-smoke` (download store warm)", f"{result['cold_s']:.0f} s", "", True)
+    )
+    rows.append(
+        (
+            "the arm64 install under QEMU, scaled by installed bytes",
+            f"{qemu['scaled_s']:.0f} s ({len(qemu['wheels'])} wheels, {qemu['installed'] / 1e6:.0f} MB by pip in "
+            f"{qemu['seconds']:.0f} s) = {ratio:.1f}x carry's two platforms",
+            ">= 5x",
+            ratio >= 5,
+        )
+    )
     share = result["patch_s"] / result["cold_s"]
-    rows.append(("Python-only patch change, image --push again", f"{result['patch_s']:.0f} s = {share:.1%} of cold",
-                 "<= 15%", share <= 0.15))
+    rows.append(
+        (
+            "Python-only patch change, image --push again",
+            f"{result['patch_s']:.0f} s = {share:.1%} of cold",
+            "<= 15%",
+            share <= 0.15,
+        )
+    )
     for outcome in patch["platforms"]:
         before = {l["digest"] for l in per_arch[outcome["platform"]]}
         layers = outcome["layers"]
@@ -239,20 +299,36 @@ def report(result: dict) -> list[tuple[str, str, str, bool]]:
         fixed = layers[-1]
         unchanged = sum(l["digest"] in before for l in layers[:-1])
         total = sum(l["size"] for l in layers)
-        rows.append((f"  {outcome['platform']}: bytes pushed (layers)",
-                     f"{pushed} B = {pushed / fixed['size']:.2f}x the vllm-fixed layer ({fixed['files']} files, "
-                     f"{fixed['installed']} B installed: the patched files + the dist-info), {pushed / total:.4%} of "
-                     f"the image; {unchanged}/{len(layers) - 1} other digests unchanged",
-                     "<= 1.1x, <= 15%, all unchanged",
-                     pushed <= 1.1 * fixed["size"] and pushed <= 0.15 * total and unchanged == len(layers) - 1))
+        rows.append(
+            (
+                f"  {outcome['platform']}: bytes pushed (layers)",
+                f"{pushed} B = {pushed / fixed['size']:.2f}x the vllm-fixed layer ({fixed['files']} files, "
+                f"{fixed['installed']} B installed: the patched files + the dist-info), {pushed / total:.4%} of "
+                f"the image; {unchanged}/{len(layers) - 1} other digests unchanged",
+                "<= 1.1x, <= 15%, all unchanged",
+                pushed <= 1.1 * fixed["size"] and pushed <= 0.15 * total and unchanged == len(layers) - 1,
+            )
+        )
     rows.append(("files stored twice across layers", str(len(cold["duplicates"])), "0", not cold["duplicates"]))
-    rows.append(("peak disk of the cold run (registry blobs, cache; store warm)",
-                 f"{result['cold_peak_disk'] / 1e9:.1f} GB", "< 30 GB", result["cold_peak_disk"] < 30e9))
+    rows.append(
+        (
+            "peak disk of the cold run (registry blobs, cache; store warm)",
+            f"{result['cold_peak_disk'] / 1e9:.1f} GB",
+            "< 30 GB",
+            result["cold_peak_disk"] < 30e9,
+        )
+    )
     if "compression" in result:
         found = dict(result["compression"])
         sample = found.pop("sample")
-        rows.append((f"gzip on {sample}", ", ".join(f"{k} {v['MB/s']} MB/s ratio {v['ratio']}"
-                                                      for k, v in found.items()), "", True))
+        rows.append(
+            (
+                f"gzip on {sample}",
+                ", ".join(f"{k} {v['MB/s']} MB/s ratio {v['ratio']}" for k, v in found.items()),
+                "",
+                True,
+            )
+        )
     return rows
 
 

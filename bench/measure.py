@@ -57,8 +57,9 @@ def run(argv: list[str], env: dict[str, str], cwd: Path | None = None) -> Measur
     cpu0, busy0, start = children_cpu_s(), busy_cpu_s(), time.perf_counter()
     proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     wall = time.perf_counter() - start
-    return Measured(tuple(argv), proc.returncode, proc.stdout, proc.stderr, wall,
-                    children_cpu_s() - cpu0, busy_cpu_s() - busy0)
+    return Measured(
+        tuple(argv), proc.returncode, proc.stdout, proc.stderr, wall, children_cpu_s() - cpu0, busy_cpu_s() - busy0
+    )
 
 
 def median(values: list[float]) -> float:
@@ -72,6 +73,6 @@ def carry(config: Path, env: dict[str, str], *args: str) -> Measured:
 
 def downloads() -> str:
     """The download store the real vLLM files are in, as carry resolves it ($CARRY_DOWNLOADS, else the cache's)."""
-    from carry import releases
+    from carry.source import releases
 
     return str(releases.store().root)

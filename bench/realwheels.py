@@ -38,7 +38,7 @@ def _env(cache: Path) -> dict[str, str]:
 
 
 def _releases() -> dict[str, Path]:
-    from carry import releases
+    from carry.source import releases
 
     files = releases.load(EXAMPLE / "releases.yaml")
     return {r.name: p for r, p in zip(files, releases.fetch(EXAMPLE / "releases.yaml", [r.name for r in files]))}
@@ -48,14 +48,22 @@ def bench_gate(work: Path, Row) -> list:
     paths = _releases()
     rows = []
     for name in ("vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl", "vllm-0.33.0-cp38-abi3-manylinux_2_28_aarch64.whl"):
-        runs = [measure.carry(ROOT / "build.yaml", _env(work / "gate-cache"), "gate", str(paths[name]))
-                for _ in range(GATE_RUNS)]
+        runs = [
+            measure.carry(ROOT / "build.yaml", _env(work / "gate-cache"), "gate", str(paths[name]))
+            for _ in range(GATE_RUNS)
+        ]
         wall = measure.median([run.wall_s for run in runs])
         arch = "x86_64" if "x86_64" in name else "aarch64"
-        rows.append(Row("gate", f"`gate` on vLLM's {arch} wheel ({paths[name].stat().st_size / 1e6:.0f} MB, "
-                                f"13 .so), whole process, median of {GATE_RUNS}",
-                        f"{wall:.2f} s ({runs[0].out.splitlines()[0]})", f"<= {GATE_TARGET_S:.0f} s",
-                        wall <= GATE_TARGET_S))
+        rows.append(
+            Row(
+                "gate",
+                f"`gate` on vLLM's {arch} wheel ({paths[name].stat().st_size / 1e6:.0f} MB, "
+                f"13 .so), whole process, median of {GATE_RUNS}",
+                f"{wall:.2f} s ({runs[0].out.splitlines()[0]})",
+                f"<= {GATE_TARGET_S:.0f} s",
+                wall <= GATE_TARGET_S,
+            )
+        )
     return rows
 
 
@@ -72,40 +80,92 @@ def bench_precompiled(work: Path, Row) -> list:
     result = json.loads(cold.out)
     rerun = measure.carry(config, _env(work / "x86"), "wheel", "--out", str(work / "dist-x86"))
     hand = _hand_run(work, history, project, x86, _env(work / "x86"))
-    arm_cold = measure.carry(config, _env(work / "arm"), "wheel", "--platform", "linux/arm64", "--out", str(work / "dist-arm"))
-    arm_rerun = measure.carry(config, _env(work / "arm"), "wheel", "--platform", "linux/arm64", "--out", str(work / "dist-arm"))
+    arm_cold = measure.carry(
+        config, _env(work / "arm"), "wheel", "--platform", "linux/arm64", "--out", str(work / "dist-arm")
+    )
+    arm_rerun = measure.carry(
+        config, _env(work / "arm"), "wheel", "--platform", "linux/arm64", "--out", str(work / "dist-arm")
+    )
     ratio = cold.wall_s / hand.wall_s
     return [
-        Row("precompiled", "examples/vllm: vLLM 0.33.0 + 2 Python-only patches, from the released wheels",
-            f"{Path(result['wheel']).name}"),
-        Row("precompiled", "hand-run VLLM_USE_PRECOMPILED=1 pip wheel, same requirements (+pip)",
-            f"{hand.wall_s:.1f} s"),
-        Row("precompiled", "carry `wheel` x86_64, fresh CARRY_CACHE (env from uv's cache, gate, tree check, stamp)",
-            f"{cold.wall_s:.1f} s = {ratio:.2f}x the hand-run", f"<= {RATIO_TARGET}x", ratio <= RATIO_TARGET),
-        Row("precompiled", "carry `wheel` x86_64 rerun, nothing changed", f"{rerun.wall_s:.2f} s",
-            f"<= {RERUN_TARGET_S:.0f} s", rerun.wall_s <= RERUN_TARGET_S),
-        Row("precompiled", "carry `wheel --platform linux/arm64` from x86_64 (no emulation), fresh CARRY_CACHE",
-            f"{arm_cold.wall_s:.1f} s"),
-        Row("precompiled", "  its rerun, nothing changed", f"{arm_rerun.wall_s:.2f} s", f"<= {RERUN_TARGET_S:.0f} s",
-            arm_rerun.wall_s <= RERUN_TARGET_S),
-        Row("precompiled", "for scale: the source build it replaces (vLLM's reports, not measured here)",
-            "32 min on a big x86 builder (vllm#40991), 20-30 min on a DGX Spark, 42 min on a GB300; hours on 2 cores"),
+        Row(
+            "precompiled",
+            "examples/vllm: vLLM 0.33.0 + 2 Python-only patches, from the released wheels",
+            f"{Path(result['wheel']).name}",
+        ),
+        Row(
+            "precompiled", "hand-run VLLM_USE_PRECOMPILED=1 pip wheel, same requirements (+pip)", f"{hand.wall_s:.1f} s"
+        ),
+        Row(
+            "precompiled",
+            "carry `wheel` x86_64, fresh CARRY_CACHE (env from uv's cache, gate, tree check, stamp)",
+            f"{cold.wall_s:.1f} s = {ratio:.2f}x the hand-run",
+            f"<= {RATIO_TARGET}x",
+            ratio <= RATIO_TARGET,
+        ),
+        Row(
+            "precompiled",
+            "carry `wheel` x86_64 rerun, nothing changed",
+            f"{rerun.wall_s:.2f} s",
+            f"<= {RERUN_TARGET_S:.0f} s",
+            rerun.wall_s <= RERUN_TARGET_S,
+        ),
+        Row(
+            "precompiled",
+            "carry `wheel --platform linux/arm64` from x86_64 (no emulation), fresh CARRY_CACHE",
+            f"{arm_cold.wall_s:.1f} s",
+        ),
+        Row(
+            "precompiled",
+            "  its rerun, nothing changed",
+            f"{arm_rerun.wall_s:.2f} s",
+            f"<= {RERUN_TARGET_S:.0f} s",
+            arm_rerun.wall_s <= RERUN_TARGET_S,
+        ),
+        Row(
+            "precompiled",
+            "for scale: the source build it replaces (vLLM's reports, not measured here)",
+            "32 min on a big x86 builder (vllm#40991), 20-30 min on a DGX Spark, 42 min on a GB300; hours on 2 cores",
+        ),
     ]
 
 
 def _hand_run(work: Path, history: str, project: Path, wheel: Path, env: dict[str, str]) -> measure.Measured:
     """vLLM's own precompiled build of the same patched tree, by hand, in the same requirements plus pip."""
-    from carry import buildenv
+    from carry.wheelbuild import buildenv
 
     tree = work / "hand" / "vllm"
     subprocess.run(["git", "clone", "--quiet", history, str(tree)], check=True)
     subprocess.run(["git", "-C", str(tree), "checkout", "--quiet", "v0.33.0"], check=True)
     git_env = {**os.environ, "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@carry.invalid"}
-    subprocess.run(["git", "-C", str(tree), "am", "--quiet", *sorted(map(str, (project / "patches").glob("*.patch")))],
-                   check=True, env=git_env)
+    subprocess.run(
+        ["git", "-C", str(tree), "am", "--quiet", *sorted(map(str, (project / "patches").glob("*.patch")))],
+        check=True,
+        env=git_env,
+    )
     spec = buildenv.EnvSpec.resolve([*buildenv.requires_of(tree), "pip"])
     made = buildenv.ensure(spec, work / "hand" / "cache")
-    hand_env = made.environ({**env, "VLLM_USE_PRECOMPILED": "1", "VLLM_PRECOMPILED_WHEEL_LOCATION": str(wheel),
-                             "VLLM_TARGET_DEVICE": "cuda", "VLLM_VERSION_OVERRIDE": "0.33.0+hand"})
-    return measure.run([str(made.python), "-m", "pip", "wheel", "--no-build-isolation", "--no-deps",
-                        "--disable-pip-version-check", "-w", str(work / "hand" / "dist"), str(tree)], hand_env).check()
+    hand_env = made.environ(
+        {
+            **env,
+            "VLLM_USE_PRECOMPILED": "1",
+            "VLLM_PRECOMPILED_WHEEL_LOCATION": str(wheel),
+            "VLLM_TARGET_DEVICE": "cuda",
+            "VLLM_VERSION_OVERRIDE": "0.33.0+hand",
+        }
+    )
+    return measure.run(
+        [
+            str(made.python),
+            "-m",
+            "pip",
+            "wheel",
+            "--no-build-isolation",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-w",
+            str(work / "hand" / "dist"),
+            str(tree),
+        ],
+        hand_env,
+    ).check()

@@ -11,8 +11,8 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,8 +29,8 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def started(directory: Path) -> Iterator[Redis]:
-    from carry import compilecache
     from carry.config import RemoteCache
+    from carry.wheelbuild import compilecache
 
     if shutil.which("redis-server") is None:
         raise SystemExit("bench: redis-server is not installed; run `bash .ci/services.sh` (Debian redis-server)")
@@ -39,8 +39,7 @@ def started(directory: Path) -> Iterator[Redis]:
     config = directory / "redis.conf"
     fd = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
-        handle.write(f"bind 127.0.0.1\nport {port}\ndir {directory}\nsave \"\"\nappendonly no\n"
-                     f"requirepass {password}\n")
+        handle.write(f'bind 127.0.0.1\nport {port}\ndir {directory}\nsave ""\nappendonly no\nrequirepass {password}\n')
     server = subprocess.Popen(["redis-server", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     redis = Redis(f"redis://127.0.0.1:{port}/0", password)
     try:

@@ -61,12 +61,12 @@ import imagecache  # noqa: E402
 import lockedimage  # noqa: E402
 import measure  # noqa: E402
 import realwheels  # noqa: E402
-import verifyimage  # noqa: E402
-import vllmbench  # noqa: E402
 import redisd  # noqa: E402
 import scale  # noqa: E402
 import trees  # noqa: E402
-from carry import toolchain  # noqa: E402
+import verifyimage  # noqa: E402
+import vllmbench  # noqa: E402
+from carry.wheelbuild import toolchain  # noqa: E402
 from measure import carry  # noqa: E402
 
 BUILD_PY = ROOT / "build.py"
@@ -90,16 +90,40 @@ class Size:
     churn_bytes: int  # new text per commit there
 
     def describe(self) -> str:
-        return (f"N={self.units} .cu units, {self.repeats} run(s) per warm case; check: {self.tree_files} files "
-                f"{self.tree_bytes / 1e6:.0f} MB over {self.tree_commits} commits, {self.check_repeats} check(s), "
-                f"{self.naive_repeats} naive; fetch: {self.commits} commits, tip {self.tip_files} files "
-                f"{self.tip_bytes / 1e6:.0f} MB, {self.churn_bytes // 1000} kB new text per commit")
+        return (
+            f"N={self.units} .cu units, {self.repeats} run(s) per warm case; check: {self.tree_files} files "
+            f"{self.tree_bytes / 1e6:.0f} MB over {self.tree_commits} commits, {self.check_repeats} check(s), "
+            f"{self.naive_repeats} naive; fetch: {self.commits} commits, tip {self.tip_files} files "
+            f"{self.tip_bytes / 1e6:.0f} MB, {self.churn_bytes // 1000} kB new text per commit"
+        )
 
 
-FULL = Size(units=24, repeats=3, tree_files=5000, tree_bytes=90_000_000, tree_commits=2000, check_repeats=5,
-            naive_repeats=3, commits=2400, tip_files=600, tip_bytes=6_000_000, churn_bytes=40_000)
-QUICK = Size(units=16, repeats=3, tree_files=5000, tree_bytes=90_000_000, tree_commits=1000, check_repeats=3,
-             naive_repeats=1, commits=2000, tip_files=300, tip_bytes=3_000_000, churn_bytes=12_000)
+FULL = Size(
+    units=24,
+    repeats=3,
+    tree_files=5000,
+    tree_bytes=90_000_000,
+    tree_commits=2000,
+    check_repeats=5,
+    naive_repeats=3,
+    commits=2400,
+    tip_files=600,
+    tip_bytes=6_000_000,
+    churn_bytes=40_000,
+)
+QUICK = Size(
+    units=16,
+    repeats=3,
+    tree_files=5000,
+    tree_bytes=90_000_000,
+    tree_commits=1000,
+    check_repeats=3,
+    naive_repeats=1,
+    commits=2000,
+    tip_files=300,
+    tip_bytes=3_000_000,
+    churn_bytes=12_000,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,8 +201,10 @@ def bench_rebuilds(work: Path, size: Size) -> list[Row]:
         one_cu.append(wheel("] build:"))
 
     base = cold.run.wall_s
-    median = {name: measure.median([w.run.wall_s for w in runs])
-              for name, runs in (("noop", noop), ("python", python), ("one_cu", one_cu))}
+    median = {
+        name: measure.median([w.run.wall_s for w in runs])
+        for name, runs in (("noop", noop), ("python", python), ("one_cu", one_cu))
+    }
     in_nvcc = measure.median([sum(c.wall_s for c in w.calls) for w in one_cu])
     others = measure.median([w.run.others_cpu_s for w in one_cu])
     nvcc_runs = {name: sum(len(w.calls) for w in runs) for name, runs in (("noop", noop), ("python", python))}
@@ -188,23 +214,39 @@ def bench_rebuilds(work: Path, size: Size) -> list[Row]:
     of_runs = f" (median of {size.repeats})" if size.repeats > 1 else ""
     preprocess = sum(c.kind == "preprocess" for c in cold.calls)
     rows = [
-        Row("rebuild", "cold wheel (fresh cache and ccache)",
-            f"{base:.1f} s, {len(cold.compiles)} nvcc compiles (+{preprocess} ccache preprocess runs)"),
-        Row("rebuild", f"no-op rerun{of_runs}",
+        Row(
+            "rebuild",
+            "cold wheel (fresh cache and ccache)",
+            f"{base:.1f} s, {len(cold.compiles)} nvcc compiles (+{preprocess} ccache preprocess runs)",
+        ),
+        Row(
+            "rebuild",
+            f"no-op rerun{of_runs}",
             f"{median['noop']:.2f} s = {pct(median['noop'], base)} of cold, {nvcc_runs['noop']} nvcc runs",
             "<= 2% of cold and <= 1 s, 0 nvcc",
-            median["noop"] <= 0.02 * base and median["noop"] <= 1.0 and nvcc_runs["noop"] == 0),
-        Row("rebuild", f"Python-only patch change{of_runs}",
+            median["noop"] <= 0.02 * base and median["noop"] <= 1.0 and nvcc_runs["noop"] == 0,
+        ),
+        Row(
+            "rebuild",
+            f"Python-only patch change{of_runs}",
             f"{median['python']:.2f} s = {pct(median['python'], base)} of cold, {nvcc_runs['python']} nvcc runs",
-            "<= 5% of cold, 0 nvcc", median["python"] <= 0.05 * base and nvcc_runs["python"] == 0),
-        Row("rebuild", f"one .cu changed via 0001{of_runs}",
+            "<= 5% of cold, 0 nvcc",
+            median["python"] <= 0.05 * base and nvcc_runs["python"] == 0,
+        ),
+        Row(
+            "rebuild",
+            f"one .cu changed via 0001{of_runs}",
             f"{median['one_cu']:.2f} s = {pct(median['one_cu'], base)} of cold; nvcc compiles per run: "
             f"{'/'.join(map(str, per_run))} ({', '.join(compiled)})",
             f"<= cold/N + 2 s = {limit:.2f} s, 1 nvcc compile",
-            median["one_cu"] <= limit and per_run == [1] and compiled == [f"{project.patched_unit}.cu"]),
-        Row("rebuild", "  of which in nvcc (ccache's preprocess + the compile)",
+            median["one_cu"] <= limit and per_run == [1] and compiled == [f"{project.patched_unit}.cu"],
+        ),
+        Row(
+            "rebuild",
+            "  of which in nvcc (ccache's preprocess + the compile)",
             f"{in_nvcc:.2f} s; outside nvcc {median['one_cu'] - in_nvcc:.2f} s; other processes used "
-            f"{others:.1f} CPU-s meanwhile"),
+            f"{others:.1f} CPU-s meanwhile",
+        ),
     ]
     return rows + utilization_rows(cold)
 
@@ -220,20 +262,32 @@ def utilization_rows(cold: Wheel) -> list[Row]:
     assumed = toolchain.choose_jobs(None, {"NVCC_THREADS": str(threads)}).assumed_bytes_per_job
     peak = max(c.peak_rss for c in cold.calls if c.kind in ("compile", "preprocess"))
     return [
-        Row("cores", "cold build: CPU / (wall x cores)",
+        Row(
+            "cores",
+            "cold build: CPU / (wall x cores)",
             f"{pct(cpu, run.wall_s * cores)} raw ({cpu:.0f} CPU-s in {run.wall_s:.0f} s x {cores}); other processes "
             f"used {others:.0f} CPU-s meanwhile: {pct(cpu, left)} of the CPU they left",
-            ">= 90% of the CPU left to the build", cpu >= 0.90 * left),
-        Row("cores", "carry's job plan (from its progress line)",
+            ">= 90% of the CPU left to the build",
+            cpu >= 0.90 * left,
+        ),
+        Row(
+            "cores",
+            "carry's job plan (from its progress line)",
             f"{jobs.group(1) if jobs else '?'} nvcc job(s) x {threads} thread(s) on {cores} cores, "
-            f"{assumed / 2**30:.1f} GiB assumed per job (MEMORY_PER_JOB_BYTES x NVCC_THREADS)"),
-        Row("memory", "compile job peak RSS (largest nvcc process tree)",
+            f"{assumed / 2**30:.1f} GiB assumed per job (MEMORY_PER_JOB_BYTES x NVCC_THREADS)",
+        ),
+        Row(
+            "memory",
+            "compile job peak RSS (largest nvcc process tree)",
             f"{peak / 2**20:.0f} MiB = {pct(peak, assumed)} of the {assumed / 2**30:.1f} GiB assumed per job",
-            "<= assumed per job", peak <= assumed),
+            "<= assumed per job",
+            peak <= assumed,
+        ),
     ]
 
 
 # 5: a second runner with a shared compile cache --------------------------------------------------------------
+
 
 def bench_runners(work: Path, size: Size) -> list[Row]:
     """Runner A cold against an empty shared redis; runner B, another machine's fresh cache at another path."""
@@ -263,26 +317,38 @@ def bench_runners(work: Path, size: Size) -> list[Row]:
     served = second_cache["remote_hits"] / units if units else 0.0
     nvcc_b, nvcc_python = len(second.compiles), len(python.compiles)
     return [
-        Row("runners", "runner A: cold wheel, fresh cache, empty shared redis",
-            f"{base_s:.1f} s, {len(cold.compiles)} nvcc compiles, {cold_cache['misses']} units stored"),
-        Row("runners", "runner B: fresh cache at another path, same pin + series",
+        Row(
+            "runners",
+            "runner A: cold wheel, fresh cache, empty shared redis",
+            f"{base_s:.1f} s, {len(cold.compiles)} nvcc compiles, {cold_cache['misses']} units stored",
+        ),
+        Row(
+            "runners",
+            "runner B: fresh cache at another path, same pin + series",
             f"{second.run.wall_s:.2f} s = {pct(second.run.wall_s, base_s)} of A's cold; "
             f"{second_cache['remote_hits']}/{units} units from the shared cache ({100 * served:.0f}%), "
             f"{nvcc_b} nvcc compiles",
             ">= 95% units shared, 0 nvcc, <= 20% of A's cold",
-            served >= 0.95 and nvcc_b == 0 and second.run.wall_s <= 0.20 * base_s),
-        Row("runners", "runner B after a Python-only patch change",
+            served >= 0.95 and nvcc_b == 0 and second.run.wall_s <= 0.20 * base_s,
+        ),
+        Row(
+            "runners",
+            "runner B after a Python-only patch change",
             f"{python.run.wall_s:.2f} s = {pct(python.run.wall_s, base_s)} of A's cold, {nvcc_python} nvcc compiles "
             f"({python_cache['hits']}/{python_cache['compiles']} cache hits)",
-            "0 nvcc, <= 10% of A's cold", nvcc_python == 0 and python.run.wall_s <= 0.10 * base_s),
+            "0 nvcc, <= 10% of A's cold",
+            nvcc_python == 0 and python.run.wall_s <= 0.10 * base_s,
+        ),
     ]
 
 
 # 2: check ----------------------------------------------------------------------------------------------------
 
+
 def bench_check(work: Path, size: Size) -> list[Row]:
-    upstream = trees.check_upstream(work / "check", size.tree_files, size.tree_bytes, size.tree_commits,
-                                    churn_bytes=30_000)
+    upstream = trees.check_upstream(
+        work / "check", size.tree_files, size.tree_bytes, size.tree_commits, churn_bytes=30_000
+    )
     tree = upstream.history
     gitrepo.git(tree.repo, "repack", "-a", "-d", "-q")
     url = f"file://{tree.repo}"
@@ -292,8 +358,10 @@ def bench_check(work: Path, size: Size) -> list[Row]:
         shutil.copy(patch, project / "patches" / patch.name)
     (project / "VERSION").write_text("20260105.1\n")
     config = project / "build.yaml"
-    config.write_text(f"upstream:\n  url: {url}\n  pr: 1\n  commit: {tree.pin}\n  main: main\n"
-                      f"patches:\n  dir: patches\nimage:\n  name: bigtree\n")
+    config.write_text(
+        f"upstream:\n  url: {url}\n  pr: 1\n  commit: {tree.pin}\n  main: main\n"
+        f"patches:\n  dir: patches\nimage:\n  name: bigtree\n"
+    )
     env = carry_env(work / "check" / "cache")
     carry(config, env, "fetch")
     checks, versions = [], []
@@ -303,16 +371,30 @@ def bench_check(work: Path, size: Size) -> list[Row]:
             raise SystemExit(f"bench: check failed on the synthetic tree:\n{run.out}\n{run.err}")
         checks.append(run.wall_s)
         versions.append(carry(config, env, "version").wall_s)
-    naive = [naive_check(work / "check" / f"naive-{i}", url, tree.pin, upstream.patches)
-             for i in range(size.naive_repeats)]
+    naive = [
+        naive_check(work / "check" / f"naive-{i}", url, tree.pin, upstream.patches) for i in range(size.naive_repeats)
+    ]
     ours, theirs, version = measure.median(checks), measure.median(naive), measure.median(versions)
     return [
-        Row("check", "synthetic upstream", f"{tree.tip_files} files, {tree.tip_bytes / 1e6:.0f} MB at the pin; "
-            f"{tree.commits} commits; 2 patches"),
-        Row("check", "`build.py check` (whole process, mirror fetched)", f"{ours * 1000:.0f} ms", "<= 300 ms",
-            ours <= 0.3),
-        Row("check", "naive: clone, fetch PR, checkout, git apply x2", f"{theirs * 1000:.0f} ms = {theirs / ours:.1f}x "
-            "carry's", ">= 10x carry's", theirs >= 10 * ours),
+        Row(
+            "check",
+            "synthetic upstream",
+            f"{tree.tip_files} files, {tree.tip_bytes / 1e6:.0f} MB at the pin; {tree.commits} commits; 2 patches",
+        ),
+        Row(
+            "check",
+            "`build.py check` (whole process, mirror fetched)",
+            f"{ours * 1000:.0f} ms",
+            "<= 300 ms",
+            ours <= 0.3,
+        ),
+        Row(
+            "check",
+            "naive: clone, fetch PR, checkout, git apply x2",
+            f"{theirs * 1000:.0f} ms = {theirs / ours:.1f}x carry's",
+            ">= 10x carry's",
+            theirs >= 10 * ours,
+        ),
         Row("check", "`build.py version` (whole process)", f"{version * 1000:.0f} ms", "<= 200 ms", version <= 0.2),
     ]
 
@@ -320,16 +402,19 @@ def bench_check(work: Path, size: Size) -> list[Row]:
 def naive_check(dest: Path, url: str, pin: str, patches: tuple[Path, ...]) -> float:
     """What a CI job does without carry: clone the upstream, fetch the PR, check out the pin, apply each patch."""
     env = dict(os.environ, **gitrepo.IDENTITY)
-    steps = [["git", "clone", "-q", "--no-checkout", url, str(dest)],
-             ["git", "-C", str(dest), "fetch", "-q", "origin", "refs/pull/1/head"],
-             ["git", "-C", str(dest), "checkout", "-q", "--detach", pin],
-             *(["git", "-C", str(dest), "apply", str(patch)] for patch in patches)]
+    steps = [
+        ["git", "clone", "-q", "--no-checkout", url, str(dest)],
+        ["git", "-C", str(dest), "fetch", "-q", "origin", "refs/pull/1/head"],
+        ["git", "-C", str(dest), "checkout", "-q", "--detach", pin],
+        *(["git", "-C", str(dest), "apply", str(patch)] for patch in patches),
+    ]
     total = sum(measure.run(step, env).check().wall_s for step in steps)
     shutil.rmtree(dest)
     return total
 
 
 # 3: fetch ----------------------------------------------------------------------------------------------------
+
 
 def bench_fetch(work: Path, size: Size) -> list[Row]:
     history, _ = trees.history(work / "fetch", size.commits, size.tip_files, size.tip_bytes, size.churn_bytes)
@@ -342,25 +427,36 @@ def bench_fetch(work: Path, size: Size) -> list[Row]:
     (project / "patches").mkdir(parents=True)
     (project / "VERSION").write_text("20260105.1\n")
     config = project / "build.yaml"
-    config.write_text(f"upstream:\n  url: {url}\n  pr: 1\n  commit: {history.pin}\n  main: main\n"
-                      f"patches:\n  dir: patches\nimage:\n  name: history\n")
+    config.write_text(
+        f"upstream:\n  url: {url}\n  pr: 1\n  commit: {history.pin}\n  main: main\n"
+        f"patches:\n  dir: patches\nimage:\n  name: history\n"
+    )
     cache = work / "fetch" / "cache"
     ours = carry(config, carry_env(cache), "fetch")
     mirrors = list((cache / "mirrors").glob("*.git"))
     ours_bytes = dir_bytes(mirrors[0] / "objects")
     commits = gitrepo.count_commits(mirrors[0], "--all")
     return [
-        Row("fetch", "synthetic upstream", f"{history.commits} commits, tip {history.tip_files} files "
-            f"{history.tip_bytes / 1e6:.1f} MB, {history.written_bytes / 1e6:.0f} MB of text written over history"),
+        Row(
+            "fetch",
+            "synthetic upstream",
+            f"{history.commits} commits, tip {history.tip_files} files "
+            f"{history.tip_bytes / 1e6:.1f} MB, {history.written_bytes / 1e6:.0f} MB of text written over history",
+        ),
         Row("fetch", "full `git clone --bare` (file://)", f"{full_bytes / 1e6:.1f} MB objects, {full.wall_s:.2f} s"),
-        Row("fetch", "`build.py fetch` (fresh cache, file://)",
+        Row(
+            "fetch",
+            "`build.py fetch` (fresh cache, file://)",
             f"{ours_bytes / 1e6:.2f} MB = {pct(ours_bytes, full_bytes)} of the clone, {commits} commit(s), "
             f"{ours.wall_s:.2f} s = {pct(ours.wall_s, full.wall_s)} of its time",
-            "bytes <= 10% of full clone", ours_bytes <= 0.10 * full_bytes),
+            "bytes <= 10% of full clone",
+            ours_bytes <= 0.10 * full_bytes,
+        ),
     ]
 
 
 # the table ---------------------------------------------------------------------------------------------------
+
 
 def table(rows: list[Row]) -> str:
     widths = [max(len(getattr(r, f)) for r in rows) for f in ("section", "measure", "value", "target")]
@@ -377,23 +473,42 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="scaled down, under 2 minutes")
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
-    parser.add_argument("--only", default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,"
-                        "locked,verify",
-                        help="comma-separated parts to run")
+    parser.add_argument(
+        "--only",
+        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,locked,verify",
+        help="comma-separated parts to run",
+    )
     options = parser.parse_args()
-    parts = {"check": bench_check, "fetch": bench_fetch, "rebuild": bench_rebuilds, "runners": bench_runners,
-             "arm64": lambda work, size: emulation.bench(work, Row),
-             "image": lambda work, size: imagecache.bench(work, size.units, Row),
-             "buildenv": lambda work, size: buildenv.bench(work, Row, quick=size is QUICK),
-             "gate": lambda work, size: realwheels.bench_gate(work, Row),
-             "precompiled": lambda work, size: realwheels.bench_precompiled(work, Row),
-             "vllm": lambda work, size: vllmbench.bench(work / "vllm", size, Row),
-             "locked": lambda work, size: lockedimage.bench(work, Row),
-             "verify": lambda work, size: verifyimage.bench(work, Row)}
+    parts = {
+        "check": bench_check,
+        "fetch": bench_fetch,
+        "rebuild": bench_rebuilds,
+        "runners": bench_runners,
+        "arm64": lambda work, size: emulation.bench(work, Row),
+        "image": lambda work, size: imagecache.bench(work, size.units, Row),
+        "buildenv": lambda work, size: buildenv.bench(work, Row, quick=size is QUICK),
+        "gate": lambda work, size: realwheels.bench_gate(work, Row),
+        "precompiled": lambda work, size: realwheels.bench_precompiled(work, Row),
+        "vllm": lambda work, size: vllmbench.bench(work / "vllm", size, Row),
+        "locked": lambda work, size: lockedimage.bench(work, Row),
+        "verify": lambda work, size: verifyimage.bench(work, Row),
+    }
     # The start-up ratios (check, vllm) run first, before the parts that churn gigabytes through the page cache.
     # verify reads the image `locked` pushed.
-    order = ["check", "vllm", "fetch", "rebuild", "runners", "arm64", "image", "buildenv", "gate", "precompiled",
-             "locked", "verify"]
+    order = [
+        "check",
+        "vllm",
+        "fetch",
+        "rebuild",
+        "runners",
+        "arm64",
+        "image",
+        "buildenv",
+        "gate",
+        "precompiled",
+        "locked",
+        "verify",
+    ]
     chosen = options.only.split(",")
     if not chosen or set(chosen) - set(parts):
         parser.error(f"--only takes a list of {', '.join(parts)}")

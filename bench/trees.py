@@ -13,11 +13,62 @@ from pathlib import Path
 
 import gitrepo
 
-SYLLABLES = ("ka", "to", "ri", "ven", "lo", "mar", "qu", "in", "tes", "ple", "off", "load", "ker", "nel", "att",
-             "sched", "blk", "tok", "emb", "cache", "kv", "gem", "rot", "lay", "norm", "quant", "fp", "spec", "pre",
-             "fill", "dec", "ode", "step", "grp", "warp", "tile", "mask", "seq", "page", "alloc")
-TOP_DIRS = ("engine", "model_executor/layers", "model_executor/models", "v1/worker", "v1/core", "v1/attention",
-            "distributed", "entrypoints/openai", "lora", "multimodal", "transformers_utils", "platforms")
+SYLLABLES = (
+    "ka",
+    "to",
+    "ri",
+    "ven",
+    "lo",
+    "mar",
+    "qu",
+    "in",
+    "tes",
+    "ple",
+    "off",
+    "load",
+    "ker",
+    "nel",
+    "att",
+    "sched",
+    "blk",
+    "tok",
+    "emb",
+    "cache",
+    "kv",
+    "gem",
+    "rot",
+    "lay",
+    "norm",
+    "quant",
+    "fp",
+    "spec",
+    "pre",
+    "fill",
+    "dec",
+    "ode",
+    "step",
+    "grp",
+    "warp",
+    "tile",
+    "mask",
+    "seq",
+    "page",
+    "alloc",
+)
+TOP_DIRS = (
+    "engine",
+    "model_executor/layers",
+    "model_executor/models",
+    "v1/worker",
+    "v1/core",
+    "v1/attention",
+    "distributed",
+    "entrypoints/openai",
+    "lora",
+    "multimodal",
+    "transformers_utils",
+    "platforms",
+)
 EXTENSIONS = ((".py", 0.72), (".cu", 0.08), (".cuh", 0.03), (".cpp", 0.05), (".md", 0.07), (".txt", 0.05))
 
 
@@ -92,8 +143,9 @@ class FastImport:
         """Write a commit; `None` deletes a path. Returns its mark."""
         self.marks += 1
         self.time += 3600
-        out = [f"commit {ref}\nmark :{self.marks}\n"
-               f"committer Bench Upstream <upstream@bench.invalid> {self.time} +0000\n"]
+        out = [
+            f"commit {ref}\nmark :{self.marks}\ncommitter Bench Upstream <upstream@bench.invalid> {self.time} +0000\n"
+        ]
         data = message.encode()
         out.append(f"data {len(data)}\n")
         chunks = [b"".join(part.encode() for part in out), data, b"\n"]
@@ -125,11 +177,17 @@ def _two_patches(dest: Path, repo: Path, pin: str, texts: dict[str, str]) -> tup
         lines[at:at] = [f"# {marker}: reset the per-layer flags before each real step", "flags.clear()"]
         return "\n".join(lines)
 
-    first = gitrepo.commit_files(repo, pin, {names[0]: edit(texts[names[0]], 20, "0001"),
-                                             names[1]: edit(texts[names[1]], 30, "0001")}, "fix: one", index)
+    first = gitrepo.commit_files(
+        repo,
+        pin,
+        {names[0]: edit(texts[names[0]], 20, "0001"), names[1]: edit(texts[names[1]], 30, "0001")},
+        "fix: one",
+        index,
+    )
     second_text = edit(edit(texts[names[0]], 20, "0001"), 22, "0002")  # its context holds 0001's lines
-    second = gitrepo.commit_files(repo, first, {names[2]: edit(texts[names[2]], 40, "0002"),
-                                                names[0]: second_text}, "fix: two", index)
+    second = gitrepo.commit_files(
+        repo, first, {names[2]: edit(texts[names[2]], 40, "0002"), names[0]: second_text}, "fix: two", index
+    )
     out = dest / "bigtree-patches"
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -152,8 +210,9 @@ class History:
     written_bytes: int  # new text written over the history (initial import included)
 
 
-def history(dest: Path, commits: int, tip_files: int, tip_bytes: int, churn_bytes: int, seed: int = 2,
-            compression: int = -1) -> tuple[History, dict[str, str]]:
+def history(
+    dest: Path, commits: int, tip_files: int, tip_bytes: int, churn_bytes: int, seed: int = 2, compression: int = -1
+) -> tuple[History, dict[str, str]]:
     """`commits` commits: main rewrites blocks of a few files per commit, adds files and deletes some (about
     `churn_bytes` of new text each), then a 3-commit PR on top whose head is the pin. Returns the repo and the
     pin's files; `compression` is the zlib level git stores objects with (-1: git's default).
@@ -188,7 +247,7 @@ def history(dest: Path, commits: int, tip_files: int, tip_bytes: int, churn_byte
                 start = rng.randrange(len(old))
                 span = max(1, min(len(old) - start, int(budget / lines.line_bytes)))
                 new = lines.text(int(span * lines.line_bytes), f"{path} r{number}")
-                old[start:start + span] = new.split("\n")[:-1]
+                old[start : start + span] = new.split("\n")[:-1]
                 text = "\n".join(old)
             changes[path] = tree[path] = text
             budget -= len(new)
@@ -204,8 +263,9 @@ def history(dest: Path, commits: int, tip_files: int, tip_bytes: int, churn_byte
     pin = gitrepo.git(repo, "rev-parse", "refs/heads/pr-1")
     gitrepo.git(repo, "update-ref", "refs/pull/1/head", pin)
     gitrepo.git(repo, "update-ref", "-d", "refs/heads/pr-1")
-    found = History(repo, pin, gitrepo.count_commits(repo, "--all"), len(tree),
-                    sum(len(t.encode()) for t in tree.values()), written)
+    found = History(
+        repo, pin, gitrepo.count_commits(repo, "--all"), len(tree), sum(len(t.encode()) for t in tree.values()), written
+    )
     return found, tree
 
 

@@ -45,14 +45,15 @@ def _login_env() -> dict[str, str]:
 
 def _ref() -> str:
     """`<image.name>:<VERSION>` of examples/vllm: the multi-platform tag run.sh pushes."""
-    from carry import config as config_module, version
+    from carry import config as config_module
+    from carry import version
 
     config = config_module.load(CONFIG)
     return f"{config.image.name}:{version.read(config.version_file)}"
 
 
 def _manifest(ref: str, platform: str, env: dict[str, str]):
-    from carry import imagefs
+    from carry.image import imagefs
     from carry.platforms import Platform
 
     auth = {"username": env.get("CARRY_REGISTRY_USER"), "password": env.get("CARRY_REGISTRY_PASSWORD")}
@@ -78,22 +79,50 @@ def bench(work: Path, Row) -> list:
     env = _login_env()
     ref = _ref()
     if _manifest(ref, PLATFORMS[0], env)[1] is None:
-        subprocess.run(["bash", str(ROOT / "examples" / "vllm" / "run.sh")], cwd=ROOT, env=env, check=True,
-                       stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        subprocess.run(
+            ["bash", str(ROOT / "examples" / "vllm" / "run.sh")],
+            cwd=ROOT,
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+        )
     rows, times = [], {}
     for platform in PLATFORMS:
         registry, (manifest, _digest) = _manifest(ref, platform, env)
         floor, size = _floor_s(registry, manifest)
-        run = measure.run([sys.executable, str(ROOT / "build.py"), "--config", str(CONFIG), "verify", ref,
-                           "--platform", platform], env, cwd=ROOT).check()
+        run = measure.run(
+            [sys.executable, str(ROOT / "build.py"), "--config", str(CONFIG), "verify", ref, "--platform", platform],
+            env,
+            cwd=ROOT,
+        ).check()
         times[platform] = run.wall_s
         proven = next((line.strip() for line in run.out.splitlines() if line.strip().startswith("files:")), "")
-        rows.append(Row("verify", f"`verify IMAGE --platform {platform}` on the vLLM image ({len(manifest['layers'])} "
-                                  f"layers, {size / 1e9:.2f} GB compressed), whole process; {proven[:90]}",
-                        f"{run.wall_s:.1f} s (cpu {run.cpu_s:.0f} s, others {run.others_cpu_s:.0f} s)"))
-        rows.append(Row("verify", f"  against reading and hashing its blobs alone ({floor:.1f} s)",
-                        f"{run.wall_s / floor:.2f}x", f"<= {FLOOR_RATIO:.1f}x", run.wall_s <= FLOOR_RATIO * floor))
+        rows.append(
+            Row(
+                "verify",
+                f"`verify IMAGE --platform {platform}` on the vLLM image ({len(manifest['layers'])} "
+                f"layers, {size / 1e9:.2f} GB compressed), whole process; {proven[:90]}",
+                f"{run.wall_s:.1f} s (cpu {run.cpu_s:.0f} s, others {run.others_cpu_s:.0f} s)",
+            )
+        )
+        rows.append(
+            Row(
+                "verify",
+                f"  against reading and hashing its blobs alone ({floor:.1f} s)",
+                f"{run.wall_s / floor:.2f}x",
+                f"<= {FLOOR_RATIO:.1f}x",
+                run.wall_s <= FLOOR_RATIO * floor,
+            )
+        )
     ratio = times["linux/arm64"] / times["linux/amd64"]
-    rows.append(Row("verify", "linux/arm64 against linux/amd64 (both read natively, nothing emulated)",
-                    f"{ratio:.2f}x", f"<= {ARM64_RATIO:.1f}x", ratio <= ARM64_RATIO))
+    rows.append(
+        Row(
+            "verify",
+            "linux/arm64 against linux/amd64 (both read natively, nothing emulated)",
+            f"{ratio:.2f}x",
+            f"<= {ARM64_RATIO:.1f}x",
+            ratio <= ARM64_RATIO,
+        )
+    )
     return rows

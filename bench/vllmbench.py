@@ -35,8 +35,11 @@ IMPORT_RE = re.compile(r"^import time:\s+(\d+) \|\s+\d+ \|\s+(\S.*)$", re.M)
 
 
 def env_for(work: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CARRY_", "CCACHE_", "SCCACHE_")) and k != "PYTHONDONTWRITEBYTECODE"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("CARRY_", "CCACHE_", "SCCACHE_")) and k != "PYTHONDONTWRITEBYTECODE"
+    }
     env["CARRY_CACHE"] = str(work / "cache")
     env["CARRY_DOWNLOADS"] = measure.downloads()
     env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
@@ -56,20 +59,28 @@ def project(work: Path, upstream: str, pin: str) -> Path:
     shutil.copytree(CASES / "checks", root / "checks")
     (root / "VERSION").write_text("20261201.1\n")
     config = root / "build.yaml"
-    config.write_text(f"upstream:\n  url: {upstream}\n  pr: {PR_NUMBER}\n  commit: {pin}\n  main: main\n"
-                      f"build:\n  cuda_arches: []\n")
+    config.write_text(
+        f"upstream:\n  url: {upstream}\n  pr: {PR_NUMBER}\n  commit: {pin}\n  main: main\nbuild:\n  cuda_arches: []\n"
+    )
     return config
 
 
 def naive(work: Path, url: str, pin: str, patches: list[Path], index: int) -> float:
     """What a CI job does without carry on the real tree: clone, fetch the PR, check out the pin, apply each patch."""
     dest = work / f"naive-{index}"
-    env = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b", "GIT_COMMITTER_NAME": "b",
-           "GIT_COMMITTER_EMAIL": "b@b"}
-    steps = [["git", "clone", "-q", "--no-checkout", url, str(dest)],
-             ["git", "-C", str(dest), "fetch", "-q", "origin", f"refs/pull/{PR_NUMBER}/head"],
-             ["git", "-C", str(dest), "checkout", "-q", "--detach", pin],
-             *(["git", "-C", str(dest), "apply", str(patch)] for patch in patches)]
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "b",
+        "GIT_AUTHOR_EMAIL": "b@b",
+        "GIT_COMMITTER_NAME": "b",
+        "GIT_COMMITTER_EMAIL": "b@b",
+    }
+    steps = [
+        ["git", "clone", "-q", "--no-checkout", url, str(dest)],
+        ["git", "-C", str(dest), "fetch", "-q", "origin", f"refs/pull/{PR_NUMBER}/head"],
+        ["git", "-C", str(dest), "checkout", "-q", "--detach", pin],
+        *(["git", "-C", str(dest), "apply", str(patch)] for patch in patches),
+    ]
     total = sum(measure.run(step, env).check().wall_s for step in steps)
     shutil.rmtree(dest)
     return total
@@ -86,8 +97,14 @@ def bench(work: Path, size, Row) -> list:
     built = history(env)
     upstream, pin = built["path"], built["refs"][f"refs/pull/{PR_NUMBER}/head"]
     config = project(work, upstream, pin)
-    files = len(subprocess.run(["git", "-C", upstream, "ls-tree", "-r", "--name-only", "v0.33.0"],
-                               capture_output=True, text=True, check=True).stdout.splitlines())
+    files = len(
+        subprocess.run(
+            ["git", "-C", upstream, "ls-tree", "-r", "--name-only", "v0.33.0"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+    )
     check_argv = [sys.executable, str(BUILD_PY), "--config", str(config), "check"]
     base_argv = [sys.executable, "-c", "import click, yaml"]
     status_argv = [sys.executable, str(BUILD_PY), "--config", str(config), "status", "--against", "v0.33.0"]
@@ -113,22 +130,45 @@ def bench(work: Path, size, Row) -> list:
     source_env.pop("PYTHONPYCACHEPREFIX")
     from_source = measure.median([measure.run(check_argv, source_env).check().wall_s for _ in range(5)])
     return [
-        Row("vllm", "real history (PyPI sdists 0.32.0 -> 0.33.0, PR stand-in)",
-            f"{files} files at v0.33.0; {len(patches)} patches on the PR head {pin[:12]}"),
-        Row("vllm", "`python -c 'import click, yaml'` (whole process)",
-            f"{base * 1000:.0f} ms (median of {len(bases)})"),
-        Row("vllm", "`build.py check` (whole process, mirror fetched)",
-            f"{ours * 1000:.0f} ms = {ours / base:.2f}x the click+yaml start-up; carry's own imports "
-            f"{imports:.0f} ms", "<= 1.5x click+yaml", ours <= 1.5 * base),
-        Row("vllm", "  the same series never checked on this base before",
+        Row(
+            "vllm",
+            "real history (PyPI sdists 0.32.0 -> 0.33.0, PR stand-in)",
+            f"{files} files at v0.33.0; {len(patches)} patches on the PR head {pin[:12]}",
+        ),
+        Row(
+            "vllm", "`python -c 'import click, yaml'` (whole process)", f"{base * 1000:.0f} ms (median of {len(bases)})"
+        ),
+        Row(
+            "vllm",
+            "`build.py check` (whole process, mirror fetched)",
+            f"{ours * 1000:.0f} ms = {ours / base:.2f}x the click+yaml start-up; carry's own imports {imports:.0f} ms",
+            "<= 1.5x click+yaml",
+            ours <= 1.5 * base,
+        ),
+        Row(
+            "vllm",
+            "  the same series never checked on this base before",
             f"{first * 1000:.0f} ms = {first / base:.2f}x the click+yaml start-up (git apply and write-tree on the "
-            f"8,515-file index; then the result is kept)"),
-        Row("vllm", "  with PYTHONDONTWRITEBYTECODE=1 (carry compiled from source every run)",
+            f"8,515-file index; then the result is kept)",
+        ),
+        Row(
+            "vllm",
+            "  with PYTHONDONTWRITEBYTECODE=1 (carry compiled from source every run)",
             f"{from_source * 1000:.0f} ms = {from_source / base:.2f}x the click+yaml start-up (which still reads "
-            f"site-packages' .pyc files)"),
-        Row("vllm", "naive: clone, fetch PR, checkout, git apply x5",
-            f"{theirs * 1000:.0f} ms = {theirs / ours:.1f}x carry's check", ">= 10x carry's", theirs >= 10 * ours),
-        Row("vllm", "`build.py status --against v0.33.0` (whole process)",
+            f"site-packages' .pyc files)",
+        ),
+        Row(
+            "vllm",
+            "naive: clone, fetch PR, checkout, git apply x5",
+            f"{theirs * 1000:.0f} ms = {theirs / ours:.1f}x carry's check",
+            ">= 10x carry's",
+            theirs >= 10 * ours,
+        ),
+        Row(
+            "vllm",
+            "`build.py status --against v0.33.0` (whole process)",
             f"{status:.2f} s (median of {len(statuses)}); PR state from git, 5 verdicts with history",
-            "<= 3 s", status <= 3.0),
+            "<= 3 s",
+            status <= 3.0,
+        ),
     ]

@@ -8,11 +8,11 @@ Accepted tokens (separated by commas, semicolons or spaces): ``9.0``, ``12.0f``,
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, Iterator
 
-from carry.errors import BadInput
+from carry.util.errors import BadInput
 
 ALLOWED_FORMS = "X.Y, X.Ya, X.Yf, X.Y+PTX, sm_XY[a|f], compute_XY[a|f], or none alone"
 NO_CUDA = "none"
@@ -79,9 +79,7 @@ class Variant(Enum):
 
 def _bad_token(token: str, reason: str) -> BadInput:
     known = ", ".join(str(cc) for cc in ComputeCapability)
-    return BadInput(
-        f"cuda_arches: {token!r} {reason}; use {ALLOWED_FORMS} with X.Y one of {known}"
-    )
+    return BadInput(f"cuda_arches: {token!r} {reason}; use {ALLOWED_FORMS} with X.Y one of {known}")
 
 
 @dataclass(frozen=True)
@@ -121,9 +119,7 @@ class CudaTarget:
 
     def merged(self, other: CudaTarget) -> CudaTarget:
         """This target also building whatever `other` (same capability and variant) builds."""
-        return CudaTarget(
-            self.capability, self.variant, self.cubin or other.cubin, self.ptx or other.ptx
-        )
+        return CudaTarget(self.capability, self.variant, self.cubin or other.cubin, self.ptx or other.ptx)
 
     def __str__(self) -> str:
         if not self.cubin:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import click
 
-from carry.errors import CarryError
-from carry.progress import Progress
+from carry.util.errors import CarryError
+from carry.util.progress import Progress
 
 TEST_TIMEOUT_S = 900  # seconds one command of build.tests may run (`test`, `prove`)
 
@@ -106,25 +106,61 @@ def parse_platform(text: str | None, flag: str = "--platform"):
 
 
 @cli.command("wheel")
-@click.option("--arch", metavar="LIST", help="CUDA arches, e.g. 9.0,12.0,12.1, or none for a Python-only wheel "
-              "(default: build.cuda_arches, or the platform's own from image.platforms).")
-@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default="dist", show_default=True,
-              help="Directory the wheel is published into (atomically).")
-@click.option("--jobs", type=click.IntRange(min=1), help="Compile jobs (default: from build.env MAX_JOBS, "
-              "else from cores and free memory).")
-@click.option("--platform", metavar="P", help="Build in the Dockerfile's build stage for this platform, e.g. "
-              "linux/arm64 (emulated where the CPU is foreign), instead of on this machine.")
-@click.option("--hermetic", is_flag=True, help="With --platform: build with --network=none, requirements from a "
-              "wheelhouse.")
-@click.option("--wheelhouse", type=click.Path(path_type=Path, file_okay=False, exists=True),
-              help="With --platform --hermetic: the wheels (default: downloaded once into the cache).")
-@click.option("--from-source", is_flag=True, help="Compile, even where build.precompiled has a wheel to take the "
-              "compiled code from.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (wheel, version, cache key, "
-              "what the compiler cache did, the gate and tree check).")
+@click.option(
+    "--arch",
+    metavar="LIST",
+    help="CUDA arches, e.g. 9.0,12.0,12.1, or none for a Python-only wheel "
+    "(default: build.cuda_arches, or the platform's own from image.platforms).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default="dist",
+    show_default=True,
+    help="Directory the wheel is published into (atomically).",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    help="Compile jobs (default: from build.env MAX_JOBS, else from cores and free memory).",
+)
+@click.option(
+    "--platform",
+    metavar="P",
+    help="Build in the Dockerfile's build stage for this platform, e.g. "
+    "linux/arm64 (emulated where the CPU is foreign), instead of on this machine.",
+)
+@click.option(
+    "--hermetic", is_flag=True, help="With --platform: build with --network=none, requirements from a wheelhouse."
+)
+@click.option(
+    "--wheelhouse",
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    help="With --platform --hermetic: the wheels (default: downloaded once into the cache).",
+)
+@click.option(
+    "--from-source",
+    is_flag=True,
+    help="Compile, even where build.precompiled has a wheel to take the compiled code from.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the result as JSON (wheel, version, cache key, what the compiler cache did, the gate and tree check).",
+)
 @click.pass_obj
-def wheel_command(obj: Context, arch: str | None, out: Path, jobs: int | None, platform: str | None,
-                  hermetic: bool, wheelhouse: Path | None, from_source: bool, as_json: bool) -> None:
+def wheel_command(
+    obj: Context,
+    arch: str | None,
+    out: Path,
+    jobs: int | None,
+    platform: str | None,
+    hermetic: bool,
+    wheelhouse: Path | None,
+    from_source: bool,
+    as_json: bool,
+) -> None:
     """Build the patched tree into a wheel for the CUDA arches (or, with build.precompiled, take the compiled code
     from the upstream's own wheel, proven to match the source), gate it, check it holds exactly the patched tree,
     stamp provenance; reuse when unchanged."""
@@ -149,8 +185,11 @@ def wheel_command(obj: Context, arch: str | None, out: Path, jobs: int | None, p
 @cli.command()
 @click.argument("artifact")
 @click.option("--arch", metavar="LIST", help="Gate against these arches instead of the ones the wheel recorded.")
-@click.option("--platform", metavar="P", help="For an image tag holding several platforms: verify only this one "
-              "(default: every platform it holds).")
+@click.option(
+    "--platform",
+    metavar="P",
+    help="For an image tag holding several platforms: verify only this one (default: every platform it holds).",
+)
 @click.pass_obj
 def verify(obj: Context, artifact: str, arch: str | None, platform: str | None) -> None:
     """Verify a wheel file, an image reference or a test report against this repo (VERSION, series hash, pinned
@@ -159,7 +198,7 @@ def verify(obj: Context, artifact: str, arch: str | None, platform: str | None) 
     where foreign) to import the wheel, and the installed shared objects gated. A test report (*.test.json) is
     checked against the artifact it names. Exit 1 on a mismatch, naming the field."""
     if artifact.endswith(".test.json"):
-        from carry import testrun
+        from carry.gputest import testrun
 
         result = testrun.check_report(Path(artifact))
         click.echo("\n".join(result.lines()))
@@ -171,15 +210,24 @@ def verify(obj: Context, artifact: str, arch: str | None, platform: str | None) 
 
 @cli.command("gate")
 @click.argument("targets", nargs=-1, required=True, metavar="WHEEL|DIR|SO...")
-@click.option("--arch", metavar="LIST", help="Gate for these CUDA arches (default: build.cuda_arches of --config, "
-              "or the platform's own from image.platforms).")
-@click.option("--platform", metavar="P", help="The CPU every .so must be code for, e.g. linux/arm64 (default: the "
-              "wheel's platform tag; not checked for a tree or .so files without it).")
+@click.option(
+    "--arch",
+    metavar="LIST",
+    help="Gate for these CUDA arches (default: build.cuda_arches of --config, "
+    "or the platform's own from image.platforms).",
+)
+@click.option(
+    "--platform",
+    metavar="P",
+    help="The CPU every .so must be code for, e.g. linux/arm64 (default: the "
+    "wheel's platform tag; not checked for a tree or .so files without it).",
+)
 @click.option("--strict", is_flag=True, help="Ignore build.gate's rules: every shared object must run on every arch.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
-def gate_command(obj: Context, targets: tuple[str, ...], arch: str | None, platform: str | None, strict: bool,
-                 as_json: bool) -> None:
+def gate_command(
+    obj: Context, targets: tuple[str, ...], arch: str | None, platform: str | None, strict: bool, as_json: bool
+) -> None:
     """Gate any wheel (upstream's own releases too: no buildinfo needed), unpacked tree or .so files: which GPUs
     can run each shared object, by build.yaml's gate policy when --config exists, else the strict rule (every
     arch by cubin), and the CPU of every .so. Prints the coverage table (in full on failure). Exit 0 when it
@@ -195,35 +243,72 @@ def gate_command(obj: Context, targets: tuple[str, ...], arch: str | None, platf
 
 
 @cli.command("image")
-@click.option("--push", is_flag=True, help="Push every tag (credentials: Docker config, or "
-              "$CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD handed over on stdin).")
+@click.option(
+    "--push",
+    is_flag=True,
+    help="Push every tag (credentials: Docker config, or "
+    "$CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD handed over on stdin).",
+)
 @click.option("--tag", "tags", metavar="T", multiple=True, help="An extra tag; repeatable.")
-@click.option("--platform", "platforms", metavar="P", multiple=True,
-              help="Target platform, e.g. linux/arm64; repeatable, one build each (default: image.platforms); a "
-                   "foreign CPU needs QEMU's binfmt_misc handler.")
-@click.option("--arch", metavar="LIST", help="CUDA arches, or none (default: build.cuda_arches, or each "
-              "platform's own).")
+@click.option(
+    "--platform",
+    "platforms",
+    metavar="P",
+    multiple=True,
+    help="Target platform, e.g. linux/arm64; repeatable, one build each (default: image.platforms); a "
+    "foreign CPU needs QEMU's binfmt_misc handler.",
+)
+@click.option(
+    "--arch", metavar="LIST", help="CUDA arches, or none (default: build.cuda_arches, or each platform's own)."
+)
 @click.option("--hermetic", is_flag=True, help="Build with --network=none, requirements from a wheelhouse.")
-@click.option("--wheelhouse", type=click.Path(path_type=Path, file_okay=False, exists=True),
-              help="Wheels for --hermetic (default: downloaded once into the cache).")
-@click.option("--cache-from", "cache_from", metavar="SPEC", multiple=True,
-              help="Import BuildKit's layer cache: inline (this VERSION's pushed image), registry (its "
-                   "-buildcache ref), an image ref, or type=... (buildx); {arch} {version} filled per platform.")
-@click.option("--cache-to", "cache_to", metavar="SPEC", multiple=True,
-              help="Export it: inline (inside the image; any BuildKit), registry (buildx, mode=max, to "
-                   "NAME:VERSION-ARCH-buildcache), or type=... (buildx).")
-@click.option("--no-smoke", "no_smoke", is_flag=True,
-              help="With image.lock: skip the smoke test (after --push it pulls each platform's image back).")
+@click.option(
+    "--wheelhouse",
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    help="Wheels for --hermetic (default: downloaded once into the cache).",
+)
+@click.option(
+    "--cache-from",
+    "cache_from",
+    metavar="SPEC",
+    multiple=True,
+    help="Import BuildKit's layer cache: inline (this VERSION's pushed image), registry (its "
+    "-buildcache ref), an image ref, or type=... (buildx); {arch} {version} filled per platform.",
+)
+@click.option(
+    "--cache-to",
+    "cache_to",
+    metavar="SPEC",
+    multiple=True,
+    help="Export it: inline (inside the image; any BuildKit), registry (buildx, mode=max, to "
+    "NAME:VERSION-ARCH-buildcache), or type=... (buildx).",
+)
+@click.option(
+    "--no-smoke",
+    "no_smoke",
+    is_flag=True,
+    help="With image.lock: skip the smoke test (after --push it pulls each platform's image back).",
+)
 @click.option("--json", "as_json", is_flag=True, help="With image.lock: the layers and tags as JSON on stdout.")
 @click.pass_obj
-def image_command(obj: Context, push: bool, tags: tuple[str, ...], platforms: tuple[str, ...], arch: str | None,
-                  hermetic: bool, wheelhouse: Path | None, cache_from: tuple[str, ...],
-                  cache_to: tuple[str, ...], no_smoke: bool, as_json: bool) -> None:
+def image_command(
+    obj: Context,
+    push: bool,
+    tags: tuple[str, ...],
+    platforms: tuple[str, ...],
+    arch: str | None,
+    hermetic: bool,
+    wheelhouse: Path | None,
+    cache_from: tuple[str, ...],
+    cache_to: tuple[str, ...],
+    no_smoke: bool,
+    as_json: bool,
+) -> None:
     """Build the image with BuildKit, one build per platform (the build stage runs `build.py wheel`), tag it
     from VERSION, label it with its provenance, and optionally push; with several platforms each is tagged
     VERSION-ARCH and, on push, every shared tag becomes a manifest list of them all."""
-    from carry.image import ImageOptions
-    from carry.layercache import CacheSpec
+    from carry.image.image import ImageOptions
+    from carry.image.layercache import CacheSpec
 
     caches = tuple(CacheSpec.parse(s, False) for s in cache_from) + tuple(CacheSpec.parse(s, True) for s in cache_to)
     progress = Progress()
@@ -240,8 +325,13 @@ def image_command(obj: Context, push: bool, tags: tuple[str, ...], platforms: tu
 
 
 @cli.command("manifest")
-@click.option("--platform", "platforms", metavar="P", multiple=True,
-              help="A platform to join; repeatable (default: image.platforms).")
+@click.option(
+    "--platform",
+    "platforms",
+    metavar="P",
+    multiple=True,
+    help="A platform to join; repeatable (default: image.platforms).",
+)
 @click.option("--tag", "tags", metavar="T", multiple=True, help="An extra shared tag; repeatable.")
 @click.pass_obj
 def manifest_command(obj: Context, platforms: tuple[str, ...], tags: tuple[str, ...]) -> None:
@@ -254,16 +344,26 @@ def manifest_command(obj: Context, platforms: tuple[str, ...], tags: tuple[str, 
 
 @cli.command("test")
 @click.argument("artifact")
-@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default="dist", show_default=True,
-              help="Where an image's report goes (a wheel's goes beside the wheel).")
-@click.option("--timeout", type=click.FloatRange(min=1), default=TEST_TIMEOUT_S, show_default=True,
-              help="Seconds each command may run before it is killed.")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default="dist",
+    show_default=True,
+    help="Where an image's report goes (a wheel's goes beside the wheel).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=TEST_TIMEOUT_S,
+    show_default=True,
+    help="Seconds each command may run before it is killed.",
+)
 @click.pass_obj
 def test_command(obj: Context, artifact: str, out: Path, timeout: float) -> None:
     """Run build.tests against a wheel (installed into a fresh venv) or an image (docker run --gpus all) on this
     machine's GPU; write the JSON report beside the wheel (<wheel>.test.json). Exit 1 if a test fails, 2 without
     a GPU."""
-    from carry import testrun
+    from carry.gputest import testrun
 
     result = obj.session().test(artifact, out, timeout, Progress())
     click.echo("\n".join(testrun.summary(result.report, result.path)))
@@ -272,18 +372,28 @@ def test_command(obj: Context, artifact: str, out: Path, timeout: float) -> None
 
 @cli.command("prove")
 @click.option("--arch", metavar="LIST", help="CUDA arches (default: build.cuda_arches).")
-@click.option("--out", type=click.Path(path_type=Path, file_okay=False), default="dist", show_default=True,
-              help="Wheels and reports go into OUT/prove/<prefix>/.")
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default="dist",
+    show_default=True,
+    help="Wheels and reports go into OUT/prove/<prefix>/.",
+)
 @click.option("--jobs", type=click.IntRange(min=1), help="Compile jobs (as for `wheel`).")
-@click.option("--timeout", type=click.FloatRange(min=1), default=TEST_TIMEOUT_S, show_default=True,
-              help="Seconds each test command may run before it is killed.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=TEST_TIMEOUT_S,
+    show_default=True,
+    help="Seconds each test command may run before it is killed.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the proof as JSON.")
 @click.pass_obj
 def prove_command(obj: Context, arch: str | None, out: Path, jobs: int | None, timeout: float, as_json: bool) -> None:
     """Build the wheel of every prefix of the series (base, base+0001 and on; cached like every build), run
     build.tests on each on this GPU, and print which patch flips which test from FAIL to PASS. Exit 1 unless the
     whole series passes, 2 without a GPU."""
-    from carry import prove
+    from carry.gputest import prove
 
     result = obj.session().prove(arch, out, jobs, timeout, Progress())
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else prove.table(result))
@@ -291,20 +401,34 @@ def prove_command(obj: Context, arch: str | None, out: Path, jobs: int | None, t
 
 
 @cli.command()
-@click.option("--against", "against", metavar="REF", multiple=True,
-              help="Upstream ref to judge against; repeatable (default: upstream.main and the PR head).")
+@click.option(
+    "--against",
+    "against",
+    metavar="REF",
+    multiple=True,
+    help="Upstream ref to judge against; repeatable (default: upstream.main and the PR head).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
-@click.option("--fail-on", "fail_on", metavar="VERDICTS",
-              help="Exit 1 when one of these verdicts occurs, e.g. MERGED-EXACT,MERGED-MODIFIED,CONFLICT.")
-@click.option("--test", "test", is_flag=True, help="Also run each patch's test (its Carry-Test trailer, or what "
-              "prove learned) on each ref without the patch: FIXED-UPSTREAM when it passes.")
+@click.option(
+    "--fail-on",
+    "fail_on",
+    metavar="VERDICTS",
+    help="Exit 1 when one of these verdicts occurs, e.g. MERGED-EXACT,MERGED-MODIFIED,CONFLICT.",
+)
+@click.option(
+    "--test",
+    "test",
+    is_flag=True,
+    help="Also run each patch's test (its Carry-Test trailer, or what "
+    "prove learned) on each ref without the patch: FIXED-UPSTREAM when it passes.",
+)
 @click.pass_obj
 def status(obj: Context, against: tuple[str, ...], as_json: bool, fail_on: str | None, test: bool) -> None:
     """One verdict per patch against newer upstream refs, each with its evidence: MERGED-EXACT, MERGED-MODIFIED,
     PARTIAL, CONFLICT, NEEDED; DELETED-UPSTREAM or PR-ONLY when the patched file is gone from REF (upstream deleted
     it, or only the PR has it); FIXED-UPSTREAM (--test) when the patch's test passes on REF without it. The PR's own
     state (open, closed, merged) comes first."""
-    from carry import verdicts
+    from carry.verdicts import verdicts
 
     failing = verdicts.Verdict.parse_list(fail_on, "--fail-on") if fail_on is not None else frozenset()
     result = obj.session().status(against, test, Progress() if test else None)
@@ -317,8 +441,9 @@ def status(obj: Context, against: tuple[str, ...], as_json: bool, fail_on: str |
 @click.argument("name")
 @click.option("--against", "against", metavar="REF", help="Upstream ref that must have merged it (default: main).")
 @click.option("--force", is_flag=True, help="Drop even when REF still needs the patch (logged as forced).")
-@click.option("--test", "test", is_flag=True, help="Run the patch's test on REF without it first: FIXED-UPSTREAM "
-              "lets it go.")
+@click.option(
+    "--test", "test", is_flag=True, help="Run the patch's test on REF without it first: FIXED-UPSTREAM lets it go."
+)
 @click.pass_obj
 def drop_command(obj: Context, name: str, against: str | None, force: bool, test: bool) -> None:
     """Remove a patch REF needs no more (MERGED-*, DELETED-UPSTREAM, PR-ONLY, FIXED-UPSTREAM), bump VERSION and log
@@ -329,10 +454,18 @@ def drop_command(obj: Context, name: str, against: str | None, force: bool, test
 
 
 @cli.command()
-@click.option("--onto", "onto", metavar="REF", help="Upstream ref to move onto: a tag, a branch, refs/... or a SHA "
-              "(default: upstream.main).")
-@click.option("--test", "test", is_flag=True, help="On a conflict, run the patches' tests on REF too, so a patch "
-              "upstream fixed its own way is named for `drop`.")
+@click.option(
+    "--onto",
+    "onto",
+    metavar="REF",
+    help="Upstream ref to move onto: a tag, a branch, refs/... or a SHA (default: upstream.main).",
+)
+@click.option(
+    "--test",
+    "test",
+    is_flag=True,
+    help="On a conflict, run the patches' tests on REF too, so a patch upstream fixed its own way is named for `drop`.",
+)
 @click.pass_obj
 def refresh(obj: Context, onto: str | None, test: bool) -> None:
     """Rebase the series onto a new upstream base (3-way merge, following upstream's renames), move the pin and
@@ -344,10 +477,16 @@ def refresh(obj: Context, onto: str | None, test: bool) -> None:
 
 
 @cli.command("lock")
-@click.option("--platform", "platforms", metavar="P", multiple=True,
-              help="Lock only this platform; repeatable (default: image.platforms).")
-@click.option("--check", "check_only", is_flag=True, help="Write nothing; exit 1 when a lock is missing or stale "
-              "(for CI).")
+@click.option(
+    "--platform",
+    "platforms",
+    metavar="P",
+    multiple=True,
+    help="Lock only this platform; repeatable (default: image.platforms).",
+)
+@click.option(
+    "--check", "check_only", is_flag=True, help="Write nothing; exit 1 when a lock is missing or stale (for CI)."
+)
 @click.option("--upgrade", is_flag=True, help="Resolve afresh, not preferring the versions the lock pins now.")
 @click.pass_obj
 def lock_command(obj: Context, platforms: tuple[str, ...], check_only: bool, upgrade: bool) -> None:
@@ -373,23 +512,28 @@ def cache_command(ctx: click.Context, as_json: bool) -> None:
     wheels, downloads, wheelhouses, logs, and the rest; hardlinked files counted once."""
     if ctx.invoked_subcommand is not None:
         return
-    from carry import cachectl
-    from carry.cache import Cache
+    from carry.util import cachectl
+    from carry.util.cache import Cache
 
     usage = cachectl.usage(Cache.from_env())
     click.echo(json.dumps(usage.to_json(), indent=2) if as_json else "\n".join(usage.lines()))
 
 
 @cache_command.command("prune")
-@click.option("--config", "configs", multiple=True, type=click.Path(path_type=Path, dir_okay=False),
-              help="A config whose needs are kept; repeatable (default: the global --config, build.yaml).")
+@click.option(
+    "--config",
+    "configs",
+    multiple=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="A config whose needs are kept; repeatable (default: the global --config, build.yaml).",
+)
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @click.pass_obj
 def cache_prune(obj: Context, configs: tuple[Path, ...], dry_run: bool) -> None:
     """Remove what no current config needs (old build environments, wheels, build dirs, mirrors, downloads,
     wheelhouses, logs); an entry another carry holds the lock of is skipped, and says so."""
-    from carry import cachectl
-    from carry.cache import Cache
+    from carry.util import cachectl
+    from carry.util.cache import Cache
 
     result = cachectl.prune(Cache.from_env(), configs or (obj.config_path,), dry_run)
     click.echo("\n".join(result.lines()))
@@ -407,4 +551,3 @@ def main() -> None:
     except CarryError as exc:
         click.echo(f"carry: error: {exc}", err=True)
         sys.exit(exc.exit_code)
-

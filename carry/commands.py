@@ -13,18 +13,21 @@ from typing import TYPE_CHECKING
 
 from carry import config
 from carry.arch import ArchList, given
-from carry.cache import Cache
-from carry.errors import BadInput, Failed
+from carry.util.cache import Cache
+from carry.util.errors import BadInput, Failed
 
 if TYPE_CHECKING:
+    from carry.binaries.gatepolicy import GatePolicy
     from carry.config import TestCommand
-    from carry.gatepolicy import GatePolicy
-    from carry.image import ImageOptions
-    from carry import (apply, crossbuild, drop, image, lockedimage, prove, refresh, runtimelock, series, testrun,
-                       verdicts, verify, wheel)
+    from carry.gputest import prove, testrun
+    from carry.image import crossbuild, image, lockedimage, runtimelock
+    from carry.image.image import ImageOptions
     from carry.platforms import Platform
-    from carry.progress import Progress
-    from carry.wheel import Builder
+    from carry.source import apply, series
+    from carry.util.progress import Progress
+    from carry.verdicts import drop, refresh, verdicts
+    from carry.wheelbuild import verify, wheel
+    from carry.wheelbuild.wheel import Builder
 
 
 def read_version(config_path: Path) -> str:
@@ -86,12 +89,12 @@ class Session:
         return cls(config.load(config_path), Cache.from_env())
 
     def series(self) -> series.Series:
-        from carry import series
+        from carry.source import series
 
         return series.load(self.config.patches_dir)
 
     def fetch(self, update_pin: bool = False) -> FetchResult:
-        from carry import upstream
+        from carry.source import upstream
 
         report = upstream.fetch(self.config, self.cache)
         notes = list(report.notes)
@@ -109,7 +112,7 @@ class Session:
         return FetchResult(report.base, tuple(notes))
 
     def check(self, against: str | None = None) -> CheckResult:
-        from carry import apply, upstream
+        from carry.source import apply, upstream
 
         patches = self.series()
         mirror, notes = upstream.ensure_base(self.config, self.cache)
@@ -136,17 +139,31 @@ class Session:
     def expected(self, checked: CheckResult | None = None) -> verify.Expected:
         """What an artifact built from this repo now must say about itself; with the `checked` series, also the
         patched tree (so that a wheel's files can be compared with it) and the precompiled pins."""
-        from carry import verify
+        from carry.wheelbuild import verify
 
         if checked is None:
             return verify.Expected(self.version(), self.series().hash, self.config.upstream.commit)
         settings = self.config.build.precompiled
         pins = {str(w.platform): w.pinned.sha256 for w in settings.wheels} if settings else {}
-        return verify.Expected(self.version(), checked.series.hash, self.config.upstream.commit,
-                               checked.report.tree, checked.mirror, self.config.build.generated, pins)
+        return verify.Expected(
+            self.version(),
+            checked.series.hash,
+            self.config.upstream.commit,
+            checked.report.tree,
+            checked.mirror,
+            self.config.build.generated,
+            pins,
+        )
 
-    def wheel(self, arch: str | None, out: Path, jobs: int | None, progress: Progress,
-              platform: Platform | None = None, from_source: bool = False) -> wheel.WheelResult:
+    def wheel(
+        self,
+        arch: str | None,
+        out: Path,
+        jobs: int | None,
+        progress: Progress,
+        platform: Platform | None = None,
+        from_source: bool = False,
+    ) -> wheel.WheelResult:
         """check -> (precompiled: prove the binaries match) -> plan -> reuse or build the wheel -> publish."""
         builder = self.wheel_builder(arch, jobs, platform, from_source)
         checked = self.check()
@@ -157,62 +174,89 @@ class Session:
         settings = self.config.build.precompiled
         return settings is not None and settings.wheel_for(platform) is not None
 
-    def wheel_builder(self, arch: str | None, jobs: int | None, platform: Platform | None = None,
-                       from_source: bool = False) -> Builder:
+    def wheel_builder(
+        self, arch: str | None, jobs: int | None, platform: Platform | None = None, from_source: bool = False
+    ) -> Builder:
         """What every build of this command shares, resolved now (wheel.Builder); calling it builds one checked
         tree."""
-        from carry import wheel
+        from carry.wheelbuild import wheel
 
-        return wheel.Builder.resolve(self.config, self.cache, self.policy(arch, platform), jobs, self.version(),
-                                     platform, from_source)
+        return wheel.Builder.resolve(
+            self.config, self.cache, self.policy(arch, platform), jobs, self.version(), platform, from_source
+        )
 
     def _tests(self) -> tuple[TestCommand, ...]:
         if not self.config.build.tests:
-            raise BadInput(f"{self.config.path}: build.tests is empty; list the commands that prove the fix, "
-                           f"e.g. tests: [\"python -m pkg.repro\"]")
+            raise BadInput(
+                f"{self.config.path}: build.tests is empty; list the commands that prove the fix, "
+                f'e.g. tests: ["python -m pkg.repro"]'
+            )
         return self.config.build.tests
 
     def test(self, artifact: str, out: Path, timeout: float, progress: Progress) -> TestOutcome:
         """Run build.tests against a wheel or an image on this GPU (testrun.run_artifact)."""
-        from carry import gpu, testrun
+        from carry.gputest import gpu, testrun
 
         commands = tuple(command for command in self._tests() if not command.tree)
         if not commands:
-            raise BadInput(f"{self.config.path}: every build.tests entry runs against the source tree (against: "
-                           f"tree), none against a wheel or image; `status --test` and `prove` run those")
+            raise BadInput(
+                f"{self.config.path}: every build.tests entry runs against the source tree (against: "
+                f"tree), none against a wheel or image; `status --test` and `prove` run those"
+            )
         found = gpu.require("test", commands)
-        report, path = testrun.run_artifact(artifact, self.config, commands, found, self.cache.scratch, out, timeout,
-                                            progress)
+        report, path = testrun.run_artifact(
+            artifact, self.config, commands, found, self.cache.scratch, out, timeout, progress
+        )
         return TestOutcome(report, path)
 
-    def prove(self, arch: str | None, out: Path, jobs: int | None, timeout: float,
-              progress: Progress) -> prove.Proof:
+    def prove(self, arch: str | None, out: Path, jobs: int | None, timeout: float, progress: Progress) -> prove.Proof:
         """base and each prefix of the series built and tested (prove.run); the GPU and the tests are checked
         before anything is resolved or built."""
-        from carry import gpu, prove
+        from carry.gputest import gpu, prove
 
         commands = self._tests()
         found = gpu.require("prove", commands)
         builder = self.wheel_builder(arch, jobs)
         return prove.run(self.config, self.cache, self.series(), builder, commands, found, out, timeout, progress)
 
-    def platform_wheel(self, platform: Platform, arch: str | None, out: Path, hermetic: bool,
-                       wheelhouse: Path | None, progress: Progress) -> crossbuild.CrossWheel:
+    def platform_wheel(
+        self,
+        platform: Platform,
+        arch: str | None,
+        out: Path,
+        hermetic: bool,
+        wheelhouse: Path | None,
+        progress: Progress,
+    ) -> crossbuild.CrossWheel:
         """check -> context -> that platform's build stage (emulated where foreign) -> checked wheel in `out`."""
-        from carry import container, crossbuild
+        from carry.image import container, crossbuild
 
         policy = self.policy(arch, platform)
         builder = container.resolve_builder(self.config, (platform,))
         checked = self._checked(progress)
         requirements = container.build_requirements(self._upstream_pyproject(checked))
-        return crossbuild.build(self.config, self.cache, checked.mirror, checked.report.tree, platform, policy,
-                                hermetic, wheelhouse, requirements, builder, self.expected(checked), out, progress)
+        return crossbuild.build(
+            self.config,
+            self.cache,
+            checked.mirror,
+            checked.report.tree,
+            platform,
+            policy,
+            hermetic,
+            wheelhouse,
+            requirements,
+            builder,
+            self.expected(checked),
+            out,
+            progress,
+        )
 
     def image(self, options: image.ImageOptions, arch: str | None, progress: Progress) -> image.ImageResult:
         """check -> context (carry + config + bundle) -> a BuildKit build per platform -> tags and labels -> push
         -> shared tags as manifest lists."""
-        from carry import container, image, toolchain
         from carry.config import CompilerCache
+        from carry.image import container, image
+        from carry.wheelbuild import toolchain
 
         platforms = image.platforms_to_build(self.config, options)
         arches = {platform: self.arches(arch, platform) for platform in platforms}
@@ -222,53 +266,85 @@ class Session:
         checked = self._checked(progress)
         pyproject = self._upstream_pyproject(checked)
         tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
-        plan = image.plan(self.config, checked.report, checked.series, current, arches,
-                          container.distribution_name(pyproject), image.cuda_tag(tools.nvcc_version), options)
-        return image.build(self.config, self.cache, checked.mirror, plan, options, builder,
-                           container.build_requirements(pyproject), progress)
+        plan = image.plan(
+            self.config,
+            checked.report,
+            checked.series,
+            current,
+            arches,
+            container.distribution_name(pyproject),
+            image.cuda_tag(tools.nvcc_version),
+            options,
+        )
+        return image.build(
+            self.config,
+            self.cache,
+            checked.mirror,
+            plan,
+            options,
+            builder,
+            container.build_requirements(pyproject),
+            progress,
+        )
 
-    def locked_image(self, options: ImageOptions, arch: str | None, smoke: bool,
-                     progress: Progress) -> lockedimage.LockedImageResult:
+    def locked_image(
+        self, options: ImageOptions, arch: str | None, smoke: bool, progress: Progress
+    ) -> lockedimage.LockedImageResult:
         """image.lock set: locks read and checked (before any work) -> check -> each platform's fixed wheel here
         (native or precompiled) -> carry writes the layers (lockedimage) -> push or load -> smoke test."""
-        from carry import image, lockedimage, registry, toolchain
         from carry.config import CompilerCache
+        from carry.image import image, lockedimage, registry
+        from carry.wheelbuild import toolchain
 
         if options.hermetic or options.wheelhouse or options.cache:
-            raise BadInput(f"{self.config.path}: image.lock is set: carry writes the layers itself (no BuildKit "
-                           f"build), so --hermetic, --wheelhouse, --cache-from and --cache-to do not apply")
+            raise BadInput(
+                f"{self.config.path}: image.lock is set: carry writes the layers itself (no BuildKit "
+                f"build), so --hermetic, --wheelhouse, --cache-from and --cache-to do not apply"
+            )
         platforms = image.platforms_to_build(self.config, options)
         client = registry.client()
-        prepared = lockedimage.prepare(self.config, self.cache, platforms, client,
-                                       lambda line: progress.phase("download", line))
+        prepared = lockedimage.prepare(
+            self.config, self.cache, platforms, client, lambda line: progress.phase("download", line)
+        )
         checked = self._checked(progress)
         arches = {platform: self.arches(arch, platform) for platform in platforms}
         pyproject = self._upstream_pyproject(checked)
-        from carry import container
+        from carry.image import container
 
         tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
         cuda = image.cuda_tag(tools.nvcc_version) if any("{cuda}" in t for t in self.config.image.tags) else "none"
-        plan = image.plan(self.config, checked.report, checked.series, self.version(), arches,
-                          container.distribution_name(pyproject), cuda, options)
+        plan = image.plan(
+            self.config,
+            checked.report,
+            checked.series,
+            self.version(),
+            arches,
+            container.distribution_name(pyproject),
+            cuda,
+            options,
+        )
         wheels = {}
         for platform in platforms:
             built = self.wheel(arch, Path("dist"), None, progress, platform)
             wheels[platform] = built.path
             progress.phase("wheel", f"{platform}: {built.path.name}{' (reused)' if built.reused else ''}")
-        return lockedimage.build(self.config, self.cache, prepared, plan, wheels, options.push, smoke, client,
-                                 progress)
+        return lockedimage.build(self.config, self.cache, prepared, plan, wheels, options.push, smoke, client, progress)
 
-    def manifest(self, platforms: tuple[Platform, ...], extra_tags: tuple[str, ...],
-                 progress: Progress) -> dict[str, str]:
+    def manifest(
+        self, platforms: tuple[Platform, ...], extra_tags: tuple[str, ...], progress: Progress
+    ) -> dict[str, str]:
         """Every shared tag -> a manifest list of the platforms' `<VERSION>-<arch>` images already pushed."""
-        from carry import container, image, toolchain
         from carry.config import CompilerCache
+        from carry.image import container, image
+        from carry.wheelbuild import toolchain
 
         options = image.ImageOptions(True, extra_tags, platforms, False, None)
         chosen = image.platforms_to_build(self.config, options)
         if len(chosen) < 2:
-            raise BadInput(f"{self.config.path}: a manifest list joins several platforms; list them in "
-                           f"image.platforms or pass --platform twice or more")
+            raise BadInput(
+                f"{self.config.path}: a manifest list joins several platforms; list them in "
+                f"image.platforms or pass --platform twice or more"
+            )
         builder = container.resolve_builder(self.config, ())
         tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
         shared = image.render_tags(self.config, self.version(), self.series(), image.cuda_tag(tools.nvcc_version))
@@ -279,22 +355,24 @@ class Session:
         """The runtime lock of each platform (image.platforms, or those given): the base image's facts first (bad
         input before any work), then the fixed wheel as `wheel` makes it, then uv; with `check`, only whether each
         lock is fresh."""
-        from carry import runtimelock
-        from carry.fsutil import temp_dir
+        from carry.image import runtimelock
+        from carry.util.fsutil import temp_dir
 
         chosen = runtimelock.platforms_to_lock(self.config, platforms)
         facts = {platform: runtimelock.base_facts(self.config, platform, self.cache) for platform in chosen}
         for platform, found in facts.items():
-            progress.phase("base", f"{platform}: {found.ref} ({found.image_id[:19]}…): python {found.python}, glibc "
-                                   f"{found.glibc}")
+            progress.phase(
+                "base", f"{platform}: {found.ref} ({found.image_id[:19]}…): python {found.python}, glibc {found.glibc}"
+            )
         with temp_dir(self.cache.scratch, "lock-wheels-") as out:
             wheels = self.lock_wheels(chosen, out, progress)
             if check:
                 return LockResult((), runtimelock.check(self.config, facts, wheels), "")
             index = runtimelock.choose_index(os.environ, self.config.root)
             progress.phase("index", index.source)
-            outcomes = runtimelock.lock(self.config, self.cache, facts, wheels, index, upgrade,
-                                        lambda line: progress.phase("resolve", line))
+            outcomes = runtimelock.lock(
+                self.config, self.cache, facts, wheels, index, upgrade, lambda line: progress.phase("resolve", line)
+            )
         return LockResult(outcomes, (), index.source)
 
     def lock_wheels(self, platforms: tuple[Platform, ...], out: Path, progress: Progress) -> dict[Platform, Path]:
@@ -311,8 +389,9 @@ class Session:
         if here:
             checked = self.check()
             for platform in here:
-                built = self.wheel_builder(None, None, platform)(checked.mirror, checked.report, checked.series, out,
-                                                                 progress)
+                built = self.wheel_builder(None, None, platform)(
+                    checked.mirror, checked.report, checked.series, out, progress
+                )
                 wheels[platform] = built.path
         pure = next((w for w in wheels.values() if w.name.endswith("-none-any.whl")), None)
         for platform in platforms:
@@ -322,12 +401,16 @@ class Session:
 
     def _checked(self, progress: Progress) -> CheckResult:
         checked = self.check()
-        progress.phase("check", f"{len(checked.series.patches)} patch(es) on {checked.report.base[:12]}: "
-                       f"tree {str(checked.report.tree)[:12]}")
+        progress.phase(
+            "check",
+            f"{len(checked.series.patches)} patch(es) on {checked.report.base[:12]}: "
+            f"tree {str(checked.report.tree)[:12]}",
+        )
         return checked
 
     def _upstream_pyproject(self, checked: CheckResult) -> dict:
-        from carry import container, git
+        from carry.image import container
+        from carry.source import git
 
         if checked.report.tree is None:
             raise Failed("the series does not apply; run `check` for details")
@@ -336,39 +419,42 @@ class Session:
     def verify(self, artifact: str, platform: Platform | None, arch: str | None) -> tuple[verify.Verification, ...]:
         """A wheel file (and the test report beside it), or every platform (or the one asked) of an image
         reference."""
-        from carry import testrun, verify
+        from carry.gputest import testrun
+        from carry.wheelbuild import verify
 
         if not testrun.names_a_wheel(artifact):
-            from carry import imageverify
+            from carry.image import imageverify
 
-            return imageverify.verify_image(artifact, self.config, self.expected(), platform,
-                                            given(arch), self.cache.scratch)
+            return imageverify.verify_image(
+                artifact, self.config, self.expected(), platform, given(arch), self.cache.scratch
+            )
         if platform is not None:
             raise BadInput("--platform is for image tags; a wheel's platform is in its file name")
         path = Path(artifact)
         return (testrun.with_test_report(path, verify.verify_wheel(path, self.expected(self.check()), given(arch))),)
 
-    def status(self, against: tuple[str, ...] = (), test: bool = False,
-               progress: Progress | None = None) -> verdicts.StatusReport:
+    def status(
+        self, against: tuple[str, ...] = (), test: bool = False, progress: Progress | None = None
+    ) -> verdicts.StatusReport:
         """A verdict per patch against each ref (default: upstream.main, and the PR head when pr is set); with
-        `test`, each patch's test is run on the ref without it too (carry/behaviour.py)."""
-        from carry import verdicts
+        `test`, each patch's test is run on the ref without it too (carry/gputest/behaviour.py)."""
+        from carry.verdicts import verdicts
 
         patches = self.series()
         report = verdicts.status(self.config, self.cache, patches, against, trees=test)
         if not test:
             return report
-        from carry import behaviour
+        from carry.gputest import behaviour
 
         return behaviour.judge(self.config, self.cache, self._builder_for, report, patches, progress)
 
     def drop(self, name: str, against: str | None, force: bool, test: bool = False) -> drop.Dropped:
-        from carry import drop
+        from carry.verdicts import drop
 
         return drop.drop(self.config, self.cache, self.series(), name, against, force, self._judge(test))
 
     def refresh(self, onto: str | None, test: bool = False) -> refresh.Refreshed:
-        from carry import refresh
+        from carry.verdicts import refresh
 
         return refresh.refresh(self.config, self.cache, self.series(), onto, self._judge(test))
 
@@ -376,7 +462,7 @@ class Session:
         """With `test`, what drop and refresh call to judge a status report by the patches' tests too."""
         if not test:
             return None
-        from carry import behaviour
+        from carry.gputest import behaviour
 
         return lambda report, patches: behaviour.judge(self.config, self.cache, self._builder_for, report, patches)
 
@@ -385,12 +471,14 @@ class Session:
         return self.wheel_builder(None, None, from_source=from_source)
 
 
-def gate(config_path: Path, targets: tuple[str, ...], arch: str | None, platform: Platform | None,
-         strict: bool = False):
+def gate(
+    config_path: Path, targets: tuple[str, ...], arch: str | None, platform: Platform | None, strict: bool = False
+):
     """Gate a wheel, an unpacked tree or `.so` files, upstream's own releases included: by build.yaml's policy
     when there is a config (its arches, or --arch), by the strict rule when not; the CPU of every `.so` against
     --platform, else the wheel's tag."""
-    from carry import binaries, gate as gating
+    from carry.binaries import gate as gating
+    from carry.binaries import sharedobjects as binaries
     from carry.platforms import Platform
 
     loaded = config.load(config_path) if config_path.exists() else None
@@ -402,7 +490,7 @@ def gate(config_path: Path, targets: tuple[str, ...], arch: str | None, platform
     if arches is None:
         where = f"{config_path} has no build.cuda_arches" if loaded else f"no config at {config_path}"
         raise BadInput(f"{where}: pass --arch LIST (e.g. --arch 12.1,10.0,9.0) to say which GPUs to gate for")
-    from carry.gatepolicy import GatePolicy
+    from carry.binaries.gatepolicy import GatePolicy
 
     policy = loaded.gate_policy(arches) if loaded is not None and not strict else GatePolicy(arches)
     return gating.check(objects, policy, found_platform)

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from carry.arch import ArchList
-from carry.errors import BadInput
 from carry.platforms import Platform
+from carry.util.errors import BadInput
 
 if TYPE_CHECKING:
-    from carry.download import Pinned
-    from carry.gatepolicy import GatePolicy, GateRule
+    from carry.binaries.gatepolicy import GatePolicy, GateRule
+    from carry.util.download import Pinned
 
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -138,11 +138,15 @@ class RemoteCache:
         if launcher in (CompilerCache.AUTO, *self.scheme.launchers):
             return
         if launcher is CompilerCache.NONE:
-            raise BadInput(f"{where} {self} needs a compiler cache; set build.compiler_cache to auto, ccache or "
-                           f"sccache, or remove build.remote_cache")
+            raise BadInput(
+                f"{where} {self} needs a compiler cache; set build.compiler_cache to auto, ccache or "
+                f"sccache, or remove build.remote_cache"
+            )
         usable = " or ".join(m.value for m in self.scheme.launchers)
-        raise BadInput(f"{where} {self}: {launcher.value} cannot use {self.scheme.value} storage; "
-                       f"set build.compiler_cache to {usable}")
+        raise BadInput(
+            f"{where} {self}: {launcher.value} cannot use {self.scheme.value} storage; "
+            f"set build.compiler_cache to {usable}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +192,7 @@ class Generated:
 @dataclasses.dataclass(frozen=True)
 class BuildEnvironment:
     """`build.environment`: what carry adds to the upstream's `[build-system] requires` when it makes the
-    environment the upstream builds in (build_isolation: false; see carry/buildenv.py). The index URLs may
+    environment the upstream builds in (build_isolation: false; see carry/wheelbuild/buildenv.py). The index URLs may
     hold `user:password@`: they reach uv through its environment only and are never printed with it."""
 
     requires: tuple[str, ...] = ()  # PEP 508 requirements, installed with the upstream's own
@@ -303,10 +307,13 @@ class Config:
 
     def gate_policy(self, arches: ArchList) -> GatePolicy:
         """The gate's policy for a build promising `arches`: build.gate's rules, from this file."""
-        from carry.gatepolicy import GatePolicy
+        from carry.binaries.gatepolicy import GatePolicy
 
-        return GatePolicy(arches, self.build.gate, f"{self.path.name} build.gate") if self.build.gate else \
-            GatePolicy(arches)
+        return (
+            GatePolicy(arches, self.build.gate, f"{self.path.name} build.gate")
+            if self.build.gate
+            else GatePolicy(arches)
+        )
 
 
 class _Section:
@@ -321,9 +328,7 @@ class _Section:
             raise BadInput(f"{path}: {prefix or 'the file'} must be a mapping of keys, got {type(data).__name__}")
         unknown = sorted(str(k) for k in data if k not in allowed)
         if unknown:
-            raise BadInput(
-                f"{path}: unknown key {self._key(unknown[0])}; allowed keys here: {', '.join(allowed)}"
-            )
+            raise BadInput(f"{path}: unknown key {self._key(unknown[0])}; allowed keys here: {', '.join(allowed)}")
         self.data = data
 
     def _key(self, key: str) -> str:
@@ -480,16 +485,38 @@ def load(path: Path) -> Config:
 
 
 BUILD_KEYS = (
-    "cuda_arches", "env", "wheel_version", "version_env", "build_isolation", "compiler_cache", "remote_cache",
-    "tests", "gate", "generated", "keep", "environment", "precompiled",
+    "cuda_arches",
+    "env",
+    "wheel_version",
+    "version_env",
+    "build_isolation",
+    "compiler_cache",
+    "remote_cache",
+    "tests",
+    "gate",
+    "generated",
+    "keep",
+    "environment",
+    "precompiled",
 )
 PRECOMPILED_KEYS = ("env", "clear", "inputs", "wheels")
 PRECOMPILED_WHEEL_KEYS = ("requirement", "index", "path", "url", "sha256", "ref")
 ENVIRONMENT_KEYS = ("requires", "index_url", "extra_index_urls")
 INDEX_FORM = "an index URL: https://HOST/PATH (user:password@ allowed), http://… or file:///PATH"
 IMAGE_KEYS = (
-    "name", "tags", "platforms", "base_image", "runtime_image", "build_args", "labels", "env", "secret_env",
-    "docker", "lock", "entrypoint", "cmd",
+    "name",
+    "tags",
+    "platforms",
+    "base_image",
+    "runtime_image",
+    "build_args",
+    "labels",
+    "env",
+    "secret_env",
+    "docker",
+    "lock",
+    "entrypoint",
+    "cmd",
 )
 
 
@@ -543,7 +570,7 @@ def _build(section: _Section) -> Build:
 def _gate_rules(section: _Section) -> tuple[GateRule, ...]:
     if section.data.get("gate") is None:
         return ()
-    from carry.gatepolicy import parse_rules
+    from carry.binaries.gatepolicy import parse_rules
 
     return parse_rules(section.data.get("gate"), f"{section.path}: build.gate")
 
@@ -553,39 +580,49 @@ def _precompiled(build: _Section) -> Precompiled | None:
     with an optional index, or path, or url; sha256; ref)."""
     if not build.has("precompiled"):
         return None
-    from carry import download
+    from carry.util import download
 
     section = build.section("precompiled", PRECOMPILED_KEYS)
     where = f"{build.path}: build.precompiled"
     env = section.env("env")
     if not any("{wheel}" in value for value in env.values()):
-        raise BadInput(f"{where}.env must hand the wheel to the upstream's build: a variable whose value holds "
-                       f"{{wheel}}, e.g. VLLM_PRECOMPILED_WHEEL_LOCATION: '{{wheel}}'")
+        raise BadInput(
+            f"{where}.env must hand the wheel to the upstream's build: a variable whose value holds "
+            f"{{wheel}}, e.g. VLLM_PRECOMPILED_WHEEL_LOCATION: '{{wheel}}'"
+        )
     clear = section.strings("clear")
     if not all(ENV_NAME_RE.match(prefix.rstrip("_") or "_") for prefix in clear):
         raise section.fail("clear", "a list of variable-name prefixes, e.g. [VLLM_PRECOMPILED_, VLLM_USE_PRECOMPILED]")
     inputs = _globs_with_reasons(section, "inputs", "which compiled code reads it")
     if not inputs:
-        raise BadInput(f"{where}.inputs is required: the files the compiled code is built from (e.g. 'csrc/**': "
-                       f"'the CUDA and C++ sources'), which must be identical to the wheel's source")
+        raise BadInput(
+            f"{where}.inputs is required: the files the compiled code is built from (e.g. 'csrc/**': "
+            f"'the CUDA and C++ sources'), which must be identical to the wheel's source"
+        )
     value = section.data.get("wheels")
     if not isinstance(value, dict) or not value:
-        raise section.fail("wheels", "a mapping of platform to {requirement (or path), sha256, ref}, e.g. "
-                                     "{linux/amd64: {requirement: 'vllm==0.33.0', sha256: …, ref: v0.33.0}}")
+        raise section.fail(
+            "wheels",
+            "a mapping of platform to {requirement (or path), sha256, ref}, e.g. "
+            "{linux/amd64: {requirement: 'vllm==0.33.0', sha256: …, ref: v0.33.0}}",
+        )
     wheels = []
     for name, settings in value.items():
         platform = Platform.parse(str(name), f"{where}.wheels")
         own = _Section(settings, f"build.precompiled.wheels.{name}", build.path, PRECOMPILED_WHEEL_KEYS)
         here = f"{where}.wheels.{name}"
         if sum(own.has(key) for key in ("requirement", "path", "url")) != 1:
-            raise BadInput(f"{here} needs one of requirement (e.g. 'vllm==0.33.0', served by the package index pip is "
-                           f"configured with, or by index:), path or url: the upstream wheel to take the compiled "
-                           f"code from")
+            raise BadInput(
+                f"{here} needs one of requirement (e.g. 'vllm==0.33.0', served by the package index pip is "
+                f"configured with, or by index:), path or url: the upstream wheel to take the compiled "
+                f"code from"
+            )
         if own.has("index") and not own.has("requirement"):
             raise BadInput(f"{here}: index is for a wheel pinned by requirement; give requirement: 'NAME==VERSION'")
         if own.has("requirement"):
-            pinned = download.Pinned.by_name(own.string("requirement"), own.data.get("sha256"), here,
-                                             index=own.string("index"), platform=platform)
+            pinned = download.Pinned.by_name(
+                own.string("requirement"), own.data.get("sha256"), here, index=own.string("index"), platform=platform
+            )
         else:
             source = own.string("url") or str(_relative(build.path, own.string("path")))
             pinned = download.Pinned.parse(source, own.data.get("sha256"), here)
@@ -628,8 +665,10 @@ def _keep(section: _Section) -> tuple[str, ...]:
     for glob in keep:
         parts = glob.strip("/").split("/")
         if glob.startswith("/") or ".." in parts or parts[0] in ("", ".", "*", "**"):
-            raise BadInput(f"{section.path}: build.keep has {glob!r}; name directories of build objects inside "
-                           f"the source tree, e.g. 'build/temp.*'")
+            raise BadInput(
+                f"{section.path}: build.keep has {glob!r}; name directories of build objects inside "
+                f"the source tree, e.g. 'build/temp.*'"
+            )
     return keep
 
 
@@ -638,8 +677,10 @@ def _environment(build: _Section, isolation: bool) -> BuildEnvironment:
     if not build.has("environment"):
         return BuildEnvironment()
     if isolation:
-        raise BadInput(f"{build.path}: build.environment is used only with build_isolation: false (carry's own build "
-                       f"environment); set build.build_isolation: false or remove build.environment")
+        raise BadInput(
+            f"{build.path}: build.environment is used only with build_isolation: false (carry's own build "
+            f"environment); set build.build_isolation: false or remove build.environment"
+        )
     from packaging.requirements import InvalidRequirement, Requirement
 
     section = build.section("environment", ENVIRONMENT_KEYS)
@@ -648,9 +689,10 @@ def _environment(build: _Section, isolation: bool) -> BuildEnvironment:
         try:
             Requirement(text)
         except InvalidRequirement as exc:
-            raise BadInput(f"{section.path}: build.environment.requires has {strip_credentials(text)!r}, which is "
-                           f"not a PEP 508 requirement ({str(exc).splitlines()[0]}); write it like 'torch==2.14.0'"
-                           ) from None
+            raise BadInput(
+                f"{section.path}: build.environment.requires has {strip_credentials(text)!r}, which is "
+                f"not a PEP 508 requirement ({str(exc).splitlines()[0]}); write it like 'torch==2.14.0'"
+            ) from None
     index_url = section.data.get("index_url")
     extra = section.data.get("extra_index_urls") or []
     extra = [extra] if isinstance(extra, str) else extra
@@ -676,8 +718,13 @@ def _index_url(section: _Section, key: str, url: str) -> str:
     except ValueError:
         parts = None
     scheme = parts.scheme.lower() if parts else ""
-    if (parts is None or scheme not in ("https", "http", "file") or re.search(r"\s", url)
-            or (scheme != "file" and not parts.hostname) or (scheme == "file" and not parts.path)):
+    if (
+        parts is None
+        or scheme not in ("https", "http", "file")
+        or re.search(r"\s", url)
+        or (scheme != "file" and not parts.hostname)
+        or (scheme == "file" and not parts.path)
+    ):
         raise BadInput(f"{section.path}: build.environment.{key} has {shown!r}; use {INDEX_FORM}")
     return url
 
@@ -688,8 +735,10 @@ def _tests(section: _Section) -> tuple[TestCommand, ...]:
     value = section.data.get("tests")
     if value is None:
         return ()
-    form = ("a list of commands, each a string like 'python -m pkg.check', a list like [python, -m, pkg.check], or "
-            "{run: ..., gpu: false, against: tree}")
+    form = (
+        "a list of commands, each a string like 'python -m pkg.check', a list like [python, -m, pkg.check], or "
+        "{run: ..., gpu: false, against: tree}"
+    )
     if not isinstance(value, list):
         raise section.fail("tests", form)
     return tuple(_test(entry, f"{section.path}: build.tests[{index}]") for index, entry in enumerate(value))
@@ -710,8 +759,10 @@ def _test(entry: Any, where: str) -> TestCommand:
             raise BadInput(f"{where}.gpu must be true or false, got {gpu!r}")
         against = entry.get("against", "wheel")
         if against not in TEST_AGAINST:
-            raise BadInput(f"{where}.against must be wheel (the built wheel) or tree (the patched source tree, nothing "
-                           f"built), got {against!r}")
+            raise BadInput(
+                f"{where}.against must be wheel (the built wheel) or tree (the patched source tree, nothing "
+                f"built), got {against!r}"
+            )
         tree = against == "tree"
         if "run" not in entry:
             raise BadInput(f"{where} needs run: the command, e.g. {{run: 'python -m pkg.check', gpu: false}}")
@@ -804,8 +855,11 @@ def _platforms(section: _Section) -> tuple[PlatformTarget, ...]:
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         value = {v: None for v in value}
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise section.fail("platforms", "a list of platforms such as [linux/amd64, linux/arm64], or a mapping of "
-                                        "platform to its own cuda_arches, base_image, runtime_image")
+        raise section.fail(
+            "platforms",
+            "a list of platforms such as [linux/amd64, linux/arm64], or a mapping of "
+            "platform to its own cuda_arches, base_image, runtime_image",
+        )
     targets: list[PlatformTarget] = []
     for name, settings in value.items():
         platform = Platform.parse(name, f"{section.path}: image.platforms")
@@ -815,12 +869,14 @@ def _platforms(section: _Section) -> tuple[PlatformTarget, ...]:
         arches = own.data.get("cuda_arches")
         if arches is not None and not isinstance(arches, (str, list)):
             raise own.fail("cuda_arches", "a string like '12.1' or a list of arches")
-        targets.append(PlatformTarget(
-            platform=platform,
-            cuda_arches=ArchList.parse(arches) if arches is not None else None,
-            base_image=own.string("base_image"),
-            runtime_image=own.string("runtime_image"),
-        ))
+        targets.append(
+            PlatformTarget(
+                platform=platform,
+                cuda_arches=ArchList.parse(arches) if arches is not None else None,
+                base_image=own.string("base_image"),
+                runtime_image=own.string("runtime_image"),
+            )
+        )
     return tuple(targets)
 
 

@@ -8,7 +8,7 @@ import os
 import struct
 from pathlib import Path
 
-from carry.errors import BadInput
+from carry.util.errors import BadInput
 
 BINFMT_DIR = Path("/proc/sys/fs/binfmt_misc")
 ELF_MAGIC = b"\x7fELF"
@@ -62,8 +62,12 @@ class Platform(enum.Enum):
     @classmethod
     def parse(cls, text: str, where: str) -> Platform:
         """`linux/arm64` (also `linux/aarch64`, `linux/x86_64`, `linux/arm64/v8`); errors list what is allowed."""
-        aliases = {"linux/aarch64": "linux/arm64", "linux/arm64/v8": "linux/arm64", "linux/x86_64": "linux/amd64",
-                   "linux/arm": "linux/arm/v7"}
+        aliases = {
+            "linux/aarch64": "linux/arm64",
+            "linux/arm64/v8": "linux/arm64",
+            "linux/x86_64": "linux/amd64",
+            "linux/arm": "linux/arm/v7",
+        }
         wanted = aliases.get(text.strip().lower(), text.strip().lower())
         for platform in cls:
             if str(platform) == wanted:
@@ -79,8 +83,7 @@ class Platform(enum.Enum):
     @classmethod
     def from_wheel_tag(cls, tag: str) -> Platform | None:
         """The platform of a wheel's platform tag (`linux_aarch64`, `manylinux_2_17_x86_64`); None for `any`."""
-        return next((p for p in cls if tag.startswith(("linux_", "manylinux")) and tag.endswith("_" + p.machine)),
-                    None)
+        return next((p for p in cls if tag.startswith(("linux_", "manylinux")) and tag.endswith("_" + p.machine)), None)
 
     @classmethod
     def native(cls) -> Platform:
@@ -132,16 +135,22 @@ class Emulation:
         if platform is native:
             return
         found = self.handler(platform)
-        fix = (f"install and enable QEMU (Debian: apt-get install qemu-user-static binfmt-support, then "
-               f"update-binfmts --enable {platform.qemu}), or build on a {platform} machine")
+        fix = (
+            f"install and enable QEMU (Debian: apt-get install qemu-user-static binfmt-support, then "
+            f"update-binfmts --enable {platform.qemu}), or build on a {platform} machine"
+        )
         if found is None:
-            raise BadInput(f"this {native} machine cannot run {platform} programs (no enabled binfmt_misc handler "
-                           f"for {platform.machine} in {self.directory}); {fix}")
+            raise BadInput(
+                f"this {native} machine cannot run {platform} programs (no enabled binfmt_misc handler "
+                f"for {platform.machine} in {self.directory}); {fix}"
+            )
         name, fix_binary = found
         if not fix_binary:
-            raise BadInput(f"the binfmt_misc handler {name} for {platform} lacks the F flag, so containers cannot "
-                           f"use it; re-register it with the F flag (qemu-user-static does), or build on a "
-                           f"{platform} machine")
+            raise BadInput(
+                f"the binfmt_misc handler {name} for {platform} lacks the F flag, so containers cannot "
+                f"use it; re-register it with the F flag (qemu-user-static does), or build on a "
+                f"{platform} machine"
+            )
 
 
 def _read_handler(entry: Path) -> dict | None:
@@ -164,7 +173,7 @@ def _matches(header: bytes, fields: dict) -> bool:
         mask = bytes.fromhex(fields["mask"]) if fields.get("mask") else b"\xff" * len(magic)
     except (KeyError, ValueError):
         return False
-    window = header[offset:offset + len(magic)]
+    window = header[offset : offset + len(magic)]
     if len(window) < len(magic):
         return False
     return all((w & m) == (g & m) for w, g, m in zip(window, magic, mask))

@@ -7,8 +7,8 @@ import datetime
 import re
 from pathlib import Path
 
-from carry.errors import BadInput
-from carry.fsutil import atomic_write_text
+from carry.util.errors import BadInput
+from carry.util.fsutil import atomic_write_text
 
 VERSION_RE = re.compile(r"(\d{4})(\d{2})(\d{2})\.([1-9]\d*)")
 FORM = "one line YYYYMMDD.N with a real date and N >= 1, e.g. 20260906.1"
@@ -37,9 +37,7 @@ class Version:
     def bumped(self, today: datetime.date) -> Version:
         """The next version on `today`: `.N+1` on the same day, else `today.1`."""
         if self.date > today:
-            raise BadInput(
-                f"VERSION {self} is dated after today ({today:%Y%m%d}, UTC); fix the file by hand"
-            )
+            raise BadInput(f"VERSION {self} is dated after today ({today:%Y%m%d}, UTC); fix the file by hand")
         return Version(today, self.number + 1) if self.date == today else Version(today, 1)
 
 

@@ -182,9 +182,7 @@ def requires_docker(test: Callable) -> Callable:
     return checked
 
 
-def login(
-    docker_config: Path, registry: str, user: str, password: str
-) -> subprocess.CompletedProcess:
+def login(docker_config: Path, registry: str, user: str, password: str) -> subprocess.CompletedProcess:
     """`docker login` into DOCKER_CONFIG=docker_config; the password goes over stdin."""
     return subprocess.run(
         [DOCKER_CLI, "login", "--username", user, "--password-stdin", registry],

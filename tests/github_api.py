@@ -8,7 +8,7 @@ import contextlib
 import http.server
 import json
 import threading
-from typing import Iterator
+from collections.abc import Iterator
 
 
 class Api:
@@ -26,9 +26,15 @@ class Api:
 def pull(state: str, merged: bool = False, merge_commit: str | None = None, when: str = "2026-11-20T10:00:00Z") -> dict:
     """A pull request object as GitHub's REST API returns it (the fields carry reads, and a few it does not)."""
     return {
-        "number": 0, "title": "a PR", "state": state, "merged": merged, "draft": False,
-        "merged_at": when if merged else None, "closed_at": when if state == "closed" else None,
-        "merge_commit_sha": merge_commit or "f" * 40, "html_url": "https://github.example/pull/0",
+        "number": 0,
+        "title": "a PR",
+        "state": state,
+        "merged": merged,
+        "draft": False,
+        "merged_at": when if merged else None,
+        "closed_at": when if state == "closed" else None,
+        "merge_commit_sha": merge_commit or "f" * 40,
+        "html_url": "https://github.example/pull/0",
     }
 
 

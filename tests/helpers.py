@@ -24,8 +24,13 @@ GIT_ENV = {
 def git(repo: Path, *args: str, input: str | None = None) -> str:
     env = {**os.environ, **GIT_ENV}
     out = subprocess.run(
-        ["git", "-c", "init.defaultBranch=main", *args], cwd=repo, env=env, input=input,
-        capture_output=True, text=True, check=True,
+        ["git", "-c", "init.defaultBranch=main", *args],
+        cwd=repo,
+        env=env,
+        input=input,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return out.stdout.strip()
 
@@ -104,8 +109,13 @@ class Result:
 def carry(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 600) -> Result:
     """Run `python build.py ARGS` in a subprocess, as a user would."""
     proc = subprocess.run(
-        [sys.executable, str(BUILD_PY), *args], cwd=cwd, env={**os.environ, **(env or {})},
-        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        [sys.executable, str(BUILD_PY), *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
     )
     return Result(proc.returncode, proc.stdout, proc.stderr)
 

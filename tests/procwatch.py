@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 def _scan(seen: set[str], stop: threading.Event) -> None:

@@ -48,8 +48,14 @@ def download_store() -> str:
 
 def make_upstream(cache: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "CARRY_CACHE": str(cache), "CARRY_DOWNLOADS": download_store()}
-    return subprocess.run([sys.executable, str(MAKE_UPSTREAM), "--no-link", *args], env=env, capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL, timeout=900)
+    return subprocess.run(
+        [sys.executable, str(MAKE_UPSTREAM), "--no-link", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=900,
+    )
 
 
 def build(cache: Path) -> dict:
@@ -107,13 +113,13 @@ WHEEL_ARM = "vllm-0.33.0-cp38-abi3-manylinux_2_28_aarch64.whl"
 
 def path(name: str) -> Path:
     """The checked local copy of one pinned release file (downloaded first when the store lacks it)."""
-    from carry import releases
+    from carry.source import releases
 
     (found,) = releases.fetch(RELEASES, [name])
     return found
 
 
 def pinned(name: str):
-    from carry import releases
+    from carry.source import releases
 
     return next(release for release in releases.load(RELEASES) if release.name == name)

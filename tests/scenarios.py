@@ -102,8 +102,9 @@ class Project:
         when = (PIN_DATE + datetime.timedelta(days=self.days)).isoformat()
         self.days += 1
         env = {**os.environ, **GIT_ENV, "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when}
-        return subprocess.run(["git", *args], cwd=self.upstream.path, env=env, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", *args], cwd=self.upstream.path, env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
 
     def commit(self, message: str, files: dict[str, str | None]) -> str:
         """An upstream commit on its current branch."""
@@ -149,7 +150,9 @@ def project(tmp_path: Path, pr: int | None = None) -> Project:
     write_config(result.config.parent, str(upstream.path), result.pin, pr=pr)
     (result.config.parent / "VERSION").write_text("20260101.1\n")
     result.add_patch(
-        "0001-reset-semaphore.patch", "Reset the semaphore in prepare_forward", with_reset(ENGINE),
+        "0001-reset-semaphore.patch",
+        "Reset the semaphore in prepare_forward",
+        with_reset(ENGINE),
         "Upstream-Status: Submitted [https://example.invalid/pr/1]",
     )
     result.add_patch("0002-fp8-dispatch.patch", "Dispatch FP8 per-channel", with_fp8(ENGINE))

@@ -16,8 +16,8 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 DOCKER_CLI = "/usr/bin/docker"
 START_TIMEOUT_S = 60
@@ -32,8 +32,13 @@ class Engine:
     bases: tuple[str, ...]
 
     def docker(self, *args: str, timeout: float = 600) -> str:
-        result = subprocess.run([DOCKER_CLI, *args], env={"PATH": "/usr/bin:/bin", "DOCKER_HOST": self.host},
-                                capture_output=True, text=True, timeout=timeout)
+        result = subprocess.run(
+            [DOCKER_CLI, *args],
+            env={"PATH": "/usr/bin:/bin", "DOCKER_HOST": self.host},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if result.returncode != 0:
             raise RuntimeError(f"docker {args[0]} on the second engine failed: {result.stderr.strip()[-500:]}")
         return result.stdout
@@ -69,8 +74,11 @@ def problem() -> str | None:
 def own_bridge() -> Iterator[str]:
     """A bridge interface for the second engine, deleted afterwards."""
     name = f"carry-e2-{os.urandom(2).hex()}"
-    for command in (["link", "add", name, "type", "bridge"], ["addr", "add", BRIDGE_ADDRESS, "dev", name],
-                    ["link", "set", name, "up"]):
+    for command in (
+        ["link", "add", name, "type", "bridge"],
+        ["addr", "add", BRIDGE_ADDRESS, "dev", name],
+        ["link", "set", name, "up"],
+    ):
         subprocess.run(["ip", *command], check=True, capture_output=True)
     try:
         yield name
@@ -86,10 +94,25 @@ def started(bases: tuple[str, ...], main_host: str) -> Iterator[Engine]:
     bridge = contextlib.ExitStack()
     with open(root / "dockerd.log", "wb") as log:
         daemon = subprocess.Popen(
-            ["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
-             "--host", f"unix://{socket}", "--pidfile", str(root / "dockerd.pid"),
-             f"--bridge={bridge.enter_context(own_bridge())}", "--iptables=false", "--ip-masq=false"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            [
+                "dockerd",
+                "--data-root",
+                str(root / "data"),
+                "--exec-root",
+                str(root / "exec"),
+                "--host",
+                f"unix://{socket}",
+                "--pidfile",
+                str(root / "dockerd.pid"),
+                f"--bridge={bridge.enter_context(own_bridge())}",
+                "--iptables=false",
+                "--ip-masq=false",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     engine = Engine(f"unix://{socket}", bases)
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -101,10 +124,19 @@ def started(bases: tuple[str, ...], main_host: str) -> Iterator[Engine]:
                 if daemon.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the second dockerd did not start; see {root / 'dockerd.log'}") from None
                 time.sleep(0.2)
-        saved = subprocess.Popen([DOCKER_CLI, "save", *bases], env={"PATH": "/usr/bin:/bin", "DOCKER_HOST": main_host},
-                                 stdout=subprocess.PIPE)
-        loaded = subprocess.run([DOCKER_CLI, "load", "--quiet"], stdin=saved.stdout, capture_output=True, text=True,
-                                env={"PATH": "/usr/bin:/bin", "DOCKER_HOST": engine.host}, timeout=600)
+        saved = subprocess.Popen(
+            [DOCKER_CLI, "save", *bases],
+            env={"PATH": "/usr/bin:/bin", "DOCKER_HOST": main_host},
+            stdout=subprocess.PIPE,
+        )
+        loaded = subprocess.run(
+            [DOCKER_CLI, "load", "--quiet"],
+            stdin=saved.stdout,
+            capture_output=True,
+            text=True,
+            env={"PATH": "/usr/bin:/bin", "DOCKER_HOST": engine.host},
+            timeout=600,
+        )
         saved.stdout.close()
         if saved.wait() != 0 or loaded.returncode != 0:
             raise RuntimeError(f"copying {', '.join(bases)} into the second engine failed: {loaded.stderr[-300:]}")

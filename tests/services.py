@@ -16,8 +16,8 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -37,9 +37,13 @@ class Redis:
 
     def cli(self, *args: str, db: int = 0) -> str:
         """redis-cli against this server, the password in the environment."""
-        result = subprocess.run(["redis-cli", "-h", self.host, "-p", str(self.port), "-n", str(db), *args],
-                                env={**os.environ, "REDISCLI_AUTH": self.password}, capture_output=True,
-                                text=True, timeout=30)
+        result = subprocess.run(
+            ["redis-cli", "-h", self.host, "-p", str(self.port), "-n", str(db), *args],
+            env={**os.environ, "REDISCLI_AUTH": self.password},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if result.returncode != 0 or result.stdout.startswith(("ERR", "NOAUTH", "WRONGPASS")):
             raise RuntimeError(f"redis-cli {args[0]} failed: {result.stdout}{result.stderr}")
         return result.stdout.strip()
@@ -53,8 +57,9 @@ class Redis:
 
 def _shared() -> Redis | str:
     settings = _read_env_file(env_file())
-    settings.update({k: os.environ[k] for k in ("CARRY_TEST_REDIS", "CARRY_TEST_REDIS_PASSWORD_FILE")
-                     if os.environ.get(k)})
+    settings.update(
+        {k: os.environ[k] for k in ("CARRY_TEST_REDIS", "CARRY_TEST_REDIS_PASSWORD_FILE") if os.environ.get(k)}
+    )
     address, password_file = settings.get("CARRY_TEST_REDIS"), settings.get("CARRY_TEST_REDIS_PASSWORD_FILE")
     if not address or not password_file:
         return f"CARRY_TEST_REDIS not set (looked in {env_file()} and the environment); {SETUP_HINT}"
@@ -86,8 +91,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def private_redis(directory: Path, password: str | None = None,
-                  **settings: str) -> Iterator[tuple[Redis, subprocess.Popen]]:
+def private_redis(
+    directory: Path, password: str | None = None, **settings: str
+) -> Iterator[tuple[Redis, subprocess.Popen]]:
     """A redis-server of this test's own on a free port, its password (default: random hex) in a mode-600
     config file; yields the connection facts and the process (a test may stop it)."""
     if shutil.which("redis-server") is None:
@@ -99,8 +105,9 @@ def private_redis(directory: Path, password: str | None = None,
     extra = "".join(f"{key} {value}\n" for key, value in settings.items())
     quoted = '"' + password.replace("\\", "\\\\").replace('"', '\\"') + '"'
     with os.fdopen(fd, "w") as handle:
-        handle.write(f"bind 127.0.0.1\nport {port}\ndir {directory}\nsave \"\"\nappendonly no\n"
-                     f"requirepass {quoted}\n{extra}")
+        handle.write(
+            f'bind 127.0.0.1\nport {port}\ndir {directory}\nsave ""\nappendonly no\nrequirepass {quoted}\n{extra}'
+        )
     process = subprocess.Popen(["redis-server", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     redis = Redis("127.0.0.1", port, password)
     try:

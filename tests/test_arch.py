@@ -3,7 +3,7 @@
 import pytest
 
 from carry.arch import ArchList, ComputeCapability, CudaTarget, Variant
-from carry.errors import BadInput
+from carry.util.errors import BadInput
 
 CC = ComputeCapability
 

@@ -68,12 +68,14 @@ def imports_of(path: Path, module: str, known: dict[str, Path], package: str = P
             else:
                 base = node.module or ""
             prefix = f"{package}."
-            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}".removeprefix(prefix) in known else base
-                       for alias in node.names]
+            targets = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}".removeprefix(prefix) in known else base
+                for alias in node.names
+            ]
         for target in targets:
             if target == package or not target.startswith(package + "."):
                 continue
-            hit = _resolve(target[len(package) + 1:], known)
+            hit = _resolve(target[len(package) + 1 :], known)
             if hit is not None and hit != module:
                 found.add(hit)
     return found
@@ -217,12 +219,15 @@ def test_a_package_without_a_cycle_passes(tmp_path):
     assert cycles(edges) == []
 
 
-@pytest.mark.parametrize("closing", [
-    "def f():\n    from carry import a\n",  # lazy, inside a function
-    "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from carry.a import x\n",  # for type hints only
-    "import carry.a\n",
-    "from . import a\n",
-])
+@pytest.mark.parametrize(
+    "closing",
+    [
+        "def f():\n    from carry import a\n",  # lazy, inside a function
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from carry.a import x\n",  # for type hints only
+        "import carry.a\n",
+        "from . import a\n",
+    ],
+)
 def test_a_cycle_added_by_hand_fails_naming_it(tmp_path, closing):
     root = write_package(tmp_path, {**SMALL, "c.py": closing})
     found = cycles(graph(root))
@@ -230,20 +235,32 @@ def test_a_cycle_added_by_hand_fails_naming_it(tmp_path, closing):
 
 
 def test_cycles_inside_subpackages_are_named_with_their_subpackage(tmp_path):
-    root = write_package(tmp_path, {
-        "__init__.py": "", "util/__init__.py": "", "source/__init__.py": "",
-        "util/fsutil.py": "from carry.source.git import run\n",
-        "source/git.py": "from ..util import fsutil\n",
-    })
+    root = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "util/__init__.py": "",
+            "source/__init__.py": "",
+            "util/fsutil.py": "from carry.source.git import run\n",
+            "source/git.py": "from ..util import fsutil\n",
+        },
+    )
     edges = graph(root)
     assert cycles(edges) == [["source.git", "util.fsutil", "source.git"]]
     assert rule_breaks(edges) == ["util.fsutil -> source.git (util may import none)"]
 
 
 def test_rule_breaks_name_the_import(tmp_path):
-    root = write_package(tmp_path, {
-        "__init__.py": "", "config.py": "", "verdicts/__init__.py": "", "image/__init__.py": "",
-        "verdicts/drop.py": "from carry.image import container\nfrom carry import config\n",
-        "image/container.py": "", "cli.py": "from carry.verdicts import drop\n",
-    })
+    root = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "config.py": "",
+            "verdicts/__init__.py": "",
+            "image/__init__.py": "",
+            "verdicts/drop.py": "from carry.image import container\nfrom carry import config\n",
+            "image/container.py": "",
+            "cli.py": "from carry.verdicts import drop\n",
+        },
+    )
     assert rule_breaks(graph(root)) == ["verdicts.drop -> image.container (verdicts may import ['source', 'util'])"]

@@ -13,8 +13,8 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
@@ -212,126 +212,297 @@ CASES: list[Case] = [
     # build.yaml
     Case("yaml_syntax_error", ("check",), ("YAML syntax error", "line"), _append("image: [unclosed\n")),
     Case("yaml_tab_indent", ("check",), ("YAML syntax error",), _append("build:\n\tenv: {}\n")),
-    Case("yaml_python_object_tag", ("check",), ("YAML syntax error",),
-         _append("image: !!python/object/apply:os.system ['touch pwned']\n")),
+    Case(
+        "yaml_python_object_tag",
+        ("check",),
+        ("YAML syntax error",),
+        _append("image: !!python/object/apply:os.system ['touch pwned']\n"),
+    ),
     Case("yaml_not_a_mapping", ("check",), ("must be a mapping",), lambda ctx: ctx.config.write_text("- a\n- b\n")),
     Case("yaml_empty_file", ("check",), ("upstream section is required",), lambda ctx: ctx.config.write_text("")),
     Case("config_not_utf8", ("check",), ("cannot read config",), lambda ctx: ctx.config.write_bytes(b"\xff\xfe\x00x")),
     Case("config_missing", ("--config", "nope.yaml", "check"), ("config file not found", "--config")),
     Case("unknown_top_key", ("check",), ("unknown key colour", "allowed keys"), _append("colour: blue\n")),
-    Case("unknown_upstream_key", ("check",), ("unknown key upstream.brnach",),
-         _config("  main: main\n", "  brnach: main\n")),
-    Case("upstream_is_a_list", ("check",), ("upstream must be a mapping",),
-         lambda ctx: ctx.config.write_text("upstream: [a, b]\npatches:\n  dir: patches\n")),
+    Case(
+        "unknown_upstream_key",
+        ("check",),
+        ("unknown key upstream.brnach",),
+        _config("  main: main\n", "  brnach: main\n"),
+    ),
+    Case(
+        "upstream_is_a_list",
+        ("check",),
+        ("upstream must be a mapping",),
+        lambda ctx: ctx.config.write_text("upstream: [a, b]\npatches:\n  dir: patches\n"),
+    ),
     Case("missing_upstream", ("check",), ("upstream section is required",), _no_upstream_section),
-    Case("missing_url", ("check",), ("upstream.url is required",),
-         lambda ctx: ctx.edit_config(f"  url: {ctx.upstream.path}\n", "")),
-    Case("missing_commit", ("check",), ("upstream.commit", "40-hex"),
-         lambda ctx: ctx.edit_config(f"  commit: {ctx.upstream.head()}", "  # no commit")),
-    Case("short_sha", ("check",), ("upstream.commit", "40-hex"),
-         lambda ctx: ctx.edit_config(ctx.upstream.head(), ctx.upstream.head()[:12])),
-    Case("non_hex_sha", ("check",), ("upstream.commit", "40-hex"),
-         lambda ctx: ctx.edit_config(ctx.upstream.head(), "g" * 40)),
-    Case("sha_as_number", ("check",), ("upstream.commit", "40-hex"),
-         lambda ctx: ctx.edit_config(ctx.upstream.head(), "1" * 40)),
+    Case(
+        "missing_url",
+        ("check",),
+        ("upstream.url is required",),
+        lambda ctx: ctx.edit_config(f"  url: {ctx.upstream.path}\n", ""),
+    ),
+    Case(
+        "missing_commit",
+        ("check",),
+        ("upstream.commit", "40-hex"),
+        lambda ctx: ctx.edit_config(f"  commit: {ctx.upstream.head()}", "  # no commit"),
+    ),
+    Case(
+        "short_sha",
+        ("check",),
+        ("upstream.commit", "40-hex"),
+        lambda ctx: ctx.edit_config(ctx.upstream.head(), ctx.upstream.head()[:12]),
+    ),
+    Case(
+        "non_hex_sha",
+        ("check",),
+        ("upstream.commit", "40-hex"),
+        lambda ctx: ctx.edit_config(ctx.upstream.head(), "g" * 40),
+    ),
+    Case(
+        "sha_as_number",
+        ("check",),
+        ("upstream.commit", "40-hex"),
+        lambda ctx: ctx.edit_config(ctx.upstream.head(), "1" * 40),
+    ),
     Case("wrong_type_pr", ("check",), ("upstream.pr", "positive integer"), _config("  pr: 7\n", "  pr: seven\n")),
     Case("negative_pr", ("check",), ("upstream.pr", "positive integer"), _config("  pr: 7\n", "  pr: -7\n")),
     Case("zero_pr", ("check",), ("upstream.pr", "positive integer"), _config("  pr: 7\n", "  pr: 0\n")),
     Case("boolean_pr", ("check",), ("upstream.pr", "positive integer"), _config("  pr: 7\n", "  pr: true\n")),
     Case("empty_main", ("check",), ("upstream.main", "non-empty string"), _config("  main: main\n", "  main: ''\n")),
-    Case("url_ext_transport", ("fetch",), ("remote helper transport", "https"),
-         lambda ctx: ctx.set_url(f"ext::sh -c touch% {_pwned(ctx)}")),
-    Case("url_ext_uppercase", ("fetch",), ("remote helper transport",),
-         lambda ctx: ctx.set_url(f"EXT::sh -c touch% {_pwned(ctx)}")),
+    Case(
+        "url_ext_transport",
+        ("fetch",),
+        ("remote helper transport", "https"),
+        lambda ctx: ctx.set_url(f"ext::sh -c touch% {_pwned(ctx)}"),
+    ),
+    Case(
+        "url_ext_uppercase",
+        ("fetch",),
+        ("remote helper transport",),
+        lambda ctx: ctx.set_url(f"EXT::sh -c touch% {_pwned(ctx)}"),
+    ),
     Case("url_fd_transport", ("fetch",), ("remote helper transport",), _url("fd::3")),
-    Case("url_http_scheme", ("fetch",), ("scheme 'http' is not allowed", "https"),
-         _url("http://example.invalid/x.git")),
+    Case(
+        "url_http_scheme", ("fetch",), ("scheme 'http' is not allowed", "https"), _url("http://example.invalid/x.git")
+    ),
     Case("url_ftp_scheme", ("fetch",), ("scheme 'ftp' is not allowed",), _url("ftp://example.invalid/x.git")),
-    Case("url_option_injection", ("fetch",), ("starts with '-'",),
-         lambda ctx: ctx.set_url(f"--upload-pack=touch {_pwned(ctx)}")),
-    Case("url_ssh_proxycommand_host", ("fetch",), ("cannot give commit", "no bundle"),
-         lambda ctx: ctx.set_url(f"ssh://-oProxyCommand=touch%20{_pwned(ctx)}/x.git"), fresh_cache=True),
-    Case("url_is_a_list", ("check",), ("upstream.url", "non-empty string"),
-         lambda ctx: ctx.edit_config(f"url: {ctx.upstream.path}\n", "url: [a]\n")),
-    Case("patches_dir_missing", ("check",), ("patches directory not found", "patches.dir"),
-         _config("  dir: patches\n", "  dir: no-such-dir\n")),
-    Case("patches_dir_wrong_type", ("check",), ("patches.dir", "non-empty string"),
-         _config("  dir: patches\n", "  dir: 3\n")),
-    Case("build_isolation_string", ("check",), ("build.build_isolation", "true or false"),
-         _append("build:\n  build_isolation: 'yes'\n")),
-    Case("compiler_cache_unknown", ("check",), ("unknown compiler cache 'distcc'", "auto", "ccache"),
-         _append("build:\n  compiler_cache: distcc\n")),
-    Case("remote_cache_unknown_scheme", ("check",), ("build.remote_cache", "unknown scheme 'memcached'", "redis://"),
-         _append("build:\n  remote_cache: memcached://cache.example:11211\n")),
-    Case("remote_cache_with_password", ("check",), ("build.remote_cache", "must not hold credentials",
-                                                    "CARRY_REMOTE_CACHE_PASSWORD"),
-         _append("build:\n  remote_cache: redis://:hunter2@cache.example:6379/0\n")),
-    Case("remote_cache_bad_db", ("check",), ("build.remote_cache", "database must be a number"),
-         _append("build:\n  remote_cache: redis://cache.example:6379/zero\n")),
-    Case("remote_cache_s3_with_ccache", ("check",), ("ccache cannot use s3", "sccache"),
-         _append("build:\n  compiler_cache: ccache\n  remote_cache: s3://bucket/carry\n")),
-    Case("remote_cache_without_launcher", ("check",), ("needs a compiler cache", "compiler_cache"),
-         _append("build:\n  compiler_cache: none\n  remote_cache: redis://cache.example\n")),
-    Case("remote_cache_env_unknown_scheme", ("wheel", "--arch", "9.0"), ("$CARRY_REMOTE_CACHE_URL", "unknown scheme"),
-         lambda ctx: ctx.env.update(CARRY_REMOTE_CACHE_URL="gopher://cache.example")),
-    Case("compiler_cache_missing", ("wheel", "--arch", "9.0"), ("build.compiler_cache is ccache", "not on PATH"),
-         lambda ctx: (ctx.append_config("build:\n  compiler_cache: ccache\n"), _path_with_only_git(ctx))),
+    Case(
+        "url_option_injection",
+        ("fetch",),
+        ("starts with '-'",),
+        lambda ctx: ctx.set_url(f"--upload-pack=touch {_pwned(ctx)}"),
+    ),
+    Case(
+        "url_ssh_proxycommand_host",
+        ("fetch",),
+        ("cannot give commit", "no bundle"),
+        lambda ctx: ctx.set_url(f"ssh://-oProxyCommand=touch%20{_pwned(ctx)}/x.git"),
+        fresh_cache=True,
+    ),
+    Case(
+        "url_is_a_list",
+        ("check",),
+        ("upstream.url", "non-empty string"),
+        lambda ctx: ctx.edit_config(f"url: {ctx.upstream.path}\n", "url: [a]\n"),
+    ),
+    Case(
+        "patches_dir_missing",
+        ("check",),
+        ("patches directory not found", "patches.dir"),
+        _config("  dir: patches\n", "  dir: no-such-dir\n"),
+    ),
+    Case(
+        "patches_dir_wrong_type",
+        ("check",),
+        ("patches.dir", "non-empty string"),
+        _config("  dir: patches\n", "  dir: 3\n"),
+    ),
+    Case(
+        "build_isolation_string",
+        ("check",),
+        ("build.build_isolation", "true or false"),
+        _append("build:\n  build_isolation: 'yes'\n"),
+    ),
+    Case(
+        "compiler_cache_unknown",
+        ("check",),
+        ("unknown compiler cache 'distcc'", "auto", "ccache"),
+        _append("build:\n  compiler_cache: distcc\n"),
+    ),
+    Case(
+        "remote_cache_unknown_scheme",
+        ("check",),
+        ("build.remote_cache", "unknown scheme 'memcached'", "redis://"),
+        _append("build:\n  remote_cache: memcached://cache.example:11211\n"),
+    ),
+    Case(
+        "remote_cache_with_password",
+        ("check",),
+        ("build.remote_cache", "must not hold credentials", "CARRY_REMOTE_CACHE_PASSWORD"),
+        _append("build:\n  remote_cache: redis://:hunter2@cache.example:6379/0\n"),
+    ),
+    Case(
+        "remote_cache_bad_db",
+        ("check",),
+        ("build.remote_cache", "database must be a number"),
+        _append("build:\n  remote_cache: redis://cache.example:6379/zero\n"),
+    ),
+    Case(
+        "remote_cache_s3_with_ccache",
+        ("check",),
+        ("ccache cannot use s3", "sccache"),
+        _append("build:\n  compiler_cache: ccache\n  remote_cache: s3://bucket/carry\n"),
+    ),
+    Case(
+        "remote_cache_without_launcher",
+        ("check",),
+        ("needs a compiler cache", "compiler_cache"),
+        _append("build:\n  compiler_cache: none\n  remote_cache: redis://cache.example\n"),
+    ),
+    Case(
+        "remote_cache_env_unknown_scheme",
+        ("wheel", "--arch", "9.0"),
+        ("$CARRY_REMOTE_CACHE_URL", "unknown scheme"),
+        lambda ctx: ctx.env.update(CARRY_REMOTE_CACHE_URL="gopher://cache.example"),
+    ),
+    Case(
+        "compiler_cache_missing",
+        ("wheel", "--arch", "9.0"),
+        ("build.compiler_cache is ccache", "not on PATH"),
+        lambda ctx: (ctx.append_config("build:\n  compiler_cache: ccache\n"), _path_with_only_git(ctx)),
+    ),
     Case("build_env_bad_name", ("check",), ("build.env", "invalid name"), _append("build:\n  env: {'1BAD': x}\n")),
-    Case("build_env_nested_value", ("check",), ("build.env.A", "string or number"),
-         _append("build:\n  env: {A: [1]}\n")),
-    Case("wheel_version_without_field", ("check",), ("build.wheel_version", "{version}"),
-         _append("build:\n  wheel_version: '1.0'\n")),
-    Case("wheel_version_unknown_field", ("check",), ("build.wheel_version", "PEP 440"),
-         _append("build:\n  wheel_version: '0.1+carry.{version}.{build}'\n")),
-    Case("wheel_version_unbalanced_brace", ("check",), ("build.wheel_version", "PEP 440"),
-         _append("build:\n  wheel_version: '0.1+carry.{version}{'\n")),
-    Case("wheel_version_no_local_label", ("check",), ("build.wheel_version", "PEP 440"),
-         _append("build:\n  wheel_version: '{version}'\n")),
-    Case("wheel_version_not_pep440", ("wheel", "--arch", "9.0"), ("build.wheel_version", "PEP 440"),
-         _append("build:\n  wheel_version: 'not a version {version}'\n")),
-    Case("cuda_arches_config_9_1", ("check",), ("'9.1'", "compute capability"),
-         _append("build:\n  cuda_arches: '9.1'\n")),
+    Case(
+        "build_env_nested_value", ("check",), ("build.env.A", "string or number"), _append("build:\n  env: {A: [1]}\n")
+    ),
+    Case(
+        "wheel_version_without_field",
+        ("check",),
+        ("build.wheel_version", "{version}"),
+        _append("build:\n  wheel_version: '1.0'\n"),
+    ),
+    Case(
+        "wheel_version_unknown_field",
+        ("check",),
+        ("build.wheel_version", "PEP 440"),
+        _append("build:\n  wheel_version: '0.1+carry.{version}.{build}'\n"),
+    ),
+    Case(
+        "wheel_version_unbalanced_brace",
+        ("check",),
+        ("build.wheel_version", "PEP 440"),
+        _append("build:\n  wheel_version: '0.1+carry.{version}{'\n"),
+    ),
+    Case(
+        "wheel_version_no_local_label",
+        ("check",),
+        ("build.wheel_version", "PEP 440"),
+        _append("build:\n  wheel_version: '{version}'\n"),
+    ),
+    Case(
+        "wheel_version_not_pep440",
+        ("wheel", "--arch", "9.0"),
+        ("build.wheel_version", "PEP 440"),
+        _append("build:\n  wheel_version: 'not a version {version}'\n"),
+    ),
+    Case(
+        "cuda_arches_config_9_1", ("check",), ("'9.1'", "compute capability"), _append("build:\n  cuda_arches: '9.1'\n")
+    ),
     Case("cuda_arches_wrong_type", ("check",), ("build.cuda_arches",), _append("build:\n  cuda_arches: {a: b}\n")),
-    Case("platforms_bad", ("check",), ("image.platforms", "unknown platform", "linux/arm64"),
-         _append("image:\n  platforms: [amd64]\n")),
-    Case("platform_key_bad", ("check",), ("image.platforms.linux/arm64", "cuda_arches"),
-         _append("image:\n  platforms:\n    linux/arm64: {arches: \"12.1\"}\n")),
-    Case("tests_not_a_list", ("check",), ("build.tests", "list of commands"),
-         _append("build:\n  tests: python -m pkg.repro\n")),
-    Case("tests_unbalanced_quote", ("check",), ("build.tests[1]", "does not parse", "close the quote"),
-         _append("build:\n  tests: [ok, 'python -c \"print(1)']\n")),
+    Case(
+        "platforms_bad",
+        ("check",),
+        ("image.platforms", "unknown platform", "linux/arm64"),
+        _append("image:\n  platforms: [amd64]\n"),
+    ),
+    Case(
+        "platform_key_bad",
+        ("check",),
+        ("image.platforms.linux/arm64", "cuda_arches"),
+        _append('image:\n  platforms:\n    linux/arm64: {arches: "12.1"}\n'),
+    ),
+    Case(
+        "tests_not_a_list",
+        ("check",),
+        ("build.tests", "list of commands"),
+        _append("build:\n  tests: python -m pkg.repro\n"),
+    ),
+    Case(
+        "tests_unbalanced_quote",
+        ("check",),
+        ("build.tests[1]", "does not parse", "close the quote"),
+        _append("build:\n  tests: [ok, 'python -c \"print(1)']\n"),
+    ),
     Case("tests_empty_command", ("check",), ("build.tests[0] is empty",), _append("build:\n  tests: ['  ']\n")),
     Case("tests_empty_argv", ("check",), ("build.tests[0] is empty",), _append("build:\n  tests: [[]]\n")),
-    Case("tests_mapping_unknown_key", ("check",), ("build.tests[0]", "unknown key 'command'", "run, gpu, against"),
-         _append("build:\n  tests: [{command: x}]\n")),
-    Case("tests_mapping_without_run", ("check",), ("build.tests[0] needs run",),
-         _append("build:\n  tests: [{gpu: false}]\n")),
-    Case("tests_mapping_gpu_not_bool", ("check",), ("build.tests[0].gpu must be true or false",),
-         _append("build:\n  tests: [{run: x, gpu: maybe}]\n")),
-    Case("tests_mapping_against", ("check",), ("build.tests[0].against must be wheel", "tree"),
-         _append("build:\n  tests: [{run: x, against: image}]\n")),
-    Case("tests_mapping_run_number", ("check",), ("build.tests[0].run", "string or a list of strings"),
-         _append("build:\n  tests: [{run: 3}]\n")),
-    Case("tests_list_with_number", ("check",), ("build.tests[0]", "string or a list of strings"),
-         _append("build:\n  tests: [[python, 3]]\n")),
+    Case(
+        "tests_mapping_unknown_key",
+        ("check",),
+        ("build.tests[0]", "unknown key 'command'", "run, gpu, against"),
+        _append("build:\n  tests: [{command: x}]\n"),
+    ),
+    Case(
+        "tests_mapping_without_run",
+        ("check",),
+        ("build.tests[0] needs run",),
+        _append("build:\n  tests: [{gpu: false}]\n"),
+    ),
+    Case(
+        "tests_mapping_gpu_not_bool",
+        ("check",),
+        ("build.tests[0].gpu must be true or false",),
+        _append("build:\n  tests: [{run: x, gpu: maybe}]\n"),
+    ),
+    Case(
+        "tests_mapping_against",
+        ("check",),
+        ("build.tests[0].against must be wheel", "tree"),
+        _append("build:\n  tests: [{run: x, against: image}]\n"),
+    ),
+    Case(
+        "tests_mapping_run_number",
+        ("check",),
+        ("build.tests[0].run", "string or a list of strings"),
+        _append("build:\n  tests: [{run: 3}]\n"),
+    ),
+    Case(
+        "tests_list_with_number",
+        ("check",),
+        ("build.tests[0]", "string or a list of strings"),
+        _append("build:\n  tests: [[python, 3]]\n"),
+    ),
     # image names and tag templates in build.yaml, and image flags
-    Case("image_name_uppercase", ("image",), ("image.name 'Carry-Demo'", "lowercase"),
-         _append("image:\n  name: Carry-Demo\n")),
+    Case(
+        "image_name_uppercase",
+        ("image",),
+        ("image.name 'Carry-Demo'", "lowercase"),
+        _append("image:\n  name: Carry-Demo\n"),
+    ),
     Case("image_name_space", ("image",), ("image.name", "lowercase"), _append("image:\n  name: carry demo\n")),
     Case("image_name_trailing_slash", ("image",), ("image.name",), _append("image:\n  name: 'registry:5000/'\n")),
-    Case("tag_unknown_field", ("image",), ("unknown field {unknown}", "{version}"),
-         _append("image:\n  tags: ['{unknown}']\n")),
+    Case(
+        "tag_unknown_field",
+        ("image",),
+        ("unknown field {unknown}", "{version}"),
+        _append("image:\n  tags: ['{unknown}']\n"),
+    ),
     Case("tag_positional_field", ("image",), ("unknown field {}",), _append("image:\n  tags: ['v{}']\n")),
     Case("tag_format_spec", ("image",), ("unknown field",), _append("image:\n  tags: ['{version:>300}']\n")),
     Case("tag_unbalanced_brace", ("image",), ("image.tags", "{version"), _append("image:\n  tags: ['{version']\n")),
     Case("tag_stray_closing_brace", ("image",), ("image.tags",), _append("image:\n  tags: ['v}']\n")),
-    Case("tag_with_space", ("image",), ("does not render to a valid tag",),
-         _append("image:\n  tags: ['{version} x']\n")),
-    Case("tag_too_long", ("image",), ("does not render to a valid tag",),
-         _append(f"image:\n  tags: ['{'x' * 129}']\n")),
+    Case(
+        "tag_with_space", ("image",), ("does not render to a valid tag",), _append("image:\n  tags: ['{version} x']\n")
+    ),
+    Case(
+        "tag_too_long", ("image",), ("does not render to a valid tag",), _append(f"image:\n  tags: ['{'x' * 129}']\n")
+    ),
     Case("cli_tag_with_space", ("image", "--tag", "bad tag"), ("--tag 'bad tag'", "letters")),
     Case("cli_tag_leading_dash", ("image", "--tag", "-x"), ("--tag '-x'",)),
-    Case("cli_platform_bad", ("image", "--platform", "linux"), ("--platform", "unknown platform 'linux'", "linux/arm64")),
+    Case(
+        "cli_platform_bad", ("image", "--platform", "linux"), ("--platform", "unknown platform 'linux'", "linux/arm64")
+    ),
     # VERSION (read by wheel, image, verify and version bump)
     Case("version_bad_date", ("version", "bump"), ("VERSION", "not a real date"), _version("20260230.1\n")),
     Case("version_n_zero", ("version", "bump"), ("VERSION", "YYYYMMDD.N"), _version("20260101.0\n")),
@@ -342,40 +513,77 @@ CASES: list[Case] = [
     Case("version_dashed", ("wheel", "--arch", "9.0"), ("VERSION", "YYYYMMDD.N"), _version("2026-01-01.1\n")),
     Case("version_blank_second_line", ("wheel", "--arch", "9.0"), ("VERSION",), _version("20260101.1\n\n")),
     Case("version_missing", ("wheel", "--arch", "9.0"), ("VERSION", "version bump"), _version(None)),
-    Case("version_is_a_directory", ("version",), ("VERSION", "cannot read"),
-         lambda ctx: (_version(None)(ctx), (ctx.project / "VERSION").mkdir())),
+    Case(
+        "version_is_a_directory",
+        ("version",),
+        ("VERSION", "cannot read"),
+        lambda ctx: (_version(None)(ctx), (ctx.project / "VERSION").mkdir()),
+    ),
     # patches
     Case("patch_empty", ("check",), ("empty patch",), _replace_patch("")),
     Case("patch_binary_bytes", ("check",), ("not UTF-8", "binary"), _replace_patch(bytes(range(256)) * 4)),
     Case("patch_git_binary", ("check",), ("binary patch", "pkg/blob.bin"), _write("0002-blob.patch", BINARY_GIT_PATCH)),
     Case("patch_duplicate_number", ("check",), ("duplicate patch number 0001", "renumber"), _duplicate),
     Case("patch_dotdot_path", ("check",), ("leaves the tree",), _edit_patch("/pkg/core.py", "/../core.py")),
-    Case("patch_deep_dotdot_path", ("check",), ("leaves the tree",),
-         _edit_patch("/pkg/core.py", "/pkg/../../x/core.py")),
-    Case("patch_quoted_dotdot_path", ("check",), ("leaves the tree",),
-         _edit_patch("a/pkg/core.py", '"a/\\056\\056/core.py"')),
-    Case("patch_absolute_path", ("check",), ("absolute path '/etc/passwd'",),
-         _edit_patch("--- a/pkg/core.py", "--- /etc/passwd")),
-    Case("patch_rename_out_of_tree", ("check",), ("leaves the tree",),
-         _edit_patch("index ", "rename from pkg/core.py\nrename to ../evil.py\nindex ")),
+    Case(
+        "patch_deep_dotdot_path", ("check",), ("leaves the tree",), _edit_patch("/pkg/core.py", "/pkg/../../x/core.py")
+    ),
+    Case(
+        "patch_quoted_dotdot_path",
+        ("check",),
+        ("leaves the tree",),
+        _edit_patch("a/pkg/core.py", '"a/\\056\\056/core.py"'),
+    ),
+    Case(
+        "patch_absolute_path",
+        ("check",),
+        ("absolute path '/etc/passwd'",),
+        _edit_patch("--- a/pkg/core.py", "--- /etc/passwd"),
+    ),
+    Case(
+        "patch_rename_out_of_tree",
+        ("check",),
+        ("leaves the tree",),
+        _edit_patch("index ", "rename from pkg/core.py\nrename to ../evil.py\nindex "),
+    ),
     Case("patch_into_dot_git", ("check",), ("inside .git",), _edit_patch("pkg/core.py", ".git/hooks/post-checkout")),
     Case("patch_into_dot_git_uppercase", ("check",), ("inside .git",), _edit_patch("pkg/core.py", ".GIT/config")),
-    Case("patch_symlink_outside", ("check",), ("points outside the tree",),
-         _write("0002-link.patch", SYMLINK_PATCH.format(target="../../etc/passwd"))),
-    Case("patch_symlink_absolute", ("check",), ("points outside the tree",),
-         _write("0002-link.patch", SYMLINK_PATCH.format(target="/etc/passwd"))),
+    Case(
+        "patch_symlink_outside",
+        ("check",),
+        ("points outside the tree",),
+        _write("0002-link.patch", SYMLINK_PATCH.format(target="../../etc/passwd")),
+    ),
+    Case(
+        "patch_symlink_absolute",
+        ("check",),
+        ("points outside the tree",),
+        _write("0002-link.patch", SYMLINK_PATCH.format(target="/etc/passwd")),
+    ),
     Case("patch_crlf_mangled", ("check",), ("CRLF", "dos2unix"), _crlf),
     Case("patch_truncated_hunk", ("check",), ("truncated hunk", "regenerate"), _truncate_hunk),
-    Case("patch_malformed_hunk_header", ("check",), ("malformed hunk header",), lambda ctx: ctx.patch.write_text(
-        ctx.patch.read_text().replace("@@ -", "@@ -x", 1))),
+    Case(
+        "patch_malformed_hunk_header",
+        ("check",),
+        ("malformed hunk header",),
+        lambda ctx: ctx.patch.write_text(ctx.patch.read_text().replace("@@ -", "@@ -x", 1)),
+    ),
     Case("patch_not_a_patch", ("check",), ("empty patch",), _replace_patch("Dear maintainer,\nplease merge.\n")),
-    Case("patches_dir_has_other_file", ("check",), ("notes.txt: not a patch", "move it out"),
-         _write("notes.txt", "todo\n")),
+    Case(
+        "patches_dir_has_other_file",
+        ("check",),
+        ("notes.txt: not a patch", "move it out"),
+        _write("notes.txt", "todo\n"),
+    ),
     Case("patch_bad_name", ("check",), ("1-short.patch: not a patch",), _write("1-short.patch", "x\n")),
     Case("patches_dir_symlink_entry", ("check",), ("0002-elsewhere.patch: not a patch",), _patches_symlink),
     Case("patches_dir_subdir", ("check",), ("0002-dir.patch: not a patch",), _patches_subdir),
-    Case("patch_bad_upstream_status", ("check",), ("Upstream-Status 'Maybe'", "Pending"),
-         _trailer("Upstream-Status: Maybe")),
+    Case(
+        "patch_bad_upstream_status",
+        ("check",),
+        ("Upstream-Status 'Maybe'", "Pending"),
+        _trailer("Upstream-Status: Maybe"),
+    ),
     Case("patch_bad_forwarded", ("check",), ("Forwarded 'perhaps'", "URL"), _trailer("Forwarded: perhaps")),
     # arch strings
     Case("arch_9_1", ("wheel", "--arch", "9.1"), ("'9.1'", "compute capability")),
@@ -395,10 +603,20 @@ CASES: list[Case] = [
     Case("drop_unknown_patch", ("drop", "0042"), ("no patch named '0042'", "0001-one.patch")),
     Case("unreachable_upstream_fetch", ("fetch",), ("cannot give commit", "no bundle"), _url(_gone), fresh_cache=True),
     Case("unreachable_upstream_check", ("check",), ("cannot give commit", "no bundle"), _url(_gone), fresh_cache=True),
-    Case("unreachable_git_port", ("fetch",), ("cannot give commit", "no bundle"), _url("git://127.0.0.1:1/x.git"),
-         fresh_cache=True),
-    Case("unreachable_https_port", ("fetch",), ("cannot give commit", "no bundle"),
-         _url("https://127.0.0.1:1/x.git"), fresh_cache=True),
+    Case(
+        "unreachable_git_port",
+        ("fetch",),
+        ("cannot give commit", "no bundle"),
+        _url("git://127.0.0.1:1/x.git"),
+        fresh_cache=True,
+    ),
+    Case(
+        "unreachable_https_port",
+        ("fetch",),
+        ("cannot give commit", "no bundle"),
+        _url("https://127.0.0.1:1/x.git"),
+        fresh_cache=True,
+    ),
     # cache dirs that cannot be written, even by root
     Case("cache_under_dev_null", ("check",), ("cache dir", "CARRY_CACHE"), _cache_env(lambda ctx: "/dev/null/carry")),
     Case("cache_parent_is_file", ("fetch",), ("cache dir", "CARRY_CACHE"), _cache_env(_cache_under_file)),
@@ -429,8 +647,11 @@ def snapshot(*roots: Path) -> dict[str, str]:
 
 def changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
     keys = sorted(before.keys() | after.keys())
-    return [f"{key}: {before.get(key, 'absent')} -> {after.get(key, 'absent')}"
-            for key in keys if before.get(key) != after.get(key)]
+    return [
+        f"{key}: {before.get(key, 'absent')} -> {after.get(key, 'absent')}"
+        for key in keys
+        if before.get(key) != after.get(key)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -442,9 +663,12 @@ def world(tmp_path_factory):
     project = base / "proj"
     config = write_config(project, str(upstream.path), upstream.head(), pr=7)
     (project / "VERSION").write_text("20260101.1\n")
-    upstream.make_patch(project / "patches" / VALID_PATCH, "Change value 10",
-                        {"pkg/core.py": BODY.replace("value_10 = 10\n", "value_10 = 100\n")},
-                        trailers="Upstream-Status: Pending")
+    upstream.make_patch(
+        project / "patches" / VALID_PATCH,
+        "Change value 10",
+        {"pkg/core.py": BODY.replace("value_10 = 10\n", "value_10 = 100\n")},
+        trailers="Upstream-Status: Pending",
+    )
     env = {"CARRY_CACHE": str(base / "cache")}
     for command in (("fetch",), ("check",)):
         result = carry("--config", str(config), *command, env=env)
@@ -505,9 +729,15 @@ def read_only(path: Path) -> Iterator[str]:
     pytest.skip("neither a read-only bind mount nor chattr +i works here")
 
 
-@pytest.mark.parametrize("command", [
-    ("fetch",), ("check",), ("check", "--against", "main"), ("wheel", "--arch", "9.0"),
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("fetch",),
+        ("check",),
+        ("check", "--against", "main"),
+        ("wheel", "--arch", "9.0"),
+    ],
+)
 def test_read_only_warm_cache_is_bad_input(ctx: Ctx, command: tuple[str, ...]):
     """A cache that exists and holds the mirror, but cannot be written (not even by root)."""
     before = snapshot(ctx.root, ctx.upstream.path)
@@ -517,10 +747,18 @@ def test_read_only_warm_cache_is_bad_input(ctx: Ctx, command: tuple[str, ...]):
     assert changes(before, snapshot(ctx.root, ctx.upstream.path)) == []
 
 
-@pytest.mark.parametrize("url", [
-    "https://git.example/org/repo.git", "ssh://git@git.example:2222/org/repo.git", "git://git.example/repo.git",
-    "file:///srv/repo.git", "git@git.example:org/repo.git", "upstream.bundle", "../mirror/repo.git",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://git.example/org/repo.git",
+        "ssh://git@git.example:2222/org/repo.git",
+        "git://git.example/repo.git",
+        "file:///srv/repo.git",
+        "git@git.example:org/repo.git",
+        "upstream.bundle",
+        "../mirror/repo.git",
+    ],
+)
 def test_allowed_upstream_sources_load(tmp_path, url):
     from carry.config import load
 
@@ -534,7 +772,7 @@ def test_allowed_upstream_sources_load(tmp_path, url):
 
 def test_git_itself_refuses_helper_transports(tmp_path):
     """The second line of defence: carry's git environment allows only https, ssh, git and file."""
-    from carry import git
+    from carry.source import git
 
     mirror = tmp_path / "mirror.git"
     git.init_bare(mirror)

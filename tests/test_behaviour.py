@@ -14,12 +14,12 @@ from helpers import Upstream, assert_bad_input, carry, write_config
 
 pytestmark = pytest.mark.slow
 
-SETUP_PY = '''\
+SETUP_PY = """\
 import os
 from setuptools import setup
 
 setup(name="sizes", version=os.environ.get("SIZES_VERSION", "1.0"), packages=["sizes"])
-'''
+"""
 PARSE = '''\
 """Sizes like 2k or 3M, in bytes."""
 
@@ -68,8 +68,9 @@ BUILD = f"""build:
 
 def without_gpu_tools() -> str:
     """PATH without any directory that holds nvidia-smi: no GPU answers, on any machine."""
-    return os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep)
-                           if d and not (Path(d) / "nvidia-smi").exists())
+    return os.pathsep.join(
+        d for d in os.environ["PATH"].split(os.pathsep) if d and not (Path(d) / "nvidia-smi").exists()
+    )
 
 
 @pytest.fixture
@@ -79,16 +80,24 @@ def project(tmp_path):
     config = write_config(tmp_path / "project", str(upstream.path), pin, extra=BUILD)
     (config.parent / "VERSION").write_text("20261201.1\n")
     patches = config.parent / "patches"
-    upstream.make_patch(patches / "0001-upper-case-units.patch", "Accept upper-case units",
-                        {"sizes/parse.py": PARSE.replace("text[:-1], text[-1]", "text[:-1], text[-1].lower()")},
-                        f"Upstream-Status: Submitted [https://example.invalid/pr/1]\nCarry-Test: {UPPER}")
+    upstream.make_patch(
+        patches / "0001-upper-case-units.patch",
+        "Accept upper-case units",
+        {"sizes/parse.py": PARSE.replace("text[:-1], text[-1]", "text[:-1], text[-1].lower()")},
+        f"Upstream-Status: Submitted [https://example.invalid/pr/1]\nCarry-Test: {UPPER}",
+    )
     zero = "    if n == 0:\n        return '0 B'\n    unit = largest_unit(n)\n"
-    upstream.make_patch(patches / "0002-empty-size.patch", "Zero bytes are 0 B",
-                        {"sizes/parse.py": PARSE.replace("    unit = largest_unit(n)\n", zero)}, f"Carry-Test: {EMPTY}")
+    upstream.make_patch(
+        patches / "0002-empty-size.patch",
+        "Zero bytes are 0 B",
+        {"sizes/parse.py": PARSE.replace("    unit = largest_unit(n)\n", zero)},
+        f"Carry-Test: {EMPTY}",
+    )
     # Upstream fixes upper-case units its own way (a wider table), and leaves empty sizes alone.
-    fixed = PARSE.replace('UNITS = {"k": 1000, "m": 1000 ** 2, "g": 1000 ** 3}',
-                          'UNITS = {"k": 1000, "m": 1000 ** 2, "g": 1000 ** 3}\nUNITS.update({u.upper(): v for u, v '
-                          'in UNITS.items()})')
+    fixed = PARSE.replace(
+        'UNITS = {"k": 1000, "m": 1000 ** 2, "g": 1000 ** 3}',
+        'UNITS = {"k": 1000, "m": 1000 ** 2, "g": 1000 ** 3}\nUNITS.update({u.upper(): v for u, v in UNITS.items()})',
+    )
     main = upstream.commit("Upper-case units", {"sizes/parse.py": fixed})
     env = {"CARRY_CACHE": str(tmp_path / "cache"), "PATH": without_gpu_tools()}
     return config, env, main
@@ -111,8 +120,10 @@ def test_fixed_upstream_and_still_needed_by_tests_on_real_wheels(project):
     assert "fails on REF without the patch: still needed" in empty["evidence"][0]
     assert "AssertionError: 0k" in "\n".join(empty["evidence"])
     # 0002 sits on 0001's line: it was tested on REF with 0001 applied, as status judged it.
-    assert ("tested on REF with the earlier patches as far as they apply there (0001-upper-case-units.patch NEEDED), "
-            "built into a wheel") in empty["evidence"]
+    assert (
+        "tested on REF with the earlier patches as far as they apply there (0001-upper-case-units.patch NEEDED), "
+        "built into a wheel"
+    ) in empty["evidence"]
     # The wheels were real: built by the configured builder into the cache, never into the project.
     assert list((Path(env["CARRY_CACHE"]) / "artifacts").rglob("sizes-1.0+carry.20261201.1-*.whl"))
     assert not (config.parent / "dist").exists()
@@ -127,11 +138,14 @@ def test_a_test_that_needs_a_gpu_is_not_run_without_one_and_says_so(project, tmp
     assert result.code == 0, result.err
     upper = json.loads(result.out)["refs"][0]["patches"][0]
     assert upper["verdict"] == "NEEDED" and upper["behaviour"]["outcome"] == "needs a GPU"
-    line = ("its test `python -m sizes.gpu_check` needs a GPU and nvidia-smi is not on PATH: not run, the verdict is "
-            "the text's")
+    line = (
+        "its test `python -m sizes.gpu_check` needs a GPU and nvidia-smi is not on PATH: not run, the verdict is "
+        "the text's"
+    )
     assert line in upper["evidence"]
     assert [row for row in result.err.splitlines() if "needs a GPU" in row] == [
-        f"carry: 0001-upper-case-units.patch: {line}"]
+        f"carry: 0001-upper-case-units.patch: {line}"
+    ]
     assert not (Path(env["CARRY_CACHE"]) / "artifacts").exists()  # decided before anything was built
 
 
@@ -149,15 +163,18 @@ def test_prove_learns_without_a_gpu_and_status_test_uses_it(project):
     config, env, _ = project
     patches = config.parent / "patches"
     for patch in patches.glob("*.patch"):  # no trailers: only what prove learns names their tests
-        patch.write_text("\n".join(line for line in patch.read_text().split("\n")
-                                   if not line.startswith("Carry-Test:")))
+        patch.write_text(
+            "\n".join(line for line in patch.read_text().split("\n") if not line.startswith("Carry-Test:"))
+        )
     proved = carry("--config", str(config), "prove", "--out", str(config.parent / "dist"), env=env)
     assert proved.code == 0, proved.out + proved.err
     assert proved.out.splitlines()[0] == "gpu no GPU (none needed) (none), driver none"
     assert f"0001-upper-case-units.patch fixes `{UPPER}`: FAIL -> PASS" in proved.out
     learned = json.loads((patches / "PROVED.json").read_text())
-    assert learned["format"] == 1 and set(learned["patches"]) == {"0001-upper-case-units.patch",
-                                                                  "0002-empty-size.patch"}
+    assert learned["format"] == 1 and set(learned["patches"]) == {
+        "0001-upper-case-units.patch",
+        "0002-empty-size.patch",
+    }
     assert learned["patches"]["0001-upper-case-units.patch"]["fixes"] == [UPPER]
     assert carry("--config", str(config), "check", env=env).code == 0  # PROVED.json may sit beside the patches
     result = carry("--config", str(config), "status", "--against", "main", "--test", "--json", env=env)
@@ -178,8 +195,10 @@ def test_test_runs_a_wheel_without_a_gpu_when_no_test_needs_one(project, tmp_pat
     report = json.loads(Path(built.out.strip() + ".test.json").read_text())
     assert report["gpu"]["count"] == 0 and report["passed"] is True
     config.write_text(config.read_text().replace("gpu: false}\n", "}\n", 1))  # the first now needs a GPU
-    assert_bad_input(carry("--config", str(config), "test", built.out.strip(), env=env),
-                     "`test` needs a CUDA GPU and nvidia-smi is not on PATH")
+    assert_bad_input(
+        carry("--config", str(config), "test", built.out.strip(), env=env),
+        "`test` needs a CUDA GPU and nvidia-smi is not on PATH",
+    )
 
 
 def test_a_carry_test_trailer_that_does_not_parse_is_bad_input(project):
@@ -187,6 +206,10 @@ def test_a_carry_test_trailer_that_does_not_parse_is_bad_input(project):
     patch = config.parent / "patches" / "0001-upper-case-units.patch"
     patch.write_text(patch.read_text().replace(f"Carry-Test: {UPPER}", "Carry-Test: python -c 'unclosed"))
     before = patch.read_bytes()
-    assert_bad_input(carry("--config", str(config), "status", "--test", env=env),
-                     "0001-upper-case-units.patch: Carry-Test", "does not parse", "close the quote")
+    assert_bad_input(
+        carry("--config", str(config), "status", "--test", env=env),
+        "0001-upper-case-units.patch: Carry-Test",
+        "does not parse",
+        "close the quote",
+    )
     assert patch.read_bytes() == before

@@ -49,7 +49,7 @@ def test_scale_upstream_has_n_units_a_pr_and_a_main(project):
     assert "__global__ void rms_norm" in kernel and "<<<" in kernel
     base = gitrepo.git(repo, "rev-parse", f"{project.pin}~1")
     assert gitrepo.git(repo, "merge-base", "main", project.pin) == base != gitrepo.git(repo, "rev-parse", "main")
-    assert "NVCC_THREADS: \"3\"" in project.config.read_text()
+    assert 'NVCC_THREADS: "3"' in project.config.read_text()
 
 
 def checked_tree(project: scale.ScaleProject, env: dict[str, str]) -> str:
@@ -79,8 +79,9 @@ def test_history_has_the_commits_it_claims(tmp_path):
     assert history.commits == 2000
     assert gitrepo.count_commits(history.repo, "refs/pull/1/head") == 2000
     assert gitrepo.count_commits(history.repo, "main") == 1997
-    assert gitrepo.git(history.repo, "merge-base", "main", history.pin) == gitrepo.git(history.repo, "rev-parse",
-                                                                                          "main")
+    assert gitrepo.git(history.repo, "merge-base", "main", history.pin) == gitrepo.git(
+        history.repo, "rev-parse", "main"
+    )
     assert sorted(tree) == sorted(tree_files(history.repo, history.pin))
     assert history.tip_files == len(tree) and 20 <= len(tree) <= 200
     assert history.tip_bytes == sum(len(t.encode()) for t in tree.values())
@@ -101,16 +102,22 @@ def test_check_upstream_tree_size_and_patches_apply_in_order(tmp_path):
     repo, pin = upstream.history.repo, upstream.history.pin
     first = gitrepo.git(repo, "rev-list", "--max-parents=0", "main")
     assert len(tree_files(repo, first)) == 300
-    size = sum(int(line.split()[3]) for line in
-               gitrepo.git(repo, "ls-tree", "-r", "-l", first).split("\n"))
+    size = sum(int(line.split()[3]) for line in gitrepo.git(repo, "ls-tree", "-r", "-l", first).split("\n"))
     assert 2_700_000 <= size <= 3_300_000
     texts = [gitrepo.git(repo, "show", f"{first}:{path}") for path in tree_files(repo, first)[:50]]
     assert all(text.isascii() and text.count("\n") >= 1 for text in texts)
     index = {"GIT_INDEX_FILE": str(tmp_path / "index")}
     gitrepo.git(repo, "read-tree", pin, env=index)
     second = upstream.patches[1]
-    assert subprocess.run(["git", "apply", "--cached", "--check", str(second)], cwd=repo, env={**gitrepo.git_env(),
-                          **index}, capture_output=True).returncode != 0, "0002 needs 0001 first"
+    assert (
+        subprocess.run(
+            ["git", "apply", "--cached", "--check", str(second)],
+            cwd=repo,
+            env={**gitrepo.git_env(), **index},
+            capture_output=True,
+        ).returncode
+        != 0
+    ), "0002 needs 0001 first"
     for patch in upstream.patches:
         gitrepo.git(repo, "apply", "--cached", str(patch), env=index)
 
@@ -139,8 +146,8 @@ def test_measure_counts_child_cpu(tmp_path):
 def test_bench_redis_is_private_empty_and_demands_its_password(tmp_path):
     import shutil
 
-    from carry import compilecache
     from carry.config import RemoteCache
+    from carry.wheelbuild import compilecache
 
     if shutil.which("redis-server") is None:
         if os.environ.get("CI"):
@@ -156,22 +163,27 @@ def test_bench_redis_is_private_empty_and_demands_its_password(tmp_path):
 
 
 def test_bench_parts_include_the_second_runner():
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--only", "nope"], capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--only", "nope"], capture_output=True, text=True
+    )
     assert done.returncode == 2 and "check, fetch, rebuild, runners" in done.stderr, done.stderr
 
 
 def test_table_says_pass_fail_and_reports():
-    rows = [bench.Row("a", "kept", "1 s", "<= 2 s", True), bench.Row("a", "missed", "3 s", "<= 2 s", False),
-            bench.Row("b", "info", "x")]
+    rows = [
+        bench.Row("a", "kept", "1 s", "<= 2 s", True),
+        bench.Row("a", "missed", "3 s", "<= 2 s", False),
+        bench.Row("b", "info", "x"),
+    ]
     lines = bench.table(rows).splitlines()
     assert lines[2].endswith("PASS") and lines[3].endswith("FAIL") and lines[4].endswith("x")
 
 
 # carry behaviour the bench's targets rest on ------------------------------------------------------------------
 
+
 def test_auto_jobs_run_one_nvcc_per_core_and_export_the_thread_budget():
-    from carry import toolchain
+    from carry.wheelbuild import toolchain
 
     plan = toolchain.choose_jobs(None, {"MAX_JOBS": "auto", "NVCC_THREADS": "3"})
     assert plan.threads == 3 and plan.assumed_bytes_per_job == 3 * toolchain.MEMORY_PER_JOB_BYTES
@@ -188,7 +200,7 @@ def test_stamp_keeps_the_other_members_bytes(tmp_path):
 
     from wheel.wheelfile import WheelFile
 
-    from carry import buildinfo
+    from carry.binaries import buildinfo
 
     tree = tmp_path / "tree"
     (tree / "pkg").mkdir(parents=True)
@@ -213,8 +225,9 @@ def test_stamp_keeps_the_other_members_bytes(tmp_path):
     before = raw(wheel)
     assert buildinfo.stamp(wheel, {"format": 1}) == wheel
     after = raw(wheel)
-    assert {n: v for n, v in after.items() if not n.endswith(("RECORD", buildinfo.FILENAME))} == \
-        {n: v for n, v in before.items() if not n.endswith("RECORD")}
+    assert {n: v for n, v in after.items() if not n.endswith(("RECORD", buildinfo.FILENAME))} == {
+        n: v for n, v in before.items() if not n.endswith("RECORD")
+    }
     assert buildinfo.read(wheel) == {"format": 1}  # every RECORD hash checked while reading
     with zipfile.ZipFile(wheel) as archive:
         assert archive.namelist()[-1] == "pkg-1.0.dist-info/RECORD"
@@ -224,11 +237,17 @@ def test_stamp_keeps_the_other_members_bytes(tmp_path):
 def test_stamp_works_when_record_is_not_last_and_can_retag(tmp_path):
     import zipfile
 
-    from carry import buildinfo
+    from carry.binaries import buildinfo
 
     wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
-    record = "pkg/__init__.py,sha256=" + __import__("base64").urlsafe_b64encode(
-        __import__("hashlib").sha256(b"x = 1\n").digest()).rstrip(b"=").decode() + ",6\npkg-1.0.dist-info/RECORD,,\n"
+    record = (
+        "pkg/__init__.py,sha256="
+        + __import__("base64")
+        .urlsafe_b64encode(__import__("hashlib").sha256(b"x = 1\n").digest())
+        .rstrip(b"=")
+        .decode()
+        + ",6\npkg-1.0.dist-info/RECORD,,\n"
+    )
     with zipfile.ZipFile(wheel, "w") as archive:
         archive.writestr("pkg-1.0.dist-info/RECORD", record)
         archive.writestr("pkg/__init__.py", "x = 1\n")
@@ -246,12 +265,15 @@ def test_stamp_works_when_record_is_not_last_and_can_retag(tmp_path):
 def test_the_vllm_part_measures_carry_as_installed_and_counts_only_carry_imports(tmp_path, monkeypatch):
     import vllmbench
 
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--only", "nope"], capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--only", "nope"], capture_output=True, text=True
+    )
     assert "vllm" in done.stderr.splitlines()[-1]
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     env = vllmbench.env_for(tmp_path)
     assert "PYTHONDONTWRITEBYTECODE" not in env and env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache")
-    out = ("import time: self [us] | cumulative | imported package\nimport time:      1500 |       2000 | carry.config\n"
-           "import time:       900 |        900 |   yaml\nimport time:       500 |        500 |     carry.arch\n")
+    out = (
+        "import time: self [us] | cumulative | imported package\nimport time:      1500 |       2000 | carry.config\n"
+        "import time:       900 |        900 |   yaml\nimport time:       500 |        500 |     carry.arch\n"
+    )
     assert sum(int(us) for us, name in vllmbench.IMPORT_RE.findall(out) if name.strip().startswith("carry")) == 2000

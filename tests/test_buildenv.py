@@ -22,11 +22,13 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from carry import buildenv, config, releases
+from carry import config
 from carry.config import BuildEnvironment
-from carry.errors import BadInput, Failed
 from carry.platforms import Platform
-from carry.progress import Progress
+from carry.source import releases
+from carry.util.errors import BadInput, Failed
+from carry.util.progress import Progress
+from carry.wheelbuild import buildenv
 from helpers import ROOT, assert_bad_input, carry, write_config
 
 try:
@@ -34,14 +36,24 @@ try:
 except ImportError:
     import tomli as tomllib
 
-VLLM_REQUIRES = ("cmake>=3.26.1", "ninja", "packaging>=24.2", "setuptools<81.0.0,>=77.0.3", "setuptools-scm>=8.0",
-                 "setuptools-rust>=1.9.0", "torch==2.14.0", "wheel", "jinja2")
+VLLM_REQUIRES = (
+    "cmake>=3.26.1",
+    "ninja",
+    "packaging>=24.2",
+    "setuptools<81.0.0,>=77.0.3",
+    "setuptools-scm>=8.0",
+    "setuptools-rust>=1.9.0",
+    "torch==2.14.0",
+    "wheel",
+    "jinja2",
+)
 SMALL = ("packaging>=24.2",)  # a cheap env for the cases that do not need torch
 
 
 def run_in(python: Path, code: str) -> str:
-    done = subprocess.run([str(python), "-I", "-c", code], capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [str(python), "-I", "-c", code], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
@@ -74,6 +86,7 @@ def envs(cache_root: Path) -> set[str]:
 
 # requirements and the spec -------------------------------------------------------------------------------------
 
+
 def test_requires_read_from_vllms_real_pyproject(vllm_pyproject):
     assert buildenv.requires_from_pyproject(vllm_pyproject) == VLLM_REQUIRES
     assert buildenv.requires_from_pyproject({"project": {"name": "x"}}) == ("setuptools>=40.8.0",)
@@ -88,21 +101,33 @@ def test_requires_of_a_tree(tmp_path):
     assert buildenv.requires_of(tmp_path) == ("setuptools>=40.8.0",)  # no pyproject.toml: PEP 518's default
     (tmp_path / "pyproject.toml").write_text('[build-system]\nrequires = ["Setuptools >= 68", "wheel"]\n')
     assert buildenv.requires_of(tmp_path) == ("setuptools>=68", "wheel")
-    (tmp_path / "pyproject.toml").write_text('[build-system\n')
+    (tmp_path / "pyproject.toml").write_text("[build-system\n")
     with pytest.raises(BadInput, match="cannot be read as TOML"):
         buildenv.requires_of(tmp_path)
 
 
 def test_key_is_what_went_in(vllm_spec, tmp_path):
-    spelled = buildenv.EnvSpec.resolve(["Jinja2", "torch == 2.14.0", "setuptools>=77.0.3 , <81.0.0", "wheel",
-                                        "ninja", "setuptools_scm>=8.0", "cmake>=3.26.1", "packaging>=24.2",
-                                        "setuptools-rust>=1.9.0"])
+    spelled = buildenv.EnvSpec.resolve(
+        [
+            "Jinja2",
+            "torch == 2.14.0",
+            "setuptools>=77.0.3 , <81.0.0",
+            "wheel",
+            "ninja",
+            "setuptools_scm>=8.0",
+            "cmake>=3.26.1",
+            "packaging>=24.2",
+            "setuptools-rust>=1.9.0",
+        ]
+    )
     assert spelled.key == vllm_spec.key  # order, case and spelling of the same requirements do not matter
     more = buildenv.EnvSpec.resolve(VLLM_REQUIRES, BuildEnvironment(requires=("six",)))
-    index = buildenv.EnvSpec.resolve(VLLM_REQUIRES, BuildEnvironment(
-        extra_index_urls=("https://torch.index.example/whl/cu130",)))
-    with_password = buildenv.EnvSpec.resolve(VLLM_REQUIRES, BuildEnvironment(
-        extra_index_urls=("https://carry:s3cret@torch.index.example/whl/cu130",)))
+    index = buildenv.EnvSpec.resolve(
+        VLLM_REQUIRES, BuildEnvironment(extra_index_urls=("https://torch.index.example/whl/cu130",))
+    )
+    with_password = buildenv.EnvSpec.resolve(
+        VLLM_REQUIRES, BuildEnvironment(extra_index_urls=("https://carry:s3cret@torch.index.example/whl/cu130",))
+    )
     (tmp_path / "python3").symlink_to(sys.executable)  # another interpreter path (asked in a subprocess)
     other_python = buildenv.EnvSpec.resolve(VLLM_REQUIRES, python=str(tmp_path / "python3"))
     assert len({vllm_spec.key, more.key, index.key, other_python.key}) == 4
@@ -130,6 +155,7 @@ def test_caller_uv_and_pip_variables_do_not_reach_uv(monkeypatch, tmp_path):
 
 # the vLLM env ---------------------------------------------------------------------------------------------------
 
+
 def test_vllm_env_has_cuda_torch_and_the_setuptools_vllm_asks_for(vllm_env, vllm_spec, cache_root):
     assert vllm_env.root == cache_root / "envs" / vllm_spec.key[:32] and vllm_env.key == vllm_spec.key
     assert (vllm_env.root / buildenv.MARKER).is_file()
@@ -140,8 +166,17 @@ def test_vllm_env_has_cuda_torch_and_the_setuptools_vllm_asks_for(vllm_env, vllm
     assert Path(prefix) == vllm_env.root and Path(prefix) != Path(sys.prefix)  # never carry's interpreter
     assert vllm_env.versions["torch"] == "2.14.0+cu130" and vllm_env.versions["setuptools"] == setuptools
     assert list(vllm_env.versions)[:2] == ["torch", "setuptools"]
-    assert set(vllm_env.versions) == {"torch", "setuptools", "setuptools-scm", "setuptools-rust", "wheel",
-                                      "packaging", "cmake", "ninja", "jinja2"}
+    assert set(vllm_env.versions) == {
+        "torch",
+        "setuptools",
+        "setuptools-scm",
+        "setuptools-rust",
+        "wheel",
+        "packaging",
+        "cmake",
+        "ninja",
+        "jinja2",
+    }
     assert vllm_env.describe().startswith(f"env {vllm_spec.key[:8]}: torch 2.14.0+cu130, setuptools {setuptools},")
     assert f"uv {vllm_spec.uv.version}" in vllm_env.describe() and "nvidia-cudnn-cu13" in vllm_env.packages
     as_json = vllm_env.to_json()
@@ -165,8 +200,10 @@ def test_same_spec_is_reused(vllm_env, vllm_spec, cache_root):
 
 
 def test_another_spec_is_another_env(vllm_env, vllm_spec, cache_root):
-    other = buildenv.EnvSpec.resolve(buildenv.requires_from_pyproject({"build-system": {"requires": list(
-        VLLM_REQUIRES)}}), BuildEnvironment(requires=("six",)))
+    other = buildenv.EnvSpec.resolve(
+        buildenv.requires_from_pyproject({"build-system": {"requires": list(VLLM_REQUIRES)}}),
+        BuildEnvironment(requires=("six",)),
+    )
     made = buildenv.ensure(other, cache_root)
     assert other.key != vllm_spec.key and made.root != vllm_env.root and not made.reused
     assert made.versions["six"] and made.versions["torch"] == "2.14.0+cu130"
@@ -191,10 +228,14 @@ def test_uv_cache_on_another_filesystem_is_said(tmp_path, monkeypatch):
 
 # failures -------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("requirement, where", [
-    ("torch==0.0.1", "build.environment.requires"),
-    ("carry-no-such-package-zzz", "build.environment.requires"),
-])
+
+@pytest.mark.parametrize(
+    "requirement, where",
+    [
+        ("torch==0.0.1", "build.environment.requires"),
+        ("carry-no-such-package-zzz", "build.environment.requires"),
+    ],
+)
 def test_unsatisfiable_requirement_is_one_line_naming_it(tmp_path, requirement, where):
     cache = tmp_path / "cache"
     spec = buildenv.EnvSpec.resolve(SMALL, BuildEnvironment(requires=(requirement,)))
@@ -208,8 +249,11 @@ def test_unsatisfiable_requirement_is_one_line_naming_it(tmp_path, requirement, 
 
 def test_unsatisfiable_upstream_requirement_says_where_it_came_from(tmp_path):
     spec = buildenv.EnvSpec.resolve(["torch==0.0.1", "wheel"])
-    with pytest.raises(BadInput, match=r"^build environment: torch==0\.0\.1 cannot be installed: .*"
-                                       r"Change the upstream's \[build-system\] requires with a patch"):
+    with pytest.raises(
+        BadInput,
+        match=r"^build environment: torch==0\.0\.1 cannot be installed: .*"
+        r"Change the upstream's \[build-system\] requires with a patch",
+    ):
         buildenv.ensure(spec, tmp_path / "cache")
     assert envs(tmp_path / "cache") == set()
 
@@ -235,15 +279,18 @@ def test_foreign_platform_is_bad_input(tmp_path):
 
 
 def test_missing_uv_names_pip_install_uv():
-    code = ("import sys; sys.modules['uv'] = None\n"
-            "from carry import buildenv\nfrom carry.errors import BadInput\n"
-            "try:\n    buildenv.EnvSpec.resolve(['wheel'])\nexcept BadInput as exc:\n    print(exc)\n")
+    code = (
+        "import sys; sys.modules['uv'] = None\n"
+        "from carry import buildenv\nfrom carry.util.errors import BadInput\n"
+        "try:\n    buildenv.EnvSpec.resolve(['wheel'])\nexcept BadInput as exc:\n    print(exc)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("uv is not installed for ") and "-m pip install uv" in done.stdout
 
 
 # a killed or concurrent run -------------------------------------------------------------------------------------
+
 
 def test_dir_without_marker_is_redone(tmp_path):
     cache = tmp_path / "cache"
@@ -268,9 +315,15 @@ print(json.dumps(buildenv.ensure(spec, Path(sys.argv[1])).to_json()))
 
 
 def start_ensure(cache: Path, requires: tuple[str, ...], env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", ENSURE_SCRIPT, str(cache), json.dumps(list(requires))], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", ENSURE_SCRIPT, str(cache), json.dumps(list(requires))],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
 
 
 def test_killed_run_leaves_nothing_taken_as_complete(tmp_path):
@@ -310,36 +363,54 @@ BUILD = "build:\n  build_isolation: {isolation}\n  environment:\n{body}"
 
 
 def config_with(tmp_path: Path, body: str, isolation: str = "false") -> Path:
-    path = write_config(tmp_path, "https://example.invalid/up.git", "a" * 40,
-                        extra=BUILD.format(isolation=isolation, body=body))
+    path = write_config(
+        tmp_path, "https://example.invalid/up.git", "a" * 40, extra=BUILD.format(isolation=isolation, body=body)
+    )
     (tmp_path / "VERSION").write_text("20260101.1\n")
     return path
 
 
 def test_build_environment_config(tmp_path):
-    path = config_with(tmp_path, "    requires: ['torch==2.14.0', six]\n"
-                                 "    index_url: https://user:pw@pypi.example/simple\n"
-                                 "    extra_index_urls: https://torch.index.example/whl/cu130\n")
+    path = config_with(
+        tmp_path,
+        "    requires: ['torch==2.14.0', six]\n"
+        "    index_url: https://user:pw@pypi.example/simple\n"
+        "    extra_index_urls: https://torch.index.example/whl/cu130\n",
+    )
     environment = config.load(path).build.environment
-    assert environment == BuildEnvironment(("torch==2.14.0", "six"), "https://user:pw@pypi.example/simple",
-                                           ("https://torch.index.example/whl/cu130",))
+    assert environment == BuildEnvironment(
+        ("torch==2.14.0", "six"), "https://user:pw@pypi.example/simple", ("https://torch.index.example/whl/cu130",)
+    )
     no_environment = config_with(tmp_path / "plain", "    {}\n")
     assert config.load(no_environment).build.environment == BuildEnvironment()
 
 
-@pytest.mark.parametrize("body, isolation, needles", [
-    ("    requires: ['torch ==']\n", "false", ["build.environment.requires", "'torch =='", "PEP 508"]),
-    ("    requires: {torch: 1}\n", "false", ["build.environment.requires must be a list of non-empty strings"]),
-    ("    extra_index_urls: ['ftp://user:s3cret@host/simple']\n", "false",
-     ["build.environment.extra_index_urls", "ftp://host/simple", "https://HOST/PATH"]),
-    ("    index_url: 'https://'\n", "false", ["build.environment.index_url", "https://HOST/PATH"]),
-    ("    index_url: ['https://user:s3cret@host/simple']\n", "false", ["build.environment.index_url must be one URL"]),
-    ("    extra_index_urls: [{url: 'https://user:s3cret@host/simple'}]\n", "false",
-     ["build.environment.extra_index_urls must be a list of URLs"]),
-    ("    index_url: ''\n", "false", ["build.environment.index_url has ''"]),
-    ("    torch_index: x\n", "false", ["unknown key build.environment.torch_index", "requires, index_url"]),
-    ("    requires: [six]\n", "true", ["build.environment is used only with build_isolation: false"]),
-])
+@pytest.mark.parametrize(
+    "body, isolation, needles",
+    [
+        ("    requires: ['torch ==']\n", "false", ["build.environment.requires", "'torch =='", "PEP 508"]),
+        ("    requires: {torch: 1}\n", "false", ["build.environment.requires must be a list of non-empty strings"]),
+        (
+            "    extra_index_urls: ['ftp://user:s3cret@host/simple']\n",
+            "false",
+            ["build.environment.extra_index_urls", "ftp://host/simple", "https://HOST/PATH"],
+        ),
+        ("    index_url: 'https://'\n", "false", ["build.environment.index_url", "https://HOST/PATH"]),
+        (
+            "    index_url: ['https://user:s3cret@host/simple']\n",
+            "false",
+            ["build.environment.index_url must be one URL"],
+        ),
+        (
+            "    extra_index_urls: [{url: 'https://user:s3cret@host/simple'}]\n",
+            "false",
+            ["build.environment.extra_index_urls must be a list of URLs"],
+        ),
+        ("    index_url: ''\n", "false", ["build.environment.index_url has ''"]),
+        ("    torch_index: x\n", "false", ["unknown key build.environment.torch_index", "requires, index_url"]),
+        ("    requires: [six]\n", "true", ["build.environment is used only with build_isolation: false"]),
+    ],
+)
 def test_bad_build_environment_is_one_line(tmp_path, body, isolation, needles):
     path = config_with(tmp_path, body, isolation)
     result = carry("--config", str(path), "version")

@@ -48,8 +48,10 @@ def make_project(root: Path, name: str) -> tuple[Path, Upstream]:
 
 
 def entries(cache: Path) -> dict[str, list[str]]:
-    return {part: sorted(p.name for p in (cache / part).iterdir()) if (cache / part).is_dir() else []
-            for part in ("mirrors", "bundles", "build", "envs", "artifacts")}
+    return {
+        part: sorted(p.name for p in (cache / part).iterdir()) if (cache / part).is_dir() else []
+        for part in ("mirrors", "bundles", "build", "envs", "artifacts")
+    }
 
 
 def snapshot(cache: Path) -> list[str]:
@@ -110,8 +112,9 @@ def test_prune_keeps_what_the_config_needs_and_skips_what_is_in_use(filled, tmp_
     assert entries(cache) == before
 
     # another process holds the old environment's lock: it stays, named as in use
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(cache / "locks" / f"env-{old_env}.lock")],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(cache / "locks" / f"env-{old_env}.lock")], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         pruned = carry("cache", "prune", "--config", str(config_a), env=env)

@@ -27,27 +27,42 @@ def installed(tmp_path_factory) -> Path:
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "dist"))
     env_dir = base / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
-    pip = subprocess.run([env_dir / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                          str(source)], capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    pip = subprocess.run(
+        [env_dir / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(source)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        stdin=subprocess.DEVNULL,
+    )
     assert pip.returncode == 0, pip.stdout + pip.stderr
     return env_dir / "bin" / "carry"
 
 
 def run_installed(script: Path, *args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([str(script), *args], cwd=cwd, env={**os.environ, **env}, capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [str(script), *args],
+        cwd=cwd,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
 
 
-@pytest.mark.parametrize("args, code", [
-    (("--help",), 0),
-    (("check", "--help"), 0),
-    (("--config", str(DEMO_CONFIG), "version"), 0),
-    (("--config", str(DEMO_CONFIG), "check"), 0),
-    (("--config", str(DEMO_CONFIG), "check", "--json"), 0),
-    (("--config", "/nonexistent/build.yaml", "check"), 2),
-    (("--config", str(DEMO_CONFIG), "wheel", "--arch", "12.7"), 2),
-    (("no-such-command",), 2),
-])
+@pytest.mark.parametrize(
+    "args, code",
+    [
+        (("--help",), 0),
+        (("check", "--help"), 0),
+        (("--config", str(DEMO_CONFIG), "version"), 0),
+        (("--config", str(DEMO_CONFIG), "check"), 0),
+        (("--config", str(DEMO_CONFIG), "check", "--json"), 0),
+        (("--config", "/nonexistent/build.yaml", "check"), 2),
+        (("--config", str(DEMO_CONFIG), "wheel", "--arch", "12.7"), 2),
+        (("no-such-command",), 2),
+    ],
+)
 def test_installed_carry_is_the_same_cli_as_build_py(installed, tmp_path, args, code):
     env = {"CARRY_CACHE": str(tmp_path / "cache")}
     ours = run_installed(installed, *args, cwd=tmp_path, env=env)
@@ -64,15 +79,33 @@ def test_installed_carry_is_the_same_cli_as_build_py(installed, tmp_path, args, 
 def test_installed_carry_runs_the_installed_package(installed, tmp_path):
     """Not the checkout's modules by accident: the venv's carry package answers."""
     python = installed.parent / "python"
-    where = subprocess.run([str(python), "-c", "import carry, json; print(json.dumps(carry.__file__))"],
-                           cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    where = subprocess.run(
+        [str(python), "-c", "import carry, json; print(json.dumps(carry.__file__))"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert str(installed.parent.parent) in json.loads(where)
 
 
-@pytest.mark.parametrize("command, absent", [
-    ("version", ("carry.apply", "git", "carry.gate", "carry.image", "docker", "elftools")),
-    ("check", ("carry.gate", "carry.image", "carry.verdicts", "carry.wheel", "docker", "elftools")),
-])
+@pytest.mark.parametrize(
+    "command, absent",
+    [
+        ("version", ("carry.source.apply", "git", "carry.binaries.gate", "carry.image.image", "docker", "elftools")),
+        (
+            "check",
+            (
+                "carry.binaries.gate",
+                "carry.image.image",
+                "carry.verdicts.verdicts",
+                "carry.wheelbuild.wheel",
+                "docker",
+                "elftools",
+            ),
+        ),
+    ],
+)
 def test_light_commands_do_not_import_what_they_never_use(tmp_path, command, absent):
     probe = (
         "import sys, runpy\n"
@@ -81,8 +114,14 @@ def test_light_commands_do_not_import_what_they_never_use(tmp_path, command, abs
         "except SystemExit:\n    pass\n"
         "print('MODULES', ' '.join(sorted(sys.modules)), file=sys.stderr)\n"
     )
-    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "CARRY_CACHE": str(tmp_path / "cache")})
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CARRY_CACHE": str(tmp_path / "cache")},
+    )
     loaded = set(result.stderr.rsplit("MODULES ", 1)[1].split())
     assert "carry.cli" in loaded
     assert not loaded & set(absent), sorted(loaded & set(absent))

@@ -32,13 +32,18 @@ class Finished:
 
 def start(config: Path, env: dict[str, str], *args: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, str(BUILD_PY), "--config", str(config), *args], env={**os.environ, **env},
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, str(BUILD_PY), "--config", str(config), *args],
+        env={**os.environ, **env},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
-def run_together(config: Path, env: dict[str, str], commands: list[tuple[str, ...]], dist: Path | None = None,
-                 timeout: float = 600) -> list[Finished]:
+def run_together(
+    config: Path, env: dict[str, str], commands: list[tuple[str, ...]], dist: Path | None = None, timeout: float = 600
+) -> list[Finished]:
     """Start every command at once; when each exits, note its output and the bytes of the wheel it printed."""
     procs = [start(config, env, *command) for command in commands]
     results: list[Finished | None] = [None] * len(procs)

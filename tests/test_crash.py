@@ -22,8 +22,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -101,8 +101,10 @@ class Tally:
     points: list[str] = dataclasses.field(default_factory=list)
 
     def line(self, duration: float) -> str:
-        return (f"crash {self.command}: {self.killed} kill(s) survived, {self.finished_first} run(s) finished "
-                f"before the kill; measured {duration:.2f}s; kills at: {'; '.join(self.points)}")
+        return (
+            f"crash {self.command}: {self.killed} kill(s) survived, {self.finished_first} run(s) finished "
+            f"before the kill; measured {duration:.2f}s; kills at: {'; '.join(self.points)}"
+        )
 
 
 def make_demo(base: Path) -> Demo:
@@ -115,8 +117,12 @@ def run_carry(demo: Demo, command: tuple[str, ...], kill: KillPoint | None = Non
     """Run carry in its own session, noting when each phase starts; with `kill`, SIGKILL its whole process
     group (carry, git, pip, nvcc, docker) at that point unless it exited first."""
     proc = subprocess.Popen(
-        [sys.executable, str(BUILD_PY), "--config", str(demo.config), *command], env={**os.environ, **demo.env},
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        [sys.executable, str(BUILD_PY), "--config", str(demo.config), *command],
+        env={**os.environ, **demo.env},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
     began = time.monotonic()
     phases: dict[str, float] = {}
@@ -197,8 +203,9 @@ def assert_consistent(demo: Demo, when: str) -> None:
         assert fsck.returncode == 0, f"{when}: git fsck failed in {mirror}:\n{fsck.stdout}{fsck.stderr}"
     bundles = sorted((demo.cache / "bundles").glob("*.bundle"))
     for bundle in bundles:
-        verified = subprocess.run(["git", "bundle", "verify", "--quiet", str(bundle)], cwd=mirrors(demo)[0],
-                                  capture_output=True, text=True)
+        verified = subprocess.run(
+            ["git", "bundle", "verify", "--quiet", str(bundle)], cwd=mirrors(demo)[0], capture_output=True, text=True
+        )
         assert verified.returncode == 0, f"{when}: {bundle} does not verify: {verified.stderr}"
     assert_only_verifiable_wheels(demo, demo.dist, when)
     artifacts = demo.cache / "artifacts"
@@ -222,9 +229,14 @@ def assert_only_verifiable_wheels(demo: Demo, directory: Path, when: str) -> Non
         assert verified.code == 0, f"{when}: {entry} does not verify:\n{verified.out}{verified.err}"
 
 
-def kill_loop(demo: Demo, command: tuple[str, ...], wanted: int, draw: Callable[[], KillPoint],
-              before_each: Callable[[], None] = lambda: None, after_rerun: Callable[[str], None] = lambda out: None,
-              ) -> Tally:
+def kill_loop(
+    demo: Demo,
+    command: tuple[str, ...],
+    wanted: int,
+    draw: Callable[[], KillPoint],
+    before_each: Callable[[], None] = lambda: None,
+    after_rerun: Callable[[str], None] = lambda out: None,
+) -> Tally:
     """Kill `command` at drawn points until `wanted` kills landed; after each, check, rerun, check again."""
     tally = Tally(command[0])
     for _ in range(wanted * 3):
@@ -250,8 +262,9 @@ def uniform(rng: random.Random, duration: float) -> Callable[[], KillPoint]:
     return lambda: KillPoint(START, rng.uniform(0.02, duration))
 
 
-def in_a_phase(rng: random.Random, reference: Outcome,
-               phases: tuple[str, ...] | None = None) -> Callable[[], KillPoint]:
+def in_a_phase(
+    rng: random.Random, reference: Outcome, phases: tuple[str, ...] | None = None
+) -> Callable[[], KillPoint]:
     """A random offset into a random phase; with no phases named, half the draws are uniform over the run
     instead, so long phases (the compile) get their share too."""
     spans = [(name, length) for name, length in reference.spans() if phases is None or name in phases]
@@ -364,9 +377,13 @@ def test_kill_while_git_holds_a_ref_lock(tmp_path):
     hook.parent.mkdir(exist_ok=True)
     hook.write_text(f'#!/bin/sh\nif [ "$1" = prepared ]; then touch {marker}; sleep 60; fi\ncat >/dev/null\n')
     hook.chmod(0o755)
-    proc = subprocess.Popen([sys.executable, str(BUILD_PY), "--config", str(demo.config), "fetch"],
-                            env={**os.environ, **demo.env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(BUILD_PY), "--config", str(demo.config), "fetch"],
+        env={**os.environ, **demo.env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while not marker.exists():
         assert proc.poll() is None and time.monotonic() < deadline, "git never entered the ref transaction"
@@ -387,7 +404,7 @@ def test_leftovers_of_a_killed_process_are_swept_by_the_next_run(tmp_path):
         "import os, sys, time, tempfile\n"
         "from pathlib import Path\n"
         f"sys.path.insert(0, {str(ROOT)!r})\n"
-        "from carry.fsutil import temp_dir, owned_prefix\n"
+        "from carry.util.fsutil import temp_dir, owned_prefix\n"
         "parent = Path(sys.argv[1])\n"
         "tempfile.mkstemp(prefix=owned_prefix('.demo.whl.'), suffix='.tmp', dir=parent)\n"
         "with temp_dir(parent, 'image-') as scratch:\n"
@@ -400,7 +417,7 @@ def test_leftovers_of_a_killed_process_are_swept_by_the_next_run(tmp_path):
     child.kill()
     child.wait()
     assert list(tmp_path.glob("image-*/secret.env")) and list(tmp_path.glob(".demo.whl.*.tmp"))
-    from carry.fsutil import sweep_dead, temp_dir
+    from carry.util.fsutil import sweep_dead, temp_dir
 
     with temp_dir(tmp_path, "image-"):
         pass

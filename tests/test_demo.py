@@ -12,8 +12,7 @@ DEMO = ROOT / "examples" / "demo"
 
 
 def test_bundle_and_pin_are_up_to_date_with_the_sources():
-    result = subprocess.run([sys.executable, str(DEMO / "make_upstream.py"), "--check"],
-                            capture_output=True, text=True)
+    result = subprocess.run([sys.executable, str(DEMO / "make_upstream.py"), "--check"], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -26,8 +25,15 @@ def test_demo_check_json_has_both_patches_clean(tmp_path):
 
 
 def test_demo_status_against_main_shows_0001_merged_and_0002_needed(tmp_path):
-    result = carry("--config", str(DEMO / "build.yaml"), "status", "--against", "main", "--json",
-                   env={"CARRY_CACHE": str(tmp_path)})
+    result = carry(
+        "--config",
+        str(DEMO / "build.yaml"),
+        "status",
+        "--against",
+        "main",
+        "--json",
+        env={"CARRY_CACHE": str(tmp_path)},
+    )
     assert result.code == 0, result.err
     verdicts = [p["verdict"] for p in json.loads(result.out)["refs"][0]["patches"]]
     assert verdicts == ["MERGED-EXACT", "NEEDED"]

@@ -75,12 +75,16 @@ def test_documented_command_parses_against_the_cli(where, argv):
 
 
 def test_the_checker_finds_a_made_up_flag_and_names_the_line():
-    text = ("# x\n\n```bash\ncarry check --no-such-flag\n```\n\nand `build.py wheel --out dist` and `carry` alone\n"
-            "```\nbuild.py   the CLI (a layout, not a command)\n```\n\n    python build.py status --against <a ref>\n")
+    text = (
+        "# x\n\n```bash\ncarry check --no-such-flag\n```\n\nand `build.py wheel --out dist` and `carry` alone\n"
+        "```\nbuild.py   the CLI (a layout, not a command)\n```\n\n    python build.py status --against <a ref>\n"
+    )
     found = commands_in(text, "docs/made-up.md")
-    assert found == [("docs/made-up.md:4", ["check", "--no-such-flag"]),
-                     ("docs/made-up.md:7", ["wheel", "--out", "dist"]),
-                     ("docs/made-up.md:12", ["status", "--against", "PLACEHOLDER"])]
+    assert found == [
+        ("docs/made-up.md:4", ["check", "--no-such-flag"]),
+        ("docs/made-up.md:7", ["wheel", "--out", "dist"]),
+        ("docs/made-up.md:12", ["status", "--against", "PLACEHOLDER"]),
+    ]
     assert cli_problems(found[0][1]) == ["build.py check: no option --no-such-flag; it has: --against, --json"]
     assert not cli_problems(found[1][1]) and not cli_problems(found[2][1])
 
@@ -90,8 +94,11 @@ def test_readme_is_a_short_start_that_keeps_the_two_commands():
     assert len(text.splitlines()) < 200
     assert "```bash\nbash ci/setup.sh && bash examples/demo/run.sh\n```" in text
     assert "```bash\npython -m pytest -q\n```" in text
-    steps = [step for step in ("carry check", "carry wheel", "carry verify", "carry image --push", "carry status",
-                               "carry drop") if step in text]
+    steps = [
+        step
+        for step in ("carry check", "carry wheel", "carry verify", "carry image --push", "carry status", "carry drop")
+        if step in text
+    ]
     assert len(steps) == 6, steps
 
 

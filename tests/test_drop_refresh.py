@@ -38,8 +38,14 @@ def test_drop_a_merged_patch_removes_it_bumps_version_and_logs_it(tmp_path):
 def test_drop_a_patch_merged_with_edits_appends_to_the_log(tmp_path):
     p = project(tmp_path)
     (p.patches / "DROPPED.md").write_text("# Dropped patches\n")
-    p.commit("Dispatch FP8 per-channel, reviewed", {"pkg/engine.py": replace(
-        with_fp8(ENGINE), '"fp8-channel-kernel"', '"fp8-channel-kernel"  # per output channel')})
+    p.commit(
+        "Dispatch FP8 per-channel, reviewed",
+        {
+            "pkg/engine.py": replace(
+                with_fp8(ENGINE), '"fp8-channel-kernel"', '"fp8-channel-kernel"  # per output channel'
+            )
+        },
+    )
     result = p.run("drop", "0002-fp8-dispatch.patch")
     assert result.code == 0, result.err
     log = (p.patches / "DROPPED.md").read_text().splitlines()
@@ -73,13 +79,15 @@ def git_project(p) -> None:
     directory = str(p.config.parent)
     subprocess.run(["git", "init", "-q", directory], check=True)
     subprocess.run(["git", "-C", directory, "add", "-A"], check=True)
-    subprocess.run(["git", "-C", directory, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"],
-                   check=True)
+    subprocess.run(
+        ["git", "-C", directory, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x"], check=True
+    )
 
 
 def changed(p) -> list[str]:
-    out = subprocess.run(["git", "-C", str(p.config.parent), "status", "--porcelain"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "-C", str(p.config.parent), "status", "--porcelain"], capture_output=True, text=True, check=True
+    ).stdout
     return sorted(line[3:] for line in out.splitlines())
 
 
@@ -87,9 +95,13 @@ def test_refresh_rewrites_only_what_moved_and_twice_changes_nothing(tmp_path):
     p = project(tmp_path)
     git_project(p)
     reset_before = (p.patches / "0001-reset-semaphore.patch").read_bytes()
-    new_base = p.commit("Add stats", {
-        "pkg/engine.py": replace(ENGINE, SHUTDOWN, STATS + SHUTDOWN), "README": "engine with stats\n",
-    })
+    new_base = p.commit(
+        "Add stats",
+        {
+            "pkg/engine.py": replace(ENGINE, SHUTDOWN, STATS + SHUTDOWN),
+            "README": "engine with stats\n",
+        },
+    )
     result = p.run("refresh")
     assert result.code == 0, result.err
     assert changed(p) == ["build.yaml", "patches/0002-fp8-dispatch.patch"]
@@ -128,8 +140,14 @@ def test_refresh_keeps_description_and_trailers_and_follows_a_rename(tmp_path):
 
 def test_refresh_conflict_changes_nothing_and_names_patch_and_file(tmp_path):
     p = project(tmp_path)
-    p.commit("Rewrite prepare_forward", {"pkg/engine.py": replace(
-        ENGINE, "        self.calls += 1\n", "        self.calls += 2\n        self.sem = None\n")})
+    p.commit(
+        "Rewrite prepare_forward",
+        {
+            "pkg/engine.py": replace(
+                ENGINE, "        self.calls += 1\n", "        self.calls += 2\n        self.sem = None\n"
+            )
+        },
+    )
     before = p.digest()
     result = p.run("refresh")
     assert result.code == 1, (result.out, result.err)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from carry import wheelzip
-from helpers import ROOT, Upstream, carry, git, write_config
+from carry.binaries import wheelzip
 from carry.platforms import Platform
+from helpers import ROOT, Upstream, carry, git, write_config
 
 pytestmark = pytest.mark.slow
 
@@ -44,7 +44,7 @@ setup(version=os.environ.get("TINYUP_VERSION", "0.1"), packages=find_packages(),
 FILES = {
     "setup.py": SETUP_PY,
     "pyproject.toml": '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n\n'
-                      '[project]\nname = "tinyup"\ndynamic = ["version"]\n',
+    '[project]\nname = "tinyup"\ndynamic = ["version"]\n',
     "tinyup/__init__.py": '"""tiny upstream"""\n',
     "tinyup/engine.py": "def step():\n    return 1\n",
 }
@@ -72,8 +72,11 @@ def _members(wheel: Path) -> set[str]:
 
 def test_a_file_an_earlier_series_added_is_not_in_the_next_wheel(tiny):
     upstream, config, env, dist = tiny
-    patch = upstream.make_patch(config.parent / "patches" / "0001-add-probe.patch", "Add a probe",
-                                {"tinyup/carry_stale_probe.py": "PROBE = True\n"})
+    patch = upstream.make_patch(
+        config.parent / "patches" / "0001-add-probe.patch",
+        "Add a probe",
+        {"tinyup/carry_stale_probe.py": "PROBE = True\n"},
+    )
     first = carry("--config", str(config), "wheel", "--out", str(dist / "one"), env=env)
     assert first.code == 0, first.err
     assert "tinyup/carry_stale_probe.py" in _members(Path(first.out.strip()))
@@ -95,8 +98,9 @@ def test_a_wheel_changed_after_the_build_fails_verify_naming_the_file(tiny, tmp_
     # RECORD is rewritten to match, so only a comparison with the patched tree can tell.
     tampered = tmp_path / "tampered" / wheel.name
     tampered.parent.mkdir()
-    wheelzip.rewrite(wheel, tampered, {"tinyup/engine.py": b"def step():\n    return 2\n",
-                                       "tinyup/backdoor.py": b"OPEN = True\n"})
+    wheelzip.rewrite(
+        wheel, tampered, {"tinyup/engine.py": b"def step():\n    return 2\n", "tinyup/backdoor.py": b"OPEN = True\n"}
+    )
     result = carry("--config", str(config), "verify", str(tampered), env=env)
     assert result.code == 1, result.out + result.err
     assert "FAIL tinyup/engine.py: differs from tinyup/engine.py in the patched tree" in result.out
@@ -127,8 +131,10 @@ def test_a_native_wheel_refuses_shared_objects_of_another_cpu(tiny):
     config.write_text(config.read_text().replace(f"commit: {pin}", f"commit: {upstream.head()}"))
     result = carry("--config", str(config), "wheel", "--out", str(dist), env=env)
     assert result.code == 1, result.err
-    assert (f"FAIL tinyup/_helper.so is {foreign.machine} code (ELF e_machine {foreign.e_machine}), not "
-            f"{Platform.native().machine}") in result.err
+    assert (
+        f"FAIL tinyup/_helper.so is {foreign.machine} code (ELF e_machine {foreign.e_machine}), not "
+        f"{Platform.native().machine}"
+    ) in result.err
     assert not dist.exists()
 
 
@@ -143,7 +149,8 @@ def test_the_demo_drops_a_module_of_an_earlier_series(tmp_path):
         "From: carry tests <tests@carry.invalid>\nDate: Tue, 1 Dec 2026 00:00:00 +0000\n"
         "Subject: [PATCH] add a probe module\n\n---\n"
         "diff --git a/pledemo/carry_stale_probe.py b/pledemo/carry_stale_probe.py\nnew file mode 100644\n"
-        "--- /dev/null\n+++ b/pledemo/carry_stale_probe.py\n@@ -0,0 +1 @@\n+PROBE = True\n")
+        "--- /dev/null\n+++ b/pledemo/carry_stale_probe.py\n@@ -0,0 +1 @@\n+PROBE = True\n"
+    )
     first = carry("--config", str(demo / "build.yaml"), "wheel", "--out", str(tmp_path / "one"), env=env)
     assert first.code == 0, first.err
     assert "pledemo/carry_stale_probe.py" in _members(Path(first.out.strip()))

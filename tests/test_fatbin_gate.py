@@ -1,4 +1,4 @@
-"""carry.fatbin and carry.gate on shared objects built by the real nvcc, checked with cuobjdump."""
+"""carry.binaries.fatbin and carry.binaries.gate on shared objects built by the real nvcc, checked with cuobjdump."""
 
 import json
 import re
@@ -12,15 +12,16 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from carry import binaries, fatbin, gate
 import cuda_tools
-from cuda_tools import cuobjdump
 from carry.arch import ArchList, ComputeCapability, Variant
-from carry.errors import BadInput, Failed
-from carry.fatbin import FatbinEntry, Kind
-from carry.gate import NO_CUDA_CODE, UNEXPECTED_CUDA, How, coverage
-from carry.gatepolicy import GatePolicy, parse_rules
+from carry.binaries import fatbin, gate
+from carry.binaries import sharedobjects as binaries
+from carry.binaries.fatbin import FatbinEntry, Kind
+from carry.binaries.gate import NO_CUDA_CODE, UNEXPECTED_CUDA, How, coverage
+from carry.binaries.gatepolicy import GatePolicy, parse_rules
 from carry.platforms import Platform
+from carry.util.errors import BadInput, Failed
+from cuda_tools import cuobjdump
 
 CC = ComputeCapability
 KERNEL = """
@@ -97,8 +98,7 @@ def test_read_matches_cuobjdump_entry_by_entry(built, name):
 def test_read_matches_cuobjdump_listing(built, name):
     entries = fatbin.read(built[name])
     listed = Counter(
-        f"sm_{e.major}{e.minor}" if e.kind is Kind.CUBIN and e.variant is Variant.FAMILY else str(e)
-        for e in entries
+        f"sm_{e.major}{e.minor}" if e.kind is Kind.CUBIN and e.variant is Variant.FAMILY else str(e) for e in entries
     )
     assert listed == _cuobjdump_listing(built[name])
 
@@ -299,7 +299,8 @@ def test_no_cuda_code_anywhere_fails_for_a_non_empty_list(cpu_only, tmp_path):
 def test_an_empty_list_expects_no_cuda_code_and_says_so(built, cpu_only, tmp_path):
     none = _gate([cpu_only], "none")
     assert none.ok and none.lines() == [
-        "arch gate passed: no CUDA code expected (cuda_arches none), none found in 1 shared object(s)"]
+        "arch gate passed: no CUDA code expected (cuda_arches none), none found in 1 shared object(s)"
+    ]
     assert _gate([tmp_path], "none").lines()[0].endswith("none found in the wheel (no shared objects)")
     (failure,) = _gate([cpu_only, built["multi"]], "none").failures
     assert UNEXPECTED_CUDA in failure.message and failure.path == str(built["multi"])
@@ -317,8 +318,9 @@ def test_the_table_groups_alike_rows_and_fits_80_columns(built, tmp_path):
     assert all(len(line) <= 80 for line in lines[:-3]), lines
     header = lines[2].split()
     assert header == ["12.1+PTX", "10.0"]
-    assert any(line.startswith("_one_C, _two_C") and line.split()[-4:] == ["exact", "sm_121", "NOTHING", "!"]
-               for line in lines), lines
+    assert any(
+        line.startswith("_one_C, _two_C") and line.split()[-4:] == ["exact", "sm_121", "NOTHING", "!"] for line in lines
+    ), lines
     assert any(line.startswith("_ptx_C") and "JIT compute_90" in line for line in lines), lines
     full = report.full_lines()
     assert "  pkg/_ptx_C.abi3.so: compute_90" in full
@@ -338,15 +340,18 @@ def test_missing_path_is_bad_input(tmp_path):
         binaries.read([tmp_path / "nope.so"])
 
 
-@pytest.mark.parametrize(("rules", "needle"), [
-    ("not a list", "must be a list of rules"),
-    ([{"match": "x.so", "gpus": "9.0"}], "why is required"),
-    ([{"match": "x.so", "gpus": "9.9", "why": "w"}], "gpus: cuda_arches: '9.9'"),
-    ([{"match": "x.so", "why": "w"}], "changes nothing"),
-    ([{"match": "/abs.so", "gpus": "9.0", "why": "w"}], "match must be a glob"),
-    ([{"match": "x.so", "gpus": "9.0", "jit": "yes", "why": "w"}], "jit must be true or false"),
-    ([{"match": "x.so", "gpu": "9.0", "why": "w"}], "unknown key 'gpu'"),
-])
+@pytest.mark.parametrize(
+    ("rules", "needle"),
+    [
+        ("not a list", "must be a list of rules"),
+        ([{"match": "x.so", "gpus": "9.0"}], "why is required"),
+        ([{"match": "x.so", "gpus": "9.9", "why": "w"}], "gpus: cuda_arches: '9.9'"),
+        ([{"match": "x.so", "why": "w"}], "changes nothing"),
+        ([{"match": "/abs.so", "gpus": "9.0", "why": "w"}], "match must be a glob"),
+        ([{"match": "x.so", "gpus": "9.0", "jit": "yes", "why": "w"}], "jit must be true or false"),
+        ([{"match": "x.so", "gpu": "9.0", "why": "w"}], "unknown key 'gpu'"),
+    ],
+)
 def test_bad_rules_are_bad_input_naming_the_entry(rules, needle):
     with pytest.raises(BadInput, match=re.escape(needle)):
         parse_rules(rules, "build.gate")

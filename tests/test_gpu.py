@@ -52,8 +52,9 @@ def gpu_capability() -> str | None:
     """The first GPU's compute capability (e.g. '9.0'), or None where no GPU answers."""
     if shutil.which("nvidia-smi") is None:
         return None
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        ["nvidia-smi", "--query-gpu=name,compute_cap", "--format=csv,noheader"], capture_output=True, text=True
+    )
     if out.returncode != 0 or not out.stdout.strip():
         return None
     print(f"GPU: {out.stdout.strip()}")
@@ -69,8 +70,21 @@ def capability():
 
 
 def install(wheel: Path, target: Path) -> dict[str, str]:
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                    "--target", str(target), str(wheel)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+    )
     return {**os.environ, "PYTHONPATH": str(target)}
 
 
@@ -82,8 +96,16 @@ def built_wheel(capability: str, tmp_path: Path) -> Path:
     shutil.copytree(ROOT / "examples" / "demo", project)
     config = project / "build.yaml"
     config.write_text(config.read_text().replace("compiler_cache: auto", "compiler_cache: none"))
-    result = carry("--config", str(config), "wheel", "--arch", capability, "--out", str(tmp_path / "dist"),
-                   env={"CARRY_CACHE": str(tmp_path / "cache")})
+    result = carry(
+        "--config",
+        str(config),
+        "wheel",
+        "--arch",
+        capability,
+        "--out",
+        str(tmp_path / "dist"),
+        env={"CARRY_CACHE": str(tmp_path / "cache")},
+    )
     assert result.code == 0, result.err
     return Path(result.out.strip())
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import os
+import re
 import shutil
 import subprocess
 import urllib.request
@@ -49,12 +49,32 @@ def setup(tmp_path_factory):
         "CARRY_REGISTRY_PASSWORD": env.registry_password(),
     }
     with command_lines() as argv_seen:
-        pushed = carry("--config", str(config), "image", "--platform", "linux/amd64", "--platform", "linux/arm64",
-                       "--push", "--hermetic", "--cache-to", "inline", env=run_env, timeout=3000)
+        pushed = carry(
+            "--config",
+            str(config),
+            "image",
+            "--platform",
+            "linux/amd64",
+            "--platform",
+            "linux/arm64",
+            "--push",
+            "--hermetic",
+            "--cache-to",
+            "inline",
+            env=run_env,
+            timeout=3000,
+        )
     assert pushed.code == 0, pushed.out + pushed.err
     yield {
-        "env": env, "run_env": run_env, "config": config, "name": name, "version": version,
-        "pushed": pushed, "argv": argv_seen, "cache": base / "cache", "base": base,
+        "env": env,
+        "run_env": run_env,
+        "config": config,
+        "name": name,
+        "version": version,
+        "pushed": pushed,
+        "argv": argv_seen,
+        "cache": base / "cache",
+        "base": base,
     }
     client = dockerenv.docker_client()
     for image in client.images.list(name=name):
@@ -71,8 +91,11 @@ def registry_manifest(setup, tag: str) -> dict:
     repository = setup["name"].split("/", 1)[1]
     request = urllib.request.Request(
         f"http://{env.registry}/v2/{repository}/manifests/{tag}",
-        headers={"Accept": f"{MANIFEST_LIST}, application/vnd.oci.image.index.v1+json, "
-                           "application/vnd.docker.distribution.manifest.v2+json"})
+        headers={
+            "Accept": f"{MANIFEST_LIST}, application/vnd.oci.image.index.v1+json, "
+            "application/vnd.docker.distribution.manifest.v2+json"
+        },
+    )
     token = base64.b64encode(f"{env.registry_user}:{env.registry_password()}".encode()).decode()
     request.add_header("Authorization", f"Basic {token}")
     with urllib.request.urlopen(request, timeout=30) as answer:
@@ -113,11 +136,23 @@ def test_second_engine_rebuilds_each_platform_from_its_own_image(setup):
     env = setup["env"]
     bases = (env.build_base, env.runtime_base, env.build_base_arm64, env.runtime_base_arm64)
     with secondengine.started(bases, env.docker_host) as engine:
-        result = run(setup, "image", "--platform", "linux/amd64", "--platform", "linux/arm64", "--hermetic",
-                     "--cache-from", "inline", DOCKER_HOST=engine.host, CARRY_CACHE=str(setup["base"] / "runner-b"))
+        result = run(
+            setup,
+            "image",
+            "--platform",
+            "linux/amd64",
+            "--platform",
+            "linux/arm64",
+            "--hermetic",
+            "--cache-from",
+            "inline",
+            DOCKER_HOST=engine.host,
+            CARRY_CACHE=str(setup["base"] / "runner-b"),
+        )
         assert result.code == 0, result.out + result.err
-        arm64 = engine.docker("image", "inspect", "--format", "{{.Architecture}}",
-                              f"{setup['name']}:{setup['version']}-arm64")
+        arm64 = engine.docker(
+            "image", "inspect", "--format", "{{.Architecture}}", f"{setup['name']}:{setup['version']}-arm64"
+        )
     log = next((setup["base"] / "runner-b" / "logs").glob("image-*.log")).read_text()
     for platform in PLATFORMS:
         assert f"layer cache: {platform}: build stage: cached, nothing compiled" in result.err
@@ -130,20 +165,50 @@ def test_pull_arm64_runs_aarch64_python_with_an_aarch64_sm121_extension(setup, t
     env = setup["env"]
     ref = f"{setup['name']}:{setup['version']}"
     with dockerenv.logged_in(env) as cli:
-        pulled = subprocess.run([dockerenv.DOCKER_CLI, "pull", "--platform", "linux/arm64", ref], env=cli,
-                                capture_output=True, text=True, timeout=600)
+        pulled = subprocess.run(
+            [dockerenv.DOCKER_CLI, "pull", "--platform", "linux/arm64", ref],
+            env=cli,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert pulled.returncode == 0, pulled.stderr
-        script = ("import platform, pledemo._C as c; print(platform.machine()); print(c.__file__)")
-        inside = subprocess.run([dockerenv.DOCKER_CLI, "run", "--rm", "--network=none", "--platform", "linux/arm64",
-                                 ref, "python3", "-c", script], env=cli, capture_output=True, text=True, timeout=600)
+        script = "import platform, pledemo._C as c; print(platform.machine()); print(c.__file__)"
+        inside = subprocess.run(
+            [
+                dockerenv.DOCKER_CLI,
+                "run",
+                "--rm",
+                "--network=none",
+                "--platform",
+                "linux/arm64",
+                ref,
+                "python3",
+                "-c",
+                script,
+            ],
+            env=cli,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert inside.returncode == 0, inside.stderr
         machine, so_path = inside.stdout.split()
         assert machine == "aarch64"
-        box = subprocess.run([dockerenv.DOCKER_CLI, "create", "--platform", "linux/arm64", ref], env=cli,
-                             capture_output=True, text=True, check=True).stdout.strip()
+        box = subprocess.run(
+            [dockerenv.DOCKER_CLI, "create", "--platform", "linux/arm64", ref],
+            env=cli,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         try:
-            subprocess.run([dockerenv.DOCKER_CLI, "cp", f"{box}:{so_path}", str(tmp_path / "ext.so")], env=cli,
-                           check=True, capture_output=True)
+            subprocess.run(
+                [dockerenv.DOCKER_CLI, "cp", f"{box}:{so_path}", str(tmp_path / "ext.so")],
+                env=cli,
+                check=True,
+                capture_output=True,
+            )
         finally:
             subprocess.run([dockerenv.DOCKER_CLI, "rm", box], env=cli, capture_output=True)
     header = (tmp_path / "ext.so").read_bytes()[:20]
@@ -176,8 +241,9 @@ def test_shared_tag_holding_one_platform_fails_verify(setup):
     with dockerenv.logged_in(setup["env"]) as cli:
         subprocess.run([dockerenv.DOCKER_CLI, "pull", own], env=cli, check=True, capture_output=True)
         client.images.get(own).tag(setup["name"], "one-platform")
-        subprocess.run([dockerenv.DOCKER_CLI, "push", f"{setup['name']}:one-platform"], env=cli, check=True,
-                       capture_output=True)
+        subprocess.run(
+            [dockerenv.DOCKER_CLI, "push", f"{setup['name']}:one-platform"], env=cli, check=True, capture_output=True
+        )
     result = run(setup, "verify", f"{setup['name']}:one-platform")
     assert result.code == 1
     assert "MISMATCH platforms: expected linux/amd64, linux/arm64, found linux/arm64" in result.out
@@ -213,13 +279,17 @@ def test_arm64_wheel_from_the_build_stage_passes_verify(setup, tmp_path):
     assert verified.code == 0, verified.out + verified.err
     assert "cpu: 1/1 shared object(s) are aarch64 code (linux/arm64)" in verified.out
     assert re.search(r"_C +exact sm_121\n", verified.out) and "tree check passed" in verified.out
-    info = json.loads(subprocess.run(["unzip", "-p", str(wheel), "*.dist-info/carry-buildinfo.json"],
-                                     capture_output=True, check=True).stdout)
+    info = json.loads(
+        subprocess.run(
+            ["unzip", "-p", str(wheel), "*.dist-info/carry-buildinfo.json"], capture_output=True, check=True
+        ).stdout
+    )
     assert info["platform"] == "linux/arm64" and info["toolchain"]["machine"] == "aarch64"
 
 
-@pytest.mark.parametrize("command", [("wheel", "--platform", "linux/riscv64"),
-                                     ("image", "--platform", "linux/riscv64")])
+@pytest.mark.parametrize(
+    "command", [("wheel", "--platform", "linux/riscv64"), ("image", "--platform", "linux/riscv64")]
+)
 def test_platform_without_an_emulator_is_one_line_exit_2(setup, command):
     handler = Path("/proc/sys/fs/binfmt_misc/qemu-riscv64")
     assert not (handler.exists() and handler.read_text().startswith("enabled")), "this test needs no riscv64 handler"
@@ -264,9 +334,16 @@ def test_image_runs_the_wheel_and_runtime_env_defaults(setup):
     ref = f"{setup['name']}:{setup['version']}-amd64"
     with dockerenv.logged_in(setup["env"]) as cli:
         subprocess.run([dockerenv.DOCKER_CLI, "pull", ref], env=cli, check=True, capture_output=True)
-    out = client.containers.run(ref, ["python3", "-c", "import pledemo, pledemo.buildinfo as b; "
-                                      "print(pledemo.__version__, b.load()['series']['hash'])"],
-                                remove=True, network_disabled=True).decode()
+    out = client.containers.run(
+        ref,
+        [
+            "python3",
+            "-c",
+            "import pledemo, pledemo.buildinfo as b; print(pledemo.__version__, b.load()['series']['hash'])",
+        ],
+        remove=True,
+        network_disabled=True,
+    ).decode()
     assert f"+carry.{setup['version']}" in out
     assert len(out.split()[1]) == 64
 
@@ -283,8 +360,13 @@ def test_no_secret_in_history_labels_logs_buildinfo_or_argv(setup):
         for secret in (SECRET, password):
             assert secret not in history
             assert secret not in str(image.labels) and secret not in str(image.attrs["Config"])
-        filesystem = client.containers.run(ref, ["sh", "-c", "grep -rl " + SECRET[:20] + " /etc /opt /usr/local || true"],
-                                           remove=True, network_disabled=True, entrypoint=[]).decode()
+        filesystem = client.containers.run(
+            ref,
+            ["sh", "-c", "grep -rl " + SECRET[:20] + " /etc /opt /usr/local || true"],
+            remove=True,
+            network_disabled=True,
+            entrypoint=[],
+        ).decode()
         assert filesystem.strip() == ""
     for secret in (SECRET, password):
         assert secret not in setup["pushed"].out + setup["pushed"].err
@@ -296,8 +378,9 @@ def test_no_secret_in_history_labels_logs_buildinfo_or_argv(setup):
 
 
 def test_push_with_wrong_password_is_refused(setup):
-    result = run(setup, "image", "--hermetic", "--push", "--platform", "linux/amd64",
-                 CARRY_REGISTRY_PASSWORD="wrong-" + SECRET)
+    result = run(
+        setup, "image", "--hermetic", "--push", "--platform", "linux/amd64", CARRY_REGISTRY_PASSWORD="wrong-" + SECRET
+    )
     assert result.code == 1
     assert "login to" in result.err and "failed" in result.err
     assert "wrong-" + SECRET not in result.err + result.out

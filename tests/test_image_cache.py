@@ -27,26 +27,36 @@ import pytest
 
 import dockerenv
 import secondengine
-from carry import layercache
-from carry.container import Builder, StageBuild
-from carry.layercache import CacheSpec
+from carry.image import layercache
+from carry.image.container import Builder, StageBuild
+from carry.image.layercache import CacheSpec
 from carry.platforms import Platform
 from helpers import ROOT, assert_bad_input, carry
 from procwatch import command_lines
 from services import private_redis
 
 RUNTIME_STAGE_RUN = re.compile(r"^(#\d+) \[build \d+/\d+\] RUN .*build\.py", re.M)
-COMPILES = re.compile(r"\] cache: ccache(?: \(auto\))?: (\d+) compile\(s\), (\d+) hit\(s\)(?: \((\d+) from [^)]*\))?, (\d+) miss")
+COMPILES = re.compile(
+    r"\] cache: ccache(?: \(auto\))?: (\d+) compile\(s\), (\d+) hit\(s\)(?: \((\d+) from [^)]*\))?, (\d+) miss"
+)
 
 
 # -- the command lines (no engine needed) -----------------------------------------------------------------------
 
+
 def command(buildx: bool, *specs: str, network: str | None = None, exporting: tuple[str, ...] = ()) -> list[str]:
     parsed = tuple(CacheSpec.parse(s, False) for s in specs) + tuple(CacheSpec.parse(s, True) for s in exporting)
-    flags = layercache.flags(parsed, buildx, "reg.example:5000/demo", "reg.example:5000/demo:20260101.1-arm64",
-                             "20260101.1", Platform.LINUX_ARM64)
-    stage = StageBuild(Platform.LINUX_ARM64, "runtime", {"A": "1", **dict(flags.build_args)}, network,
-                       cache_args=flags.args)
+    flags = layercache.flags(
+        parsed,
+        buildx,
+        "reg.example:5000/demo",
+        "reg.example:5000/demo:20260101.1-arm64",
+        "20260101.1",
+        Platform.LINUX_ARM64,
+    )
+    stage = StageBuild(
+        Platform.LINUX_ARM64, "runtime", {"A": "1", **dict(flags.build_args)}, network, cache_args=flags.args
+    )
     return stage.command(Builder("docker", buildx), None, Path("/context"))
 
 
@@ -55,8 +65,13 @@ def pairs(argv: list[str], flag: str) -> list[str]:
 
 
 def test_buildx_gets_the_registry_exporter_per_platform():
-    argv = command(True, "inline", "registry", "reg.example:5000/demo:{version}-{arch}",
-                   exporting=("registry", "type=s3,region=x,bucket=b,name=demo-{arch}"))
+    argv = command(
+        True,
+        "inline",
+        "registry",
+        "reg.example:5000/demo:{version}-{arch}",
+        exporting=("registry", "type=s3,region=x,bucket=b,name=demo-{arch}"),
+    )
     assert pairs(argv, "--cache-from") == [
         "type=registry,ref=reg.example:5000/demo:20260101.1-arm64",
         "type=registry,ref=reg.example:5000/demo:20260101.1-arm64-buildcache",
@@ -91,22 +106,36 @@ def test_an_export_without_arch_would_mix_platforms():
     layercache.check((CacheSpec.parse("type=registry,ref=reg.example/demo:cache-{arch}", True),), True, "docker", 2)
 
 
-@pytest.mark.parametrize(("flag", "value", "needle"), [
-    ("--cache-to", "max", "--cache-to 'max' is not a cache spec; use inline, registry"),
-    ("--cache-to", "reg.example/demo:cache", "is not a cache spec"),
-    ("--cache-from", "type=redis,ref=x", "unknown cache type 'redis'; use one of: registry"),
-    ("--cache-from", "type=registry,mode=max", "type=registry needs ref="),
-    ("--cache-to", "type=registry,ref=reg.example/d:c,mode=all", "mode must be min or max"),
-    ("--cache-from", "reg.example/demo:{platform}", "unknown field {platform}; only {arch} and {version}"),
-    ("--cache-from", "Reg.Example/UPPER case", "is not a cache spec"),
-    ("--cache-to", "registry", "--cache-to registry needs buildx, which /usr/bin/docker lacks; use --cache-to inline"),
-    ("--cache-from", "type=registry,ref=reg.example/d:c", "needs buildx"),
-])
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [
+        ("--cache-to", "max", "--cache-to 'max' is not a cache spec; use inline, registry"),
+        ("--cache-to", "reg.example/demo:cache", "is not a cache spec"),
+        ("--cache-from", "type=redis,ref=x", "unknown cache type 'redis'; use one of: registry"),
+        ("--cache-from", "type=registry,mode=max", "type=registry needs ref="),
+        ("--cache-to", "type=registry,ref=reg.example/d:c,mode=all", "mode must be min or max"),
+        ("--cache-from", "reg.example/demo:{platform}", "unknown field {platform}; only {arch} and {version}"),
+        ("--cache-from", "Reg.Example/UPPER case", "is not a cache spec"),
+        (
+            "--cache-to",
+            "registry",
+            "--cache-to registry needs buildx, which /usr/bin/docker lacks; use --cache-to inline",
+        ),
+        ("--cache-from", "type=registry,ref=reg.example/d:c", "needs buildx"),
+    ],
+)
 def test_bad_cache_spec_is_one_line_exit_2(tmp_path, flag, value, needle):
     shutil.copytree(ROOT / "examples" / "demo", tmp_path / "demo")
     cache = tmp_path / "cache"
-    result = carry("--config", str(tmp_path / "demo" / "build.yaml"), "image", "--platform", "linux/amd64",
-                   f"{flag}={value}", env={"CARRY_CACHE": str(cache), "CARRY_DOCKER": dockerenv.DOCKER_CLI})
+    result = carry(
+        "--config",
+        str(tmp_path / "demo" / "build.yaml"),
+        "image",
+        "--platform",
+        "linux/amd64",
+        f"{flag}={value}",
+        env={"CARRY_CACHE": str(cache), "CARRY_DOCKER": dockerenv.DOCKER_CLI},
+    )
     assert_bad_input(result, needle)
     assert not cache.exists()
 
@@ -114,23 +143,35 @@ def test_bad_cache_spec_is_one_line_exit_2(tmp_path, flag, value, needle):
 def test_bad_remote_cache_url_stops_image_before_any_work(tmp_path):
     shutil.copytree(ROOT / "examples" / "demo", tmp_path / "demo")
     cache = tmp_path / "cache"
-    result = carry("--config", str(tmp_path / "demo" / "build.yaml"), "image", "--platform", "linux/amd64",
-                   env={"CARRY_CACHE": str(cache), "CARRY_DOCKER": dockerenv.DOCKER_CLI,
-                        "CARRY_REMOTE_CACHE_URL": "ftp://cache.example"})
+    result = carry(
+        "--config",
+        str(tmp_path / "demo" / "build.yaml"),
+        "image",
+        "--platform",
+        "linux/amd64",
+        env={
+            "CARRY_CACHE": str(cache),
+            "CARRY_DOCKER": dockerenv.DOCKER_CLI,
+            "CARRY_REMOTE_CACHE_URL": "ftp://cache.example",
+        },
+    )
     assert_bad_input(result, "$CARRY_REMOTE_CACHE_URL 'ftp://cache.example': unknown scheme 'ftp'")
     assert not cache.exists()
 
 
-@pytest.mark.parametrize(("url", "hermetic", "network", "handed"), [
-    ("redis://127.0.0.1:6390/2", False, "host", "CARRY_REMOTE_CACHE_URL=redis://127.0.0.1:6390/2"),
-    ("http://cache.example:8080/ccache", False, None, "CARRY_REMOTE_CACHE_URL=http://cache.example:8080/ccache"),
-    ("redis://localhost/0", True, "none", "CARRY_REMOTE_CACHE_URL=none"),
-    ("none", False, None, "CARRY_REMOTE_CACHE_URL=none"),  # off here, so off in the stage despite build.yaml
-])
+@pytest.mark.parametrize(
+    ("url", "hermetic", "network", "handed"),
+    [
+        ("redis://127.0.0.1:6390/2", False, "host", "CARRY_REMOTE_CACHE_URL=redis://127.0.0.1:6390/2"),
+        ("http://cache.example:8080/ccache", False, None, "CARRY_REMOTE_CACHE_URL=http://cache.example:8080/ccache"),
+        ("redis://localhost/0", True, "none", "CARRY_REMOTE_CACHE_URL=none"),
+        ("none", False, None, "CARRY_REMOTE_CACHE_URL=none"),  # off here, so off in the stage despite build.yaml
+    ],
+)
 def test_the_build_stage_gets_the_compile_cache_in_its_secret(tmp_path, monkeypatch, url, hermetic, network, handed):
-    from carry import container
     from carry.config import load
-    from carry.progress import Progress
+    from carry.image import container
+    from carry.util.progress import Progress
 
     shutil.copytree(ROOT / "examples" / "demo", tmp_path / "demo")
     config_path = tmp_path / "demo" / "build.yaml"
@@ -147,14 +188,19 @@ def test_the_build_stage_gets_the_compile_cache_in_its_secret(tmp_path, monkeypa
 
 
 def test_build_log_outcome_reads_buildkit_markers():
-    log = ("#7 importing cache manifest from r/x:1\n#7 ERROR: r/x:1: not found\n"
-           "#10 [build 4/4] RUN --mount=type=cache ... /carry/build.py --config x\n#10 CACHED\n")
-    assert layercache.outcome(log, ("r/x:1",)) == ["cache r/x:1 not used: r/x:1: not found",
-                                                   "build stage: cached, nothing compiled"]
+    log = (
+        "#7 importing cache manifest from r/x:1\n#7 ERROR: r/x:1: not found\n"
+        "#10 [build 4/4] RUN --mount=type=cache ... /carry/build.py --config x\n#10 CACHED\n"
+    )
+    assert layercache.outcome(log, ("r/x:1",)) == [
+        "cache r/x:1 not used: r/x:1: not found",
+        "build stage: cached, nothing compiled",
+    ]
     assert layercache.outcome(log.replace("#10 CACHED", "#10 DONE 9.1s"), ()) == ["build stage: ran build.py wheel"]
 
 
 # -- real engines, registry and redis -------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
@@ -167,8 +213,9 @@ def setup(tmp_path_factory):
     shutil.copytree(ROOT / "examples" / "demo", project)
     config = project / "build.yaml"
     name = f"{env.registry}/carry-cache-{os.urandom(3).hex()}"
-    dockerenv.set_image_section(config, env.image_section(name, ("linux/amd64",),
-                                                          "  secret_env: [PIP_NO_INDEX, PIP_FIND_LINKS]\n"))
+    dockerenv.set_image_section(
+        config, env.image_section(name, ("linux/amd64",), "  secret_env: [PIP_NO_INDEX, PIP_FIND_LINKS]\n")
+    )
     with private_redis(base / "redis") as (redis, _):
         run_env = {
             "CARRY_DOCKER": dockerenv.DOCKER_CLI,
@@ -180,11 +227,30 @@ def setup(tmp_path_factory):
         }
         a_env = {**run_env, "CARRY_CACHE": str(base / "runner-a" / "cache"), "DOCKER_HOST": env.docker_host}
         with command_lines() as argv:
-            pushed = carry("--config", str(config), "image", "--hermetic", "--push", "--cache-to", "inline",
-                           env=a_env, timeout=3000)
+            pushed = carry(
+                "--config",
+                str(config),
+                "image",
+                "--hermetic",
+                "--push",
+                "--cache-to",
+                "inline",
+                env=a_env,
+                timeout=3000,
+            )
         assert pushed.code == 0, pushed.out + pushed.err
-        yield {"env": env, "base": base, "config": config, "name": name, "redis": redis, "run_env": run_env,
-               "version": (project / "VERSION").read_text().strip(), "a": pushed, "a_env": a_env, "argv": argv}
+        yield {
+            "env": env,
+            "base": base,
+            "config": config,
+            "name": name,
+            "redis": redis,
+            "run_env": run_env,
+            "version": (project / "VERSION").read_text().strip(),
+            "a": pushed,
+            "a_env": a_env,
+            "argv": argv,
+        }
     client = dockerenv.docker_client()
     for image in client.images.list(name=name):
         client.images.remove(image.id, force=True)
@@ -201,10 +267,14 @@ def engine(setup):
 def second(setup, engine):
     """Machine B: a fresh CARRY_CACHE at another path, the second engine with nothing but the base images."""
     before = engine.counts()
-    b_env = {**setup["run_env"], "DOCKER_HOST": engine.host,
-             "CARRY_CACHE": str(setup["base"] / "machine-b" / "home" / "ci" / ".cache" / "carry")}
-    result = carry("--config", str(setup["config"]), "image", "--hermetic", "--cache-from", "inline", env=b_env,
-                   timeout=3000)
+    b_env = {
+        **setup["run_env"],
+        "DOCKER_HOST": engine.host,
+        "CARRY_CACHE": str(setup["base"] / "machine-b" / "home" / "ci" / ".cache" / "carry"),
+    }
+    result = carry(
+        "--config", str(setup["config"]), "image", "--hermetic", "--cache-from", "inline", env=b_env, timeout=3000
+    )
     assert result.code == 0, result.out + result.err
     return {"before": before, "result": result, "env": b_env}
 
@@ -235,8 +305,9 @@ def build_log(result) -> str:
 
 def registry_json(setup, path: str, accept: str = "application/vnd.docker.distribution.manifest.v2+json") -> dict:
     env = setup["env"]
-    request = urllib.request.Request(f"http://{env.registry}/v2/{setup['name'].split('/', 1)[1]}/{path}",
-                                     headers={"Accept": accept})
+    request = urllib.request.Request(
+        f"http://{env.registry}/v2/{setup['name'].split('/', 1)[1]}/{path}", headers={"Accept": accept}
+    )
     token = base64.b64encode(f"{env.registry_user}:{env.registry_password()}".encode()).decode()
     request.add_header("Authorization", f"Basic {token}")
     with urllib.request.urlopen(request, timeout=30) as answer:
@@ -259,8 +330,7 @@ def test_runner_a_compiles_and_pushes_the_image_with_its_inline_cache(setup):
 @pytest.mark.slow
 def test_hermetic_build_goes_without_the_remote_cache_and_succeeds(setup):
     redis_url = setup["redis"].url(0)
-    assert (f"remote cache: {redis_url} not used in the build stage: a --hermetic build has no network"
-            in setup["a"].err)
+    assert f"remote cache: {redis_url} not used in the build stage: a --hermetic build has no network" in setup["a"].err
     log = build_log(setup["a"])
     assert f"{redis_url} via ccache" not in log and "from redis://" not in log
 
@@ -280,8 +350,9 @@ def test_second_engine_rebuilds_the_same_version_without_compiling(setup, engine
     layers = engine.docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", ref)
     pushed = dockerenv.docker_client().images.get(ref).attrs["RootFS"]["Layers"]
     assert json.loads(layers) == pushed  # the very layers runner A built
-    said = engine.docker("run", "--rm", "--network=none", ref, "python3", "-c",
-                         "import pledemo, pledemo._C; print(pledemo.__version__)")
+    said = engine.docker(
+        "run", "--rm", "--network=none", ref, "python3", "-c", "import pledemo, pledemo._C; print(pledemo.__version__)"
+    )
     assert f"+carry.{setup['version']}" in said
 
 
@@ -289,8 +360,10 @@ def test_second_engine_rebuilds_the_same_version_without_compiling(setup, engine
 @pytest.mark.slow
 def test_remote_cache_reaches_the_build_stage_as_a_secret(setup, remote):
     result, redis_url = remote["result"], setup["redis"].url(0)
-    assert (f"remote cache: {redis_url} handed to the build stage as a BuildKit secret; on loopback, so the build "
-            f"uses the host's network") in result.err
+    assert (
+        f"remote cache: {redis_url} handed to the build stage as a BuildKit secret; on loopback, so the build "
+        f"uses the host's network"
+    ) in result.err
     log = build_log(result)
     assert f"remote cache: {redis_url} via ccache" in log
     compiles = COMPILES.search(log)
@@ -314,9 +387,24 @@ def test_no_remote_cache_password_in_argv_logs_labels_layers_or_buildinfo(setup,
     ref = f"{setup['name']}:{setup['version']}"
     inspected = engine.docker("image", "inspect", ref) + engine.docker("history", "--no-trunc", ref)
     assert password not in inspected
-    found = engine.docker("run", "--rm", "--network=none", "--entrypoint", "sh", ref, "-c",
-                          f"grep -rl {password} /etc /opt /usr/local /root /tmp 2>/dev/null || true")
+    found = engine.docker(
+        "run",
+        "--rm",
+        "--network=none",
+        "--entrypoint",
+        "sh",
+        ref,
+        "-c",
+        f"grep -rl {password} /etc /opt /usr/local /root /tmp 2>/dev/null || true",
+    )
     assert found.strip() == ""
-    buildinfo = engine.docker("run", "--rm", "--network=none", ref, "python3", "-c",
-                              "import json, pledemo.buildinfo as b; print(json.dumps(b.load()))")
+    buildinfo = engine.docker(
+        "run",
+        "--rm",
+        "--network=none",
+        ref,
+        "python3",
+        "-c",
+        "import json, pledemo.buildinfo as b; print(json.dumps(b.load()))",
+    )
     assert '"series"' in buildinfo and password not in buildinfo

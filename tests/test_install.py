@@ -20,8 +20,15 @@ pytestmark = [pytest.mark.slow]
 
 
 def run(argv: list, cwd: Path, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [str(a) for a in argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -52,8 +59,11 @@ def installed(tmp_path_factory):
     venv = base / "venv"
     made = run([sys.executable, "-m", "venv", venv], base, clean_env())
     assert made.returncode == 0, made.stderr
-    pip = run([venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", wheel],
-              base, clean_env())
+    pip = run(
+        [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", wheel],
+        base,
+        clean_env(),
+    )
     assert pip.returncode == 0, pip.stdout[-3000:] + pip.stderr[-3000:]
     return venv, wheel
 
@@ -65,7 +75,8 @@ def test_the_wheel_carries_the_dockerfile_and_the_image_files(installed):
         assert archive.read("carry/resources/Dockerfile") == (ROOT / "Dockerfile").read_bytes()
     assert {"carry/__main__.py", "carry/image_files/entrypoint.sh"} <= names, sorted(names)
     assert (ROOT / "Dockerfile").is_symlink() and (ROOT / "Dockerfile").resolve() == (
-        ROOT / "carry" / "resources" / "Dockerfile")  # one file: the top-level Dockerfile links to the package's
+        ROOT / "carry" / "resources" / "Dockerfile"
+    )  # one file: the top-level Dockerfile links to the package's
 
 
 def test_python_m_carry_runs_the_installed_cli(installed, tmp_path):
@@ -78,10 +89,15 @@ def test_python_m_carry_runs_the_installed_cli(installed, tmp_path):
         assert helped.stdout.startswith("Usage: carry [OPTIONS] COMMAND [ARGS]...")
         for command in ("check", "wheel", "verify", "image", "status", "drop"):
             assert f"\n  {command} " in helped.stdout, helped.stdout
-    version = run([venv / "bin" / "python", "-m", "carry", "--config", ROOT / "examples" / "demo" / "build.yaml",
-                   "version"], tmp_path, clean_env())
-    assert version.returncode == 0 and version.stdout.strip() == (ROOT / "examples" / "demo" / "VERSION").read_text(
-    ).strip(), version
+    version = run(
+        [venv / "bin" / "python", "-m", "carry", "--config", ROOT / "examples" / "demo" / "build.yaml", "version"],
+        tmp_path,
+        clean_env(),
+    )
+    assert (
+        version.returncode == 0
+        and version.stdout.strip() == (ROOT / "examples" / "demo" / "VERSION").read_text().strip()
+    ), version
 
 
 @pytest.mark.docker
@@ -94,11 +110,19 @@ def test_the_installed_carry_builds_the_demo_image(installed, tmp_path):
     name = f"{env.registry}/carry-installed-{os.urandom(3).hex()}"
     dockerenv.set_image_section(config, env.image_section(name, ("linux/amd64",)))
     version = (project / "VERSION").read_text().strip()
-    run_env = clean_env(CARRY_CACHE=str(tmp_path / "cache"), CARRY_DOCKER=dockerenv.DOCKER_CLI,
-                        DOCKER_HOST=env.docker_host, DOCKER_CONFIG=str(tmp_path / "docker-config"))
+    run_env = clean_env(
+        CARRY_CACHE=str(tmp_path / "cache"),
+        CARRY_DOCKER=dockerenv.DOCKER_CLI,
+        DOCKER_HOST=env.docker_host,
+        DOCKER_CONFIG=str(tmp_path / "docker-config"),
+    )
     try:
-        built = run([venv / "bin" / "carry", "--config", config, "image", "--platform", "linux/amd64", "--hermetic"],
-                    tmp_path, run_env, timeout=1800)
+        built = run(
+            [venv / "bin" / "carry", "--config", config, "image", "--platform", "linux/amd64", "--hermetic"],
+            tmp_path,
+            run_env,
+            timeout=1800,
+        )
         assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-4000:]
         refs = [line.split()[0] for line in built.stdout.splitlines() if line.strip()]
         assert f"{name}:{version}" in refs, built.stdout

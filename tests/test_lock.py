@@ -42,8 +42,10 @@ BUILD = """build:
 
 
 def image_section(amd64: str, arm64: str, lock: str = "  lock: runtime-lock\n") -> str:
-    return (f"image:\n  name: carry-test-lock\n  platforms:\n    linux/amd64: {{runtime_image: {amd64}}}\n"
-            f"    linux/arm64: {{runtime_image: {arm64}}}\n{lock}")
+    return (
+        f"image:\n  name: carry-test-lock\n  platforms:\n    linux/amd64: {{runtime_image: {amd64}}}\n"
+        f"    linux/arm64: {{runtime_image: {arm64}}}\n{lock}"
+    )
 
 
 def tag(source: str, target: str) -> None:
@@ -57,8 +59,9 @@ def project(tmp_path):
     tag(env.runtime_base, amd64)
     tag(env.runtime_base_arm64, arm64)
     upstream = Upstream.create(tmp_path / "upstream", FILES)
-    config = write_config(tmp_path / "project", str(upstream.path), upstream.head(),
-                          extra=BUILD + image_section(amd64, arm64))
+    config = write_config(
+        tmp_path / "project", str(upstream.path), upstream.head(), extra=BUILD + image_section(amd64, arm64)
+    )
     (config.parent / "VERSION").write_text("20261201.1\n")
     cache = {"CARRY_CACHE": str(tmp_path / "cache")}
     yield config, cache, upstream, env
@@ -78,10 +81,18 @@ def test_lock_pins_every_platform_from_the_base_image_and_a_rerun_rewrites_nothi
         text = files[arch].read_text()
         header = text.splitlines()
         assert header[0] == "# carry runtime lock: written by `build.py lock`; do not edit (relock: build.py lock)"
-        assert header[1:5] == ["# format: 1", f"# platform: linux/{arch}", "# python: 3.11.2",
-                               f"# target: {machine}-manylinux_2_36"]
-        image_id = subprocess.run([DOCKER, "image", "inspect", "--format", "{{.Id}}", f"{OWN}:{arch}"],
-                                  capture_output=True, text=True, check=True).stdout.strip()
+        assert header[1:5] == [
+            "# format: 1",
+            f"# platform: linux/{arch}",
+            "# python: 3.11.2",
+            f"# target: {machine}-manylinux_2_36",
+        ]
+        image_id = subprocess.run(
+            [DOCKER, "image", "inspect", "--format", "{{.Id}}", f"{OWN}:{arch}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         assert header[5] == f"# base: {OWN}:{arch}@{image_id}"
         assert re.fullmatch(r"# requires-dist: sha256:[0-9a-f]{64}", header[6])
         assert header[7] == "# requires: minilock==0.1.0+carry.20261201.1"
@@ -115,13 +126,18 @@ def test_a_stale_lock_names_what_drifted(project, tmp_path):
     old_digest = path.read_text().splitlines()[6].split(": ")[1]
 
     # Requires-Dist changed: a patch adds a dependency
-    upstream.make_patch(config.parent / "patches" / "0001-needs-six.patch", "Depend on six",
-                        {"pyproject.toml": PYPROJECT.replace('["idna>=3.4"]', '["idna>=3.4", "six"]')})
+    upstream.make_patch(
+        config.parent / "patches" / "0001-needs-six.patch",
+        "Depend on six",
+        {"pyproject.toml": PYPROJECT.replace('["idna>=3.4"]', '["idna>=3.4", "six"]')},
+    )
     stale = lock(config, env, "--platform", "linux/amd64", "--check")
     assert stale.code == 1, stale.err
     line = stale.out.strip()
-    assert line.startswith("runtime-lock/linux-amd64.txt is stale (linux/amd64): requires-dist ") or \
-        "linux-amd64.txt is stale (linux/amd64): requires-dist " in line
+    assert (
+        line.startswith("runtime-lock/linux-amd64.txt is stale (linux/amd64): requires-dist ")
+        or "linux-amd64.txt is stale (linux/amd64): requires-dist " in line
+    )
     assert f"requires-dist {old_digest[:19]}… -> sha256:" in line
     assert f"relock: `build.py --config {config} lock`" in line
     relocked = lock(config, env, "--platform", "linux/amd64")
@@ -133,16 +149,21 @@ def test_a_stale_lock_names_what_drifted(project, tmp_path):
     tag(docker_env.build_base, f"{OWN}:amd64")
     stale = lock(config, env, "--platform", "linux/amd64", "--check")
     assert stale.code == 1
-    new_id = subprocess.run([DOCKER, "image", "inspect", "--format", "{{.Id}}", docker_env.build_base],
-                            capture_output=True, text=True, check=True).stdout.strip()
+    new_id = subprocess.run(
+        [DOCKER, "image", "inspect", "--format", "{{.Id}}", docker_env.build_base],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert f"base {OWN}:amd64 {old_id[:19]}… -> {new_id[:19]}…" in stale.out
     assert "requires-dist" not in stale.out
 
     # the image side's check (runtimelock.check_fresh): one line, exit 2, per field
-    from carry import config as configuration, runtimelock
-    from carry.cache import Cache
-    from carry.errors import BadInput
+    from carry import config as configuration
+    from carry.image import runtimelock
     from carry.platforms import Platform
+    from carry.util.cache import Cache
+    from carry.util.errors import BadInput
 
     loaded = configuration.load(config)
     current = runtimelock.read(loaded, Platform.LINUX_AMD64)
@@ -181,8 +202,11 @@ def test_bad_input_writes_nothing(project):
 
     config.write_text(text)
     upstream_py = config.parent.parent / "upstream"
-    Upstream(upstream_py).make_patch(config.parent / "patches" / "0001-impossible.patch", "Impossible pin",
-                                     {"pyproject.toml": PYPROJECT.replace('"idna>=3.4"', '"idna==0.0.1"')})
+    Upstream(upstream_py).make_patch(
+        config.parent / "patches" / "0001-impossible.patch",
+        "Impossible pin",
+        {"pyproject.toml": PYPROJECT.replace('"idna>=3.4"', '"idna==0.0.1"')},
+    )
     failed = lock(config, env)  # found after the wheel is built: the error is the last line, after the progress
     assert failed.code == 2 and "Traceback" not in failed.err
     last = failed.err.strip().splitlines()[-1]
@@ -207,17 +231,23 @@ def test_vllm_example_lock_is_committed_and_fresh(tmp_path):
     for arch, machine in (("amd64", "x86_64"), ("arm64", "aarch64")):
         committed = (example / "runtime-lock" / f"linux-{arch}.txt").read_text()
         made = (copy / "runtime-lock" / f"linux-{arch}.txt").read_text()
-        image_id = subprocess.run([DOCKER, "image", "inspect", "--format", "{{.Id}}",
-                                   f"carry-local/runtime-base:{arch}"], capture_output=True, text=True,
-                                  check=True).stdout.strip()
+        image_id = subprocess.run(
+            [DOCKER, "image", "inspect", "--format", "{{.Id}}", f"carry-local/runtime-base:{arch}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         assert f"# base: carry-local/runtime-base:{arch}@{image_id}\n" in made
         same_base = f"@{image_id}\n" in committed
         assert (made == committed) == same_base
-        assert [l for l in made.splitlines() if not l.startswith("# base:")] == \
-            [l for l in committed.splitlines() if not l.startswith("# base:")]
+        assert [l for l in made.splitlines() if not l.startswith("# base:")] == [
+            l for l in committed.splitlines() if not l.startswith("# base:")
+        ]
         line = f"linux/{arch}: 197 packages, python 3.11.2, target {machine}-manylinux_2_36"
-        assert f"{line}, base carry-local/runtime-base:{arch}@{image_id[:19]}…: " \
-               f"{'up to date' if same_base else f'wrote runtime-lock/linux-{arch}.txt'}" in done.out
+        assert (
+            f"{line}, base carry-local/runtime-base:{arch}@{image_id[:19]}…: "
+            f"{'up to date' if same_base else f'wrote runtime-lock/linux-{arch}.txt'}" in done.out
+        )
         assert f"# target: {machine}-manylinux_2_36" in committed and "# python: 3.11.2" in committed
         assert "\ntorch==2.14.0 \\\n" in committed and "\nnvidia-cuda-nvcc==" in committed
         assert "\nflashinfer-python==" in committed and "# requires: vllm==0.33.0+carry." in committed
@@ -230,12 +260,13 @@ def test_vllm_example_lock_is_committed_and_fresh(tmp_path):
 
 
 def test_the_index_is_uvs_own_else_pips_remote_ones(tmp_path):
-    from carry import runtimelock
+    from carry.image import runtimelock
 
-    pip = {"index-url": "https://user:secret@mirror.internal.example/simple",
-           "extra-index-url": "file:///opt/local/simple https://extra.internal.example/simple"}
-    uv_env = runtimelock.choose_index({"UV_DEFAULT_INDEX": "https://uv.internal.example/simple"}, tmp_path,
-                                      lambda: pip)
+    pip = {
+        "index-url": "https://user:secret@mirror.internal.example/simple",
+        "extra-index-url": "file:///opt/local/simple https://extra.internal.example/simple",
+    }
+    uv_env = runtimelock.choose_index({"UV_DEFAULT_INDEX": "https://uv.internal.example/simple"}, tmp_path, lambda: pip)
     assert uv_env.source == "uv's own index settings" and "UV_INDEX_URL" not in uv_env.environ
     (tmp_path / "uv.toml").write_text('index-url = "https://uv.internal.example/simple"\n')
     assert runtimelock.choose_index({}, tmp_path, lambda: pip).source == "uv's own index settings"
@@ -262,9 +293,11 @@ def test_image_lock_entrypoint_and_cmd_are_parsed_and_checked(tmp_path):
     path.write_text(base + "  entrypoint: vllm serve --port 8000\n")
     assert configuration.load(path).image.entrypoint == ("vllm", "serve", "--port", "8000")
     assert configuration.load(path).image.lock is None and configuration.load(path).image.cmd is None
-    for bad, needle in (("  lock: /abs/lock\n", "image.lock must be a directory relative to the config's"),
-                        ("  lock: ../elsewhere\n", "image.lock must be a directory relative"),
-                        ("  entrypoint: 7\n", "image.entrypoint must be a string or a list of strings"),
-                        ("  cmd: [python3, 3]\n", "image.cmd must be a string or a list of strings")):
+    for bad, needle in (
+        ("  lock: /abs/lock\n", "image.lock must be a directory relative to the config's"),
+        ("  lock: ../elsewhere\n", "image.lock must be a directory relative"),
+        ("  entrypoint: 7\n", "image.entrypoint must be a string or a list of strings"),
+        ("  cmd: [python3, 3]\n", "image.cmd must be a string or a list of strings"),
+    ):
         path.write_text(base + bad)
         assert_bad_input(carry("--config", str(path), "lock"), needle)

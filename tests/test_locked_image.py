@@ -19,7 +19,7 @@ import pytest
 
 import dockerenv
 import realvllm
-from carry import registryhttp
+from carry.image import registryhttp
 from helpers import ROOT, assert_bad_input, carry
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
@@ -31,11 +31,13 @@ PATCHED = "vllm/logger.py"  # no patch of the series touches it
 
 
 def image_section(env: dockerenv.DockerEnv, name: str) -> str:
-    return (f"image:\n  name: {name}\n  tags: [\"{{version}}\", latest]\n  platforms:\n"
-            f"    linux/amd64: {{runtime_image: \"{env.runtime_base}\"}}\n"
-            f"    linux/arm64: {{runtime_image: \"{env.runtime_base_arm64}\"}}\n"
-            f"  lock: runtime-lock\n  entrypoint: [vllm, serve]\n"
-            f"  env: {{CUDA_HOME: /opt/venv/lib/python3.11/site-packages/nvidia/cu13}}\n")
+    return (
+        f'image:\n  name: {name}\n  tags: ["{{version}}", latest]\n  platforms:\n'
+        f'    linux/amd64: {{runtime_image: "{env.runtime_base}"}}\n'
+        f'    linux/arm64: {{runtime_image: "{env.runtime_base_arm64}"}}\n'
+        f"  lock: runtime-lock\n  entrypoint: [vllm, serve]\n"
+        f"  env: {{CUDA_HOME: /opt/venv/lib/python3.11/site-packages/nvidia/cu13}}\n"
+    )
 
 
 class Registry:
@@ -47,8 +49,9 @@ class Registry:
         self.names: list[str] = []
 
     def repo(self, name: str) -> registryhttp.Repository:
-        return registryhttp.Repository.of(name, {"username": self.env.registry_user,
-                                                 "password": self.env.registry_password()})
+        return registryhttp.Repository.of(
+            name, {"username": self.env.registry_user, "password": self.env.registry_password()}
+        )
 
     def manifest(self, name: str, reference: str) -> dict | None:
         found = self.repo(name).get_manifest(reference)
@@ -86,15 +89,20 @@ def registry(services):
 def project(tmp_path_factory, services, registry):
     root = tmp_path_factory.mktemp("locked")
     history = Path(realvllm.build(root / "history")["path"])
-    shutil.copytree(EXAMPLE, root / "vllm", ignore=shutil.ignore_patterns("upstream.git", "__pycache__",
-                                                                          "runtime-lock"))  # locked below, here
+    shutil.copytree(
+        EXAMPLE, root / "vllm", ignore=shutil.ignore_patterns("upstream.git", "__pycache__", "runtime-lock")
+    )  # locked below, here
     config = root / "vllm" / "build.yaml"
     name = f"{services.registry}/carry-test/locked-{uuid.uuid4().hex[:8]}"
     registry.names.append(name)
     text = config.read_text().replace("  url: upstream.git", f"  url: {history}")
     config.write_text(text[: text.index("\nimage:\n") + 1] + image_section(services, name))
-    env = {"CARRY_CACHE": str(root / "cache"), "CARRY_DOWNLOADS": realvllm.download_store(),
-           "CARRY_REGISTRY_USER": services.registry_user, "CARRY_REGISTRY_PASSWORD": services.registry_password()}
+    env = {
+        "CARRY_CACHE": str(root / "cache"),
+        "CARRY_DOWNLOADS": realvllm.download_store(),
+        "CARRY_REGISTRY_USER": services.registry_user,
+        "CARRY_REGISTRY_PASSWORD": services.registry_password(),
+    }
     locked = carry("--config", str(config), "lock", env=env, timeout=1200)  # the fixed wheels, then uv
     assert locked.code == 0, locked.err[-2000:]
     return config, env, name, root
@@ -129,16 +137,18 @@ def test_both_platforms_pushed_layered_and_smoke_tested(project, cold, registry)
         assert [layer["digest"] for layer in manifest["layers"]] == [l["digest"] for l in outcome["layers"]]
     # the smoke test: amd64 imports vllm natively; arm64 (QEMU) runs only the stdlib check
     assert "import vllm -> 0.33.0+carry.20261201.1" in by_platform["linux/amd64"]["smoke"]
-    assert "importlib.metadata 0.33.0+carry.20261201.1 (no torch import under QEMU)" in \
-        by_platform["linux/arm64"]["smoke"]
+    assert (
+        "importlib.metadata 0.33.0+carry.20261201.1 (no torch import under QEMU)" in by_platform["linux/arm64"]["smoke"]
+    )
     for outcome in by_platform.values():
         assert "patched file(s) byte-equal to the fixed wheel" in outcome["smoke"]
         assert "#!/opt/venv/bin/python" in outcome["smoke"]
     # one multi-platform tag for VERSION
     index = registry.manifest(name, "20261201.1")
     assert index["mediaType"] == registryhttp.DOCKER_LIST
-    assert sorted(f"{m['platform']['os']}/{m['platform']['architecture']}" for m in index["manifests"]) == \
-        sorted(PLATFORMS)
+    assert sorted(f"{m['platform']['os']}/{m['platform']['architecture']}" for m in index["manifests"]) == sorted(
+        PLATFORMS
+    )
     assert not found["duplicates"], found["duplicates"][:5]  # no file stored in two layers
     # cuda-python 12.6 ships a copy of cuda/bindings/: kept once, cuda-bindings' own (named like the package)
     assert "installed by two locked wheels, kept once" in result.err
@@ -170,7 +180,7 @@ def test_a_python_only_patch_change_pushes_one_small_layer(project, cold, regist
     config, env, name, root = project
     found, _ = cold
     before = {p["platform"]: p for p in found["platforms"]}
-    patch = (root / "vllm" / "patches" / "0003-version-say-carry.patch")
+    patch = root / "vllm" / "patches" / "0003-version-say-carry.patch"
     patch.write_text(_patch_adding_a_line(root))
     try:
         result = image(project, "--no-smoke")
@@ -217,13 +227,15 @@ def test_a_stale_lock_is_refused_before_any_work(project, tmp_path):
     text = lock.read_text()
     head, _, rest = text.partition("# requires-dist: sha256:")
     lock.write_text(head + "# requires-dist: sha256:" + "1" * 64 + rest[64:])
-    result = carry("--config", str(stale / "build.yaml"), "image", "--push",
-                   env={**env, "CARRY_CACHE": str(tmp_path / "c")})
+    result = carry(
+        "--config", str(stale / "build.yaml"), "image", "--push", env={**env, "CARRY_CACHE": str(tmp_path / "c")}
+    )
     assert_bad_input(result, "linux-amd64.txt", "is stale", "requires-dist", " lock`")
     assert not (tmp_path / "c" / "image-layers").exists()
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------
+
 
 def _members(blob: bytes) -> dict[str, tuple[tarfile.TarInfo, bytes]]:
     with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob))) as archive:
@@ -232,7 +244,7 @@ def _members(blob: bytes) -> dict[str, tuple[tarfile.TarInfo, bytes]]:
 
 def _one_hash(lines: list[str], at: int) -> list[str]:
     """`idna`'s entry with a single, wrong hash (a tampered lock)."""
-    out = lines[: at]
+    out = lines[:at]
     name = lines[at].split(" ")[0]
     out.append(f"{name} \\")
     out.append("    --hash=sha256:" + "0" * 64)
@@ -251,12 +263,15 @@ def _patch_adding_a_line(root: Path) -> str:
     subprocess.run(["git", "-C", str(work), "checkout", "-q", realvllm.V0_33_0, "--", PATCHED], check=True)
     target = work / PATCHED
     target.write_text(target.read_text() + "# carried by carry\n")
-    diff = subprocess.run(["git", "-C", str(work), "diff", "--", PATCHED], capture_output=True, text=True,
-                          check=True).stdout
+    diff = subprocess.run(
+        ["git", "-C", str(work), "diff", "--", PATCHED], capture_output=True, text=True, check=True
+    ).stdout
     shutil.rmtree(work)
-    return ("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: carry tests "
-            "<tests@carry>\nSubject: [PATCH] version: say it is carried\n\nUpstream-Status: Inappropriate [test]\n"
-            "---\n" + diff)
+    return (
+        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: carry tests "
+        "<tests@carry>\nSubject: [PATCH] version: say it is carried\n\nUpstream-Status: Inappropriate [test]\n"
+        "---\n" + diff
+    )
 
 
 def _history_path(root: Path) -> Path:

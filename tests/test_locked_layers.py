@@ -15,16 +15,22 @@ from pathlib import Path
 import pytest
 
 import dockerenv
-from carry import lockedimage, ocilayer, runtimelock, wheelinstall
-from carry.download import Store
+from carry.image import lockedimage, ocilayer, runtimelock, wheelinstall
 from carry.platforms import Platform
-from carry.progress import Progress
+from carry.util.download import Store
+from carry.util.progress import Progress
 
 pytestmark = pytest.mark.docker
 
 
-def make_wheel(directory: Path, name: str, version: str, files: dict[str, bytes], entry_points: str = "",
-               executable: tuple[str, ...] = ()) -> Path:
+def make_wheel(
+    directory: Path,
+    name: str,
+    version: str,
+    files: dict[str, bytes],
+    entry_points: str = "",
+    executable: tuple[str, ...] = (),
+) -> Path:
     dist_info = f"{name}-{version}.dist-info"
     members = dict(files)
     members[f"{dist_info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
@@ -53,27 +59,44 @@ def wheels(tmp_path):
     sha = hashlib.sha256(dep.read_bytes()).hexdigest()
     (store / sha).mkdir(parents=True)
     dep = dep.rename(store / sha / dep.name)
-    common = {"demopkg/__init__.py": b"__version__ = __import__('importlib.metadata').metadata.version('demopkg')\n"
-                                     b"def main():\n    print('demo-cli ran')\n",
-              "demopkg/same.py": b"X = 1\n"}
+    common = {
+        "demopkg/__init__.py": b"__version__ = __import__('importlib.metadata').metadata.version('demopkg')\n"
+        b"def main():\n    print('demo-cli ran')\n",
+        "demopkg/same.py": b"X = 1\n",
+    }
     scripts = {"demopkg-1.0.data/scripts/tool": b"#!python\nprint('tool ran')\n"}
-    release = make_wheel(tmp_path, "demopkg", "1.0", {**common, **scripts, "demopkg/a.py": b"A = 'release'\n",
-                                                      "demopkg/gone/c.py": b"C = 1\n"},
-                         "[console_scripts]\ndemo-cli = demopkg:main\n")
+    release = make_wheel(
+        tmp_path,
+        "demopkg",
+        "1.0",
+        {**common, **scripts, "demopkg/a.py": b"A = 'release'\n", "demopkg/gone/c.py": b"C = 1\n"},
+        "[console_scripts]\ndemo-cli = demopkg:main\n",
+    )
     fixed_dir = tmp_path / "fixed"
     fixed_dir.mkdir()
     scripts = {"demopkg-1.0+carry.1.data/scripts/tool": b"#!python\nprint('tool ran')\n"}
-    fixed = make_wheel(fixed_dir, "demopkg", "1.0+carry.1", {**common, **scripts, "demopkg/a.py": b"A = 'fixed'\n",
-                                                             "demopkg/b.py": b"B = 'new'\n"},
-                       "[console_scripts]\ndemo-cli = demopkg:main\n")
-    lock = runtimelock.Lock(tmp_path / "lock.txt", Platform.LINUX_AMD64, "3.11.2", "x86_64-manylinux_2_36", "base",
-                            "", "", "demopkg==1.0+carry.1",
-                            (runtimelock.Locked("tinydep", "2.0", (f"sha256:{sha}",)),))
+    fixed = make_wheel(
+        fixed_dir,
+        "demopkg",
+        "1.0+carry.1",
+        {**common, **scripts, "demopkg/a.py": b"A = 'fixed'\n", "demopkg/b.py": b"B = 'new'\n"},
+        "[console_scripts]\ndemo-cli = demopkg:main\n",
+    )
+    lock = runtimelock.Lock(
+        tmp_path / "lock.txt",
+        Platform.LINUX_AMD64,
+        "3.11.2",
+        "x86_64-manylinux_2_36",
+        "base",
+        "",
+        "",
+        "demopkg==1.0+carry.1",
+        (runtimelock.Locked("tinydep", "2.0", (f"sha256:{sha}",)),),
+    )
     return types.SimpleNamespace(store=Store(store), dep=dep, release=release, fixed=fixed, lock=lock)
 
 
-CONFIG = types.SimpleNamespace(image=types.SimpleNamespace(env={"DEMO_ENV": "on"}, entrypoint=("demo-cli",),
-                                                           cmd=()))
+CONFIG = types.SimpleNamespace(image=types.SimpleNamespace(env={"DEMO_ENV": "on"}, entrypoint=("demo-cli",), cmd=()))
 
 
 def test_install_plan_is_pips_and_the_difference_has_whiteouts(wheels):
@@ -88,8 +111,10 @@ def test_install_plan_is_pips_and_the_difference_has_whiteouts(wheels):
     assert "../../../bin/demo-cli,sha256=" in record and "demopkg-1.0+carry.1.dist-info/INSTALLER,sha256=" in record
     assert "demopkg-1.0+carry.1.dist-info/RECORD,," in record
     changed, whiteouts = lockedimage.difference(wheelinstall.plan(wheels.release, venv), fixed)
-    assert sorted(e.path for e in changed if "dist-info" not in e.path) == [f"{site}/demopkg/a.py",
-                                                                           f"{site}/demopkg/b.py"]
+    assert sorted(e.path for e in changed if "dist-info" not in e.path) == [
+        f"{site}/demopkg/a.py",
+        f"{site}/demopkg/b.py",
+    ]
     assert sorted(w.path for w in whiteouts) == [f"{site}/demopkg-1.0.dist-info", f"{site}/demopkg/gone"]
     layer = ocilayer.items_for(changed, whiteouts)
     names = [ocilayer.whiteout_name(i.path) if i.kind == "whiteout" else i.path for i in layer]
@@ -99,8 +124,16 @@ def test_install_plan_is_pips_and_the_difference_has_whiteouts(wheels):
 def test_the_same_inputs_give_the_same_layer_bytes(wheels, tmp_path):
     digests = []
     for _ in range(2):
-        plan = lockedimage.plan_platform(CONFIG, Platform.LINUX_AMD64, wheels.lock, {"tinydep": wheels.dep},
-                                         wheels.fixed, wheels.release, "base", {"Config": {}})
+        plan = lockedimage.plan_platform(
+            CONFIG,
+            Platform.LINUX_AMD64,
+            wheels.lock,
+            {"tinydep": wheels.dep},
+            wheels.fixed,
+            wheels.release,
+            "base",
+            {"Config": {}},
+        )
         found = []
         for layer in plan.layers:
             box = {}
@@ -123,16 +156,30 @@ def test_loaded_into_the_engine_and_run(wheels, tmp_path, platform):
     base = client.api.inspect_image(base_ref)
     lock = wheels.lock
     if target is not Platform.LINUX_AMD64:
-        lock = runtimelock.Lock(lock.path, target, lock.python, "aarch64-manylinux_2_36", "base", "", "", "",
-                                lock.packages)
+        lock = runtimelock.Lock(
+            lock.path, target, lock.python, "aarch64-manylinux_2_36", "base", "", "", "", lock.packages
+        )
     found = lockedimage.fetch_wheels(lock, wheels.store, Progress(quiet=True), tmp_path)
     plan = lockedimage.plan_platform(CONFIG, target, lock, found, wheels.fixed, wheels.release, base_ref, base)
     ref = f"carry-test/issue-24-image-layers:{target.tag}-{tmp_path.name[-12:].lower()}"
-    image_id, layers = lockedimage.load_platform(client, plan, lockedimage.Digests(tmp_path / "digests"),
-                                                 {"io.carry.test": "yes"}, CONFIG, (ref,), Progress(quiet=True))
+    image_id, layers = lockedimage.load_platform(
+        client,
+        plan,
+        lockedimage.Digests(tmp_path / "digests"),
+        {"io.carry.test": "yes"},
+        CONFIG,
+        (ref,),
+        Progress(quiet=True),
+    )
     try:
-        assert [layer.name for layer in layers][-6:] == ["venv", "nvidia", "torch", "deps", "vllm-release",
-                                                         "vllm-fixed"]
+        assert [layer.name for layer in layers][-6:] == [
+            "venv",
+            "nvidia",
+            "torch",
+            "deps",
+            "vllm-release",
+            "vllm-fixed",
+        ]
         line = lockedimage.smoke(client, ref, plan, native=target is Platform.native())
         assert "1 script(s)" not in line and "patched file(s) byte-equal" in line
         inspected = client.api.inspect_image(ref)
@@ -141,12 +188,20 @@ def test_loaded_into_the_engine_and_run(wheels, tmp_path, platform):
         assert inspected["Architecture"] == target.architecture
         out = client.containers.run(ref, remove=True, network_disabled=True, platform=platform).decode()
         assert "demo-cli ran" in out
-        listing = client.containers.run(ref, entrypoint=["/opt/venv/bin/python", "-c",
-                                                         "import os, demopkg.a as a, tinydep; "
-                                                         "d='/opt/venv/lib/python3.11/site-packages'; "
-                                                         "print(a.A, tinydep.VALUE, sorted(os.listdir(d)), "
-                                                         "sorted(os.listdir(d + '/demopkg')))"],
-                                        remove=True, network_disabled=True, platform=platform).decode()
+        listing = client.containers.run(
+            ref,
+            entrypoint=[
+                "/opt/venv/bin/python",
+                "-c",
+                "import os, demopkg.a as a, tinydep; "
+                "d='/opt/venv/lib/python3.11/site-packages'; "
+                "print(a.A, tinydep.VALUE, sorted(os.listdir(d)), "
+                "sorted(os.listdir(d + '/demopkg')))",
+            ],
+            remove=True,
+            network_disabled=True,
+            platform=platform,
+        ).decode()
         assert "fixed 2" in listing and "demopkg-1.0.dist-info" not in listing and "'gone'" not in listing
         assert "demopkg-1.0+carry.1.dist-info" in listing and "'b.py'" in listing
     finally:

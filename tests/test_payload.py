@@ -9,8 +9,9 @@ import re
 
 import pytest
 
-from carry import config, series
-from carry.series import UpstreamState
+from carry import config
+from carry.source import series
+from carry.source.series import UpstreamState
 from helpers import ROOT, assert_bad_input, carry
 
 CONNECTOR = "vllm/v1/ple_offload/connector.py"
@@ -47,11 +48,14 @@ def test_0002_adds_9_to_15_lines_inside_prepare_forward_only(payload):
     assert "class PleOffloadConnector" in hunk.header
     lines = hunk.new_lines
     first_added = lines.index(hunk.added[0])
-    before, after = lines[:first_added], lines[first_added + len(hunk.added):]
+    before, after = lines[:first_added], lines[first_added + len(hunk.added) :]
     # Inside prepare_forward: after its dummy-run early return, before its call to _launch, and every added
     # line is method-body code (8+ spaces), so it is neither a new method nor module code.
-    assert [line.strip() for line in before[-3:]] == ["if dummy_run:", "self.signal_dummy_outputs(num_tokens)",
-                                                      "return"]
+    assert [line.strip() for line in before[-3:]] == [
+        "if dummy_run:",
+        "self.signal_dummy_outputs(num_tokens)",
+        "return",
+    ]
     assert after[0].strip().startswith("self._launch(")
     assert all(line.startswith(" " * 8) for line in hunk.added)
     assert not any(line.lstrip().startswith("def ") for line in hunk.added)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from carry.binaries.sharedobjects import elf_machine
 from carry.config import load
-from carry.errors import BadInput
-from carry.binaries import elf_machine
 from carry.platforms import BINFMT_DIR, Emulation, Platform
+from carry.util.errors import BadInput
 from helpers import ROOT, write_config
 
 # What qemu-user-static registers for aarch64 on Debian (the mask ignores the ELF header's OS/ABI bytes).
@@ -32,13 +32,16 @@ def handler_dir(tmp_path: Path, text: str, name: str = "qemu-aarch64") -> Path:
     return directory
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("linux/arm64", Platform.LINUX_ARM64),
-    ("linux/aarch64", Platform.LINUX_ARM64),
-    ("linux/arm64/v8", Platform.LINUX_ARM64),
-    ("Linux/AMD64", Platform.LINUX_AMD64),
-    ("linux/arm/v7", Platform.LINUX_ARM_V7),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("linux/arm64", Platform.LINUX_ARM64),
+        ("linux/aarch64", Platform.LINUX_ARM64),
+        ("linux/arm64/v8", Platform.LINUX_ARM64),
+        ("Linux/AMD64", Platform.LINUX_AMD64),
+        ("linux/arm/v7", Platform.LINUX_ARM_V7),
+    ],
+)
 def test_parse_accepts_the_platforms_and_their_aliases(text, expected):
     assert Platform.parse(text, "--platform") is expected
 
@@ -66,9 +69,10 @@ def test_native_is_what_uname_says():
 
 
 def test_elf_machine_of_real_binaries(tmp_path):
-    from carry import binaries, gate
     from carry.arch import ArchList
-    from carry.gatepolicy import GatePolicy
+    from carry.binaries import gate
+    from carry.binaries import sharedobjects as binaries
+    from carry.binaries.gatepolicy import GatePolicy
 
     assert elf_machine(Path("/bin/true").read_bytes()[:64]) == Platform.native().e_machine
     assert elf_machine(b"not an ELF file at all\n") is None
@@ -77,7 +81,8 @@ def test_elf_machine_of_real_binaries(tmp_path):
     assert elf_machine(arm.read_bytes()) == 183
     report = gate.check(binaries.from_paths([tmp_path]), GatePolicy(ArchList.parse("none")), Platform.LINUX_AMD64)
     assert [f.message for f in report.failures] == [
-        "arm.so is aarch64 code (ELF e_machine 183), not x86_64 (62) as linux/amd64 needs"]
+        "arm.so is aarch64 code (ELF e_machine 183), not x86_64 (62) as linux/amd64 needs"
+    ]
 
 
 def test_this_kernel_runs_arm64_through_qemu_and_nothing_for_riscv64():
@@ -116,9 +121,15 @@ def test_a_handler_without_the_f_flag_is_refused_for_containers(tmp_path):
 
 
 def test_config_platform_entries_carry_their_own_settings(tmp_path):
-    config = write_config(tmp_path, "upstream.bundle", "a" * 40, extra=(
-        "build:\n  cuda_arches: '9.0,12.0'\nimage:\n  base_image: base:shared\n  platforms:\n"
-        "    linux/amd64: {}\n    linux/aarch64:\n      cuda_arches: '12.1'\n      base_image: base:arm\n"))
+    config = write_config(
+        tmp_path,
+        "upstream.bundle",
+        "a" * 40,
+        extra=(
+            "build:\n  cuda_arches: '9.0,12.0'\nimage:\n  base_image: base:shared\n  platforms:\n"
+            "    linux/amd64: {}\n    linux/aarch64:\n      cuda_arches: '12.1'\n      base_image: base:arm\n"
+        ),
+    )
     loaded = load(config)
     assert [str(t.platform) for t in loaded.image.platforms] == ["linux/amd64", "linux/arm64"]
     assert str(loaded.arches_for(Platform.LINUX_ARM64)) == "12.1"
@@ -128,8 +139,12 @@ def test_config_platform_entries_carry_their_own_settings(tmp_path):
 
 
 def test_a_platform_listed_twice_is_bad_input(tmp_path):
-    config = write_config(tmp_path, "upstream.bundle", "a" * 40,
-                          extra="image:\n  platforms:\n    linux/arm64: {}\n    linux/aarch64: {}\n")
+    config = write_config(
+        tmp_path,
+        "upstream.bundle",
+        "a" * 40,
+        extra="image:\n  platforms:\n    linux/arm64: {}\n    linux/aarch64: {}\n",
+    )
     with pytest.raises(BadInput) as error:
         load(config)
     assert "names linux/arm64 twice" in str(error.value)
@@ -143,7 +158,7 @@ def test_demo_builds_gb10_with_its_own_short_arch_list():
 
 def test_the_default_docker_is_the_first_on_path_that_builds_with_buildkit(monkeypatch):
     """This machine kind has a newer Docker CLI without buildx before Debian's docker.io on PATH."""
-    from carry import container
+    from carry.image import container
 
     newer, debian = Path("/usr/local/bin/docker"), Path("/usr/bin/docker")
     if not (newer.exists() and debian.exists()):
@@ -164,7 +179,10 @@ def test_shared_tags_with_cuda_need_an_nvcc_to_name_the_release(tmp_path):
     """A `{cuda}` tag is never published as `cunone`: without an nvcc, `manifest` stops before any registry work."""
     from helpers import assert_bad_input, carry
 
-    result = carry("--config", str(ROOT / "examples" / "demo" / "build.yaml"), "manifest",
-                   env={"CUDA_HOME": str(tmp_path / "no-cuda"), "PATH": "/usr/bin:/bin",
-                        "CARRY_CACHE": str(tmp_path / "cache")})
+    result = carry(
+        "--config",
+        str(ROOT / "examples" / "demo" / "build.yaml"),
+        "manifest",
+        env={"CUDA_HOME": str(tmp_path / "no-cuda"), "PATH": "/usr/bin:/bin", "CARRY_CACHE": str(tmp_path / "cache")},
+    )
     assert_bad_input(result, "image.tags uses {cuda}", "nvidia-cuda-nvcc")

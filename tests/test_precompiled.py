@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import realvllm
-from carry import wheelzip
+from carry.binaries import wheelzip
 from helpers import ROOT, assert_bad_input, carry
 
 pytestmark = pytest.mark.slow
@@ -85,8 +85,10 @@ def test_the_fixed_wheel_is_what_vllm_would_publish(built, platform):
     machine = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}[platform]
     assert wheel.name == f"vllm-0.33.0+carry.20261201.1-cp38-abi3-manylinux_2_28_{machine}.whl"
     sha = realvllm.pinned(WHEELS[platform]).pinned.sha256
-    assert (f"precompiled: 13 shared objects from {released.name} (sha256 {sha[:8]}…), compiled inputs identical "
-            f"to v0.33.0 ({realvllm.V0_33_0[:12]}); version 0.33.0 is tag v0.33.0") in result.err
+    assert (
+        f"precompiled: 13 shared objects from {released.name} (sha256 {sha[:8]}…), compiled inputs identical "
+        f"to v0.33.0 ({realvllm.V0_33_0[:12]}); version 0.33.0 is tag v0.33.0"
+    ) in result.err
     assert "job(s)" not in result.err and "compiler cache" not in result.err and "nothing compiles" in result.err
     assert "env " in result.err and "torch 2.14.0+cu130" in result.err
     ours, theirs = members(wheel), members(released)
@@ -95,8 +97,10 @@ def test_the_fixed_wheel_is_what_vllm_would_publish(built, platform):
     assert len(shared) == 13 and all(ours[path] == theirs[path] for path in shared)
     assert ours["vllm/vllm-rs"] == theirs["vllm/vllm-rs"]
     with zipfile.ZipFile(wheel) as archive:
-        assert "vllm/_version.py" in theirs and "Failed to read the version from vllm/_version.py" in \
-            archive.read("vllm/version.py").decode()
+        assert (
+            "vllm/_version.py" in theirs
+            and "Failed to read the version from vllm/_version.py" in archive.read("vllm/version.py").decode()
+        )
         head = archive.read("vllm/_C_stable_libtorch.abi3.so")[:20]
         assert head[18] == {"x86_64": 62, "aarch64": 183}[machine]
         info = json.loads(archive.read(next(n for n in archive.namelist() if n.endswith("carry-buildinfo.json"))))
@@ -109,9 +113,11 @@ def test_the_fixed_wheel_is_what_vllm_would_publish(built, platform):
     # vllm/_version.py: not tracked (the history is vLLM's git), excluded by vLLM's .gitignore, written by this
     # build (its content is the build's, not the precompiled wheel's), and no build.generated names it
     assert not example_generated() and info["tree_check"]["ignored"] == ["vllm/_version.py"]
-    assert re.search(r"tree check passed: \d+ identical to tree \w+, 2147 byte-identical to the precompiled wheel, "
-                     r"1 generated \(ignored by the upstream's \.gitignore, written by this build: vllm/_version\.py\)",
-                     result.err)
+    assert re.search(
+        r"tree check passed: \d+ identical to tree \w+, 2147 byte-identical to the precompiled wheel, "
+        r"1 generated \(ignored by the upstream's \.gitignore, written by this build: vllm/_version\.py\)",
+        result.err,
+    )
     with zipfile.ZipFile(wheel) as archive:
         assert "0.33.0+carry.20261201.1" in archive.read("vllm/_version.py").decode()
 
@@ -122,8 +128,10 @@ def test_verify_gate_and_a_rerun_of_the_fixed_wheels(project, built):
         verified = carry("--config", str(config), "verify", str(wheel), env=env)
         assert verified.code == 0, verified.out + verified.err
         assert "byte-identical to vllm-0.33.0-cp38-abi3-manylinux_2_28" in verified.out and "verified" in verified.out
-        assert "1 generated (ignored by the upstream's .gitignore, written by this build: vllm/_version.py)" in \
-            verified.out
+        assert (
+            "1 generated (ignored by the upstream's .gitignore, written by this build: vllm/_version.py)"
+            in verified.out
+        )
         gated = carry("--config", str(config), "gate", str(wheel), env=env)
         assert gated.code == 0, gated.out + gated.err
     again = carry("--config", str(config), "wheel", "--out", str(root / "dist"), env=env)
@@ -138,12 +146,15 @@ def test_a_series_touching_a_cu_file_stops_before_any_build_work(tmp_path, histo
         "From: carry tests <tests@carry.invalid>\nDate: Tue, 1 Dec 2026 00:00:00 +0000\n"
         "Subject: [PATCH] activation kernels: a comment\n\n---\n"
         f"diff --git a/{cu} b/{cu}\n--- a/{cu}\n+++ b/{cu}\n@@ -1 +1,2 @@\n+// carry: a compiled input changed\n"
-        " #include <cuda.h>\n")
+        " #include <cuda.h>\n"
+    )
     env = {"CARRY_CACHE": str(tmp_path / "cache"), "CARRY_DOWNLOADS": realvllm.download_store()}
     result = carry("--config", str(config), "wheel", "--out", str(tmp_path / "dist"), env=env)
     assert result.code == 1, result.err
-    assert (f"precompiled: the compiled inputs differ from v0.33.0, which the precompiled wheel was built from: "
-            f"{cu} (0003-activation-kernels-comment.patch)") in result.err
+    assert (
+        f"precompiled: the compiled inputs differ from v0.33.0, which the precompiled wheel was built from: "
+        f"{cu} (0003-activation-kernels-comment.patch)"
+    ) in result.err
     assert "wheel --from-source" in result.err
     assert "materialize" not in result.err and "env " not in result.err and not (tmp_path / "dist").exists()
     assert not (tmp_path / "cache" / "envs").exists()
@@ -156,12 +167,15 @@ def test_another_precompiled_wheel_is_another_build(tmp_path, history):
     other = tmp_path / "wheels" / realvllm.WHEEL_X86
     other.parent.mkdir()
     wheelzip.rewrite(realvllm.path(realvllm.WHEEL_X86), other, {"vllm/third_party/deep_gemm/CARRY_NOTE": b"rebuilt\n"})
-    from carry.download import sha256_of
+    from carry.util.download import sha256_of
 
     text = config.read_text()
     sha = realvllm.pinned(realvllm.WHEEL_X86).pinned.sha256
-    config.write_text(text.replace(f"requirement: vllm==0.33.0\n        sha256: {sha}",
-                                   f"path: {other}\n        sha256: {sha256_of(other)}"))
+    config.write_text(
+        text.replace(
+            f"requirement: vllm==0.33.0\n        sha256: {sha}", f"path: {other}\n        sha256: {sha256_of(other)}"
+        )
+    )
     assert f"path: {other}" in config.read_text()
     result = carry("--config", str(config), "wheel", "--out", str(tmp_path / "dist"), env=env)
     assert result.code == 0, result.err
@@ -183,17 +197,32 @@ def pin_amd64(text: str, *lines: str) -> str:
     return text.replace(AMD64_PIN, "linux/amd64:\n" + "".join(f"        {line}\n" for line in lines), 1)
 
 
-@pytest.mark.parametrize(("edit", "needle"), [
-    (lambda text: pin_amd64(text, f"path: {realvllm.path(realvllm.WHEEL_X86)}", f"sha256: {'ab' * 32}"),
-     f"sha256 is {SHA_X86}, not the pinned"),
-    (lambda text: pin_amd64(text, f"path: {realvllm.path(realvllm.WHEEL_ARM)}", f"sha256: {SHA_ARM}"),
-     "not a wheel for linux/amd64"),
-    (lambda text: text.replace('VLLM_PRECOMPILED_WHEEL_LOCATION: "{wheel}"', 'VLLM_PRECOMPILED_WHEEL_LOCATION: x'),
-     "must hand the wheel to the upstream's build"),
-    (lambda text: pin_amd64(text, "requirement: vllm>=0.33.0", f"sha256: {SHA_X86}"), "names no single version"),
-    (lambda text: pin_amd64(text, f"path: {realvllm.path(realvllm.WHEEL_X86)}", "index: file:///nowhere",
-                            f"sha256: {SHA_X86}"), "index is for a wheel pinned by requirement"),
-])
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (
+            lambda text: pin_amd64(text, f"path: {realvllm.path(realvllm.WHEEL_X86)}", f"sha256: {'ab' * 32}"),
+            f"sha256 is {SHA_X86}, not the pinned",
+        ),
+        (
+            lambda text: pin_amd64(text, f"path: {realvllm.path(realvllm.WHEEL_ARM)}", f"sha256: {SHA_ARM}"),
+            "not a wheel for linux/amd64",
+        ),
+        (
+            lambda text: text.replace(
+                'VLLM_PRECOMPILED_WHEEL_LOCATION: "{wheel}"', "VLLM_PRECOMPILED_WHEEL_LOCATION: x"
+            ),
+            "must hand the wheel to the upstream's build",
+        ),
+        (lambda text: pin_amd64(text, "requirement: vllm>=0.33.0", f"sha256: {SHA_X86}"), "names no single version"),
+        (
+            lambda text: pin_amd64(
+                text, f"path: {realvllm.path(realvllm.WHEEL_X86)}", "index: file:///nowhere", f"sha256: {SHA_X86}"
+            ),
+            "index is for a wheel pinned by requirement",
+        ),
+    ],
+)
 def test_a_wrong_precompiled_pin_is_bad_input(tmp_path, history, edit, needle):
     config = make_project(tmp_path / "vllm", history)
     config.write_text(edit(config.read_text()))
@@ -207,8 +236,9 @@ def test_a_python_only_build_after_a_precompiled_one_holds_no_shared_object(proj
     config, env, root = project
     empty = config.with_name("python-only.yaml")
     empty.write_text(config.read_text().replace("VLLM_TARGET_DEVICE: cuda", "VLLM_TARGET_DEVICE: empty"))
-    result = carry("--config", str(empty), "wheel", "--from-source", "--arch", "none", "--out",
-                   str(root / "dist-empty"), env=env)
+    result = carry(
+        "--config", str(empty), "wheel", "--from-source", "--arch", "none", "--out", str(root / "dist-empty"), env=env
+    )
     assert result.code == 0, result.err
     assert re.search(r"removed \d+ earlier build output\(s\)", result.err) and "Python only" in result.err
     with zipfile.ZipFile(result.out.strip()) as archive:
@@ -220,9 +250,11 @@ def test_the_build_context_carries_the_precompiled_wheel(tmp_path, history):
     stage's download store ($CARRY_DOWNLOADS=/carry/cache/downloads) looks for it."""
     import os
 
-    from carry import config as configuration, container, upstream
-    from carry.cache import Cache
+    from carry import config as configuration
+    from carry.image import container
     from carry.platforms import Platform
+    from carry.source import upstream
+    from carry.util.cache import Cache
 
     project = make_project(tmp_path / "vllm", history)
     os.environ.setdefault("CARRY_DOWNLOADS", realvllm.download_store())
@@ -243,8 +275,8 @@ def test_a_pin_by_name_resolves_the_file_the_url_pin_did(tmp_path):
     carry wrote, fetches the very file releases.yaml pins (the one the URL pin named): same name, size, sha256;
     the second time from the store, asking no index."""
     from carry import config as configuration
-    from carry.download import Store, sha256_of
     from carry.platforms import Platform
+    from carry.util.download import Store, sha256_of
 
     loaded = configuration.load(EXAMPLE / "build.yaml")
     pinned = loaded.build.precompiled.wheel_for(Platform.LINUX_AMD64).pinned
@@ -274,16 +306,18 @@ def local_index(tmp_path):
     import os
 
     os.link(realvllm.path(realvllm.WHEEL_X86), files / realvllm.WHEEL_X86)
-    (project / "index.html").write_text(f'<html><body><a href="../../files/{realvllm.WHEEL_X86}#sha256={SHA_X86}">'
-                                        f'{realvllm.WHEEL_X86}</a></body></html>\n')
+    (project / "index.html").write_text(
+        f'<html><body><a href="../../files/{realvllm.WHEEL_X86}#sha256={SHA_X86}">'
+        f"{realvllm.WHEEL_X86}</a></body></html>\n"
+    )
     yield f"file://{tmp_path / 'index' / 'simple'}"
     shutil.rmtree(tmp_path / "index", ignore_errors=True)
 
 
 def test_a_pin_names_its_index(tmp_path, local_index, history):
     """`index:` (vLLM's per-commit nightly index, a mirror): pip is told that index, and the wheel comes from it."""
-    from carry.download import Pinned, Store
     from carry.platforms import Platform
+    from carry.util.download import Pinned, Store
 
     pinned = Pinned.by_name("vllm==0.33.0", SHA_X86, "test", index=local_index, platform=Platform.LINUX_AMD64)
     said = []
@@ -294,12 +328,19 @@ def test_a_pin_names_its_index(tmp_path, local_index, history):
         shutil.rmtree(tmp_path / "store", ignore_errors=True)
 
 
-@pytest.mark.parametrize(("lines", "needles"), [
-    (("requirement: vllm==0.32.0", f"sha256: {SHA_032_X86}", "ref: v0.32.0"),
-     ("no wheel of vllm==0.32.0 for linux/amd64", "no such version, or none for that platform")),
-    (("requirement: vllm==0.33.0", f"sha256: {'ab' * 32}"),
-     (f"serves vllm==0.33.0 for linux/amd64 with sha256 {SHA_X86}", f"not the pinned {'ab' * 32}")),
-])
+@pytest.mark.parametrize(
+    ("lines", "needles"),
+    [
+        (
+            ("requirement: vllm==0.32.0", f"sha256: {SHA_032_X86}", "ref: v0.32.0"),
+            ("no wheel of vllm==0.32.0 for linux/amd64", "no such version, or none for that platform"),
+        ),
+        (
+            ("requirement: vllm==0.33.0", f"sha256: {'ab' * 32}"),
+            (f"serves vllm==0.33.0 for linux/amd64 with sha256 {SHA_X86}", f"not the pinned {'ab' * 32}"),
+        ),
+    ],
+)
 def test_what_the_index_does_not_serve_is_bad_input(tmp_path, local_index, history, lines, needles):
     config = make_project(tmp_path / "vllm", history)
     config.write_text(pin_amd64(config.read_text(), *lines, f"index: {local_index}"))
@@ -316,8 +357,9 @@ def test_no_wheel_for_the_platform_is_bad_input(tmp_path, local_index, history):
     assert arm in text
     config.write_text(text.replace(arm, arm + f"        index: {local_index}\n"))
     env = {"CARRY_CACHE": str(tmp_path / "cache"), "CARRY_DOWNLOADS": str(tmp_path / "store")}
-    result = carry("--config", str(config), "wheel", "--platform", "linux/arm64", "--out", str(tmp_path / "dist"),
-                   env=env)
+    result = carry(
+        "--config", str(config), "wheel", "--platform", "linux/arm64", "--out", str(tmp_path / "dist"), env=env
+    )
     assert_bad_input(result, "no wheel of vllm==0.33.0 for linux/arm64", "manylinux", local_index)
     assert not (tmp_path / "dist").exists()
 
@@ -326,12 +368,18 @@ def test_a_pins_ref_is_proven_before_any_work(tmp_path, history):
     """0.32.0's released x86_64 wheel (its real sha256) pinned as `ref: v0.33.0`: the pin's own version says
     0.32.0, so it is refused before anything is fetched, checked or built."""
     config = make_project(tmp_path / "vllm", history)
-    config.write_text(pin_amd64(config.read_text(), "requirement: vllm==0.32.0", f"sha256: {SHA_032_X86}",
-                                "ref: v0.33.0"))
+    config.write_text(
+        pin_amd64(config.read_text(), "requirement: vllm==0.32.0", f"sha256: {SHA_032_X86}", "ref: v0.33.0")
+    )
     env = {"CARRY_CACHE": str(tmp_path / "cache"), "CARRY_DOWNLOADS": str(tmp_path / "store")}
     result = carry("--config", str(config), "wheel", "--out", str(tmp_path / "dist"), env=env)
-    assert_bad_input(result, "is version 0.32.0", "built from the tag v0.32.0", "but ref is v0.33.0",
-                     "build.precompiled.wheels.linux/amd64")
+    assert_bad_input(
+        result,
+        "is version 0.32.0",
+        "built from the tag v0.32.0",
+        "but ref is v0.33.0",
+        "build.precompiled.wheels.linux/amd64",
+    )
     assert not (tmp_path / "store").exists() and not (tmp_path / "dist").exists()
     assert not (tmp_path / "cache" / "mirrors").exists() and not (tmp_path / "cache" / "envs").exists()
 
@@ -342,26 +390,37 @@ def test_an_own_series_on_the_honest_history_builds_both_cpus(tmp_path, history)
     config = make_project(tmp_path / "vllm", history)
     for patch in (config.parent / "patches").glob("*.patch"):
         patch.unlink()
-    head = "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n" \
-           "From: carry tests <tests@carry.invalid>\nDate: Tue, 1 Dec 2026 00:00:00 +0000\n"
+    head = (
+        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+        "From: carry tests <tests@carry.invalid>\nDate: Tue, 1 Dec 2026 00:00:00 +0000\n"
+    )
     changed = "vllm/version.py"
     (config.parent / "patches" / "0001-version-a-comment.patch").write_text(
         head + f"Subject: [PATCH 1/2] version: a comment\n\n---\ndiff --git a/{changed} b/{changed}\n"
         f"--- a/{changed}\n+++ b/{changed}\n@@ -1 +1,2 @@\n+# carry: a line of the series\n"
-        " # SPDX-License-Identifier: Apache-2.0\n")
+        " # SPDX-License-Identifier: Apache-2.0\n"
+    )
     (config.parent / "patches" / "0002-add-a-module.patch").write_text(
         head + "Subject: [PATCH 2/2] add a module\n\n---\ndiff --git a/vllm/carry_note.py b/vllm/carry_note.py\n"
-        "new file mode 100644\n--- /dev/null\n+++ b/vllm/carry_note.py\n@@ -0,0 +1 @@\n+NOTE = 'carried'\n")
+        "new file mode 100644\n--- /dev/null\n+++ b/vllm/carry_note.py\n@@ -0,0 +1 @@\n+NOTE = 'carried'\n"
+    )
     text = config.read_text()
-    config.write_text(text.replace("  precompiled:\n", "  generated:\n    vllm/_version.py: setuptools-scm writes it\n"
-                                                        "  precompiled:\n", 1))
+    config.write_text(
+        text.replace(
+            "  precompiled:\n", "  generated:\n    vllm/_version.py: setuptools-scm writes it\n  precompiled:\n", 1
+        )
+    )
     env = {"CARRY_CACHE": str(tmp_path / "cache"), "CARRY_DOWNLOADS": realvllm.download_store()}
     for platform in WHEELS:
-        result = carry("--config", str(config), "wheel", "--platform", platform, "--out", str(tmp_path / "dist"),
-                       env=env)
+        result = carry(
+            "--config", str(config), "wheel", "--platform", platform, "--out", str(tmp_path / "dist"), env=env
+        )
         assert result.code == 0, result.err
-        assert re.search(r"tree check passed: \d+ identical to tree \w+, 2147 byte-identical to the precompiled "
-                         r"wheel, 1 generated by the build \(build.generated\)", result.err), result.err
+        assert re.search(
+            r"tree check passed: \d+ identical to tree \w+, 2147 byte-identical to the precompiled "
+            r"wheel, 1 generated by the build \(build.generated\)",
+            result.err,
+        ), result.err
         wheel = Path(result.out.strip())
         with zipfile.ZipFile(wheel) as archive:
             assert "# carry: a line of the series" in archive.read(changed).decode()

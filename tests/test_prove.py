@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from wheel.wheelfile import WheelFile
 
-from carry import apply, gpu, prove, testrun, upstream
 from carry.commands import Session
 from carry.config import TestCommand
+from carry.gputest import gpu, prove, testrun
+from carry.source import apply, upstream
 from helpers import ROOT, assert_bad_input, carry
 
 DEMO = ROOT / "examples" / "demo"
@@ -66,20 +67,33 @@ def test_prefixes_of_the_demo_series_apply_in_order_each_to_its_own_tree(demo_se
 
 
 def _step(prefix: prove.Prefix, verdicts: dict[str, int]) -> prove.Step:
-    results = tuple(testrun.CommandResult(name, status, 0.5, f"last line of {name}\n")
-                    for name, status in verdicts.items())
-    report = testrun.TestReport(testrun.Artifact(testrun.ArtifactKind.WHEEL, f"{prefix.label}.whl", "sha256:00"),
-                                NOT_A_GPU, "3.11", "2026-11-30T00:00:00+00:00", 1.0, None, results)
+    results = tuple(
+        testrun.CommandResult(name, status, 0.5, f"last line of {name}\n") for name, status in verdicts.items()
+    )
+    report = testrun.TestReport(
+        testrun.Artifact(testrun.ArtifactKind.WHEEL, f"{prefix.label}.whl", "sha256:00"),
+        NOT_A_GPU,
+        "3.11",
+        "2026-11-30T00:00:00+00:00",
+        1.0,
+        None,
+        results,
+    )
     return prove.Step(prefix, Path(f"{prefix.label}.whl"), Path(f"{prefix.label}.whl.test.json"), report, False)
 
 
 def test_flips_name_the_patch_that_changes_each_test(demo_session):
     base, first, both = prove.prefixes(demo_session.series())
-    steps = (_step(base, {REPRO: 1, "quant": 1}), _step(first, {REPRO: 1, "quant": 0}),
-             _step(both, {REPRO: 0, "quant": 0}))
+    steps = (
+        _step(base, {REPRO: 1, "quant": 1}),
+        _step(first, {REPRO: 1, "quant": 0}),
+        _step(both, {REPRO: 0, "quant": 0}),
+    )
     proof = prove.Proof(NOT_A_GPU, steps)
     assert [(f.patch[:4], f.command, f.before, f.after) for f in proof.flips] == [
-        ("0001", "quant", "FAIL", "PASS"), ("0002", REPRO, "FAIL", "PASS")]
+        ("0001", "quant", "FAIL", "PASS"),
+        ("0002", REPRO, "FAIL", "PASS"),
+    ]
     assert proof.passed
     text = prove.table(proof)
     assert f"{both.added.name} fixes `{REPRO}`: FAIL -> PASS" in text
@@ -103,8 +117,10 @@ def probe_wheel(tmp_path) -> Path:
     with WheelFile(path, "w") as wheel:
         wheel.writestr("carryprobe/__init__.py", "WHERE = __file__\n")
         wheel.writestr("carryprobe-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: carryprobe\nVersion: 1.0\n")
-        wheel.writestr("carryprobe-1.0.dist-info/WHEEL",
-                       "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        wheel.writestr(
+            "carryprobe-1.0.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
     return path
 
 
@@ -113,7 +129,9 @@ def test_wheel_runs_in_a_fresh_venv_and_the_report_records_each_command(probe_wh
         command("python", "-c", "import sys, carryprobe, yaml; print(sys.prefix); print(carryprobe.WHERE)"),
         command("python", "-c", "import sys; print('stale reads: 3'); sys.exit(3)"),
         command("python", "-c", "import time; time.sleep(120)"),
-        command("no-such-command-for-carry",),
+        command(
+            "no-such-command-for-carry",
+        ),
     )
     report = testrun.run_on_wheel(probe_wheel, commands, NOT_A_GPU, tmp_path / "scratch", timeout=3)
     ok, failing, hanging, missing = report.results
@@ -128,8 +146,11 @@ def test_wheel_runs_in_a_fresh_venv_and_the_report_records_each_command(probe_wh
     path = testrun.write(report, testrun.wheel_report_path(probe_wheel))
     assert path.name == probe_wheel.name + ".test.json"
     data = json.loads(path.read_text())
-    assert data["artifact"] == {"kind": "wheel", "name": probe_wheel.name,
-                                "digest": "sha256:" + hashlib.sha256(probe_wheel.read_bytes()).hexdigest()}
+    assert data["artifact"] == {
+        "kind": "wheel",
+        "name": probe_wheel.name,
+        "digest": "sha256:" + hashlib.sha256(probe_wheel.read_bytes()).hexdigest(),
+    }
     assert data["gpu"] == {"name": NOT_A_GPU.name, "capability": "9.0", "driver": "580.0", "count": 1}
     assert [t["exit_status"] for t in data["tests"]] == [0, 3, None, 127]
     assert [t["command"] for t in data["tests"]] == [c.text for c in commands]
@@ -138,8 +159,9 @@ def test_wheel_runs_in_a_fresh_venv_and_the_report_records_each_command(probe_wh
 
 
 def test_verify_accepts_a_report_only_beside_the_wheel_it_names(probe_wheel, tmp_path):
-    report = testrun.run_on_wheel(probe_wheel, (command("python", "-c", "import carryprobe"),), NOT_A_GPU,
-                                  tmp_path / "scratch", timeout=60)
+    report = testrun.run_on_wheel(
+        probe_wheel, (command("python", "-c", "import carryprobe"),), NOT_A_GPU, tmp_path / "scratch", timeout=60
+    )
     path = testrun.write(report, testrun.wheel_report_path(probe_wheel))
     accepted = carry("verify", str(path), cwd=tmp_path)
     assert accepted.code == 0, accepted.err
@@ -157,7 +179,7 @@ def test_verify_accepts_a_report_only_beside_the_wheel_it_names(probe_wheel, tmp
     tampered = carry("verify", str(path), cwd=tmp_path)
     assert tampered.code == 1 and "MISMATCH sha256" in tampered.out and "NOT verified" in tampered.out
 
-    path.write_text("{\"format\": 1}\n")
+    path.write_text('{"format": 1}\n')
     garbage = carry("verify", str(path), cwd=tmp_path)
     assert garbage.code == 1 and "not a carry test report" in garbage.err and "Traceback" not in garbage.err
     assert_bad_input(carry("verify", str(tmp_path / "nope.whl.test.json"), cwd=tmp_path), "no such report")
@@ -196,9 +218,15 @@ def test_image_report_is_keyed_by_image_id_and_verify_follows_the_ref(tmp_path):
     ref = env.runtime_base
     image_id, runtime_args = testrun._inspect_image(dockerenv.DOCKER_CLI, ref)
     assert image_id.startswith("sha256:") and runtime_args == []
-    report = testrun.TestReport(testrun.Artifact(testrun.ArtifactKind.IMAGE, ref, image_id), NOT_A_GPU,
-                                "(in the image)", "2026-11-30T00:00:00+00:00", 1.0, None,
-                                (testrun.CommandResult(REPRO, 0, 1.0, "ok\n"),))
+    report = testrun.TestReport(
+        testrun.Artifact(testrun.ArtifactKind.IMAGE, ref, image_id),
+        NOT_A_GPU,
+        "(in the image)",
+        "2026-11-30T00:00:00+00:00",
+        1.0,
+        None,
+        (testrun.CommandResult(REPRO, 0, 1.0, "ok\n"),),
+    )
     path = testrun.write(report, testrun.image_report_path(tmp_path / "dist", image_id))
     assert path.name == f"image-{image_id.replace(':', '-')}.test.json"
     accepted = carry("verify", str(path), env=run_env)
@@ -210,8 +238,9 @@ def test_image_report_is_keyed_by_image_id_and_verify_follows_the_ref(tmp_path):
     assert moved.code == 1 and f"MISMATCH image id: report sha256:{'1' * 64}, {ref} is {image_id}" in moved.out
 
     # Each command runs with `docker run --gpus all`; this engine has no NVIDIA runtime, so docker refuses it.
-    ran = testrun.run_on_image(ref, (command("python3", "-c", "print(1)"),), NOT_A_GPU, dockerenv.DOCKER_CLI,
-                               tmp_path / "scratch", timeout=120)
+    ran = testrun.run_on_image(
+        ref, (command("python3", "-c", "print(1)"),), NOT_A_GPU, dockerenv.DOCKER_CLI, tmp_path / "scratch", timeout=120
+    )
     assert ran.artifact.digest == image_id and not ran.passed
     assert ran.results[0].exit_status == 125 and "[[gpu]]" in ran.results[0].output_tail
 
@@ -227,11 +256,22 @@ def test_test_image_through_the_cli_writes_the_report_keyed_by_image_id(tmp_path
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\necho 'Not A GPU, 9.0, 580.0'\n")
     fake.chmod(0o755)
-    run_env = {**dockerenv.cli_env(), "CARRY_DOCKER": dockerenv.DOCKER_CLI, "CARRY_CACHE": str(tmp_path / "cache"),
-               "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    run_env = {
+        **dockerenv.cli_env(),
+        "CARRY_DOCKER": dockerenv.DOCKER_CLI,
+        "CARRY_CACHE": str(tmp_path / "cache"),
+        "PATH": f"{fake.parent}:{os.environ['PATH']}",
+    }
     out = tmp_path / "dist"
-    result = carry("--config", str(ROOT / "examples" / "demo" / "build.yaml"), "test", env.runtime_base,
-                   "--out", str(out), env=run_env)
+    result = carry(
+        "--config",
+        str(ROOT / "examples" / "demo" / "build.yaml"),
+        "test",
+        env.runtime_base,
+        "--out",
+        str(out),
+        env=run_env,
+    )
     assert result.code == 1, result.out + result.err
     (report,) = out.glob("image-sha256-*.test.json")
     data = json.loads(report.read_text())
@@ -244,8 +284,10 @@ no_gpu_only = pytest.mark.skipif(gpu.probe() is not None, reason="a GPU answers 
 
 
 @no_gpu_only
-@pytest.mark.parametrize("args", [("test", "dist/pledemo.whl"), ("test", "carry-demo:latest"), ("prove",),
-                                  ("prove", "--json", "--arch", "9.0")])
+@pytest.mark.parametrize(
+    "args",
+    [("test", "dist/pledemo.whl"), ("test", "carry-demo:latest"), ("prove",), ("prove", "--json", "--arch", "9.0")],
+)
 def test_without_a_gpu_test_and_prove_exit_2_before_doing_anything(tmp_path, args):
     result = carry("--config", str(DEMO / "build.yaml"), *args, cwd=tmp_path, env={"CARRY_CACHE": str(tmp_path / "c")})
     assert_bad_input(result, f"`{args[0]}` needs a CUDA GPU", "GPU CI runner")
@@ -259,20 +301,33 @@ def test_prove_on_the_demo_gpu_shows_0002_fixes_the_stale_reads(tmp_path):
         pytest.skip("no CUDA GPU here (nvidia-smi finds none)")
     config = demo_project(tmp_path)
     out = tmp_path / "dist"
-    result = carry("--config", str(config), "prove", "--json", "--arch", found.capability, "--out", str(out),
-                   env={"CARRY_CACHE": str(tmp_path / "cache")})
+    result = carry(
+        "--config",
+        str(config),
+        "prove",
+        "--json",
+        "--arch",
+        found.capability,
+        "--out",
+        str(out),
+        env={"CARRY_CACHE": str(tmp_path / "cache")},
+    )
     assert result.code == 0, result.out + result.err
     proof = json.loads(result.out)
     assert [p["label"] for p in proof["prefixes"]] == ["base", "base+0001", "base+0001+0002"]
     assert [p["passed"] for p in proof["prefixes"]] == [False, False, True]
     stale = [json.loads(p["tests"][0]["last_line"])["stale_reads"] for p in proof["prefixes"]]
     assert stale[0] > 0 and stale[1] > 0 and stale[2] == 0, stale
-    assert [(f["patch"][:4], f["before"], f["after"]) for f in proof["flips"]] == [("0001", "FAIL", "PASS"),
-                                                                                 ("0002", "FAIL", "PASS")]
+    assert [(f["patch"][:4], f["before"], f["after"]) for f in proof["flips"]] == [
+        ("0001", "FAIL", "PASS"),
+        ("0002", "FAIL", "PASS"),
+    ]
     assert "FP8_PER_CHANNEL_PER_TOKEN" in proof["flips"][0]["command"] and proof["flips"][1]["command"] == REPRO
     learned = json.loads((config.parent / "patches" / "PROVED.json").read_text())["patches"]
     assert {name[:4]: entry["fixes"] for name, entry in learned.items()} == {
-        "0001": [proof["flips"][0]["command"]], "0002": [REPRO]}
+        "0001": [proof["flips"][0]["command"]],
+        "0002": [REPRO],
+    }
     for prefix in proof["prefixes"]:
         check = carry("verify", prefix["report"])
         assert check.code == 0, check.out + check.err

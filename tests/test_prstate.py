@@ -41,11 +41,14 @@ def key(p, number=7) -> str:
     return f"{parts[-2]}/{parts[-1]}/{number}"
 
 
-@pytest.mark.parametrize("answer, state, merge_commit", [
-    (pull("open"), "open", None),
-    (pull("closed"), "closed", None),
-    (pull("closed", merged=True, merge_commit="c" * 40), "merged", "c" * 40),
-])
+@pytest.mark.parametrize(
+    "answer, state, merge_commit",
+    [
+        (pull("open"), "open", None),
+        (pull("closed"), "closed", None),
+        (pull("closed", merged=True, merge_commit="c" * 40), "merged", "c" * 40),
+    ],
+)
 def test_from_the_github_api_with_a_token_only_in_a_header(tmp_path, answer, state, merge_commit):
     p, _ = pr_project(tmp_path)
     with serving({key(p): answer}) as api:
@@ -53,7 +56,7 @@ def test_from_the_github_api_with_a_token_only_in_a_header(tmp_path, answer, sta
         result = carry_status(p, env)
         assert result.code == 0, result.err
         found = json.loads(result.out)["pr"]
-        (path, headers), = api.requests
+        ((path, headers),) = api.requests
     assert path == f"/repos/{key(p).rsplit('/', 1)[0]}/pulls/7"
     assert headers["Authorization"] == f"Bearer {TOKEN}" and headers["Accept"] == "application/vnd.github+json"
     assert (found["state"], found["source"], found["merge_commit"]) == (state, "github", merge_commit)
@@ -66,12 +69,15 @@ def test_text_output_leads_with_a_closed_pr(tmp_path):
     with serving({key(p): pull("closed")}) as api:
         from helpers import carry
 
-        result = carry("--config", str(p.config), "status", env={**p.env, "CARRY_GITHUB_API": api.url,
-                                                                  "GH_TOKEN": TOKEN})
+        result = carry(
+            "--config", str(p.config), "status", env={**p.env, "CARRY_GITHUB_API": api.url, "GH_TOKEN": TOKEN}
+        )
     assert result.code == 0, result.err
-    assert result.out.splitlines()[1] == (f"PR #7: closed without being merged (from the GitHub API: "
-                                          f"{api.url}/repos/{key(p).rsplit('/', 1)[0]}/pulls/7); closed at "
-                                          f"2026-11-20T10:00:00Z")
+    assert result.out.splitlines()[1] == (
+        f"PR #7: closed without being merged (from the GitHub API: "
+        f"{api.url}/repos/{key(p).rsplit('/', 1)[0]}/pulls/7); closed at "
+        f"2026-11-20T10:00:00Z"
+    )
 
 
 def test_an_api_that_refuses_falls_back_to_git_and_says_so(tmp_path):

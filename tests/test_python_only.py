@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 # Like vLLM's setup.py: VLLM_TARGET_DEVICE=empty builds no extension, VLLM_VERSION_OVERRIDE is the version
 # as given, and otherwise a CUDA extension is compiled by nvcc for TORCH_CUDA_ARCH_LIST, which, as in
 # PyTorch, must not be set to an empty string.
-SETUP_PY = '''\
+SETUP_PY = """\
 import os
 import subprocess
 from pathlib import Path
@@ -58,20 +58,20 @@ extensions = [] if TARGET == "empty" else [
               libraries=["cudart_static", "dl", "pthread", "rt", "stdc++"])
 ]
 setup(version=version(), packages=find_packages(), ext_modules=extensions, cmdclass={"build_ext": BuildCuda})
-'''
+"""
 
 FILES = {
     "setup.py": SETUP_PY,
     "pyproject.toml": '[build-system]\nrequires = ["setuptools>=61", "wheel"]\nbuild-backend = "setuptools.build_meta"\n\n'
-                      '[project]\nname = "minivllm"\ndynamic = ["version"]\n',
+    '[project]\nname = "minivllm"\ndynamic = ["version"]\n',
     "minivllm/__init__.py": '"""A tiny engine."""\n',
     "minivllm/connector.py": "def prepare_forward(dummy):\n    if dummy:\n        return None\n    return launch()\n\n\n"
-                             "def launch():\n    return 'launched'\n",
+    "def launch():\n    return 'launched'\n",
     "csrc/ops.cu": "__global__ void scale(float *x, float s) { x[threadIdx.x] *= s; }\n"
-                   'extern "C" void launch_scale(float *x, float s) { scale<<<1, 32>>>(x, s); }\n',
+    'extern "C" void launch_scale(float *x, float s) { scale<<<1, 32>>>(x, s); }\n',
     "csrc/module.c": "#define PY_SSIZE_T_CLEAN\n#include <Python.h>\n"
-                     'static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", NULL, -1, NULL};\n'
-                     "PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&module); }\n",
+    'static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", NULL, -1, NULL};\n'
+    "PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&module); }\n",
 }
 
 BUILD = """build:
@@ -92,8 +92,11 @@ def project(tmp_path):
     config = write_config(tmp_path / "project", str(upstream.path), pin, extra=BUILD)
     (config.parent / "VERSION").write_text("20261101.2\n")
     new = FILES["minivllm/connector.py"].replace("    return launch()", "    reset()\n    return launch()")
-    upstream.make_patch(config.parent / "patches" / "0001-reset-before-launch.patch", "Reset before launch",
-                        {"minivllm/connector.py": new + "\n\ndef reset():\n    return None\n"})
+    upstream.make_patch(
+        config.parent / "patches" / "0001-reset-before-launch.patch",
+        "Reset before launch",
+        {"minivllm/connector.py": new + "\n\ndef reset():\n    return None\n"},
+    )
     # The caller's shell has CUDA arches exported: a Python-only build must not hand them on.
     env = {"CARRY_CACHE": str(tmp_path / "cache"), "TORCH_CUDA_ARCH_LIST": "9.0", "CMAKE_CUDA_ARCHITECTURES": "90"}
     return config, env, tmp_path / "dist"
@@ -106,8 +109,9 @@ def test_python_only_wheel_carries_version_records_none_and_verifies(project):
     wheel = Path(built.out.strip())
     assert wheel.name == "minivllm-0.1.0+carry.20261101.2-py3-none-any.whl"
     assert "arches none" in built.err
-    assert ("gate: arch gate passed: no CUDA code expected (cuda_arches none), none found in the wheel (no shared "
-            "objects)") in built.err
+    assert (
+        "gate: arch gate passed: no CUDA code expected (cuda_arches none), none found in the wheel (no shared objects)"
+    ) in built.err
     assert "gate: tree check passed" in built.err
     log = next((Path(env["CARRY_CACHE"]) / "logs").glob("wheel-*.log")).read_text()
     assert "minivllm: target empty, TORCH_CUDA_ARCH_LIST=None, CMAKE_CUDA_ARCHITECTURES=None" in log

@@ -14,8 +14,21 @@ import pytest
 
 from github_api import pull, serving
 from helpers import ROOT, assert_bad_input
-from realvllm import (DELETED, FIXED, NEEDED, PR_HEAD, PR_NUMBER, PR_ONLY, RENAMED, V0_32_0, V0_33_0, Project, build,
-                      by_name, make_upstream)
+from realvllm import (
+    DELETED,
+    FIXED,
+    NEEDED,
+    PR_HEAD,
+    PR_NUMBER,
+    PR_ONLY,
+    RENAMED,
+    V0_32_0,
+    V0_33_0,
+    Project,
+    build,
+    by_name,
+    make_upstream,
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +56,19 @@ def evidence(entry: dict) -> str:
 
 def test_the_history_is_the_same_on_every_machine_and_built_once(history, tmp_path):
     cache, built = history
-    assert built["refs"] == {"refs/tags/v0.32.0": V0_32_0, "refs/tags/v0.33.0": V0_33_0, "refs/heads/main": V0_33_0,
-                             f"refs/pull/{PR_NUMBER}/head": PR_HEAD}
+    assert built["refs"] == {
+        "refs/tags/v0.32.0": V0_32_0,
+        "refs/tags/v0.33.0": V0_33_0,
+        "refs/heads/main": V0_33_0,
+        f"refs/pull/{PR_NUMBER}/head": PR_HEAD,
+    }
     repo = built["path"]
-    git = lambda *args: subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True,  # noqa: E731
-                                       check=True).stdout.strip()
+    git = lambda *args: subprocess.run(
+        ["git", "-C", repo, *args],
+        capture_output=True,
+        text=True,  # noqa: E731
+        check=True,
+    ).stdout.strip()
     assert git("rev-parse", "v0.33.0^") == V0_32_0 and git("rev-parse", f"{PR_HEAD}^") == V0_32_0
     assert git("cat-file", "-t", "v0.33.0") == "tag"  # annotated, as releases are
     files = git("ls-tree", "-r", "--name-only", "v0.33.0").splitlines()
@@ -56,7 +77,8 @@ def test_the_history_is_the_same_on_every_machine_and_built_once(history, tmp_pa
     modes = {line.split()[0] for line in git("ls-tree", "-r", "v0.33.0").splitlines()}
     assert modes == {"100644", "100755"}  # the tarball's executables stay executable
     assert git("log", "-1", "--format=%an <%ae> %ad", "--date=iso-strict", "v0.32.0").startswith(
-        "vLLM releases (from PyPI) <releases@vllm-sdist.invalid> 2026-10-18T")
+        "vLLM releases (from PyPI) <releases@vllm-sdist.invalid> 2026-10-18T"
+    )
     # A second run finds it up to date and only prints it.
     start = time.monotonic()
     again = make_upstream(cache)
@@ -82,15 +104,19 @@ def test_every_verdict_on_the_real_history(project):
 
     deleted = verdicts[DELETED]
     assert (deleted["verdict"], deleted["test"], deleted["commit"]) == ("DELETED-UPSTREAM", "history", V0_33_0)
-    assert (f"vllm/transformers_utils/configs/medusa.py was deleted upstream by {V0_33_0[:12]} 'vLLM 0.33.0' "
-            f"(it is in the merge base {V0_32_0[:12]} 'vLLM 0.32.0', not in REF)") in evidence(deleted)
+    assert (
+        f"vllm/transformers_utils/configs/medusa.py was deleted upstream by {V0_33_0[:12]} 'vLLM 0.33.0' "
+        f"(it is in the merge base {V0_32_0[:12]} 'vLLM 0.32.0', not in REF)"
+    ) in evidence(deleted)
     assert deleted["droppable"] is True and deleted["hunks"][0]["commit"] == V0_33_0
     assert deleted["upstream_status"] == "Inappropriate [local tweak]"
 
     renamed = verdicts[RENAMED]
     assert (renamed["verdict"], renamed["test"]) == ("NEEDED", "forward-apply")
-    assert (f"vllm/entrypoints/launchers/cli_args.py is vllm/entrypoints/common/cli_args.py in REF (renamed upstream "
-            f"by {V0_33_0[:12]} 'vLLM 0.33.0'); refresh follows the rename") in evidence(renamed)
+    assert (
+        f"vllm/entrypoints/launchers/cli_args.py is vllm/entrypoints/common/cli_args.py in REF (renamed upstream "
+        f"by {V0_33_0[:12]} 'vLLM 0.33.0'); refresh follows the rename"
+    ) in evidence(renamed)
     assert renamed["hunks"][0]["target"] == "vllm/entrypoints/common/cli_args.py"
 
     pr_only = verdicts[PR_ONLY]
@@ -105,10 +131,16 @@ def test_every_verdict_on_the_real_history(project):
     assert verdicts[FIXED]["verdict"] == "CONFLICT" and verdicts[FIXED]["behaviour"] is None
     assert verdicts[NEEDED]["verdict"] == "NEEDED"
 
-    assert result["pr"] == {"number": PR_NUMBER, "state": "not merged", "merged": False, "merge_commit": None,
-                            "source": "git", "where": f"refs/pull/{PR_NUMBER}/head against main",
-                            "detail": f"its head {PR_HEAD[:12]} is not in main and no commit there has its change; "
-                                      f"git cannot tell an open PR from a closed one"}
+    assert result["pr"] == {
+        "number": PR_NUMBER,
+        "state": "not merged",
+        "merged": False,
+        "merge_commit": None,
+        "source": "git",
+        "where": f"refs/pull/{PR_NUMBER}/head against main",
+        "detail": f"its head {PR_HEAD[:12]} is not in main and no commit there has its change; "
+        f"git cannot tell an open PR from a closed one",
+    }
     text = project.run("status", "--against", "v0.33.0").out
     assert f"PR #{PR_NUMBER}: not merged (from git: refs/pull/{PR_NUMBER}/head against main)" in text.splitlines()[1]
     assert f"way out: build.py drop {DELETED} --against v0.33.0" in text
@@ -122,8 +154,10 @@ def test_by_behaviour_fixed_upstream_and_still_needed(project):
     assert fixed["behaviour"]["outcome"] == "pass" and fixed["behaviour"]["mode"] == "tree"
     assert fixed["behaviour"]["source"] == "its Carry-Test trailer"
     text = evidence(fixed)
-    assert ("its test `python {project}/checks/last_user_turn.py` (from its Carry-Test trailer) passes on REF without "
-            "the patch: upstream fixed it its own way") in text
+    assert (
+        "its test `python {project}/checks/last_user_turn.py` (from its Carry-Test trailer) passes on REF without "
+        "the patch: upstream fixed it its own way"
+    ) in text
     assert "find_last_user_index -> 0 (want 0: the question, not the tool results)" in text
     assert "the text alone says CONFLICT (decided by apply):" in text
     needed = verdicts[NEEDED]
@@ -149,14 +183,20 @@ def test_refs_as_users_name_them_older_and_newer_than_the_pin(tmp_path, history,
     verdicts = by_name(older["refs"][0])
     assert verdicts[PR_ONLY]["verdict"] == "PR-ONLY"
     assert {verdicts[name]["verdict"] for name in (DELETED, RENAMED, FIXED, NEEDED)} == {"NEEDED"}
-    for name, commit in (("v0.33.0", V0_33_0), ("refs/tags/v0.32.0", V0_32_0), ("main", V0_33_0),
-                         (V0_32_0, V0_32_0), (f"refs/pull/{PR_NUMBER}/head", PR_HEAD)):
+    for name, commit in (
+        ("v0.33.0", V0_33_0),
+        ("refs/tags/v0.32.0", V0_32_0),
+        ("main", V0_33_0),
+        (V0_32_0, V0_32_0),
+        (f"refs/pull/{PR_NUMBER}/head", PR_HEAD),
+    ):
         found = project.status("--against", name)["refs"][0]
         assert (found["ref"], found["commit"]) == (name, commit)
     checked = project.run("check", "--against", "v0.32.0")
     assert checked.code == 1 and f"base   {V0_32_0}" in checked.out  # 0003's file is not on the release
-    assert_bad_input(project.run("status", "--against", "v9.9.9"), "unknown ref 'v9.9.9'",
-                     "refs/tags/v9.9.9 or refs/heads/v9.9.9")
+    assert_bad_input(
+        project.run("status", "--against", "v9.9.9"), "unknown ref 'v9.9.9'", "refs/tags/v9.9.9 or refs/heads/v9.9.9"
+    )
 
 
 def test_fail_on_the_new_verdicts(project):
@@ -185,8 +225,12 @@ def test_refresh_names_drop_then_follows_the_rename(tmp_path, history):
     assert f"{DELETED}: DELETED-UPSTREAM against v0.33.0; upstream commit {V0_33_0}" in log
     assert f"{PR_ONLY}: PR-ONLY against v0.33.0; upstream commit unknown" in log
     assert f"{FIXED}: FIXED-UPSTREAM against v0.33.0" in log
-    assert_bad_input(p.run("drop", NEEDED, "--against", "v0.33.0"), f"{NEEDED} is NEEDED against v0.33.0",
-                     "FIXED-UPSTREAM", "--force")
+    assert_bad_input(
+        p.run("drop", NEEDED, "--against", "v0.33.0"),
+        f"{NEEDED} is NEEDED against v0.33.0",
+        "FIXED-UPSTREAM",
+        "--force",
+    )
     refreshed = p.run("refresh", "--onto", "v0.33.0")
     assert refreshed.code == 0, refreshed.err
     assert f"pin {PR_HEAD[:12]} -> {V0_33_0}" in refreshed.out
@@ -224,6 +268,11 @@ def run_weekly(project: Project, env: dict[str, str]) -> subprocess.CompletedPro
     base = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "RUNNER_", "CARRY_", "GH_"))}
     base["PATH"] = f"{os.path.dirname(sys.executable)}:{base['PATH']}"
     env = {**base, **project.env, "CARRY_CONFIG": str(project.config), "CARRY_REPORT_ONLY": "1", **env}
-    return subprocess.run(["bash", str(ROOT / "ci" / "weekly.sh")], env=env, capture_output=True, text=True,
-                          stdin=subprocess.DEVNULL, timeout=600)
-
+    return subprocess.run(
+        ["bash", str(ROOT / "ci" / "weekly.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=600,
+    )

@@ -133,9 +133,7 @@ def test_push_with_wrong_password_is_refused(env, probe_image):
     reference, _ = probe_image
     repository, tag = reference.rsplit(":", 1)
     wrong = {"username": env.registry_user, "password": "not-" + env.registry_password()}
-    events = docker_client().images.push(
-        repository, tag, auth_config=wrong, stream=True, decode=True
-    )
+    events = docker_client().images.push(repository, tag, auth_config=wrong, stream=True, decode=True)
     errors = [event["error"] for event in events if "error" in event]
     assert errors, "push with a wrong password went through"
     assert errors[-1] == "unauthorized: authentication required"

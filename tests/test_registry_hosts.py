@@ -21,8 +21,9 @@ def pip_hosts() -> set[str]:
     from pip._internal.models.index import PyPI
 
     hosts = {PyPI.netloc, PyPI.file_storage_domain}
-    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
-                            check=True).stdout
+    listed = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
+    ).stdout
     for line in listed.splitlines():
         key, _, value = line.partition("=")
         if key.rsplit(".", 1)[-1] in PIP_URL_KEYS:
@@ -60,8 +61,9 @@ def test_no_registry_host_is_written_in_the_repository():
         assert apt_hosts(), "this machine's apt has sources: their hosts are checked too"
     found = {}
     for host in sorted(hosts):
-        result = subprocess.run(["git", "grep", "-n", "-I", "-i", "-F", "-e", host], cwd=ROOT, capture_output=True,
-                                text=True)
+        result = subprocess.run(
+            ["git", "grep", "-n", "-I", "-i", "-F", "-e", host], cwd=ROOT, capture_output=True, text=True
+        )
         assert result.returncode in (0, 1), result.stderr
         if result.returncode == 0:
             found[host] = result.stdout.splitlines()[:5]
@@ -71,9 +73,10 @@ def test_no_registry_host_is_written_in_the_repository():
 def test_the_base_images_take_the_mirror_from_apt():
     """.ci/base-images.sh's mirror is the first Debian URI of this machine's own apt sources."""
     script = (ROOT / ".ci" / "base-images.sh").read_text()
-    function = script[script.index("apt_mirror() {"):script.index("\n}\n", script.index("apt_mirror() {")) + 3]
-    result = subprocess.run(["bash", "-c", function + "apt_mirror | head -n 1"], capture_output=True, text=True,
-                            check=True)
+    function = script[script.index("apt_mirror() {") : script.index("\n}\n", script.index("apt_mirror() {")) + 3]
+    result = subprocess.run(
+        ["bash", "-c", function + "apt_mirror | head -n 1"], capture_output=True, text=True, check=True
+    )
     mirror = result.stdout.strip()
     if not apt_uris():
         assert mirror == ""

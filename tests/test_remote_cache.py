@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from carry import compilecache, toolchain
 from carry.config import CompilerCache, RemoteCache
-from carry.errors import BadInput
-from carry.progress import Progress
+from carry.util.errors import BadInput
+from carry.util.progress import Progress
+from carry.wheelbuild import compilecache, toolchain
 from cuda_tools import counting_cuda_home
 from helpers import BUILD_PY, ROOT, assert_bad_input, carry, write_config
 from procwatch import command_lines
@@ -67,8 +67,9 @@ def test_probe_of_a_server_that_never_answers_times_out():
         server.listen()
         held = []
         threading.Thread(target=lambda: held.append(server.accept()), daemon=True).start()
-        answer = compilecache.probe(remote(f"redis://127.0.0.1:{server.getsockname()[1]}"), credentials("x"),
-                                    timeout=0.5)
+        answer = compilecache.probe(
+            remote(f"redis://127.0.0.1:{server.getsockname()[1]}"), credentials("x"), timeout=0.5
+        )
     assert not answer.usable and answer.reason == "no answer within 0.5 s"
 
 
@@ -93,8 +94,9 @@ def test_a_password_with_url_characters_reaches_ccache_through_a_private_file(tm
     progress = Progress(stream=io.StringIO())
     environ = {**os.environ, "CARRY_REMOTE_CACHE_PASSWORD": password}
     with private_redis(tmp_path / "redis", password=password) as (redis, _):
-        with compilecache.run(launcher, remote(redis.url(0)), tmp_path / "cache", src, scratch, environ,
-                              progress) as started:
+        with compilecache.run(
+            launcher, remote(redis.url(0)), tmp_path / "cache", src, scratch, environ, progress
+        ) as started:
             private = Path(started.env["CCACHE_CONFIGPATH"])
             assert private.stat().st_mode & 0o777 == 0o600
             assert password not in json.dumps(started.env)
@@ -152,8 +154,15 @@ def compiles(calls: Path) -> int:
 
 
 def wheel(config: Path, cache: Path, env: dict[str, str], out: Path):
-    result = carry("--config", str(config), "wheel", "--out", str(out), "--json",
-                   env={**env, "CARRY_CACHE": str(cache), "CCACHE_DIR": ""})
+    result = carry(
+        "--config",
+        str(config),
+        "wheel",
+        "--out",
+        str(out),
+        "--json",
+        env={**env, "CARRY_CACHE": str(cache), "CCACHE_DIR": ""},
+    )
     assert result.code == 0, result.err
     return result, json.loads(result.out)
 
@@ -195,8 +204,9 @@ def test_two_runners_at_different_paths_share_compiled_units_and_the_password_le
     cache_b = b["compiler_cache"]
     assert (cache_b["hits"], cache_b["remote_hits"], cache_b["misses"]) == (units, units, 0), cache_b
     assert cache_b["remote"] == redis.url(SHARED_DB) and cache_b["launcher"] == "ccache (auto)"
-    assert f"cache: ccache (auto): {units} compile(s), {units} hit(s) ({units} from {redis.url(SHARED_DB)})" \
-        in second.err
+    assert (
+        f"cache: ccache (auto): {units} compile(s), {units} hit(s) ({units} from {redis.url(SHARED_DB)})" in second.err
+    )
     assert f"remote cache: {redis.url(SHARED_DB)} via ccache" in second.err
     assert not [line for line in seen if redis.password in line], "the password was on a command line"
     assert secret_free(redis.password, tmp_path) == []
@@ -213,12 +223,23 @@ def test_backend_down_or_wrong_password_builds_with_one_line_and_no_secret(tmp_p
     local = {"CCACHE_DIR": str(tmp_path / "ccache")}
     cases = {
         "wrong": ({"CARRY_REMOTE_CACHE_PASSWORD": "wrong-password-17"}, "authentication failed"),
-        "down": ({"CARRY_REMOTE_CACHE_PASSWORD": redis.password,
-                  "CARRY_REMOTE_CACHE_URL": f"redis://127.0.0.1:{free_port()}/0"}, "connection refused"),
+        "down": (
+            {
+                "CARRY_REMOTE_CACHE_PASSWORD": redis.password,
+                "CARRY_REMOTE_CACHE_URL": f"redis://127.0.0.1:{free_port()}/0",
+            },
+            "connection refused",
+        ),
     }
     for name, (env, why) in cases.items():
-        result = carry("--config", str(config), "wheel", "--out", str(tmp_path / name),
-                       env={**env, **local, "CARRY_CACHE": str(tmp_path / f"cache-{name}")})
+        result = carry(
+            "--config",
+            str(config),
+            "wheel",
+            "--out",
+            str(tmp_path / name),
+            env={**env, **local, "CARRY_CACHE": str(tmp_path / f"cache-{name}")},
+        )
         assert result.code == 0, result.err
         lines = [line for line in result.err.splitlines() if "remote cache" in line]
         assert len(lines) == 1 and "not used" in lines[0] and why in lines[0], result.err
@@ -230,11 +251,20 @@ def test_backend_down_or_wrong_password_builds_with_one_line_and_no_secret(tmp_p
 def test_redis_stopped_mid_build_still_builds_and_says_so(tmp_path):
     config = demo_project(tmp_path, None)
     with private_redis(tmp_path / "redis") as (redis, server):
-        env = {**os.environ, "CARRY_CACHE": str(tmp_path / "cache"), "CCACHE_DIR": str(tmp_path / "ccache"),
-               "CARRY_REMOTE_CACHE_URL": redis.url(0), "CARRY_REMOTE_CACHE_PASSWORD": redis.password}
-        build = subprocess.Popen([sys.executable, str(BUILD_PY), "--config", str(config), "wheel", "--out",
-                                  str(tmp_path / "dist")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True)
+        env = {
+            **os.environ,
+            "CARRY_CACHE": str(tmp_path / "cache"),
+            "CCACHE_DIR": str(tmp_path / "ccache"),
+            "CARRY_REMOTE_CACHE_URL": redis.url(0),
+            "CARRY_REMOTE_CACHE_PASSWORD": redis.password,
+        }
+        build = subprocess.Popen(
+            [sys.executable, str(BUILD_PY), "--config", str(config), "wheel", "--out", str(tmp_path / "dist")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         err = []
         for line in build.stderr:
             err.append(line)
@@ -282,11 +312,14 @@ def test_sccache_with_the_shared_redis_reports_its_own_statistics(tmp_path):
     assert secret_free(redis.password, tmp_path) == []
 
 
-@pytest.mark.parametrize("url, secret", [
-    ("redis://:p@ssw0rd@cache.example:6379/0", "ssw0rd"),
-    ("redis://user:hunter2@cache.example/1", "hunter2"),
-    ("http://cache.example/ccache?token=SECRET-TOKEN", "SECRET-TOKEN"),
-])
+@pytest.mark.parametrize(
+    "url, secret",
+    [
+        ("redis://:p@ssw0rd@cache.example:6379/0", "ssw0rd"),
+        ("redis://user:hunter2@cache.example/1", "hunter2"),
+        ("http://cache.example/ccache?token=SECRET-TOKEN", "SECRET-TOKEN"),
+    ],
+)
 def test_a_rejected_url_is_named_without_any_part_of_its_credentials(tmp_path, url, secret):
     config = write_config(tmp_path, "upstream.bundle", "a" * 40, extra=f"build:\n  remote_cache: '{url}'\n")
     result = carry("--config", str(config), "check")

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 import dockerenv
-from procwatch import command_lines
 from helpers import ROOT, assert_bad_input, carry, git
+from procwatch import command_lines
 
 TOKEN = "upstream-token-" + os.urandom(8).hex()
 BUILD_SECRET = "build-secret-" + os.urandom(8).hex()
@@ -33,7 +33,7 @@ def recorder(directory: Path, name: str, real: str, log: Path) -> Path:
     """An executable `name` in `directory` that appends its arguments to `log`, then runs `real`."""
     directory.mkdir(parents=True, exist_ok=True)
     wrapper = directory / name
-    wrapper.write_text(f"#!/bin/sh\nprintf '%s ' {name} \"$@\" >> {log}\necho >> {log}\nexec {real} \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\nprintf \'%s \' {name} "$@" >> {log}\necho >> {log}\nexec {real} "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
 
@@ -57,17 +57,21 @@ def find_in_tree(root: Path, needles: list[str]) -> list[str]:
 
 # -- credentials in upstream.url, offline --------------------------------------------------------------------
 
-@pytest.mark.parametrize("url, public", [
-    ("https://bot:s3cret@git.example/org/repo.git", "https://git.example/org/repo.git"),
-    ("https://ghp_onlytoken@git.example/org/repo.git", "https://git.example/org/repo.git"),
-    ("ssh://git:pw@git.example:2222/org/repo.git", "ssh://git.example:2222/org/repo.git"),
-    ("file://user:pw@localhost/srv/repo.git", "file://localhost/srv/repo.git"),
-    ("HTTPS://u:p@git.example/x", "HTTPS://git.example/x"),
-    ("https://git.example/org/repo.git", "https://git.example/org/repo.git"),
-    ("https://git.example/path/with@sign", "https://git.example/path/with@sign"),
-    ("git@git.example:org/repo.git", "git@git.example:org/repo.git"),
-    ("/srv/upstream.bundle", "/srv/upstream.bundle"),
-])
+
+@pytest.mark.parametrize(
+    "url, public",
+    [
+        ("https://bot:s3cret@git.example/org/repo.git", "https://git.example/org/repo.git"),
+        ("https://ghp_onlytoken@git.example/org/repo.git", "https://git.example/org/repo.git"),
+        ("ssh://git:pw@git.example:2222/org/repo.git", "ssh://git.example:2222/org/repo.git"),
+        ("file://user:pw@localhost/srv/repo.git", "file://localhost/srv/repo.git"),
+        ("HTTPS://u:p@git.example/x", "HTTPS://git.example/x"),
+        ("https://git.example/org/repo.git", "https://git.example/org/repo.git"),
+        ("https://git.example/path/with@sign", "https://git.example/path/with@sign"),
+        ("git@git.example:org/repo.git", "git@git.example:org/repo.git"),
+        ("/srv/upstream.bundle", "/srv/upstream.bundle"),
+    ],
+)
 def test_public_url_drops_only_the_user_part(url, public):
     from carry.config import public_url, strip_credentials
 
@@ -75,15 +79,18 @@ def test_public_url_drops_only_the_user_part(url, public):
     assert strip_credentials(f"upstream:\n  url: {url}  # pinned\n") == f"upstream:\n  url: {public}  # pinned\n"
 
 
-@pytest.mark.parametrize("url, bare, user, password", [
-    ("https://bot:s%40cr%3At@git.example/x.git", "https://git.example/x.git", "bot", "s@cr:t"),
-    (f"https://{TOKEN}@git.example/x.git", "https://git.example/x.git", TOKEN, ""),
-    ("ssh://git:pw@git.example:2222/x.git", "ssh://git@git.example:2222/x.git", "git", "pw"),
-    ("https://git.example/x.git", "https://git.example/x.git", None, None),
-])
+@pytest.mark.parametrize(
+    "url, bare, user, password",
+    [
+        ("https://bot:s%40cr%3At@git.example/x.git", "https://git.example/x.git", "bot", "s@cr:t"),
+        (f"https://{TOKEN}@git.example/x.git", "https://git.example/x.git", TOKEN, ""),
+        ("ssh://git:pw@git.example:2222/x.git", "ssh://git@git.example:2222/x.git", "git", "pw"),
+        ("https://git.example/x.git", "https://git.example/x.git", None, None),
+    ],
+)
 def test_git_gets_credentials_from_a_helper_not_argv(tmp_path, url, bare, user, password):
     """split_credentials' helper, asked by a real `git credential fill`, hands over what the URL held."""
-    from carry.git import split_credentials
+    from carry.source.git import split_credentials
 
     shown, env = split_credentials(url)
     assert shown == bare
@@ -93,17 +100,26 @@ def test_git_gets_credentials_from_a_helper_not_argv(tmp_path, url, bare, user, 
     for secret in (user, password):  # git runs the helper through `sh -c`: its text is on a command line
         assert not secret or secret not in env["GIT_CONFIG_VALUE_0"]
     git(tmp_path, "init", "-q")
-    filled = subprocess.run(["git", "credential", "fill"], cwd=tmp_path, input="protocol=https\nhost=git.example\n\n",
-                            env={**os.environ, **env, "GIT_TERMINAL_PROMPT": "0"}, capture_output=True, text=True)
+    filled = subprocess.run(
+        ["git", "credential", "fill"],
+        cwd=tmp_path,
+        input="protocol=https\nhost=git.example\n\n",
+        env={**os.environ, **env, "GIT_TERMINAL_PROMPT": "0"},
+        capture_output=True,
+        text=True,
+    )
     assert filled.returncode == 0, filled.stderr
     assert f"username={user}\n" in filled.stdout and f"password={password}\n" in filled.stdout
 
 
-@pytest.mark.parametrize("url, command, needles", [
-    (f"http://bot:{TOKEN}@git.example/x.git", "fetch", ("scheme 'http' is not allowed",)),
-    (f"https://bot:{TOKEN}@127.0.0.1:1/x.git", "fetch", ("https://127.0.0.1:1/x.git", "no bundle")),
-    (f"https://{TOKEN}@127.0.0.1:1/x.git", "check", ("https://127.0.0.1:1/x.git", "no bundle")),
-])
+@pytest.mark.parametrize(
+    "url, command, needles",
+    [
+        (f"http://bot:{TOKEN}@git.example/x.git", "fetch", ("scheme 'http' is not allowed",)),
+        (f"https://bot:{TOKEN}@127.0.0.1:1/x.git", "fetch", ("https://127.0.0.1:1/x.git", "no bundle")),
+        (f"https://{TOKEN}@127.0.0.1:1/x.git", "check", ("https://127.0.0.1:1/x.git", "no bundle")),
+    ],
+)
 def test_errors_name_the_url_without_its_credentials(tmp_path, url, command, needles):
     config = tmp_path / "build.yaml"
     config.write_text(f"upstream:\n  url: '{url}'\n  commit: {'a' * 40}\n")
@@ -137,8 +153,13 @@ def test_credentialed_upstream_is_fetched_but_never_shown(credentialed):
     config, env = credentialed["config"], credentialed["env"]
     outputs = []
     # On main 0001 has landed, so applying the series there fails (exit 1); an unknown ref is bad input.
-    for command, code in ((("fetch",), 0), (("check", "--json"), 0), (("status", "--json"), 0),
-                          (("check", "--against", "main"), 1), (("check", "--against", "no-such-branch"), 2)):
+    for command, code in (
+        (("fetch",), 0),
+        (("check", "--json"), 0),
+        (("status", "--json"), 0),
+        (("check", "--against", "main"), 1),
+        (("check", "--against", "no-such-branch"), 2),
+    ):
         result = carry("--config", str(config), *command, env=env)
         outputs.append(result.out + result.err)
         assert result.code == code, (command, result.out, result.err)
@@ -171,9 +192,9 @@ def test_credentialed_upstream_stays_out_of_the_wheel_and_its_buildinfo(credenti
 
 def test_image_context_carries_no_upstream_credentials(credentialed, tmp_path):
     """The build context (and so the build stage's layers) gets build.yaml with the user part removed."""
-    from carry import container
-    from carry.cache import Cache
     from carry.config import load
+    from carry.image import container
+    from carry.util.cache import Cache
 
     config = load(credentialed["config"])
     cache = Cache(credentialed["base"] / "cache")
@@ -185,10 +206,12 @@ def test_image_context_carries_no_upstream_credentials(credentialed, tmp_path):
     copied = (context / "project" / "build.yaml").read_text()
     assert f"url: {credentialed['public']}" in copied
     assert copied.replace(credentialed["public"], "") == config.path.read_text().replace(
-        f"file://carry-bot:{TOKEN}@localhost{credentialed['public'].removeprefix('file://localhost')}", "")
+        f"file://carry-bot:{TOKEN}@localhost{credentialed['public'].removeprefix('file://localhost')}", ""
+    )
 
 
 # -- the registry password and build secrets while building and pushing -------------------------------------
+
 
 def _registry_get(env: dockerenv.DockerEnv, path: str, accept: str) -> bytes:
     request = urllib.request.Request(f"http://{env.registry}{path}", headers={"Accept": accept})
@@ -228,8 +251,17 @@ def pushed(credentialed, tmp_path_factory):
         result = carry("--config", str(config), "image", "--hermetic", "--push", "--arch", ARCHES, env=run_env)
     assert result.code == 0, result.out + result.err
     version = (project / "VERSION").read_text().strip()
-    yield {"env": env, "base": base, "result": result, "argv": seen, "argv_log": argv_log, "name": name,
-           "ref": f"{name}:{version}", "version": version, "public": credentialed["public"]}
+    yield {
+        "env": env,
+        "base": base,
+        "result": result,
+        "argv": seen,
+        "argv_log": argv_log,
+        "name": name,
+        "ref": f"{name}:{version}",
+        "version": version,
+        "public": credentialed["public"],
+    }
     client = dockerenv.docker_client()
     for image in client.images.list(name=name):
         client.images.remove(image.id, force=True)
@@ -294,8 +326,9 @@ def test_no_secret_in_history_labels_filesystem_or_buildinfo(pushed):
 def test_no_secret_in_what_the_registry_holds(pushed):
     env = pushed["env"]
     repository = pushed["name"].split("/", 1)[1]
-    manifest = _registry_get(env, f"/v2/{repository}/manifests/{pushed['version']}",
-                             "application/vnd.docker.distribution.manifest.v2+json")
+    manifest = _registry_get(
+        env, f"/v2/{repository}/manifests/{pushed['version']}", "application/vnd.docker.distribution.manifest.v2+json"
+    )
     config_digest = json.loads(manifest)["config"]["digest"]
     config_blob = _registry_get(env, f"/v2/{repository}/blobs/{config_digest}", "*/*")
     assert pushed["public"].encode() in config_blob

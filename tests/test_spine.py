@@ -30,13 +30,20 @@ def run(config: Path, env: dict, *args: str):
 
 
 def patch_line(upstream: Upstream, dest: Path, old: str, new: str, **kw) -> Path:
-    return upstream.make_patch(dest, f"Change {old.strip()}", {"pkg/core.py": upstream.read("pkg/core.py").replace(old, new)}, **kw)
+    return upstream.make_patch(
+        dest, f"Change {old.strip()}", {"pkg/core.py": upstream.read("pkg/core.py").replace(old, new)}, **kw
+    )
 
 
 def test_check_clean_json_names_tree_and_hash(project):
     upstream, config, env = project
-    patch_line(upstream, config.parent / "patches/0001-one.patch", "value_10 = 10\n", "value_10 = 100\n",
-               trailers="Upstream-Status: Submitted https://example.invalid/pr/1\nForwarded: https://example.invalid/pr/1")
+    patch_line(
+        upstream,
+        config.parent / "patches/0001-one.patch",
+        "value_10 = 10\n",
+        "value_10 = 100\n",
+        trailers="Upstream-Status: Submitted https://example.invalid/pr/1\nForwarded: https://example.invalid/pr/1",
+    )
     result = run(config, env, "check", "--json")
     assert result.code == 0, result.err
     report = json.loads(result.out)
@@ -79,7 +86,10 @@ def test_0002_needs_0001_in_order(project):
     upstream, config, env = project
     patches = config.parent / "patches"
     first = patch_line(upstream, patches / "0001-first.patch", "value_20 = 20\n", "value_20 = 20\nhelper = True\n")
-    upstream.commit("temporarily apply 0001", {"pkg/core.py": upstream.read("pkg/core.py").replace("value_20 = 20\n", "value_20 = 20\nhelper = True\n")})
+    upstream.commit(
+        "temporarily apply 0001",
+        {"pkg/core.py": upstream.read("pkg/core.py").replace("value_20 = 20\n", "value_20 = 20\nhelper = True\n")},
+    )
     patch_line(upstream, patches / "0002-second.patch", "helper = True\n", "helper = True\nuse_helper = helper\n")
     git(upstream.path, "reset", "-q", "--hard", "HEAD~1")
     result = run(config, env, "check", "--json")
@@ -137,7 +147,9 @@ def test_version_bump_twice_gives_1_then_2(tmp_path):
     assert (tmp_path / "VERSION").read_text() == f"{second}\n"
 
 
-@pytest.mark.parametrize("content", ["2026-01-01.1\n", "20260101.0\n", "20260230.1\n", "20260101.1 junk\n", "20991231.1\n"])
+@pytest.mark.parametrize(
+    "content", ["2026-01-01.1\n", "20260101.0\n", "20260230.1\n", "20260101.1 junk\n", "20991231.1\n"]
+)
 def test_malformed_version_exit_2(tmp_path, content):
     config = write_config(tmp_path, "/nonexistent", "a" * 40)
     (tmp_path / "VERSION").write_text(content)
@@ -226,12 +238,16 @@ def test_force_push_is_detected(project):
 
 
 def test_trailers_and_headers_are_parsed(tmp_path):
-    from carry import series
+    from carry.source import series
 
     upstream = Upstream.create(tmp_path / "up", {"f.txt": "a\nb\nc\n"})
     patches = tmp_path / "patches"
-    upstream.make_patch(patches / "0002-fix-thing.patch", "Fix the thing", {"f.txt": "a\nB\nc\n"},
-                        trailers="Upstream-Status: Submitted [https://example.invalid/pull/13]\nForwarded: not-needed")
+    upstream.make_patch(
+        patches / "0002-fix-thing.patch",
+        "Fix the thing",
+        {"f.txt": "a\nB\nc\n"},
+        trailers="Upstream-Status: Submitted [https://example.invalid/pull/13]\nForwarded: not-needed",
+    )
     loaded = series.load(patches)
     patch = loaded.patches[0]
     assert patch.subject == "Fix the thing" and patch.author == "Upstream Dev <dev@upstream.example>"
@@ -274,8 +290,9 @@ def test_a_series_checked_before_is_answered_the_same_from_the_mirror(project):
     assert run(config, env, "check", "--against", new_base, "--json").out == first.out
     # A changed patch is another series: checked again, here failing, and a failure is kept and read back too.
     patch_line(upstream, patches / "0002-two.patch", "value_71 = 71\n", "value_71 = 7\n")
-    (patches / "0002-two.patch").write_text((patches / "0002-two.patch").read_text().replace(" value_70 = 70",
-                                                                                              " value_70 = 77"))
+    (patches / "0002-two.patch").write_text(
+        (patches / "0002-two.patch").read_text().replace(" value_70 = 70", " value_70 = 77")
+    )
     failing = run(config, env, "check", "--against", new_base, "--json")
     assert failing.code == 1
     assert [p["status"] for p in json.loads(failing.out)["patches"]] == ["offset", "failed"]

@@ -51,8 +51,10 @@ def test_merged_with_a_reviewers_edit(tmp_path):
         "        self.resets = getattr(self, 'resets', 0) + 1\n"
         "        self.last_reset = self.calls\n"
     )
-    merged = p.commit("Reset semaphore (reviewed)", {"pkg/engine.py": replace(
-        ENGINE, "        self.calls += 1\n", "        self.calls += 1\n" + reviewed)})
+    merged = p.commit(
+        "Reset semaphore (reviewed)",
+        {"pkg/engine.py": replace(ENGINE, "        self.calls += 1\n", "        self.calls += 1\n" + reviewed)},
+    )
     entry = p.status()["0001-reset-semaphore.patch"]
     assert (entry["verdict"], entry["test"], entry["commit"]) == ("MERGED-MODIFIED", "intent", merged)
     assert "2/3 added line(s) found in main:pkg/engine.py" in evidence(entry)
@@ -65,12 +67,18 @@ def test_merged_with_a_reviewers_edit(tmp_path):
 def test_merged_with_its_own_comment_shows_only_the_comment(tmp_path):
     p = project(tmp_path)
     comment = "        # reset the semaphore so a previous step cannot leak permits\n"
-    theirs = ("        # Start every step from a fresh semaphore: permits left over from the\n"
-              "        # previous step must not satisfy this one.\n")
-    warmup = ("    def warmup(self, batch):\n        self.calls += 1\n        if not batch:\n            return None\n"
-              "        return batch\n\n")
-    dummy = ("\n    def prepare_dummy(self, batch):\n        if not batch:\n            return None\n"
-             "        result = []\n        return result\n")
+    theirs = (
+        "        # Start every step from a fresh semaphore: permits left over from the\n"
+        "        # previous step must not satisfy this one.\n"
+    )
+    warmup = (
+        "    def warmup(self, batch):\n        self.calls += 1\n        if not batch:\n            return None\n"
+        "        return batch\n\n"
+    )
+    dummy = (
+        "\n    def prepare_dummy(self, batch):\n        if not batch:\n            return None\n"
+        "        result = []\n        return result\n"
+    )
     engine = replace(with_reset(ENGINE), comment, theirs)
     engine = replace(engine, "    def prepare_forward", warmup + "    def prepare_forward")
     engine = replace(engine, "        return result\n", "        return result\n" + dummy)
@@ -121,15 +129,19 @@ def test_conflicting_rewrite(tmp_path):
 def test_touched_file_renamed_upstream(tmp_path):
     p = project(tmp_path)
     shutdown = "        self.calls = 0\n"
-    merged = p.commit("Reset semaphore, close on shutdown", {"pkg/engine.py": replace(
-        with_reset(ENGINE), shutdown, shutdown + "        self.closed = True\n")})
+    merged = p.commit(
+        "Reset semaphore, close on shutdown",
+        {"pkg/engine.py": replace(with_reset(ENGINE), shutdown, shutdown + "        self.closed = True\n")},
+    )
     p.git("mv", "pkg/engine.py", "pkg/runtime.py")
     renamed = p.commit("Rename engine to runtime", {})
     verdicts = p.status()
     reset, fp8 = verdicts["0001-reset-semaphore.patch"], verdicts["0002-fp8-dispatch.patch"]
     assert (reset["verdict"], reset["test"], reset["commit"]) == ("MERGED-EXACT", "reverse-apply", merged)
-    moved = (f"pkg/engine.py is pkg/runtime.py in REF (renamed upstream by {renamed[:12]} 'Rename engine to "
-             f"runtime'); refresh follows the rename")
+    moved = (
+        f"pkg/engine.py is pkg/runtime.py in REF (renamed upstream by {renamed[:12]} 'Rename engine to "
+        f"runtime'); refresh follows the rename"
+    )
     assert moved in evidence(reset)
     assert (fp8["verdict"], fp8["test"]) == ("NEEDED", "forward-apply")
     assert moved in evidence(fp8)
@@ -144,8 +156,10 @@ def test_whitespace_only_reformatting_upstream(tmp_path):
         .replace('        return "', '\t\treturn "')
         .replace('    return "default', '\treturn "default')
         .replace("permits = self.size", "permits=self.size")
-        .replace("self.resets = getattr(self, 'resets', 0) + 1",
-                 'self.resets = getattr(\n            self, "resets", 0,\n        ) + 1')
+        .replace(
+            "self.resets = getattr(self, 'resets', 0) + 1",
+            'self.resets = getattr(\n            self, "resets", 0,\n        ) + 1',
+        )
     )
     merged = p.commit("Reset semaphore; reformat", {"pkg/engine.py": reformatted})
     verdicts = p.status()
@@ -178,8 +192,12 @@ def test_accepted_but_needed_is_a_contradiction(tmp_path):
     p = project(tmp_path)
     before = "        self.calls = 0\n\n    def prepare"
     after = "        self.calls = 0\n        self.resets = 0\n\n    def prepare"
-    p.add_patch("0003-accepted.patch", "Count resets", replace(ENGINE, before, after),
-        "Upstream-Status: Accepted [https://example.invalid/pr/3]")
+    p.add_patch(
+        "0003-accepted.patch",
+        "Count resets",
+        replace(ENGINE, before, after),
+        "Upstream-Status: Accepted [https://example.invalid/pr/3]",
+    )
     entry = p.status()["0003-accepted.patch"]
     assert entry["verdict"] == "NEEDED"
     assert entry["advice"] == "contradiction: Upstream-Status says Accepted, but REF does not contain it"
@@ -195,7 +213,8 @@ def test_default_refs_include_the_pr_head_and_text_output(tmp_path):
     assert result.code == 0, result.err
     refs = json.loads(result.out)["refs"]
     assert [(r["ref"], r["patches"][0]["verdict"]) for r in refs] == [
-        ("main", "NEEDED"), ("refs/pull/7/head", "MERGED-EXACT"),
+        ("main", "NEEDED"),
+        ("refs/pull/7/head", "MERGED-EXACT"),
     ]
     text = p.run("status")
     assert text.code == 0
@@ -214,7 +233,6 @@ def test_fail_on_and_bad_input(tmp_path):
     assert_bad_input(p.run("status", "--against", "no-such-branch"), "unknown ref 'no-such-branch'")
 
 
-
 def test_refs_as_users_name_them_tags_branches_and_shas(tmp_path):
     p = project(tmp_path)
     first = git(p.upstream.path, "rev-list", "--max-parents=0", "HEAD")  # a month older than the pin
@@ -226,8 +244,14 @@ def test_refs_as_users_name_them_tags_branches_and_shas(tmp_path):
     p.git("checkout", "-q", "main")
     assert p.status("--against", "v2")["0001-reset-semaphore.patch"]["verdict"] == "NEEDED"
     assert (p.mirror() / "shallow").exists()
-    for ref, commit in (("v3", annotated), ("refs/tags/v3", annotated), ("v2", light), ("v2-maint", light),
-                        ("refs/heads/main", annotated), (first, first)):
+    for ref, commit in (
+        ("v3", annotated),
+        ("refs/tags/v3", annotated),
+        ("v2", light),
+        ("v2-maint", light),
+        ("refs/heads/main", annotated),
+        (first, first),
+    ):
         result = p.run("status", "--json", "--against", ref)
         assert result.code == 0, (ref, result.err)
         found = json.loads(result.out)["refs"][0]
@@ -247,11 +271,13 @@ def test_patched_file_deleted_upstream(tmp_path):
     for name in ("0001-reset-semaphore.patch", "0002-fp8-dispatch.patch"):
         entry = verdicts[name]
         assert (entry["verdict"], entry["test"], entry["commit"]) == ("DELETED-UPSTREAM", "history", gone)
-        assert (f"pkg/engine.py was deleted upstream by {gone[:12]} 'Remove the engine: superseded'"
-                in evidence(entry)), evidence(entry)
+        assert f"pkg/engine.py was deleted upstream by {gone[:12]} 'Remove the engine: superseded'" in evidence(
+            entry
+        ), evidence(entry)
         assert entry["hunks"][0]["state"] == "file deleted upstream"
     assert verdicts["0001-reset-semaphore.patch"]["advice"] == (
-        "Upstream-Status says Submitted, but REF needs it no more (DELETED-UPSTREAM): drop it")
+        "Upstream-Status says Submitted, but REF needs it no more (DELETED-UPSTREAM): drop it"
+    )
     failing = p.run("status", "--fail-on", "DELETED-UPSTREAM")
     assert failing.code == 1 and "way out: build.py drop 0001-reset-semaphore.patch --against main" in failing.out
     refreshed = p.run("refresh")
@@ -263,15 +289,22 @@ def test_patched_file_deleted_upstream(tmp_path):
 
 
 def test_upstream_status_keeps_its_brackets_as_written(tmp_path):
-    from carry import series
+    from carry.source import series
 
     p = project(tmp_path)
-    p.add_patch("0003-tweak.patch", "Local tweak", with_fp8(ENGINE).replace("default-kernel", "tuned-kernel"),
-                "Upstream-Status: Inappropriate [local tweak]\nCarry-Test: python -m pkg.check --fast")
+    p.add_patch(
+        "0003-tweak.patch",
+        "Local tweak",
+        with_fp8(ENGINE).replace("default-kernel", "tuned-kernel"),
+        "Upstream-Status: Inappropriate [local tweak]\nCarry-Test: python -m pkg.check --fast",
+    )
     patch = series.load(p.patches).find("0003")
-    assert (patch.upstream_status.state, patch.upstream_status.detail) == (series.UpstreamState.INAPPROPRIATE,
-                                                                           "local tweak")
+    assert (patch.upstream_status.state, patch.upstream_status.detail) == (
+        series.UpstreamState.INAPPROPRIATE,
+        "local tweak",
+    )
     assert str(patch.upstream_status) == "Inappropriate [local tweak]"
     assert patch.tests == ("python -m pkg.check --fast",)
     assert series.load(p.patches).find("0001").summary()["upstream_status"] == (
-        "Submitted [https://example.invalid/pr/1]")
+        "Submitted [https://example.invalid/pr/1]"
+    )

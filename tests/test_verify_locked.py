@@ -20,8 +20,8 @@ import os
 import secrets
 import shutil
 import subprocess
-import tarfile
 import sys
+import tarfile
 import urllib.error
 import urllib.request
 import zipfile
@@ -30,10 +30,10 @@ from pathlib import Path
 import pytest
 
 import dockerenv
-from helpers import Upstream, carry, write_config
-from carry import imagefs, imageverify, installcheck, registry, runtimelock
+from carry.image import imagefs, imageverify, installcheck, registry, runtimelock
 from carry.platforms import Platform
-from carry.verify import Expected
+from carry.wheelbuild.verify import Expected
+from helpers import Upstream, carry, write_config
 
 VERSION = "20261201.1"
 WHEEL_NAME = "pledemo"
@@ -67,8 +67,9 @@ def record_row(name: str, data: bytes) -> str:
     return f"{name},sha256={digest},{len(data)}"
 
 
-def make_fixed_wheel(directory: Path, expected: Expected, shared: bytes | None = None,
-                     platform: Platform = Platform.LINUX_AMD64) -> Path:
+def make_fixed_wheel(
+    directory: Path, expected: Expected, shared: bytes | None = None, platform: Platform = Platform.LINUX_AMD64
+) -> Path:
     """A small carry-like wheel: a package with a compiled shared object (gcc's, or `shared`), a console script,
     Requires-Dist on the lock's roots and carry's buildinfo."""
     build = directory.parent / f"so-{platform.machine}"
@@ -79,17 +80,26 @@ def make_fixed_wheel(directory: Path, expected: Expected, shared: bytes | None =
     else:
         (build / "_native.so").write_bytes(shared)
     info = f"{WHEEL_NAME}-{WHEEL_VERSION}.dist-info"
-    buildinfo = {"version": VERSION, "series": {"hash": expected.series_hash, "patches": []},
-                 "upstream": {"commit": expected.commit},
-                 "cuda_arches": "none", "wheel_version": WHEEL_VERSION, "platform": str(platform)}
+    buildinfo = {
+        "version": VERSION,
+        "series": {"hash": expected.series_hash, "patches": []},
+        "upstream": {"commit": expected.commit},
+        "cuda_arches": "none",
+        "wheel_version": WHEEL_VERSION,
+        "platform": str(platform),
+    }
     members = {
         f"{WHEEL_NAME}/__init__.py": b"def main():\n    print('pledemo')\n",
         f"{WHEEL_NAME}/render.py": b"import markdown_it\nimport six\n",
         f"{WHEEL_NAME}/_native.so": (build / "_native.so").read_bytes(),
-        f"{info}/METADATA": (f"Metadata-Version: 2.1\nName: {WHEEL_NAME}\nVersion: {WHEEL_VERSION}\n"
-                             "Requires-Dist: markdown-it-py\nRequires-Dist: six\n").encode(),
-        f"{info}/WHEEL": ("Wheel-Version: 1.0\nGenerator: carry-test\nRoot-Is-Purelib: false\n"
-                          f"Tag: cp311-cp311-linux_{platform.machine}\n").encode(),
+        f"{info}/METADATA": (
+            f"Metadata-Version: 2.1\nName: {WHEEL_NAME}\nVersion: {WHEEL_VERSION}\n"
+            "Requires-Dist: markdown-it-py\nRequires-Dist: six\n"
+        ).encode(),
+        f"{info}/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: carry-test\nRoot-Is-Purelib: false\n"
+            f"Tag: cp311-cp311-linux_{platform.machine}\n"
+        ).encode(),
         f"{info}/entry_points.txt": f"[console_scripts]\n{WHEEL_NAME} = {WHEEL_NAME}:main\n".encode(),
         f"{info}/carry-buildinfo.json": json.dumps(buildinfo, indent=2).encode(),
     }
@@ -120,8 +130,19 @@ class Images:
     def build(self, tag: str, dockerfile: str, push: bool = True, platform: str = "linux/amd64") -> str:
         ref = self.ref(tag)
         (self.context / f"{tag}.Dockerfile").write_text(dockerfile)
-        run(dockerenv.DOCKER_CLI, "build", "--network=none", "--platform", platform, "-f",
-            str(self.context / f"{tag}.Dockerfile"), "-t", ref, str(self.context), env=self.cli_env)
+        run(
+            dockerenv.DOCKER_CLI,
+            "build",
+            "--network=none",
+            "--platform",
+            platform,
+            "-f",
+            str(self.context / f"{tag}.Dockerfile"),
+            "-t",
+            ref,
+            str(self.context),
+            env=self.cli_env,
+        )
         self.local.append(ref)
         if push:
             run(dockerenv.DOCKER_CLI, "push", ref, env=self.cli_env)
@@ -188,15 +209,34 @@ class Images:
 def lock_for(work: Path, project: Path, env: dockerenv.DockerEnv, platform: Platform = Platform.LINUX_AMD64) -> Path:
     """The runtime lock of `platform` as `lock` writes it: uv's hashed compile under carry's header."""
     (work / "requirements.in").write_text(REQUIREMENTS)
-    body = run(sys.executable, "-m", "uv", "pip", "compile", "--generate-hashes", "--only-binary", ":all:",
-               "--no-header", "--no-annotate", "--python-platform", f"{platform.machine}-manylinux_2_36",
-               "--python-version", "3.11", str(work / "requirements.in"), "-o", "-")
+    body = run(
+        sys.executable,
+        "-m",
+        "uv",
+        "pip",
+        "compile",
+        "--generate-hashes",
+        "--only-binary",
+        ":all:",
+        "--no-header",
+        "--no-annotate",
+        "--python-platform",
+        f"{platform.machine}-manylinux_2_36",
+        "--python-version",
+        "3.11",
+        str(work / "requirements.in"),
+        "-o",
+        "-",
+    )
     base = env.bases(str(platform))[1]
     facts = runtimelock.BaseFacts("3.11.2", "2.36", dockerenv.docker_client().images.get(base).id, base)
     path = project / "runtime-lock" / f"{platform.os}-{platform.tag}.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(runtimelock.render(platform, facts, runtimelock.requires_digest(REQUIREMENTS.split()),
-                                       f"{WHEEL_NAME}=={WHEEL_VERSION}", body))
+    path.write_text(
+        runtimelock.render(
+            platform, facts, runtimelock.requires_digest(REQUIREMENTS.split()), f"{WHEEL_NAME}=={WHEEL_VERSION}", body
+        )
+    )
     return path
 
 
@@ -209,9 +249,15 @@ def setup(tmp_path_factory):
     upstream = Upstream.create(work / "upstream", {"README.md": "an upstream\n"})
     project = work / "project"
     repository = f"carry-test/issue-24-verify-{secrets.token_hex(4)}"
-    write_config(project, str(upstream.path), upstream.head(), extra=(
-        f"image:\n  name: {env.registry}/{repository}\n  lock: runtime-lock\n  platforms:\n    linux/amd64:\n"
-        f"      runtime_image: {env.runtime_base}\n"))
+    write_config(
+        project,
+        str(upstream.path),
+        upstream.head(),
+        extra=(
+            f"image:\n  name: {env.registry}/{repository}\n  lock: runtime-lock\n  platforms:\n    linux/amd64:\n"
+            f"      runtime_image: {env.runtime_base}\n"
+        ),
+    )
     (project / "VERSION").write_text(VERSION + "\n")
     checked = carry("check", "--json", cwd=project)
     assert checked.code == 0, checked.err
@@ -221,8 +267,21 @@ def setup(tmp_path_factory):
     wheels = context / "wheels"
     wheels.mkdir(parents=True)
     shutil.copy(project / "runtime-lock" / "linux-amd64.txt", wheels / "lock.txt")
-    download = (sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--python-version",
-                "3.11", "--platform", "manylinux_2_36_x86_64", "-d", str(wheels))
+    download = (
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "--python-version",
+        "3.11",
+        "--platform",
+        "manylinux_2_36_x86_64",
+        "-d",
+        str(wheels),
+    )
     run(*download, "-r", str(wheels / "lock.txt"))
     run(*download, *EXTRA)
     fixed = make_fixed_wheel(project, expected)
@@ -235,7 +294,9 @@ def setup(tmp_path_factory):
     with dockerenv.logged_in(env) as cli_env:
         images = Images(env, repository, context, cli_env)
         try:
-            good = images.build("good", f"""\
+            good = images.build(
+                "good",
+                f"""\
 FROM {env.runtime_base}
 RUN --mount=type=bind,source=wheels,target=/wheels python3 -m venv --without-pip /opt/venv \\
  && rm /opt/venv/bin/activate* /opt/venv/bin/Activate.ps1 \\
@@ -244,11 +305,21 @@ RUN --mount=type=bind,source=wheels,target=/wheels python3 -m venv --without-pip
 LABEL io.carry.version={VERSION} io.carry.series.hash={expected.series_hash} \\
       io.carry.upstream.commit={expected.commit} io.carry.wheel={WHEEL_NAME} \\
       io.carry.wheel.sha256={hashlib.sha256(fixed.read_bytes()).hexdigest()}
-""")
-            yield {"env": env, "images": images, "good": good, "fixed": installcheck.FixedWheel.read(fixed),
-                   "store": store, "upstream": upstream.path, "context": context,
-                   "locked": tuple((p.name, p.version) for p in lock.packages), "lock": lock, "project": project,
-                   "expected": expected}
+""",
+            )
+            yield {
+                "env": env,
+                "images": images,
+                "good": good,
+                "fixed": installcheck.FixedWheel.read(fixed),
+                "store": store,
+                "upstream": upstream.path,
+                "context": context,
+                "locked": tuple((p.name, p.version) for p in lock.packages),
+                "lock": lock,
+                "project": project,
+                "expected": expected,
+            }
         finally:
             images.remove()
 
@@ -276,8 +347,15 @@ def verify(setup, ref: str, from_registry: bool = True):
     login = registry.Login(setup["env"].registry, auth(setup["env"]), None)
     with downloads_at(setup["store"]):
         files, content = imageverify.read_and_check(
-            client, login, ref, Platform.LINUX_AMD64, setup["locked"], setup["fixed"], from_registry=from_registry,
-            wheels=imageverify.stored_wheels(setup["lock"].packages))
+            client,
+            login,
+            ref,
+            Platform.LINUX_AMD64,
+            setup["locked"],
+            setup["fixed"],
+            from_registry=from_registry,
+            wheels=imageverify.stored_wheels(setup["lock"].packages),
+        )
     return files, imageverify.judge(ref, files, content, setup["fixed"], setup["expected"], None, [])
 
 
@@ -309,8 +387,9 @@ def test_the_local_engine_gives_the_same_view(setup):
     files, result = verify(setup, setup["good"], from_registry=False)
     assert result.ok, "\n".join(result.lines())
     assert files.source == "local engine"
-    assert {p: (n.kind, n.sha256, n.size, n.target) for p, n in files.nodes.items()} == \
-        {p: (n.kind, n.sha256, n.size, n.target) for p, n in remote.nodes.items()}
+    assert {p: (n.kind, n.sha256, n.size, n.target) for p, n in files.nodes.items()} == {
+        p: (n.kind, n.sha256, n.size, n.target) for p, n in remote.nodes.items()
+    }
 
 
 def problems(result) -> str:
@@ -319,8 +398,12 @@ def problems(result) -> str:
 
 
 def test_a_file_changed_with_its_record_row_is_caught_by_the_locked_wheel(setup):
-    ref = tampered(setup, "rerecord", f"RUN --mount=type=bind,source=rerecord.py,target=/rerecord.py python3 "
-                                      f"/rerecord.py {SITE} six.py six-1.16.0.dist-info")
+    ref = tampered(
+        setup,
+        "rerecord",
+        f"RUN --mount=type=bind,source=rerecord.py,target=/rerecord.py python3 "
+        f"/rerecord.py {SITE} six.py six-1.16.0.dist-info",
+    )
     text = problems(verify(setup, ref)[1])
     assert "six 1.16.0: six.py changed" not in text  # the image's own RECORD agrees with the file ...
     assert "six 1.16.0: six.py is " in text  # ... but not with the wheel's
@@ -328,8 +411,11 @@ def test_a_file_changed_with_its_record_row_is_caught_by_the_locked_wheel(setup)
 
 
 def test_a_package_added_later_is_named(setup):
-    ref = tampered(setup, "added", f"RUN --mount=type=bind,source=wheels,target=/wheels {PIP_INSTALL} "
-                                   f"/wheels/idna-3.7-py3-none-any.whl")
+    ref = tampered(
+        setup,
+        "added",
+        f"RUN --mount=type=bind,source=wheels,target=/wheels {PIP_INSTALL} /wheels/idna-3.7-py3-none-any.whl",
+    )
     text = problems(verify(setup, ref)[1])
     assert "idna 3.7 is installed (idna-3.7.dist-info) but is not in the lock" in text
 
@@ -350,8 +436,11 @@ def test_a_file_changed_in_a_later_layer_is_named(setup):
 
 
 def test_a_version_changed_later_is_named(setup):
-    ref = tampered(setup, "version", f"RUN --mount=type=bind,source=wheels,target=/wheels "
-                                     f"{PIP_INSTALL} /wheels/mdurl-0.1.1-py3-none-any.whl")
+    ref = tampered(
+        setup,
+        "version",
+        f"RUN --mount=type=bind,source=wheels,target=/wheels {PIP_INSTALL} /wheels/mdurl-0.1.1-py3-none-any.whl",
+    )
     text = problems(verify(setup, ref)[1])
     wanted = dict(setup["locked"])["mdurl"]
     assert f"mdurl 0.1.1 is installed (mdurl-0.1.1.dist-info); the lock pins {wanted}" in text
@@ -363,15 +452,18 @@ def test_a_file_added_under_the_fixed_package_is_named(setup):
     text = problems(result)
     assert files.source == "local engine"
     assert f"{WHEEL_NAME}/extra.py (file, layer {len(files.layers)}) belongs to no installed distribution" in text
-    assert f"{WHEEL_NAME} {WHEEL_VERSION}: {WHEEL_NAME}/extra.py (file, layer {len(files.layers)}) is under " \
-           f"{WHEEL_NAME} but not in the fixed wheel" in text
+    assert (
+        f"{WHEEL_NAME} {WHEEL_VERSION}: {WHEEL_NAME}/extra.py (file, layer {len(files.layers)}) is under "
+        f"{WHEEL_NAME} but not in the fixed wheel" in text
+    )
 
 
 def test_a_console_script_on_another_interpreter_is_named(setup):
     ref = tampered(setup, "shebang", "RUN sed -i '1s:.*:#!/usr/bin/python3:' /opt/venv/bin/pledemo")
     text = problems(verify(setup, ref)[1])
-    assert f"{WHEEL_NAME} {WHEEL_VERSION}: /opt/venv/bin/pledemo runs /usr/bin/python3, not /opt/venv/bin/python" \
-        in text
+    assert (
+        f"{WHEEL_NAME} {WHEEL_VERSION}: /opt/venv/bin/pledemo runs /usr/bin/python3, not /opt/venv/bin/python" in text
+    )
     assert f"{WHEEL_NAME} {WHEEL_VERSION}: /opt/venv/bin/pledemo changed" in text
     print(text)
 
@@ -414,10 +506,16 @@ def both(setup):
     not), and a config of both platforms with a lock each and both fixed wheels in its dist/."""
     env, images, expected = setup["env"], setup["images"], setup["expected"]
     project = setup["project"].parent / "both"
-    write_config(project, str(setup["upstream"]), expected.commit, extra=(
-        f"image:\n  name: {env.registry}/{images.repository}\n  lock: runtime-lock\n  platforms:\n"
-        f"    linux/amd64: {{runtime_image: {env.runtime_base}}}\n"
-        f"    linux/arm64: {{runtime_image: {env.runtime_base_arm64}}}\n"))
+    write_config(
+        project,
+        str(setup["upstream"]),
+        expected.commit,
+        extra=(
+            f"image:\n  name: {env.registry}/{images.repository}\n  lock: runtime-lock\n  platforms:\n"
+            f"    linux/amd64: {{runtime_image: {env.runtime_base}}}\n"
+            f"    linux/arm64: {{runtime_image: {env.runtime_base_arm64}}}\n"
+        ),
+    )
     (project / "VERSION").write_text(VERSION + "\n")
     (project / "runtime-lock").mkdir()
     shutil.copy(setup["project"] / "runtime-lock" / "linux-amd64.txt", project / "runtime-lock")
@@ -428,7 +526,9 @@ def both(setup):
     wheels = setup["context"] / "wheels"
     shutil.copy(wheel, wheels / wheel.name)
     shutil.copy(arm_lock, wheels / "lock-arm64.txt")
-    images.build("good-arm64", f"""\
+    images.build(
+        "good-arm64",
+        f"""\
 FROM {env.runtime_base_arm64}
 RUN --mount=type=bind,source=wheels,target=/wheels python3 -m venv --without-pip /opt/venv \\
  && rm /opt/venv/bin/activate* /opt/venv/bin/Activate.ps1 \\
@@ -437,14 +537,19 @@ RUN --mount=type=bind,source=wheels,target=/wheels python3 -m venv --without-pip
 LABEL io.carry.version={VERSION} io.carry.series.hash={expected.series_hash} \\
       io.carry.upstream.commit={expected.commit} io.carry.wheel={WHEEL_NAME} \\
       io.carry.wheel.sha256={hashlib.sha256(wheel.read_bytes()).hexdigest()}
-""", platform="linux/arm64")
+""",
+        platform="linux/arm64",
+    )
     return images.manifest_list("both", "good", "good-arm64"), project
 
 
 def test_every_platform_of_a_shared_tag_is_verified_natively(setup, both):
     ref, project = both
-    login = {"CARRY_REGISTRY_USER": setup["env"].registry_user,
-             "CARRY_REGISTRY_PASSWORD": setup["env"].registry_password(), "CARRY_DOWNLOADS": str(setup["store"])}
+    login = {
+        "CARRY_REGISTRY_USER": setup["env"].registry_user,
+        "CARRY_REGISTRY_PASSWORD": setup["env"].registry_password(),
+        "CARRY_DOWNLOADS": str(setup["store"]),
+    }
     result = carry("verify", ref, cwd=project, env=login)
     assert result.code == 0, result.out + result.err
     seconds = {}
@@ -463,12 +568,18 @@ def test_the_wrong_fixed_wheel_for_a_platform_is_named(setup, both):
     shutil.copytree(project, other)
     arm = next((other / "dist").glob("*aarch64.whl"))
     # a fixed wheel of the same name and version whose shared object is x86_64 code: not the one installed
-    swapped = make_fixed_wheel(other / "elsewhere", setup["expected"], (setup["fixed"].path.parent.parent.parent /
-                                                                          "so-x86_64" / "_native.so").read_bytes(),
-                               Platform.LINUX_ARM64)
+    swapped = make_fixed_wheel(
+        other / "elsewhere",
+        setup["expected"],
+        (setup["fixed"].path.parent.parent.parent / "so-x86_64" / "_native.so").read_bytes(),
+        Platform.LINUX_ARM64,
+    )
     shutil.copy(swapped, arm)
-    login = {"CARRY_REGISTRY_USER": setup["env"].registry_user,
-             "CARRY_REGISTRY_PASSWORD": setup["env"].registry_password(), "CARRY_DOWNLOADS": str(setup["store"])}
+    login = {
+        "CARRY_REGISTRY_USER": setup["env"].registry_user,
+        "CARRY_REGISTRY_PASSWORD": setup["env"].registry_password(),
+        "CARRY_DOWNLOADS": str(setup["store"]),
+    }
     result = carry("verify", ref, "--platform", "linux/arm64", cwd=other, env=login)
     assert result.code == 1, result.out + result.err
     assert f"{WHEEL_NAME}/_native.so is" in result.out and "the fixed wheel's RECORD says" in result.out
@@ -476,8 +587,11 @@ def test_the_wrong_fixed_wheel_for_a_platform_is_named(setup, both):
 
 
 def cli_verify(setup, ref: str, *args: str):
-    login = {"CARRY_REGISTRY_USER": setup["env"].registry_user,
-             "CARRY_REGISTRY_PASSWORD": setup["env"].registry_password(), "CARRY_DOWNLOADS": str(setup["store"])}
+    login = {
+        "CARRY_REGISTRY_USER": setup["env"].registry_user,
+        "CARRY_REGISTRY_PASSWORD": setup["env"].registry_password(),
+        "CARRY_DOWNLOADS": str(setup["store"]),
+    }
     return carry("verify", ref, *args, cwd=setup["project"], env=login)
 
 
@@ -485,15 +599,21 @@ def test_verify_image_proves_a_locked_image_on_the_command_line(setup):
     result = cli_verify(setup, setup["good"])
     assert result.code == 0, result.out + result.err
     assert "platform linux/amd64: read natively from registry" in result.out
-    assert f"{len(setup['locked']) + 1} distribution(s) = the lock's {len(setup['locked'])} + the fixed wheel" \
+    assert (
+        f"{len(setup['locked']) + 1} distribution(s) = the lock's {len(setup['locked'])} + the fixed wheel"
         in result.out
+    )
     assert f"locked wheels: {len(setup['locked'])} of {len(setup['locked'])} installed RECORDs equal" in result.out
     assert result.out.strip().endswith("verified")
 
 
 def test_verify_image_names_every_problem_and_exits_1(setup):
-    ref = tampered(setup, "cli-bad", f"RUN --mount=type=bind,source=wheels,target=/wheels {PIP_INSTALL} "
-                                     f"/wheels/idna-3.7-py3-none-any.whl && echo '#' >> {SITE}/six.py")
+    ref = tampered(
+        setup,
+        "cli-bad",
+        f"RUN --mount=type=bind,source=wheels,target=/wheels {PIP_INSTALL} "
+        f"/wheels/idna-3.7-py3-none-any.whl && echo '#' >> {SITE}/six.py",
+    )
     result = cli_verify(setup, ref)
     assert result.code == 1, result.out + result.err
     assert "FAIL idna 3.7 is installed (idna-3.7.dist-info) but is not in the lock" in result.out
@@ -514,12 +634,26 @@ def test_whiteouts_hide_lower_paths():
         layer.whiteouts, layer.opaque = set(whiteouts), set(opaque)
         return layer
 
-    view = imagefs.apply([
-        scan([("/opt/venv/a", "dir"), ("/opt/venv/a/x", "file"), ("/opt/venv/b", "dir"), ("/opt/venv/b/y", "file"),
-              ("/opt/venv/c", "dir"), ("/opt/venv/c/z", "file"), ("/opt/venv/d", "file")]),
-        scan([("/opt/venv/b/new", "file"), ("/opt/venv/c", "file")], whiteouts=["/opt/venv/a", "/opt/venv/d"],
-             opaque=["/opt/venv/b"]),
-    ])
+    view = imagefs.apply(
+        [
+            scan(
+                [
+                    ("/opt/venv/a", "dir"),
+                    ("/opt/venv/a/x", "file"),
+                    ("/opt/venv/b", "dir"),
+                    ("/opt/venv/b/y", "file"),
+                    ("/opt/venv/c", "dir"),
+                    ("/opt/venv/c/z", "file"),
+                    ("/opt/venv/d", "file"),
+                ]
+            ),
+            scan(
+                [("/opt/venv/b/new", "file"), ("/opt/venv/c", "file")],
+                whiteouts=["/opt/venv/a", "/opt/venv/d"],
+                opaque=["/opt/venv/b"],
+            ),
+        ]
+    )
     assert sorted(view) == ["/opt/venv/b", "/opt/venv/b/new", "/opt/venv/c"]
     assert view["/opt/venv/c"].kind == "file"
 
@@ -527,18 +661,23 @@ def test_whiteouts_hide_lower_paths():
 @pytest.mark.parametrize("form", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
 def test_a_layer_tar_is_read_as_tarfile_writes_it(tmp_path, form):
     long_dir = "opt/venv/lib/python3.11/site-packages/" + "deep/" * 12
-    data = {f"{long_dir}m.py" if form != tarfile.USTAR_FORMAT else "opt/venv/a/m.py": b"x = 1\n" * 300,
-            "opt/venv/bin/tool": b"#!/opt/venv/bin/python\nprint(1)\n", "usr/lib/skipped": b"\0" * 5000}
+    data = {
+        f"{long_dir}m.py" if form != tarfile.USTAR_FORMAT else "opt/venv/a/m.py": b"x = 1\n" * 300,
+        "opt/venv/bin/tool": b"#!/opt/venv/bin/python\nprint(1)\n",
+        "usr/lib/skipped": b"\0" * 5000,
+    }
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=form) as archive:
         for name, body in data.items():
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(body), 0o755
             archive.addfile(info, io.BytesIO(body))
-        for name, kind, target in (("opt/venv/bin/python", tarfile.SYMTYPE, "/usr/bin/python3"),
-                                   ("opt/venv/bin/same", tarfile.LNKTYPE, "opt/venv/bin/tool"),
-                                   ("opt/venv/gone/.wh.old", tarfile.REGTYPE, ""),
-                                   ("opt/venv/dark/.wh..wh..opq", tarfile.REGTYPE, "")):
+        for name, kind, target in (
+            ("opt/venv/bin/python", tarfile.SYMTYPE, "/usr/bin/python3"),
+            ("opt/venv/bin/same", tarfile.LNKTYPE, "opt/venv/bin/tool"),
+            ("opt/venv/gone/.wh.old", tarfile.REGTYPE, ""),
+            ("opt/venv/dark/.wh..wh..opq", tarfile.REGTYPE, ""),
+        ):
             info = tarfile.TarInfo(name)
             info.type, info.linkname = kind, target
             archive.addfile(info)
@@ -560,14 +699,31 @@ def test_a_layer_tar_is_read_as_tarfile_writes_it(tmp_path, form):
 
 def test_a_wheels_data_files_and_own_pyc_are_installed_where_pip_puts_them():
     row = installcheck.Row
-    wheel = (row("z3/__init__.py", "sha256=a", 1), row("z3-1.data/data/bin/z3", "sha256=b", 2),
-             row("z3-1.data/scripts/z3-tool", "sha256=c", 3), row("z3/__pycache__/x.cpython-311.pyc", "sha256=d", 4),
-             row("z3-1.dist-info/METADATA", "sha256=e", 5), row("z3-1.dist-info/RECORD", "", None))
-    installed = installcheck.Installed("z3", "z3", "1", "/site/z3-1.dist-info", (
-        row("z3/__init__.py", "sha256=a", 1), row("../../../bin/z3", "sha256=b", 2),
-        row("../../../bin/z3-tool", "sha256=other", 3), row("z3-1.dist-info/METADATA", "sha256=e", 5),
-        row("z3-1.dist-info/INSTALLER", "sha256=f", 6), row("z3-1.dist-info/RECORD", "", None)), ())
+    wheel = (
+        row("z3/__init__.py", "sha256=a", 1),
+        row("z3-1.data/data/bin/z3", "sha256=b", 2),
+        row("z3-1.data/scripts/z3-tool", "sha256=c", 3),
+        row("z3/__pycache__/x.cpython-311.pyc", "sha256=d", 4),
+        row("z3-1.dist-info/METADATA", "sha256=e", 5),
+        row("z3-1.dist-info/RECORD", "", None),
+    )
+    installed = installcheck.Installed(
+        "z3",
+        "z3",
+        "1",
+        "/site/z3-1.dist-info",
+        (
+            row("z3/__init__.py", "sha256=a", 1),
+            row("../../../bin/z3", "sha256=b", 2),
+            row("../../../bin/z3-tool", "sha256=other", 3),
+            row("z3-1.dist-info/METADATA", "sha256=e", 5),
+            row("z3-1.dist-info/INSTALLER", "sha256=f", 6),
+            row("z3-1.dist-info/RECORD", "", None),
+        ),
+        (),
+    )
     assert installcheck.against_wheel(installed, wheel, "z3-1.dist-info", "z3.whl") == []
     extra = dataclasses.replace(installed, rows=installed.rows + (row("z3/evil.py", "sha256=g", 7),))
     assert installcheck.against_wheel(extra, wheel, "z3-1.dist-info", "z3.whl") == [
-        "z3 1: the installed RECORD lists z3/evil.py, which z3.whl does not have"]
+        "z3 1: the installed RECORD lists z3/evil.py, which z3.whl does not have"
+    ]

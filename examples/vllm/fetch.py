@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from carry import releases  # noqa: E402
-from carry.errors import CarryError  # noqa: E402
+from carry.source import releases  # noqa: E402
+from carry.util.errors import CarryError  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -27,7 +27,7 @@ records the inputs) and only prints it.
                                                             these commits (a stale pin), else print which
     python examples/vllm/make_upstream.py --no-link         leave examples/vllm/upstream.git alone (tests)
 
-The sdists are taken from carry's download store, downloaded there first when missing (carry.releases.fetch).
+The sdists are taken from carry's download store, downloaded there first when missing (carry.source.releases.fetch).
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
-from carry import releases  # noqa: E402
-from carry.cache import Cache  # noqa: E402
-from carry.errors import CarryError  # noqa: E402
+from carry.source import releases  # noqa: E402
+from carry.util.cache import Cache  # noqa: E402
+from carry.util.errors import CarryError  # noqa: E402
 
 RELEASES = HERE / "releases.yaml"
 LINK = HERE / "upstream.git"

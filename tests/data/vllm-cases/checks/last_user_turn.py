@@ -12,8 +12,11 @@ spec.loader.exec_module(encoding)
 
 messages = [
     {"role": "user", "content": "What is the weather in Lisbon?"},
-    {"role": "assistant", "content": "", "tool_calls": [{"id": "call-1", "type": "function",
-                                                         "function": {"name": "weather", "arguments": "{}"}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "call-1", "type": "function", "function": {"name": "weather", "arguments": "{}"}}],
+    },
     {"role": "user", "content_blocks": [{"type": "tool_result", "tool_use_id": "call-1", "content": "sunny"}]},
 ]
 found = encoding.find_last_user_index(messages)

@@ -1,0 +1,171 @@
+"""Wheels as zip files: a member's bytes read straight from the file (inflated with the GIL released), every
+member checked against RECORD, and a wheel rewritten without inflating it: every member that does not change is
+copied as its compressed bytes (a 300 MB shared object costs a file copy, not a deflate), the changed and added
+members are written anew, and RECORD is regenerated last from the old rows and the new hashes.
+
+It leans on three zipfile internals (`fp`, `filelist`/`NameToInfo`, `start_dir`) to place raw members in an
+archive zipfile then finishes with its own central directory; `read()` in buildinfo re-checks every member
+against RECORD, and the tests do too.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import csv
+import hashlib
+import io
+import os
+import struct
+import zipfile
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from carry.util.errors import Failed
+
+try:  # ISA-L inflates about twice as fast as zlib; both release the GIL, so members inflate in parallel
+    from isal import isal_zlib as _inflater
+except ImportError:  # pragma: no cover - isal is a dependency; zlib keeps carry working without it
+    _inflater = zlib  # type: ignore[misc]
+
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")
+_DESCRIPTOR_SIGNATURE = b"PK\x07\x08"
+_COPY_CHUNK = 1 << 22
+
+
+def dist_info(archive: zipfile.ZipFile) -> str:
+    """The `.dist-info` directory at the archive's root."""
+    found = {name.split("/", 1)[0] for name in archive.namelist() if name.split("/", 1)[0].endswith(".dist-info")}
+    if len(found) != 1:
+        raise Failed(f"{archive.filename}: expected one .dist-info directory, found {len(found)}")
+    return found.pop()
+
+
+def member_bytes(wheel: Path, member: zipfile.ZipInfo, handle=None) -> bytes:
+    """A member's contents: stored or deflated members are read and inflated directly (the GIL is released
+    while inflating; `handle`, an open file of the wheel, is read with pread), others through zipfile."""
+    if member.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        with zipfile.ZipFile(wheel) as archive:
+            return archive.read(member)
+    if handle is None:
+        with open(wheel, "rb") as own:
+            return member_bytes(wheel, member, own)
+    raw = os.pread(handle.fileno(), member.compress_size, data_start(handle, member, wheel))
+    data = (
+        raw if member.compress_type == zipfile.ZIP_STORED else _inflater.decompress(raw, -15, max(member.file_size, 1))
+    )  # one output buffer of the known size
+    if len(data) != member.file_size:
+        raise Failed(f"{wheel}: {member.filename} inflates to {len(data)} bytes, not {member.file_size}")
+    return data
+
+
+def data_start(handle, member: zipfile.ZipInfo, where) -> int:
+    """Where `member`'s compressed bytes start: after its local header, name and extra field."""
+    fields = _LOCAL.unpack(os.pread(handle.fileno(), _LOCAL.size, member.header_offset))
+    if fields[0] != b"PK\x03\x04":
+        raise Failed(f"{where}: bad local header for {member.filename}")
+    return member.header_offset + _LOCAL.size + fields[9] + fields[10]
+
+
+def check_record(wheel: Path, archive: zipfile.ZipFile, unhashed_ok: bool = False) -> int:
+    """Every member of the open `archive` (the wheel at `wheel`) against its RECORD sha256, inflated several at a
+    time, biggest first (a vLLM wheel holds 650 MB of shared objects); a member with no hash there is an error
+    unless `unhashed_ok`. Returns how many were checked."""
+    record_name = f"{dist_info(archive)}/RECORD"
+    record = {row[0]: row[1] for row in csv.reader(archive.read(record_name).decode().splitlines()) if row}
+    members = sorted(
+        (m for m in archive.infolist() if not m.is_dir() and m.filename != record_name), key=lambda m: -m.file_size
+    )
+    if unhashed_ok:
+        members = [m for m in members if record.get(m.filename)]
+
+    def check(member: zipfile.ZipInfo, handle) -> None:
+        algorithm, _, digest = record.get(member.filename, "").partition("=")
+        if algorithm != "sha256" or not digest:
+            raise Failed(f"{member.filename} has no sha256 hash in RECORD")
+        found = base64.urlsafe_b64encode(hashlib.sha256(member_bytes(wheel, member, handle)).digest())
+        if found.rstrip(b"=").decode() != digest:
+            raise Failed(f"Hash mismatch for {member.filename}: its bytes are not what RECORD says")
+
+    workers = max(1, min(4, os.cpu_count() or 1))
+    with open(wheel, "rb") as handle, ThreadPoolExecutor(workers) as pool:  # pread: one handle serves all
+        list(pool.map(lambda member: check(member, handle), members))
+    return len(members)
+
+
+def record_line(name: str, data: bytes) -> list[str]:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return [name, f"sha256={digest}", str(len(data))]
+
+
+def rewrite(src: Path, dest: Path, changes: dict[str, bytes | None]) -> None:
+    """Write `dest` as `src` with `changes` applied (name -> new bytes, or None to drop the member; names not in
+    `src` are added before RECORD), RECORD regenerated. `dest` is written in place; callers rename it."""
+    with zipfile.ZipFile(src) as archive, open(src, "rb") as raw:
+        info_dir = dist_info(archive)
+        record_name = f"{info_dir}/RECORD"
+        old_rows = {row[0]: row for row in csv.reader(archive.read(record_name).decode().splitlines()) if row}
+        members = [m for m in archive.infolist() if m.filename != record_name]
+        date_time = max((m.date_time for m in members), default=(1980, 1, 1, 0, 0, 0))
+        rows = []
+        with zipfile.ZipFile(dest, "w") as out:
+            for member in members:
+                if member.filename in changes:
+                    continue
+                _copy_raw(raw, member, out)
+                rows.append(old_rows.get(member.filename) or _recompute(archive, member))
+            for name, data in changes.items():
+                if data is None or name == record_name:
+                    continue
+                entry = zipfile.ZipInfo(name, date_time=date_time)
+                entry.compress_type = zipfile.ZIP_DEFLATED
+                entry.external_attr = 0o644 << 16
+                out.writestr(entry, data)
+                rows.append(record_line(name, data))
+            text = io.StringIO()
+            csv.writer(text, lineterminator="\n").writerows([*rows, [record_name, "", ""]])
+            entry = zipfile.ZipInfo(record_name, date_time=date_time)
+            entry.compress_type = zipfile.ZIP_DEFLATED
+            entry.external_attr = 0o644 << 16
+            out.writestr(entry, text.getvalue().encode())
+
+
+def _recompute(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> list[str]:
+    return record_line(member.filename, archive.read(member))
+
+
+def _copy_raw(raw, member: zipfile.ZipInfo, out: zipfile.ZipFile) -> None:
+    """Append `member`'s local header, compressed data and data descriptor as they are in `raw`."""
+    length = data_start(raw, member, raw.name) - member.header_offset + member.compress_size
+    if member.flag_bits & 0x08:
+        tail = os.pread(raw.fileno(), 4, member.header_offset + length)
+        zip64 = member.file_size >= 0xFFFFFFFF or member.compress_size >= 0xFFFFFFFF
+        length += (4 if tail == _DESCRIPTOR_SIGNATURE else 0) + (20 if zip64 else 12)
+    out.fp.seek(out.start_dir)
+    placed = copy.copy(member)
+    placed.header_offset = out.fp.tell()
+    raw.seek(member.header_offset)
+    remaining = length
+    while remaining:
+        chunk = raw.read(min(_COPY_CHUNK, remaining))
+        if not chunk:
+            raise Failed(f"{raw.name}: {member.filename} is cut short")
+        out.fp.write(chunk)
+        remaining -= len(chunk)
+    out.start_dir = out.fp.tell()
+    out.filelist.append(placed)
+    out.NameToInfo[placed.filename] = placed
+
+
+def tags_of(wheel_file: str) -> tuple[str, ...]:
+    """The Tag lines of a WHEEL file's text."""
+    return tuple(line.split(":", 1)[1].strip() for line in wheel_file.splitlines() if line.startswith("Tag:"))
+
+
+def retagged_wheel_file(text: str, tags: tuple[str, ...]) -> str:
+    """A WHEEL file with its Tag lines replaced by `tags` (e.g. `cp38-abi3-manylinux_2_28_x86_64`)."""
+    lines = [line for line in text.splitlines() if not line.startswith("Tag:")]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return "\n".join([*lines, *(f"Tag: {tag}" for tag in tags)]) + "\n"

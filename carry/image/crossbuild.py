@@ -1,0 +1,105 @@
+"""A wheel for another platform (`wheel --platform linux/arm64` on an x86-64 machine): the Dockerfile's build
+stage runs `build.py wheel` as that platform (under QEMU where the CPU is foreign), BuildKit exports the `wheel`
+stage to a local directory, and the result is checked here like a native wheel before it is published: its
+platform tag, the CPU of every shared object, the arch gate for the platform's arches, and its buildinfo."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from carry.binaries.gatepolicy import GatePolicy
+from carry.config import Config
+from carry.image import container
+from carry.image.container import Builder, StageBuild
+from carry.platforms import Platform
+from carry.util.cache import Cache
+from carry.util.errors import Failed
+from carry.util.fsutil import temp_dir
+from carry.util.progress import Progress
+from carry.wheelbuild import verify
+from carry.wheelbuild.verify import Expected
+from carry.wheelbuild.wheel import publish, write_gate_report
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossWheel:
+    path: Path
+    platform: Platform
+    checks: verify.Inspection
+
+    @property
+    def gate(self):
+        return self.checks.gate
+
+
+def build(
+    config: Config,
+    cache: Cache,
+    mirror: Path,
+    tree: str,
+    platform: Platform,
+    policy: GatePolicy,
+    hermetic: bool,
+    wheelhouse: Path | None,
+    requirements: list[str],
+    builder: Builder,
+    expected: Expected,
+    out: Path,
+    progress: Progress,
+) -> CrossWheel:
+    """Build in `platform`'s build stage, check the exported wheel, publish it into `out` (atomically)."""
+    arches = policy.arches
+    log = cache.logs / f"wheel-{platform.tag}-{tree[:12]}.log"
+    log.unlink(missing_ok=True)
+    with temp_dir(cache.scratch, "crosswheel-") as scratch:
+        context = scratch / "context"
+        container.assemble_context(config, cache, mirror, context, requirements, (platform,))
+        if hermetic:
+            container.hermetic_wheelhouse(
+                config, cache, (platform,), requirements, wheelhouse, context / "wheelhouse", progress
+            )
+        progress.phase("build", f"build stage for {platform}{platform.where()}, arches {arches}; log {log}")
+        exported = scratch / "exported"
+        access = container.stage_access(config, scratch, hermetic, progress)
+        StageBuild(
+            platform,
+            container.WHEEL_STAGE,
+            container.stage_args(config, platform, str(arches), hermetic),
+            access.network,
+            output_dir=exported,
+        ).run(builder, access.secret, context, log)
+        wheel = _single_wheel(exported, log)
+        progress.phase("gate", f"{wheel.name}: {platform.machine} code for arches {arches}")
+        report = _check(wheel, platform, policy, expected, progress)
+        write_gate_report(wheel, report)
+        published = publish(wheel, out)
+    return CrossWheel(published, platform, report)
+
+
+def _single_wheel(directory: Path, log: Path) -> Path:
+    wheels = sorted(directory.glob("*.whl"))
+    if len(wheels) != 1:
+        raise Failed(f"the build stage exported {len(wheels)} wheels, expected 1; log: {log}")
+    return wheels[0]
+
+
+def _check(
+    wheel: Path, platform: Platform, policy: GatePolicy, expected: Expected, progress: Progress
+) -> verify.Inspection:
+    """The wheel is what the build stage says it is: built on `platform`, for its CPU (tag and every `.so`),
+    gated by `policy`, holding exactly the patched tree, from this repo's series; any problem fails the build,
+    with the checks printed in full."""
+    tag = wheel.name.removesuffix(".whl").rsplit("-", 1)[-1]
+    if Platform.from_wheel_tag(tag) not in (platform, None):
+        raise Failed(f"{wheel.name} is tagged {tag}, not for {platform}")
+    checked = verify.verify_wheel(wheel, expected, policy.arches)
+    for line in checked.checks.lines() if checked.ok else checked.checks.full_lines():
+        progress.phase("gate", line)
+    if checked.info.get("platform") != str(platform):
+        raise Failed(f"{wheel.name} says it was built on {checked.info.get('platform')}, not {platform}")
+    if checked.mismatches:
+        raise Failed(f"{wheel.name}: {checked.mismatches[0].describe()}")
+    if not checked.checks.ok:
+        raise Failed(f"{wheel.name} failed its checks ({checked.checks.summary()}); nothing was published")
+    return checked.checks

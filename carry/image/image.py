@@ -1,0 +1,322 @@
+"""The container image: one BuildKit build per platform (carry.image.container), tags and labels from VERSION and
+the series, push through the Docker SDK, and multi-platform tags (carry.image.manifest); carry.image.imageverify checks
+what a tag holds.
+
+One platform (the config lists at most one): its image gets every tag. Several: each platform's image is tagged
+`<VERSION>-<arch>` and every shared tag (VERSION, the templates, --tag) becomes, on push, a manifest list of all
+of them; the local image store holds one platform per tag, so shared tags exist only in the registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import os
+from pathlib import Path
+
+from carry.arch import ArchList
+from carry.config import TAG_RE, Config, public_url
+from carry.image import container, layercache, manifest
+from carry.image.container import Builder, StageBuild
+from carry.platforms import Platform
+from carry.source.apply import CheckReport
+from carry.source.series import Series
+from carry.util.cache import Cache
+from carry.util.errors import BadInput, Failed
+from carry.util.fsutil import temp_dir
+from carry.util.progress import Progress
+
+LABEL_PREFIX = "io.carry"
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageOptions:
+    """`image` flags, resolved once."""
+
+    push: bool
+    extra_tags: tuple[str, ...]
+    platforms: tuple[Platform, ...]
+    hermetic: bool
+    wheelhouse: Path | None
+    cache: tuple[layercache.CacheSpec, ...] = ()  # --cache-from and --cache-to, parsed
+
+    def __post_init__(self) -> None:
+        for tag in self.extra_tags:
+            if not TAG_RE.fullmatch(tag):
+                raise BadInput(f"--tag {tag!r} is not a valid tag; use letters, digits, '_', '.', '-' (at most 128)")
+
+
+@dataclasses.dataclass(frozen=True)
+class PlatformImage:
+    """One platform's image: what it is built from and the local tags it gets."""
+
+    platform: Platform
+    arches: ArchList
+    refs: tuple[str, ...]
+    labels: dict[str, str]
+    build_args: dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class ImagePlan:
+    images: tuple[PlatformImage, ...]
+    shared: tuple[str, ...]  # tags that name every platform (manifest lists); empty with one platform
+    complete: bool  # every platform the config lists is built in this run, so the shared tags can be made
+    tree: str
+    version: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageResult:
+    plan: ImagePlan
+    image_ids: dict[Platform, str]
+    pushed: dict[str, str]  # ref -> digest
+    notes: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        """`ref  digest  platforms` for each tag made, platform images first."""
+        rows = []
+        for image in self.plan.images:
+            for ref in image.refs:
+                rows.append("  ".join(filter(None, (ref, self.pushed.get(ref, ""), str(image.platform)))))
+        everything = ", ".join(str(i.platform) for i in self.plan.images)
+        rows += [f"{ref}  {self.pushed[ref]}  {everything}" for ref in self.plan.shared if ref in self.pushed]
+        return rows
+
+
+def render_tags(config: Config, version: str, series: Series, cuda: str) -> tuple[str, ...]:
+    fields = {
+        "version": version,
+        "base_short": config.upstream.commit[:12],
+        "cuda": cuda,
+        "series_short": series.hash[:12],
+    }
+    if cuda == "none" and any("{cuda}" in template for template in config.image.tags):
+        raise BadInput(
+            f"{config.path}: image.tags uses {{cuda}}, but no nvcc here tells the CUDA release "
+            f"(CUDA_HOME, /usr/local/cuda, PATH); install the CUDA toolkit or PyPI's nvidia-cuda-nvcc "
+            f"where carry runs, or drop {{cuda}} from image.tags"
+        )
+    tags = []
+    for template in config.image.tags:
+        tag = template.format(**fields)
+        if tag not in tags:
+            tags.append(tag)
+    return tuple(tags)
+
+
+def cuda_tag(nvcc_version: str | None) -> str:
+    """`130` from nvcc's `release 13.0, V13.0.88` line."""
+    if nvcc_version and "release " in nvcc_version:
+        release = nvcc_version.split("release ", 1)[1].split(",", 1)[0]
+        return release.replace(".", "")
+    return "none"
+
+
+def platforms_to_build(config: Config, options: ImageOptions) -> tuple[Platform, ...]:
+    """--platform, else image.platforms, else this machine's own."""
+    configured = tuple(target.platform for target in config.image.platforms)
+    return options.platforms or configured or (Platform.native(),)
+
+
+def own_tag(version: str, platform: Platform) -> str:
+    """The tag of one platform's image when a tag holds several: `20260906.1-arm64`."""
+    return f"{version}-{platform.tag}"
+
+
+def plan(
+    config: Config,
+    report: CheckReport,
+    series: Series,
+    version: str,
+    arches: dict[Platform, ArchList],
+    dist_name: str,
+    cuda: str,
+    options: ImageOptions,
+) -> ImagePlan:
+    """Tags, labels and build args per platform; `arches` holds each platform's (--arch, else its own)."""
+    if report.tree is None:
+        raise Failed("the series does not apply; run `check` for details")
+    platforms = platforms_to_build(config, options)
+    configured = {target.platform for target in config.image.platforms}
+    several = len(configured | set(platforms)) > 1
+    tags = render_tags(config, version, series, cuda) + options.extra_tags
+    shared = tuple(dict.fromkeys(f"{config.image.name}:{tag}" for tag in tags))
+    images = []
+    for platform in platforms:
+        own_arches = arches[platform]
+        refs = (f"{config.image.name}:{own_tag(version, platform)}",) if several else shared
+        images.append(
+            PlatformImage(
+                platform=platform,
+                arches=own_arches,
+                refs=refs,
+                labels=_labels(config, report, series, version, own_arches, dist_name, platform),
+                build_args=container.stage_args(config, platform, str(own_arches), options.hermetic),
+            )
+        )
+    return ImagePlan(tuple(images), shared if several else (), configured <= set(platforms), report.tree, version)
+
+
+def _labels(
+    config: Config,
+    report: CheckReport,
+    series: Series,
+    version: str,
+    arches: ArchList,
+    dist_name: str,
+    platform: Platform,
+) -> dict[str, str]:
+    return {
+        **config.image.labels,
+        "org.opencontainers.image.version": version,
+        "org.opencontainers.image.revision": report.base,
+        "org.opencontainers.image.source": public_url(config.upstream.url),
+        "org.opencontainers.image.created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        f"{LABEL_PREFIX}.version": version,
+        f"{LABEL_PREFIX}.upstream.url": public_url(config.upstream.url),
+        f"{LABEL_PREFIX}.upstream.pr": str(config.upstream.pr or ""),
+        f"{LABEL_PREFIX}.upstream.commit": report.base,
+        f"{LABEL_PREFIX}.series.hash": series.hash,
+        f"{LABEL_PREFIX}.patches": ",".join(p.name for p in series.patches),
+        f"{LABEL_PREFIX}.cuda_arches": str(arches),
+        f"{LABEL_PREFIX}.platform": str(platform),
+        f"{LABEL_PREFIX}.tree": report.tree,
+        f"{LABEL_PREFIX}.wheel": dist_name,
+    }
+
+
+def check_options(config: Config, builder: Builder, options: ImageOptions) -> None:
+    """What this engine cannot do with the flags given, and a bad $CARRY_REMOTE_CACHE_URL, before any work."""
+    from carry.wheelbuild import compilecache
+
+    layercache.check(options.cache, builder.buildx, builder.docker, len(platforms_to_build(config, options)))
+    compilecache.remote_setting(config, os.environ)
+
+
+def _cache_flags(
+    config: Config, options: ImageOptions, builder: Builder, image: PlatformImage, version: str
+) -> layercache.CacheFlags:
+    """--cache-from/--cache-to for one platform; `inline` lives in its own image, the tag naming VERSION."""
+    own = next((ref for ref in image.refs if version in ref.rsplit(":", 1)[1]), image.refs[0])
+    return layercache.flags(options.cache, builder.buildx, config.image.name, own, version, image.platform)
+
+
+def build(
+    config: Config,
+    cache: Cache,
+    mirror: Path,
+    the_plan: ImagePlan,
+    options: ImageOptions,
+    builder: Builder,
+    requirements: list[str],
+    progress: Progress,
+) -> ImageResult:
+    """Build every platform's image, then push each and join the shared tags into manifest lists. The registry
+    login is made once, before the builds: the push needs it, and so do the builds' cache imports and exports
+    (only those builds run with its DOCKER_CONFIG, which holds that registry's login alone)."""
+    from carry.image import registry
+
+    log = cache.logs / f"image-{the_plan.tree[:12]}.log"
+    log.unlink(missing_ok=True)
+    needs_login = options.push or bool(options.cache)
+    with registry.credentials(config.image.name, builder.docker) if needs_login else contextlib.nullcontext() as login:
+        with temp_dir(cache.scratch, "image-") as scratch:
+            context = scratch / "context"
+            progress.phase("context", f"project, carry, bundle of {config.upstream.commit[:12]}")
+            container.assemble_context(
+                config, cache, mirror, context, requirements, tuple(i.platform for i in the_plan.images)
+            )
+            if options.hermetic:
+                container.hermetic_wheelhouse(
+                    config,
+                    cache,
+                    tuple(i.platform for i in the_plan.images),
+                    requirements,
+                    options.wheelhouse,
+                    context / "wheelhouse",
+                    progress,
+                )
+            access = container.stage_access(config, scratch, options.hermetic, progress)
+            for image in the_plan.images:
+                progress.phase(
+                    "build",
+                    f"{image.platform}{image.platform.where()}, arches {image.arches} -> "
+                    f"{', '.join(image.refs)}; log {log}",
+                )
+                caching = _cache_flags(config, options, builder, image, the_plan.version)
+                output = StageBuild(
+                    image.platform,
+                    container.RUNTIME_STAGE,
+                    {**image.build_args, **dict(caching.build_args)},
+                    access.network,
+                    image.labels,
+                    image.refs,
+                    cache_args=caching.args,
+                ).run(builder, access.secret, context, log, login.cli_env() if options.cache else None)
+                if options.cache:
+                    for note in layercache.outcome(output, caching.sources):
+                        progress.phase("layer cache", f"{image.platform}: {note}")
+        client = registry.client()
+        ids = {image.platform: client.images.get(image.refs[0]).id for image in the_plan.images}
+        pushed: dict[str, str] = {}
+        notes = []
+        if options.push:
+            for image in the_plan.images:
+                for ref in image.refs:
+                    progress.phase("push", f"{ref} ({image.platform})")
+                    pushed[ref] = registry.push(client, ref, login)
+            if the_plan.shared and the_plan.complete:
+                sources = {image.platform: image.refs[0] for image in the_plan.images}
+                for ref in the_plan.shared:
+                    progress.phase("manifest", f"{ref} -> {', '.join(sources.values())}")
+                    pushed[ref] = manifest.join(client, builder, login, ref, sources)
+    if the_plan.shared and not (options.push and the_plan.complete):
+        notes.append(_shared_tags_note(config, the_plan, options))
+    return ImageResult(the_plan, ids, pushed, tuple(notes))
+
+
+def _shared_tags_note(config: Config, the_plan: ImagePlan, options: ImageOptions) -> str:
+    tags = ", ".join(ref.rsplit(":", 1)[1] for ref in the_plan.shared)
+    if not options.push:
+        return (
+            f"shared tags ({tags}) are made on --push: a registry holds one tag for several platforms, the "
+            f"local image store does not"
+        )
+    missing = {t.platform for t in config.image.platforms} - {i.platform for i in the_plan.images}
+    return (
+        f"shared tags ({tags}) left as they were: {', '.join(sorted(map(str, missing)))} not built in this run; "
+        f"run `build.py manifest` once every platform's image is pushed"
+    )
+
+
+# -- manifest lists for images pushed by separate runs ---------------------------------------------------------
+
+
+def join_pushed(
+    config: Config,
+    version: str,
+    shared: tuple[str, ...],
+    platforms: tuple[Platform, ...],
+    builder: Builder,
+    progress: Progress,
+) -> dict[str, str]:
+    """Make every shared tag a manifest list of the platforms' own images, which must be in the registry."""
+    from carry.image import registry
+
+    client = registry.client()
+    sources = {platform: f"{config.image.name}:{own_tag(version, platform)}" for platform in platforms}
+    joined = {}
+    with registry.credentials(config.image.name, builder.docker) as login:
+        for platform, ref in sources.items():
+            found = registry.remote_platforms(client, ref, login)
+            if found is None or platform not in found[1]:
+                raise Failed(
+                    f"{ref} is not in the registry for {platform}; push it first "
+                    f"(`build.py image --platform {platform} --push`)"
+                )
+        for ref in shared:
+            progress.phase("manifest", f"{ref} -> {', '.join(sources.values())}")
+            joined[ref] = manifest.join(client, builder, login, ref, sources)
+    return joined

@@ -1,0 +1,549 @@
+"""An image's filesystem read on this machine from its layers, for any platform: nothing runs in a container,
+nothing is emulated and nothing is unpacked to disk.
+
+The layers come from the registry (HTTP API v2: the manifest list, the platform's manifest, its config and layer
+blobs, each checked against its digest as it streams, gzip inflated with ISA-L) or, for a ref no registry has,
+from the local engine (`docker save`, each layer checked against the config's diff_ids). Each layer is scanned on
+its own into the entries it adds and the OCI whiteouts it holds (`.wh.<name>`, `.wh..wh..opq`); applied in
+order they give the final view of the paths asked for: path -> (kind, mode, size, sha256, link target), file
+contents hashed as they stream, a few files kept whole (dist-info metadata), the heads of others (script
+shebangs), and shared objects parsed for the gate from their bytes in the stream.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import posixpath
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+from carry.image import tarstream
+from carry.platforms import Platform
+from carry.util.errors import Failed
+
+CHUNK = 1 << 20
+HEAD = 256
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+INDEX_TYPES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
+MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json")
+GZIP_TYPES = ("application/vnd.oci.image.layer.v1.tar+gzip", "application/vnd.docker.image.rootfs.diff.tar.gzip")
+TAR_TYPES = ("application/vnd.oci.image.layer.v1.tar", "application/vnd.docker.image.rootfs.diff.tar")
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclasses.dataclass(frozen=True)
+class Selection:
+    """Which paths to read: those under `prefixes` are recorded (files hashed); `keep` ones are kept whole, `head`
+    ones keep their first bytes, `shared` ones are parsed as shared objects by `parse_shared(path, bytes)`."""
+
+    prefixes: tuple[str, ...]
+    keep: Callable[[str], bool] = lambda path: False
+    head: Callable[[str], bool] = lambda path: False
+    shared: Callable[[str], bool] = lambda path: False
+    parse_shared: Callable[[str, bytes], object] | None = None
+
+    def wants(self, path: str) -> bool:
+        return path.startswith(self.prefixes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One path of the final view: `kind` file, symlink or dir; `sha256` hex of a file's bytes; `data` the whole
+    file (kept ones) or its head; `shared` what parse_shared made of it; `layer` the index of the layer it is from."""
+
+    path: str
+    kind: str
+    mode: int
+    size: int = 0
+    sha256: str = ""
+    target: str = ""
+    data: bytes | None = None
+    shared: object | None = None
+    layer: int = -1
+
+    def record_hash(self) -> str:
+        """The sha256 as a RECORD row writes it (`sha256=<urlsafe base64, no padding>`)."""
+        return "sha256=" + base64.urlsafe_b64encode(bytes.fromhex(self.sha256)).rstrip(b"=").decode()
+
+
+@dataclasses.dataclass
+class LayerScan:
+    """What one layer adds (`nodes`) and hides in the layers below it (`whiteouts`: paths, `opaque`: directories
+    whose lower contents are hidden); `entries` and `bytes` count the whole layer, `digest` names it."""
+
+    digest: str
+    nodes: dict[str, Node] = dataclasses.field(default_factory=dict)
+    whiteouts: set[str] = dataclasses.field(default_factory=set)
+    opaque: set[str] = dataclasses.field(default_factory=set)
+    entries: int = 0
+    bytes: int = 0
+    compressed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerFacts:
+    digest: str
+    compressed: int
+    bytes: int
+    entries: int
+    selected: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFiles:
+    """One platform's image read from its layers: where from, its config (labels, diff_ids), its layers and the
+    final view of the selected paths."""
+
+    ref: str
+    platform: Platform
+    source: str
+    digest: str
+    config: dict
+    layers: tuple[LayerFacts, ...]
+    nodes: dict[str, Node]
+    seconds: float
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict((self.config.get("config") or {}).get("Labels") or {})
+
+    def resolve(self, path: str, depth: int = 0) -> Node | None:
+        """The node `path` names, symlinks followed (within the view)."""
+        node = self.nodes.get(path)
+        if node is None or node.kind != "symlink" or depth > 16:
+            return node
+        return self.resolve(posixpath.normpath(posixpath.join(posixpath.dirname(path), node.target)), depth + 1)
+
+
+# --- scanning one layer ------------------------------------------------------------------------------------------
+
+
+def scan_layer(stream, digest: str, selection: Selection, layer: int) -> LayerScan:
+    """Read one uncompressed layer tar from `stream` front to back."""
+    scan = LayerScan(digest)
+    reader = tarstream.Reader(stream, f"layer {digest[:19]}")
+    try:
+        while (header := reader.next()) is not None:
+            scan.entries += 1
+            _take(reader, header, scan, selection, layer)
+    except (OSError, ValueError, EOFError) as exc:
+        raise Failed(f"layer {digest[:19]} is not a readable tar ({exc})") from None
+    return scan
+
+
+def _take(
+    reader: tarstream.Reader, header: tarstream.Header, scan: LayerScan, selection: Selection, layer: int
+) -> None:
+    path = _absolute(header.name)
+    directory, name = posixpath.split(path)
+    if name == OPAQUE:
+        scan.opaque.add(directory)
+        return
+    if name.startswith(WHITEOUT):
+        scan.whiteouts.add(posixpath.join(directory, name[len(WHITEOUT) :]))
+        return
+    if header.is_file:
+        scan.bytes += header.size
+    if not selection.wants(path):
+        return
+    mode = header.mode & 0o7777
+    if header.is_dir:
+        scan.nodes[path] = Node(path, "dir", mode, layer=layer)
+    elif header.is_symlink:
+        scan.nodes[path] = Node(path, "symlink", mode, target=header.linkname, layer=layer)
+    elif header.is_hardlink:
+        source = scan.nodes.get(_absolute(header.linkname))
+        if source is not None and source.kind == "file":
+            scan.nodes[path] = dataclasses.replace(source, path=path, mode=mode)
+        else:  # a hard link to a path outside the selection: its bytes are unknown, which a hash check reports
+            scan.nodes[path] = Node(path, "file", mode, sha256="(hard link to an unread path)", layer=layer)
+    elif header.is_file:
+        scan.nodes[path] = _file_node(reader, header, path, mode, selection, layer)
+
+
+def _absolute(name: str) -> str:
+    """A tar member's name as an absolute path (`./opt/venv/` -> `/opt/venv`)."""
+    return posixpath.normpath("/" + name.lstrip("/"))
+
+
+def _file_node(
+    reader: tarstream.Reader, header: tarstream.Header, path: str, mode: int, selection: Selection, layer: int
+) -> Node:
+    whole = selection.keep(path) or selection.shared(path)
+    head = not whole and selection.head(path)
+    digest, kept = hashlib.sha256(), list[bytes]()
+
+    def sink(chunk: memoryview) -> None:
+        digest.update(chunk)
+        if whole or (head and not kept):
+            kept.append(bytes(chunk[:HEAD] if head else chunk))
+
+    reader.read_data(sink)
+    data = b"".join(kept) if (whole or head) else None
+    shared = None
+    if selection.shared(path) and selection.parse_shared is not None:
+        shared = selection.parse_shared(path, data)
+        data = None
+    return Node(path, "file", mode, header.size, digest.hexdigest(), data=data, shared=shared, layer=layer)
+
+
+# --- applying layers ---------------------------------------------------------------------------------------------
+
+
+def apply(scans: Iterable[LayerScan]) -> dict[str, Node]:
+    """The final view: each layer's whiteouts hide paths of the layers below it (an opaque directory all of its
+    lower contents), a non-directory replaces a lower directory with everything under it, then its entries win."""
+    view: dict[str, Node] = {}
+    for scan in scans:
+        gone = set(scan.whiteouts) | {
+            path
+            for path, node in scan.nodes.items()
+            if node.kind != "dir" and path in view and view[path].kind == "dir"
+        }
+        if gone or scan.opaque:
+            view = {path: node for path, node in view.items() if not _hidden(path, gone, scan.opaque)}
+        view.update(scan.nodes)
+    return view
+
+
+def _hidden(path: str, gone: set[str], opaque: set[str]) -> bool:
+    if path in gone:
+        return True
+    parent = path
+    while parent not in ("/", ""):
+        parent = posixpath.dirname(parent)
+        if parent in gone or parent in opaque:
+            return True
+    return False
+
+
+# --- the registry ------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    host: str
+    repository: str
+    reference: str  # a tag or a digest
+
+    @classmethod
+    def parse(cls, ref: str) -> Reference:
+        name, digest = ref.split("@", 1) if "@" in ref else (ref, "")
+        tail = name.rsplit("/", 1)[-1]
+        name, tag = name.rsplit(":", 1) if ":" in tail else (name, "latest")
+        first, _, rest = name.partition("/")
+        if rest and ("." in first or ":" in first or first == "localhost"):
+            host, repository = first, rest
+        else:
+            host, repository = "docker.io", name
+        if host == "docker.io":
+            host = "registry-1.docker.io"
+            repository = repository if "/" in repository else f"library/{repository}"
+        return cls(host, repository, digest or tag)
+
+
+class Registry:
+    """Reads manifests and blobs of one repository over the registry HTTP API v2 with the login's credentials
+    (basic auth, or a bearer token from the realm a 401 names); credentials only ever go in a header."""
+
+    def __init__(self, ref: Reference, auth: dict | None, plain_http: bool, timeout: float = 120):
+        self.ref, self.auth, self.timeout = ref, auth or {}, timeout
+        self.base = f"{'http' if plain_http else 'https'}://{ref.host}/v2/{ref.repository}"
+        self._authorization: str | None = None
+
+    def _basic(self) -> str | None:
+        user, password = self.auth.get("username"), self.auth.get("password")
+        if not user or not password:
+            return None
+        return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+    def open(self, path: str, accept: tuple[str, ...] = ()):
+        """GET `path` under the repository; None on 404. Authenticates once on the first 401."""
+        for attempt in (0, 1):
+            request = urllib.request.Request(f"{self.base}/{path}")
+            if accept:
+                request.add_header("Accept", ", ".join(accept))
+            if self._authorization:  # not sent on to where a blob redirects (storage with its own signature)
+                request.add_unredirected_header("Authorization", self._authorization)
+            try:
+                return urllib.request.urlopen(request, timeout=self.timeout)
+            except urllib.error.HTTPError as answer:
+                if answer.code == 404:
+                    return None
+                if answer.code == 401 and attempt == 0:
+                    self._authorization = self._authenticate(answer.headers.get("WWW-Authenticate", ""))
+                    if self._authorization:
+                        continue
+                raise Failed(
+                    f"registry {self.ref.host} answered {answer.code} for {self.ref.repository} "
+                    f"({path.split('/')[0]}); log in (docker login, or set CARRY_REGISTRY_USER and "
+                    f"CARRY_REGISTRY_PASSWORD)"
+                ) from None
+            except (OSError, urllib.error.URLError) as exc:
+                raise Failed(f"cannot reach registry {self.ref.host}: {getattr(exc, 'reason', exc)}") from None
+        return None
+
+    def _authenticate(self, challenge: str) -> str | None:
+        scheme, _, params = challenge.partition(" ")
+        if scheme.lower() == "basic":
+            return self._basic()
+        if scheme.lower() != "bearer":
+            return None
+        fields = dict(part.split("=", 1) for part in _split_challenge(params))
+        fields = {key.strip(): value.strip().strip('"') for key, value in fields.items()}
+        query = {"service": fields.get("service", ""), "scope": f"repository:{self.ref.repository}:pull"}
+        request = urllib.request.Request(f"{fields.get('realm', '')}?{urllib.parse.urlencode(query)}")
+        basic = self._basic()
+        if basic:
+            request.add_unredirected_header("Authorization", basic)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as answer:
+                token = json.load(answer)
+        except (OSError, ValueError) as exc:
+            raise Failed(f"registry {self.ref.host}: no pull token for {self.ref.repository} ({exc})") from None
+        found = token.get("token") or token.get("access_token")
+        return f"Bearer {found}" if found else None
+
+    def manifest(self, reference: str) -> tuple[dict, str] | None:
+        """(manifest, its digest), checked against `reference` when that is a digest; None when absent."""
+        answer = self.open(f"manifests/{reference}", INDEX_TYPES + MANIFEST_TYPES)
+        if answer is None:
+            return None
+        with answer:
+            body = answer.read()
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        if reference.startswith("sha256:") and digest != reference:
+            raise Failed(f"{self.ref.repository}@{reference}: the registry's manifest hashes to {digest}")
+        return json.loads(body), digest
+
+    def blob(self, digest: str):
+        answer = self.open(f"blobs/{digest}")
+        if answer is None:
+            raise Failed(f"registry {self.ref.host} has no blob {digest[:19]} of {self.ref.repository}")
+        return answer
+
+
+def _split_challenge(params: str) -> list[str]:
+    parts, current, quoted = [], "", False
+    for char in params:
+        if char == '"':
+            quoted = not quoted
+        if char == "," and not quoted:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return [part for part in [*parts, current] if "=" in part]
+
+
+class _Checked(io.RawIOBase):
+    """A stream that hashes and counts what is read through it; `verify()` compares with the expected digest."""
+
+    def __init__(self, raw, digest: str, where: str):
+        self.raw, self.expected, self.where = raw, digest, where
+        self.hash, self.count = hashlib.sha256(), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer)
+        if hasattr(self.raw, "readinto"):
+            size = self.raw.readinto(view) or 0
+        else:
+            data = self.raw.read(len(view))
+            size = len(data)
+            view[:size] = data
+        self.hash.update(view[:size])
+        self.count += size
+        return size
+
+    def verify(self) -> None:
+        while self.read(CHUNK):  # a tar's end may leave padding unread
+            pass
+        found = "sha256:" + self.hash.hexdigest()
+        if found != self.expected:
+            raise Failed(f"{self.where}: its bytes hash to {found[:19]}…, not {self.expected[:19]}…")
+
+
+def platform_manifest(registry: Registry, ref: str, platform: Platform) -> tuple[dict, str] | None:
+    """(`platform`'s manifest of `ref`, its digest), through the manifest list when `ref` names one; None when the
+    registry does not have `ref`."""
+    found = registry.manifest(registry.ref.reference)
+    if found is None:
+        return None
+    manifest, digest = found
+    if manifest.get("mediaType") in INDEX_TYPES or "manifests" in manifest:
+        entries = [m for m in manifest.get("manifests", []) if _platform_of(m.get("platform") or {}) == str(platform)]
+        if not entries:
+            held = sorted({_platform_of(m.get("platform") or {}) for m in manifest.get("manifests", [])})
+            raise Failed(f"{ref} holds {', '.join(held)}, not {platform}")
+        found = registry.manifest(entries[0]["digest"])
+        if found is None:
+            raise Failed(f"{ref}: the registry lists {entries[0]['digest'][:19]} for {platform} but does not have it")
+        manifest, digest = found
+    return manifest, digest
+
+
+def _platform_of(entry: dict) -> str:
+    name = "/".join(part for part in (entry.get("os"), entry.get("architecture"), entry.get("variant")) if part)
+    return {"linux/arm64/v8": "linux/arm64"}.get(name, name)
+
+
+def from_registry(
+    ref: str, platform: Platform, selection: Selection, auth: dict | None, plain_http: bool, workers: int | None = None
+) -> ImageFiles | None:
+    """`platform`'s image of `ref` read from its registry, layers streamed several at a time; None when the
+    registry does not have `ref`."""
+    start = time.monotonic()
+    registry = Registry(Reference.parse(ref), auth, plain_http)
+    found = platform_manifest(registry, ref, platform)
+    if found is None:
+        return None
+    manifest, digest = found
+    config_digest = manifest["config"]["digest"]
+    config_blob = _Checked(registry.blob(config_digest), config_digest, f"{ref} config")
+    config = json.loads(config_blob.read())
+    config_blob.verify()
+    seen = _platform_of(
+        {"os": config.get("os"), "architecture": config.get("architecture"), "variant": config.get("variant")}
+    )
+    if seen != str(platform):
+        raise Failed(f"{ref}: the {platform} manifest's config says {seen}")
+    layers = manifest.get("layers") or []
+
+    def read(index: int) -> LayerScan:
+        layer = layers[index]
+        checked = _Checked(registry.blob(layer["digest"]), layer["digest"], f"{ref} layer {index + 1}")
+        with _decompressed(checked, layer.get("mediaType", ""), f"{ref} layer {index + 1}") as stream:
+            scan = scan_layer(stream, layer["digest"], selection, index)
+            while stream.read(CHUNK):
+                pass
+        checked.verify()
+        scan.compressed = checked.count
+        return scan
+
+    count = max(1, min(len(layers), workers or min(4, os.cpu_count() or 1)))
+    with ThreadPoolExecutor(count) as pool:
+        scans = list(pool.map(read, range(len(layers))))
+    return _finish(ref, platform, "registry", digest, config, scans, start)
+
+
+def _decompressed(checked: _Checked, media_type: str, where: str):
+    if media_type in GZIP_TYPES:
+        from isal import igzip_threaded
+
+        return igzip_threaded.open(io.BufferedReader(checked, CHUNK), "rb", threads=1, block_size=CHUNK)
+    if media_type in TAR_TYPES:
+        return io.BufferedReader(checked, CHUNK)
+    raise Failed(f"{where}: layer media type {media_type!r} is not read here (gzip or plain tar layers only)")
+
+
+def _finish(
+    ref: str, platform: Platform, source: str, digest: str, config: dict, scans: list[LayerScan], start: float
+) -> ImageFiles:
+    facts = tuple(LayerFacts(s.digest, s.compressed, s.bytes, s.entries, len(s.nodes)) for s in scans)
+    return ImageFiles(ref, platform, source, digest, config, facts, apply(scans), time.monotonic() - start)
+
+
+# --- the local engine --------------------------------------------------------------------------------------------
+
+
+class _Chunks(io.RawIOBase):
+    """An iterator of byte chunks (the SDK's `docker save` stream) as a readable stream."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self.chunks, self.pending = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self.pending:
+            self.pending = next(self.chunks, b"")
+            if not self.pending:
+                return 0
+        size = min(len(buffer), len(self.pending))
+        buffer[:size], self.pending = self.pending[:size], self.pending[size:]
+        return size
+
+
+def from_engine(client, ref: str, platform: Platform, selection: Selection) -> ImageFiles:
+    """The local image `ref` read from `docker save` as it streams: each layer tar scanned where it comes in
+    the archive and checked against the config's diff_ids, the layers applied in the manifest's order."""
+    start = time.monotonic()
+    try:
+        image = client.images.get(ref)
+        stream = io.BufferedReader(_Chunks(iter(client.api.get_image(image.id, chunk_size=CHUNK))), CHUNK)
+    except Exception as exc:  # docker.errors.* without importing the SDK here
+        raise Failed(f"cannot read {ref} from the local engine: {str(exc).strip().splitlines()[-1:]}") from None
+    scans: dict[str, tuple[LayerScan, str]] = {}
+    small: dict[str, bytes] = {}
+    outer = tarstream.Reader(stream, f"docker save of {ref}")
+    while (member := outer.next()) is not None:
+        if not member.is_file:
+            continue
+        if member.size > 16 << 20 or member.name.endswith("layer.tar"):
+            scans[member.name] = _scan_saved(outer.member_stream(), member.name, selection)
+        else:
+            small[member.name] = _read_all(outer)
+    manifest = json.loads(small.get("manifest.json", b"[]"))
+    if len(manifest) != 1:
+        raise Failed(f"{ref}: docker save gave {len(manifest)} image manifests, expected one")
+    config = json.loads(small[manifest[0]["Config"]])
+    diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
+    ordered = []
+    for index, name in enumerate(manifest[0]["Layers"]):
+        scan, digest = scans.get(name) or _scan_small(small, name, selection)
+        if index >= len(diff_ids) or diff_ids[index] != digest:
+            raise Failed(f"{ref}: layer {index + 1} ({name}) hashes to {digest[:19]}…, not the config's diff_id")
+        ordered.append(
+            dataclasses.replace(scan, nodes={p: dataclasses.replace(n, layer=index) for p, n in scan.nodes.items()})
+        )
+    seen = _platform_of(
+        {"os": config.get("os"), "architecture": config.get("architecture"), "variant": config.get("variant")}
+    )
+    if seen != str(platform):
+        raise Failed(f"{ref} is a {seen} image, not {platform}")
+    return _finish(ref, platform, "local engine", image.id, config, ordered, start)
+
+
+def _read_all(outer) -> bytes:
+    parts: list[bytes] = []
+    outer.read_data(lambda chunk: parts.append(bytes(chunk)))
+    return b"".join(parts)
+
+
+def _scan_saved(handle, name: str, selection: Selection) -> tuple[LayerScan, str]:
+    checked = _Checked(handle, "", name)
+    buffered = io.BufferedReader(checked, CHUNK)
+    scan = scan_layer(buffered, name, selection, -1)
+    while buffered.read(CHUNK):
+        pass
+    digest = "sha256:" + checked.hash.hexdigest()
+    scan.digest = digest
+    return scan, digest
+
+
+def _scan_small(small: dict[str, bytes], name: str, selection: Selection) -> tuple[LayerScan, str]:
+    if name not in small:
+        raise Failed(f"docker save has no {name}")
+    data = small[name]
+    if data.startswith(GZIP_MAGIC):
+        from isal import igzip
+
+        data = igzip.decompress(data)
+    scan = scan_layer(io.BytesIO(data), name, selection, -1)
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    scan.digest = digest
+    return scan, digest

@@ -1,0 +1,311 @@
+"""`verify IMAGE`: what a tag holds, per platform, against this repo: the labels, the installed wheel's buildinfo,
+the CPU its Python runs on, and the shared objects of the wheel (ELF machine and the arch gate by the policy the
+wheel records).
+
+A locked image (`image.lock` set) is read from its layers on this machine instead (carry.image.imagefs: no pull, no
+container, no emulator, so arm64 takes as long as amd64) and its files proven against the lock and the fixed wheel
+in dist/ (carry.image.installcheck); the labels, the buildinfo and the gate of the installed shared objects as
+before."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from carry.arch import ArchList
+from carry.config import Config
+from carry.image import container
+from carry.image.image import LABEL_PREFIX, own_tag
+from carry.platforms import Platform
+from carry.util.errors import Failed
+from carry.util.fsutil import temp_dir
+from carry.wheelbuild.verify import Expected, Inspection, Mismatch, Verification, compare, recorded_policy
+
+# Run inside an image: import the wheel's package, print the buildinfo, the CPU and the wheel's shared objects.
+INSPECT_SCRIPT = """
+import importlib, importlib.metadata as metadata, json, os, platform, sys
+dist = metadata.distribution(sys.argv[1])
+top = (dist.read_text("top_level.txt") or sys.argv[1]).split()[0]
+importlib.import_module(top)
+libs = sorted([str(f), os.path.realpath(dist.locate_file(f))] for f in dist.files or ()
+              if ".so" in f.name.split("/")[-1])
+print(json.dumps({"machine": platform.machine(), "python": platform.python_version(), "libs": libs,
+                  "buildinfo": json.loads(dist.read_text("carry-buildinfo.json"))}))
+"""
+
+
+def verify_image(
+    ref: str, config: Config, expected: Expected, platform: Platform | None, arches: ArchList | None, scratch: Path
+) -> tuple[Verification, ...]:
+    """Verify each platform `ref` holds (or the one asked): pulled from the registry when it has the tag, else
+    the local image. Labels and the wheel's buildinfo against this repo, the CPU its Python runs on, and the
+    shared objects of the installed wheel (ELF machine, and the arch gate for `arches` or else the arches the
+    wheel records)."""
+    from carry.image import registry
+
+    client = registry.client()
+    docker_cli = container.docker_binary(config)
+    if getattr(config.image, "lock", None):
+        return verify_locked(client, docker_cli, ref, config, expected, platform, arches)
+    notes: tuple[str, ...] = ()
+    with registry.credentials(ref, docker_cli) as login:
+        try:
+            remote = registry.remote_platforms(client, ref, login)
+        except Failed as unreadable:
+            if registry.local(client, ref) is None:
+                raise
+            remote, notes = None, (f"{unreadable}; verified the local image instead",)
+        if remote is None:
+            image = registry.local(client, ref)
+            if image is None:
+                raise Failed(f"cannot verify {ref}: neither its registry nor the local image store has it")
+            images = [(registry.image_platform(image), image)]
+            coverage = []
+        else:
+            wanted = [platform] if platform is not None else list(remote[1])
+            missing = [p for p in wanted if p not in remote[1]]
+            if missing:
+                raise Failed(f"{ref} holds {', '.join(map(str, remote[1]))}, not {', '.join(map(str, missing))}")
+            images = [(p, registry.pull(client, ref, p, login)) for p in wanted]
+            coverage = _coverage(ref, config, expected.version, remote[1]) if platform is None else []
+    results = []
+    for found_platform, image in images:
+        if platform is not None and found_platform is not platform:
+            raise Failed(f"{ref} is a {found_platform} image, not {platform}")
+        result = _verify_one(client, ref, image, found_platform, expected, arches, scratch, coverage)
+        results.append(dataclasses.replace(result, notes=notes + result.notes))
+    return tuple(results)
+
+
+def _coverage(ref: str, config: Config, version: str, held: tuple[Platform, ...]) -> list[Mismatch]:
+    """A shared tag must name every configured platform; a platform's own tag only that platform."""
+    configured = [t.platform for t in config.image.platforms]
+    tag = ref.rsplit(":", 1)[1] if ":" in ref.rsplit("/", 1)[-1] else "latest"
+    own = [p for p in configured if tag == own_tag(version, p)]
+    wanted = own or configured
+    if not wanted or set(wanted) == set(held):
+        return []
+    return [Mismatch("platforms", ", ".join(map(str, wanted)), ", ".join(map(str, held)))]
+
+
+def _verify_one(
+    client,
+    ref: str,
+    image,
+    platform: Platform,
+    expected: Expected,
+    arches: ArchList | None,
+    scratch: Path,
+    coverage: list[Mismatch],
+) -> Verification:
+    from carry.binaries import gate
+    from carry.binaries import sharedobjects as binaries
+    from carry.image import registry
+
+    labels = image.labels or {}
+    mismatches = list(coverage) + _label_mismatches(labels, expected)
+    dist = labels.get(f"{LABEL_PREFIX}.wheel")
+    if not dist:
+        raise Failed(f"{ref}: no {LABEL_PREFIX}.wheel label; it was not built by carry")
+    with temp_dir(scratch, "verify-image-") as files:
+        output = registry.run(
+            client,
+            image.id,
+            ["python3", "-c", INSPECT_SCRIPT, dist],
+            copy_out=lambda out: [real for _, real in _inspect_output(ref, dist, out)["libs"]],
+            dest=files,
+        )
+        seen = _inspect_output(ref, dist, output)
+        objects = [binaries.named(installed, files / real.lstrip("/")) for installed, real in seen["libs"]]
+    info = seen["buildinfo"]
+    policy = recorded_policy(info, f"{ref} buildinfo")
+    report = gate.check(objects, policy.with_arches(arches) if arches is not None else policy, platform)
+    mismatches += [Mismatch(f"buildinfo {m.field}", m.expected, m.found) for m in compare(info, expected)]
+    if seen["machine"] != platform.machine:
+        mismatches.append(Mismatch("python machine", platform.machine, seen["machine"]))
+    notes = (f"platform {platform}{platform.where()}: python {seen['python']} on {seen['machine']}",)
+    return Verification(f"{ref} {platform} ({image.id[:19]})", info, tuple(mismatches), Inspection(report, None), notes)
+
+
+def _inspect_output(ref: str, dist: str, output: str) -> dict:
+    for line in reversed(output.strip().splitlines()):
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(found, dict) and "buildinfo" in found:
+            return found
+    raise Failed(f"{ref}: the image's python did not report the buildinfo of {dist}: {output[-300:]}")
+
+
+# --- locked images: proven from their layers -----------------------------------------------------------------------
+
+WHEEL_SHA256_LABEL = f"{LABEL_PREFIX}.wheel.sha256"
+
+
+def verify_locked(
+    client,
+    docker_cli: str,
+    ref: str,
+    config: Config,
+    expected: Expected,
+    platform: Platform | None,
+    arches: ArchList | None,
+    dist: Path = Path("dist"),
+) -> tuple[Verification, ...]:
+    """Each platform of `ref` (or the one asked) read from its layers and proven against its lock
+    (carry.image.runtimelock) and the fixed wheel for it in `dist`."""
+    from carry.image import registry, runtimelock
+
+    with registry.credentials(ref, docker_cli) as login:
+        try:
+            remote = registry.remote_platforms(client, ref, login)
+        except Failed:
+            if registry.local(client, ref) is None:
+                raise
+            remote = None
+        if remote is None:
+            image = registry.local(client, ref)
+            if image is None:
+                raise Failed(f"cannot verify {ref}: neither its registry nor the local image store has it")
+            held, coverage = tuple[Platform, ...]((registry.image_platform(image),)), []
+        else:
+            held = remote[1]
+            coverage = _coverage(ref, config, expected.version, held) if platform is None else []
+        wanted = [platform] if platform is not None else list(held)
+        missing = [p for p in wanted if p not in held]
+        if missing:
+            raise Failed(f"{ref} holds {', '.join(map(str, held))}, not {', '.join(map(str, missing))}")
+        results = []
+        for target in wanted:
+            lock = runtimelock.read(config, target)
+            locked = tuple((package.name, package.version) for package in lock.packages)
+            fixed = fixed_wheel(dist, expected.version, target)
+            files, content = read_and_check(
+                client,
+                login,
+                ref,
+                target,
+                locked,
+                fixed,
+                from_registry=remote is not None,
+                wheels=stored_wheels(lock.packages),
+            )
+            results.append(judge(ref, files, content, fixed, expected, arches, coverage))
+    return tuple(results)
+
+
+def fixed_wheel(dist: Path, version: str, platform: Platform):
+    """The fixed wheel for `platform` in `dist`: the one whose version carries VERSION and whose tag is that
+    platform's (else a pure `-none-any` one, which every platform installs)."""
+    from carry.image import installcheck
+    from carry.wheelbuild.verify import wheel_platform
+
+    ours = [path for path in dist.glob("*.whl") if version in path.name.split("-")[1]]
+    found = sorted(path for path in ours if wheel_platform(path) is platform) or sorted(
+        path for path in ours if path.name.endswith("-none-any.whl")
+    )
+    if len(found) != 1:
+        names = ", ".join(path.name for path in found) or "none"
+        raise Failed(
+            f"the fixed wheel of {version} for {platform} in {dist}/: expected one, found {names}; "
+            f"build it (build.py wheel --platform {platform}) or run from the directory holding dist/"
+        )
+    return installcheck.FixedWheel.read(found[0])
+
+
+def stored_wheels(packages) -> dict[str, Path]:
+    """The locked wheels the download store holds (by the sha256 the lock pins): canonical name -> file."""
+    from carry.source import releases
+
+    root, found = releases.store().root, {}
+    for package in packages:
+        for pinned in package.hashes:
+            directory = root / pinned.split(":", 1)[-1]
+            wheel = next(iter(sorted(directory.glob("*.whl"))), None) if directory.is_dir() else None
+            if wheel is not None:
+                found[package.name] = wheel
+                break
+    return found
+
+
+def read_and_check(
+    client,
+    login,
+    ref: str,
+    platform: Platform,
+    locked: tuple[tuple[str, str], ...],
+    fixed,
+    from_registry: bool = True,
+    wheels: dict[str, Path] | None = None,
+):
+    """`platform`'s image of `ref` read from its layers (the registry when it has `ref`, else the local engine)
+    and its files checked against `locked` (name, version pairs) and the `fixed` wheel."""
+    from carry.binaries import sharedobjects as binaries
+    from carry.image import imagefs, installcheck, registry
+
+    wanted = installcheck.selection([fixed], binaries.from_bytes)
+    files = None
+    if from_registry:
+        files = imagefs.from_registry(
+            ref, platform, wanted, login.auth, registry.insecure(client, registry.registry_of(ref))
+        )
+    if files is None:
+        files = imagefs.from_engine(client, ref, platform, wanted)
+    return files, installcheck.check(files, locked, fixed, wheels)
+
+
+def judge(
+    ref: str, files, content, fixed, expected: Expected, arches: ArchList | None, coverage: list[Mismatch]
+) -> Verification:
+    """The labels, the installed buildinfo and the gate of the installed shared objects, with what the files
+    proved (`content`), as one platform's verification."""
+    from carry.binaries import gate
+    from carry.image.installcheck import canonical
+
+    labels = files.labels
+    mismatches = list(coverage) + _label_mismatches(labels, expected)
+    if canonical(labels.get(f"{LABEL_PREFIX}.wheel", "")) != fixed.name:
+        mismatches.append(Mismatch(f"label {LABEL_PREFIX}.wheel", fixed.name, str(labels.get(f"{LABEL_PREFIX}.wheel"))))
+    recorded = labels.get(WHEEL_SHA256_LABEL)
+    if recorded is not None and recorded != fixed.sha256:
+        mismatches.append(Mismatch(f"label {WHEEL_SHA256_LABEL}", f"{fixed.sha256} ({fixed.path.name})", recorded))
+    node = files.nodes.get(f"{content.site}/{fixed.dist_info}/carry-buildinfo.json")
+    try:
+        info = json.loads(node.data) if node is not None and node.data else {}
+    except ValueError:
+        info = {}
+    if not info:
+        mismatches.append(Mismatch("buildinfo", f"{fixed.dist_info}/carry-buildinfo.json", "none readable"))
+    mismatches += [Mismatch(f"buildinfo {m.field}", m.expected, m.found) for m in compare(info, expected)]
+    policy = recorded_policy(info, f"{ref} buildinfo")
+    report = gate.check(content.shared, policy.with_arches(arches) if arches is not None else policy, files.platform)
+    compressed = sum(layer.compressed for layer in files.layers)
+    unpacked = sum(layer.bytes for layer in files.layers)
+    where = (
+        f"{len(files.layers)} layer(s), {compressed / 1e6:,.1f} MB compressed, {unpacked / 1e6:,.1f} MB"
+        if compressed
+        else f"{len(files.layers)} layer(s), {unpacked / 1e6:,.1f} MB"
+    )
+    sha_line = (
+        f"wheel sha256: {WHEEL_SHA256_LABEL} = {fixed.path.name}'s"
+        if recorded == fixed.sha256
+        else f"wheel sha256: no {WHEEL_SHA256_LABEL} label; the wheel is proven by its installed files"
+    )
+    proven = (
+        f"platform {files.platform}: read natively from {files.source} ({where}) in {files.seconds:.1f} s",
+        *content.proven,
+        sha_line,
+    )
+    checks = Inspection(report, None, proven=proven, problems=content.problems)
+    return Verification(f"{ref} {files.platform} ({files.digest[:19]})", info, tuple(mismatches), checks)
+
+
+def _label_mismatches(labels: dict, expected: Expected) -> list[Mismatch]:
+    from_labels = {
+        "version": labels.get(f"{LABEL_PREFIX}.version"),
+        "series": {"hash": labels.get(f"{LABEL_PREFIX}.series.hash")},
+        "upstream": {"commit": labels.get(f"{LABEL_PREFIX}.upstream.commit")},
+    }
+    return [Mismatch(f"label {m.field}", m.expected, m.found) for m in compare(from_labels, expected)]

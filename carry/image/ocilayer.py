@@ -1,0 +1,243 @@
+"""Deterministic image layers: tar streams written straight from the wheels' zips, gzip-compressed with isal.
+
+A layer is a sorted list of items (directories, files, symlinks, OCI whiteouts). Every parent directory is
+written before its children, uid/gid 0, mtime 0, modes 0755/0644: the same items give the same bytes, so the same
+lock on the same base gives the same digests. Nothing is unpacked on disk: a file's bytes are inflated from its
+wheel member as the tar is written, hashed (the layer's diff_id), compressed (isal's igzip, several times faster
+than zlib) and handed to a sink (the registry upload, or `docker load`) chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tarfile
+import zipfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from isal import isal_zlib
+
+from carry.binaries import wheelzip
+from carry.image.wheelinstall import Entry
+
+BLOCK = 512
+CHUNK = 1 << 20
+BIG = 64 << 10  # chunks this big are yielded as they are
+LEVEL = 1  # isal levels 0-3; 1 is igzip's fast default (bench: MB/s and ratio)
+FORMAT = 2  # bump when the bytes of a layer for the same inputs change
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One tar entry: kind 'dir', 'file', 'symlink' or 'whiteout' (an empty file `.wh.<name>`)."""
+
+    path: str  # no leading '/'
+    kind: str
+    mode: int = 0o644
+    size: int = 0
+    entry: Entry | None = None  # a file's source
+    link: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """A layer as written: its blob digest and size (compressed), diff_id and size uncompressed, installed bytes."""
+
+    digest: str
+    size: int
+    diff_id: str
+    tar_size: int
+    installed: int
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def items_for(entries: Iterable[Entry], extra: Iterable[Item] = ()) -> tuple[Item, ...]:
+    """Files (and extra items) with every parent directory, sorted by path; a path given twice keeps the last."""
+    by_path: dict[str, Item] = {}
+    for entry in entries:
+        by_path[entry.path] = Item(entry.path, "file", entry.mode, entry.size, entry)
+    for item in extra:
+        by_path[item.path] = item
+    dirs: set[str] = set()
+    for path in by_path:
+        parent = path.rsplit("/", 1)[0] if "/" in path else ""
+        while parent and parent not in dirs:
+            dirs.add(parent)
+            parent = parent.rsplit("/", 1)[0] if "/" in parent else ""
+    for directory in dirs:
+        by_path.setdefault(directory, Item(directory, "dir", 0o755))
+    return tuple(by_path[path] for path in sorted(by_path, key=lambda p: p.split("/")))
+
+
+def _header(item: Item) -> bytes:
+    info = tarfile.TarInfo(whiteout_name(item.path) if item.kind == "whiteout" else item.path)
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    if item.kind == "dir":
+        info.type, info.mode = tarfile.DIRTYPE, 0o755
+    elif item.kind == "symlink":
+        info.type, info.mode, info.linkname = tarfile.SYMTYPE, 0o777, item.link
+    else:
+        info.type, info.mode = tarfile.REGTYPE, item.mode
+        info.size = item.size if item.kind == "file" else 0
+    return info.tobuf(format=tarfile.PAX_FORMAT, encoding="utf-8", errors="strict")
+
+
+def whiteout_name(path: str) -> str:
+    """OCI's whiteout of `path`: `.wh.<name>` beside it, hiding it (and a directory's contents) below."""
+    parent, _, name = path.rpartition("/")
+    return f"{parent}/.wh.{name}" if parent else f".wh.{name}"
+
+
+def tar_size(items: Iterable[Item]) -> int:
+    """The exact length of the tar `stream(items)` yields."""
+    total = 2 * BLOCK
+    for item in items:
+        total += len(_header(item))
+        if item.kind == "file":
+            total += -(-item.size // BLOCK) * BLOCK
+    return total
+
+
+def stream(items: Iterable[Item]) -> Iterator[bytes]:
+    """The layer's tar, chunk by chunk; each file's bytes are inflated from its wheel member (one open zip per
+    wheel) or taken from the entry's data."""
+    archives: dict[Path, zipfile.ZipFile] = {}
+    pending = bytearray()  # headers, padding and small files gathered; big chunks pass through uncopied
+    try:
+        for item in items:
+            pending += _header(item)
+            if item.kind == "file":
+                written = 0
+                for chunk in _content(item.entry, archives):
+                    written += len(chunk)
+                    if len(chunk) >= BIG:
+                        if pending:
+                            yield bytes(pending)
+                            pending = bytearray()
+                        yield chunk
+                    else:
+                        pending += chunk
+                if written != item.size:
+                    raise OSError(f"{item.path}: {written} bytes read, {item.size} expected")
+                pending += b"\0" * (-item.size % BLOCK)
+            if len(pending) >= CHUNK:
+                yield bytes(pending)
+                pending = bytearray()
+        pending += b"\0" * (2 * BLOCK)
+        yield bytes(pending)
+    finally:
+        for archive in archives.values():
+            archive.close()
+
+
+def _content(entry: Entry, archives: dict[Path, zipfile.ZipFile]) -> Iterator[bytes]:
+    """A file's bytes: its entry's data, or its wheel member inflated chunk by chunk with isal (several times
+    zlib's speed; the wheel's sha256 was checked against the lock, and every file's hash is in RECORD)."""
+    if entry.data is not None:
+        yield entry.data
+        return
+    archive = archives.get(entry.wheel)
+    if archive is None:
+        archive = archives[entry.wheel] = zipfile.ZipFile(entry.wheel)
+    info = archive.getinfo(entry.member)
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        with archive.open(info) as handle:
+            while chunk := handle.read(CHUNK):
+                yield chunk
+        return
+    handle = archive.fp
+    offset = wheelzip.data_start(handle, info, entry.wheel)
+    end = offset + info.compress_size
+    inflater = isal_zlib.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
+    while offset < end:
+        raw = os.pread(handle.fileno(), min(CHUNK, end - offset), offset)
+        if not raw:
+            raise OSError(f"{entry.wheel.name}: {entry.member} is cut short")
+        offset += len(raw)
+        out = inflater.decompress(raw) if inflater else raw
+        if out:
+            yield out
+    if inflater is not None:
+        tail = inflater.flush()
+        if tail:
+            yield tail
+
+
+def compressed(
+    chunks: Iterable[bytes], on_done: Callable[[Written], None], installed: int = 0, level: int = LEVEL
+) -> Iterator[bytes]:
+    """gzip (isal) of a tar stream, chunk by chunk; `on_done` gets the digests and sizes once it is through."""
+    compressor = isal_zlib.compressobj(level, isal_zlib.DEFLATED, 16 + 15)
+    diff, digest = hashlib.sha256(), hashlib.sha256()
+    raw_size = size = 0
+    buffer = bytearray()
+    for chunk in chunks:
+        diff.update(chunk)
+        raw_size += len(chunk)
+        buffer += chunk
+        if len(buffer) < CHUNK:
+            continue
+        # isal's output depends on how its input is split: feed it whole CHUNKs, whatever the reader yielded
+        view, whole = memoryview(buffer), len(buffer) - len(buffer) % CHUNK
+        for start in range(0, whole, CHUNK):
+            out = compressor.compress(view[start : start + CHUNK])
+            if out:
+                digest.update(out)
+                size += len(out)
+                yield out
+        view.release()
+        del buffer[:whole]
+    out = compressor.compress(bytes(buffer)) + compressor.flush()
+    digest.update(out)
+    size += len(out)
+    yield out
+    on_done(Written(f"sha256:{digest.hexdigest()}", size, f"sha256:{diff.hexdigest()}", raw_size, installed))
+
+
+def prefetched(chunks: Iterable[bytes], depth: int = 16) -> Iterator[bytes]:
+    """`chunks` produced in a thread of its own (inflating the wheels' members releases the GIL, as do isal and
+    sha256 in the consumer), so reading, compressing and sending overlap on several cores."""
+    import queue
+    import threading
+
+    box: queue.Queue = queue.Queue(depth)
+    done = object()
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                if stop.is_set():
+                    return
+                box.put(chunk)
+            box.put(done)
+        except BaseException as exc:  # handed to the consumer
+            box.put(exc)
+
+    worker = threading.Thread(target=produce, daemon=True)
+    worker.start()
+    try:
+        while (chunk := box.get()) is not done:
+            if isinstance(chunk, BaseException):
+                raise chunk
+            yield chunk
+    finally:
+        stop.set()
+        while worker.is_alive():
+            try:
+                box.get_nowait()
+            except queue.Empty:
+                worker.join(0.05)
+
+
+def gzip_key() -> dict:
+    """What the compressed bytes depend on besides the tar: part of every layer's cache key."""
+    import isal
+
+    return {"format": FORMAT, "gzip": f"isal {isal.__version__} level {LEVEL}"}

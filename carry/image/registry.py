@@ -1,0 +1,201 @@
+"""Talking to the Docker engine and registries through the Docker SDK; credentials never touch argv or logs.
+
+Credentials come from the user's Docker config (`docker login --password-stdin` done beforehand) or from
+$CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD, which carry hands to `docker login --password-stdin`
+in a private, temporary DOCKER_CONFIG and then reads back for the SDK.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import ipaddress
+import os
+import subprocess
+import tarfile
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import docker
+import docker.auth
+import docker.errors
+
+from carry.platforms import Platform
+from carry.util.errors import BadInput, Failed
+
+USER_ENV = "CARRY_REGISTRY_USER"
+PASSWORD_ENV = "CARRY_REGISTRY_PASSWORD"
+
+
+def client() -> docker.DockerClient:
+    try:
+        found = docker.from_env(timeout=600)
+        found.ping()
+    except docker.errors.DockerException as exc:
+        raise BadInput(f"cannot reach the Docker engine ({_short(exc)}); start dockerd or set DOCKER_HOST") from None
+    return found
+
+
+def registry_of(image_name: str) -> str:
+    """The registry host of an image name (Docker Hub when the first part is not a host)."""
+    first, _, rest = image_name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
+@dataclasses.dataclass(frozen=True)
+class Login:
+    """Credentials for one registry: `auth` for the SDK, `docker_config` (a DOCKER_CONFIG dir, None: the user's
+    own) for Docker CLI commands that talk to the registry themselves (`docker manifest`)."""
+
+    registry: str
+    auth: dict | None
+    docker_config: str | None
+
+    def cli_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.docker_config is not None:
+            env["DOCKER_CONFIG"] = self.docker_config
+        return env
+
+
+@contextlib.contextmanager
+def credentials(image_name: str, docker_cli: str) -> Iterator[Login]:
+    """The login for the image's registry: from the env via `docker login --password-stdin` into a private,
+    temporary DOCKER_CONFIG, or from the user's Docker config, or anonymous (no auth)."""
+    registry = registry_of(image_name)
+    user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
+    if not (user and password):
+        config = docker.auth.load_config()
+        yield Login(registry, docker.auth.resolve_authconfig(config, registry) or None, None)
+        return
+    with tempfile.TemporaryDirectory(prefix="carry-docker-config-") as config_dir:
+        os.chmod(config_dir, 0o700)
+        login = subprocess.run(
+            [docker_cli, "login", "--username", user, "--password-stdin", registry],
+            input=password,
+            text=True,
+            capture_output=True,
+            env={**os.environ, "DOCKER_CONFIG": config_dir},
+        )
+        if login.returncode != 0:
+            reason = login.stderr.strip().splitlines()[-1] if login.stderr.strip() else "refused"
+            raise Failed(f"login to {registry} as {user} failed: {_redact(reason, password)}")
+        config = docker.auth.load_config(config_path=str(Path(config_dir) / "config.json"))
+        yield Login(registry, docker.auth.resolve_authconfig(config, registry), config_dir)
+
+
+def push(found: docker.DockerClient, ref: str, login: Login) -> str:
+    """Push `ref`; return the digest the registry reports. Errors in the stream raise `Failed`."""
+    repository, tag = ref.rsplit(":", 1)
+    digest = ""
+    for event in found.api.push(repository, tag=tag, stream=True, decode=True, auth_config=login.auth):
+        if "error" in event:
+            raise Failed(f"push of {ref} refused: {event['error']}")
+        digest = event.get("aux", {}).get("Digest", digest)
+    return digest
+
+
+def insecure(found: docker.DockerClient, registry: str) -> bool:
+    """Whether the engine talks to `registry` over plain HTTP (its insecure registries; loopback by default), so
+    that Docker CLI commands which reach the registry themselves must be told so too."""
+    config = found.info().get("RegistryConfig", {})
+    index = config.get("IndexConfigs", {}).get(registry)
+    if index is not None:
+        return not index.get("Secure", True)
+    host = registry.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return any(address in ipaddress.ip_network(cidr) for cidr in config.get("InsecureRegistryCIDRs", []))
+
+
+def remote_platforms(found: docker.DockerClient, ref: str, login: Login) -> tuple[str, tuple[Platform, ...]] | None:
+    """(digest, platforms) of `ref` in its registry, a manifest list naming several; None when the registry
+    answers that it does not have it. A registry that cannot be reached or refuses the login is `Failed`."""
+    try:
+        data = found.images.get_registry_data(ref, auth_config=login.auth)
+    except docker.errors.NotFound:
+        return None
+    except docker.errors.APIError as exc:
+        raise Failed(f"cannot read {ref} from its registry: {_short(exc)}") from None
+    platforms = []
+    for entry in data.attrs.get("Platforms") or []:
+        name = "/".join(part for part in (entry.get("os"), entry.get("architecture"), entry.get("variant")) if part)
+        if name == "unknown/unknown":
+            continue  # attestation manifests
+        platforms.append(Platform.parse(name, f"{ref} in its registry"))
+    return data.id, tuple(platforms)
+
+
+def pull(found: docker.DockerClient, ref: str, platform: Platform, login: Login):
+    """Pull `platform`'s image of `ref` (replacing what the local tag held)."""
+    try:
+        return found.images.pull(ref, platform=str(platform), auth_config=login.auth)
+    except docker.errors.APIError as exc:
+        raise Failed(f"cannot pull {ref} for {platform}: {_short(exc)}") from None
+
+
+def local(found: docker.DockerClient, ref: str):
+    """The local image for `ref`, or None."""
+    try:
+        return found.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return None
+
+
+def image_platform(image) -> Platform:
+    attrs = image.attrs
+    name = "/".join(part for part in (attrs.get("Os"), attrs.get("Architecture"), attrs.get("Variant")) if part)
+    return Platform.parse(name, f"image {image.id[:19]}")
+
+
+def run(
+    found: docker.DockerClient,
+    image_id: str,
+    command: list[str],
+    copy_out: Callable[[str], Iterable[str]] | None = None,
+    dest: Path | None = None,
+) -> str:
+    """Run `command` in a container of the image without network (its platform emulated where foreign); return
+    its output, fail on non-zero. `copy_out` maps the output to absolute paths of files then copied under `dest`."""
+    container = found.containers.create(image_id, command=command, network_disabled=True)
+    try:
+        container.start()
+        status = container.wait(timeout=600)
+        output = container.logs(stdout=True, stderr=True).decode(errors="replace")
+        if status.get("StatusCode") == 0 and copy_out is not None:
+            for path in copy_out(output):
+                _copy_file_out(container, path, dest)
+    finally:
+        container.remove(force=True)
+    if status.get("StatusCode") != 0:
+        raise Failed(f"{' '.join(command[:2])} in {image_id[:19]} exited {status.get('StatusCode')}: {output[-400:]}")
+    return output
+
+
+def _copy_file_out(container, path: str, dest: Path) -> None:
+    """One regular file of the container into `dest`, at its path under it."""
+    stream, _ = container.get_archive(path)
+    with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
+        member = archive.next()
+        if member is None or not member.isfile():
+            raise Failed(f"{path} in the image is not a regular file")
+        target = dest / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(archive.extractfile(member).read())
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[-1] if text else type(exc).__name__
+
+
+def _redact(text: str, secret: str) -> str:
+    return text.replace(secret, "***") if secret else text

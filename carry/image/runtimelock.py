@@ -1,0 +1,734 @@
+"""The runtime lock: per platform, the fixed wheel's Requires-Dist resolved with uv into pinned, sha256-hashed wheels
+for the Python and glibc of that platform's runtime base image (read from the image itself), written beside
+build.yaml as `<image.lock>/<os>-<arch>.txt` and committed.
+
+    base facts (docker) + the wheel's Requires-Dist -> uv pip compile (the user's index) -> header + body -> file
+
+The body is `uv pip compile --generate-hashes --only-binary :all: --no-header --no-annotate` output, so pip and uv
+both install it with --require-hashes, each pin's hashes narrowed to those of its wheels for the target (uv lists
+every file of the version; its pylock.toml of the same pins lists the target's); carry's header above it records
+what it was resolved from (the platform, the Python, uv's target, the base image and its ID, a digest of the
+Requires-Dist). `check_fresh` refuses a lock
+whose inputs drifted.
+
+The index is the user's: uv's own configuration (uv.toml, UV_INDEX_URL / UV_DEFAULT_INDEX / UV_INDEX /
+UV_EXTRA_INDEX_URL), else pip's configured index-url / extra-index-url (`pip config list`, PIP_INDEX_URL), else
+uv's default. From pip's settings only http(s) indexes are taken: a file:// index or a path is this machine's
+own disk, and a lock must name files any machine with the same index can fetch. Index URLs reach uv through its
+environment, never argv, and are printed without credentials.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import email.parser
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+from carry.binaries import wheelzip
+from carry.config import Config, public_url, strip_credentials
+from carry.platforms import Platform
+from carry.util.cache import Cache
+from carry.util.errors import BadInput, CarryError, Failed
+from carry.util.fsutil import atomic_write_text, temp_dir
+
+FORMAT = 1
+TITLE = "# carry runtime lock: written by `build.py lock`; do not edit (relock: build.py lock)"
+HEADER_KEYS = ("format", "platform", "python", "target", "base", "requires-dist", "requires")
+FACTS_DIR = "runtime-facts"
+UV_INDEX_ENV = ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS")
+UV_INDEX_KEYS = ("index-url", "extra-index-url", "index", "find-links")
+PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;\\]+)")
+HASH_RE = re.compile(r"--hash=(sha256:[0-9a-f]{64})")
+# Run by the runtime base image's own python3: its version, its C library and CPU.
+FACTS_SCRIPT = (
+    "import json, os, platform; "
+    "libc = os.confstr('CS_GNU_LIBC_VERSION') if hasattr(os, 'confstr') else None; "
+    "print(json.dumps({'python': platform.python_version(), 'libc': libc or '', "
+    "'machine': platform.machine()}))"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Locked:
+    """One pinned distribution of the lock: its canonical name, version and every sha256 the index lists for it."""
+
+    name: str
+    version: str
+    hashes: tuple[str, ...]  # "sha256:<hex>"
+
+
+@dataclasses.dataclass(frozen=True)
+class Lock:
+    """A lock file as read: where it is, what it was resolved from (its header), and its pins."""
+
+    path: Path
+    platform: Platform
+    python: str
+    target: str
+    base: str  # the runtime image's reference, as configured
+    base_id: str  # its image ID ("sha256:<hex>")
+    requires_digest: str  # "sha256:<hex>" of the Requires-Dist (requires_digest)
+    requires: str  # the locked wheel's name==version (informational)
+    packages: tuple[Locked, ...]
+    config: Path | None = None  # the build.yaml it belongs to (for the relock command)
+
+
+@dataclasses.dataclass(frozen=True)
+class BaseFacts:
+    """What the runtime base image of a platform says about itself."""
+
+    python: str  # "3.11.2"
+    glibc: str  # "2.36"
+    image_id: str  # "sha256:<hex>" (docker image inspect .Id)
+    ref: str  # the reference configured (image.platforms.<p>.runtime_image, else image.runtime_image)
+
+    def target(self, platform: Platform) -> str:
+        """uv's --python-platform for this base: `aarch64-manylinux_2_36`."""
+        major, minor = self.glibc.split(".")[:2]
+        return f"{platform.machine}-manylinux_{major}_{minor}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """One platform's lock after `lock`: what it holds and whether the file changed."""
+
+    lock: Lock
+    written: bool
+
+    def line(self, root: Path) -> str:
+        done = f"wrote {_shown(self.lock.path, root)}" if self.written else "up to date"
+        return (
+            f"{self.lock.platform}: {len(self.lock.packages)} packages, python {self.lock.python}, target "
+            f"{self.lock.target}, base {self.lock.base}@{self.lock.base_id[:19]}…: {done}"
+        )
+
+
+# --- the file ------------------------------------------------------------------------------------------------
+
+
+def requires_digest(requires_dist: Iterable[str]) -> str:
+    """sha256 of the sorted, de-duplicated Requires-Dist lines joined by newlines: `sha256:<hex>`."""
+    lines = sorted({" ".join(str(line).split()) for line in requires_dist if str(line).strip()})
+    return "sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def lock_dir(config: Config) -> Path:
+    if config.image.lock is None:
+        raise BadInput(
+            f"{config.path}: image.lock is not set; add `lock: runtime-lock` under image (the directory "
+            f"beside build.yaml the runtime lock is written to)"
+        )
+    return config.image.lock
+
+
+def lock_path(config: Config, platform: Platform) -> Path:
+    """`<config dir>/<image.lock>/<os>-<arch>.txt`, e.g. runtime-lock/linux-arm64.txt."""
+    return lock_dir(config) / f"{platform.os}-{platform.tag}.txt"
+
+
+def relock_command(config_path: Path | None) -> str:
+    """`build.py lock`, with --config when the config is not ./build.yaml."""
+    if config_path is None or Path(config_path).absolute() == Path("build.yaml").absolute():
+        return "build.py lock"
+    return f"build.py --config {_shown(Path(config_path), Path.cwd())} lock"
+
+
+def render(platform: Platform, facts: BaseFacts, digest: str, requires: str, body: str) -> str:
+    header = {
+        "format": str(FORMAT),
+        "platform": str(platform),
+        "python": facts.python,
+        "target": facts.target(platform),
+        "base": f"{facts.ref}@{facts.image_id}",
+        "requires-dist": digest,
+        "requires": requires,
+    }
+    lines = [TITLE, *(f"# {key}: {header[key]}" for key in HEADER_KEYS)]
+    return "\n".join(lines) + "\n" + body.rstrip("\n") + "\n"
+
+
+def read(config: Config, platform: Platform) -> Lock:
+    """The lock of `platform`; bad input naming the file and the relock command when it is missing or garbled."""
+    path = lock_path(config, platform)
+    relock = relock_command(config.path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise BadInput(f"{_shown(path, Path.cwd())}: no runtime lock for {platform}; run `{relock}`") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"{path}: cannot be read ({exc}); run `{relock}`") from None
+    return parse(text, path, platform, relock, config.path)
+
+
+def parse(
+    text: str, path: Path, platform: Platform, relock: str = "build.py lock", config_path: Path | None = None
+) -> Lock:
+    def garbled(why: str) -> BadInput:
+        return BadInput(f"{path}: not a carry runtime lock ({why}); do not edit it, run `{relock}`")
+
+    lines = text.splitlines()
+    if not lines or lines[0] != TITLE:
+        raise garbled("its first line is not carry's")
+    header: dict[str, str] = {}
+    for line in lines[1 : 1 + len(HEADER_KEYS)]:
+        key, sep, value = line.removeprefix("# ").partition(": ")
+        if not line.startswith("# ") or not sep:
+            raise garbled(f"header line {line!r}")
+        header[key] = value.strip()
+    missing = [key for key in HEADER_KEYS if key not in header]
+    if missing:
+        raise garbled(f"no {missing[0]} in its header")
+    if header["format"] != str(FORMAT):
+        raise garbled(f"format {header['format']}, this carry reads {FORMAT}")
+    if header["platform"] != str(platform):
+        raise garbled(f"it is for {header['platform']}, not {platform}")
+    base, _, base_id = header["base"].rpartition("@")
+    if not base or not base_id.startswith("sha256:"):
+        raise garbled(f"base {header['base']!r} is not REF@sha256:ID")
+    return Lock(
+        path,
+        platform,
+        header["python"],
+        header["target"],
+        base,
+        base_id,
+        header["requires-dist"],
+        header["requires"],
+        _packages(lines[1 + len(HEADER_KEYS) :], garbled),
+        config_path,
+    )
+
+
+def _packages(lines: Sequence[str], garbled: Callable[[str], BadInput]) -> tuple[Locked, ...]:
+    from packaging.utils import canonicalize_name
+
+    found: list[Locked] = []
+    name = version = None
+    hashes: list[str] = []
+    for line in lines:
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        pin = PIN_RE.match(text)
+        if pin:
+            if name is not None:
+                found.append(Locked(name, version, tuple(hashes)))
+            name, version, hashes = canonicalize_name(pin.group(1)), pin.group(3), []
+            hashes += HASH_RE.findall(text)
+        elif text.startswith("--hash=") and name is not None:
+            if not HASH_RE.match(text):
+                raise garbled(f"hash line {text!r}")
+            hashes += HASH_RE.findall(text)
+        else:
+            raise garbled(f"line {text!r}")
+    if name is not None:
+        found.append(Locked(name, version, tuple(hashes)))
+    unhashed = next((p.name for p in found if not p.hashes), None)
+    if unhashed:
+        raise garbled(f"{unhashed} has no --hash")
+    return tuple(found)
+
+
+# --- freshness -----------------------------------------------------------------------------------------------
+
+
+def drift(lock: Lock, *, requires_dist: Iterable[str], base_id: str, python: str) -> tuple[str, ...]:
+    """What changed since the lock was made, each as `what old -> new`; empty when it is fresh."""
+    changes = []
+    digest = requires_digest(requires_dist)
+    if digest != lock.requires_digest:
+        changes.append(f"requires-dist {_short(lock.requires_digest)} -> {_short(digest)}")
+    if base_id != lock.base_id:
+        changes.append(f"base {lock.base} {_short(lock.base_id)} -> {_short(base_id)}")
+    if python != lock.python:
+        changes.append(f"python {lock.python} -> {python}")
+    return tuple(changes)
+
+
+def check_fresh(lock: Lock, *, requires_dist: Iterable[str], base_id: str, python: str) -> None:
+    """Bad input (one line: the file, what drifted old -> new, the relock command) unless `lock` was made from
+    these Requires-Dist lines, this base image ID and this Python."""
+    changes = drift(lock, requires_dist=requires_dist, base_id=base_id, python=python)
+    if changes:
+        raise BadInput(stale_line(lock, changes))
+
+
+def require_fresh(config: Config, platform: Platform, wheel: Path, cache: Cache | None = None) -> Lock:
+    """The lock of `platform`, checked against `wheel` (its Requires-Dist) and the runtime base image as it is now
+    (base_facts): read, then check_fresh; bad input when it is missing, garbled or stale."""
+    current = read(config, platform)
+    facts = base_facts(config, platform, cache)
+    check_fresh(current, requires_dist=requires_dist_of(wheel), base_id=facts.image_id, python=facts.python)
+    return current
+
+
+def stale_line(lock: Lock, changes: Sequence[str]) -> str:
+    return (
+        f"{_shown(lock.path, Path.cwd())} is stale ({lock.platform}): {'; '.join(changes)}; relock: "
+        f"`{relock_command(lock.config)}`"
+    )
+
+
+def _short(digest: str) -> str:
+    return digest[:19] + "…" if len(digest) > 19 else digest
+
+
+def _shown(path: Path, root: Path) -> str:
+    try:
+        return str(Path(path).absolute().relative_to(Path(root).absolute()))
+    except ValueError:
+        return str(path)
+
+
+# --- the wheel -------------------------------------------------------------------------------------------------
+
+
+def wheel_metadata(wheel: Path) -> tuple[str, tuple[str, ...]]:
+    """The wheel's `name==version` and its Requires-Dist lines (METADATA), read without inflating anything else."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            info = wheelzip.dist_info(archive)
+            metadata = email.parser.Parser().parsestr(archive.read(f"{info}/METADATA").decode())
+    except (OSError, KeyError, Failed, zipfile.BadZipFile, UnicodeDecodeError) as exc:
+        raise Failed(f"{wheel}: its METADATA cannot be read ({exc})") from None
+    from packaging.utils import canonicalize_name
+
+    name = canonicalize_name(metadata.get("Name") or "")
+    return f"{name}=={metadata.get('Version')}", tuple(metadata.get_all("Requires-Dist") or ())
+
+
+def requires_dist_of(wheel: Path) -> tuple[str, ...]:
+    """The Requires-Dist lines of a wheel, as check_fresh takes them."""
+    return wheel_metadata(wheel)[1]
+
+
+# --- the base image ----------------------------------------------------------------------------------------------
+
+
+def runtime_image(config: Config, platform: Platform) -> str:
+    ref = config.target(platform).runtime_image or config.image.runtime_image
+    if ref is None:
+        raise BadInput(
+            f"{config.path}: no runtime image for {platform}; set image.platforms.{platform}.runtime_image "
+            f"(or image.runtime_image): the lock targets that image's Python and glibc"
+        )
+    return ref
+
+
+def base_facts(config: Config, platform: Platform, cache: Cache | None = None) -> BaseFacts:
+    """The runtime base image's Python version and glibc, read by running its own python3 (no network; emulated
+    where its CPU is foreign, a stdlib one-liner), and its image ID. Kept by image ID under the cache: an ID
+    names the image's content, so its facts never change."""
+    from carry.image import container
+
+    ref = runtime_image(config, platform)
+    docker = container.docker_binary(config)
+    inspected = _docker(docker, ["image", "inspect", "--format", "{{.Id}} {{.Os}}/{{.Architecture}}", ref])
+    if inspected.returncode != 0:
+        raise BadInput(
+            f"runtime image {ref} (for {platform}) is not in the Docker engine; build, load or pull it "
+            f"(`docker image inspect {ref}` failed)"
+        )
+    image_id, _, found = inspected.stdout.strip().partition(" ")
+    if Platform.parse(found, f"runtime image {ref}") is not platform:
+        raise BadInput(
+            f"runtime image {ref} is for {found}, not {platform}; set image.platforms.{platform}."
+            f"runtime_image to a {platform} image"
+        )
+    cache = cache or Cache.from_env()
+    memo = cache.root / FACTS_DIR / f"{image_id.removeprefix('sha256:')}.json"
+    try:
+        facts = json.loads(memo.read_text())
+    except (OSError, ValueError):
+        facts = _run_facts(docker, ref, image_id, platform)
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(memo, json.dumps(facts, sort_keys=True) + "\n")
+    return BaseFacts(facts["python"], facts["libc"], image_id, ref)
+
+
+def _run_facts(docker: str, ref: str, image_id: str, platform: Platform) -> dict:
+    done = _docker(
+        docker,
+        [
+            "run",
+            "--rm",
+            "--network=none",
+            "--platform",
+            str(platform),
+            "--entrypoint",
+            "python3",
+            image_id,
+            "-I",
+            "-c",
+            FACTS_SCRIPT,
+        ],
+    )
+    try:
+        facts = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+    except (ValueError, IndexError):
+        facts = None
+    if facts is None:
+        last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise BadInput(
+            f"runtime image {ref} (for {platform}): its python3 cannot say its version ({last}); the lock "
+            f"needs a base with python3"
+        )
+    libc = re.fullmatch(r"glibc (\d+\.\d+)(\.\d+)?", facts.get("libc", ""))
+    if libc is None:
+        raise BadInput(
+            f"runtime image {ref} (for {platform}) has C library {facts.get('libc')!r}, not glibc; the "
+            f"lock targets manylinux wheels, which need a glibc base"
+        )
+    if facts.get("machine") != platform.machine:
+        raise BadInput(f"runtime image {ref} runs on {facts.get('machine')}, not {platform.machine}")
+    return {"python": facts["python"], "libc": libc.group(1)}
+
+
+def _docker(docker: str, args: list[str]) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run([docker, *args], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    except OSError as exc:
+        raise BadInput(f"docker {docker} cannot run ({exc.strerror}); install Docker or set image.docker") from None
+
+
+# --- the index ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Index:
+    """Where uv resolves from: the environment it gets (the index variables added) and a line saying which."""
+
+    environ: dict[str, str]
+    source: str
+
+
+def choose_index(
+    environ: Mapping[str, str], cwd: Path, pip_config: Callable[[], dict[str, str]] | None = None
+) -> Index:
+    """uv's own index settings when it has any; else pip's http(s) index-url / extra-index-url; else uv's default."""
+    env = dict(environ)
+    if _uv_has_index(env, cwd):
+        return Index(env, "uv's own index settings")
+    settings = (pip_config or pip_settings)()
+    skipped = []
+    index = settings.get("index-url")
+    if index and not _remote(index):
+        skipped.append(index)
+        index = None
+    extra: list[str] = []
+    for url in settings.get("extra-index-url", "").split():
+        (extra if _remote(url) else skipped).append(url)
+    shown = []
+    if index:
+        env["UV_INDEX_URL"] = index
+        shown.append(f"pip's index-url {public_url(index)}")
+    if extra:
+        env["UV_EXTRA_INDEX_URL"] = " ".join(extra)
+        shown.append(f"pip's extra-index-url {' '.join(public_url(u) for u in extra)}")
+    source = ", ".join(shown) or "uv's default index (neither uv nor pip names one)"
+    if skipped:
+        source += (
+            f"; skipped pip's local {' '.join(public_url(u) for u in skipped)} (a lock names files any "
+            f"machine can fetch)"
+        )
+    return Index(env, source)
+
+
+def _remote(url: str) -> bool:
+    return url.lower().startswith(("https://", "http://"))
+
+
+def _uv_has_index(env: Mapping[str, str], cwd: Path) -> bool:
+    if any(env.get(name, "").strip() for name in UV_INDEX_ENV):
+        return True
+    if env.get("UV_NO_CONFIG"):
+        return False
+    return any(_toml_names_index(path) for path in _uv_config_files(env, cwd))
+
+
+def _uv_config_files(env: Mapping[str, str], cwd: Path) -> list[Path]:
+    """uv's configuration files, as uv finds them: $UV_CONFIG_FILE, else the project's (uv.toml or pyproject.toml
+    in the directory or a parent), the user's and the system's."""
+    if env.get("UV_CONFIG_FILE"):
+        return [Path(env["UV_CONFIG_FILE"])]
+    found: list[Path] = []
+    for directory in [cwd, *cwd.parents]:
+        if (directory / "uv.toml").is_file() or (directory / "pyproject.toml").is_file():
+            found += [directory / "uv.toml", directory / "pyproject.toml"]
+            break
+    home = Path(env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config"))
+    found.append(home / "uv" / "uv.toml")
+    for system in (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":"):
+        found.append(Path(system) / "uv" / "uv.toml")
+    found.append(Path("/etc/uv/uv.toml"))
+    return found
+
+
+def _toml_names_index(path: Path) -> bool:
+    import tomllib
+
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    if path.name == "pyproject.toml":
+        data = data.get("tool", {}).get("uv", {})
+    tables = [data, data.get("pip", {})] if isinstance(data, dict) else []
+    return any(isinstance(t, dict) and any(key in t for key in UV_INDEX_KEYS) for t in tables)
+
+
+def pip_settings() -> dict[str, str]:
+    """pip's index-url and extra-index-url as pip itself resolves them (`pip config list`: its files and PIP_*
+    variables; the environment over [install] over [global])."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
+    ranked: dict[str, tuple[int, str]] = {}
+    rank = {"global": 0, "install": 1, ":env:": 2}
+    for line in done.stdout.splitlines():
+        key, sep, value = line.partition("=")
+        section, _, name = key.rpartition(".")
+        if not sep or name not in ("index-url", "extra-index-url") or section not in rank:
+            continue
+        value = value.strip().strip("'\"")
+        if rank[section] >= ranked.get(name, (-1, ""))[0]:
+            ranked[name] = (rank[section], value)
+    return {name: value for name, (_, value) in ranked.items()}
+
+
+# --- resolving ---------------------------------------------------------------------------------------------------
+
+
+def resolve(
+    requires: Sequence[str],
+    platform: Platform,
+    facts: BaseFacts,
+    index: Index,
+    scratch: Path,
+    previous: str | None = None,
+    upgrade: bool = False,
+    cwd: Path | None = None,
+) -> str:
+    """The lock body: uv pip compile of `requires` for the base's Python and glibc, wheels only, every pin hashed.
+    The previous lock's pins are uv's preferences (kept while they still fit), unless `upgrade`. uv runs in `cwd`
+    (the config's directory), where it finds a project's own uv.toml as choose_index does."""
+    from carry.wheelbuild.buildenv import find_uv
+
+    uv = find_uv()
+    with temp_dir(scratch, "lock-") as work:
+        (work / "requirements.in").write_text("".join(f"{line}\n" for line in requires))
+        out = work / "lock.txt"
+        if previous and not upgrade:
+            out.write_text(previous)
+        args = [
+            "pip",
+            "compile",
+            str(work / "requirements.in"),
+            "--output-file",
+            str(out),
+            "--python-platform",
+            facts.target(platform),
+            "--python-version",
+            facts.python,
+            "--generate-hashes",
+            "--only-binary",
+            ":all:",
+            "--no-header",
+            "--no-annotate",
+            "--quiet",
+            "--color",
+            "never",
+        ]
+        if upgrade:
+            args.append("--upgrade")
+        try:
+            done = subprocess.run(
+                [uv.path, *args],
+                cwd=cwd or work,
+                env=index.environ,
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+            )
+        except OSError as exc:
+            raise BadInput(f"uv at {uv.path} cannot run ({exc.strerror}); reinstall it: pip install uv") from None
+        if done.returncode != 0:
+            raise _failure(platform, facts, done.stderr, index)
+        body = out.read_text()
+        return narrow(body, _installable(uv.path, out, work, cwd or work, platform, facts, index))
+
+
+def _installable(
+    uv: str, locked: Path, work: Path, cwd: Path, platform: Platform, facts: BaseFacts, index: Index
+) -> dict[str, set[str]]:
+    """Per package of the resolved lock, the sha256 of each of its wheels that installs on the target: uv's
+    pylock.toml of exactly those pins (`--no-deps`), which lists only the wheels for the target."""
+    import tomllib
+    from packaging.utils import canonicalize_name
+
+    out = work / "pylock.toml"
+    args = [
+        "pip",
+        "compile",
+        str(locked),
+        "--no-deps",
+        "--output-file",
+        str(out),
+        "--format",
+        "pylock.toml",
+        "--python-platform",
+        facts.target(platform),
+        "--python-version",
+        facts.python,
+        "--only-binary",
+        ":all:",
+        "--quiet",
+        "--color",
+        "never",
+    ]
+    # uv's cache has just been refreshed for exactly these pins: read it offline, online only if that fails
+    for mode in (["--offline"], []):
+        done = subprocess.run(
+            [uv, *args, *mode], cwd=cwd, env=index.environ, capture_output=True, text=True, stdin=subprocess.DEVNULL
+        )
+        if done.returncode == 0:
+            break
+    if done.returncode != 0:
+        raise _failure(platform, facts, done.stderr, index)
+    found: dict[str, set[str]] = {}
+    for package in tomllib.loads(out.read_text()).get("packages", []):
+        wheels = package.get("wheels", [])
+        found[canonicalize_name(package["name"])] = {
+            f"sha256:{w['hashes']['sha256']}" for w in wheels if "sha256" in w.get("hashes", {})
+        }
+    return found
+
+
+def narrow(body: str, installable: Mapping[str, set[str]]) -> str:
+    """uv's requirements output with each pin's hashes narrowed to those of its wheels for the target (uv lists
+    every file of the version, for every platform); a pin with none of them known keeps all."""
+    from packaging.utils import canonicalize_name
+
+    blocks: list[tuple[str, list[str]]] = []
+    for line in body.splitlines():
+        text = line.strip().removesuffix("\\").strip()
+        if not text:
+            continue
+        if text.startswith("--hash="):
+            blocks[-1][1].append(text.removeprefix("--hash="))
+        else:
+            blocks.append((text, []))
+    lines = []
+    for pin, hashes in blocks:
+        match = PIN_RE.match(pin)
+        wanted = installable.get(canonicalize_name(match.group(1)), set()) if match else set()
+        kept = [h for h in hashes if h in wanted] or hashes
+        lines.append(" \\\n".join([pin, *(f"    --hash={h}" for h in kept)]))
+    return "\n".join(lines) + "\n"
+
+
+def _failure(platform: Platform, facts: BaseFacts, stderr: str, index: Index) -> CarryError:
+    """uv's error in one line: an unsatisfiable requirement is bad input naming it; the network is a failure."""
+    text = strip_credentials(stderr)
+    error = next((line.split("error:", 1)[1].strip() for line in text.splitlines() if "error:" in line), "")
+    causes = [line.split("cause:", 1)[1].strip() for line in text.splitlines() if "cause:" in line]
+    reason = " ".join(" ".join([error, *causes]).split()) or " ".join(text.split())[-300:]
+    where = f"{platform} (target {facts.target(platform)}, python {facts.python}; {index.source.split(';')[0]})"
+    if error.startswith("No solution found"):
+        named = re.findall(r"\b([A-Za-z0-9][A-Za-z0-9._-]*)==[^\s,]+ has no (?:usable|matching|compatible)", reason)
+        culprit = f"{named[0]}: " if named else ""
+        cause = (" ".join(causes) or error).rstrip(".")
+        return BadInput(
+            f"runtime lock for {where}: {culprit}{cause}; pin a version with wheels for this target "
+            f"with a patch, or change the runtime image"
+        )
+    return Failed(f"runtime lock for {where}: uv pip compile failed: {reason}")
+
+
+# --- lock ---------------------------------------------------------------------------------------------------------
+
+
+def platforms_to_lock(config: Config, given: Sequence[Platform] = ()) -> tuple[Platform, ...]:
+    lock_dir(config)
+    chosen = tuple(dict.fromkeys(given)) or tuple(t.platform for t in config.image.platforms)
+    if not chosen:
+        raise BadInput(
+            f"{config.path}: image.platforms lists no platform to lock; list them (e.g. [linux/amd64, "
+            f"linux/arm64]) or pass --platform"
+        )
+    return chosen
+
+
+def lock(
+    config: Config,
+    cache: Cache,
+    facts: Mapping[Platform, BaseFacts],
+    wheels: Mapping[Platform, Path],
+    index: Index,
+    upgrade: bool = False,
+    say: Callable[[str], None] = lambda line: None,
+) -> tuple[Outcome, ...]:
+    """Resolve every platform (at once: uv waits mostly on the index), then write the files that changed (nothing
+    is written unless all resolved)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(platform: Platform) -> tuple[Platform, Path, str]:
+        found = facts[platform]
+        requires, dist = wheel_metadata(wheels[platform])
+        path = lock_path(config, platform)
+        body = resolve(dist, platform, found, index, cache.scratch, _previous_body(path), upgrade, config.root)
+        say(f"{platform}: resolved {len(dist)} Requires-Dist line(s) of {requires} for {found.target(platform)}")
+        return platform, path, render(platform, found, requires_digest(dist), requires, body)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(facts))) as pool:
+        made = list(pool.map(one, facts))  # in order; the first failure is raised
+    outcomes = []
+    for platform, path, text in made:
+        written = not path.is_file() or path.read_text() != text
+        if written:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, text)
+        outcomes.append(Outcome(parse(text, path, platform, relock_command(config.path), config.path), written))
+    return tuple(outcomes)
+
+
+def _previous_body(path: Path) -> str | None:
+    """The pins of the lock there now (uv's preferences), without carry's header; None when there is none."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    lines = text.splitlines(keepends=True)
+    if not lines or lines[0].rstrip("\n") != TITLE:
+        return None
+    return "".join(lines[1 + len(HEADER_KEYS) :])
+
+
+def check(
+    config: Config, facts: Mapping[Platform, BaseFacts], wheels: Mapping[Platform, Path]
+) -> tuple[tuple[Platform, str | None], ...]:
+    """Per platform, None when its lock is fresh, else the one line saying what drifted (or that it is missing)."""
+    found = []
+    for platform, base in facts.items():
+        dist = requires_dist_of(wheels[platform])
+        try:
+            current = read(config, platform)
+        except BadInput as exc:
+            if lock_path(config, platform).exists():
+                raise
+            found.append((platform, str(exc)))
+            continue
+        changes = drift(current, requires_dist=dist, base_id=base.image_id, python=base.python)
+        found.append((platform, stale_line(current, changes) if changes else None))
+    return tuple(found)

@@ -1,0 +1,348 @@
+"""The upstream mirror: fetch the pinned commit (and the PR head), keep a bundle, fall back to it offline."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import os
+import shutil
+from pathlib import Path
+
+import yaml
+
+from carry.config import SHA_RE, Config, public_url
+from carry.source import git
+from carry.util.cache import Cache
+from carry.util.errors import BadInput
+from carry.util.fsutil import atomic_write_text
+
+PIN_REF = "refs/carry/pin"
+FIRST_PR_DEPTH = 1  # the PR head is usually the pin: then nothing more is fetched; else deepen x4
+MAX_PR_DEPTH = 4096
+FIRST_HISTORY_DEPTH = 64  # more history when the base and a ref must meet (why a patched file is gone); then x4
+MAX_HISTORY_DEPTH = 16384
+
+
+@dataclasses.dataclass(frozen=True)
+class PrHead:
+    sha: str
+    ahead: int | None
+    pin_is_ancestor: bool
+    searched: int
+
+    def describe(self, pin: str) -> str | None:
+        """A warning when the PR head is not the pin, else None."""
+        if self.sha == pin:
+            return None
+        if self.pin_is_ancestor:
+            return (
+                f"PR head {self.sha[:12]} is {self.ahead} commit(s) ahead of the pin {pin[:12]}; "
+                f"run `fetch --update-pin` to move the pin"
+            )
+        return (
+            f"PR head {self.sha[:12]} does not contain the pin {pin[:12]} (searched {self.searched} commits): "
+            f"force-push detected; the pin survives only in the cache, review before `fetch --update-pin`"
+        )
+
+
+class Source(enum.Enum):
+    """Where the pinned commit came from in one `fetch`."""
+
+    UPSTREAM = "upstream"  # fetched now
+    MIRROR = "mirror"  # already in the cache mirror; upstream not asked for it
+    BUNDLE = "bundle"  # restored from the cached bundle, upstream could not give it
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchReport:
+    base: str
+    mirror: Path
+    source: Source
+    notes: tuple[str, ...] = ()
+    pr_head: PrHead | None = None
+
+
+def mirror_for(config: Config, cache: Cache) -> Path:
+    cache.ensure_writable()
+    mirror = cache.mirror(config.upstream.url)
+    if not (mirror / "HEAD").exists():
+        git.init_bare(mirror)
+    return mirror
+
+
+def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
+    """Fetch the pin (and the PR head); fall back to the cached bundle when upstream can't give the pin.
+
+    When nothing can be fetched and the mirror was new, everything this call created is removed again.
+    """
+    mirror = cache.mirror(config.upstream.url)
+    lock = cache.lock_path(mirror.name)
+    created = [p for p in (cache.root, mirror.parent, lock.parent, mirror, lock) if not p.exists()]
+    try:
+        return _fetch(config, cache, mirror_for(config, cache), with_pr)
+    except BadInput:
+        for path in reversed(created):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        raise
+
+
+def _fetch(config: Config, cache: Cache, mirror: Path, with_pr: bool) -> FetchReport:
+    pin = config.upstream.commit
+    pr_wanted = with_pr and config.upstream.pr is not None
+    pr_head, notes = None, []
+    with cache.lock(mirror.name):
+        git.clear_stale_locks(mirror)
+        source, error = _fetch_pin(config, mirror)
+        if error is None:
+            write_bundle(mirror, cache, pin)
+            if pr_wanted:
+                try:
+                    pr_head = _fetch_pr_head(config, mirror)
+                except git.GitError as exc:
+                    notes.append(_pr_unchecked(config, source, exc))
+        else:
+            note = _restore_from_bundle(config, cache, mirror, error)
+            notes.append(f"{note}; the PR head was not checked" if pr_wanted else note)
+    return FetchReport(base=pin, mirror=mirror, source=source, notes=tuple(notes), pr_head=pr_head)
+
+
+def _pr_unchecked(config: Config, source: Source, error: git.GitError) -> str:
+    """One line for a PR head that could not be fetched; the pin is fine either way."""
+    url, ref = public_url(config.upstream.url), config.upstream.pr_ref
+    if source is Source.MIRROR:
+        return (
+            f"upstream {url} could not be reached ({_reason(error)}); the pin "
+            f"{config.upstream.commit[:12]} comes from the cache mirror and the PR head ({ref}) was not checked"
+        )
+    return f"upstream {url} did not give {ref} ({_reason(error)}); the PR head was not checked"
+
+
+def ensure_base(config: Config, cache: Cache) -> tuple[Path, tuple[str, ...]]:
+    """The mirror holding the pinned commit, fetching only when it is not there yet."""
+    mirror = cache.mirror(config.upstream.url)
+    if (mirror / "HEAD").exists() and (
+        _pinned(mirror) == config.upstream.commit or git.has_commit(mirror, config.upstream.commit)
+    ):
+        cache.ensure_writable()
+        return mirror, ()
+    report = fetch(config, cache, with_pr=False)
+    return report.mirror, report.notes
+
+
+def _pinned(mirror: Path) -> str | None:
+    """What refs/carry/pin names, read from its file (set only once the mirror has that commit); None if packed."""
+    try:
+        return (mirror / PIN_REF).read_text().strip()
+    except OSError:
+        return None
+
+
+def resolve_ref(config: Config, cache: Cache, ref: str) -> tuple[str, tuple[str, ...]]:
+    """The commit an upstream ref names now, fetching it when possible: a tag (`v0.33.0`), a branch (`main`), a
+    full name (`refs/pull/N/head`) or a commit SHA, older or newer than the pin.
+
+    A short name is looked up on upstream as git does, a tag before a branch. A ref whose tip the mirror has already
+    is not fetched again; offline, the ref as last fetched is used and a note says so.
+    """
+    mirror = mirror_for(config, cache)
+    if SHA_RE.match(ref):
+        return _resolve_sha(config, cache, mirror, ref), ()
+    names = candidates(ref)
+    with cache.lock(mirror.name):
+        git.clear_stale_locks(mirror)
+        try:
+            found = git.ls_remote(mirror, config.upstream.url, *names)
+            name = next((n for n in names if n in found), None)
+            if name is None:
+                raise BadInput(
+                    f"unknown ref {ref!r}: upstream {public_url(config.upstream.url)} has no "
+                    f"{' or '.join(names)}; check the ref name (a tag, a branch, refs/..., or a full commit SHA)"
+                )
+            local = local_ref(name)
+            if git.resolve(mirror, found[name]) is None:
+                _fetch_ref(config, mirror, f"+{name}:{local}")
+            else:
+                git.update_ref(mirror, local, found[name])
+        except git.GitError as exc:
+            known = next(((n, c) for n in names if (c := git.resolve(mirror, local_ref(n)))), None)
+            if known is None:
+                raise BadInput(
+                    f"unknown ref {ref!r}: upstream {public_url(config.upstream.url)} cannot give it "
+                    f"({_reason(exc)}); check the ref name or the network"
+                ) from None
+            return known[1], (f"upstream unreachable ({_reason(exc)}); using the cached {known[0]} {known[1][:12]}",)
+    return git.resolve(mirror, local), ()
+
+
+def candidates(ref: str) -> tuple[str, ...]:
+    """The full ref names a name given by a user may mean, in git's order (refs/tags/ before refs/heads/)."""
+    if ref.startswith("refs/"):
+        return (ref,)
+    return (f"refs/tags/{ref}", f"refs/heads/{ref}")
+
+
+def local_ref(name: str) -> str:
+    """Where the mirror keeps upstream's `name`: refs/carry/upstream/tags/v0.33.0, .../heads/main, .../pull/7/head."""
+    return f"refs/carry/upstream/{name.removeprefix('refs/')}"
+
+
+def _resolve_sha(config: Config, cache: Cache, mirror: Path, sha: str) -> str:
+    if git.has_commit(mirror, sha):
+        return sha
+    with cache.lock(mirror.name):
+        git.clear_stale_locks(mirror)
+        try:
+            _fetch_ref(config, mirror, sha)
+        except git.GitError as exc:
+            raise BadInput(
+                f"unknown ref {sha!r}: upstream {public_url(config.upstream.url)} cannot give that commit "
+                f"({_reason(exc)}); check the SHA or the network"
+            ) from None
+    if not git.has_commit(mirror, sha):
+        raise BadInput(f"unknown ref {sha!r}: upstream sent no such commit; check the SHA")
+    return sha
+
+
+def _fetch_ref(config: Config, mirror: Path, refspec: str) -> None:
+    """Fetch one ref into the mirror; in a shallow mirror only the history newer than the pinned base, or just the
+    tip when the ref is older than that (git then selects no commit for the shallow request)."""
+    since = _since_base(config, mirror)
+    try:
+        git.fetch(mirror, config.upstream.url, refspec, extra=since)
+    except git.GitError:
+        if not since:
+            raise
+        git.fetch(mirror, config.upstream.url, refspec, depth=1)
+
+
+def merge_base(
+    config: Config, cache: Cache, mirror: Path, base: str, commit: str
+) -> tuple[str | None, tuple[str, ...]]:
+    """The merge base of the pinned base and `commit`, deepening a shallow mirror's history of both (x4 each time,
+    up to MAX_HISTORY_DEPTH commits) until they meet; None with a note when they don't."""
+    found = git.merge_base(mirror, base, commit)
+    if found or not git.shallow_commits(mirror):
+        return found, ()
+    depth = FIRST_HISTORY_DEPTH
+    with cache.lock(mirror.name):
+        git.clear_stale_locks(mirror)
+        while found is None:
+            try:
+                git.fetch(mirror, config.upstream.url, base, commit, extra=(f"--deepen={depth}",))
+            except git.GitError as exc:
+                return None, (
+                    f"upstream {public_url(config.upstream.url)} gave no more history of {base[:12]} and "
+                    f"{commit[:12]} ({_reason(exc)}); their merge base is not known",
+                )
+            found = git.merge_base(mirror, base, commit)
+            if found is None and (depth >= MAX_HISTORY_DEPTH or not git.shallow_commits(mirror)):
+                return None, (
+                    f"{base[:12]} and {commit[:12]} share no commit in the {depth} commits of history before each",
+                )
+            depth *= 4
+    return found, ()
+
+
+def update_pin(config: Config, new_commit: str) -> None:
+    """Rewrite only `upstream.commit` in build.yaml, keeping comments and layout."""
+    text = config.path.read_text()
+    node = yaml.compose(text)
+    for key, value in node.value:
+        if key.value == "upstream":
+            for sub_key, sub_value in value.value:
+                if sub_key.value == "commit":
+                    start, end = sub_value.start_mark.index, sub_value.end_mark.index
+                    quote = text[start] if text[start] in "'\"" else ""
+                    atomic_write_text(config.path, f"{text[:start]}{quote}{new_commit}{quote}{text[end:]}")
+                    return
+    raise BadInput(f"{config.path}: upstream.commit not found; add it")
+
+
+def _fetch_pin(config: Config, mirror: Path) -> tuple[Source, git.GitError | None]:
+    """Fetch the pinned commit shallowly unless the mirror has it; the error when upstream can't give it."""
+    pin = config.upstream.commit
+    source = Source.MIRROR
+    try:
+        if not git.has_commit(mirror, pin):
+            source = Source.UPSTREAM
+            git.fetch(mirror, config.upstream.url, pin, depth=1)
+        if not git.has_commit(mirror, pin):
+            return Source.BUNDLE, git.GitError(f"upstream did not send commit {pin}")
+    except git.GitError as exc:
+        return Source.BUNDLE, exc
+    git.update_ref(mirror, PIN_REF, pin)
+    return source, None
+
+
+def _fetch_pr_head(config: Config, mirror: Path) -> PrHead:
+    """Fetch `refs/pull/N/head`, deepening until the pin is found or history ends."""
+    local = f"refs/carry/upstream/pull/{config.upstream.pr}/head"
+    pin = config.upstream.commit
+    depth = FIRST_PR_DEPTH
+    while True:
+        git.fetch(mirror, config.upstream.url, f"+{config.upstream.pr_ref}:{local}", depth=depth)
+        head = git.resolve(mirror, local)
+        history = git.rev_list(mirror, f"--max-count={depth}", head)
+        if pin in history:
+            return PrHead(head, history.index(pin), True, len(history))
+        reached_boundary = bool(git.shallow_commits(mirror) & set(history)) or len(history) >= depth
+        if not reached_boundary or depth >= MAX_PR_DEPTH:
+            return PrHead(head, None, False, len(history))
+        depth *= 4
+
+
+def write_bundle(mirror: Path, cache: Cache, commit: str) -> Path:
+    """The cached bundle of the pin, written once through a temp file and a rename."""
+    bundle = cache.bundle(commit)
+    if bundle.exists():
+        return bundle
+    bundle.parent.mkdir(parents=True, exist_ok=True)
+    tmp = bundle.with_name(f".{bundle.name}.{os.getpid()}.tmp")
+    try:
+        git.bundle_create(mirror, tmp, PIN_REF)
+        os.replace(tmp, bundle)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return bundle
+
+
+def _restore_from_bundle(config: Config, cache: Cache, mirror: Path, error: git.GitError) -> str:
+    pin = config.upstream.commit
+    bundle = cache.bundle(pin)
+    if not bundle.exists() and git.has_commit(mirror, pin):
+        git.update_ref(mirror, PIN_REF, pin)
+        return (
+            f"upstream {public_url(config.upstream.url)} unreachable ({_reason(error)}); "
+            f"using the cached mirror {mirror}"
+        )
+    if not bundle.exists():
+        raise BadInput(
+            f"upstream {public_url(config.upstream.url)} cannot give commit {pin[:12]} ({_reason(error)}) "
+            f"and no bundle is cached at {bundle}; fetch once while online or check upstream.url"
+        )
+    if not git.has_commit(mirror, pin):
+        if pin not in git.bundle_heads(mirror, bundle).values():
+            raise BadInput(f"{bundle}: does not hold commit {pin[:12]}; delete it and fetch while online")
+        git.add_shallow(mirror, pin)
+        git.fetch(mirror, str(bundle), f"{PIN_REF}:{PIN_REF}")
+    git.update_ref(mirror, PIN_REF, pin)
+    url = public_url(config.upstream.url)
+    return f"upstream {url} unreachable ({_reason(error)}); using cached bundle {bundle}"
+
+
+def _since_base(config: Config, mirror: Path) -> tuple[str, ...]:
+    """Keep a ref fetch small in a shallow mirror: only history newer than the pinned base."""
+    if not git.shallow_commits(mirror) or not git.has_commit(mirror, config.upstream.commit):
+        return ()
+    timestamp = int(git.run(mirror, "show", "-s", "--format=%ct", config.upstream.commit))
+    return (f"--shallow-since={timestamp - 86400}",)
+
+
+def _reason(error: git.GitError) -> str:
+    lines = [line for line in (error.stderr or str(error)).splitlines() if line.strip()]
+    return (lines[-1] if lines else str(error)).removeprefix("fatal: ").strip()

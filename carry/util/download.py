@@ -1,0 +1,319 @@
+"""Files pinned by sha256 (an upstream's released wheels and sdists), downloaded once into a content-addressed
+store and checked before anyone reads them.
+
+A file is pinned by name (`vllm==0.33.0` and its sha256; the package index the user configured serves it, see
+carry/util/index.py), by a local path, or by an http(s) URL.
+
+The store lives in `$CARRY_DOWNLOADS`, default `$CARRY_CACHE/downloads` (`~/.cache/carry/downloads`): one
+directory per sha256 holding the file under its own name. A download goes to a `.part` file first, resumes it
+with an HTTP range request when a killed run left one, and is renamed into place only once its size and sha256
+match; a mismatch removes it and is reported, never used. A local path is hashed where it lies (once per
+size/mtime/inode, remembered beside the store) and not copied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Callable
+from pathlib import Path
+
+from carry.platforms import Platform
+from carry.util.errors import BadInput, Failed
+from carry.util.fsutil import atomic_write_text
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+CHUNK = 1 << 20
+TIMEOUT_S = 60
+ATTEMPTS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Pinned:
+    """A file known by its sha256: where to get it (an http(s) URL, a local path, or by requirement from the
+    package index: `source` is then empty), its name (empty until the index names a wheel pinned by requirement
+    and platform) and size."""
+
+    source: str
+    sha256: str
+    name: str
+    size: int | None = None
+    requirement: str | None = None  # `project==version`: the configured index serves the file
+    index: str | None = None  # an index to ask instead of pip's configured one (build.yaml's index:)
+    platform: Platform | None = None  # the platform of a wheel pinned by requirement alone
+    where: str = dataclasses.field(default="", compare=False)  # what pinned it, for messages
+
+    @classmethod
+    def parse(cls, source: str, sha256: str, where: str, size: int | None = None) -> Pinned:
+        sha = _sha(sha256, where)
+        text = str(source or "").strip()
+        if not text:
+            raise BadInput(f"{where}: no file given; set a path or an http(s) URL")
+        scheme = urllib.parse.urlsplit(text).scheme.lower()
+        if "://" in text and scheme not in ("http", "https", "file"):
+            raise BadInput(f"{where}: {text!r} has scheme {scheme!r}; use an http(s) URL or a local path")
+        name = Path(urllib.parse.unquote(urllib.parse.urlsplit(text).path)).name
+        if not name or name in (".", ".."):
+            raise BadInput(f"{where}: {text!r} names no file; give the URL or path of the file itself")
+        return cls(text, sha, name, size, where=where)
+
+    @classmethod
+    def by_name(
+        cls,
+        requirement: str,
+        sha256: str,
+        where: str,
+        *,
+        name: str = "",
+        size: int | None = None,
+        index: str | None = None,
+        platform: Platform | None = None,
+    ) -> Pinned:
+        """A file the package index serves: `project==version` (one exact version), its sha256, and either its file
+        name (an sdist or a wheel of a release list) or the platform whose wheel pip picks."""
+        sha = _sha(sha256, where)
+        text = str(requirement or "").strip()
+        if _exact_version(text) is None:
+            raise BadInput(
+                f"{where}: requirement {requirement!r} names no single version; pin one, e.g. 'vllm==0.33.0'"
+            )
+        if index is not None:
+            scheme = urllib.parse.urlsplit(index).scheme.lower()
+            if scheme not in ("http", "https", "file"):
+                raise BadInput(
+                    f"{where}: index {index!r} is not an index URL; give a simple-API index "
+                    f"(https://HOST/PATH or file:///PATH), or leave it out to use pip's own"
+                )
+        return cls("", sha, name, size, text, index, platform, where)
+
+    @property
+    def version(self) -> str | None:
+        """The version the pin names: its requirement's, else the one in its file name."""
+        if self.requirement:
+            return _exact_version(self.requirement)[1]
+        parts = self.name.split("-")
+        return parts[1] if len(parts) > 1 else None
+
+    @property
+    def project(self) -> str | None:
+        return _exact_version(self.requirement)[0] if self.requirement else None
+
+    @property
+    def is_url(self) -> bool:
+        return urllib.parse.urlsplit(self.source).scheme.lower() in ("http", "https")
+
+    @property
+    def local_path(self) -> Path:
+        parts = urllib.parse.urlsplit(self.source)
+        return Path(urllib.parse.unquote(parts.path)) if parts.scheme.lower() == "file" else Path(self.source)
+
+    def short(self) -> str:
+        return f"{self.name or self.requirement} (sha256 {self.sha256[:8]}…)"
+
+
+def _sha(sha256: str, where: str) -> str:
+    sha = str(sha256 or "").strip().lower()
+    if not SHA256_RE.match(sha):
+        raise BadInput(f"{where}: sha256 {sha256!r} is not 64 hex digits; give the file's sha256 (sha256sum FILE)")
+    return sha
+
+
+def _exact_version(requirement: str) -> tuple[str, str] | None:
+    """(project, version) of `project==version`; None for anything that is not one exact version."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        parsed = Requirement(requirement)
+    except InvalidRequirement:
+        return None
+    specs = list(parsed.specifier)
+    if len(specs) != 1 or specs[0].operator not in ("==", "===") or "*" in specs[0].version or parsed.url:
+        return None
+    return parsed.name, specs[0].version
+
+
+@dataclasses.dataclass(frozen=True)
+class Store:
+    root: Path
+
+    @classmethod
+    def from_env(cls, cache_root: Path) -> Store:
+        return cls(Path(os.environ.get("CARRY_DOWNLOADS") or cache_root / "downloads").absolute())
+
+    def path(self, pinned: Pinned, name: str | None = None) -> Path:
+        return self.root / pinned.sha256 / (name or pinned.name)
+
+    def find(self, pinned: Pinned) -> Path | None:
+        """The file of that sha256 in the store already (under its pinned name, or its only file), or None."""
+        folder = self.root / pinned.sha256
+        if pinned.name:
+            return folder / pinned.name if (folder / pinned.name).is_file() else None
+        found = [p for p in folder.iterdir() if p.is_file() and not p.name.endswith(".part")] if folder.is_dir() else []
+        return found[0] if len(found) == 1 else None
+
+    def get(self, pinned: Pinned, say: Callable[[str], None] | None = None) -> Path:
+        """The checked file: a local path as it is, a URL or a pin by name from the store (fetched first when
+        missing: a name from the package index pip is configured with, see carry/util/index.py)."""
+        say = say or (lambda line: None)
+        if pinned.requirement:
+            return self.find(pinned) or self._from_index(pinned, say)
+        if not pinned.is_url:
+            return self._checked_local(pinned)
+        target = self.path(pinned)
+        if target.is_file():
+            return target
+        return self._download(pinned, target, say)
+
+    # --- by name, from the package index ---------------------------------------------------------------------
+
+    def _from_index(self, pinned: Pinned, say: Callable[[str], None]) -> Path:
+        from carry.util import index
+
+        where = pinned.where or pinned.requirement
+        if pinned.name:  # a file of a known name: the link on the index's simple page, downloaded by the store
+            url, listed = index.find_file(pinned.project, pinned.name, where)
+            if listed and listed.lower() != pinned.sha256:
+                raise BadInput(
+                    f"{where}: the index lists {pinned.name} with sha256 {listed}, not the pinned "
+                    f"{pinned.sha256}; fix the sha256"
+                )
+            return self._download(dataclasses.replace(pinned, source=url), self.path(pinned), say)
+        if pinned.platform is None:
+            raise BadInput(f"{where}: {pinned.requirement} needs a file name or a platform to pick a wheel by")
+        self.root.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        scratch = Path(tempfile.mkdtemp(prefix=".pip-", dir=self.root))
+        try:
+            got = index.download_wheel(pinned.requirement, pinned.sha256, pinned.platform, pinned.index, scratch, where)
+            found = sha256_of(got)
+            if found != pinned.sha256:
+                raise BadInput(
+                    f"{where}: pip downloaded {got.name} with sha256 {found}, not the pinned "
+                    f"{pinned.sha256}; fix the sha256 or the index"
+                )
+            target = self.path(pinned, got.name)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(got, target)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        asked = index.configured(pinned.index).describe()
+        say(
+            f"downloaded {target.name} ({pinned.requirement} for {pinned.platform}) with pip from {asked}: "
+            f"{target.stat().st_size / 1e6:.1f} MB in {time.monotonic() - started:.1f}s, sha256 {found[:12]} ok"
+        )
+        return target
+
+    # --- local files ---------------------------------------------------------------------------------
+
+    def _checked_local(self, pinned: Pinned) -> Path:
+        path = pinned.local_path.absolute()
+        if not path.is_file():
+            raise BadInput(f"{path}: not found; give the path of {pinned.name}, or its http(s) URL")
+        stat = path.stat()
+        key = f"{path}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
+        memo = self.root / "checked" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+        try:
+            if json.loads(memo.read_text()) == {"key": key, "sha256": pinned.sha256}:
+                return path
+        except (OSError, ValueError):
+            pass
+        found = sha256_of(path)
+        if found != pinned.sha256:
+            raise BadInput(f"{path}: sha256 is {found}, not the pinned {pinned.sha256}; fix the sha256 or the file")
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(memo, json.dumps({"key": key, "sha256": pinned.sha256}))
+        return path
+
+    # --- downloads -----------------------------------------------------------------------------------
+
+    def _download(self, pinned: Pinned, target: Path, say: Callable[[str], None]) -> Path:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(f"{target.name}.part")
+        started = time.monotonic()
+        started_at = part.stat().st_size if part.exists() else 0
+        last_error: Exception | None = None
+        import urllib.error
+
+        for attempt in range(ATTEMPTS):
+            try:
+                _fetch_into(pinned.source, part)
+                last_error = None
+                break
+            except (urllib.error.URLError, OSError, TimeoutError) as exc:
+                last_error = exc
+                time.sleep(min(2**attempt, 8))
+        if last_error is not None:
+            raise Failed(
+                f"{_public(pinned.source)}: download failed after {ATTEMPTS} attempts ({_reason(last_error)});"
+                f" {part.stat().st_size if part.exists() else 0} bytes kept in {part} for the next try"
+            )
+        size = part.stat().st_size
+        if pinned.size is not None and size != pinned.size:
+            _discard(part)
+            raise BadInput(f"{_public(pinned.source)}: {size} bytes, not the pinned {pinned.size}; fix the pin or URL")
+        found = sha256_of(part)
+        if found != pinned.sha256:
+            _discard(part)
+            raise BadInput(
+                f"{_public(pinned.source)}: sha256 is {found}, not the pinned {pinned.sha256}; "
+                f"fix the sha256 or the URL"
+            )
+        os.replace(part, target)
+        resumed = f", resumed at {started_at} bytes" if started_at else ""
+        say(
+            f"downloaded {pinned.name} from {_public(pinned.source)}: {size / 1e6:.1f} MB in "
+            f"{time.monotonic() - started:.1f}s{resumed}, sha256 {found[:12]} ok"
+        )
+        return target
+
+
+def _fetch_into(url: str, part: Path) -> None:
+    """Append the rest of `url` to `part` (a range request when it has bytes already)."""
+    import urllib.error
+    import urllib.request
+
+    have = part.stat().st_size if part.exists() else 0
+    request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        response = urllib.request.urlopen(request, timeout=TIMEOUT_S)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416 and have:  # the part file is complete already
+            return
+        raise
+    with response:
+        resumed = have and response.status == 206
+        with open(part, "ab" if resumed else "wb") as handle:
+            shutil.copyfileobj(response, handle, CHUNK)
+
+
+def _discard(part: Path) -> None:
+    """A download that is not the pinned file: removed, with its store directory when that is left empty."""
+    part.unlink(missing_ok=True)
+    try:
+        part.parent.rmdir()
+    except OSError:
+        pass
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK * 4):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _public(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1], query="", fragment=""))
+
+
+def _reason(error: Exception) -> str:
+    return str(getattr(error, "reason", None) or error)

@@ -1,0 +1,258 @@
+"""The package index the user configured for pip: where carry asks for a file it knows by name, version and sha256.
+
+carry writes no index host anywhere. A wheel pinned by requirement (`vllm==0.33.0` and its sha256) is fetched by
+pip itself, in hash-checking mode, for the wheel's platform (`pip download --platform … --require-hashes`): pip's
+own configuration and environment (pip.conf, PIP_INDEX_URL, extra indexes, find-links, certificates, netrc) decide
+where it asks, and `--index-url` is added only where build.yaml gives an `index:` (vLLM's per-commit nightly index,
+a company mirror). A file known by its exact name (an sdist in a release list, which pip cannot download without
+building its metadata) is looked up on the simple-API page (PEP 503) of the index pip is configured with, and its
+link followed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html.parser
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import urllib.parse
+from pathlib import Path
+
+from carry.platforms import Platform
+from carry.util.errors import BadInput, Failed
+
+PIP_TIMEOUT_S = 1800
+# The glibc of the images carry builds (Debian 12: 2.36) down to manylinux2014: the wheels that run there.
+GLIBC_MINORS = range(36, 16, -1)
+INDEX_KEYS = ("index-url", "extra-index-url")
+
+
+@dataclasses.dataclass(frozen=True)
+class Indexes:
+    """Where pip asks: the index URL (first) and the extra ones, and whence they come."""
+
+    urls: tuple[str, ...]
+    source: str
+
+    def describe(self) -> str:
+        return f"{', '.join(public(url) for url in self.urls)} ({self.source})"
+
+
+def public(url: str) -> str:
+    """A URL without user:password@ (never printed), query or fragment."""
+    parts = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1], query="", fragment=""))
+
+
+def pip_settings() -> dict[str, str]:
+    """pip's own configuration as `pip config list` gives it (its files and PIP_* variables): `section.key` -> value."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
+    found = {}
+    for line in result.stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            found[key.strip()] = value.strip().strip("'\"")
+    return found
+
+
+def pip_default_index() -> str:
+    """The index pip asks when nothing is configured (pip's own constant, not carry's)."""
+    try:
+        from pip._internal.models.index import PyPI
+    except ImportError:
+        raise BadInput(f"{sys.executable}: has no pip; install pip into carry's interpreter") from None
+    return PyPI.simple_url
+
+
+def configured(index: str | None = None) -> Indexes:
+    """The indexes pip asks for a download: build.yaml's `index:` first where given, then pip's configuration
+    (for `pip download`: PIP_* variables, then the [download], then the [global] section), else pip's default."""
+    settings = pip_settings()
+    chosen = {}
+    for key in INDEX_KEYS:
+        for section in (":env:", "download", "global"):
+            if f"{section}.{key}" in settings:
+                chosen[key] = settings[f"{section}.{key}"].split()
+                break
+    extra = tuple(chosen.get("extra-index-url", ()))
+    if index:
+        return Indexes((index, *extra), "build.yaml's index, then pip's extra indexes")
+    if chosen.get("index-url"):
+        return Indexes((*chosen["index-url"][:1], *extra), "pip's configuration")
+    return Indexes((pip_default_index(), *extra), "pip's default index and configuration")
+
+
+# --- a file by its name, from the simple-API page ----------------------------------------------------------------
+
+
+class _Links(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links: list[tuple[str, str]] = []  # (href, text)
+        self._href: str | None = None
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self._href, self._text = dict(attrs).get("href"), []
+
+    def handle_data(self, data):
+        if self._href is not None:
+            self._text.append(data)
+
+    def handle_endtag(self, tag):
+        if tag == "a" and self._href is not None:
+            self.links.append((self._href, "".join(self._text).strip()))
+            self._href = None
+
+
+def canonical(project: str) -> str:
+    return re.sub(r"[-_.]+", "-", project).lower()
+
+
+def find_file(project: str, filename: str, where: str) -> tuple[str, str | None]:
+    """(URL, sha256 from the link when the index gives it) of `filename` on `project`'s simple page, on the first
+    of pip's configured indexes that lists it; bad input naming the file and the indexes asked when none does."""
+    indexes = configured()
+    for url in indexes.urls:
+        page = f"{url.rstrip('/')}/{canonical(project)}/"
+        text = _page(page)
+        if text is None:
+            continue
+        parser = _Links()
+        parser.feed(text)
+        for href, label in parser.links:
+            link = urllib.parse.urljoin(page, href)
+            path = urllib.parse.urlsplit(link).path
+            if label == filename or urllib.parse.unquote(path.rsplit("/", 1)[-1]) == filename:
+                fragment = urllib.parse.urlsplit(link).fragment
+                sha = fragment.split("=", 1)[1] if fragment.startswith("sha256=") else None
+                return urllib.parse.urlunsplit(urllib.parse.urlsplit(link)._replace(fragment="")), sha
+    raise BadInput(
+        f"{where}: {filename} is on no index pip asks ({indexes.describe()}); check the name and "
+        f"version, or configure pip's index (PIP_INDEX_URL, pip config set global.index-url URL)"
+    )
+
+
+def _page(url: str) -> str | None:
+    """The text of a simple-API page (None where the index has no such project)."""
+    import urllib.error
+    import urllib.request
+
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "file":
+        folder = Path(urllib.parse.unquote(parts.path))
+        page = folder / "index.html"
+        if page.is_file():
+            return page.read_text(errors="replace")
+        if folder.is_dir():
+            return "".join(f'<a href="{urllib.parse.quote(p.name)}">{p.name}</a>' for p in sorted(folder.iterdir()))
+        return None
+    request = urllib.request.Request(public(url), headers={"Accept": "text/html", **_auth(parts)})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise Failed(f"{public(url)}: the index answered {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise Failed(f"{public(url)}: cannot reach the index ({getattr(exc, 'reason', exc)})") from None
+
+
+def _auth(parts: urllib.parse.SplitResult) -> dict[str, str]:
+    if parts.username is None:
+        return {}
+    import base64
+
+    pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+    return {"Authorization": "Basic " + base64.b64encode(pair.encode()).decode()}
+
+
+# --- a wheel by requirement, through pip ------------------------------------------------------------------------
+
+
+def pip_platforms(platform: Platform) -> list[str]:
+    """The platform tags pip is told the target runs (pip 23 expands none of the manylinux_2_X ones itself)."""
+    machine = platform.machine
+    return [*(f"manylinux_2_{minor}_{machine}" for minor in GLIBC_MINORS), f"manylinux2014_{machine}"]
+
+
+def download_wheel(
+    requirement: str, sha256: str, platform: Platform, index: str | None, into: Path, where: str
+) -> Path:
+    """The one wheel pip picks for `requirement` on `platform`, downloaded by pip in hash-checking mode into the
+    empty directory `into`; bad input (one line naming the requirement, the platform and the indexes asked) when
+    the index has no such version or no wheel of it for that platform, or serves other bytes."""
+    indexes = configured(index)
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    with tempfile.TemporaryDirectory(prefix="carry-pip-") as scratch:
+        pins = Path(scratch) / "requirements.txt"
+        pins.write_text(f"{requirement} --hash=sha256:{sha256}\n")
+        argv = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--no-cache-dir",
+            "--progress-bar",
+            "off",
+            "--disable-pip-version-check",
+            "--require-hashes",
+            "-r",
+            str(pins),
+            "-d",
+            str(into),
+            "--implementation",
+            "cp",
+            "--python-version",
+            python,
+            *(arg for tag in pip_platforms(platform) for arg in ("--platform", tag)),
+        ]
+        if index:
+            argv += ["--index-url", index]
+        result = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=PIP_TIMEOUT_S,
+            env={**os.environ, "PIP_NO_INPUT": "1"},
+        )
+    wheels = sorted(into.glob("*.whl"))
+    asked = f"{requirement} for {platform} (cp{python.replace('.', '')}, manylinux ≤ 2.36) on {indexes.describe()}"
+    if result.returncode == 0 and len(wheels) == 1:
+        return wheels[0]
+    said = result.stderr
+    if "DO NOT MATCH THE HASHES" in said:
+        got = re.search(r"Got\s+([0-9a-f]{64})", said)
+        raise BadInput(
+            f"{where}: the index serves {requirement} for {platform} with sha256 "
+            f"{got.group(1) if got else '(other)'}, not the pinned {sha256}; fix the sha256 or the index "
+            f"(asked: {indexes.describe()})"
+        )
+    if "No matching distribution" in said or "Could not find a version" in said:
+        versions = re.search(r"\(from versions: ([^)]*)\)", said)
+        there = f"; versions with a wheel for it there: {versions.group(1)[-200:]}" if versions else ""
+        raise BadInput(
+            f"{where}: no wheel of {asked}: no such version, or none for that platform{there}; fix the "
+            f"requirement, the platform or the index"
+        )
+    lines = [line for line in said.splitlines() if line.strip() and not line.startswith("WARNING")]
+    raise Failed(f"{where}: pip could not download {asked}: {public_text(lines[-1] if lines else 'no output')}")
+
+
+def public_text(text: str) -> str:
+    """A line of pip's with any user:password@ in a URL taken out."""
+    return re.sub(r"://[^/@\s]+@", "://", text)

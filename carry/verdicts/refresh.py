@@ -1,0 +1,183 @@
+"""`refresh`: move the series onto a new upstream base with a 3-way merge, then rewrite the patches that moved.
+
+The work happens in a temporary worktree of the cache mirror: each patch is committed on the pin (`git am`),
+cherry-picked onto the new base, and written back with `git format-patch` in one stable form. Nothing in the
+project changes until every patch has been carried over.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from carry import version
+from carry.config import Config
+from carry.source import git, series, upstream
+from carry.util.cache import Cache
+from carry.util.errors import Failed
+from carry.util.fsutil import atomic_write_text, temp_dir
+from carry.verdicts import drop
+
+# The rewritten files must not depend on the user's git configuration.
+CLEAN_ENV = {"GIT_CONFIG_GLOBAL": os.devnull}
+FORMAT_PATCH = ("format-patch", "-1", "--stdout", "--zero-commit", "--no-signature", "--full-index", "--no-color")
+
+
+@dataclasses.dataclass(frozen=True)
+class Refreshed:
+    old_base: str
+    new_base: str
+    rewritten: tuple[str, ...]
+    unchanged: tuple[str, ...]
+    emptied: tuple[str, ...]
+    notes: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        moved = f"pin {self.old_base[:12]} -> {self.new_base}" if self.old_base != self.new_base else "pin unchanged"
+        rows = [moved]
+        rows += [f"rewritten  {name}" for name in self.rewritten]
+        rows += [f"unchanged  {name}" for name in self.unchanged]
+        rows += [f"emptied    {name}: already upstream; removed and logged in {drop.LOG_NAME}" for name in self.emptied]
+        return rows
+
+
+def refresh(
+    config: Config, cache: Cache, patches: series.Series, onto: str | None, judge: Callable | None = None
+) -> Refreshed:
+    """Rebase `patches` onto `onto` (default upstream.main); on a conflict raise Failed and change nothing, naming
+    the patches REF needs no more (`drop` is their way out; `judge` adds the verdict by their tests)."""
+    mirror, notes = upstream.ensure_base(config, cache)
+    ref = onto or config.upstream.main
+    new_base, more = upstream.resolve_ref(config, cache, ref)
+    pin = config.upstream.commit
+    conflict = None
+    with cache.lock(mirror.name), temp_dir(cache.scratch, "refresh-") as work:
+        try:
+            texts = _rebase(mirror, pin, new_base, patches, work)
+        except Conflict as exc:
+            conflict = exc
+        else:
+            changed = {
+                p.name: texts[p.name] for p in patches.patches if texts[p.name] and _moved(p, texts[p.name], work)
+            }
+    if conflict is not None:
+        raise Failed(_conflict_message(config, cache, patches, ref, new_base, conflict, judge))
+    emptied = tuple(name for name, text in texts.items() if text is None)
+    _write(config, patches, changed, emptied, ref, new_base)
+    unchanged = tuple(p.name for p in patches.patches if p.name not in changed and p.name not in emptied)
+    return Refreshed(pin, new_base, tuple(changed), unchanged, emptied, (*notes, *more))
+
+
+def _rebase(mirror: Path, pin: str, new_base: str, patches: series.Series, work: Path) -> dict:
+    """patch name -> its text on `new_base` (None when it became empty), via a temporary worktree."""
+    tree = work / "tree"
+    git.run(mirror, "worktree", "add", "--detach", "--quiet", str(tree), pin, env=CLEAN_ENV)
+    try:
+        commits = [_commit(tree, patch, pin) for patch in patches.patches]
+        git.run(tree, "checkout", "--detach", "--quiet", new_base, env=CLEAN_ENV)
+        texts: dict[str, str | None] = {}
+        for patch, commit in zip(patches.patches, commits):
+            _cherry_pick(tree, patch, commit)
+            if git.run(tree, "rev-parse", "HEAD^{tree}") == git.run(tree, "rev-parse", "HEAD^^{tree}"):
+                texts[patch.name] = None
+            else:
+                texts[patch.name] = git.run(tree, *FORMAT_PATCH, "HEAD", env=CLEAN_ENV, strip=False)
+        return texts
+    finally:
+        git.run_status(mirror, "worktree", "remove", "--force", str(tree))
+        git.run_status(mirror, "worktree", "prune")
+
+
+def _commit(tree: Path, patch: series.Patch, pin: str) -> str:
+    """Commit the patch on top of the worktree's HEAD, keeping its author, date and message."""
+    if patch.author:
+        status, _, err = git.run_status(tree, "am", "--quiet", "--keep-cr", str(patch.path), env=CLEAN_ENV)
+        if status != 0:
+            git.run_status(tree, "am", "--abort", env=CLEAN_ENV)
+    else:
+        status, _, err = git.run_status(tree, "apply", "--index", str(patch.path), env=CLEAN_ENV)
+        if status == 0:
+            message = f"{patch.subject}\n\n{patch.description}" if patch.description else patch.subject
+            git.run(tree, "commit", "--quiet", "--no-verify", "-m", message, env=CLEAN_ENV)
+    if status != 0:
+        raise Failed(f"{patch.name} does not apply on the pin {pin[:12]}; run `check` and fix the series first")
+    return git.run(tree, "rev-parse", "HEAD")
+
+
+class Conflict(Exception):
+    """A patch that does not cherry-pick onto the new base, and the files it conflicts in."""
+
+    def __init__(self, patch: series.Patch, files: str):
+        super().__init__(patch.name)
+        self.patch = patch
+        self.files = files
+
+
+def _cherry_pick(tree: Path, patch: series.Patch, commit: str) -> None:
+    status, _, err = git.run_status(tree, "cherry-pick", "--keep-redundant-commits", commit, env=CLEAN_ENV)
+    if status == 0:
+        return
+    conflicted = git.run(tree, "diff", "--name-only", "--diff-filter=U").split("\n")
+    git.run_status(tree, "cherry-pick", "--abort", env=CLEAN_ENV)
+    files = ", ".join(name for name in conflicted if name) or (err.strip().splitlines() or ["?"])[-1]
+    raise Conflict(patch, files)
+
+
+def _conflict_message(
+    config: Config,
+    cache: Cache,
+    patches: series.Series,
+    ref: str,
+    new_base: str,
+    conflict: Conflict,
+    judge: Callable | None,
+) -> str:
+    """One line: the patch that conflicts, and the way out: `drop` for every patch REF needs no more (by the
+    verdicts of `status`), else rebasing that patch by hand."""
+    from carry.verdicts import verdicts
+
+    head = f"{conflict.patch.name} conflicts with {ref} {new_base[:12]} in {conflict.files}; nothing was changed"
+    report = verdicts.status(config, cache, patches, (ref,), with_pr=False, trees=judge is not None)
+    if judge is not None:
+        report = judge(report, patches)
+    found = report.reports[0]
+    droppable = [v for v in found.verdicts if v.verdict.droppable]
+    mine = found.find(conflict.patch.name)
+    if droppable:
+        names = "; ".join(f"{v.patch.name} is {v.verdict.value} ({v.evidence[0].splitlines()[0]})" for v in droppable)
+        commands = " and ".join(f"`{verdicts.drop_command(v.patch.name, ref)}`" for v in droppable)
+        return f"{head}. {ref} needs no more: {names}: drop it with {commands}, then refresh again"
+    return (
+        f"{head}: {mine.patch.name} is {mine.verdict.value} against {ref}; rebase that patch by hand, then "
+        f"refresh again"
+    )
+
+
+def _moved(patch: series.Patch, text: str, work: Path) -> bool:
+    """Whether the new text differs from the file in substance: its diff, description or mail headers (when it has
+    them); index lines and the diffstat are form only."""
+    candidate = work / patch.name
+    candidate.write_text(text)
+    new = series.parse_patch(candidate, patch.number)
+    if (new.diffs, new.description.strip()) != (patch.diffs, patch.description.strip()):
+        return True
+    return patch.author is not None and (new.subject, new.author, new.date) != (patch.subject, patch.author, patch.date)
+
+
+def _write(config: Config, patches: series.Series, changed: dict, emptied: tuple, ref: str, new_base: str) -> None:
+    """Write the moved patches, log and remove the emptied ones, then move the pin; each file atomically."""
+    log = patches.directory / drop.LOG_NAME
+    if emptied:
+        current = str(version.read(config.version_file))
+        what = f"empty after refresh onto {ref} {new_base[:12]} (already upstream)"
+        log_text = drop.read_log(log) + "".join(drop.log_line(name, what, None, current) + "\n" for name in emptied)
+    for name, text in changed.items():
+        atomic_write_text(patches.directory / name, text)
+    if emptied:
+        atomic_write_text(log, log_text)
+        for name in emptied:
+            (patches.directory / name).unlink()
+    if new_base != config.upstream.commit:
+        upstream.update_pin(config, new_base)

@@ -1,0 +1,89 @@
+"""Run an upstream's own PEP 517 build into a wheel, its output going to a log.
+
+Without build isolation carry calls the backend's `build_wheel` hook itself through pyproject_hooks, in the
+build environment's interpreter (carry/wheelbuild/buildenv.py), as `python -m build --no-isolation` would there, one
+interpreter fewer per build. With isolation it runs
+`python -m build`, which makes the isolated environment and installs the build requirements into it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+import pyproject_hooks
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: `build` depends on tomli there
+    import tomli as tomllib  # type: ignore[no-redef]
+
+LEGACY_BACKEND = "setuptools.build_meta:__legacy__"
+
+
+class _StepFailed(Exception):
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
+def build_wheel(
+    src: Path, out: Path, env: dict[str, str], log: BinaryIO, isolated: bool, python: str = sys.executable
+) -> int:
+    """Build `src` into a wheel in `out` with `env`; the failing step's exit status, or 0. Without isolation the
+    backend runs in `python` (the build environment's interpreter)."""
+
+    def run(cmd: Sequence[str], cwd: str | Path | None = None, extra_environ: Mapping[str, str] | None = None) -> None:
+        status = subprocess.run(
+            cmd,
+            cwd=cwd,
+            env={**env, **(extra_environ or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        ).returncode
+        if status:
+            raise _StepFailed(status)
+
+    try:
+        if isolated:
+            command = [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(src)]
+            _note(log, f"$ {' '.join(command)}")
+            run(command, cwd=src)
+            return 0
+        backend, backend_path = backend_of(src)
+        _note(log, f"$ {backend} build_wheel {out} (PEP 517 hook in {python}, no isolation)")
+        hooks = pyproject_hooks.BuildBackendHookCaller(str(src), backend, backend_path, run, str(python))
+        out.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings(record=True) as caught:  # the backend's warnings belong in the log
+            warnings.simplefilter("always")
+            hooks.build_wheel(str(out))
+        for warning in caught:
+            _note(log, f"warning from the build backend: {warning.message}")
+        return 0
+    except _StepFailed as failed:
+        return failed.status
+    except (OSError, ValueError, pyproject_hooks.BackendUnavailable, pyproject_hooks.HookMissing) as exc:
+        _note(log, f"carry: the build backend could not run: {exc}")
+        return 1
+
+
+def backend_of(src: Path) -> tuple[str, list[str] | None]:
+    """The `build-system` backend and backend-path of `src/pyproject.toml` (setuptools' legacy one without)."""
+    try:
+        with open(src / "pyproject.toml", "rb") as handle:
+            system = tomllib.load(handle).get("build-system", {})
+    except FileNotFoundError:
+        return LEGACY_BACKEND, None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{src / 'pyproject.toml'} is not valid TOML ({exc})") from None
+    return system.get("build-backend", LEGACY_BACKEND), system.get("backend-path")
+
+
+def _note(log: BinaryIO, line: str) -> None:
+    log.write(f"{line}\n".encode())
+    log.flush()

@@ -1,0 +1,593 @@
+"""A wheel of the patched tree: planned once, produced (the upstream's own PEP 517 build in a clean build dir),
+then finished the same way whoever produced it: gate, tree check, version, stamp, store; published into `out`.
+
+    plan -> produce (source build) -> finish (inspect: gate + tree check, stamp, store) -> publish
+
+A rerun with the same plan key reuses the stored wheel and runs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from packaging.version import InvalidVersion, Version
+
+import carry
+from carry.binaries import buildinfo
+from carry.binaries.gatepolicy import GatePolicy
+from carry.config import Config, RemoteCache, public_url
+from carry.platforms import Platform
+from carry.source import git
+from carry.source.apply import CheckReport
+from carry.source.series import Series
+from carry.util.cache import Cache
+from carry.util.errors import Failed
+from carry.util.fsutil import atomic_write_text, owned_prefix, sweep_dead, temp_dir
+from carry.util.logtail import tail
+from carry.util.progress import Progress
+from carry.wheelbuild import buildenv, compilecache, pep517, toolchain, verify
+
+if TYPE_CHECKING:
+    from carry.wheelbuild import precompiled
+
+ARCH_VARIABLES = ("TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES")
+GATE_SUFFIX = ".gate.txt"
+# Bumped when what a build produces from the same inputs changes (2: the build dir is a git worktree, so
+# setuptools-scm's file finder sees the upstream's tracked package data).
+PRODUCER_FORMAT = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvPlan:
+    """The environment a build without isolation runs the backend in: made by carry from `spec` (uv), or the one
+    `$CARRY_BUILD_PYTHON` names (the image's build stage), already checked against `spec`."""
+
+    spec: buildenv.EnvSpec
+    provided: buildenv.BuildEnv | None = None
+
+    @property
+    def key(self) -> str:
+        return self.provided.key if self.provided else self.spec.key
+
+    def ensure(self, cache: Cache, progress: Progress) -> buildenv.BuildEnv:
+        return self.provided or buildenv.ensure(self.spec, cache.root, progress)
+
+
+def env_plan(config: Config, mirror: Path, tree: str) -> EnvPlan | None:
+    """The build environment of `tree` (its [build-system] requires plus build.environment); None with isolation,
+    where `python -m build` makes its own."""
+    if config.build.build_isolation:
+        return None
+    spec = buildenv.EnvSpec.resolve(buildenv.requires_of_tree(mirror, tree), config.build.environment)
+    given = os.environ.get(buildenv.PROVIDED_ENV)
+    return EnvPlan(spec, buildenv.provided(given, spec) if given else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class WheelPlan:
+    """Everything a wheel build depends on, resolved once; `key` addresses the artifact cache."""
+
+    base: str
+    tree: str
+    version: str
+    wheel_version: str
+    policy: GatePolicy
+    env: dict[str, str]
+    unset: tuple[str, ...]  # inherited variables the build must not see
+    jobs: toolchain.JobPlan
+    tools: toolchain.Toolchain
+    key: str
+    remote: RemoteCache | None = None  # the shared compile cache; it changes no output, so it is not in `key`
+    platform: Platform = dataclasses.field(default_factory=Platform.native)  # whose CPU the shared objects are
+    environment: EnvPlan | None = None  # None: an isolated build
+    precompiled: precompiled.Plan | None = None  # the upstream wheel the compiled code comes from; None: compiled
+
+    @property
+    def arches(self):
+        return self.policy.arches
+
+
+@dataclasses.dataclass(frozen=True)
+class WheelResult:
+    path: Path
+    reused: bool
+    plan: WheelPlan
+    cache: compilecache.CacheOutcome | None = None  # what the compiler cache did; None when nothing was built
+    checks: verify.Inspection | None = None  # the gate and tree check of a fresh build
+
+    def to_json(self) -> dict:
+        return {
+            "wheel": str(self.path),
+            "reused": self.reused,
+            "version": self.plan.version,
+            "wheel_version": self.plan.wheel_version,
+            "tree": self.plan.tree,
+            "cuda_arches": str(self.plan.arches),
+            "cache_key": self.plan.key,
+            "compiler_cache": self.cache.to_json() if self.cache else None,
+            "gate": self.checks.gate.to_json() if self.checks else None,
+            "tree_check": self.checks.tree.to_json() if self.checks and self.checks.tree else None,
+            "gate_report": str(gate_report_path(self.path)),
+            "precompiled": self.plan.precompiled.to_json() if self.plan.precompiled else None,
+            "build_environment": self.plan.environment.key if self.plan.environment else None,
+        }
+
+
+def plan(
+    config: Config,
+    report: CheckReport,
+    version: str,
+    policy: GatePolicy,
+    job_plan: toolchain.JobPlan,
+    tools: toolchain.Toolchain,
+    remote: RemoteCache | None = None,
+    environment: EnvPlan | None = None,
+    taken: precompiled.Plan | None = None,
+) -> WheelPlan:
+    if report.tree is None:
+        failed = [r.patch.name for r in report.results if r.failure]
+        raise Failed(f"the series does not apply ({', '.join(failed)} failed); run `check` for details")
+    wheel_version = config.build.wheel_version.format(version=version)
+    arches = policy.arches
+    key_material = {
+        "carry": carry.__version__,
+        "producer": PRODUCER_FORMAT,
+        "tree": report.tree,
+        "series": report.series_hash,  # the buildinfo names the patches: a reworded one is another artifact
+        "arches": str(arches),
+        "gate": policy.digest(),  # the checks the stored wheel passed
+        "generated": [[g.glob, g.why] for g in config.build.generated],
+        "build_env": config.build.env,
+        "wheel_version": wheel_version,
+        "version_env": list(config.build.version_env),
+        "isolation": config.build.build_isolation,
+        "toolchain": tools.to_json(),
+        "build_environment": environment.key if environment else None,
+        "precompiled": taken.key() if taken else None,
+    }
+    key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()
+    if taken is not None:  # nothing compiles: no launcher, and the upstream's mechanism gets the wheel
+        tools, remote = dataclasses.replace(tools, launcher=None), None
+    env = _build_env(config, arches, wheel_version, job_plan.max_jobs, tools)
+    if taken is not None:
+        env.update(taken.env)
+    unset = () if arches.expects_cuda else ARCH_VARIABLES
+    return WheelPlan(
+        report.base,
+        report.tree,
+        version,
+        wheel_version,
+        policy,
+        env,
+        unset,
+        job_plan,
+        tools,
+        key,
+        remote,
+        platform=taken.platform if taken else Platform.native(),
+        environment=environment,
+        precompiled=taken,
+    )
+
+
+def _build_env(config: Config, arches, wheel_version: str, jobs: int, tools: toolchain.Toolchain) -> dict:
+    """The variables carry sets for the upstream build (on top of the caller's environment).
+
+    With no CUDA arches the arch variables are left out (and `unset` drops inherited ones): PyTorch and CMake
+    both reject an empty list, and a Python-only build (vLLM's VLLM_TARGET_DEVICE=empty) reads neither.
+    """
+    env = dict(config.build.env)
+    if arches.expects_cuda:
+        env.update(
+            TORCH_CUDA_ARCH_LIST=arches.torch_cuda_arch_list(),
+            CMAKE_CUDA_ARCHITECTURES=arches.cmake_cuda_architectures(),
+        )
+    env["MAX_JOBS"] = str(jobs)
+    for name in config.build.version_env:
+        env[name] = wheel_version
+    if tools.launcher:
+        for language in ("CUDA", "C", "CXX"):
+            env[f"CMAKE_{language}_COMPILER_LAUNCHER"] = tools.launcher.path
+    return env
+
+
+def build(
+    config: Config,
+    cache: Cache,
+    mirror: Path,
+    report: CheckReport,
+    series: Series,
+    the_plan: WheelPlan,
+    out: Path,
+    progress: Progress,
+) -> WheelResult:
+    """Reuse the stored wheel for this plan's key, or produce and finish one; publish it into `out`."""
+    outcome = checks = None
+    with cache.lock(f"wheel-{the_plan.key}"):
+        cached = _cached_wheel(cache, the_plan.key)
+        if cached is None:
+            with cache.lock(f"build-{mirror.name}"), produce(config, cache, mirror, the_plan, progress) as produced:
+                cached, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
+                outcome = produced.cache
+            reused = False
+        else:
+            reused = True
+            progress.phase("cache", f"hit {the_plan.key[:12]}: reusing {cached.name}")
+    published = publish(cached, out)
+    return WheelResult(published, reused, the_plan, outcome, checks)
+
+
+class Builder:
+    """What every build of one command shares, resolved once and before any work: the gate policy, the compile
+    jobs, VERSION, the remote compile cache and, unless building from source, the precompiled wheel for the
+    platform (checked: a wrong pin is bad input before anything is written); the toolchain is probed at the
+    first build (after the caller's check, which reports an unusable cache first). Calling it picks the
+    producer for one checked tree (precompiled when its compiled inputs are proven, else the source build),
+    plans and builds."""
+
+    def __init__(
+        self,
+        config: Config,
+        cache: Cache,
+        policy: GatePolicy,
+        job_plan: toolchain.JobPlan,
+        version: str,
+        platform: Platform,
+        pin: precompiled.Pin | None,
+        remote: RemoteCache | None,
+    ):
+        self.config, self.cache, self.policy, self.job_plan = config, cache, policy, job_plan
+        self.version, self.platform, self.pin, self.remote = version, platform, pin, remote
+        self._tools: toolchain.Toolchain | None = None
+
+    @classmethod
+    def resolve(
+        cls,
+        config: Config,
+        cache: Cache,
+        policy: GatePolicy,
+        jobs: int | None,
+        version: str,
+        platform: Platform | None,
+        from_source: bool,
+    ) -> Builder:
+        target = platform or Platform.native()
+        pin = None
+        if not from_source and config.build.precompiled is not None:
+            from carry.wheelbuild import precompiled
+
+            pin = precompiled.pin(config, cache, target, _say)
+        return cls(
+            config,
+            cache,
+            policy,
+            toolchain.choose_jobs(jobs, config.build.env),
+            version,
+            target,
+            pin,
+            compilecache.remote_setting(config, os.environ),
+        )
+
+    def __call__(
+        self, mirror: Path, report: CheckReport, patches: Series, out: Path, progress: Progress
+    ) -> WheelResult:
+        if self._tools is None:
+            self._tools = toolchain.probe(
+                {**os.environ, **self.config.build.env}, self.config.build.compiler_cache, self.cache.root, self.remote
+            )
+        progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: tree {str(report.tree)[:12]}")
+        taken = None
+        if report.tree and self.pin is not None:
+            from carry.wheelbuild import precompiled
+
+            taken = precompiled.prove(self.config, self.cache, mirror, self.pin, report.tree, patches)
+            progress.phase("precompiled", taken.line())
+        environment = env_plan(self.config, mirror, report.tree) if report.tree else None
+        the_plan = plan(
+            self.config, report, self.version, self.policy, self.job_plan, self._tools, self.remote, environment, taken
+        )
+        return build(self.config, self.cache, mirror, report, patches, the_plan, out, progress)
+
+
+def _say(line: str) -> None:
+    """A line of what was done before a build's progress starts (a precompiled wheel downloaded)."""
+    import sys
+
+    print(f"carry: {line}", file=sys.stderr, flush=True)
+
+
+# --- producing --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Produced:
+    """A wheel some producer made in scratch space, not yet checked, with its log and what the compiler cache
+    did (None where nothing compiled)."""
+
+    wheel: Path
+    log: Path
+    scratch: Path
+    cache: compilecache.CacheOutcome | None = None
+
+
+@contextlib.contextmanager
+def produce(config: Config, cache: Cache, mirror: Path, the_plan: WheelPlan, progress: Progress) -> Iterator[Produced]:
+    """The upstream's PEP 517 build of the plan's tree in the stable build dir, cleaned of every earlier
+    build's output first (objects under build.keep survive, for incremental builds)."""
+    build_dir = cache.builds / mirror.name.removesuffix(".git")
+    src = build_dir / "src"
+    removed = git.checkout_tree(mirror, the_plan.tree, the_plan.base, src, config.build.keep)
+    kept = f", kept {', '.join(config.build.keep)}" if config.build.keep else ""
+    progress.phase(
+        "materialize", f"tree {the_plan.tree[:12]} -> {src} (removed {len(removed)} earlier build output(s){kept})"
+    )
+    log = cache.logs / f"wheel-{the_plan.key[:16]}.log"
+    environment = the_plan.environment.ensure(cache, progress) if the_plan.environment else None
+    if environment is not None:
+        progress.phase("env", environment.describe())
+    with temp_dir(cache.scratch, "wheel-") as scratch:
+        recorded = _Recorder(progress)
+        with compilecache.run(
+            the_plan.tools.launcher, the_plan.remote, cache.root, src, scratch, os.environ, recorded
+        ) as launcher:
+            recorded.phase("build", _build_line(the_plan, log))
+            built = _run_build(config, src, scratch / "out", the_plan, log, launcher, recorded, environment)
+            outcome = launcher.outcome() if launcher else None
+        if outcome is not None:
+            recorded.phase("cache", outcome.line())
+            append_log(log, recorded.lines[-1:])
+        yield Produced(built, log, scratch, outcome)
+
+
+def _build_line(the_plan: WheelPlan, log: Path) -> str:
+    """What the build is about to do: compile (arches, jobs, launcher), or take the compiled code from a wheel."""
+    if the_plan.precompiled is not None:
+        return (
+            f"PEP 517 build_wheel for {the_plan.platform}, compiled code from {the_plan.precompiled.path.name} "
+            f"(nothing compiles); log {log}"
+        )
+    if not the_plan.arches.expects_cuda:
+        return f"PEP 517 build_wheel, Python only (arches none); log {log}"
+    return (
+        f"PEP 517 build_wheel, arches {the_plan.arches}, {the_plan.jobs.jobs} job(s) ({the_plan.jobs.reason}), "
+        f"compiler cache {the_plan.tools.describe_launcher()}; log {log}"
+    )
+
+
+class _Recorder(Progress):
+    """Progress that also keeps the lines it printed, for the build log."""
+
+    def __init__(self, progress: Progress):
+        super().__init__(progress.stream, progress.quiet)
+        self.start = progress.start
+        self.lines: list[str] = []
+
+    def phase(self, name: str, detail: str = "") -> None:
+        self.lines.append(f"{name}: {detail}")
+        super().phase(name, detail)
+
+
+def append_log(log: Path, lines: list[str]) -> None:
+    with open(log, "a") as handle:
+        handle.writelines(f"carry: {line}\n" for line in lines)
+
+
+def _run_build(
+    config: Config,
+    src: Path,
+    out: Path,
+    the_plan: WheelPlan,
+    log: Path,
+    launcher: compilecache.CacheRun | None,
+    recorded: _Recorder,
+    environment: buildenv.BuildEnv | None,
+) -> Path:
+    """Run the upstream build with the plan's variables and the launcher's settings; the caller's own secrets
+    (carry's passwords) and the variables the plan unsets stay out of its environment."""
+    launcher_env = launcher.env if launcher else {}
+    environ = compilecache.secret_free_env(os.environ)
+    if launcher and (launcher.remote or launcher.remote_note):
+        environ = {k: v for k, v in environ.items() if k not in compilecache.LAUNCHER_REMOTE_ENV}
+    cleared = the_plan.precompiled.clear if the_plan.precompiled else ()
+    inherited = {
+        name: value
+        for name, value in environ.items()
+        if name not in the_plan.unset and not (cleared and name.startswith(cleared))
+    }
+    env = {**inherited, **the_plan.env, **launcher_env}
+    if environment is not None:
+        env = environment.environ(env)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as handle:
+        handle.writelines(f"carry: {line}\n".encode() for line in recorded.lines)
+        handle.write(b"environment carry sets for the build:\n")
+        for name in sorted({**the_plan.env, **launcher_env}):
+            handle.write(f"  {name}={env[name]}\n".encode())
+        for name in the_plan.unset:
+            handle.write(f"  unset {name}\n".encode())
+        if environment is not None:
+            handle.write(f"build environment: {environment.describe()}\n".encode())
+            status = pep517.build_wheel(src, out, env, handle, False, str(environment.python))
+        else:
+            status = pep517.build_wheel(src, out, env, handle, True)
+    if status != 0:
+        raise Failed(f"the upstream build failed (exit {status}); log: {log}\n{tail(log)}")
+    wheels = list(out.glob("*.whl"))
+    if len(wheels) != 1:
+        raise Failed(f"the upstream build made {len(wheels)} wheels, expected 1; log: {log}")
+    return wheels[0]
+
+
+# --- finishing --------------------------------------------------------------------------------------------
+
+
+def finish(
+    config: Config,
+    cache: Cache,
+    mirror: Path,
+    report: CheckReport,
+    series: Series,
+    the_plan: WheelPlan,
+    produced: Produced,
+    progress: Progress,
+) -> tuple[Path, verify.Inspection]:
+    """The shared finish of every producer: gate and tree check (printed, in full when they fail, and logged),
+    version, buildinfo stamp, store in the artifact cache with the gate report beside the wheel."""
+    wheel = produced.wheel
+    taken = the_plan.precompiled
+    progress.phase("gate", f"checking {wheel.name}")
+    tagged = verify.wheel_platform(wheel)
+    if taken is None and tagged not in (None, the_plan.platform):
+        raise Failed(f"{wheel.name} is tagged for {tagged}, but this build is for {the_plan.platform}")
+    checks = verify.inspect_wheel(
+        wheel,
+        the_plan.policy,
+        mirror,
+        the_plan.tree,
+        config.build.generated,
+        taken.members if taken else None,
+        platform=the_plan.platform,
+    )
+    if taken is not None:
+        from carry.wheelbuild import precompiled
+
+        checks = dataclasses.replace(
+            checks,
+            proven=(f"precompiled: {taken.line()}",),
+            metadata=tuple(precompiled.metadata_problems(wheel, taken.requires_dist, taken.path.name)),
+        )
+    shown = checks.lines() if checks.ok else checks.full_lines()
+    for line in shown:
+        progress.phase("gate", line)
+    append_log(produced.log, checks.full_lines())
+    if not checks.ok:
+        raise Failed(
+            f"{wheel.name} failed its checks ({checks.summary()}); the wheel was not kept; log: {produced.log}"
+        )
+    actual = buildinfo.wheel_version(wheel)
+    _check_version(actual, the_plan)
+    info = make_info(config, report, series, the_plan, actual, checks)
+    stamped = buildinfo.stamp(wheel, info, taken.tags if taken else None)
+    progress.phase("stamp", f"{buildinfo.FILENAME} in {stamped.name} (version {actual})")
+    return _store(cache, the_plan.key, stamped, checks), checks
+
+
+def _check_version(actual: str, the_plan: WheelPlan) -> None:
+    """The built version must carry our local label; upstreams may append to it (vLLM adds .cuXYZ)."""
+    expected = Version(the_plan.wheel_version)
+    try:
+        got = Version(actual)
+    except InvalidVersion:
+        raise Failed(f"the wheel's version {actual!r} is not PEP 440") from None
+    if got.public != expected.public or not (got.local or "").startswith(expected.local or ""):
+        raise Failed(
+            f"the wheel's version is {actual}, expected {the_plan.wheel_version} (or a longer local label): "
+            f"check build.version_env names the variable the upstream build reads"
+        )
+
+
+def make_info(config, report, series, the_plan: WheelPlan, actual_version: str, checks: verify.Inspection) -> dict:
+    """The provenance record; no timestamps, so the same inputs give the same bytes."""
+    return {
+        "format": buildinfo.FORMAT,
+        "carry": carry.__version__,
+        "version": the_plan.version,
+        "wheel_version": actual_version,
+        "upstream": {
+            "url": public_url(config.upstream.url),
+            "pr": config.upstream.pr,
+            "commit": report.base,
+        },
+        "series": {
+            "hash": series.hash,
+            "patches": [
+                {"name": p.name, "sha256": p.sha256, "upstream_status": str(p.upstream_status or "")}
+                for p in series.patches
+            ],
+        },
+        "tree": the_plan.tree,
+        "platform": str(the_plan.platform),
+        "cuda_arches": str(the_plan.arches),
+        "gate_policy": the_plan.policy.to_json(),
+        "gate": checks.gate.to_json(),
+        "tree_check": checks.tree.to_json() if checks.tree else None,
+        "toolchain": the_plan.tools.to_json(),
+        "build_environment": (
+            {"key": the_plan.environment.key, "inputs": the_plan.environment.spec.public()}
+            if the_plan.environment
+            else None
+        ),
+        "precompiled": the_plan.precompiled.to_json() if the_plan.precompiled else None,
+        "build_env_keys": sorted(the_plan.env),
+        "cache_key": the_plan.key,
+    }
+
+
+def _cached_wheel(cache: Cache, key: str) -> Path | None:
+    directory = cache.artifacts / key
+    wheels = sorted(directory.glob("*.whl")) if directory.is_dir() else []
+    return wheels[0] if len(wheels) == 1 else None
+
+
+def gate_report_path(wheel: Path) -> Path:
+    """`<wheel>.gate.txt`, the full gate report beside a wheel."""
+    return wheel.with_name(wheel.name + GATE_SUFFIX)
+
+
+def write_gate_report(wheel: Path, checks: verify.Inspection) -> None:
+    """The checks in full (table, holdings, rules, tree check) into `<wheel>.gate.txt`."""
+    atomic_write_text(gate_report_path(wheel), "\n".join(checks.full_lines()) + "\n")
+
+
+def _store(cache: Cache, key: str, wheel: Path, checks: verify.Inspection) -> Path:
+    """Move the finished wheel (and its gate report) into the artifact cache with one directory rename."""
+    cache.artifacts.mkdir(parents=True, exist_ok=True)
+    sweep_dead(cache.artifacts, f".{key[:12]}-")
+    staging = Path(tempfile.mkdtemp(prefix=owned_prefix(f".{key[:12]}-"), dir=cache.artifacts))
+    shutil.move(str(wheel), staging / wheel.name)
+    os.chmod(staging / wheel.name, 0o644)
+    write_gate_report(staging / wheel.name, checks)
+    final = cache.artifacts / key
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(staging, final)
+    return final / wheel.name
+
+
+def publish(wheel: Path, out: Path) -> Path:
+    """Put the wheel, then its gate report (when there is one), into `out` through temp names and renames: `out`
+    never holds a partial wheel, nor a report without its wheel. A hardlink of the stored file where `out` is on
+    the same filesystem (a 330 MB wheel is not copied again; one already published is left as it is), else a
+    copy."""
+    out.mkdir(parents=True, exist_ok=True)
+    report = gate_report_path(wheel)
+    published = _place(wheel, out / wheel.name)
+    if report.exists():
+        _place(report, out / report.name)
+    return published
+
+
+def _place(source: Path, dest: Path) -> Path:
+    if dest.exists() and os.path.samefile(source, dest):
+        return dest
+    sweep_dead(dest.parent, f".{dest.name}.")
+    tmp = Path(tempfile.mktemp(prefix=owned_prefix(f".{dest.name}."), suffix=".tmp", dir=dest.parent))
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+            os.chmod(tmp, 0o644)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
