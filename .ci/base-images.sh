@@ -33,10 +33,11 @@ apt_mirror() {
                    if ($i ~ /^Suites:/) suites = $i }
                if (uri != "" && suites !~ /-security/) { print uri; exit } }' "$file"
     done
-    cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
+    # Either kind of file may be missing: a missing one is no failure (set -e and pipefail are on).
+    { cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null || true; } |
         awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/) { if ($(i+1) !~ /-security/) print $i; next } }'
 }
-MIRROR=${CARRY_CI_DEBIAN_MIRROR:-$(apt_mirror | head -n 1)}
+MIRROR=${CARRY_CI_DEBIAN_MIRROR:-$( (apt_mirror || true) | head -n 1)}
 if [ -z "$MIRROR" ]; then
     echo "base-images: no Debian mirror in this machine's apt sources; set CARRY_CI_DEBIAN_MIRROR" >&2
     exit 2
