@@ -1,5 +1,5 @@
 """The locked, layered image (build.yaml `image.lock`): carry writes the layers itself, nothing of the target CPU
-runs, no build context is sent (notes/IMAGE-LAYOUT.md holds the layout; README: "The locked image").
+runs, no build context is sent (docs/images.md: "The locked image").
 
 Per platform: the runtime lock's wheels are downloaded once into the download store (sha256 from the lock, pip's
 own client and index settings); each layer is a deterministic tar written straight from the wheels' zips
