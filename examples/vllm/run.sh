@@ -7,7 +7,8 @@
 # (runtime-lock/): carry writes its layers itself, nothing emulated, pushes them to the registry ci/setup.sh
 # started under VERSION (one multi-platform tag) and smoke-tests each platform's image pulled back: linux/amd64
 # imports vllm, linux/arm64 (QEMU) runs a stdlib check (the version, the patched files' bytes, the scripts'
-# interpreter). The lock is refreshed first when this machine's runtime bases are not the ones it names.
+# interpreter); then `verify` proves each platform's files against the lock, natively. The lock is refreshed
+# first when this machine's runtime bases are not the ones it names.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -31,6 +32,12 @@ CARRY_REGISTRY_PASSWORD=$(cat "$(setting CARRY_TEST_REGISTRY_PASSWORD_FILE)")
 carry lock --check >/dev/null 2>&1 || carry lock >/dev/null
 image_lines=$(carry image --push)
 echo "$image_lines" | tail -n 6
+# verify IMAGE reads each platform's layers from the registry on this machine (nothing emulated, no pull) and
+# proves them against the lock, every RECORD and the fixed wheel in dist/.
+image_ref=$(echo "$image_lines" | tail -n 1 | cut -d' ' -f1)
+for platform in linux/amd64 linux/arm64; do
+    carry verify "$image_ref" --platform "$platform" | tail -n 1
+done
 
 cat <<DONE
 
@@ -38,5 +45,5 @@ vllm example: done; VERSION $(carry version)
   wheel (x86_64)          $wheel
   wheel (GB10, aarch64)   $arm64_wheel
   gate reports            $wheel.gate.txt, $arm64_wheel.gate.txt
-  image (both platforms)  $(echo "$image_lines" | tail -n 1 | cut -d' ' -f1)
+  image (both platforms)  $image_ref (verified per platform)
 DONE
