@@ -26,7 +26,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from carry.image import tarstream
+from carry.image import registryhttp, tarstream
 from carry.platforms import Platform
 from carry.util.errors import Failed
 
@@ -299,7 +299,7 @@ class Registry:
             return self._basic()
         if scheme.lower() != "bearer":
             return None
-        fields = dict(part.split("=", 1) for part in _split_challenge(params))
+        fields = dict(part.split("=", 1) for part in registryhttp.split_params(params))
         fields = {key.strip(): value.strip().strip('"') for key, value in fields.items()}
         query = {"service": fields.get("service", ""), "scope": f"repository:{self.ref.repository}:pull"}
         request = urllib.request.Request(f"{fields.get('realm', '')}?{urllib.parse.urlencode(query)}")
@@ -331,19 +331,6 @@ class Registry:
         if answer is None:
             raise Failed(f"registry {self.ref.host} has no blob {digest[:19]} of {self.ref.repository}")
         return answer
-
-
-def _split_challenge(params: str) -> list[str]:
-    parts, current, quoted = [], "", False
-    for char in params:
-        if char == '"':
-            quoted = not quoted
-        if char == "," and not quoted:
-            parts.append(current)
-            current = ""
-        else:
-            current += char
-    return [part for part in [*parts, current] if "=" in part]
 
 
 class _Checked(io.RawIOBase):

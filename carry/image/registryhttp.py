@@ -117,7 +117,7 @@ class Repository:
         scheme, _, params = header.partition(" ")
         if scheme.lower() != "bearer":
             return False
-        fields = dict(part.split("=", 1) for part in _split_params(params))
+        fields = dict(part.split("=", 1) for part in split_params(params))
         fields = {k.strip(): v.strip().strip('"') for k, v in fields.items()}
         realm = fields.pop("realm", "")
         if not realm.startswith("https://") and not (
@@ -198,7 +198,7 @@ class Repository:
         self.request("DELETE", f"/v2/{self.name}/manifests/{digest}", ok=(202, 404))
 
 
-def _split_params(text: str) -> list[str]:
+def split_params(text: str) -> list[str]:
     """`a="x,y",b=c` split on the commas outside quotes."""
     parts, current, quoted = [], "", False
     for char in text:
