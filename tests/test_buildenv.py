@@ -281,7 +281,7 @@ def test_foreign_platform_is_bad_input(tmp_path):
 def test_missing_uv_names_pip_install_uv():
     code = (
         "import sys; sys.modules['uv'] = None\n"
-        "from carry import buildenv\nfrom carry.util.errors import BadInput\n"
+        "from carry.wheelbuild import buildenv\nfrom carry.util.errors import BadInput\n"
         "try:\n    buildenv.EnvSpec.resolve(['wheel'])\nexcept BadInput as exc:\n    print(exc)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
@@ -308,7 +308,7 @@ def test_dir_without_marker_is_redone(tmp_path):
 ENSURE_SCRIPT = """
 import json, sys
 from pathlib import Path
-from carry import buildenv
+from carry.wheelbuild import buildenv
 spec = buildenv.EnvSpec.resolve(json.loads(sys.argv[2]))
 print(json.dumps(buildenv.ensure(spec, Path(sys.argv[1])).to_json()))
 """
