@@ -727,3 +727,62 @@ def test_a_wheels_data_files_and_own_pyc_are_installed_where_pip_puts_them():
     assert installcheck.against_wheel(extra, wheel, "z3-1.dist-info", "z3.whl") == [
         "z3 1: the installed RECORD lists z3/evil.py, which z3.whl does not have"
     ]
+
+
+PYNVVIDEOCODEC_SHA256 = "bd3779ff73ad703393c0a19c3650f269ca25e71902c24efa0719ed4a58cd9390"  # examples/vllm's lock
+
+
+def test_a_locked_wheel_whose_own_record_is_wrong_installs_its_bytes_and_is_named(tmp_path):
+    """pynvvideocodec 2.0.4 (in vLLM 0.33.0's lock) ships a RECORD that is wrong about two of its .so files: the
+    plan installs the bytes with their own hash and size, as pip does, and verify names the two files as notes."""
+    from carry.image import wheelinstall
+    from carry.util.download import Store
+
+    store = Store.from_env(Path.home() / ".cache" / "carry")
+    wheel = next(iter((store.root / PYNVVIDEOCODEC_SHA256).glob("*.whl")), None)
+    if wheel is None:
+        got = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "--no-cache-dir",
+                "--platform",
+                "manylinux_2_28_x86_64",
+                "--python-version",
+                "3.11",
+                "--implementation",
+                "cp",
+                "-d",
+                str(tmp_path),
+                "pynvvideocodec==2.0.4",
+            ],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=600,
+        )
+        assert got.returncode == 0, got.stderr[-2000:]
+        wheel = next(tmp_path.glob("pynvvideocodec-2.0.4-*.whl"))
+        assert hashlib.sha256(wheel.read_bytes()).hexdigest() == PYNVVIDEOCODEC_SHA256
+    planned = wheelinstall.plan(wheel, wheelinstall.Venv("/opt/venv", "3.11"))
+    record = next(e for e in planned.entries if e.path.endswith(".dist-info/RECORD"))
+    rows = installcheck.parse_record(record.data.decode())
+    with zipfile.ZipFile(wheel) as archive:
+        for entry in planned.entries:
+            if entry.member and entry.path.endswith(".so"):
+                digest = hashlib.sha256(archive.read(entry.member)).digest()
+                assert entry.hash == "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode(), entry.path
+    info, wheel_rows, corrected = installcheck.wheel_record_as_is(wheel)
+    assert sorted(corrected) == [
+        "PyNvVideoCodec/PyNvVideoCodec_121.cpython-311-x86_64-linux-gnu.so",
+        "PyNvVideoCodec/PyNvVideoCodec_130.cpython-311-x86_64-linux-gnu.so",
+    ]
+    dist = installcheck.Installed("pynvvideocodec", "pynvvideocodec", "2.0.4", "x", rows, ())
+    assert installcheck.against_wheel(dist, wheel_rows, info, wheel.name) == []
+    _, claimed = installcheck.wheel_record(wheel)
+    assert installcheck.against_wheel(dist, claimed, info, wheel.name), "the wheel's own RECORD must disagree"

@@ -6,6 +6,7 @@ run the image's own interpreter, and the fixed wheel's shared objects are handed
 
 from __future__ import annotations
 
+import base64
 import csv
 import dataclasses
 import email.parser
@@ -211,8 +212,9 @@ def check(
     compared = 0
     for dist in dists:
         if wheels and dist.name in wheels and dist.name != fixed.name:
-            info, rows = wheel_record(wheels[dist.name])
+            info, rows, corrected = wheel_record_as_is(wheels[dist.name])
             problems += against_wheel(dist, rows, info, wheels[dist.name].name)
+            wrong_records += [f"{dist}: {path}" for path in corrected]
             compared += 1
     problems += _scripts(nodes, dists)
     problems += _interpreter(files)
@@ -336,10 +338,6 @@ def _changed(
     """Files that differ from their RECORD: a problem, unless the locked wheel itself (from the download store,
     by the lock's sha256) holds exactly these bytes under a RECORD that is wrong about them (pynvvideocodec 2.0.4
     ships such a RECORD; pip installs the bytes, not the claim). Returns those, as notes."""
-    import base64
-    import hashlib
-    import zipfile
-
     upstream_wrong: list[str] = []
     for dist, row, node, shown in changed:
         wheel = wheels.get(dist.name)
@@ -481,6 +479,24 @@ def wheel_record(path: Path) -> tuple[str, tuple[Row, ...]]:
             return info, parse_record(archive.read(f"{info}/RECORD").decode())
     except (OSError, KeyError, zipfile.BadZipFile) as exc:
         raise Failed(f"{path}: not a readable wheel ({exc})") from None
+
+
+def wheel_record_as_is(path: Path) -> tuple[str, tuple[Row, ...], list[str]]:
+    """A locked wheel's RECORD with every row whose size is not its member's replaced by the member's own hash
+    and size (what pip installs and writes), and the paths so corrected: the upstream's RECORD is wrong there."""
+    info, rows = wheel_record(path)
+    corrected: list[str] = []
+    fixed_rows = []
+    with zipfile.ZipFile(path) as archive:
+        sizes = {member.filename: member.file_size for member in archive.infolist()}
+        for row in rows:
+            size = sizes.get(row.path)
+            if size is not None and row.hash and row.size != size:
+                digest = hashlib.sha256(archive.read(row.path)).digest()
+                row = Row(row.path, "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode(), size)
+                corrected.append(row.path)
+            fixed_rows.append(row)
+    return info, tuple(fixed_rows), corrected
 
 
 def _describe(row: Row | None) -> str:

@@ -110,7 +110,9 @@ def plan(wheel: Path, venv: Venv) -> Installed:
                 scripts.append(target)
                 continue
             claimed = record.get(member)
-            if claimed is None or not claimed[0].startswith("sha256="):
+            # No usable RECORD row, or one whose size is not the member's (pynvvideocodec 2.0.4's RECORD is wrong
+            # about two of its .so files): the bytes' own hash, as pip writes it into the installed RECORD.
+            if claimed is None or not claimed[0].startswith("sha256=") or claimed[1] != str(info.file_size):
                 data = archive.read(info)
                 claimed = (record_hash(data), str(len(data)))
             entries[target] = Entry(
