@@ -35,7 +35,7 @@ from helpers import ROOT, assert_bad_input, carry
 from procwatch import command_lines
 from services import private_redis
 
-RUNTIME_STAGE_RUN = re.compile(r"^(#\d+) \[build \d+/\d+\] RUN .*build\.py", re.M)
+RUNTIME_STAGE_RUN = re.compile(r"^(#\d+) \[build \d+/\d+\] RUN .*(?:build\.py|-m carry)", re.M)
 COMPILES = re.compile(
     r"\] cache: ccache(?: \(auto\))?: (\d+) compile\(s\), (\d+) hit\(s\)(?: \((\d+) from [^)]*\))?, (\d+) miss"
 )
