@@ -176,23 +176,9 @@ def measure_all(work: Path) -> dict:
     name = f"{services.registry}/carry-bench/locked-{uuid.uuid4().hex[:8]}"
     result: dict = {"image": name}
     try:
-        history = Path(realvllm.build(work / "history")["path"])
-        shutil.copytree(
-            ROOT / "examples" / "vllm",
-            work / "vllm",
-            ignore=shutil.ignore_patterns("upstream.git", "__pycache__", "runtime-lock"),
-        )
-        config = work / "vllm" / "build.yaml"
-        text = config.read_text().replace("  url: upstream.git", f"  url: {history}")
-        from test_locked_image import _patch_adding_a_line, image_section
+        from test_locked_image import _patch_adding_a_line, make_project
 
-        config.write_text(text[: text.index("\nimage:\n") + 1] + image_section(services, name))
-        env = {
-            "CARRY_CACHE": str(work / "cache"),
-            "CARRY_DOWNLOADS": realvllm.download_store(),
-            "CARRY_REGISTRY_USER": services.registry_user,
-            "CARRY_REGISTRY_PASSWORD": services.registry_password(),
-        }
+        config, env = make_project(work, services, name)
         locked = carry(config, env, "lock")
         assert locked.returncode == 0, locked.stderr[-2000:]
         for platform in ("linux/amd64", "linux/arm64"):  # the fixed wheels (cached) and the download store warm

@@ -85,16 +85,14 @@ def registry(services):
     found.remove()
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory, services, registry):
-    root = tmp_path_factory.mktemp("locked")
+def make_project(root: Path, services: dockerenv.DockerEnv, name: str) -> tuple[Path, dict[str, str]]:
+    """examples/vllm in `root` on the real vLLM history built there, its image section pushing to `name` on the
+    test registry, not yet locked: (its build.yaml, carry's environment for it). bench/lockedimage.py uses it too."""
     history = Path(realvllm.build(root / "history")["path"])
     shutil.copytree(
         EXAMPLE, root / "vllm", ignore=shutil.ignore_patterns("upstream.git", "__pycache__", "runtime-lock")
-    )  # locked below, here
+    )  # locked by the caller, here
     config = root / "vllm" / "build.yaml"
-    name = f"{services.registry}/carry-test/locked-{uuid.uuid4().hex[:8]}"
-    registry.names.append(name)
     text = config.read_text().replace("  url: upstream.git", f"  url: {history}")
     config.write_text(text[: text.index("\nimage:\n") + 1] + image_section(services, name))
     env = {
@@ -103,6 +101,15 @@ def project(tmp_path_factory, services, registry):
         "CARRY_REGISTRY_USER": services.registry_user,
         "CARRY_REGISTRY_PASSWORD": services.registry_password(),
     }
+    return config, env
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, services, registry):
+    root = tmp_path_factory.mktemp("locked")
+    name = f"{services.registry}/carry-test/locked-{uuid.uuid4().hex[:8]}"
+    registry.names.append(name)
+    config, env = make_project(root, services, name)
     locked = carry("--config", str(config), "lock", env=env, timeout=1200)  # the fixed wheels, then uv
     assert locked.code == 0, locked.err[-2000:]
     return config, env, name, root

@@ -32,6 +32,7 @@ import pytest
 import dockerenv
 from carry.image import imagefs, imageverify, installcheck, registry, runtimelock
 from carry.platforms import Platform
+from carry.util import index
 from carry.wheelbuild.verify import Expected
 from helpers import Upstream, carry, write_config
 
@@ -740,34 +741,10 @@ def test_a_locked_wheel_whose_own_record_is_wrong_installs_its_bytes_and_is_name
 
     store = Store.from_env(Path.home() / ".cache" / "carry")
     wheel = next(iter((store.root / PYNVVIDEOCODEC_SHA256).glob("*.whl")), None)
-    if wheel is None:
-        got = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--only-binary",
-                ":all:",
-                "--no-cache-dir",
-                "--platform",
-                "manylinux_2_28_x86_64",
-                "--python-version",
-                "3.11",
-                "--implementation",
-                "cp",
-                "-d",
-                str(tmp_path),
-                "pynvvideocodec==2.0.4",
-            ],
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=600,
+    if wheel is None:  # fetched as carry fetches a pin by name: pip in hash-checking mode, the user's index
+        wheel = index.download_wheel(
+            "pynvvideocodec==2.0.4", PYNVVIDEOCODEC_SHA256, Platform.LINUX_AMD64, None, tmp_path, "test"
         )
-        assert got.returncode == 0, got.stderr[-2000:]
-        wheel = next(tmp_path.glob("pynvvideocodec-2.0.4-*.whl"))
         assert hashlib.sha256(wheel.read_bytes()).hexdigest() == PYNVVIDEOCODEC_SHA256
     planned = wheelinstall.plan(wheel, wheelinstall.Venv("/opt/venv", "3.11"))
     record = next(e for e in planned.entries if e.path.endswith(".dist-info/RECORD"))

@@ -30,7 +30,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 import tarfile
 import time
 import zipfile
@@ -47,6 +46,7 @@ from carry.util.cache import Cache
 from carry.util.download import Store, sha256_of
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
+from carry.util.index import manylinux_tags, pip_download_command
 from carry.util.progress import Progress
 
 PREFIX = "/opt/venv"
@@ -191,44 +191,16 @@ def _installs_on(wheel_name: str, machine: str) -> bool:
 
 
 def pip_platforms(target: str) -> list[str]:
-    """pip's --platform list for uv's target (`aarch64-manylinux_2_36`): that glibc and every older manylinux tag
-    with the legacy aliases, as an installing pip on that glibc accepts (pip download does not add them itself)."""
+    """pip's --platform list for uv's target (`aarch64-manylinux_2_36`)."""
     match = re.fullmatch(r"(x86_64|aarch64|ppc64le|s390x|armv7l|i686)-manylinux_(\d+)_(\d+)", target)
     if not match:
         raise BadInput(f"runtime lock target {target!r} is not ARCH-manylinux_X_Y; relock (build.py lock)")
-    arch, major, minor = match.group(1), int(match.group(2)), int(match.group(3))
-    floor = 5 if arch in ("x86_64", "i686") else 17
-    tags = [f"manylinux_{major}_{m}_{arch}" for m in range(minor, floor - 1, -1)]
-    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
-    return tags + [f"{name}_{arch}" for m, name in legacy.items() if floor <= m <= minor]
+    return manylinux_tags(match.group(1), int(match.group(2)), int(match.group(3)))
 
 
 def _pip_download(lock, requirements: Path, into: Path) -> None:
     python = ".".join(lock.python.split(".")[:2])
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary",
-        ":all:",
-        "--require-hashes",
-        "--no-cache-dir",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "off",
-        "--implementation",
-        "cp",
-        "--python-version",
-        python,
-        "--dest",
-        str(into),
-        "-r",
-        str(requirements),
-    ]
-    for platform in pip_platforms(lock.target):
-        command += ["--platform", platform]
+    command = pip_download_command(requirements, into, python, pip_platforms(lock.target))
     result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if result.returncode != 0:
         raise Failed(_pip_failure(lock, result.stdout + result.stderr))

@@ -26,7 +26,6 @@ from carry.util.errors import BadInput, Failed
 
 PIP_TIMEOUT_S = 1800
 # The glibc of the images carry builds (Debian 12: 2.36) down to manylinux2014: the wheels that run there.
-GLIBC_MINORS = range(36, 16, -1)
 INDEX_KEYS = ("index-url", "extra-index-url")
 
 
@@ -181,10 +180,40 @@ def _auth(parts: urllib.parse.SplitResult) -> dict[str, str]:
 # --- a wheel by requirement, through pip ------------------------------------------------------------------------
 
 
-def pip_platforms(platform: Platform) -> list[str]:
-    """The platform tags pip is told the target runs (pip 23 expands none of the manylinux_2_X ones itself)."""
-    machine = platform.machine
-    return [*(f"manylinux_2_{minor}_{machine}" for minor in GLIBC_MINORS), f"manylinux2014_{machine}"]
+def manylinux_tags(machine: str, major: int = 2, minor: int = 36) -> list[str]:
+    """pip's --platform list for a target of that CPU and glibc: every manylinux tag down to the oldest of the
+    CPU, with the legacy aliases, as an installing pip on that glibc accepts (pip download adds none itself)."""
+    floor = 5 if machine in ("x86_64", "i686") else 17
+    tags = [f"manylinux_{major}_{m}_{machine}" for m in range(minor, floor - 1, -1)]
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    return tags + [f"{name}_{machine}" for m, name in legacy.items() if floor <= m <= minor]
+
+
+def pip_download_command(requirements: Path, into: Path, python: str, tags: list[str]) -> list[str]:
+    """`pip download` of hash-pinned `requirements` (wheels only, no dependencies, no pip cache) for CPython
+    `python` (X.Y) on the platform `tags` into `into`, through the user's own pip configuration."""
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--require-hashes",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        "--progress-bar",
+        "off",
+        "--implementation",
+        "cp",
+        "--python-version",
+        python,
+        *(arg for tag in tags for arg in ("--platform", tag)),
+        "-d",
+        str(into),
+        "-r",
+        str(requirements),
+    ]
 
 
 def download_wheel(
@@ -198,28 +227,7 @@ def download_wheel(
     with tempfile.TemporaryDirectory(prefix="carry-pip-") as scratch:
         pins = Path(scratch) / "requirements.txt"
         pins.write_text(f"{requirement} --hash=sha256:{sha256}\n")
-        argv = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--no-cache-dir",
-            "--progress-bar",
-            "off",
-            "--disable-pip-version-check",
-            "--require-hashes",
-            "-r",
-            str(pins),
-            "-d",
-            str(into),
-            "--implementation",
-            "cp",
-            "--python-version",
-            python,
-            *(arg for tag in pip_platforms(platform) for arg in ("--platform", tag)),
-        ]
+        argv = pip_download_command(pins, into, python, manylinux_tags(platform.machine))
         if index:
             argv += ["--index-url", index]
         result = subprocess.run(
