@@ -1,8 +1,9 @@
-"""The locked, layered vLLM image (examples/vllm, real 0.33.0): cold two-platform `image --push` with the download
-store warm, against the same arm64 install under QEMU (a measured fraction: pip installing a few of the locked
-aarch64 wheels in the arm64 runtime base, scaled by installed bytes); a Python-only patch change; bytes pushed
-against the vLLM layer; image size per platform against vLLM's published 6.93 GB for GH200; no file stored twice;
-peak disk of the cold run; isal against zlib on a layer's tar stream.
+"""The locked, layered vLLM image (examples/vllm, real 0.33.0): cold two-platform `image --push` from an empty carry
+cache (the download store and uv's cache warm), against the same arm64 install under QEMU (a measured fraction: pip
+installing a few of the locked aarch64 wheels in the arm64 runtime base, scaled by installed bytes); a Python-only
+patch change (the fixed wheels derived from the cold run's PEP 517 builds); bytes pushed against the vLLM layer;
+image size per platform against vLLM's published 6.93 GB for GH200; no file stored twice; peak disk of the cold
+run; isal against zlib on a layer's tar stream.
 
     python bench/lockedimage.py [--json OUT]     (needs `bash ci/setup.sh`; part `locked` of bench/run.py)
 """
@@ -179,29 +180,39 @@ def measure_all(work: Path) -> dict:
         from test_locked_image import _patch_adding_a_line, make_project
 
         config, env = make_project(work, services, name)
-        locked = carry(config, env, "lock")
+        locked = carry(config, env, "lock")  # builds the fixed wheels for the Requires-Dist
         assert locked.returncode == 0, locked.stderr[-2000:]
-        for platform in ("linux/amd64", "linux/arm64"):  # the fixed wheels (cached) and the download store warm
-            assert carry(config, env, "wheel", "--platform", platform, "--out", str(work / "dist")).returncode == 0
         warm = carry(config, env, "image", "--push", "--no-smoke", "--json", "--tag", "warmup")  # store warm
         assert warm.returncode == 0, warm.stderr[-2000:]
-        shutil.rmtree(work / "cache" / "image-layers")  # the layers' digests forgotten: everything is written
         _registry_cleanup(name)
+        # examples/vllm's own image (run.sh) holds the same layers: removed, so that the registry stores every
+        # blob again and the peak disk is the real one (bench part `verify` pushes it again)
+        from verifyimage import _ref
+
+        _registry_cleanup(_ref().rsplit(":", 1)[0])
+        # cold: an empty carry cache (mirror, build environment from uv's cache, both fixed wheels by the upstream's
+        # PEP 517 build, every layer written and pushed); only the download store and uv's cache are warm
+        env = {**env, "CARRY_CACHE": str(work / "cold-cache")}
         with DiskWatch(Path(realvllm.download_store())) as disk:
             started = time.monotonic()
             cold = carry(config, env, "image", "--push", "--no-smoke", "--json")
             cold_s = time.monotonic() - started
         assert cold.returncode == 0, cold.stderr[-2000:]
-        cold_json = json.loads(cold.out)
+        cold_json = json.loads(cold.stdout)
         result["cold_s"] = cold_s
         result["cold_peak_disk"] = disk.peak
         result["cold"] = cold_json
+        result["cold_pep517"] = cold.stderr.count("build: PEP 517 build_wheel")
         (work / "vllm" / "patches" / "0003-logger-say-carried.patch").write_text(_patch_adding_a_line(work))
         started = time.monotonic()
         patched = carry(config, env, "image", "--push", "--no-smoke", "--json")
         result["patch_s"] = time.monotonic() - started
         assert patched.returncode == 0, patched.stderr[-2000:]
-        result["patch"] = json.loads(patched.out)
+        result["patch"] = json.loads(patched.stdout)
+        result["patch_derive"] = [
+            line.split("derive: ", 1)[1] for line in patched.stderr.splitlines() if "derive: " in line
+        ]
+        result["patch_pep517"] = patched.stderr.count("build: PEP 517 build_wheel")
         arm64 = next(p for p in cold_json["platforms"] if p["platform"] == "linux/arm64")
         result["qemu"] = qemu_fraction(
             Path(realvllm.download_store()),
@@ -256,15 +267,23 @@ def report(result: dict) -> list[tuple[str, str, str, bool]]:
             )
         )
     qemu = result["qemu"]
-    ratio = qemu["scaled_s"] / result["cold_s"]
-    rows.append(
-        ("cold two-platform `image --push --no-smoke` (download store warm)", f"{result['cold_s']:.0f} s", "", True)
-    )
+    arm64_s = next(o["seconds"] for o in cold["platforms"] if o["platform"] == "linux/arm64")
     rows.append(
         (
-            "the arm64 install under QEMU, scaled by installed bytes",
+            "cold two-platform `image --push --no-smoke`, empty carry cache (download store and uv's cache warm)",
+            f"{result['cold_s']:.0f} s: mirror, build environment, {result['cold_pep517']} fixed wheel(s) by the "
+            f"upstream's PEP 517 build, every layer written and pushed; linux/arm64's layers {arm64_s:.0f} s",
+            "",
+            True,
+        )
+    )
+    ratio = qemu["scaled_s"] / arm64_s
+    rows.append(
+        (
+            "the arm64 install under QEMU (pip in the arm64 base), scaled by installed bytes",
             f"{qemu['scaled_s']:.0f} s ({len(qemu['wheels'])} wheels, {qemu['installed'] / 1e6:.0f} MB by pip in "
-            f"{qemu['seconds']:.0f} s) = {ratio:.1f}x carry's two platforms",
+            f"{qemu['seconds']:.0f} s) = {ratio:.1f}x carry's linux/arm64 layers written, compressed and pushed; "
+            f"{qemu['scaled_s'] / result['cold_s']:.1f}x the whole cold two-platform run",
             ">= 5x",
             ratio >= 5,
         )
@@ -273,7 +292,8 @@ def report(result: dict) -> list[tuple[str, str, str, bool]]:
     rows.append(
         (
             "Python-only patch change, image --push again",
-            f"{result['patch_s']:.0f} s = {share:.1%} of cold",
+            f"{result['patch_s']:.0f} s = {share:.1%} of cold; {result['patch_pep517']} PEP 517 build(s); "
+            + "; ".join(result["patch_derive"]),
             "<= 15%",
             share <= 0.15,
         )

@@ -43,6 +43,7 @@ PARTS = (
     ("build dirs", "build", "build worktrees and source-tree checkouts"),
     ("environments", "envs", "build environments (uv venvs)"),
     ("wheels", "artifacts", "finished wheels, by cache key"),
+    ("derive bases", "derive", "the last PEP 517 build of each precompiled plan (a Python-only change derives)"),
     ("downloads", None, "sha256-pinned files (the download store)"),
     ("wheelhouses", "wheelhouse", "build requirements for hermetic builds, per platform"),
     ("logs", "logs", "build and environment logs"),

@@ -138,6 +138,75 @@ def test_verify_gate_and_a_rerun_of_the_fixed_wheels(project, built):
     assert again.code == 0 and "reused from cache" in again.err and "materialize" not in again.err
 
 
+PATCH_HEAD = (
+    "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
+    "From: carry tests <tests@carry.invalid>\nDate: Tue, 1 Dec 2026 00:00:00 +0000\n"
+)
+
+
+def comment_patch(path: str, subject: str, line: str) -> str:
+    """A patch adding `line` above the first line (the SPDX header) of `path`."""
+    return (
+        PATCH_HEAD + f"Subject: [PATCH] {subject}\n\n---\ndiff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n"
+        f"@@ -1 +1,2 @@\n+{line}\n # SPDX-License-Identifier: Apache-2.0\n"
+    )
+
+
+def record(wheel: Path) -> dict[str, str]:
+    """Every RECORD row but RECORD's own: path -> hash,size."""
+    with zipfile.ZipFile(wheel) as archive:
+        name = next(n for n in archive.namelist() if n.endswith(".dist-info/RECORD"))
+        rows = [row.split(",", 1) for row in archive.read(name).decode().splitlines() if row]
+    return {path: rest for path, rest in rows if path != name}
+
+
+def test_a_python_only_change_derives_the_fixed_wheel_from_the_last_build(tmp_path, project, built, history):
+    """A patch added to the series (a comment in vllm/version.py), on the cache where the committed series was
+    built by the upstream's PEP 517 build: each platform's wheel is that wheel with one member replaced, in
+    seconds, and passes the same tree check, gate and verify; the upstream's own build of the same tree in a
+    fresh cache writes the same RECORD, row for row (the buildinfo included). A change to a file the wheel does not
+    carry (setup.py) runs the upstream's build."""
+    _, env, _ = project
+    config = make_project(tmp_path / "vllm", history)
+    changed = "vllm/version.py"
+    (config.parent / "patches" / "0003-version-a-comment.patch").write_text(
+        comment_patch(changed, "version: a comment", "# carry: derived")
+    )
+    derived = {}
+    for platform, (before, _) in built.items():
+        out = tmp_path / "dist"
+        result = carry("--config", str(config), "wheel", "--platform", platform, "--out", str(out), env=env)
+        assert result.code == 0, result.err
+        assert re.search(
+            r"derive: from the PEP 517 build of tree \w+ \(\w+\): 1 member\(s\) replaced \(vllm/version.py\)",
+            result.err,
+        ), result.err
+        assert "build_wheel" not in result.err and "materialize" not in result.err
+        assert "tree check passed" in result.err and "arch gate passed" in result.err
+        wheel = derived[platform] = Path(result.out.strip())
+        ours, theirs = members(wheel), members(before)
+        assert set(ours) == set(theirs) and [p for p in ours if ours[p] != theirs[p]] == [changed]
+        with zipfile.ZipFile(wheel) as archive:
+            assert archive.read(changed).startswith(b"# carry: derived\n")
+            info = json.loads(archive.read(next(n for n in archive.namelist() if n.endswith("carry-buildinfo.json"))))
+        assert [p["name"] for p in info["series"]["patches"]][-1] == "0003-version-a-comment.patch"
+        verified = carry("--config", str(config), "verify", str(wheel), env=env)
+        assert verified.code == 0 and "verified" in verified.out, verified.out + verified.err
+    fresh = {**env, "CARRY_CACHE": str(tmp_path / "fresh-cache")}
+    result = carry("--config", str(config), "wheel", "--out", str(tmp_path / "dist-pep517"), env=fresh)
+    assert result.code == 0 and "build: PEP 517 build_wheel" in result.err, result.err
+    assert "derive: not derived: no earlier build" in result.err
+    assert record(Path(result.out.strip())) == record(derived["linux/amd64"])
+    (config.parent / "patches" / "0004-setup-a-comment.patch").write_text(
+        comment_patch("setup.py", "setup: a comment", "# carry: not in the wheel")
+    )
+    result = carry("--config", str(config), "wheel", "--out", str(tmp_path / "dist-setup"), env=env)
+    assert result.code == 0, result.err
+    assert "derive: not derived: setup.py changed, and the wheel does not carry it as it is in the tree" in result.err
+    assert "build: PEP 517 build_wheel" in result.err
+    shutil.rmtree(tmp_path / "fresh-cache", ignore_errors=True)
+
+
 def test_a_series_touching_a_cu_file_stops_before_any_build_work(tmp_path, history):
     config = make_project(tmp_path / "vllm", history)
     cu = "csrc/activation_kernels.cu"

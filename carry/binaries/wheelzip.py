@@ -100,8 +100,9 @@ def record_line(name: str, data: bytes) -> list[str]:
 
 
 def rewrite(src: Path, dest: Path, changes: dict[str, bytes | None]) -> None:
-    """Write `dest` as `src` with `changes` applied (name -> new bytes, or None to drop the member; names not in
-    `src` are added before RECORD), RECORD regenerated. `dest` is written in place; callers rename it."""
+    """Write `dest` as `src` with `changes` applied (name -> new bytes, or None to drop the member), RECORD
+    regenerated: a member replaced keeps its place, date and mode; names not in `src` are added before RECORD;
+    every other member keeps its compressed bytes. `dest` is written in place; callers rename it."""
     with zipfile.ZipFile(src) as archive, open(src, "rb") as raw:
         info_dir = dist_info(archive)
         record_name = f"{info_dir}/RECORD"
@@ -111,24 +112,27 @@ def rewrite(src: Path, dest: Path, changes: dict[str, bytes | None]) -> None:
         rows = []
         with zipfile.ZipFile(dest, "w") as out:
             for member in members:
-                if member.filename in changes:
-                    continue
-                _copy_raw(raw, member, out)
-                rows.append(old_rows.get(member.filename) or _recompute(archive, member))
+                if member.filename not in changes:
+                    _copy_raw(raw, member, out)
+                    rows.append(old_rows.get(member.filename) or _recompute(archive, member))
+                elif (data := changes[member.filename]) is not None:
+                    _write(out, member.filename, data, member.date_time, member.external_attr)
+                    rows.append(record_line(member.filename, data))
             for name, data in changes.items():
-                if data is None or name == record_name:
+                if data is None or name == record_name or name in archive.NameToInfo:
                     continue
-                entry = zipfile.ZipInfo(name, date_time=date_time)
-                entry.compress_type = zipfile.ZIP_DEFLATED
-                entry.external_attr = 0o644 << 16
-                out.writestr(entry, data)
+                _write(out, name, data, date_time, 0o644 << 16)
                 rows.append(record_line(name, data))
             text = io.StringIO()
             csv.writer(text, lineterminator="\n").writerows([*rows, [record_name, "", ""]])
-            entry = zipfile.ZipInfo(record_name, date_time=date_time)
-            entry.compress_type = zipfile.ZIP_DEFLATED
-            entry.external_attr = 0o644 << 16
-            out.writestr(entry, text.getvalue().encode())
+            _write(out, record_name, text.getvalue().encode(), date_time, 0o644 << 16)
+
+
+def _write(out: zipfile.ZipFile, name: str, data: bytes, date_time: tuple, external_attr: int) -> None:
+    entry = zipfile.ZipInfo(name, date_time=date_time)
+    entry.compress_type = zipfile.ZIP_DEFLATED
+    entry.external_attr = external_attr
+    out.writestr(entry, data)
 
 
 def _recompute(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> list[str]:

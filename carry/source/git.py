@@ -363,13 +363,18 @@ def commit_tree(repo: Path, tree: str, parent: str | None, message: str) -> str:
     return run(repo, "commit-tree", tree, *parents, "-m", message, env=TREE_COMMIT_ENV)
 
 
+def tree_commit(repo: Path, tree: str, parent: str | None) -> str:
+    """The commit a build checks `tree` out as (checkout_tree): the same for the same tree and parent."""
+    return commit_tree(repo, tree, parent, f"carry: patched tree {tree}")
+
+
 def checkout_tree(repo: Path, tree: str, parent: str | None, worktree: Path, keep: tuple[str, ...] = ()) -> list[str]:
     """Make `worktree` a git worktree of `repo` holding exactly `tree` (committed on `parent`): only files whose
     content differs are rewritten (unchanged ones keep their mtimes, so incremental builds and compiler caches
     stay warm), and everything untracked is removed except paths matching `keep`. A real worktree, so that the
     upstream's build sees a git checkout (setuptools-scm lists the package files with `git ls-files`, as in the
     upstream's own builds). Returns what was removed."""
-    commit = commit_tree(repo, tree, parent, f"carry: patched tree {tree}")
+    commit = tree_commit(repo, tree, parent)
     if not (worktree / ".git").is_file():
         if worktree.exists():
             shutil.rmtree(worktree)

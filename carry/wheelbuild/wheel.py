@@ -1,9 +1,10 @@
 """A wheel of the patched tree: planned once, produced (the upstream's own PEP 517 build in a clean build dir),
 then finished the same way whoever produced it: gate, tree check, version, stamp, store; published into `out`.
 
-    plan -> produce (source build) -> finish (inspect: gate + tree check, stamp, store) -> publish
+    plan -> produce (the upstream's build, or derive) -> finish (inspect: gate + tree check, stamp, store) -> publish
 
-A rerun with the same plan key reuses the stored wheel and runs nothing.
+A rerun with the same plan key reuses the stored wheel and runs nothing. In precompiled mode a Python-only change
+derives the wheel from the last PEP 517 build of the same family (derive.py) instead of running the build again.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from carry.util.errors import Failed
 from carry.util.fsutil import atomic_write_text, owned_prefix, sweep_dead, temp_dir
 from carry.util.logtail import tail
 from carry.util.progress import Progress
-from carry.wheelbuild import buildenv, compilecache, pep517, toolchain, verify
+from carry.wheelbuild import buildenv, compilecache, derive, pep517, toolchain, verify
 
 if TYPE_CHECKING:
     from carry.wheelbuild import precompiled
@@ -90,6 +91,7 @@ class WheelPlan:
     platform: Platform = dataclasses.field(default_factory=Platform.native)  # whose CPU the shared objects are
     environment: EnvPlan | None = None  # None: an isolated build
     precompiled: precompiled.Plan | None = None  # the upstream wheel the compiled code comes from; None: compiled
+    family: str = ""  # `key` without the tree and the series: plans whose wheels differ only in files of the tree
 
     @property
     def arches(self):
@@ -155,6 +157,8 @@ def plan(
         "precompiled": taken.key() if taken else None,
     }
     key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()
+    kin = {name: value for name, value in key_material.items() if name not in ("tree", "series")}
+    family = hashlib.sha256(json.dumps(kin, sort_keys=True).encode()).hexdigest()
     if taken is not None:  # nothing compiles: no launcher, and the upstream's mechanism gets the wheel
         tools, remote = dataclasses.replace(tools, launcher=None), None
     env = _build_env(config, arches, wheel_version, job_plan.max_jobs, tools)
@@ -176,6 +180,7 @@ def plan(
         platform=taken.platform if taken else Platform.native(),
         environment=environment,
         precompiled=taken,
+        family=family,
     )
 
 
@@ -215,9 +220,17 @@ def build(
     with cache.lock(f"wheel-{the_plan.key}"):
         cached = _cached_wheel(cache, the_plan.key)
         if cached is None:
-            with cache.lock(f"build-{mirror.name}"), produce(config, cache, mirror, the_plan, progress) as produced:
-                cached, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
-                outcome = produced.cache
+            derivation = _derivation(config, cache, mirror, the_plan, progress)
+            if derivation is not None and derivation.possible:
+                with cache.lock(f"wheel-{derivation.base.key}"), derived(cache, the_plan, derivation) as produced:
+                    cached, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
+            else:
+                with cache.lock(f"build-{mirror.name}"), produce(config, cache, mirror, the_plan, progress) as produced:
+                    cached, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
+                    outcome = produced.cache
+                if derivation is not None:
+                    commit = git.tree_commit(mirror, the_plan.tree, the_plan.base)
+                    derive.remember(cache, the_plan.family, the_plan.tree, the_plan.key, commit)
             reused = False
         else:
             reused = True
@@ -346,6 +359,31 @@ def produce(config: Config, cache: Cache, mirror: Path, the_plan: WheelPlan, pro
             recorded.phase("cache", outcome.line())
             append_log(log, recorded.lines[-1:])
         yield Produced(built, log, scratch, outcome)
+
+
+def _derivation(
+    config: Config, cache: Cache, mirror: Path, the_plan: WheelPlan, progress: Progress
+) -> derive.Derivation | None:
+    """In precompiled mode: whether this wheel derives from the family's last PEP 517 build (said either way)."""
+    if the_plan.precompiled is None:
+        return None
+    generated = tuple(g.glob for g in config.build.generated)
+    derivation = derive.plan(cache, mirror, the_plan.family, the_plan.tree, generated)
+    progress.phase("derive", derivation.line())
+    return derivation
+
+
+@contextlib.contextmanager
+def derived(cache: Cache, the_plan: WheelPlan, derivation: derive.Derivation) -> Iterator[Produced]:
+    """The derived wheel in scratch space, with a log naming its base and every member replaced."""
+    log = cache.logs / f"wheel-{the_plan.key[:16]}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    lines = [f"derive: {derivation.line()}", *(f"  replaced {name}" for name in sorted(derivation.replaced))]
+    with temp_dir(cache.scratch, "wheel-") as scratch:
+        (scratch / "out").mkdir()
+        wheel = derive.write(derivation, scratch / "out")
+        log.write_text("".join(f"carry: {line}\n" for line in lines))
+        yield Produced(wheel, log, scratch)
 
 
 def _build_line(the_plan: WheelPlan, log: Path) -> str:

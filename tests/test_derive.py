@@ -1,0 +1,157 @@
+"""derive: when a precompiled wheel may be the last PEP 517 build with the changed files replaced, and when the
+upstream's build must run. A real git repository and a real wheel zip; the real vLLM case is in
+tests/test_precompiled.py."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from carry.source import git
+from carry.util.cache import Cache
+from carry.wheelbuild import derive
+
+INFO = "pkg-1.0.dist-info"
+
+
+def record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+class Upstream:
+    """A bare repository whose trees are written from dicts of path -> (bytes, executable)."""
+
+    def __init__(self, root: Path):
+        self.repo = root / "mirror.git"
+        subprocess.run(["git", "init", "-q", "--bare", str(self.repo)], check=True)
+
+    def tree(self, files: dict[str, bytes], executable: tuple[str, ...] = ()) -> str:
+        env = {"GIT_INDEX_FILE": str(self.repo / "scratch-index")}
+        git.run(self.repo, "read-tree", "--empty", env=env)
+        for path, data in files.items():
+            blob = git.run_input(self.repo, ("hash-object", "-w", "--stdin"), data.decode())
+            mode = "100755" if path in executable else "100644"
+            git.run(self.repo, "update-index", "--add", "--cacheinfo", f"{mode},{blob},{path}", env=env)
+        return git.write_tree(self.repo, env)
+
+
+TREE = {
+    "setup.py": b"from setuptools import setup\nsetup()\n",
+    "pkg/__init__.py": b"",
+    "pkg/a.py": b"A = 1\n",
+    "pkg/tool.sh": b"#!/bin/sh\necho tool\n",
+    "tests/test_a.py": b"def test(): pass\n",
+}
+
+
+def base_wheel(path: Path, tree: dict[str, bytes], commit: str, version_file: bytes | None = None) -> Path:
+    """A stored wheel as a PEP 517 build of `tree` leaves it: the package files as in the tree, a compiled
+    member, a generated version file, a buildinfo naming what the build wrote."""
+    members = {name: data for name, data in tree.items() if name.startswith("pkg/")}
+    members["pkg/_C.so"] = b"\x7fELF compiled"
+    members["pkg/_version.py"] = version_file or b"version = '1.0'\n"
+    info = {"tree_check": {"built": [], "generated": [], "ignored": ["pkg/_version.py"]}, "commit": commit}
+    members[f"{INFO}/carry-buildinfo.json"] = json.dumps(info).encode()
+    members[f"{INFO}/WHEEL"] = b"Wheel-Version: 1.0\nTag: cp311-cp311-linux_x86_64\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            entry = zipfile.ZipInfo(name, (2026, 12, 1, 0, 0, 0))
+            entry.external_attr = (0o755 if name.endswith(".sh") else 0o644) << 16
+            archive.writestr(entry, data)
+        rows = [f"{name},{record_hash(data)},{len(data)}" for name, data in members.items()]
+        archive.writestr(f"{INFO}/RECORD", "\n".join([*rows, f"{INFO}/RECORD,,"]) + "\n")
+    return path
+
+
+@pytest.fixture()
+def setup(tmp_path):
+    upstream = Upstream(tmp_path)
+    cache = Cache(tmp_path / "cache")
+    tree = upstream.tree(TREE, executable=("pkg/tool.sh",))
+    commit = git.tree_commit(upstream.repo, tree, None)
+    base_wheel(cache.artifacts / "k0" / "pkg-1.0-cp311-cp311-linux_x86_64.whl", TREE, commit)
+    derive.remember(cache, "fam", tree, "k0", commit)
+    return upstream, cache, tree
+
+
+def changed(upstream: Upstream, edits: dict[str, bytes | None], executable=("pkg/tool.sh",)) -> str:
+    files = {**TREE, **edits}
+    return upstream.tree({k: v for k, v in files.items() if v is not None}, executable)
+
+
+def test_a_package_file_changed_in_place_is_replaced_and_nothing_else(setup, tmp_path):
+    upstream, cache, _ = setup
+    new = changed(upstream, {"pkg/a.py": b"A = 2  # the series\n"})
+    derivation = derive.plan(cache, upstream.repo, "fam", new, ())
+    assert derivation.possible and derivation.replaced == {"pkg/a.py": b"A = 2  # the series\n"}
+    assert "1 member(s) replaced (pkg/a.py)" in derivation.line()
+    (tmp_path / "out").mkdir()
+    wheel = derive.write(derivation, tmp_path / "out")
+    base = zipfile.ZipFile(derivation.base.wheel)
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read("pkg/a.py") == b"A = 2  # the series\n"
+        assert f"{INFO}/carry-buildinfo.json" not in archive.namelist()  # the finish stamps a new one
+        names = [n for n in base.namelist() if not n.endswith("carry-buildinfo.json")]
+        assert archive.namelist() == names, "every member in its place"
+        for name in names[:-1]:
+            if name != "pkg/a.py":
+                assert archive.getinfo(name).compress_size == base.getinfo(name).compress_size
+                assert archive.read(name) == base.read(name)
+        assert archive.getinfo("pkg/tool.sh").external_attr == base.getinfo("pkg/tool.sh").external_attr
+        rows = dict(line.split(",", 1) for line in archive.read(f"{INFO}/RECORD").decode().splitlines())
+        new = b"A = 2  # the series\n"
+        assert rows["pkg/a.py"] == f"{record_hash(new)},{len(new)}"
+
+
+def test_the_same_tree_again_derives_with_nothing_replaced(setup):
+    upstream, cache, tree = setup
+    derivation = derive.plan(cache, upstream.repo, "fam", tree, ())
+    assert derivation.possible and derivation.replaced == {}
+
+
+@pytest.mark.parametrize(
+    "edits, executable, reason",
+    [
+        ({"pkg/b.py": b"B = 1\n"}, ("pkg/tool.sh",), "pkg/b.py added"),
+        ({"pkg/a.py": None}, ("pkg/tool.sh",), "pkg/a.py removed"),
+        ({"setup.py": b"setup(name='x')\n"}, ("pkg/tool.sh",), "setup.py changed, and the wheel does not carry it"),
+        ({"tests/test_a.py": b"x = 1\n"}, ("pkg/tool.sh",), "tests/test_a.py changed, and the wheel does not"),
+        ({}, (), "pkg/tool.sh changed mode (100755 -> 100644)"),
+    ],
+)
+def test_anything_but_a_carried_file_changed_in_place_runs_the_build(setup, edits, executable, reason):
+    upstream, cache, _ = setup
+    derivation = derive.plan(cache, upstream.repo, "fam", changed(upstream, edits, executable), ())
+    assert not derivation.possible and reason in derivation.reason, derivation.reason
+    assert derivation.line().endswith("; the upstream's build runs")
+
+
+def test_a_file_the_build_writes_is_never_replaced(setup):
+    upstream, cache, _ = setup
+    new = changed(upstream, {"pkg/a.py": b"A = 3\n"})
+    derivation = derive.plan(cache, upstream.repo, "fam", new, ("pkg/a*.py",))
+    assert not derivation.possible and "the build writes it (build.generated)" in derivation.reason
+
+
+def test_a_generated_file_naming_the_base_commit_runs_the_build(setup):
+    upstream, cache, tree = setup
+    commit = git.tree_commit(upstream.repo, tree, None)
+    wheel = cache.artifacts / "k0" / "pkg-1.0-cp311-cp311-linux_x86_64.whl"
+    base_wheel(wheel, TREE, commit, f"version = '1.0+g{commit[:9]}'\n".encode())
+    derivation = derive.plan(cache, upstream.repo, "fam", changed(upstream, {"pkg/a.py": b"A = 4\n"}), ())
+    assert not derivation.possible and "pkg/_version.py, which the build writes, names the commit" in derivation.reason
+
+
+def test_no_base_or_a_pruned_one_runs_the_build(setup):
+    upstream, cache, tree = setup
+    assert "no earlier build" in derive.plan(cache, upstream.repo, "other-family", tree, ()).reason
+    for wheel in (cache.artifacts / "k0").glob("*.whl"):
+        wheel.unlink()  # `cache prune` took the base's wheel
+    assert "no earlier build" in derive.plan(cache, upstream.repo, "fam", tree, ()).reason
