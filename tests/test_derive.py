@@ -155,3 +155,11 @@ def test_no_base_or_a_pruned_one_runs_the_build(setup):
     for wheel in (cache.artifacts / "k0").glob("*.whl"):
         wheel.unlink()  # `cache prune` took the base's wheel
     assert "no earlier build" in derive.plan(cache, upstream.repo, "fam", tree, ()).reason
+
+
+def test_an_unreadable_base_wheel_runs_the_build(setup):
+    upstream, cache, tree = setup
+    (wheel,) = (cache.artifacts / "k0").glob("*.whl")
+    wheel.write_bytes(b"not a zip")
+    derivation = derive.plan(cache, upstream.repo, "fam", tree, ())
+    assert not derivation.possible and f"the earlier build's wheel {wheel.name} cannot be read" in derivation.reason

@@ -94,14 +94,17 @@ def plan(cache: Cache, mirror: Path, family: str, tree: str, generated: tuple[st
     status, out, err = git.run_status(mirror, "diff-tree", "-r", "-z", "--no-renames", base.tree, tree, strip=False)
     if status != 0:
         return Derivation(None, {}, f"git diff-tree {base.tree[:12]} {tree[:12]} failed: {err.strip()[:200]}")
-    with zipfile.ZipFile(base.wheel) as archive:
-        info = wheelzip.dist_info(archive)
-        record = archive.read(f"{info}/RECORD").decode()
-        checked = json.loads(archive.read(f"{info}/{BUILDINFO}")).get("tree_check") or {}
-        for name in (*checked.get("built", ()), *checked.get("generated", ()), *checked.get("ignored", ())):
-            data = archive.read(name) if name in archive.NameToInfo else b""
-            if base.commit[:7].encode() in data or base.tree[:7].encode() in data:
-                return Derivation(base, {}, f"{name}, which the build writes, names the commit it was built from")
+    try:
+        with zipfile.ZipFile(base.wheel) as archive:
+            info = wheelzip.dist_info(archive)
+            record = archive.read(f"{info}/RECORD").decode()
+            checked = json.loads(archive.read(f"{info}/{BUILDINFO}")).get("tree_check") or {}
+            for name in (*checked.get("built", ()), *checked.get("generated", ()), *checked.get("ignored", ())):
+                data = archive.read(name) if name in archive.NameToInfo else b""
+                if base.commit[:7].encode() in data or base.tree[:7].encode() in data:
+                    return Derivation(base, {}, f"{name}, which the build writes, names the commit it was built from")
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
+        return Derivation(None, {}, f"the earlier build's wheel {base.wheel.name} cannot be read ({exc})")
     hashes = {row[0]: row[1] for row in csv.reader(record.splitlines()) if len(row) >= 2}
     replaced: dict[str, bytes] = {}
     fields = out.split("\0")
