@@ -232,11 +232,8 @@ def measure_all(work: Path) -> dict:
 
 def _registry_cleanup(name: str) -> None:
     import dockerenv
-    from test_locked_image import Registry
 
-    registry = Registry(dockerenv.load())
-    registry.names.append(name)
-    registry.remove()
+    dockerenv.remove_repository(name)
 
 
 def report(result: dict) -> list[tuple[str, str, str, bool]]:

@@ -84,6 +84,30 @@ def env_file() -> Path:
     return Path(os.environ.get("CARRY_CI_ENV", DEFAULT_ENV_FILE))
 
 
+def remove_repository(name: str) -> None:
+    """A repository a test pushed to the test registry (`host/path`, no tag) removed from the registry's storage
+    (beside the env file, as .ci/services.sh lays it out), with every blob no other repository links: tests
+    leave no registry blob behind. The registry keeps no blob cache, so a later push of the same blob uploads it."""
+    import shutil
+
+    root = env_file().parent / "registry" / "data" / "docker" / "registry" / "v2"
+    repositories = root / "repositories"
+    path = repositories / name.split("/", 1)[1]
+    mine = {p.name for p in (path / "_layers" / "sha256").glob("*")}
+    shutil.rmtree(path, ignore_errors=True)
+    others = {p.name for p in repositories.glob("**/_layers/sha256/*")}
+    for digest in mine - others:
+        shutil.rmtree(root / "blobs" / "sha256" / digest[:2] / digest, ignore_errors=True)
+
+
+def forget(name: str) -> None:
+    """What a test pushed under `name`: its local images (any tag) and its repository in the test registry."""
+    client = docker_client()
+    for image in client.images.list(name=name):
+        client.images.remove(image.id, force=True)
+    remove_repository(name)
+
+
 def _read_env_file(path: Path) -> dict[str, str]:
     if not path.is_file():
         return {}

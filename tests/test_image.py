@@ -76,9 +76,7 @@ def setup(tmp_path_factory):
         "cache": base / "cache",
         "base": base,
     }
-    client = dockerenv.docker_client()
-    for image in client.images.list(name=name):
-        client.images.remove(image.id, force=True)
+    dockerenv.forget(name)
 
 
 def run(setup, *args: str, **extra):

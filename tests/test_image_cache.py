@@ -251,9 +251,7 @@ def setup(tmp_path_factory):
             "a_env": a_env,
             "argv": argv,
         }
-    client = dockerenv.docker_client()
-    for image in client.images.list(name=name):
-        client.images.remove(image.id, force=True)
+    dockerenv.forget(name)
 
 
 @pytest.fixture(scope="module")

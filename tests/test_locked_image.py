@@ -45,7 +45,6 @@ class Registry:
 
     def __init__(self, env: dockerenv.DockerEnv):
         self.env = env
-        self.root = Path("/tmp/carry-ci/registry/data/docker/registry/v2")
         self.names: list[str] = []
 
     def repo(self, name: str) -> registryhttp.Repository:
@@ -62,15 +61,9 @@ class Registry:
         return data
 
     def remove(self) -> None:
-        """Each repository's directory, then the blobs no other repository links (the registry is shared)."""
-        repositories = self.root / "repositories"
+        """Each repository this module pushed, then the blobs no other repository links (the registry is shared)."""
         for name in self.names:
-            path = name.split("/", 1)[1]
-            mine = {p.name for p in (repositories / path / "_layers" / "sha256").glob("*")}
-            shutil.rmtree(repositories / path, ignore_errors=True)
-            others = {p.name for p in repositories.glob("**/_layers/sha256/*")}
-            for digest in mine - others:
-                shutil.rmtree(self.root / "blobs" / "sha256" / digest[:2] / digest, ignore_errors=True)
+            dockerenv.remove_repository(name)
 
 
 @pytest.fixture(scope="module")

@@ -262,9 +262,7 @@ def pushed(credentialed, tmp_path_factory):
         "version": version,
         "public": credentialed["public"],
     }
-    client = dockerenv.docker_client()
-    for image in client.images.list(name=name):
-        client.images.remove(image.id, force=True)
+    dockerenv.forget(name)
 
 
 def secrets(pushed) -> list[str]:
