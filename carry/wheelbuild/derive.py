@@ -12,6 +12,11 @@ writes) and the upstream's build runs; the line says why.
 The finish is the same for both: the tree check proves every file of the wheel against the new tree and the
 precompiled wheel, and the gate runs. Only PEP 517 builds become bases, so a derived wheel is always one real
 build plus the files a series changed.
+
+Limit: a file the upstream's build writes (not in the tree) is carried over from the base. That is right for what
+vLLM's build writes (vllm/_version.py, from VERSION, which is in the family), and a written file naming the base's
+commit stops the derivation; a build that writes files from the content of its Python sources would need the
+upstream's build every time.
 """
 
 from __future__ import annotations
