@@ -94,9 +94,13 @@ def check_record(wheel: Path, archive: zipfile.ZipFile, unhashed_ok: bool = Fals
     return len(members)
 
 
+def record_hash(data: bytes) -> str:
+    """The RECORD hash of `data`: `sha256=` and the urlsafe base64 digest without padding (PEP 376/427)."""
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
 def record_line(name: str, data: bytes) -> list[str]:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return [name, f"sha256={digest}", str(len(data))]
+    return [name, record_hash(data), str(len(data))]
 
 
 def rewrite(src: Path, dest: Path, changes: dict[str, bytes | None]) -> None:

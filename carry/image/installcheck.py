@@ -6,7 +6,6 @@ run the image's own interpreter, and the fixed wheel's shared objects are handed
 
 from __future__ import annotations
 
-import base64
 import csv
 import dataclasses
 import email.parser
@@ -345,8 +344,7 @@ def _changed(
         if wheel is not None:
             try:
                 with zipfile.ZipFile(wheel) as archive:
-                    digest = hashlib.sha256(archive.read(row.path)).digest()
-                member_hash = "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+                    member_hash = wheelzip.record_hash(archive.read(row.path))
             except (OSError, KeyError, zipfile.BadZipFile):
                 member_hash = None
         if member_hash is not None and member_hash == node.record_hash():
@@ -492,8 +490,7 @@ def wheel_record_as_is(path: Path) -> tuple[str, tuple[Row, ...], list[str]]:
         for row in rows:
             size = sizes.get(row.path)
             if size is not None and row.hash and row.size != size:
-                digest = hashlib.sha256(archive.read(row.path)).digest()
-                row = Row(row.path, "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode(), size)
+                row = Row(row.path, wheelzip.record_hash(archive.read(row.path)), size)
                 corrected.append(row.path)
             fixed_rows.append(row)
     return info, tuple(fixed_rows), corrected

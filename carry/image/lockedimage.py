@@ -36,6 +36,7 @@ import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from carry.binaries.wheelzip import record_hash
 from carry.config import Config
 from carry.image import ocilayer, runtimelock, wheelinstall
 from carry.image.container import ENTRYPOINT
@@ -350,7 +351,7 @@ def _venv_items(config: Config, lock, venv: Venv) -> list[Item]:
     """L1: the venv on the base's Python and carry's small files."""
 
     def data_entry(path: str, data: bytes, mode: int = 0o644) -> Item:
-        entry = Entry(path, mode, len(data), wheelinstall.record_hash(data), data=data)
+        entry = Entry(path, mode, len(data), record_hash(data), data=data)
         return Item(path, "file", mode, len(data), entry)
 
     prefix = venv.prefix.lstrip("/")

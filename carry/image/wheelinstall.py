@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import csv
 import dataclasses
-import hashlib
 import io
 import posixpath
 import zipfile
@@ -22,6 +21,7 @@ from pathlib import Path
 from installer.scripts import Script
 from installer.utils import parse_entrypoints
 
+from carry.binaries.wheelzip import record_hash
 from carry.util.errors import Failed
 
 INSTALLER = b"carry\n"
@@ -79,10 +79,6 @@ class Installed:
     dist_info: str
     entries: tuple[Entry, ...]
     scripts: tuple[str, ...]  # installed paths of its console/gui scripts and .data/scripts
-
-
-def record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
 def plan(wheel: Path, venv: Venv) -> Installed:

@@ -21,11 +21,9 @@ upstream's build every time.
 
 from __future__ import annotations
 
-import base64
 import csv
 import dataclasses
 import fnmatch
-import hashlib
 import json
 import zipfile
 from pathlib import Path
@@ -119,7 +117,7 @@ def plan(cache: Cache, mirror: Path, family: str, tree: str, generated: tuple[st
         if why:
             return Derivation(base, {}, why)
         old = _blob(mirror, old_blob)
-        if hashes.get(path) != _record_hash(old):
+        if hashes.get(path) != wheelzip.record_hash(old):
             return Derivation(base, {}, f"{path} changed, and the wheel does not carry it as it is in the tree")
         replaced[path] = _blob(mirror, new_blob)
     return Derivation(base, replaced)
@@ -138,10 +136,6 @@ def _not_in_place(path: str, change: str, old_mode: str, new_mode: str, generate
 def _blob(mirror: Path, sha: str) -> bytes:
     text = git.run(mirror, "cat-file", "blob", sha, strip=False)
     return text.encode("utf-8", errors="surrogateescape")
-
-
-def _record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
 def write(derivation: Derivation, dest: Path) -> Path:
