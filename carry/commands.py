@@ -301,6 +301,7 @@ class Session:
                 f"{self.config.path}: image.lock is set: carry writes the layers itself (no BuildKit "
                 f"build), so --hermetic, --wheelhouse, --cache-from and --cache-to do not apply"
             )
+        attester = self.attester(options.push, progress)
         platforms = image.platforms_to_build(self.config, options)
         client = registry.client()
         prepared = lockedimage.prepare(
@@ -328,7 +329,23 @@ class Session:
             built = self.wheel(arch, Path("dist"), None, progress, platform)
             wheels[platform] = built.path
             progress.phase("wheel", f"{platform}: {built.path.name}{' (reused)' if built.reused else ''}")
-        return lockedimage.build(self.config, self.cache, prepared, plan, wheels, options.push, smoke, client, progress)
+        return lockedimage.build(
+            self.config, self.cache, prepared, plan, wheels, options.push, smoke, client, progress, attester
+        )
+
+    def attester(self, push: bool, progress: Progress, dist: Path = Path("dist")):
+        """With --push, what signs and attests the pushed images (carry.image.attest), the key of
+        $CARRY_SIGNING_KEY loaded now: a bad key or passphrase is bad input before any work."""
+        if not push:
+            return None
+        from carry import __version__
+        from carry.image.attest import Attester
+        from carry.trust import keys
+
+        key = keys.from_environment(os.environ)
+        if key is not None:
+            progress.phase("sign", f"key {key.public.fingerprint[:19]}… from ${keys.KEY_ENV}")
+        return Attester(key, self.config, self.series(), self.version(), __version__, dist, progress)
 
     def manifest(
         self, platforms: tuple[Platform, ...], extra_tags: tuple[str, ...], progress: Progress

@@ -744,6 +744,7 @@ class LockedImageResult:
     shared: tuple[str, ...]
     notes: tuple[str, ...]
     duplicates: tuple[str, ...]
+    trust: object = None  # carry.image.attest.Attester: the SBOMs, signatures and attestations pushed
 
     def lines(self) -> list[str]:
         rows = []
@@ -763,10 +764,11 @@ class LockedImageResult:
             rows += [f"{ref}  {self.pushed.get(ref, outcome.digest)}  {outcome.platform}" for ref in outcome.refs]
         everything = ", ".join(str(o.platform) for o in self.platforms)
         rows += [f"{ref}  {self.pushed[ref]}  {everything}" for ref in self.shared if ref in self.pushed]
-        return rows
+        return rows + (self.trust.lines() if self.trust is not None else [])
 
     def to_json(self) -> dict:
         return {
+            **({"trust": self.trust.to_json()} if self.trust is not None else {}),
             "pushed": self.pushed,
             "duplicates": list(self.duplicates),
             "platforms": [
@@ -829,13 +831,16 @@ def build(
     run_smoke: bool,
     client,
     progress: Progress,
+    attester=None,
 ) -> LockedImageResult:
-    """Download, plan, write and push (or load) every platform's image; then the shared tags and the smoke test."""
+    """Download, plan, write and push (or load) every platform's image; then the shared tags and the smoke test.
+    With --push, `attester` (carry.image.attest) writes each platform's SBOM and signs and attests what was pushed."""
     from carry.image import registry, registryhttp
 
     store = Store.from_env(cache.root)
     digests = Digests(cache.root / "image-layers")
     plans: dict[Platform, PlatformPlan] = {}
+    fetched: dict[Platform, dict[str, Path]] = {}
     for image in the_plan.images:
         platform = image.platform
         lock = prepared.locks[platform]
@@ -846,7 +851,7 @@ def build(
                 base_id=prepared.bases[platform][1]["Id"],
                 python=lock.python,
             )  # base: above
-        wheels = fetch_wheels(lock, store, progress, cache.scratch)
+        wheels = fetched[platform] = fetch_wheels(lock, store, progress, cache.scratch)
         base_ref, base = prepared.bases[platform]
         started = time.monotonic()
         plans[platform] = plan_platform(
@@ -887,6 +892,8 @@ def build(
                     repo.put_manifest(ref.rsplit(":", 1)[1], body, registryhttp.DOCKER_MANIFEST)
                     pushed[ref] = digest
                 manifests[image.platform] = (body, digest)
+                if attester is not None:
+                    _attest(attester, repo, image, plan, digest, fixed_wheels, prepared, fetched)
                 outcomes.append(
                     PlatformOutcome(
                         image.platform, image.refs, digest, tuple(layers), config_action, time.monotonic() - started
@@ -918,6 +925,8 @@ def build(
                     progress.phase("manifest", f"{ref} -> {', '.join(str(p) for p in manifests)}")
                     repo.put_manifest(ref.rsplit(":", 1)[1], index, registryhttp.DOCKER_LIST)
                     pushed[ref] = index_digest
+                if attester is not None:
+                    attester.index(repo, index_digest)
             elif the_plan.shared:
                 notes.append("shared tags left as they were: not every platform of image.platforms was built")
             if run_smoke:
@@ -945,7 +954,27 @@ def build(
                 "shared tags are made on --push: a registry holds one tag for several platforms, the "
                 "local image store does not"
             )
-    return LockedImageResult(tuple(outcomes), pushed, the_plan.shared, tuple(notes), duplicates)
+    return LockedImageResult(
+        tuple(outcomes), pushed, the_plan.shared, tuple(notes), duplicates, attester if push else None
+    )
+
+
+def _attest(attester, repo, image, plan: PlatformPlan, digest: str, fixed_wheels, prepared: Prepared, fetched) -> None:
+    """The pushed platform manifest's SBOM, signature and attestations (carry.image.attest)."""
+    from carry.image.attest import wheel_of
+
+    fixed = wheel_of(fixed_wheels[image.platform])
+    facts = attester.facts(
+        image.platform,
+        image.labels,
+        fixed,
+        prepared.releases[image.platform],
+        plan.base_ref,
+        plan.base,
+        prepared.locks[image.platform],
+        fetched[image.platform],
+    )
+    attester.platform(repo, facts, digest, locked=True)
 
 
 def _pull_and_smoke(

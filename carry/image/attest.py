@@ -1,0 +1,146 @@
+"""The image family's side of signing (carry.trust): the facts of a pushed image, from what `image` resolved (the
+config, the series, the lock, the wheels, the base), handed to carry.trust.publish. The push paths call `Attester`
+once per pushed platform manifest and once per multi-platform index; commands.py makes it (with the key loaded
+before any work) and nothing else here knows about keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import re
+from pathlib import Path
+
+from carry.config import Config, strip_credentials
+from carry.source.series import Series
+from carry.trust import publish
+from carry.trust.facts import CarriedPatch, ImageFacts, Source, Wheel
+from carry.trust.keys import SigningKey
+from carry.util.progress import Progress
+
+
+def _sha256_file(path: Path) -> str:
+    """A wheel's sha256: the download store's directory names it; otherwise read."""
+    if re.fullmatch(r"[0-9a-f]{64}", path.parent.name):
+        return path.parent.name
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def wheel_of(path: Path, sha256: str | None = None) -> Wheel:
+    from packaging.utils import parse_wheel_filename
+
+    name, version, _, _ = parse_wheel_filename(path.name)
+    return Wheel(str(name), str(version), path.name, sha256 or _sha256_file(path))
+
+
+def _base_digest(base: dict) -> str:
+    """The base's registry digest when it came from one (RepoDigests), else its image ID (a local base)."""
+    digests = [d.split("@", 1)[1] for d in base.get("RepoDigests") or [] if "@" in d]
+    return digests[0] if digests else base.get("Id", "")
+
+
+@dataclasses.dataclass
+class Attester:
+    key: SigningKey | None
+    config: Config
+    series: Series
+    version: str
+    carry_version: str
+    dist: Path
+    progress: Progress
+    started: str = dataclasses.field(
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    )
+    timings: publish.Timings = dataclasses.field(default_factory=publish.Timings)
+    published: list[publish.Published] = dataclasses.field(default_factory=list)
+
+    def _config_source(self) -> Source:
+        text = strip_credentials(self.config.path.read_text())
+        return Source(self.config.path.name, hashlib.sha256(text.encode()).hexdigest(), text)
+
+    def _patches(self) -> tuple[CarriedPatch, ...]:
+        return tuple(
+            CarriedPatch(
+                patch.name,
+                patch.sha256,
+                patch.path.read_text(),
+                patch.subject,
+                str(patch.upstream_status) if patch.upstream_status else None,
+                patch.forwarded,
+            )
+            for patch in self.series.patches
+        )
+
+    def facts(
+        self,
+        platform,
+        labels: dict[str, str],
+        fixed: Wheel,
+        release: Path | None,
+        base_ref: str,
+        base: dict,
+        lock=None,
+        wheels: dict[str, Path] | None = None,
+        hermetic: bool = True,
+    ) -> ImageFacts:
+        distributions: tuple[Wheel, ...] = ()
+        lock_source = None
+        if lock is not None and wheels is not None:
+            distributions = tuple(
+                Wheel(p.name, p.version, wheels[p.name].name, _sha256_file(wheels[p.name])) for p in lock.packages
+            )
+            root = self.config.path.absolute().parent
+            try:
+                shown = str(lock.path.absolute().relative_to(root))
+            except ValueError:
+                shown = lock.path.name
+            lock_source = Source(shown, hashlib.sha256(lock.path.read_bytes()).hexdigest())
+        return ImageFacts(
+            repository=self.config.image.name,
+            version=self.version,
+            platform=str(platform),
+            created=labels.get("org.opencontainers.image.created", self.started),
+            base_ref=base_ref,
+            base_digest=_base_digest(base),
+            distributions=distributions,
+            fixed=fixed,
+            release=wheel_of(release) if release is not None else None,
+            upstream_url=labels.get("io.carry.upstream.url", ""),
+            upstream_commit=self.config.upstream.commit,
+            upstream_pr=self.config.upstream.pr,
+            series_hash=self.series.hash,
+            patches=self._patches(),
+            carry_version=self.carry_version,
+            config=self._config_source(),
+            lock=lock_source,
+            hermetic=hermetic,
+        )
+
+    def platform(self, store, facts: ImageFacts, digest: str, locked: bool) -> publish.Published:
+        done = publish.platform(store, self.key, facts, digest, self.dist, locked, self.started, self.timings)
+        self.published.append(done)
+        for line in done.lines():
+            self.progress.phase("trust", line)
+        return done
+
+    def index(self, store, digest: str) -> publish.Published:
+        done = publish.index(store, self.key, self.config.image.name, digest, self.timings)
+        self.published.append(done)
+        for line in done.lines():
+            self.progress.phase("trust", line)
+        return done
+
+    def lines(self) -> list[str]:
+        return [line for done in self.published for line in done.lines()]
+
+    def to_json(self) -> dict:
+        return {
+            "signed": self.key is not None,
+            "key": self.key.public.fingerprint if self.key is not None else None,
+            "seconds": self.timings.to_json(),
+            "published": [done.to_json() for done in self.published],
+        }
