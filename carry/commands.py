@@ -258,6 +258,7 @@ class Session:
         from carry.image import container, image
         from carry.wheelbuild import toolchain
 
+        attester = self.attester(options.push, progress)
         platforms = image.platforms_to_build(self.config, options)
         arches = {platform: self.arches(arch, platform) for platform in platforms}
         builder = container.resolve_builder(self.config, platforms)
@@ -285,6 +286,7 @@ class Session:
             builder,
             container.build_requirements(pyproject),
             progress,
+            attester,
         )
 
     def locked_image(
@@ -362,11 +364,12 @@ class Session:
                 f"{self.config.path}: a manifest list joins several platforms; list them in "
                 f"image.platforms or pass --platform twice or more"
             )
+        attester = self.attester(True, progress)
         builder = container.resolve_builder(self.config, ())
         tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
         shared = image.render_tags(self.config, self.version(), self.series(), image.cuda_tag(tools.nvcc_version))
         refs = tuple(dict.fromkeys(f"{self.config.image.name}:{tag}" for tag in shared + extra_tags))
-        return image.join_pushed(self.config, self.version(), refs, chosen, builder, progress)
+        return image.join_pushed(self.config, self.version(), refs, chosen, builder, progress, attester)
 
     def lock(self, platforms: tuple[Platform, ...], check: bool, upgrade: bool, progress: Progress) -> LockResult:
         """The runtime lock of each platform (image.platforms, or those given): the base image's facts first (bad
@@ -433,17 +436,27 @@ class Session:
             raise Failed("the series does not apply; run `check` for details")
         return container.upstream_pyproject(git.show_blob(checked.mirror, f"{checked.report.tree}:pyproject.toml"))
 
-    def verify(self, artifact: str, platform: Platform | None, arch: str | None) -> tuple[verify.Verification, ...]:
+    def verify(
+        self, artifact: str, platform: Platform | None, arch: str | None, key=None
+    ) -> tuple[verify.Verification, ...]:
         """A wheel file (and the test report beside it), or every platform (or the one asked) of an image
-        reference."""
+        reference; with `key` (a loaded public key) the image's signature, SBOM and provenance too."""
         from carry.gputest import testrun
         from carry.wheelbuild import verify
 
         if not testrun.names_a_wheel(artifact):
             from carry.image import imageverify
 
+            patches = tuple((p.name, p.sha256) for p in self.series().patches) if key is not None else ()
             return imageverify.verify_image(
-                artifact, self.config, self.expected(), platform, given(arch), self.cache.scratch
+                artifact,
+                self.config,
+                self.expected(),
+                platform,
+                given(arch),
+                self.cache.scratch,
+                key=key,
+                patches=patches,
             )
         if platform is not None:
             raise BadInput("--platform is for image tags; a wheel's platform is in its file name")

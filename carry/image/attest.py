@@ -15,6 +15,8 @@ from carry.config import Config, strip_credentials
 from carry.source.series import Series
 from carry.trust import publish
 from carry.trust.facts import CarriedPatch, ImageFacts, Source, Wheel
+
+__all__ = ["Attester", "Wheel", "wheel_of"]
 from carry.trust.keys import SigningKey
 from carry.util.progress import Progress
 
@@ -85,7 +87,7 @@ class Attester:
         base: dict,
         lock=None,
         wheels: dict[str, Path] | None = None,
-        hermetic: bool = True,
+        no_sbom: str = "",
     ) -> ImageFacts:
         distributions: tuple[Wheel, ...] = ()
         lock_source = None
@@ -117,7 +119,7 @@ class Attester:
             carry_version=self.carry_version,
             config=self._config_source(),
             lock=lock_source,
-            hermetic=hermetic,
+            no_sbom=no_sbom,
         )
 
     def platform(self, store, facts: ImageFacts, digest: str, locked: bool) -> publish.Published:

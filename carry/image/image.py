@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import os
 from pathlib import Path
+from typing import Any
 
 from carry.arch import ArchList
 from carry.config import TAG_RE, Config, public_url
@@ -73,6 +74,7 @@ class ImageResult:
     image_ids: dict[Platform, str]
     pushed: dict[str, str]  # ref -> digest
     notes: tuple[str, ...]
+    trust: Any = None  # carry.image.attest.Attester: the signatures and attestations pushed
 
     def lines(self) -> list[str]:
         """`ref  digest  platforms` for each tag made, platform images first."""
@@ -82,7 +84,7 @@ class ImageResult:
                 rows.append("  ".join(filter(None, (ref, self.pushed.get(ref, ""), str(image.platform)))))
         everything = ", ".join(str(i.platform) for i in self.plan.images)
         rows += [f"{ref}  {self.pushed[ref]}  {everything}" for ref in self.plan.shared if ref in self.pushed]
-        return rows
+        return rows + (self.trust.lines() if self.trust is not None else [])
 
 
 def render_tags(config: Config, version: str, series: Series, cuda: str) -> tuple[str, ...]:
@@ -212,6 +214,7 @@ def build(
     builder: Builder,
     requirements: list[str],
     progress: Progress,
+    attester=None,
 ) -> ImageResult:
     """Build every platform's image, then push each and join the shared tags into manifest lists. The registry
     login is made once, before the builds: the push needs it, and so do the builds' cache imports and exports
@@ -267,14 +270,45 @@ def build(
                 for ref in image.refs:
                     progress.phase("push", f"{ref} ({image.platform})")
                     pushed[ref] = registry.push(client, ref, login)
+                if attester is not None:
+                    _attest(attester, config, client, login, image, pushed[image.refs[0]])
             if the_plan.shared and the_plan.complete:
                 sources = {image.platform: image.refs[0] for image in the_plan.images}
                 for ref in the_plan.shared:
                     progress.phase("manifest", f"{ref} -> {', '.join(sources.values())}")
                     pushed[ref] = manifest.join(client, builder, login, ref, sources)
+                if attester is not None:
+                    _attest_index(attester, config, login, set(pushed[ref] for ref in the_plan.shared))
     if the_plan.shared and not (options.push and the_plan.complete):
         notes.append(_shared_tags_note(config, the_plan, options))
-    return ImageResult(the_plan, ids, pushed, tuple(notes))
+    return ImageResult(the_plan, ids, pushed, tuple(notes), attester if options.push else None)
+
+
+def _attest(attester, config: Config, client, login, image: PlatformImage, digest: str) -> None:
+    """A Dockerfile-built platform image's signature and provenance (carry.image.attest); its wheels are resolved
+    inside BuildKit, so carry knows no wheel hash for an SBOM."""
+    from carry.image import registryhttp
+    from carry.image.attest import Wheel
+
+    base_ref = config.target(image.platform).runtime_image or config.image.runtime_image or ""
+    try:
+        base = client.api.inspect_image(base_ref) if base_ref else {}
+    except Exception:  # docker.errors.ImageNotFound: a base BuildKit pulled itself
+        base = {}
+    fixed = Wheel(image.labels.get(f"{LABEL_PREFIX}.wheel", ""), "", "", "")
+    why = (
+        "the Dockerfile's runtime stage installs wheels resolved inside the build (pip in BuildKit), whose sha256 "
+        "carry does not know; set image.lock for an image with an exact SBOM"
+    )
+    facts = attester.facts(image.platform, image.labels, fixed, None, base_ref, base, no_sbom=why)
+    attester.platform(registryhttp.Repository.of(config.image.name, login.auth), facts, digest, locked=False)
+
+
+def _attest_index(attester, config: Config, login, digests: set[str]) -> None:
+    from carry.image import registryhttp
+
+    for digest in sorted(digests):
+        attester.index(registryhttp.Repository.of(config.image.name, login.auth), digest)
 
 
 def _shared_tags_note(config: Config, the_plan: ImagePlan, options: ImageOptions) -> str:
@@ -301,8 +335,10 @@ def join_pushed(
     platforms: tuple[Platform, ...],
     builder: Builder,
     progress: Progress,
+    attester=None,
 ) -> dict[str, str]:
-    """Make every shared tag a manifest list of the platforms' own images, which must be in the registry."""
+    """Make every shared tag a manifest list of the platforms' own images, which must be in the registry; with
+    `attester` (carry.image.attest), sign each list."""
     from carry.image import registry
 
     client = registry.client()
@@ -319,4 +355,6 @@ def join_pushed(
         for ref in shared:
             progress.phase("manifest", f"{ref} -> {', '.join(sources.values())}")
             joined[ref] = manifest.join(client, builder, login, ref, sources)
+        if attester is not None:
+            _attest_index(attester, config, login, set(joined.values()))
     return joined

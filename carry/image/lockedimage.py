@@ -35,6 +35,7 @@ import time
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from carry.binaries.wheelzip import record_hash
 from carry.config import Config
@@ -744,7 +745,7 @@ class LockedImageResult:
     shared: tuple[str, ...]
     notes: tuple[str, ...]
     duplicates: tuple[str, ...]
-    trust: object = None  # carry.image.attest.Attester: the SBOMs, signatures and attestations pushed
+    trust: Any = None  # carry.image.attest.Attester: the SBOMs, signatures and attestations pushed
 
     def lines(self) -> list[str]:
         rows = []

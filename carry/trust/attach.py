@@ -131,7 +131,9 @@ def sign(store, key: SigningKey, repository: str, digest: str) -> Attached:
     existing = read_layers(store, tag)
     public = key.public
     for layer in existing:
-        if layer.data == payload and signing.verify_simple(public, payload, layer.annotations.get(SIGNATURE_ANNOTATION, "")):
+        if layer.data == payload and signing.verify_simple(
+            public, payload, layer.annotations.get(SIGNATURE_ANNOTATION, "")
+        ):
             found = store.get_manifest(tag)
             return Attached("signature", tag, _digest(found[1]) if found else "", len(existing), "already signed")
     ours = Layer(SIMPLE_SIGNING, payload, {SIGNATURE_ANNOTATION: signing.sign_simple(key, payload)})

@@ -65,7 +65,12 @@ class ImageFacts:
     carry_version: str
     config: Source
     lock: Source | None
-    hermetic: bool = True  # every installed wheel's sha256 known (a locked image, a --hermetic build)
+    no_sbom: str = ""  # why there is no SBOM (a wheel whose sha256 carry does not know); "" when there is one
+
+    @property
+    def hermetic(self) -> bool:
+        """Every installed wheel's sha256 is known (a locked image), so the SBOM can be exact."""
+        return not self.no_sbom
 
     @property
     def installed(self) -> tuple[Wheel, ...]:

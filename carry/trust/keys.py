@@ -100,9 +100,7 @@ def keygen(directory: Path, environ: Mapping[str, str]) -> tuple[Path, Path]:
     directory.mkdir(parents=True, exist_ok=True)
     key = ec.generate_private_key(ec.SECP256R1())
     password = environ.get(PASSWORD_ENV, "")
-    encryption = (
-        serialization.BestAvailableEncryption(password.encode()) if password else serialization.NoEncryption()
-    )
+    encryption = serialization.BestAvailableEncryption(password.encode()) if password else serialization.NoEncryption()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
     fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as handle:

@@ -52,7 +52,9 @@ def make(facts: ImageFacts, locked: bool, started: str, finished: str) -> dict:
     if facts.release is not None:
         dependencies.append(_wheel(facts.release, "precompiled-wheel"))
     if facts.lock is not None:
-        dependencies.append({"name": facts.lock.path, "digest": {"sha256": facts.lock.sha256}, "annotations": {"role": "lock"}})
+        dependencies.append(
+            {"name": facts.lock.path, "digest": {"sha256": facts.lock.sha256}, "annotations": {"role": "lock"}}
+        )
     algorithm, _, value = facts.base_digest.partition(":")
     dependencies.append(
         {"uri": facts.base_ref, "digest": {algorithm or "sha256": value}, "annotations": {"role": "base-image"}}
@@ -128,7 +130,9 @@ def self_consistent(found: Read, sbom_fixed: dict | None, labels: dict[str, str]
     """Problems found comparing a provenance with itself, the SBOM's fixed component and the image's labels."""
     problems = []
     if series_hash(found.patches) != found.series_hash:
-        problems.append(f"provenance: its patches hash to {series_hash(found.patches)[:12]}…, it says {found.series_hash[:12]}…")
+        problems.append(
+            f"provenance: its patches hash to {series_hash(found.patches)[:12]}…, it says {found.series_hash[:12]}…"
+        )
     if found.platform != platform:
         problems.append(f"provenance: platform {found.platform}, the image is {platform}")
     for label, value in (("io.carry.upstream.commit", found.commit), ("io.carry.series.hash", found.series_hash)):

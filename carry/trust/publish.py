@@ -28,7 +28,11 @@ class Timings:
         return self.sbom + self.provenance + self.signatures
 
     def to_json(self) -> dict:
-        return {"sbom": round(self.sbom, 3), "provenance": round(self.provenance, 3), "signatures": round(self.signatures, 3)}
+        return {
+            "sbom": round(self.sbom, 3),
+            "provenance": round(self.provenance, 3),
+            "signatures": round(self.signatures, 3),
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,9 +95,9 @@ def platform(
         atomic_write_bytes(path, document + b"\n")
         timings.sbom += time.monotonic() - begun
     components = len(json.loads(document)["components"]) if document else 0
-    note = None if facts.hermetic else "no SBOM: a build without --hermetic installs wheels whose hashes carry does not know"
+    note = f"no SBOM: {facts.no_sbom}" if facts.no_sbom else None
     if key is None:
-        note = "; ".join(filter(None, [note, f"not signed, nothing attached: set ${'CARRY_SIGNING_KEY'} to sign"]))
+        note = "; ".join(filter(None, [note, "not signed, nothing attached: set $CARRY_SIGNING_KEY to sign"]))
         return Published(digest, facts.platform, (), path, len(document or b""), components, note)
     begun = time.monotonic()
     predicate = provenance.make(facts, locked, started, _now())

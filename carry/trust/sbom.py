@@ -209,6 +209,10 @@ def fixed_component(document: dict, name: str) -> dict | None:
     from carry.trust.facts import canonical
 
     return next(
-        (c for c in document.get("components") or [] if canonical(c.get("name", "")) == canonical(name) and c.get("pedigree")),
+        (
+            c
+            for c in document.get("components") or []
+            if canonical(c.get("name", "")) == canonical(name) and c.get("pedigree")
+        ),
         None,
     )
