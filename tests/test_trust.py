@@ -361,3 +361,48 @@ def test_attachments_are_cosigns_shape_and_each_failure_is_named(pair, tmp_path)
     attach._push(keyless, attach.sig_tag(digest), [layer])
     found = attach.check_signature(keyless, key.public, repo, digest)
     assert not found.ok and found.keyless == 1 and "cosign verify --certificate-identity" in found.problems[0]
+
+
+# -- cosign's own key format ------------------------------------------------------------------------------------
+
+# go-securesystemslib's `encrypted` test vector (the library cosign seals its keys with): "supersecret" opens it
+# to "reallyimportant".
+SSL_VECTOR = (
+    b'{"kdf":{"name":"scrypt","params":{"N":32768,"r":8,"p":1},"salt":"N9a7x5JFGbrtB2uBR81jPwp0eiLR4A7FV3mjVAQrg1g="},'
+    b'"cipher":{"name":"nacl/secretbox","nonce":"2h8HxMmgRfuYdpswZBQaU3xJ1nkA/5Ik"},'
+    b'"ciphertext":"SEW6sUh0jf2wfdjJGPNS9+bkk2uB+Cxamf32zR8XkQ=="}'
+)
+
+
+def test_cosign_keys_are_read(tmp_path):
+    pytest.importorskip("nacl", reason="cosign's key format needs PyNaCl, an optional dependency")
+    import nacl.secret
+    import nacl.utils
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    assert keys.decrypt_secretbox(SSL_VECTOR, "supersecret", "vector") == b"reallyimportant"
+    with pytest.raises(keys.BadInput, match="wrong passphrase"):
+        keys.decrypt_secretbox(SSL_VECTOR, "supersecreT", "vector")
+    # a P-256 key sealed as `cosign generate-key-pair` seals it, in its PEM block
+    key = ec.generate_private_key(ec.SECP256R1())
+    der = key.private_bytes(serialization.Encoding.DER, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    salt, nonce = os.urandom(32), nacl.utils.random(24)
+    secret = hashlib.scrypt(PASSWORD.encode(), salt=salt, n=32768, r=8, p=1, maxmem=64 << 20, dklen=32)
+    sealed = nacl.secret.SecretBox(secret).encrypt(der, nonce).ciphertext
+    document = {
+        "kdf": {"name": "scrypt", "params": {"N": 32768, "r": 8, "p": 1}, "salt": base64.b64encode(salt).decode()},
+        "cipher": {"name": "nacl/secretbox", "nonce": base64.b64encode(nonce).decode()},
+        "ciphertext": base64.b64encode(sealed).decode(),
+    }
+    body = base64.encodebytes(json.dumps(document).encode()).decode()
+    path = tmp_path / "cosign.key"
+    path.write_text(
+        f"-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----\n{body}-----END ENCRYPTED SIGSTORE PRIVATE KEY-----\n"
+    )
+    loaded = keys.load_private(path, PASSWORD)
+    assert loaded.public.pem() == key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    with pytest.raises(keys.BadInput, match="wrong passphrase"):
+        keys.load_private(path, "not-it")

@@ -178,39 +178,47 @@ def load_public(path: Path) -> PublicKey:
 
 
 def _cosign_private(data: bytes, password: str | None, where: str) -> bytes:
-    """cosign's own format (`cosign generate-key-pair`): PEM of a JSON document (scrypt KDF, NaCl secretbox) holding
-    the PKCS#8 DER key. Needs PyNaCl for the secretbox."""
-    import json
-
+    """cosign's own format (`cosign generate-key-pair`): a PEM block (`ENCRYPTED SIGSTORE PRIVATE KEY`, earlier
+    `ENCRYPTED COSIGN PRIVATE KEY`) holding go-securesystemslib's encrypted JSON, whose plaintext is the PKCS#8 DER
+    key. Needs PyNaCl for the secretbox."""
     body = b"".join(line for line in data.splitlines() if line and not line.startswith(b"-----"))
     try:
-        document = json.loads(base64.b64decode(body))
-        kdf, cipher = document["kdf"], document["cipher"]
+        document = base64.b64decode(body)
+    except ValueError:
+        raise BadInput(f"{where}: not a readable cosign key (its PEM is not base64)") from None
+    return decrypt_secretbox(document, password, where)
+
+
+def decrypt_secretbox(document: bytes, password: str | None, where: str) -> bytes:
+    """go-securesystemslib's `encrypted` format: {"kdf": {"name": "scrypt", "params": {"N", "r", "p"}, "salt"},
+    "cipher": {"name": "nacl/secretbox", "nonce"}, "ciphertext"}, byte fields base64; the key is scrypt(password,
+    salt, N, r, p, 32) and the ciphertext NaCl's secretbox (XSalsa20-Poly1305) of the plaintext."""
+    import json
+
+    try:
+        found = json.loads(document)
+        kdf, cipher = found["kdf"], found["cipher"]
         params = kdf["params"]
         salt = base64.b64decode(kdf["salt"])
         nonce = base64.b64decode(cipher["nonce"])
-        ciphertext = base64.b64decode(document["ciphertext"])
+        ciphertext = base64.b64decode(found["ciphertext"])
+        n, r, p = int(params["N"]), int(params["r"]), int(params["p"])
     except (ValueError, KeyError, TypeError):
         raise BadInput(f"{where}: not a readable cosign key (its PEM does not hold cosign's JSON)") from None
-    if kdf.get("name") != "scrypt" or cipher.get("name") != "nacl/secretbox":
+    if kdf.get("name") != "scrypt" or cipher.get("name") != "nacl/secretbox" or len(nonce) != 24:
         raise BadInput(f"{where}: cosign key with kdf {kdf.get('name')} / cipher {cipher.get('name')}: not supported")
     try:
         import nacl.exceptions
         import nacl.secret
     except ImportError:
         raise BadInput(
-            f"{where}: a cosign-format key needs PyNaCl (pip install pynacl), or convert it: "
-            f"`cosign import-key-pair` takes a PKCS#8 key; carry keygen makes one"
+            f"{where}: a cosign-format key needs PyNaCl (pip install pynacl); or sign with a PKCS#8 key "
+            f"(`carry keygen DIR`), which cosign imports with `cosign import-key-pair`"
         ) from None
-    secret = hashlib.scrypt(
-        (password or "").encode(),
-        salt=salt,
-        n=int(params["N"]),
-        r=int(params["r"]),
-        p=int(params["p"]),
-        maxmem=256 << 20,
-        dklen=32,
-    )
+    try:
+        secret = hashlib.scrypt((password or "").encode(), salt=salt, n=n, r=r, p=p, maxmem=512 << 20, dklen=32)
+    except ValueError:
+        raise BadInput(f"{where}: unsupported scrypt parameters N={n} r={r} p={p}") from None
     try:
         return nacl.secret.SecretBox(secret).decrypt(ciphertext, nonce)
     except nacl.exceptions.CryptoError:
