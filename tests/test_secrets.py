@@ -253,7 +253,9 @@ def pushed(credentialed, tmp_path_factory):
         "CARRY_SIGNING_KEY_PASSWORD": KEY_PASSWORD,
     }
     with command_lines() as seen:
-        result = carry("--config", str(config), "image", "--hermetic", "--push", "--arch", ARCHES, env=run_env)
+        result = carry(
+            "--config", str(config), "image", "--hermetic", "--push", "--arch", ARCHES, env=run_env, cwd=project
+        )
     assert result.code == 0, result.out + result.err
     version = (project / "VERSION").read_text().strip()
     yield {
@@ -336,7 +338,9 @@ def test_the_push_was_signed_and_no_secret_is_in_the_attachments(pushed):
 
     env, result = pushed["env"], pushed["result"]
     assert "signature " in result.out and ".sig  sha256:" in result.out, result.out
-    assert "no SBOM: the Dockerfile's runtime stage installs wheels" in result.out
+    # --hermetic: every installed wheel is one carry holds (the fixed wheel, the wheelhouse, the base's bundled
+    # pip and setuptools), so the push has an SBOM too
+    assert "components, CycloneDX 1.6, schema-valid" in result.out, result.out
     repository = pushed["name"].split("/", 1)[1]
     manifest = _registry_get(
         env, f"/v2/{repository}/manifests/{pushed['version']}", "application/vnd.docker.distribution.manifest.v2+json"
@@ -351,6 +355,10 @@ def test_the_push_was_signed_and_no_secret_is_in_the_attachments(pushed):
         for layer in json.loads(found)["layers"]:
             held += _registry_get(env, f"/v2/{repository}/blobs/{layer['digest']}", "*/*")
     assert b"cosign container image signature" in held and b"application/vnd.in-toto+json" in held
+    sboms = list((pushed["base"] / "demo" / "dist").glob("pledemo-*-linux-amd64.cdx.json"))
+    assert sboms, "the SBOM is written beside the wheels"
+    names = {c["name"].lower() for c in json.loads(sboms[0].read_text())["components"]}
+    assert {"pledemo", "pip"} <= names, names
     for secret in secrets(pushed):
         assert secret.encode() not in held
 

@@ -146,3 +146,66 @@ class Attester:
             "seconds": self.timings.to_json(),
             "published": [done.to_json() for done in self.published],
         }
+
+
+# -- a hermetic Dockerfile build: every installed wheel read back and matched to a file carry holds ---------------
+
+BUNDLED_WHEELS = ("/usr/share/python-wheels/",) + tuple(
+    f"{prefix}/lib/python3.{minor}/ensurepip/_bundled/" for prefix in ("/usr", "/usr/local") for minor in range(8, 16)
+)
+
+
+def wheel_index(directory: Path) -> dict[tuple[str, str], Wheel]:
+    """(canonical name, version) -> the wheel file of a wheelhouse."""
+    from carry.trust.facts import canonical
+
+    found = {}
+    for path in sorted(directory.glob("*.whl")):
+        wheel = wheel_of(path)
+        found[(canonical(wheel.name), wheel.version)] = wheel
+    return found
+
+
+def hermetic_distributions(
+    client, ref: str, platform, fixed: Wheel, wheelhouse: dict[tuple[str, str], Wheel]
+) -> tuple[tuple[Wheel, ...], str]:
+    """The distributions a hermetic Dockerfile build's runtime stage installed, read from the image's layers (the
+    local engine), each matched by name and version to the wheel it came from: the fixed wheel (exported from the
+    build stage), the wheelhouse (`--no-index --find-links`), or the wheels the base's Python bundles for venv's
+    ensurepip (read from the same layers). ((distributions, ""), or ((), why not) when one has no known wheel)."""
+    import posixpath
+
+    from carry.image import imagefs, installcheck
+    from carry.trust.facts import canonical
+
+    selection = imagefs.Selection(
+        prefixes=(f"{installcheck.VENV}/", *BUNDLED_WHEELS),
+        keep=lambda path: path.startswith(f"{installcheck.VENV}/lib/") and path.endswith(".dist-info/METADATA"),
+    )
+    files = imagefs.from_engine(client, ref, platform, selection)
+    bundled = {}
+    for path, node in files.nodes.items():
+        if node.kind == "file" and path.endswith(".whl") and path.startswith(BUNDLED_WHEELS):
+            try:
+                wheel = dataclasses.replace(wheel_of(Path(posixpath.basename(path)), node.sha256))
+            except Exception:  # packaging's InvalidWheelFilename: not a wheel's name
+                continue
+            bundled[(canonical(wheel.name), wheel.version)] = wheel
+    found, missing = [], []
+    for path, node in sorted(files.nodes.items()):
+        directory, name = posixpath.split(path)
+        site = installcheck.SITE_RE.match(directory)
+        if name != "METADATA" or site is None or posixpath.dirname(directory) != site.group(0):
+            continue
+        headers = installcheck._headers(node.data or b"")
+        key = (canonical(headers.get("Name", "")), headers.get("Version", ""))
+        if key == (canonical(fixed.name), fixed.version):
+            continue
+        wheel = wheelhouse.get(key) or bundled.get(key)
+        if wheel is None:
+            missing.append(f"{headers.get('Name')} {headers.get('Version')}")
+        else:
+            found.append(Wheel(headers.get("Name", wheel.name), key[1], wheel.filename, wheel.sha256))
+    if missing:
+        return (), f"{', '.join(missing)} installed from no wheel carry holds (wheelhouse, base's bundled wheels)"
+    return tuple(found), ""

@@ -242,6 +242,7 @@ def build(
                     progress,
                 )
             access = container.stage_access(config, scratch, options.hermetic, progress)
+            hermetic: dict = {}
             for image in the_plan.images:
                 progress.phase(
                     "build",
@@ -261,6 +262,8 @@ def build(
                 if options.cache:
                     for note in layercache.outcome(output, caching.sources):
                         progress.phase("layer cache", f"{image.platform}: {note}")
+                if attester is not None and options.hermetic:
+                    hermetic[image.platform] = _hermetic_inputs(image, access, builder, context, log, scratch)
         client = registry.client()
         ids = {image.platform: client.images.get(image.refs[0]).id for image in the_plan.images}
         pushed: dict[str, str] = {}
@@ -271,7 +274,7 @@ def build(
                     progress.phase("push", f"{ref} ({image.platform})")
                     pushed[ref] = registry.push(client, ref, login)
                 if attester is not None:
-                    _attest(attester, config, client, login, image, pushed[image.refs[0]])
+                    _attest(attester, config, client, login, image, pushed[image.refs[0]], hermetic.get(image.platform))
             if the_plan.shared and the_plan.complete:
                 sources = {image.platform: image.refs[0] for image in the_plan.images}
                 for ref in the_plan.shared:
@@ -284,11 +287,25 @@ def build(
     return ImageResult(the_plan, ids, pushed, tuple(notes), attester if options.push else None)
 
 
-def _attest(attester, config: Config, client, login, image: PlatformImage, digest: str) -> None:
-    """A Dockerfile-built platform image's signature and provenance (carry.image.attest); its wheels are resolved
-    inside BuildKit, so carry knows no wheel hash for an SBOM."""
+def _hermetic_inputs(image: PlatformImage, access, builder: Builder, context: Path, log: Path, scratch: Path):
+    """What a hermetic build's SBOM needs from the build context before it is removed: the fixed wheel (the build
+    stage's, exported from BuildKit's cache) and the wheelhouse the runtime stage installed from."""
+    from carry.image.attest import wheel_index, wheel_of
+
+    exported = scratch / f"wheel-{image.platform.tag}"
+    StageBuild(image.platform, container.WHEEL_STAGE, image.build_args, access.network, output_dir=exported).run(
+        builder, access.secret, context, log
+    )
+    wheels = sorted(exported.glob("*.whl"))
+    return (wheel_of(wheels[0]) if len(wheels) == 1 else None), wheel_index(context / "wheelhouse")
+
+
+def _attest(attester, config: Config, client, login, image: PlatformImage, digest: str, hermetic=None) -> None:
+    """A Dockerfile-built platform image's signature and provenance (carry.image.attest); with --hermetic its SBOM
+    too, every installed distribution matched to the wheel it came from. Without, pip resolved the wheels inside
+    BuildKit, and carry knows no hash for an SBOM."""
     from carry.image import registryhttp
-    from carry.image.attest import Wheel
+    from carry.image.attest import Wheel, hermetic_distributions
 
     base_ref = config.target(image.platform).runtime_image or config.image.runtime_image or ""
     try:
@@ -296,11 +313,19 @@ def _attest(attester, config: Config, client, login, image: PlatformImage, diges
     except Exception:  # docker.errors.ImageNotFound: a base BuildKit pulled itself
         base = {}
     fixed = Wheel(image.labels.get(f"{LABEL_PREFIX}.wheel", ""), "", "", "")
+    distributions: tuple = ()
     why = (
-        "the Dockerfile's runtime stage installs wheels resolved inside the build (pip in BuildKit), whose sha256 "
-        "carry does not know; set image.lock for an image with an exact SBOM"
+        "without --hermetic the Dockerfile's runtime stage installs wheels pip resolves inside BuildKit, whose "
+        "sha256 carry does not know (build with --hermetic, or set image.lock)"
     )
+    if hermetic is not None:
+        if hermetic[0] is None:
+            why = "the build stage did not export exactly one wheel"
+        else:
+            fixed = hermetic[0]
+            distributions, why = hermetic_distributions(client, image.refs[0], image.platform, fixed, hermetic[1])
     facts = attester.facts(image.platform, image.labels, fixed, None, base_ref, base, no_sbom=why)
+    facts = dataclasses.replace(facts, distributions=distributions)
     attester.platform(registryhttp.Repository.of(config.image.name, login.auth), facts, digest, locked=False)
 
 
