@@ -82,7 +82,8 @@ def verify_image(
             raise Failed(f"{ref} is a {found_platform} image, not {platform}")
         result = _verify_one(client, ref, image, found_platform, expected, arches, scratch, coverage)
         if key is not None:
-            result = _with_trust(result, _trust_dockerfile(client, docker_cli, ref, found_platform, key, remote))
+            trusted = _trust_dockerfile(client, docker_cli, ref, found_platform, key, remote, expected, patches)
+            result = _with_trust(result, trusted)
         results.append(dataclasses.replace(result, notes=notes + result.notes))
     return tuple(results)
 
@@ -100,28 +101,34 @@ def _with_trust(result: Verification, found: tuple[list[str], list[str]]) -> Ver
 
 
 def _trust_dockerfile(
-    client, docker_cli: str, ref: str, platform: Platform, key, remote
+    client, docker_cli: str, ref: str, platform: Platform, key, remote, expected: Expected, patches
 ) -> tuple[list[str], list[str]]:
-    """A Dockerfile-built image: its signature (and the index's) and its provenance; the SBOM when it has one."""
+    """A Dockerfile-built image: its signature (and the index's), its provenance against this repo (commit,
+    series, VERSION), and its SBOM, when it has one (a --hermetic build), against the dist-info its layers hold."""
     from carry.image import imagefs, registry, registryhttp, trustcheck
 
     if remote is None:
         return [], ["signature: the image is only in the local engine; a signature lives in a registry"]
     repository = trustcheck.repository_of(ref)
     with registry.credentials(ref, docker_cli) as login:
-        reader = imagefs.Registry(
-            imagefs.Reference.parse(ref), login.auth, registry.insecure(client, registry.registry_of(ref))
-        )
-        found = imagefs.platform_manifest(reader, ref, platform)
-        if found is None:
+        insecure = registry.insecure(client, registry.registry_of(ref))
+        files = imagefs.from_registry(ref, platform, trustcheck.dist_info_selection(), login.auth, insecure)
+        if files is None:
             return [], [f"signature: {ref} is not in its registry"]
         store = registryhttp.Repository.of(repository, login.auth)
-        statements_only: list[tuple[str, str]] = []
+        wanted = trustcheck.Expected(expected.commit, patches, expected.version, "", None)
         proven, problems = trustcheck.check_platform(
-            store, key, repository, found[1], platform, {}, statements_only, None
+            store,
+            key,
+            repository,
+            files.digest,
+            platform,
+            files.labels,
+            trustcheck.installed_in(files),
+            wanted,
+            sbom_required=False,
         )
-        problems = [p for p in problems if not p.startswith("SBOM")]
-        if found[1] != remote[0]:
+        if files.digest != remote[0]:
             more = trustcheck.check_index(store, key, repository, remote[0])
             proven, problems = more[0] + proven, more[1] + problems
     return proven, problems

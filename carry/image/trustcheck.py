@@ -31,7 +31,7 @@ class Expected:
     commit: str
     patches: tuple[tuple[str, str], ...]  # (file name, sha256) in order
     version: str
-    fixed_sha256: str
+    fixed_sha256: str  # "" when dist/ does not hold it (a Dockerfile build's wheel is made in the image)
     lock: tuple[str, str] | None  # (file name, sha256)
 
 
@@ -53,8 +53,10 @@ def check_platform(
     labels: dict[str, str],
     installed: list[tuple[str, str]],
     expected: Expected | None,
+    sbom_required: bool = True,
 ) -> tuple[list[str], list[str]]:
-    """(proven lines, problems) for one platform manifest `digest`."""
+    """(proven lines, problems) for one platform manifest `digest`; a Dockerfile build without --hermetic has no
+    SBOM (`sbom_required` False), but one that is there is checked all the same."""
     started = time.monotonic()
     proven: list[str] = []
     problems: list[str] = []
@@ -64,7 +66,8 @@ def check_platform(
             f"signature: {signature.tag} verifies with the key {key.fingerprint[:19]}… for {repository}@{digest[:19]}…"
         )
     problems += [f"signature: {p}" for p in signature.problems]
-    statements = attach.read_statements(store, key, digest, (attach.CYCLONEDX, attach.SLSA_PROVENANCE))
+    wanted = (attach.CYCLONEDX, attach.SLSA_PROVENANCE) if sbom_required else (attach.SLSA_PROVENANCE,)
+    statements = attach.read_statements(store, key, digest, wanted)
     problems += list(statements.problems)
     document = statements.by_type.get(attach.CYCLONEDX, {}).get("predicate")
     fixed_component = None
@@ -143,7 +146,7 @@ def _against_repository(found: provenance.Read, expected: Expected) -> list[str]
     if found.version != expected.version:
         problems.append(f"provenance: VERSION {found.version}, this repository's {expected.version}")
     fixed = found.wheels.get("fixed-wheel")
-    if fixed is None or fixed[1] != expected.fixed_sha256:
+    if expected.fixed_sha256 and (fixed is None or fixed[1] != expected.fixed_sha256):
         problems.append(
             f"provenance: fixed wheel sha256 {fixed[1][:12] if fixed else 'missing'}…, dist/'s "
             f"{expected.fixed_sha256[:12]}…"
@@ -192,7 +195,7 @@ def verify_without_checkout(
 ) -> tuple[TrustOnly, ...]:
     """Every platform of `ref` (or the one asked), read from the registry: signature, SBOM against the layers'
     dist-info, provenance against itself, the SBOM and the labels."""
-    from carry.image import imagefs, installcheck, registry, registryhttp
+    from carry.image import imagefs, registry, registryhttp
 
     repository = repository_of(ref)
     client = registry.client()
@@ -206,10 +209,7 @@ def verify_without_checkout(
         if missing:
             raise Failed(f"{ref} holds {', '.join(map(str, remote[1]))}, not {', '.join(map(str, missing))}")
         store = registryhttp.Repository.of(repository, login.auth)
-        selection = imagefs.Selection(
-            prefixes=(f"{installcheck.VENV}/",),
-            keep=lambda path: path.startswith(f"{installcheck.VENV}/lib/") and path.endswith(".dist-info/METADATA"),
-        )
+        selection = dist_info_selection()
         insecure = registry.insecure(client, registry.registry_of(ref))
         for target in wanted:
             files = imagefs.from_registry(ref, target, selection, login.auth, insecure)
@@ -229,6 +229,20 @@ def verify_without_checkout(
                 TrustOnly(f"{ref} {target} ({files.digest[:19]})", tuple(proven), tuple(problems), NOT_COMPARED)
             )
     return tuple(results)
+
+
+def dist_info_selection():
+    """What the trust checks read of an image: each `*.dist-info/METADATA` under the venv."""
+    from carry.image import imagefs, installcheck
+
+    return imagefs.Selection(
+        prefixes=(f"{installcheck.VENV}/",),
+        keep=lambda path: path.startswith(f"{installcheck.VENV}/lib/") and path.endswith(".dist-info/METADATA"),
+    )
+
+
+def installed_in(files) -> list[tuple[str, str]]:
+    return _installed(files)
 
 
 def _installed(files) -> list[tuple[str, str]]:
