@@ -359,6 +359,15 @@ def test_the_push_was_signed_and_no_secret_is_in_the_attachments(pushed):
     assert sboms, "the SBOM is written beside the wheels"
     names = {c["name"].lower() for c in json.loads(sboms[0].read_text())["components"]}
     assert {"pledemo", "pip"} <= names, names
+    # verify --key on the Dockerfile-built image: signature, SBOM against its dist-info, provenance against the repo
+    login = {"CARRY_REGISTRY_USER": env.registry_user, "CARRY_REGISTRY_PASSWORD": env.registry_password()}
+    config = pushed["base"] / "demo" / "build.yaml"
+    verified = carry(
+        "--config", str(config), "verify", pushed["ref"], "--key", str(pushed["base"] / "keys" / "carry.pub"), env=login
+    )
+    assert verified.code == 0, verified.out + verified.err
+    assert "verifies with the key" in verified.out and "SBOM: signed, CycloneDX 1.6" in verified.out
+    assert "equal to this repository's commit, series" in verified.out
     for secret in secrets(pushed):
         assert secret.encode() not in held
 

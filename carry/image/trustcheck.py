@@ -103,9 +103,11 @@ def check_platform(
                     f"provenance: signed SLSA v1 by {found.builder}; commit {found.commit[:12]}, "
                     f"{len(found.patches)} patch(es), VERSION {found.version}"
                     + (
-                        ", equal to this repository's commit, series, fixed wheel and lock"
-                        if expected is not None
-                        else "; consistent with itself, the SBOM and the labels"
+                        "; consistent with itself, the SBOM and the labels"
+                        if expected is None
+                        else ", equal to this repository's commit, series, fixed wheel and lock"
+                        if expected.fixed_sha256
+                        else ", equal to this repository's commit, series and VERSION"
                     )
                 )
     proven.append(f"trust checks: {time.monotonic() - started:.1f} s")
