@@ -89,6 +89,15 @@ class Attester:
         wheels: dict[str, Path] | None = None,
         no_sbom: str = "",
     ) -> ImageFacts:
+        import time
+
+        begun = time.monotonic()
+        try:
+            return self._facts(platform, labels, fixed, release, base_ref, base, lock, wheels, no_sbom)
+        finally:
+            self.timings.facts += time.monotonic() - begun
+
+    def _facts(self, platform, labels, fixed, release, base_ref, base, lock, wheels, no_sbom) -> ImageFacts:
         distributions: tuple[Wheel, ...] = ()
         lock_source = None
         if lock is not None and wheels is not None:

@@ -323,7 +323,11 @@ def _attest(attester, config: Config, client, login, image: PlatformImage, diges
             why = "the build stage did not export exactly one wheel"
         else:
             fixed = hermetic[0]
+            import time
+
+            begun = time.monotonic()
             distributions, why = hermetic_distributions(client, image.refs[0], image.platform, fixed, hermetic[1])
+            attester.timings.facts += time.monotonic() - begun
     facts = attester.facts(image.platform, image.labels, fixed, None, base_ref, base, no_sbom=why)
     facts = dataclasses.replace(facts, distributions=distributions)
     attester.platform(registryhttp.Repository.of(config.image.name, login.auth), facts, digest, locked=False)

@@ -19,13 +19,14 @@ from carry.util.fsutil import atomic_write_bytes
 
 @dataclasses.dataclass
 class Timings:
+    facts: float = 0.0  # gathering what the SBOM and provenance say (hashing the wheels, reading the image)
     sbom: float = 0.0
     provenance: float = 0.0
     signatures: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.sbom + self.provenance + self.signatures
+        return self.facts + self.sbom + self.provenance + self.signatures
 
     def to_json(self) -> dict:
         return {
