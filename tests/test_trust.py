@@ -375,7 +375,6 @@ SSL_VECTOR = (
 
 
 def test_cosign_keys_are_read(tmp_path):
-    pytest.importorskip("nacl", reason="cosign's key format needs PyNaCl, an optional dependency")
     import nacl.secret
     import nacl.utils
     from cryptography.hazmat.primitives import serialization
