@@ -134,7 +134,7 @@ class Attester:
     def platform(self, store, facts: ImageFacts, digest: str, locked: bool) -> publish.Published:
         done = publish.platform(store, self.key, facts, digest, self.dist, locked, self.started, self.timings)
         self.published.append(done)
-        for line in done.lines():
+        for line in (*done.lines(), *([done.note] if done.note else [])):
             self.progress.phase("trust", line)
         return done
 
@@ -147,6 +147,13 @@ class Attester:
 
     def lines(self) -> list[str]:
         return [line for done in self.published for line in done.lines()]
+
+    def notes(self) -> tuple[str, ...]:
+        """For stderr: why a platform has no SBOM, and that nothing was signed without a key."""
+        found = [done.note for done in self.published if done.note]
+        if self.key is None and self.published:
+            found.append("not signed, nothing attached: set $CARRY_SIGNING_KEY to a key (`carry keygen DIR`)")
+        return tuple(found)
 
     def to_json(self) -> dict:
         return {

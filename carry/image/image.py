@@ -77,14 +77,14 @@ class ImageResult:
     trust: Any = None  # carry.image.attest.Attester: the signatures and attestations pushed
 
     def lines(self) -> list[str]:
-        """`ref  digest  platforms` for each tag made, platform images first."""
-        rows = []
+        """What was signed and attached, then `ref  digest  platforms` for each tag made, platform images first."""
+        rows = self.trust.lines() if self.trust is not None else []
         for image in self.plan.images:
             for ref in image.refs:
                 rows.append("  ".join(filter(None, (ref, self.pushed.get(ref, ""), str(image.platform)))))
         everything = ", ".join(str(i.platform) for i in self.plan.images)
         rows += [f"{ref}  {self.pushed[ref]}  {everything}" for ref in self.plan.shared if ref in self.pushed]
-        return rows + (self.trust.lines() if self.trust is not None else [])
+        return rows
 
 
 def render_tags(config: Config, version: str, series: Series, cuda: str) -> tuple[str, ...]:
@@ -284,6 +284,8 @@ def build(
                     _attest_index(attester, config, login, set(pushed[ref] for ref in the_plan.shared))
     if the_plan.shared and not (options.push and the_plan.complete):
         notes.append(_shared_tags_note(config, the_plan, options))
+    if options.push and attester is not None:
+        notes += attester.notes()
     return ImageResult(the_plan, ids, pushed, tuple(notes), attester if options.push else None)
 
 

@@ -761,11 +761,12 @@ class LockedImageResult:
             )
             if outcome.smoke:
                 rows.append(f"  smoke: {outcome.smoke}")
+        rows += self.trust.lines() if self.trust is not None else []  # the tags come last: scripts read them
         for outcome in self.platforms:
             rows += [f"{ref}  {self.pushed.get(ref, outcome.digest)}  {outcome.platform}" for ref in outcome.refs]
         everything = ", ".join(str(o.platform) for o in self.platforms)
         rows += [f"{ref}  {self.pushed[ref]}  {everything}" for ref in self.shared if ref in self.pushed]
-        return rows + (self.trust.lines() if self.trust is not None else [])
+        return rows
 
     def to_json(self) -> dict:
         return {
@@ -955,6 +956,8 @@ def build(
                 "shared tags are made on --push: a registry holds one tag for several platforms, the "
                 "local image store does not"
             )
+    if push and attester is not None:
+        notes += attester.notes()
     return LockedImageResult(
         tuple(outcomes), pushed, the_plan.shared, tuple(notes), duplicates, attester if push else None
     )

@@ -49,16 +49,14 @@ class Published:
     note: str | None = None
 
     def lines(self) -> list[str]:
+        """The SBOM written and each attachment pushed, one line each (notes are `note`)."""
         rows = []
         if self.sbom_path is not None:
             rows.append(
                 f"sbom       {self.platform}: {self.sbom_path} ({self.sbom_bytes / 1e3:,.1f} kB, "
                 f"{self.components} components, CycloneDX 1.6, schema-valid)"
             )
-        rows += [f"{a.line(self.subject)}" for a in self.attached]
-        if self.note:
-            rows.append(f"note       {self.platform}: {self.note}")
-        return rows
+        return rows + [f"{a.line(self.subject)}" for a in self.attached]
 
     def to_json(self) -> dict:
         return {
@@ -96,9 +94,8 @@ def platform(
         atomic_write_bytes(path, document + b"\n")
         timings.sbom += time.monotonic() - begun
     components = len(json.loads(document)["components"]) if document else 0
-    note = f"no SBOM: {facts.no_sbom}" if facts.no_sbom else None
+    note = f"{facts.platform}: no SBOM: {facts.no_sbom}" if facts.no_sbom else None
     if key is None:
-        note = "; ".join(filter(None, [note, "not signed, nothing attached: set $CARRY_SIGNING_KEY to sign"]))
         return Published(digest, facts.platform, (), path, len(document or b""), components, note)
     begun = time.monotonic()
     predicate = provenance.make(facts, locked, started, _now())
@@ -116,7 +113,7 @@ def platform(
 def index(store, key: SigningKey | None, repository: str, digest: str, timings: Timings) -> Published:
     """The multi-platform index's signature (the tag people pull)."""
     if key is None:
-        return Published(digest, "index", (), None, 0, 0, "not signed: set $CARRY_SIGNING_KEY to sign")
+        return Published(digest, "index", (), None, 0, 0)
     begun = time.monotonic()
     signed = attach.sign(store, key, repository, digest)
     timings.signatures += time.monotonic() - begun
