@@ -405,3 +405,170 @@ def test_cosign_keys_are_read(tmp_path):
     )
     with pytest.raises(keys.BadInput, match="wrong passphrase"):
         keys.load_private(path, "not-it")
+
+
+# -- the push side and the verify side together, on a memory store: what image --push attaches, verify reads -------
+
+
+@pytest.fixture
+def pushed_demo(tmp_path, pair):
+    """A demo project's facts as `image --push` gathers them (its config, series and lock on disk, locked wheels in
+    a download store laid out by sha256, the fixed and the release wheel), published with the key."""
+    import zipfile
+
+    from carry.config import load
+    from carry.image import runtimelock, trustcheck
+    from carry.image.attest import Attester, wheel_of
+    from carry.platforms import Platform
+    from carry.source import series
+    from carry.util.progress import Progress
+
+    project = tmp_path / "demo"
+    shutil.copytree(ROOT / "examples" / "demo", project, ignore=shutil.ignore_patterns("upstream", "*.bundle"))
+    config = load(project / "build.yaml")
+
+    def wheel(directory: Path, name: str, version: str) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{name}-{version}-py3-none-any.whl"
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr(f"{name}/__init__.py", f"V = {version!r}\n")
+        return path
+
+    store, wheels, packages = tmp_path / "store", {}, []
+    for name, version in (("alpha", "1.0"), ("beta_pkg", "2.1")):
+        made = wheel(tmp_path / "made", name, version)
+        sha = hashlib.sha256(made.read_bytes()).hexdigest()
+        (store / sha).mkdir(parents=True)
+        wheels[name.replace("_", "-")] = made.rename(store / sha / made.name)
+        packages.append(runtimelock.Locked(name.replace("_", "-"), version, (f"sha256:{sha}",)))
+    lock_path = project / "runtime-lock" / "linux-amd64.txt"
+    lock_path.parent.mkdir()
+    lock_path.write_text("# a lock\n")
+    lock = runtimelock.Lock(
+        lock_path, Platform.LINUX_AMD64, "3.11.2", "x86_64-manylinux_2_36", "base", "", "", "", tuple(packages)
+    )
+    fixed = wheel(project / "dist", "pledemo", "0.3.0+carry.20261130.1")
+    release = wheel(tmp_path / "release", "pledemo", "0.3.0")
+    key = keys.load_private(pair[0] / "carry.key", None)
+    attester = Attester(
+        key, config, series.load(config.patches_dir), "20261130.1", "0.1.0", project / "dist", Progress(quiet=True)
+    )
+    labels = {
+        "io.carry.upstream.url": "https://git.example/pledemo.git",
+        "io.carry.upstream.commit": config.upstream.commit,
+        "io.carry.series.hash": attester.series.hash,
+        "io.carry.version": "20261130.1",
+    }
+    facts = attester.facts(
+        Platform.LINUX_AMD64,
+        labels,
+        wheel_of(fixed),
+        release,
+        "carry-test/runtime-base:x",
+        {"Id": "sha256:" + "77" * 32},
+        lock,
+        wheels,
+    )
+    store_ = MemoryStore()
+    digest = "sha256:" + "5e" * 32
+    published = attester.platform(store_, facts, digest, locked=True)
+    attester.index(store_, "sha256:" + "1d" * 32)
+    installed = [("alpha", "1.0"), ("beta-pkg", "2.1"), ("pledemo", "0.3.0+carry.20261130.1")]
+    return {
+        "attester": attester,
+        "published": published,
+        "store": store_,
+        "digest": digest,
+        "key": key,
+        "labels": labels,
+        "installed": installed,
+        "facts": facts,
+        "expected": trustcheck.Expected(
+            config.upstream.commit,
+            tuple((p.name, p.sha256) for p in attester.series.patches),
+            "20261130.1",
+            hashlib.sha256(fixed.read_bytes()).hexdigest(),
+            (lock_path.name, hashlib.sha256(lock_path.read_bytes()).hexdigest()),
+        ),
+    }
+
+
+def check(demo, installed=None, expected="same", labels=None, key=None):
+    from carry.image import trustcheck
+    from carry.platforms import Platform
+
+    return trustcheck.check_platform(
+        demo["store"],
+        (key or demo["key"]).public,
+        demo["facts"].repository,
+        demo["digest"],
+        Platform.LINUX_AMD64,
+        labels if labels is not None else demo["labels"],
+        installed if installed is not None else demo["installed"],
+        demo["expected"] if expected == "same" else expected,
+    )
+
+
+def test_what_push_attaches_verify_proves(pushed_demo):
+    published = pushed_demo["published"]
+    assert published.sbom_path.name == "pledemo-20261130.1-linux-amd64.cdx.json"
+    assert published.components == 3 and [a.kind for a in published.attached] == ["signature", "attestation"]
+    lines = pushed_demo["attester"].lines()
+    assert any(line.startswith("sbom       linux/amd64:") for line in lines)
+    assert sum(".sig  sha256:" in line for line in lines) == 2  # the platform manifest and the index
+    assert pushed_demo["attester"].notes() == ()
+    timings = pushed_demo["attester"].timings
+    assert timings.sbom > 0 and timings.signatures > 0 and timings.total < 30
+    proven, problems = check(pushed_demo)
+    assert problems == [], problems
+    text = "\n".join(proven)
+    assert "verifies with the key" in text and "SBOM: signed, CycloneDX 1.6, 3 components" in text
+    assert "equal to this repository's commit, series, fixed wheel and lock" in text
+    document = json.loads(published.sbom_path.read_bytes())
+    assert sbom.installed(document)[("alpha", "1.0")] == pushed_demo["facts"].distributions[0].sha256
+
+
+def test_verify_names_what_differs(pushed_demo, tmp_path):
+    import dataclasses
+
+    # the layers install a package the SBOM does not list, and lack one it lists
+    installed = [("alpha", "1.0"), ("gamma", "3.0"), ("pledemo", "0.3.0+carry.20261130.1")]
+    _, problems = check(pushed_demo, installed=installed)
+    assert "SBOM: gamma 3.0 is installed in the layers but not in the SBOM" in problems
+    assert "SBOM: lists beta-pkg 2.1, which the layers do not install" in problems
+    # this repository moved on: another pin, another patch, another wheel in dist/, another lock
+    moved = dataclasses.replace(
+        pushed_demo["expected"],
+        commit="0" * 40,
+        patches=pushed_demo["expected"].patches[:1],
+        fixed_sha256="ab" * 32,
+        lock=("linux-amd64.txt", "cd" * 32),
+        version="20261201.9",
+    )
+    _, problems = check(pushed_demo, expected=moved)
+    found = "\n".join(problems)
+    for needle in ("upstream commit", "patches 0001", "VERSION 20261130.1", "fixed wheel sha256", "lock sha256"):
+        assert f"provenance: {needle}" in found, (needle, found)
+    # labels that disagree with the provenance
+    _, problems = check(pushed_demo, labels={**pushed_demo["labels"], "io.carry.series.hash": "f" * 64})
+    assert any("io.carry.series.hash label" in p for p in problems)
+    # another key: neither the signature nor the attestations verify
+    other = keys.load_private(keys.keygen(tmp_path / "o", {})[0], None)
+    _, problems = check(pushed_demo, key=other)
+    assert problems[0].startswith("signature: sha256-") and "verifies with the key" in problems[0]
+    assert any(p.startswith("SBOM: the https://cyclonedx.org/bom envelope") for p in problems)
+    assert any(p.startswith("provenance: the https://slsa.dev/provenance/v1 envelope") for p in problems)
+
+
+def test_without_a_key_nothing_is_attached_and_image_says_so(pushed_demo, tmp_path):
+    import dataclasses
+
+    from carry.trust import publish
+
+    store = MemoryStore()
+    done = publish.platform(
+        store, None, pushed_demo["facts"], "sha256:" + "ee" * 32, tmp_path, True, "t", publish.Timings()
+    )
+    assert done.attached == () and store.manifests == {} and done.sbom_path.exists()
+    attester = dataclasses.replace(pushed_demo["attester"], key=None, published=[done])
+    assert attester.notes() == ("not signed, nothing attached: set $CARRY_SIGNING_KEY to a key (`carry keygen DIR`)",)
