@@ -21,10 +21,13 @@ from carry.trust.keys import SigningKey
 from carry.util.progress import Progress
 
 
+def _stored_sha256(path: Path) -> str:
+    """A wheel in the download store: its directory is its sha256 (fetch_wheels and the store check it when they
+    put it there); anywhere else it is read."""
+    return path.parent.name if re.fullmatch(r"[0-9a-f]{64}", path.parent.name) else _sha256_file(path)
+
+
 def _sha256_file(path: Path) -> str:
-    """A wheel's sha256: the download store's directory names it; otherwise read."""
-    if re.fullmatch(r"[0-9a-f]{64}", path.parent.name):
-        return path.parent.name
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
@@ -81,7 +84,7 @@ class Attester:
         self,
         platform,
         labels: dict[str, str],
-        fixed: Wheel,
+        fixed: Wheel | Path,
         release: Path | None,
         base_ref: str,
         base: dict,
@@ -98,11 +101,13 @@ class Attester:
             self.timings.facts += time.monotonic() - begun
 
     def _facts(self, platform, labels, fixed, release, base_ref, base, lock, wheels, no_sbom) -> ImageFacts:
+        if isinstance(fixed, Path):  # the fixed wheel's file: hashed here, counted in the facts' time
+            fixed = wheel_of(fixed)
         distributions: tuple[Wheel, ...] = ()
         lock_source = None
         if lock is not None and wheels is not None:
             distributions = tuple(
-                Wheel(p.name, p.version, wheels[p.name].name, _sha256_file(wheels[p.name])) for p in lock.packages
+                Wheel(p.name, p.version, wheels[p.name].name, _stored_sha256(wheels[p.name])) for p in lock.packages
             )
             root = self.config.path.absolute().parent
             try:
@@ -119,7 +124,7 @@ class Attester:
             base_digest=_base_digest(base),
             distributions=distributions,
             fixed=fixed,
-            release=wheel_of(release) if release is not None else None,
+            release=wheel_of(release, _stored_sha256(release)) if release is not None else None,
             upstream_url=labels.get("io.carry.upstream.url", ""),
             upstream_commit=self.config.upstream.commit,
             upstream_pr=self.config.upstream.pr,

@@ -965,13 +965,10 @@ def build(
 
 def _attest(attester, repo, image, plan: PlatformPlan, digest: str, fixed_wheels, prepared: Prepared, fetched) -> None:
     """The pushed platform manifest's SBOM, signature and attestations (carry.image.attest)."""
-    from carry.image.attest import wheel_of
-
-    fixed = wheel_of(fixed_wheels[image.platform])
     facts = attester.facts(
         image.platform,
         image.labels,
-        fixed,
+        fixed_wheels[image.platform],
         prepared.releases[image.platform],
         plan.base_ref,
         plan.base,

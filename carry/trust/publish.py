@@ -30,6 +30,7 @@ class Timings:
 
     def to_json(self) -> dict:
         return {
+            "facts": round(self.facts, 3),
             "sbom": round(self.sbom, 3),
             "provenance": round(self.provenance, 3),
             "signatures": round(self.signatures, 3),
