@@ -344,9 +344,7 @@ class Session:
         from carry.image.attest import Attester
         from carry.trust import keys
 
-        key = keys.from_environment(os.environ)
-        if key is not None:
-            progress.phase("sign", f"key {key.public.fingerprint[:19]}… from ${keys.KEY_ENV}")
+        key = keys.from_environment(os.environ)  # nothing printed yet: a later bad input stays one line
         return Attester(key, self.config, self.series(), self.version(), __version__, dist, progress)
 
     def manifest(

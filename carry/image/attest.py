@@ -137,6 +137,8 @@ class Attester:
         )
 
     def platform(self, store, facts: ImageFacts, digest: str, locked: bool) -> publish.Published:
+        if self.key is not None and not self.published:
+            self.progress.phase("sign", f"with the key {self.key.public.fingerprint[:19]}… ($CARRY_SIGNING_KEY)")
         done = publish.platform(store, self.key, facts, digest, self.dist, locked, self.started, self.timings)
         self.published.append(done)
         for line in (*done.lines(), *([done.note] if done.note else [])):
