@@ -31,7 +31,10 @@ Everything runs in a temp dir against generated upstreams, driving `python build
       store warm against the arm64 install under QEMU (a measured fraction, scaled by bytes), a Python-only patch
       change, the bytes it pushes, image sizes, files stored twice, peak disk (see bench/lockedimage.py);
   12. `verify IMAGE` on the real vLLM image of examples/vllm, per platform, against reading and hashing its blobs
-      alone, and linux/arm64 against linux/amd64 (both read natively; see bench/verifyimage.py).
+      alone, and linux/arm64 against linux/amd64 (both read natively; see bench/verifyimage.py);
+  13. signing the vLLM image: `image --push` with a key, the seconds spent on the SBOM, provenance and signatures
+      against the whole push, the SBOM's size and component count per platform, `verify --key` against plain
+      `verify` (see bench/trust.py).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
 """
@@ -64,6 +67,7 @@ import realwheels  # noqa: E402
 import redisd  # noqa: E402
 import scale  # noqa: E402
 import trees  # noqa: E402
+import trust  # noqa: E402
 import verifyimage  # noqa: E402
 import vllmbench  # noqa: E402
 from carry.wheelbuild import toolchain  # noqa: E402
@@ -475,7 +479,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
     parser.add_argument(
         "--only",
-        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,locked,verify",
+        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,locked,verify,trust",
         help="comma-separated parts to run",
     )
     options = parser.parse_args()
@@ -492,6 +496,7 @@ def main() -> int:
         "vllm": lambda work, size: vllmbench.bench(work / "vllm", size, Row),
         "locked": lambda work, size: lockedimage.bench(work, Row),
         "verify": lambda work, size: verifyimage.bench(work, Row),
+        "trust": lambda work, size: trust.bench(work, Row),
     }
     # The start-up ratios (check, vllm) run first, before the parts that churn gigabytes through the page cache.
     # verify reads the image `locked` pushed.
@@ -508,6 +513,7 @@ def main() -> int:
         "precompiled",
         "locked",
         "verify",
+        "trust",
     ]
     chosen = options.only.split(",")
     if not chosen or set(chosen) - set(parts):

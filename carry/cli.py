@@ -190,20 +190,46 @@ def wheel_command(
     metavar="P",
     help="For an image tag holding several platforms: verify only this one (default: every platform it holds).",
 )
+@click.option(
+    "--key",
+    "key_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    metavar="PUB",
+    help="For an image: check its signature, SBOM and provenance with this public key (carry.pub, cosign.pub).",
+)
 @click.pass_obj
-def verify(obj: Context, artifact: str, arch: str | None, platform: str | None) -> None:
+def verify(obj: Context, artifact: str, arch: str | None, platform: str | None, key_path: Path | None) -> None:
     """Verify a wheel file, an image reference or a test report against this repo (VERSION, series hash, pinned
     commit). Wheels: RECORD hashes, the CUDA arch gate, the CPU of their shared objects, the test report beside
     them if any. Images: every platform the tag holds is pulled, its labels compared, its Python run (emulated
     where foreign) to import the wheel, and the installed shared objects gated. A test report (*.test.json) is
-    checked against the artifact it names. Exit 1 on a mismatch, naming the field."""
+    checked against the artifact it names. With --key, an image's signature (cosign's simple signing), its SBOM
+    (against the distributions the layers install) and its provenance (against this repo) are checked too; without
+    build.yaml, only what needs no repository. Exit 1 on a mismatch, naming the field."""
+    from carry.gputest.testrun import names_a_wheel
+
+    key = None
+    if key_path is not None:
+        if artifact.endswith(".test.json") or names_a_wheel(artifact):
+            raise click.UsageError("--key checks an image's signature; a wheel or test report has none")
+        from carry.trust.keys import load_public
+
+        key = load_public(key_path)
+    elif not artifact.endswith(".test.json") and not names_a_wheel(artifact):
+        click.echo("carry: note: the image's signature was not checked (pass --key PUB to check it)", err=True)
+    if key is not None and not obj.config_path.exists():
+        from carry.image import trustcheck
+
+        only = trustcheck.verify_without_checkout(artifact, key, parse_platform(platform), "docker")
+        click.echo("\n".join(line for result in only for line in result.lines()))
+        sys.exit(0 if all(result.ok for result in only) else 1)
     if artifact.endswith(".test.json"):
         from carry.gputest import testrun
 
         result = testrun.check_report(Path(artifact))
         click.echo("\n".join(result.lines()))
         sys.exit(0 if result.ok else 1)
-    results = obj.session().verify(artifact, parse_platform(platform), arch)
+    results = obj.session().verify(artifact, parse_platform(platform), arch, key)
     click.echo("\n".join(line for result in results for line in result.lines()))
     sys.exit(0 if all(result.ok for result in results) else 1)
 
@@ -340,6 +366,22 @@ def manifest_command(obj: Context, platforms: tuple[str, ...], tags: tuple[str, 
     progress = Progress()
     joined = obj.session().manifest(tuple(parse_platform(p) for p in platforms), tags, progress)
     click.echo("\n".join(f"{ref}  {digest}" for ref, digest in joined.items()))
+
+
+@cli.command("keygen")
+@click.argument("directory", type=click.Path(path_type=Path, file_okay=False))
+def keygen_command(directory: Path) -> None:
+    """Write a new ECDSA P-256 signing key pair: DIRECTORY/carry.key (PKCS#8 PEM, mode 0600, encrypted with
+    $CARRY_SIGNING_KEY_PASSWORD when it is set) and DIRECTORY/carry.pub (the public key verify --key and cosign
+    verify --key take). Never overwrites a key (exit 2). `image --push` signs with $CARRY_SIGNING_KEY=DIR/carry.key."""
+    import os
+
+    from carry.trust import keys
+
+    private, public = keys.keygen(directory, os.environ)
+    encrypted = "encrypted" if os.environ.get(keys.PASSWORD_ENV) else "not encrypted: set $CARRY_SIGNING_KEY_PASSWORD"
+    click.echo(f"{private}  private key, mode 0600, {encrypted}")
+    click.echo(str(public))
 
 
 @cli.command("test")

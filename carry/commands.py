@@ -258,6 +258,7 @@ class Session:
         from carry.image import container, image
         from carry.wheelbuild import toolchain
 
+        attester = self.attester(options.push, progress)
         platforms = image.platforms_to_build(self.config, options)
         arches = {platform: self.arches(arch, platform) for platform in platforms}
         builder = container.resolve_builder(self.config, platforms)
@@ -285,6 +286,7 @@ class Session:
             builder,
             container.build_requirements(pyproject),
             progress,
+            attester,
         )
 
     def locked_image(
@@ -301,6 +303,7 @@ class Session:
                 f"{self.config.path}: image.lock is set: carry writes the layers itself (no BuildKit "
                 f"build), so --hermetic, --wheelhouse, --cache-from and --cache-to do not apply"
             )
+        attester = self.attester(options.push, progress)
         platforms = image.platforms_to_build(self.config, options)
         client = registry.client()
         prepared = lockedimage.prepare(
@@ -328,7 +331,21 @@ class Session:
             built = self.wheel(arch, Path("dist"), None, progress, platform)
             wheels[platform] = built.path
             progress.phase("wheel", f"{platform}: {built.path.name}{' (reused)' if built.reused else ''}")
-        return lockedimage.build(self.config, self.cache, prepared, plan, wheels, options.push, smoke, client, progress)
+        return lockedimage.build(
+            self.config, self.cache, prepared, plan, wheels, options.push, smoke, client, progress, attester
+        )
+
+    def attester(self, push: bool, progress: Progress, dist: Path = Path("dist")):
+        """With --push, what signs and attests the pushed images (carry.image.attest), the key of
+        $CARRY_SIGNING_KEY loaded now: a bad key or passphrase is bad input before any work."""
+        if not push:
+            return None
+        from carry import __version__
+        from carry.image.attest import Attester
+        from carry.trust import keys
+
+        key = keys.from_environment(os.environ)  # nothing printed yet: a later bad input stays one line
+        return Attester(key, self.config, self.series(), self.version(), __version__, dist, progress)
 
     def manifest(
         self, platforms: tuple[Platform, ...], extra_tags: tuple[str, ...], progress: Progress
@@ -345,11 +362,12 @@ class Session:
                 f"{self.config.path}: a manifest list joins several platforms; list them in "
                 f"image.platforms or pass --platform twice or more"
             )
+        attester = self.attester(True, progress)
         builder = container.resolve_builder(self.config, ())
         tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
         shared = image.render_tags(self.config, self.version(), self.series(), image.cuda_tag(tools.nvcc_version))
         refs = tuple(dict.fromkeys(f"{self.config.image.name}:{tag}" for tag in shared + extra_tags))
-        return image.join_pushed(self.config, self.version(), refs, chosen, builder, progress)
+        return image.join_pushed(self.config, self.version(), refs, chosen, builder, progress, attester)
 
     def lock(self, platforms: tuple[Platform, ...], check: bool, upgrade: bool, progress: Progress) -> LockResult:
         """The runtime lock of each platform (image.platforms, or those given): the base image's facts first (bad
@@ -416,17 +434,27 @@ class Session:
             raise Failed("the series does not apply; run `check` for details")
         return container.upstream_pyproject(git.show_blob(checked.mirror, f"{checked.report.tree}:pyproject.toml"))
 
-    def verify(self, artifact: str, platform: Platform | None, arch: str | None) -> tuple[verify.Verification, ...]:
+    def verify(
+        self, artifact: str, platform: Platform | None, arch: str | None, key=None
+    ) -> tuple[verify.Verification, ...]:
         """A wheel file (and the test report beside it), or every platform (or the one asked) of an image
-        reference."""
+        reference; with `key` (a loaded public key) the image's signature, SBOM and provenance too."""
         from carry.gputest import testrun
         from carry.wheelbuild import verify
 
         if not testrun.names_a_wheel(artifact):
             from carry.image import imageverify
 
+            patches = tuple((p.name, p.sha256) for p in self.series().patches) if key is not None else ()
             return imageverify.verify_image(
-                artifact, self.config, self.expected(), platform, given(arch), self.cache.scratch
+                artifact,
+                self.config,
+                self.expected(),
+                platform,
+                given(arch),
+                self.cache.scratch,
+                key=key,
+                patches=patches,
             )
         if platform is not None:
             raise BadInput("--platform is for image tags; a wheel's platform is in its file name")

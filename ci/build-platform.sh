@@ -4,7 +4,10 @@
 # verify it. With several platforms in image.platforms carry pushes this one as <VERSION>-<arch> only and leaves the
 # shared tags to publish-manifest.sh, which joins every platform under them. Registry credentials come from
 # CARRY_REGISTRY_USER / CARRY_REGISTRY_PASSWORD in the environment (carry hands the password to
-# `docker login --password-stdin`). CARRY_PUSH=0 builds and verifies without pushing.
+# `docker login --password-stdin`). CARRY_PUSH=0 builds and verifies without pushing. Signing, the key route:
+# CARRY_SIGNING_KEY_PEM (the private key, a secret) and CARRY_SIGNING_KEY_PASSWORD: `image --push` signs each
+# pushed manifest and attaches its SBOM and provenance; verify checks them with signing/carry.pub when the
+# repository holds it. The keyless route is sign-keyless.sh (cosign with the runner's OIDC identity).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=ci/lib.sh
@@ -30,9 +33,15 @@ name="$(python ci/carry_query.py image.name --config "$config")"
 wheel="$(python build.py --config "$config" wheel --out dist | tail -n 1)"
 python build.py --config "$config" verify "$wheel"
 
+signing_key_from_secret
+trap 'rm -rf "${signing_dir:-}"' EXIT
 if [ "${CARRY_PUSH:-1}" = 1 ]; then
     python build.py --config "$config" image --platform "$platform" --push
 else
     python build.py --config "$config" image --platform "$platform"
 fi
-python build.py --config "$config" verify "$name:$version-$arch" --platform "$platform"
+if pub="$(verify_key)"; then
+    python build.py --config "$config" verify "$name:$version-$arch" --platform "$platform" --key "$pub"
+else
+    python build.py --config "$config" verify "$name:$version-$arch" --platform "$platform"
+fi

@@ -24,3 +24,26 @@ native_platform() {
         *) echo "ci: no native docker platform known for $(uname -m)" >&2; return 1 ;;
     esac
 }
+
+# The key route of signing: $CARRY_SIGNING_KEY_PEM (the private key's PEM, from a secret) written to a mode-600
+# file in a private temp dir, named by $CARRY_SIGNING_KEY for carry, and the PEM dropped from the environment.
+# The caller removes "$signing_dir" (a trap). Nothing when the secret is empty (keyless or unsigned).
+signing_key_from_secret() {
+    signing_dir=""
+    if [ -z "${CARRY_SIGNING_KEY_PEM:-}" ]; then
+        unset CARRY_SIGNING_KEY_PEM
+        return 0
+    fi
+    signing_dir="$(mktemp -d)"
+    chmod 700 "$signing_dir"
+    (umask 077 && printf '%s\n' "$CARRY_SIGNING_KEY_PEM" >"$signing_dir/carry.key")
+    unset CARRY_SIGNING_KEY_PEM
+    export CARRY_SIGNING_KEY="$signing_dir/carry.key"
+}
+
+# The public key the images are signed with, for `verify --key`, when the repository holds it ($CARRY_VERIFY_KEY,
+# default signing/carry.pub): printed, exit 0; else exit 1 (verify then says the signature was not checked).
+verify_key() {
+    local pub="${CARRY_VERIFY_KEY:-signing/carry.pub}"
+    [ -f "$pub" ] && printf '%s\n' "$pub"
+}

@@ -5,6 +5,8 @@
 # the VERSION tag, the other CPU's under QEMU (ci/qemu.sh). $CARRY_CUDA_RELEASE (default 13.0) is the CUDA
 # release the platforms built with, for the {cuda} tag field. Credentials: CARRY_REGISTRY_USER /
 # CARRY_REGISTRY_PASSWORD, which carry hands to `docker login --password-stdin` in a throwaway DOCKER_CONFIG.
+# With CARRY_SIGNING_KEY_PEM (the key route), `manifest` signs every list too; verify checks with
+# signing/carry.pub when the repository holds it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=ci/lib.sh
@@ -23,5 +25,11 @@ as_root bash ci/qemu.sh
 python -m pip install --quiet --disable-pip-version-check "nvidia-cuda-nvcc==${CARRY_CUDA_RELEASE:-13.0}.*"
 CUDA_HOME="$(python -c 'import glob, nvidia; print(glob.glob(nvidia.__path__[0] + "/cu*")[0])')"
 export CUDA_HOME
+signing_key_from_secret
+trap 'rm -rf "${signing_dir:-}"' EXIT
 python build.py --config "$config" manifest
-python build.py --config "$config" verify "$name:$version"
+if pub="$(verify_key)"; then
+    python build.py --config "$config" verify "$name:$version" --key "$pub"
+else
+    python build.py --config "$config" verify "$name:$version"
+fi

@@ -19,9 +19,10 @@ RULES: dict[str, set[str]] = {
     "source": {"util"},
     "binaries": {"util", "source"},
     "wheelbuild": {"util", "source", "binaries"},
-    "image": {"util", "source", "binaries", "wheelbuild"},
+    "image": {"util", "source", "binaries", "wheelbuild", "trust"},
     "verdicts": {"util", "source"},
     "gputest": {"util", "source", "binaries", "wheelbuild", "image", "verdicts"},
+    "trust": {"util"},
 }
 # The top-level modules every subpackage may use: the typed, resolved options everything is handed.
 SHARED = {"config", "arch", "platforms", "version", "__init__"}

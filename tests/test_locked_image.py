@@ -105,6 +105,8 @@ def project(tmp_path_factory, services, registry):
     config, env = make_project(root, services, name)
     locked = carry("--config", str(config), "lock", env=env, timeout=1200)  # the fixed wheels, then uv
     assert locked.code == 0, locked.err[-2000:]
+    assert carry("keygen", str(root / "keys")).code == 0
+    env["CARRY_SIGNING_KEY"] = str(root / "keys" / "carry.key")  # `image --push` signs and attests (carry/trust)
     return config, env, name, root
 
 
@@ -152,6 +154,36 @@ def test_both_platforms_pushed_layered_and_smoke_tested(project, cold, registry)
     assert not found["duplicates"], found["duplicates"][:5]  # no file stored in two layers
     # cuda-python 12.6 ships a copy of cuda/bindings/: kept once, cuda-bindings' own (named like the package)
     assert "installed by two locked wheels, kept once" in result.err
+
+
+def test_each_platform_is_signed_with_an_exact_sbom_and_the_index_too(project, cold, registry):
+    """The cold push signed both platform manifests and the index; each platform's SBOM (dist/ and the `.att`) is
+    valid CycloneDX 1.6 with the lock's 197 packages + the fixed wheel, the two patches as its pedigree."""
+    from carry.trust import attach, sbom
+
+    found, result = cold
+    _, _, name, root = project
+    trust = found["trust"]
+    assert trust["signed"] and trust["key"].startswith("sha256:")
+    published = {p["platform"]: p for p in trust["published"]}
+    assert set(published) == {*PLATFORMS, "index"}
+    assert published["index"]["subject"] == found["pushed"][f"{name}:20261201.1"]
+    for platform in PLATFORMS:
+        entry = published[platform]
+        assert entry["components"] == 198, entry
+        document = Path(entry["sbom"]).read_bytes()
+        assert Path(entry["sbom"]).name == f"vllm-20261201.1-{platform.replace('/', '-')}.cdx.json"
+        assert sbom.validate(document) is None
+        fixed = sbom.fixed_component(json.loads(document), "vllm")
+        assert len(fixed["pedigree"]["patches"]) == 2
+        digest = entry["subject"]
+        assert registry.manifest(name, attach.sig_tag(digest))["layers"][0]["mediaType"] == attach.SIMPLE_SIGNING
+        att = registry.manifest(name, attach.att_tag(digest))
+        assert [layer["annotations"]["predicateType"] for layer in att["layers"]] == [
+            attach.CYCLONEDX,
+            attach.SLSA_PROVENANCE,
+        ]
+    assert sum(trust["seconds"].values()) < 60, trust["seconds"]
 
 
 def test_the_layers_are_what_pip_installs(project, cold, registry):

@@ -26,6 +26,7 @@ from procwatch import command_lines
 
 TOKEN = "upstream-token-" + os.urandom(8).hex()
 BUILD_SECRET = "build-secret-" + os.urandom(8).hex()
+KEY_PASSWORD = "key-password-" + os.urandom(8).hex()
 ARCHES = "9.0,12.1"
 
 
@@ -236,6 +237,8 @@ def pushed(credentialed, tmp_path_factory):
     wrapper = recorder(wrappers, "docker", dockerenv.DOCKER_CLI, argv_log)
     (base / "docker-config").mkdir()
     (base / "tmp").mkdir()
+    keygen = carry("keygen", str(base / "keys"), env={"CARRY_SIGNING_KEY_PASSWORD": KEY_PASSWORD})
+    assert keygen.code == 0, keygen.err
     run_env = {
         "CARRY_CACHE": str(base / "cache"),
         "CARRY_DOCKER": str(wrapper),
@@ -246,9 +249,13 @@ def pushed(credentialed, tmp_path_factory):
         "CARRY_TEST_BUILD_SECRET": BUILD_SECRET,
         "CARRY_REGISTRY_USER": env.registry_user,
         "CARRY_REGISTRY_PASSWORD": env.registry_password(),
+        "CARRY_SIGNING_KEY": str(base / "keys" / "carry.key"),
+        "CARRY_SIGNING_KEY_PASSWORD": KEY_PASSWORD,
     }
     with command_lines() as seen:
-        result = carry("--config", str(config), "image", "--hermetic", "--push", "--arch", ARCHES, env=run_env)
+        result = carry(
+            "--config", str(config), "image", "--hermetic", "--push", "--arch", ARCHES, env=run_env, cwd=project
+        )
     assert result.code == 0, result.out + result.err
     version = (project / "VERSION").read_text().strip()
     yield {
@@ -266,7 +273,10 @@ def pushed(credentialed, tmp_path_factory):
 
 
 def secrets(pushed) -> list[str]:
-    return [pushed["env"].registry_password(), TOKEN, BUILD_SECRET]
+    """The registry password, the upstream token, the build secret, the signing key's passphrase and its bytes
+    (every base64 line of its PEM: any one of them found anywhere is the key leaking)."""
+    pem = (pushed["base"] / "keys" / "carry.key").read_text().splitlines()
+    return [pushed["env"].registry_password(), TOKEN, BUILD_SECRET, KEY_PASSWORD, *pem[1:-1]]
 
 
 @pytest.mark.slow
@@ -317,6 +327,49 @@ def test_no_secret_in_history_labels_filesystem_or_buildinfo(pushed):
     for secret in secrets(pushed):
         assert secret not in inspected
         assert secret.encode() not in exported
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_the_push_was_signed_and_no_secret_is_in_the_attachments(pushed):
+    """`image --push` with $CARRY_SIGNING_KEY (encrypted) signed the pushed manifest: its `.sig` and `.att` hold the
+    signature and the provenance, and neither the key nor its passphrase."""
+    from carry.trust import attach
+
+    env, result = pushed["env"], pushed["result"]
+    assert "signature " in result.out and ".sig  sha256:" in result.out, result.out
+    # --hermetic: every installed wheel is one carry holds (the fixed wheel, the wheelhouse, the base's bundled
+    # pip and setuptools), so the push has an SBOM too
+    assert "components, CycloneDX 1.6, schema-valid" in result.out, result.out
+    repository = pushed["name"].split("/", 1)[1]
+    manifest = _registry_get(
+        env, f"/v2/{repository}/manifests/{pushed['version']}", "application/vnd.docker.distribution.manifest.v2+json"
+    )
+    import hashlib
+
+    digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    held = b""
+    for tag in (attach.sig_tag(digest), attach.att_tag(digest)):
+        found = _registry_get(env, f"/v2/{repository}/manifests/{tag}", attach.OCI_MANIFEST)
+        held += found
+        for layer in json.loads(found)["layers"]:
+            held += _registry_get(env, f"/v2/{repository}/blobs/{layer['digest']}", "*/*")
+    assert b"cosign container image signature" in held and b"application/vnd.in-toto+json" in held
+    sboms = list((pushed["base"] / "demo" / "dist").glob("pledemo-*-linux-amd64.cdx.json"))
+    assert sboms, "the SBOM is written beside the wheels"
+    names = {c["name"].lower() for c in json.loads(sboms[0].read_text())["components"]}
+    assert {"pledemo", "pip"} <= names, names
+    # verify --key on the Dockerfile-built image: signature, SBOM against its dist-info, provenance against the repo
+    login = {"CARRY_REGISTRY_USER": env.registry_user, "CARRY_REGISTRY_PASSWORD": env.registry_password()}
+    config = pushed["base"] / "demo" / "build.yaml"
+    verified = carry(
+        "--config", str(config), "verify", pushed["ref"], "--key", str(pushed["base"] / "keys" / "carry.pub"), env=login
+    )
+    assert verified.code == 0, verified.out + verified.err
+    assert "verifies with the key" in verified.out and "SBOM: signed, CycloneDX 1.6" in verified.out
+    assert "equal to this repository's commit, series" in verified.out
+    for secret in secrets(pushed):
+        assert secret.encode() not in held
 
 
 @pytest.mark.slow

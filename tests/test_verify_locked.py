@@ -763,3 +763,230 @@ def test_a_locked_wheel_whose_own_record_is_wrong_installs_its_bytes_and_is_name
     assert installcheck.against_wheel(dist, wheel_rows, info, wheel.name) == []
     _, claimed = installcheck.wheel_record(wheel)
     assert installcheck.against_wheel(dist, claimed, info, wheel.name), "the wheel's own RECORD must disagree"
+
+
+# -- signed: the SBOM and provenance attached, checked by verify --key and by skopeo (carry/trust) -------------------
+
+SIGNED_TAG = "signed"
+
+
+def skopeo(signed, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["skopeo", *args], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+
+
+def independent_check(signed, key: Path, tag: str = SIGNED_TAG) -> tuple[bool, str]:
+    """cosign's key-based verification done with other people's tools, as a user without carry would: skopeo (a
+    registry client) resolves the tag to its manifest digest and fetches `sha256-<hex>.sig`; OpenSSL verifies the
+    ECDSA signature in its annotation over the payload with the public key; the payload must name that digest and
+    the repository. (Debian's skopeo 1.9.3 cannot evaluate a `sigstoreSigned` policy itself: a Debian-local patch
+    disables sigstore and rejects every image with "Debian-local change: sigstore disabled".)"""
+    env, work = signed["env"], signed["work"]
+    name = f"{env.registry}/{signed['repository']}"
+    common = ["--authfile", str(work / "auth.json"), "--tls-verify=false"]
+    raw = skopeo(signed, "inspect", "--raw", *common, f"docker://{name}:{tag}")
+    if raw.returncode != 0:
+        return False, f"skopeo inspect of {tag}: {raw.stderr.strip()}"
+    digest = "sha256:" + hashlib.sha256(raw.stdout.encode()).hexdigest()
+    out = work / f"sig-{os.urandom(3).hex()}"
+    copied = skopeo(
+        signed,
+        "copy",
+        "--policy",
+        str(work / "accept-anything.json"),
+        "--src-authfile",
+        str(work / "auth.json"),
+        "--src-tls-verify=false",
+        f"docker://{name}:{digest.replace(':', '-')}.sig",
+        f"dir:{out}",
+    )
+    try:
+        if copied.returncode != 0:
+            return False, f"no signature for {digest}: {copied.stderr.strip()}"
+        manifest = json.loads((out / "manifest.json").read_text())
+        for layer in manifest["layers"]:
+            payload = out / layer["digest"].split(":", 1)[1]
+            der = out / "signature.der"
+            der.write_bytes(base64.b64decode(layer["annotations"]["dev.cosignproject.cosign/signature"]))
+            verified = subprocess.run(
+                ["openssl", "dgst", "-sha256", "-verify", str(key), "-signature", str(der), str(payload)],
+                capture_output=True,
+                text=True,
+            )
+            critical = json.loads(payload.read_bytes())["critical"]
+            if (
+                verified.returncode == 0
+                and verified.stdout.strip() == "Verified OK"
+                and critical["image"]["docker-manifest-digest"] == digest
+                and critical["identity"]["docker-reference"] == name
+                and critical["type"] == "cosign container image signature"
+            ):
+                return True, f"{name}@{digest}: {verified.stdout.strip()}"
+        return False, f"{digest}: no signature verifies with {key.name} ({verified.stdout.strip()})"
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def signed(setup):
+    """The good image pushed again under SIGNED_TAG and signed the way `image --push` signs (carry.image.attest):
+    the SBOM written to dist/, the signature and the SBOM and provenance envelopes attached."""
+    from carry.config import load
+    from carry.image import registryhttp
+    from carry.image.attest import Attester, wheel_of
+    from carry.source import series
+    from carry.trust import keys
+    from carry.util.progress import Progress
+
+    for tool in ("skopeo", "openssl"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is needed (apt-get install {tool}; .ci/services.sh installs skopeo)")
+    env, images = setup["env"], setup["images"]
+    work = setup["context"].parent / "trust"
+    work.mkdir()
+    assert carry("keygen", str(work / "ours")).code == 0
+    assert carry("keygen", str(work / "theirs")).code == 0
+    ref = images.ref(SIGNED_TAG)
+    run(dockerenv.DOCKER_CLI, "tag", setup["good"], ref)
+    run(dockerenv.DOCKER_CLI, "push", ref, env=images.cli_env)
+    images.local.append(ref)
+    images.pushed.append(SIGNED_TAG)
+    status, _, headers = images.registry_call("GET", f"manifests/{SIGNED_TAG}", ", ".join(imagefs.MANIFEST_TYPES))
+    assert status == 200
+    digest = headers["Docker-Content-Digest"]
+    config = load(setup["project"] / "build.yaml")
+    project = setup["project"]
+    key = keys.load_private(work / "ours" / "carry.key", None)
+    attester = Attester(
+        key, config, series.load(config.patches_dir), VERSION, "0.1.0", project / "dist", Progress(quiet=True)
+    )
+    client = dockerenv.docker_client()
+    lock = dataclasses.replace(setup["lock"], path=project / "runtime-lock" / "linux-amd64.txt")
+    with downloads_at(setup["store"]):
+        wheels = imageverify.stored_wheels(lock.packages)
+    facts = attester.facts(
+        Platform.LINUX_AMD64,
+        client.images.get(ref).labels,
+        wheel_of(setup["fixed"].path),
+        None,
+        env.runtime_base,
+        client.api.inspect_image(env.runtime_base),
+        lock,
+        wheels,
+    )
+    repo = registryhttp.Repository.of(config.image.name, auth(env))
+    published = attester.platform(repo, facts, digest, locked=True)
+    (work / "accept-anything.json").write_text(json.dumps({"default": [{"type": "insecureAcceptAnything"}]}))
+    pair = base64.b64encode(f"{env.registry_user}:{env.registry_password()}".encode()).decode()
+    (work / "auth.json").write_text(json.dumps({"auths": {env.registry: {"auth": pair}}}))
+    (work / "auth.json").chmod(0o600)
+    return {
+        **setup,
+        "work": work,
+        "ref": ref,
+        "digest": digest,
+        "published": published,
+        "repository": images.repository,
+        "repo": repo,
+        "pub": work / "ours" / "carry.pub",
+        "other": work / "theirs" / "carry.pub",
+    }
+
+
+def test_signing_writes_the_sbom_and_attaches_signature_sbom_and_provenance(signed):
+    from carry.trust import attach, sbom
+
+    published = signed["published"]
+    assert published.sbom_path == signed["project"] / "dist" / f"{WHEEL_NAME}-{VERSION}-linux-amd64.cdx.json"
+    document = published.sbom_path.read_bytes()
+    assert sbom.validate(document) is None
+    assert published.components == len(signed["locked"]) + 1  # the lock's packages + the fixed wheel
+    listed = sbom.installed(json.loads(document))
+    for package in signed["lock"].packages:
+        assert listed[(package.name, package.version)] in [h.split(":", 1)[1] for h in package.hashes]
+    assert listed[(WHEEL_NAME, WHEEL_VERSION)] == signed["fixed"].sha256
+    kinds = {a.kind: a for a in published.attached}
+    assert kinds["signature"].tag == attach.sig_tag(signed["digest"]) and kinds["attestation"].layers == 2
+    assert all(a.digest.startswith("sha256:") for a in published.attached)
+    sig = json.loads(
+        signed["images"].registry_call("GET", f"manifests/{kinds['signature'].tag}", attach.OCI_MANIFEST)[1]
+    )
+    assert sig["layers"][0]["mediaType"] == attach.SIMPLE_SIGNING
+
+
+def test_other_tools_accept_the_signed_image_and_refuse_another_key(signed):
+    accepted, said = independent_check(signed, signed["pub"])
+    assert accepted, said
+    assert said.endswith("Verified OK")
+    refused, said = independent_check(signed, signed["other"])
+    assert not refused and "no signature verifies with carry.pub" in said, said
+
+
+def test_verify_key_checks_signature_sbom_and_provenance(signed):
+    result = cli_verify(signed, signed["ref"], "--key", str(signed["pub"]))
+    assert result.code == 0, result.out + result.err
+    assert "signature: sha256-" in result.out and "verifies with the key" in result.out
+    assert f"SBOM: signed, CycloneDX 1.6, {len(signed['locked']) + 1} components" in result.out
+    assert "equal to this repository's commit, series, fixed wheel and lock" in result.out
+    unkeyed = cli_verify(signed, signed["ref"])
+    assert unkeyed.code == 0 and "the image's signature was not checked" in unkeyed.err
+
+
+def test_verify_key_without_a_checkout_says_what_it_could_not_compare(signed, tmp_path):
+    login = {
+        "CARRY_REGISTRY_USER": signed["env"].registry_user,
+        "CARRY_REGISTRY_PASSWORD": signed["env"].registry_password(),
+    }
+    result = carry("verify", signed["ref"], "--key", str(signed["pub"]), cwd=tmp_path, env=login)
+    assert result.code == 0, result.out + result.err
+    assert "consistent with itself, the SBOM and the labels" in result.out
+    assert "not compared: no build.yaml here" in result.out
+
+
+def test_verify_key_names_a_wrong_key(signed):
+    result = cli_verify(signed, signed["ref"], "--key", str(signed["other"]))
+    assert result.code == 1
+    assert "FAIL signature: sha256-" in result.out and "verifies with the key" in result.out
+    assert "FAIL SBOM: the https://cyclonedx.org/bom envelope" in result.out
+
+
+@pytest.mark.parametrize("kind", ["sbom", "provenance"])
+def test_verify_key_names_a_tampered_attestation(signed, kind):
+    """An envelope whose statement was changed after signing (the registry rewritten by someone with push rights)."""
+    from carry.trust import attach
+
+    repo, tag = signed["repo"], attach.att_tag(signed["digest"])
+    media, original = repo.get_manifest(tag)
+    manifest = json.loads(original)
+    index = 0 if kind == "sbom" else 1
+    layer = manifest["layers"][index]
+    envelope = json.loads(repo.get_blob(layer["digest"]))
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    if kind == "sbom":
+        statement["predicate"]["components"] = statement["predicate"]["components"][1:]
+    else:
+        statement["predicate"]["buildDefinition"]["externalParameters"]["version"] = "20991231.1"
+    envelope["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    forged = json.dumps(envelope).encode()
+    manifest["layers"][index] = {**layer, "digest": "sha256:" + hashlib.sha256(forged).hexdigest(), "size": len(forged)}
+    repo.upload_bytes(forged, manifest["layers"][index]["digest"])
+    repo.put_manifest(tag, json.dumps(manifest).encode(), attach.OCI_MANIFEST)
+    try:
+        result = cli_verify(signed, signed["ref"], "--key", str(signed["pub"]))
+    finally:
+        repo.put_manifest(tag, original, attach.OCI_MANIFEST)
+    assert result.code == 1, result.out
+    name = {"sbom": "SBOM", "provenance": "provenance"}[kind]
+    assert f"FAIL {name}: the " in result.out and "does not verify with the key" in result.out
+
+
+def test_a_repush_under_the_signed_tag_is_refused_by_other_tools_and_verify(signed):
+    """Someone with push rights replaces the tag: the new manifest has no signature (last: it moves the tag)."""
+    before, said = independent_check(signed, signed["pub"])
+    assert before, said
+    tampered(signed, SIGNED_TAG, f"RUN echo '#' >> {SITE}/six.py")
+    refused, said = independent_check(signed, signed["pub"])
+    assert not refused and said.startswith("no signature for sha256:"), said
+    result = cli_verify(signed, signed["ref"], "--key", str(signed["pub"]))
+    assert result.code == 1
+    assert "FAIL signature: no signature: the registry has no sha256-" in result.out
+    assert "FAIL SBOM: no https://cyclonedx.org/bom attestation" in result.out

@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import os
 from pathlib import Path
+from typing import Any
 
 from carry.arch import ArchList
 from carry.config import TAG_RE, Config, public_url
@@ -73,10 +74,11 @@ class ImageResult:
     image_ids: dict[Platform, str]
     pushed: dict[str, str]  # ref -> digest
     notes: tuple[str, ...]
+    trust: Any = None  # carry.image.attest.Attester: the signatures and attestations pushed
 
     def lines(self) -> list[str]:
-        """`ref  digest  platforms` for each tag made, platform images first."""
-        rows = []
+        """What was signed and attached, then `ref  digest  platforms` for each tag made, platform images first."""
+        rows = self.trust.lines() if self.trust is not None else []
         for image in self.plan.images:
             for ref in image.refs:
                 rows.append("  ".join(filter(None, (ref, self.pushed.get(ref, ""), str(image.platform)))))
@@ -212,6 +214,7 @@ def build(
     builder: Builder,
     requirements: list[str],
     progress: Progress,
+    attester=None,
 ) -> ImageResult:
     """Build every platform's image, then push each and join the shared tags into manifest lists. The registry
     login is made once, before the builds: the push needs it, and so do the builds' cache imports and exports
@@ -239,6 +242,7 @@ def build(
                     progress,
                 )
             access = container.stage_access(config, scratch, options.hermetic, progress)
+            hermetic: dict = {}
             for image in the_plan.images:
                 progress.phase(
                     "build",
@@ -258,6 +262,8 @@ def build(
                 if options.cache:
                     for note in layercache.outcome(output, caching.sources):
                         progress.phase("layer cache", f"{image.platform}: {note}")
+                if attester is not None and options.hermetic:
+                    hermetic[image.platform] = _hermetic_inputs(image, access, builder, context, log, scratch)
         client = registry.client()
         ids = {image.platform: client.images.get(image.refs[0]).id for image in the_plan.images}
         pushed: dict[str, str] = {}
@@ -267,14 +273,73 @@ def build(
                 for ref in image.refs:
                     progress.phase("push", f"{ref} ({image.platform})")
                     pushed[ref] = registry.push(client, ref, login)
+                if attester is not None:
+                    _attest(attester, config, client, login, image, pushed[image.refs[0]], hermetic.get(image.platform))
             if the_plan.shared and the_plan.complete:
                 sources = {image.platform: image.refs[0] for image in the_plan.images}
                 for ref in the_plan.shared:
                     progress.phase("manifest", f"{ref} -> {', '.join(sources.values())}")
                     pushed[ref] = manifest.join(client, builder, login, ref, sources)
+                if attester is not None:
+                    _attest_index(attester, config, login, set(pushed[ref] for ref in the_plan.shared))
     if the_plan.shared and not (options.push and the_plan.complete):
         notes.append(_shared_tags_note(config, the_plan, options))
-    return ImageResult(the_plan, ids, pushed, tuple(notes))
+    if options.push and attester is not None:
+        notes += attester.notes()
+    return ImageResult(the_plan, ids, pushed, tuple(notes), attester if options.push else None)
+
+
+def _hermetic_inputs(image: PlatformImage, access, builder: Builder, context: Path, log: Path, scratch: Path):
+    """What a hermetic build's SBOM needs from the build context before it is removed: the fixed wheel (the build
+    stage's, exported from BuildKit's cache) and the wheelhouse the runtime stage installed from."""
+    from carry.image.attest import wheel_index, wheel_of
+
+    exported = scratch / f"wheel-{image.platform.tag}"
+    StageBuild(image.platform, container.WHEEL_STAGE, image.build_args, access.network, output_dir=exported).run(
+        builder, access.secret, context, log
+    )
+    wheels = sorted(exported.glob("*.whl"))
+    return (wheel_of(wheels[0]) if len(wheels) == 1 else None), wheel_index(context / "wheelhouse")
+
+
+def _attest(attester, config: Config, client, login, image: PlatformImage, digest: str, hermetic=None) -> None:
+    """A Dockerfile-built platform image's signature and provenance (carry.image.attest); with --hermetic its SBOM
+    too, every installed distribution matched to the wheel it came from. Without, pip resolved the wheels inside
+    BuildKit, and carry knows no hash for an SBOM."""
+    from carry.image import registryhttp
+    from carry.image.attest import Wheel, hermetic_distributions
+
+    base_ref = config.target(image.platform).runtime_image or config.image.runtime_image or ""
+    try:
+        base = client.api.inspect_image(base_ref) if base_ref else {}
+    except Exception:  # docker.errors.ImageNotFound: a base BuildKit pulled itself
+        base = {}
+    fixed = Wheel(image.labels.get(f"{LABEL_PREFIX}.wheel", ""), "", "", "")
+    distributions: tuple = ()
+    why = (
+        "without --hermetic the Dockerfile's runtime stage installs wheels pip resolves inside BuildKit, whose "
+        "sha256 carry does not know (build with --hermetic, or set image.lock)"
+    )
+    if hermetic is not None:
+        if hermetic[0] is None:
+            why = "the build stage did not export exactly one wheel"
+        else:
+            fixed = hermetic[0]
+            import time
+
+            begun = time.monotonic()
+            distributions, why = hermetic_distributions(client, image.refs[0], image.platform, fixed, hermetic[1])
+            attester.timings.facts += time.monotonic() - begun
+    facts = attester.facts(image.platform, image.labels, fixed, None, base_ref, base, no_sbom=why)
+    facts = dataclasses.replace(facts, distributions=distributions)
+    attester.platform(registryhttp.Repository.of(config.image.name, login.auth), facts, digest, locked=False)
+
+
+def _attest_index(attester, config: Config, login, digests: set[str]) -> None:
+    from carry.image import registryhttp
+
+    for digest in sorted(digests):
+        attester.index(registryhttp.Repository.of(config.image.name, login.auth), digest)
 
 
 def _shared_tags_note(config: Config, the_plan: ImagePlan, options: ImageOptions) -> str:
@@ -301,8 +366,10 @@ def join_pushed(
     platforms: tuple[Platform, ...],
     builder: Builder,
     progress: Progress,
+    attester=None,
 ) -> dict[str, str]:
-    """Make every shared tag a manifest list of the platforms' own images, which must be in the registry."""
+    """Make every shared tag a manifest list of the platforms' own images, which must be in the registry; with
+    `attester` (carry.image.attest), sign each list."""
     from carry.image import registry
 
     client = registry.client()
@@ -319,4 +386,6 @@ def join_pushed(
         for ref in shared:
             progress.phase("manifest", f"{ref} -> {', '.join(sources.values())}")
             joined[ref] = manifest.join(client, builder, login, ref, sources)
+        if attester is not None:
+            _attest_index(attester, config, login, set(joined.values()))
     return joined

@@ -36,7 +36,14 @@ print(json.dumps({"machine": platform.machine(), "python": platform.python_versi
 
 
 def verify_image(
-    ref: str, config: Config, expected: Expected, platform: Platform | None, arches: ArchList | None, scratch: Path
+    ref: str,
+    config: Config,
+    expected: Expected,
+    platform: Platform | None,
+    arches: ArchList | None,
+    scratch: Path,
+    key=None,
+    patches: tuple[tuple[str, str], ...] = (),
 ) -> tuple[Verification, ...]:
     """Verify each platform `ref` holds (or the one asked): pulled from the registry when it has the tag, else
     the local image. Labels and the wheel's buildinfo against this repo, the CPU its Python runs on, and the
@@ -47,7 +54,7 @@ def verify_image(
     client = registry.client()
     docker_cli = container.docker_binary(config)
     if getattr(config.image, "lock", None):
-        return verify_locked(client, docker_cli, ref, config, expected, platform, arches)
+        return verify_locked(client, docker_cli, ref, config, expected, platform, arches, key=key, patches=patches)
     notes: tuple[str, ...] = ()
     with registry.credentials(ref, docker_cli) as login:
         try:
@@ -74,8 +81,57 @@ def verify_image(
         if platform is not None and found_platform is not platform:
             raise Failed(f"{ref} is a {found_platform} image, not {platform}")
         result = _verify_one(client, ref, image, found_platform, expected, arches, scratch, coverage)
+        if key is not None:
+            trusted = _trust_dockerfile(client, docker_cli, ref, found_platform, key, remote, expected, patches)
+            result = _with_trust(result, trusted)
         results.append(dataclasses.replace(result, notes=notes + result.notes))
     return tuple(results)
+
+
+def _with_trust(result: Verification, found: tuple[list[str], list[str]]) -> Verification:
+    """`result` with the signature, SBOM and provenance checks (carry.image.trustcheck) added."""
+    proven, problems = found
+    checks = result.checks
+    if checks is None:
+        return result
+    return dataclasses.replace(
+        result,
+        checks=dataclasses.replace(checks, proven=(*checks.proven, *proven), problems=(*checks.problems, *problems)),
+    )
+
+
+def _trust_dockerfile(
+    client, docker_cli: str, ref: str, platform: Platform, key, remote, expected: Expected, patches
+) -> tuple[list[str], list[str]]:
+    """A Dockerfile-built image: its signature (and the index's), its provenance against this repo (commit,
+    series, VERSION), and its SBOM, when it has one (a --hermetic build), against the dist-info its layers hold."""
+    from carry.image import imagefs, registry, registryhttp, trustcheck
+
+    if remote is None:
+        return [], ["signature: the image is only in the local engine; a signature lives in a registry"]
+    repository = trustcheck.repository_of(ref)
+    with registry.credentials(ref, docker_cli) as login:
+        insecure = registry.insecure(client, registry.registry_of(ref))
+        files = imagefs.from_registry(ref, platform, trustcheck.dist_info_selection(), login.auth, insecure)
+        if files is None:
+            return [], [f"signature: {ref} is not in its registry"]
+        store = registryhttp.Repository.of(repository, login.auth)
+        wanted = trustcheck.Expected(expected.commit, patches, expected.version, "", None)
+        proven, problems = trustcheck.check_platform(
+            store,
+            key,
+            repository,
+            files.digest,
+            platform,
+            files.labels,
+            trustcheck.installed_in(files),
+            wanted,
+            sbom_required=False,
+        )
+        if files.digest != remote[0]:
+            more = trustcheck.check_index(store, key, repository, remote[0])
+            proven, problems = more[0] + proven, more[1] + problems
+    return proven, problems
 
 
 def _coverage(ref: str, config: Config, version: str, held: tuple[Platform, ...]) -> list[Mismatch]:
@@ -153,9 +209,12 @@ def verify_locked(
     platform: Platform | None,
     arches: ArchList | None,
     dist: Path = Path("dist"),
+    key=None,
+    patches: tuple[tuple[str, str], ...] = (),
 ) -> tuple[Verification, ...]:
     """Each platform of `ref` (or the one asked) read from its layers and proven against its lock
-    (carry.image.runtimelock) and the fixed wheel for it in `dist`."""
+    (carry.image.runtimelock) and the fixed wheel for it in `dist`; with `key` (carry.trust.keys.PublicKey), also
+    its signature, SBOM and provenance (carry.image.trustcheck), the provenance against `patches` (name, sha256)."""
     from carry.image import registry, runtimelock
 
     with registry.credentials(ref, docker_cli) as login:
@@ -192,8 +251,49 @@ def verify_locked(
                 from_registry=remote is not None,
                 wheels=stored_wheels(lock.packages),
             )
-            results.append(judge(ref, files, content, fixed, expected, arches, coverage))
+            result = judge(ref, files, content, fixed, expected, arches, coverage)
+            if key is not None:
+                result = _with_trust(
+                    result,
+                    _trust_locked(client, login, ref, files, content, fixed, lock, expected, key, patches, remote),
+                )
+            results.append(result)
     return tuple(results)
+
+
+def _trust_locked(client, login, ref, files, content, fixed, lock, expected, key, patches, remote):
+    """A locked image's signature, SBOM (against the distributions its layers install) and provenance (against
+    this repository: commit, series, VERSION, the fixed wheel in dist/, the lock)."""
+    import hashlib
+
+    from carry.image import installcheck, registryhttp, trustcheck
+
+    if remote is None:
+        return [], ["signature: the image is only in the local engine; a signature lives in a registry"]
+    repository = trustcheck.repository_of(ref)
+    store = registryhttp.Repository.of(repository, login.auth)
+    dists = installcheck.installed(files.nodes, content.site, [])
+    wanted = trustcheck.Expected(
+        expected.commit,
+        patches,
+        expected.version,
+        fixed.sha256,
+        (lock.path.name, hashlib.sha256(lock.path.read_bytes()).hexdigest()),
+    )
+    proven, problems = trustcheck.check_platform(
+        store,
+        key,
+        repository,
+        files.digest,
+        files.platform,
+        files.labels,
+        [(d.shown, d.version) for d in dists],
+        wanted,
+    )
+    if files.digest != remote[0]:
+        more = trustcheck.check_index(store, key, repository, remote[0])
+        proven, problems = more[0] + proven, more[1] + problems
+    return proven, problems
 
 
 def fixed_wheel(dist: Path, version: str, platform: Platform):

@@ -35,6 +35,7 @@ import time
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from carry.binaries.wheelzip import record_hash
 from carry.config import Config
@@ -744,6 +745,7 @@ class LockedImageResult:
     shared: tuple[str, ...]
     notes: tuple[str, ...]
     duplicates: tuple[str, ...]
+    trust: Any = None  # carry.image.attest.Attester: the SBOMs, signatures and attestations pushed
 
     def lines(self) -> list[str]:
         rows = []
@@ -759,6 +761,7 @@ class LockedImageResult:
             )
             if outcome.smoke:
                 rows.append(f"  smoke: {outcome.smoke}")
+        rows += self.trust.lines() if self.trust is not None else []  # the tags come last: scripts read them
         for outcome in self.platforms:
             rows += [f"{ref}  {self.pushed.get(ref, outcome.digest)}  {outcome.platform}" for ref in outcome.refs]
         everything = ", ".join(str(o.platform) for o in self.platforms)
@@ -767,6 +770,7 @@ class LockedImageResult:
 
     def to_json(self) -> dict:
         return {
+            **({"trust": self.trust.to_json()} if self.trust is not None else {}),
             "pushed": self.pushed,
             "duplicates": list(self.duplicates),
             "platforms": [
@@ -829,13 +833,16 @@ def build(
     run_smoke: bool,
     client,
     progress: Progress,
+    attester=None,
 ) -> LockedImageResult:
-    """Download, plan, write and push (or load) every platform's image; then the shared tags and the smoke test."""
+    """Download, plan, write and push (or load) every platform's image; then the shared tags and the smoke test.
+    With --push, `attester` (carry.image.attest) writes each platform's SBOM and signs and attests what was pushed."""
     from carry.image import registry, registryhttp
 
     store = Store.from_env(cache.root)
     digests = Digests(cache.root / "image-layers")
     plans: dict[Platform, PlatformPlan] = {}
+    fetched: dict[Platform, dict[str, Path]] = {}
     for image in the_plan.images:
         platform = image.platform
         lock = prepared.locks[platform]
@@ -846,7 +853,7 @@ def build(
                 base_id=prepared.bases[platform][1]["Id"],
                 python=lock.python,
             )  # base: above
-        wheels = fetch_wheels(lock, store, progress, cache.scratch)
+        wheels = fetched[platform] = fetch_wheels(lock, store, progress, cache.scratch)
         base_ref, base = prepared.bases[platform]
         started = time.monotonic()
         plans[platform] = plan_platform(
@@ -887,6 +894,8 @@ def build(
                     repo.put_manifest(ref.rsplit(":", 1)[1], body, registryhttp.DOCKER_MANIFEST)
                     pushed[ref] = digest
                 manifests[image.platform] = (body, digest)
+                if attester is not None:
+                    _attest(attester, repo, image, plan, digest, fixed_wheels, prepared, fetched)
                 outcomes.append(
                     PlatformOutcome(
                         image.platform, image.refs, digest, tuple(layers), config_action, time.monotonic() - started
@@ -918,6 +927,8 @@ def build(
                     progress.phase("manifest", f"{ref} -> {', '.join(str(p) for p in manifests)}")
                     repo.put_manifest(ref.rsplit(":", 1)[1], index, registryhttp.DOCKER_LIST)
                     pushed[ref] = index_digest
+                if attester is not None:
+                    attester.index(repo, index_digest)
             elif the_plan.shared:
                 notes.append("shared tags left as they were: not every platform of image.platforms was built")
             if run_smoke:
@@ -945,7 +956,26 @@ def build(
                 "shared tags are made on --push: a registry holds one tag for several platforms, the "
                 "local image store does not"
             )
-    return LockedImageResult(tuple(outcomes), pushed, the_plan.shared, tuple(notes), duplicates)
+    if push and attester is not None:
+        notes += attester.notes()
+    return LockedImageResult(
+        tuple(outcomes), pushed, the_plan.shared, tuple(notes), duplicates, attester if push else None
+    )
+
+
+def _attest(attester, repo, image, plan: PlatformPlan, digest: str, fixed_wheels, prepared: Prepared, fetched) -> None:
+    """The pushed platform manifest's SBOM, signature and attestations (carry.image.attest)."""
+    facts = attester.facts(
+        image.platform,
+        image.labels,
+        fixed_wheels[image.platform],
+        prepared.releases[image.platform],
+        plan.base_ref,
+        plan.base,
+        prepared.locks[image.platform],
+        fetched[image.platform],
+    )
+    attester.platform(repo, facts, digest, locked=True)
 
 
 def _pull_and_smoke(

@@ -175,6 +175,18 @@ class Repository:
         )
         return True
 
+    def get_blob(self, digest: str) -> bytes:
+        """A small blob's bytes (a signature's payload, an attestation's envelope); a redirect is followed without
+        the credentials (storage that signs its own URLs)."""
+        status, answer, data = self.request("GET", f"/v2/{self.name}/blobs/{digest}", ok=(200, 302, 307))
+        if status != 200:
+            try:
+                with urllib.request.urlopen(answer["location"], timeout=TIMEOUT_S) as response:
+                    data = response.read()
+            except (OSError, KeyError) as exc:
+                raise Failed(f"registry {self.host}: blob {digest[:19]} not readable ({exc})") from None
+        return data
+
     def _absolute(self, location: str) -> str:
         return location if "://" in location else f"{self.scheme}://{self.host}{location}"
 

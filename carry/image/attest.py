@@ -1,0 +1,234 @@
+"""The image family's side of signing (carry.trust): the facts of a pushed image, from what `image` resolved (the
+config, the series, the lock, the wheels, the base), handed to carry.trust.publish. The push paths call `Attester`
+once per pushed platform manifest and once per multi-platform index; commands.py makes it (with the key loaded
+before any work) and nothing else here knows about keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import re
+from pathlib import Path
+
+from carry.config import Config, strip_credentials
+from carry.source.series import Series
+from carry.trust import publish
+from carry.trust.facts import CarriedPatch, ImageFacts, Source, Wheel
+
+__all__ = ["Attester", "Wheel", "wheel_of"]
+from carry.trust.keys import SigningKey
+from carry.util.progress import Progress
+
+
+def _stored_sha256(path: Path) -> str:
+    """A wheel in the download store: its directory is its sha256 (fetch_wheels and the store check it when they
+    put it there); anywhere else it is read."""
+    return path.parent.name if re.fullmatch(r"[0-9a-f]{64}", path.parent.name) else _sha256_file(path)
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def wheel_of(path: Path, sha256: str | None = None) -> Wheel:
+    from packaging.utils import parse_wheel_filename
+
+    name, version, _, _ = parse_wheel_filename(path.name)
+    return Wheel(str(name), str(version), path.name, sha256 or _sha256_file(path))
+
+
+def _base_digest(base: dict) -> str:
+    """The base's registry digest when it came from one (RepoDigests), else its image ID (a local base)."""
+    digests = [d.split("@", 1)[1] for d in base.get("RepoDigests") or [] if "@" in d]
+    return digests[0] if digests else base.get("Id", "")
+
+
+@dataclasses.dataclass
+class Attester:
+    key: SigningKey | None
+    config: Config
+    series: Series
+    version: str
+    carry_version: str
+    dist: Path
+    progress: Progress
+    started: str = dataclasses.field(
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    )
+    timings: publish.Timings = dataclasses.field(default_factory=publish.Timings)
+    published: list[publish.Published] = dataclasses.field(default_factory=list)
+
+    def _config_source(self) -> Source:
+        text = strip_credentials(self.config.path.read_text())
+        return Source(self.config.path.name, hashlib.sha256(text.encode()).hexdigest(), text)
+
+    def _patches(self) -> tuple[CarriedPatch, ...]:
+        return tuple(
+            CarriedPatch(
+                patch.name,
+                patch.sha256,
+                patch.path.read_text(),
+                patch.subject,
+                str(patch.upstream_status) if patch.upstream_status else None,
+                patch.forwarded,
+            )
+            for patch in self.series.patches
+        )
+
+    def facts(
+        self,
+        platform,
+        labels: dict[str, str],
+        fixed: Wheel | Path,
+        release: Path | None,
+        base_ref: str,
+        base: dict,
+        lock=None,
+        wheels: dict[str, Path] | None = None,
+        no_sbom: str = "",
+    ) -> ImageFacts:
+        import time
+
+        begun = time.monotonic()
+        try:
+            return self._facts(platform, labels, fixed, release, base_ref, base, lock, wheels, no_sbom)
+        finally:
+            self.timings.facts += time.monotonic() - begun
+
+    def _facts(self, platform, labels, fixed, release, base_ref, base, lock, wheels, no_sbom) -> ImageFacts:
+        if isinstance(fixed, Path):  # the fixed wheel's file: hashed here, counted in the facts' time
+            fixed = wheel_of(fixed)
+        distributions: tuple[Wheel, ...] = ()
+        lock_source = None
+        if lock is not None and wheels is not None:
+            distributions = tuple(
+                Wheel(p.name, p.version, wheels[p.name].name, _stored_sha256(wheels[p.name])) for p in lock.packages
+            )
+            root = self.config.path.absolute().parent
+            try:
+                shown = str(lock.path.absolute().relative_to(root))
+            except ValueError:
+                shown = lock.path.name
+            lock_source = Source(shown, hashlib.sha256(lock.path.read_bytes()).hexdigest())
+        return ImageFacts(
+            repository=self.config.image.name,
+            version=self.version,
+            platform=str(platform),
+            created=labels.get("org.opencontainers.image.created", self.started),
+            base_ref=base_ref,
+            base_digest=_base_digest(base),
+            distributions=distributions,
+            fixed=fixed,
+            release=wheel_of(release, _stored_sha256(release)) if release is not None else None,
+            upstream_url=labels.get("io.carry.upstream.url", ""),
+            upstream_commit=self.config.upstream.commit,
+            upstream_pr=self.config.upstream.pr,
+            series_hash=self.series.hash,
+            patches=self._patches(),
+            carry_version=self.carry_version,
+            config=self._config_source(),
+            lock=lock_source,
+            no_sbom=no_sbom,
+        )
+
+    def platform(self, store, facts: ImageFacts, digest: str, locked: bool) -> publish.Published:
+        if self.key is not None and not self.published:
+            self.progress.phase("sign", f"with the key {self.key.public.fingerprint[:19]}… ($CARRY_SIGNING_KEY)")
+        done = publish.platform(store, self.key, facts, digest, self.dist, locked, self.started, self.timings)
+        self.published.append(done)
+        for line in (*done.lines(), *([done.note] if done.note else [])):
+            self.progress.phase("trust", line)
+        return done
+
+    def index(self, store, digest: str) -> publish.Published:
+        done = publish.index(store, self.key, self.config.image.name, digest, self.timings)
+        self.published.append(done)
+        for line in done.lines():
+            self.progress.phase("trust", line)
+        return done
+
+    def lines(self) -> list[str]:
+        return [line for done in self.published for line in done.lines()]
+
+    def notes(self) -> tuple[str, ...]:
+        """For stderr: why a platform has no SBOM, and that nothing was signed without a key."""
+        found = [done.note for done in self.published if done.note]
+        if self.key is None and self.published:
+            found.append("not signed, nothing attached: set $CARRY_SIGNING_KEY to a key (`carry keygen DIR`)")
+        return tuple(found)
+
+    def to_json(self) -> dict:
+        return {
+            "signed": self.key is not None,
+            "key": self.key.public.fingerprint if self.key is not None else None,
+            "seconds": self.timings.to_json(),
+            "published": [done.to_json() for done in self.published],
+        }
+
+
+# -- a hermetic Dockerfile build: every installed wheel read back and matched to a file carry holds ---------------
+
+BUNDLED_WHEELS = ("/usr/share/python-wheels/",) + tuple(
+    f"{prefix}/lib/python3.{minor}/ensurepip/_bundled/" for prefix in ("/usr", "/usr/local") for minor in range(8, 16)
+)
+
+
+def wheel_index(directory: Path) -> dict[tuple[str, str], Wheel]:
+    """(canonical name, version) -> the wheel file of a wheelhouse."""
+    from carry.trust.facts import canonical
+
+    found = {}
+    for path in sorted(directory.glob("*.whl")):
+        wheel = wheel_of(path)
+        found[(canonical(wheel.name), wheel.version)] = wheel
+    return found
+
+
+def hermetic_distributions(
+    client, ref: str, platform, fixed: Wheel, wheelhouse: dict[tuple[str, str], Wheel]
+) -> tuple[tuple[Wheel, ...], str]:
+    """The distributions a hermetic Dockerfile build's runtime stage installed, read from the image's layers (the
+    local engine), each matched by name and version to the wheel it came from: the fixed wheel (exported from the
+    build stage), the wheelhouse (`--no-index --find-links`), or the wheels the base's Python bundles for venv's
+    ensurepip (read from the same layers). ((distributions, ""), or ((), why not) when one has no known wheel)."""
+    import posixpath
+
+    from carry.image import imagefs, installcheck
+    from carry.trust.facts import canonical
+
+    selection = imagefs.Selection(
+        prefixes=(f"{installcheck.VENV}/", *BUNDLED_WHEELS),
+        keep=lambda path: path.startswith(f"{installcheck.VENV}/lib/") and path.endswith(".dist-info/METADATA"),
+    )
+    files = imagefs.from_engine(client, ref, platform, selection)
+    bundled = {}
+    for path, node in files.nodes.items():
+        if node.kind == "file" and path.endswith(".whl") and path.startswith(BUNDLED_WHEELS):
+            try:
+                wheel = dataclasses.replace(wheel_of(Path(posixpath.basename(path)), node.sha256))
+            except Exception:  # packaging's InvalidWheelFilename: not a wheel's name
+                continue
+            bundled[(canonical(wheel.name), wheel.version)] = wheel
+    found, missing = [], []
+    for path, node in sorted(files.nodes.items()):
+        directory, name = posixpath.split(path)
+        site = installcheck.SITE_RE.match(directory)
+        if name != "METADATA" or site is None or posixpath.dirname(directory) != site.group(0):
+            continue
+        headers = installcheck._headers(node.data or b"")
+        key = (canonical(headers.get("Name", "")), headers.get("Version", ""))
+        if key == (canonical(fixed.name), fixed.version):
+            continue
+        wheel = wheelhouse.get(key) or bundled.get(key)
+        if wheel is None:
+            missing.append(f"{headers.get('Name')} {headers.get('Version')}")
+        else:
+            found.append(Wheel(headers.get("Name", wheel.name), key[1], wheel.filename, wheel.sha256))
+    if missing:
+        return (), f"{', '.join(missing)} installed from no wheel carry holds (wheelhouse, base's bundled wheels)"
+    return tuple(found), ""

@@ -1,0 +1,117 @@
+"""The two signed forms cosign writes, made and checked here with the key pair of carry.trust.keys:
+
+- **simple signing** (the `.sig` attachment): the payload `{"critical": {"identity": {"docker-reference": REPO},
+  "image": {"docker-manifest-digest": DIGEST}, "type": "cosign container image signature"}, "optional": null}`,
+  signed as it is (ECDSA P-256, SHA-256, DER), the signature base64 in a layer annotation. skopeo and podman
+  check it with a `sigstoreSigned` policy; they accept exactly these fields.
+- **DSSE** (the `.att` attachment): an envelope `{"payloadType": "application/vnd.in-toto+json", "payload":
+  base64(statement), "signatures": [{"keyid": "", "sig": base64(signature over PAE)}]}`, where PAE is
+  `DSSEv1 <len(type)> <type> <len(body)> <body>`; the statement is an in-toto Statement v1."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from carry.trust.keys import PublicKey, SigningKey
+
+SIMPLE_SIGNING_TYPE = "cosign container image signature"
+IN_TOTO_PAYLOAD = "application/vnd.in-toto+json"
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+
+
+def simple_signing_payload(repository: str, digest: str) -> bytes:
+    """The payload cosign signs for `repository@digest` (field order and spacing as cosign's Go encoder writes)."""
+    return json.dumps(
+        {
+            "critical": {
+                "identity": {"docker-reference": repository},
+                "image": {"docker-manifest-digest": digest},
+                "type": SIMPLE_SIGNING_TYPE,
+            },
+            "optional": None,
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def sign_simple(key: SigningKey, payload: bytes) -> str:
+    return base64.b64encode(key.sign(payload)).decode()
+
+
+def read_simple(payload: bytes) -> tuple[str, str] | None:
+    """(docker-reference, docker-manifest-digest) of a simple-signing payload; None if it is not one."""
+    try:
+        found = json.loads(payload)
+        critical = found["critical"]
+        if critical["type"] != SIMPLE_SIGNING_TYPE:
+            return None
+        return str(critical["identity"]["docker-reference"]), str(critical["image"]["docker-manifest-digest"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def verify_simple(key: PublicKey, payload: bytes, signature_b64: str) -> bool:
+    try:
+        signature = base64.b64decode(signature_b64, validate=True)
+    except ValueError:
+        return False
+    return key.verifies(signature, payload)
+
+
+def pae(payload_type: str, body: bytes) -> bytes:
+    """DSSE v1's pre-authentication encoding."""
+    kind = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(body), body)
+
+
+def statement(subject_name: str, digest: str, predicate_type: str, predicate: dict) -> bytes:
+    """An in-toto Statement v1 about one subject (`digest` as `sha256:<hex>`)."""
+    algorithm, _, value = digest.partition(":")
+    return json.dumps(
+        {
+            "_type": STATEMENT_TYPE,
+            "subject": [{"name": subject_name, "digest": {algorithm: value}}],
+            "predicateType": predicate_type,
+            "predicate": predicate,
+        },
+        separators=(",", ":"),
+        sort_keys=False,
+    ).encode()
+
+
+def envelope(key: SigningKey, body: bytes, payload_type: str = IN_TOTO_PAYLOAD) -> bytes:
+    """A signed DSSE envelope of `body`, as JSON bytes (keyid empty, as cosign writes it)."""
+    signature = key.sign(pae(payload_type, body))
+    return json.dumps(
+        {
+            "payloadType": payload_type,
+            "payload": base64.b64encode(body).decode(),
+            "signatures": [{"keyid": "", "sig": base64.b64encode(signature).decode()}],
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def open_envelope(data: bytes, key: PublicKey | None) -> tuple[dict, bool]:
+    """(the statement in a DSSE envelope, whether one of its signatures verifies under `key`). A statement that is
+    not readable JSON raises ValueError."""
+    document = json.loads(data)
+    payload_type = document["payloadType"]
+    body = base64.b64decode(document["payload"])
+    good = False
+    if key is not None:
+        for entry in document.get("signatures") or []:
+            try:
+                signature = base64.b64decode(entry.get("sig", ""), validate=True)
+            except ValueError:
+                continue
+            if key.verifies(signature, pae(payload_type, body)):
+                good = True
+                break
+    if payload_type != IN_TOTO_PAYLOAD:
+        raise ValueError(f"payloadType {payload_type!r}, not {IN_TOTO_PAYLOAD}")
+    found = json.loads(body)
+    if not isinstance(found, dict) or found.get("_type") != STATEMENT_TYPE:
+        raise ValueError("not an in-toto Statement v1")
+    return found, good
