@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import json
 import os
@@ -11,6 +10,7 @@ from pathlib import Path
 
 from carry.source import git
 from carry.source.series import Hunk, Patch, Series
+from carry.util.record import record
 
 HUNK_OFFSET_RE = re.compile(r"^Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)\.")
 CHECKING_RE = re.compile(r"^Checking patch (.+)\.\.\.$")
@@ -24,7 +24,7 @@ class PatchStatus(enum.Enum):
     FAILED = "failed"
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Mismatch:
     """Where a hunk stopped matching: the file, the hunk header and the first context line that differs."""
 
@@ -34,6 +34,9 @@ class Mismatch:
     expected: str | None
     found: str | None
 
+    def to_json(self) -> dict:
+        return {"file": self.file, "hunk": self.hunk, "line": self.line, "expected": self.expected, "found": self.found}
+
     def describe(self) -> str:
         where = f"{self.file}, hunk {self.hunk}" if self.hunk else self.file
         if self.expected is None:
@@ -41,7 +44,7 @@ class Mismatch:
         return f"{where}: line {self.line} expected {self.expected!r}, found {self.found!r}"
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class PatchResult:
     patch: Patch
     status: PatchStatus
@@ -53,11 +56,11 @@ class PatchResult:
             **self.patch.summary(),
             "status": self.status.value,
             "offsets": list(self.offsets),
-            "failure": dataclasses.asdict(self.failure) if self.failure else None,
+            "failure": self.failure.to_json() if self.failure else None,
         }
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class CheckReport:
     base: str
     series_hash: str
@@ -144,7 +147,7 @@ def _remember(mirror: Path, report: CheckReport) -> None:
                 "name": r.patch.name,
                 "status": r.status.value,
                 "offsets": list(r.offsets),
-                "failure": dataclasses.asdict(r.failure) if r.failure else None,
+                "failure": r.failure.to_json() if r.failure else None,
             }
             for r in report.results
         ],

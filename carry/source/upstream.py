@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import enum
 import os
 import shutil
@@ -16,6 +15,7 @@ from carry.source import git
 from carry.util.cache import Cache
 from carry.util.errors import BadInput
 from carry.util.fsutil import atomic_write_text
+from carry.util.record import record
 
 PIN_REF = "refs/carry/pin"
 FIRST_PR_DEPTH = 1  # the PR head is usually the pin: then nothing more is fetched; else deepen x4
@@ -24,7 +24,7 @@ FIRST_HISTORY_DEPTH = 64  # more history when the base and a ref must meet (why 
 MAX_HISTORY_DEPTH = 16384
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class PrHead:
     sha: str
     ahead: int | None
@@ -54,7 +54,7 @@ class Source(enum.Enum):
     BUNDLE = "bundle"  # restored from the cached bundle, upstream could not give it
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class FetchReport:
     base: str
     mirror: Path
