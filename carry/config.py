@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import enum
 import re
-import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from carry.arch import ArchList
-from carry.platforms import Platform
 from carry.util.errors import BadInput
 from carry.util.record import record
 
 if TYPE_CHECKING:
     from carry.binaries.gatepolicy import GatePolicy, GateRule
+    from carry.platforms import Platform
     from carry.util.download import Pinned
 
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -582,6 +581,7 @@ def _precompiled(build: _Section) -> Precompiled | None:
     with an optional index, or path, or url; sha256; ref)."""
     if not build.has("precompiled"):
         return None
+    from carry.platforms import Platform
     from carry.util import download
 
     section = build.section("precompiled", PRECOMPILED_KEYS)
@@ -775,6 +775,8 @@ def _test(entry: Any, where: str) -> TestCommand:
 
 def test_argv(entry: Any, where: str) -> tuple[list[str], str]:
     """A command as a string (split like a shell would) or a list of arguments: (argv, the command as text)."""
+    import shlex
+
     if isinstance(entry, str):
         try:
             argv, text = shlex.split(entry), entry.strip()
@@ -862,6 +864,8 @@ def _platforms(section: _Section) -> tuple[PlatformTarget, ...]:
             "a list of platforms such as [linux/amd64, linux/arm64], or a mapping of "
             "platform to its own cuda_arches, base_image, runtime_image",
         )
+    from carry.platforms import Platform
+
     targets: list[PlatformTarget] = []
     for name, settings in value.items():
         platform = Platform.parse(name, f"{section.path}: image.platforms")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
-import shutil
 from pathlib import Path
 
 import yaml
@@ -82,6 +81,8 @@ def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
     try:
         return _fetch(config, cache, mirror_for(config, cache), with_pr)
     except BadInput:
+        import shutil
+
         for path in reversed(created):
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
