@@ -14,6 +14,8 @@ from carry.util.errors import BadInput
 from carry.util.record import record
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from carry.binaries.gatepolicy import GatePolicy, GateRule
     from carry.platforms import Platform
     from carry.util.download import Pinned
@@ -26,9 +28,6 @@ DEFAULT_IMAGE_TAGS = ("{version}",)
 DEFAULT_WHEEL_VERSION = "0+carry.{version}"
 TAG_FIELDS = ("version", "base_short", "cuda", "series_short")
 TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-# A release and a local label (`0.33.0+carry.20260101.1`): a PEP 440 version with a local label, whatever packaging
-# says of other forms.
-RELEASE_AND_LOCAL_RE = re.compile(r"[0-9]+(?:\.[0-9]+)*\+[a-z0-9]+(?:\.[a-z0-9]+)*")
 # libyaml's safe loader where PyYAML was built with it (its wheels are): the same documents, a tenth of the time
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -430,8 +429,15 @@ def strip_credentials(text: str) -> str:
 
 def check_image_name(name: str, path: Path) -> str:
     """A docker repository name: optional registry host[:port], lowercase path components."""
-    pattern = r"^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$"
-    if not re.match(pattern, name):
+    # one component at a time: the same language as the whole name's pattern
+    # ^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$, whose compile alone cost
+    # every command that loads build.yaml 1-3 ms
+    first, *rest = name.split("/")
+    component = r"[a-z0-9]+(?:[._-][a-z0-9]+)*"
+    valid = all(re.fullmatch(component, part) for part in rest) and bool(
+        re.fullmatch(component, first) or (rest and re.fullmatch(r"[a-z0-9.-]+(?::[0-9]+)?", first))
+    )
+    if not valid:
         raise BadInput(
             f"{path}: image.name {name!r} is not a valid image name; use lowercase letters, digits, "
             f"'.', '_', '-' and '/', e.g. registry.example:5000/team/vllm-gb10"
@@ -441,6 +447,8 @@ def check_image_name(name: str, path: Path) -> str:
 
 def check_tag_template(template: str, path: Path) -> str:
     """A tag template may use only the known fields and must render to a valid tag."""
+    if template in DEFAULT_IMAGE_TAGS:
+        return template  # valid
     for field in re.findall(r"{([^{}]*)}", template):
         if field not in TAG_FIELDS:
             raise BadInput(
@@ -800,7 +808,7 @@ def _check_wheel_version(section: _Section, template: str) -> None:
         rendered = template.format(version="20260101.1")
     except (ValueError, KeyError, IndexError):
         rendered = None
-    if rendered is not None and RELEASE_AND_LOCAL_RE.fullmatch(rendered):
+    if rendered is not None and release_and_local(rendered):
         return  # valid; spares every command the import of `packaging` (and the compile of its version pattern)
     from packaging.version import Version as PackagingVersion
 
@@ -810,6 +818,22 @@ def _check_wheel_version(section: _Section, template: str) -> None:
         valid = False
     if not valid:
         raise section.fail("wheel_version", "a PEP 440 version with a local label, e.g. '0.11.0+carry.{version}'")
+
+
+def release_and_local(version: str) -> bool:
+    """Whether `version` is a release and a local label in their plainest form (`0.33.0+carry.20260101.1`): then it
+    is a PEP 440 version with a local label, told without packaging (its import and its pattern's compile would cost
+    every command that loads build.yaml more than the rest of the file); other forms are for packaging to judge."""
+    release, plus, local = version.partition("+")
+    return (
+        bool(plus)
+        and _dotted(release, str.isdigit)
+        and _dotted(local, lambda part: part.isalnum() and part.islower() or part.isdigit())
+    )
+
+
+def _dotted(text: str, each: Callable[[str], bool]) -> bool:
+    return all(part.isascii() and part and each(part) for part in text.split("."))
 
 
 def _image(section: _Section, path: Path) -> Image:

@@ -12,10 +12,11 @@ from carry.source import git
 from carry.source.series import Hunk, Patch, Series
 from carry.util.record import record
 
-HUNK_OFFSET_RE = re.compile(r"^Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)\.")
-CHECKING_RE = re.compile(r"^Checking patch (.+)\.\.\.$")
-FAILED_AT_RE = re.compile(r"^error: patch failed: (.+):(\d+)$")
-FILE_ERROR_RE = re.compile(r"^error: (.+?): (does not exist in index|already exists in index|patch does not apply)$")
+# git apply's report, read only when git ran: compiled then (re's cache), not when a check is read back
+HUNK_OFFSET_RE = r"^Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)\."
+CHECKING_RE = r"^Checking patch (.+)\.\.\.$"
+FAILED_AT_RE = r"^error: patch failed: (.+):(\d+)$"
+FILE_ERROR_RE = r"^error: (.+?): (does not exist in index|already exists in index|patch does not apply)$"
 
 
 class PatchStatus(enum.Enum):
@@ -197,10 +198,10 @@ def _offsets(report: str) -> tuple[str, ...]:
     current = "?"
     found = []
     for line in report.splitlines():
-        checking = CHECKING_RE.match(line)
+        checking = re.match(CHECKING_RE, line)
         if checking:
             current = checking.group(1)
-        offset = HUNK_OFFSET_RE.match(line)
+        offset = re.match(HUNK_OFFSET_RE, line)
         if offset:
             number, at, delta = offset.groups()
             found.append(f"{current}: hunk #{number} applied at line {at} (offset {delta} lines)")
@@ -210,7 +211,7 @@ def _offsets(report: str) -> tuple[str, ...]:
 def _diagnose(mirror: Path, patch: Patch, report: str, env: dict[str, str]) -> Mismatch:
     """Name the file, hunk and first mismatching line from git's report and the index's blob."""
     for line in report.splitlines():
-        failed = FAILED_AT_RE.match(line)
+        failed = re.match(FAILED_AT_RE, line)
         if failed:
             name, start = failed.group(1), int(failed.group(2))
             hunk = _find_hunk(patch, name, start)
@@ -218,7 +219,7 @@ def _diagnose(mirror: Path, patch: Patch, report: str, env: dict[str, str]) -> M
             if hunk is None or blob is None:
                 return Mismatch(name, hunk.header if hunk else None, start, None, "does not apply")
             return _first_mismatch(name, hunk, blob.split("\n"))
-        file_error = FILE_ERROR_RE.match(line)
+        file_error = re.match(FILE_ERROR_RE, line)
         if file_error:
             return Mismatch(file_error.group(1), None, None, None, file_error.group(2))
     lines = [line for line in report.splitlines() if line.startswith("error:")]

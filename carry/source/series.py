@@ -18,7 +18,7 @@ PATCH_NAME_RE = re.compile(r"^(\d{4})-[A-Za-z0-9][A-Za-z0-9._+-]*\.patch$")
 PROVED_NAME = "PROVED.json"  # what `prove` learned: which patch makes which test pass (carry/gputest/learned.py)
 ALLOWED_EXTRA_FILES = ("DROPPED.md", "README.md", PROVED_NAME)
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-TRAILER_RE = re.compile(r"^(Upstream-Status|Forwarded|Carry-Test):\s*(.*?)\s*$", re.IGNORECASE)
+TRAILER_KEYS = ("upstream-status", "forwarded", "carry-test")  # DEP-3 and carry's own, any case
 SYMLINK_MODE = "120000"
 GIT_DIFF_RE = re.compile(r'^diff --git ("(?:[^"\\]|\\.)+"|\S+) ("(?:[^"\\]|\\.)+"|\S+)$')
 C_ESCAPES = {b"a": b"\a", b"b": b"\b", b"t": b"\t", b"n": b"\n", b"v": b"\v", b"f": b"\f", b"r": b"\r"}
@@ -253,16 +253,16 @@ def _trailers(description: str, path: Path) -> tuple[UpstreamStatus | None, str 
     status = forwarded = None
     tests = []
     for line in description.split("\n"):
-        match = TRAILER_RE.match(line)
-        if not match:
+        key, colon, value = line.partition(":")
+        key, value = key.lower(), value.strip()
+        if not colon or key not in TRAILER_KEYS:
             continue
-        key = match.group(1).lower()
         if key == "upstream-status":
-            status = UpstreamStatus(*UpstreamState.parse(match.group(2), str(path)), match.group(2))
+            status = UpstreamStatus(*UpstreamState.parse(value, str(path)), value)
         elif key == "carry-test":
-            tests.append(_test_trailer(match.group(2), path))
+            tests.append(_test_trailer(value, path))
         else:
-            forwarded = match.group(2)
+            forwarded = value
             if not (forwarded in ("no", "not-needed") or re.match(r"^\S+://\S+$", forwarded)):
                 raise BadInput(f"{path}: Forwarded {forwarded!r} must be a URL, 'no' or 'not-needed'")
     return status, forwarded, tuple(tests)

@@ -128,15 +128,14 @@ def _sha(sha256: str, where: str) -> str:
 
 # `project==version` as a pin is written: read without packaging's requirement parser, whose import (markers, tags,
 # subprocess, logging) every command that loads a build.yaml with pins would pay; other forms go through it.
-RELEASE_RE = re.compile(r"[0-9]+(?:\.[0-9]+)*(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?")
 PLAIN_PIN_RE = re.compile(r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*==\s*([0-9A-Za-z!+._-]+)\s*")
 
 
 def _exact_version(requirement: str) -> tuple[str, str] | None:
     """(project, version) of `project==version`; None for anything that is not one exact version."""
     plain = PLAIN_PIN_RE.fullmatch(requirement)
-    if plain and RELEASE_RE.fullmatch(plain.group(2)):
-        return plain.group(1), plain.group(2)  # a PEP 440 version, whatever packaging says of other forms
+    if plain and all(part.isascii() and part.isdigit() for part in plain.group(2).split(".")):
+        return plain.group(1), plain.group(2)  # a plain release (0.33.0): a PEP 440 version, told without packaging
     if plain:
         from packaging.version import InvalidVersion, Version
 
