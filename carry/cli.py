@@ -17,6 +17,10 @@ from carry.util.errors import CarryError
 from carry.util.progress import Progress
 
 TEST_TIMEOUT_S = 900  # seconds one command of build.tests may run (`test`, `prove`)
+# The path types, made once: each click.Path asks gettext for its name when made (a few locale files looked up)
+A_FILE = click.Path(path_type=Path, dir_okay=False)
+A_DIR = click.Path(path_type=Path, file_okay=False)
+AN_EXISTING_DIR = click.Path(path_type=Path, file_okay=False, exists=True)
 
 
 class Context:
@@ -40,7 +44,7 @@ def echo_notes(notes) -> None:
 @click.option(
     "--config",
     "config_path",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=A_FILE,
     default="build.yaml",
     show_default=True,
     help="The build.yaml to use; VERSION and patches/ are found relative to it.",
@@ -114,7 +118,7 @@ def parse_platform(text: str | None, flag: str = "--platform"):
 )
 @click.option(
     "--out",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=A_DIR,
     default="dist",
     show_default=True,
     help="Directory the wheel is published into (atomically).",
@@ -135,7 +139,7 @@ def parse_platform(text: str | None, flag: str = "--platform"):
 )
 @click.option(
     "--wheelhouse",
-    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    type=AN_EXISTING_DIR,
     help="With --platform --hermetic: the wheels (default: downloaded once into the cache).",
 )
 @click.option(
@@ -264,7 +268,7 @@ def gate_command(
 @click.option("--hermetic", is_flag=True, help="Build with --network=none, requirements from a wheelhouse.")
 @click.option(
     "--wheelhouse",
-    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    type=AN_EXISTING_DIR,
     help="Wheels for --hermetic (default: downloaded once into the cache).",
 )
 @click.option(
@@ -346,7 +350,7 @@ def manifest_command(obj: Context, platforms: tuple[str, ...], tags: tuple[str, 
 @click.argument("artifact")
 @click.option(
     "--out",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=A_DIR,
     default="dist",
     show_default=True,
     help="Where an image's report goes (a wheel's goes beside the wheel).",
@@ -374,7 +378,7 @@ def test_command(obj: Context, artifact: str, out: Path, timeout: float) -> None
 @click.option("--arch", metavar="LIST", help="CUDA arches (default: build.cuda_arches).")
 @click.option(
     "--out",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=A_DIR,
     default="dist",
     show_default=True,
     help="Wheels and reports go into OUT/prove/<prefix>/.",
@@ -524,7 +528,7 @@ def cache_command(ctx: click.Context, as_json: bool) -> None:
     "--config",
     "configs",
     multiple=True,
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=A_FILE,
     help="A config whose needs are kept; repeatable (default: the global --config, build.yaml).",
 )
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
