@@ -183,7 +183,7 @@ def bench(work: Path, size, Row) -> list:
             "vllm",
             "  the same series never checked on this base before",
             f"{median['fresh'] * 1000:.0f} ms = {median['fresh'] / base:.2f}x the click+yaml start-up (git apply and "
-            f"write-tree on the 8,515-file index; then the result is kept)",
+            f"write-tree on the {files:,}-file index; then the result is kept)",
         ),
         Row(
             "vllm",
