@@ -7,7 +7,8 @@
 Everything runs in a temp dir against generated upstreams, driving `python build.py` as a user would:
   1. rebuilds of a scale upstream (N .cu units): cold `wheel`, no-op rerun, a Python-only patch change and a
      patch change to one .cu, each against cold, with nvcc calls counted by a recording CUDA_HOME;
-  2. `check` on a vLLM-size tree against clone + checkout + `git apply` of each patch, and `version`'s start-up;
+  2. `check` on a vLLM-size tree against clone + checkout + `git apply` of each patch, and `version`'s start-up,
+     carry run as installed (measure.installed_python: no .pth hooks such as a `pip install -e` finder);
   3. `fetch` of the pin against a full `git clone --bare`, both over a file:// URL;
   4. the cold build's core utilization and the compile jobs' peak memory against carry's job plan;
   5. a second runner: runner A builds the scale upstream cold against an empty shared redis (a private
@@ -21,9 +22,9 @@ Everything runs in a temp dir against generated upstreams, driving `python build
   8. the build environment for vLLM 0.33.0's real [build-system] requires (torch 2.14.0+cu130): cold (empty env
      dir and a private, empty uv cache; --quick: the machine's uv cache), warm (a new env dir from uv's cache),
      reused, and the disk one env takes (see bench/buildenv.py);
-  9. `check` and `status` on the real vLLM history (PyPI's 0.32.0 and 0.33.0 as git, examples/vllm/make_upstream.py):
-     check against `python -c 'import click, yaml'` and against a naive clone + checkout + apply, and status against
-     the v0.33.0 tag (see bench/vllmbench.py);
+  9. `check` and `status` on the real vLLM history (PyPI's 0.32.0 and 0.33.0 as git, examples/vllm/make_upstream.py)
+     with examples/vllm's build.yaml: check against `python -c 'import click, yaml'` (both as installed) and against
+     a naive clone + checkout + apply, and status against the v0.33.0 tag (see bench/vllmbench.py);
   10. `gate` on vLLM 0.33.0's real released wheels (whole process), and the fixed vLLM wheel of examples/vllm in
       precompiled mode against a hand-run `VLLM_USE_PRECOMPILED=1 pip wheel`, its rerun, and the aarch64 wheel
       from this x86_64 machine cold and cached (see bench/realwheels.py);
