@@ -323,7 +323,7 @@ _CONFIG_LOADS = {
     *("carry.util.digest", "carry.util.cache", "carry.util.fsutil", "carry.util.download"),
     # the standard library's, beyond what click and yaml load
     *("json", "json.decoder", "json.encoder", "json.scanner", "_json", "locale", "_locale", "shlex", "_sha256"),
-    *("_sha2", "pathlib", "fnmatch", "ntpath", "urllib", "urllib.parse", "ipaddress"),
+    *("_sha2", "pathlib", "fnmatch", "ntpath", "urllib", "urllib.parse", "ipaddress", "gc"),
 }
 LIGHT_COMMANDS_LOAD = {
     "check": {*_CONFIG_LOADS, "carry.source", "carry.source.git", "carry.source.series", "carry.source.apply"}
