@@ -166,7 +166,7 @@ def bench(work: Path, size, Row) -> list:
         Row(
             "vllm",
             "  modules it loads beyond click and yaml",
-            f"{len(loaded)}, {len(own)} of them carry's: {' '.join(name.removeprefix('carry.') for name in own)}",
+            f"{len(loaded)}, {len(own)} of them carry's (the list: tests/test_spine.py)",
         ),
         Row(
             "vllm",
