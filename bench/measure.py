@@ -8,6 +8,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -76,3 +77,27 @@ def downloads() -> str:
     from carry.source import releases
 
     return str(releases.store().root)
+
+
+def installed_python(work: Path) -> Path:
+    """An interpreter that runs carry as a user's install does: a venv (no pip) that sees this interpreter's
+    packages (click, PyYAML, packaging, ...) through one .pth line, so that none of the .pth hooks in site-packages
+    run. Those start every Python process, the click+yaml baseline's too, and no user's installed carry has them:
+    the finder of a `pip install -e` checkout (what ci/setup.sh makes; it imports pathlib, importlib.util and
+    urllib.parse before any user code), setuptools' distutils shim, a machine's own (this one imports certifi)."""
+    venv = work / "installed-python"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        packages = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+        site = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+        (site / "carry-bench-packages.pth").write_text("".join(f"{path}\n" for path in packages))
+    return python
+
+
+def bytecode_env(env: dict[str, str], work: Path) -> dict[str, str]:
+    """`env` with bytecode read and written under a private PYTHONPYCACHEPREFIX (PYTHONDONTWRITEBYTECODE removed):
+    an installed carry has its .pyc files, as click and yaml in site-packages have theirs. Warm it with a first run."""
+    env = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
+    return env

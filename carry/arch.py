@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from enum import Enum
 
 from carry.util.errors import BadInput
+from carry.util.record import record
 
 ALLOWED_FORMS = "X.Y, X.Ya, X.Yf, X.Y+PTX, sm_XY[a|f], compute_XY[a|f], or none alone"
 NO_CUDA = "none"
@@ -82,7 +82,7 @@ def _bad_token(token: str, reason: str) -> BadInput:
     return BadInput(f"cuda_arches: {token!r} {reason}; use {ALLOWED_FORMS} with X.Y one of {known}")
 
 
-@dataclass(frozen=True)
+@record
 class CudaTarget:
     """One compute capability and variant, built as a cubin, as PTX, or both."""
 
@@ -144,7 +144,7 @@ class CudaTarget:
         return [kind for kind, wanted in (("real", self.cubin), ("virtual", self.ptx)) if wanted]
 
 
-@dataclass(frozen=True)
+@record
 class ArchList:
     """The targets to build, deduplicated, in the order first named."""
 

@@ -6,7 +6,6 @@ the wheel, image, gate and registry modules and the libraries behind them.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,6 +14,7 @@ from carry import config
 from carry.arch import ArchList, given
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
+from carry.util.record import record
 
 if TYPE_CHECKING:
     from carry.binaries.gatepolicy import GatePolicy
@@ -49,13 +49,13 @@ def _version_file(config_path: Path) -> Path:
     return config_path.absolute().parent / "VERSION"
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class FetchResult:
     base: str
     notes: tuple[str, ...]
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class CheckResult:
     report: apply.CheckReport
     notes: tuple[str, ...]
@@ -63,14 +63,14 @@ class CheckResult:
     mirror: Path
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class TestOutcome:
     __test__ = False  # not a pytest class
     report: testrun.TestReport
     path: Path
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class LockResult:
     """What `lock` did per platform (outcomes), or with --check, per platform None (fresh) or why it is stale."""
 
@@ -79,7 +79,7 @@ class LockResult:
     index: str
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Session:
     config: config.Config
     cache: Cache

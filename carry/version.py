@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import re
 from pathlib import Path
 
 from carry.util.errors import BadInput
 from carry.util.fsutil import atomic_write_text
+from carry.util.record import record
 
 VERSION_RE = re.compile(r"(\d{4})(\d{2})(\d{2})\.([1-9]\d*)")
 FORM = "one line YYYYMMDD.N with a real date and N >= 1, e.g. 20260906.1"
 
 
-@dataclasses.dataclass(frozen=True, order=True)
+@record(order=True)
 class Version:
     date: datetime.date
     number: int

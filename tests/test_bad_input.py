@@ -784,8 +784,17 @@ def test_git_itself_refuses_helper_transports(tmp_path):
 
 
 def test_yaml_is_only_read_safely():
-    """build.yaml is loaded with safe_load; the pin rewrite only composes nodes, which constructs no objects."""
-    calls = set()
-    for path in (ROOT / "carry").glob("*.py"):
-        calls |= set(re.findall(r"\byaml\.(\w+)\(", path.read_text()))
-    assert calls <= {"safe_load", "compose"}, calls
+    """build.yaml is loaded with a safe loader (libyaml's where PyYAML has it); the pin rewrite only composes nodes,
+    which constructs no objects."""
+    import yaml
+
+    from carry import config
+
+    calls, loads = set(), []
+    for path in (ROOT / "carry").rglob("*.py"):
+        text = path.read_text()
+        calls |= set(re.findall(r"\byaml\.(\w+)\(", text))
+        loads += re.findall(r"\byaml\.load\(([^)]*)\)", text)
+    assert calls <= {"safe_load", "compose", "load"}, calls
+    assert loads and all(args.endswith("Loader=SAFE_LOADER") for args in loads), loads
+    assert config.SAFE_LOADER in (yaml.SafeLoader, getattr(yaml, "CSafeLoader", None))

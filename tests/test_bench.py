@@ -272,6 +272,11 @@ def test_the_vllm_part_measures_carry_as_installed_and_counts_only_carry_imports
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     env = vllmbench.env_for(tmp_path)
     assert "PYTHONDONTWRITEBYTECODE" not in env and env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache")
+    # as installed: click and yaml import, and no .pth hook of this interpreter's site-packages runs (a `pip install
+    # -e` finder, setuptools' distutils shim): the baseline and carry start as they would for a user
+    python = measure.installed_python(tmp_path)
+    probe = "import sys, click, yaml; print(sorted(m for m in sys.modules if 'editable' in m or 'distutils' in m))"
+    assert subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout == "[]\n"
     out = (
         "import time: self [us] | cumulative | imported package\nimport time:      1500 |       2000 | carry.config\n"
         "import time:       900 |        900 |   yaml\nimport time:       500 |        500 |     carry.arch\n"

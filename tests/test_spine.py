@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import Upstream, assert_bad_input, carry, git, write_config
+from helpers import BUILD_PY, ROOT, Upstream, assert_bad_input, carry, git, write_config
 
 BODY = "".join(f"value_{i} = {i}\n" for i in range(1, 81))
 
@@ -308,3 +311,69 @@ def _tree_with(upstream: Upstream, base: str, patches: Path) -> str:
     git(upstream.path, "reset", "-q", "--hard", base)
     git(upstream.path, "checkout", "-q", "main")
     return tree
+
+
+# What `check` and `version` load beyond `import click, yaml`, on a build.yaml with examples/vllm's build: and image:
+# sections (arches, gate rules, precompiled pins, platforms, the lock), the mirror fetched and the series checked
+# before (a CI rerun). Every module here is paid by every check a CI job or a maintainer runs (bench/vllmbench.py:
+# <= 1.5x the click+yaml start-up): add one only when the command uses it, never for a command it does not run.
+_CONFIG_LOADS = {
+    *("carry", "carry.cli", "carry.commands", "carry.config", "carry.arch", "carry.platforms", "carry.binaries"),
+    *("carry.binaries.gatepolicy", "carry.util", "carry.util.errors", "carry.util.progress", "carry.util.record"),
+    *("carry.util.digest", "carry.util.cache", "carry.util.fsutil", "carry.util.download"),
+    # the standard library's, beyond what click and yaml load
+    *("json", "json.decoder", "json.encoder", "json.scanner", "_json", "locale", "_locale", "shlex", "_sha256"),
+    *("_sha2", "pathlib", "fnmatch", "ntpath", "urllib", "urllib.parse", "ipaddress", "gc"),
+}
+LIGHT_COMMANDS_LOAD = {
+    "check": {*_CONFIG_LOADS, "carry.source", "carry.source.git", "carry.source.series", "carry.source.apply"}
+    | {"carry.source.upstream"},
+    "version": {*_CONFIG_LOADS, "carry.version"},
+}
+# Families neither command may load: network, ELF, Docker, builds, images, verdicts, GPU tests, OpenSSL, processes
+NEVER = (
+    *("carry.image", "carry.wheelbuild", "carry.verdicts", "carry.gputest", "carry.binaries.gate"),
+    *("carry.binaries.fatbin", "carry.binaries.sharedobjects", "carry.util.index", "carry.source.releases"),
+    *("docker", "elftools", "certifi", "ssl", "http", "urllib.request", "socket", "hashlib", "subprocess"),
+    *("filelock", "packaging", "dataclasses", "shutil", "tempfile", "logging", "email"),
+)
+
+
+def _loaded(command: str, config: Path, env: dict) -> set[str]:
+    """The modules `build.py --config CONFIG COMMAND` loads that `import click, yaml` does not, in an interpreter
+    started without site (-S: no .pth hooks, such as a `pip install -e` finder or a machine's own, which load
+    modules before any user code), the packages found where this interpreter finds them."""
+    probe = (
+        "import json, pkgutil, runpy, sys, sysconfig\n"
+        "sys.path += sorted({sysconfig.get_paths()[k] for k in ('purelib', 'platlib')})\n"
+        "import click, yaml\n"
+        "before, code = set(sys.modules), None\n"
+        f"sys.argv = ['build.py', '--config', {str(config)!r}, {command!r}]\n"
+        "try:\n"
+        f"    runpy.run_path({str(BUILD_PY)!r}, run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code\n"
+        "print('LOADED', json.dumps([code, sorted(set(sys.modules) - before)]), file=sys.stderr)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", probe], cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True
+    )
+    assert "LOADED " in result.stderr, result.stderr
+    code, loaded = json.loads(result.stderr.rsplit("LOADED ", 1)[1])
+    assert code in (0, None), result.stderr
+    return set(loaded)
+
+
+@pytest.mark.parametrize("command", ["check", "version"])
+def test_check_and_version_load_only_what_they_use(project, command):
+    upstream, config, env = project
+    example = (ROOT / "examples" / "vllm" / "build.yaml").read_text()
+    config.write_text(config.read_text() + example[example.index("\nbuild:\n") + 1 :])
+    patch_line(upstream, config.parent / "patches/0001-one.patch", "value_10 = 10\n", "value_10 = 100\n")
+    assert run(config, env, "check").code == 0  # the mirror fetched, the answer kept: what a rerun reads back
+    loaded = _loaded(command, config, env)
+    assert "carry.config" in loaded and ("carry.source.apply" in loaded) == (command == "check")
+    grown = sorted(loaded - LIGHT_COMMANDS_LOAD[command])
+    assert not grown, f"`{command}` now loads {grown}: import them where they are used, not on {command}'s path"
+    never = sorted(name for name in loaded if any(name == n or name.startswith(f"{n}.") for n in NEVER))
+    assert not never, never

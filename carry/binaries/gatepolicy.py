@@ -20,18 +20,18 @@ itself; `all` (the default) means every GPU. The first matching rule decides.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 from carry.arch import ArchList, ComputeCapability, Variant
 from carry.util.errors import BadInput
+from carry.util.record import record
 
 ALL = "all"
 RULE_KEYS = ("match", "gpus", "jit", "why")
 STRICT_SOURCE = "strict (no gate rules)"
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class GateRule:
     """One shared object's design: the glob naming it, the GPUs it is for (None: all), JIT accepted, and why."""
 
@@ -56,7 +56,7 @@ class GateRule:
         return {"match": self.match, "gpus": self.gpus_text, "jit": self.jit, "why": self.why}
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class GatePolicy:
     """The arch list a build promises and the rules for shared objects that exist for some GPUs only."""
 
@@ -68,7 +68,7 @@ class GatePolicy:
         return next((rule for rule in self.rules if rule.matches(path)), None)
 
     def with_arches(self, arches: ArchList) -> GatePolicy:
-        return dataclasses.replace(self, arches=arches)
+        return GatePolicy(arches, self.rules, self.source)
 
     def describe_rules(self) -> str:
         return f"{len(self.rules)} rule(s) from {self.source}" if self.rules else self.source

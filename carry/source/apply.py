@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import json
 import os
@@ -11,11 +10,13 @@ from pathlib import Path
 
 from carry.source import git
 from carry.source.series import Hunk, Patch, Series
+from carry.util.record import record
 
-HUNK_OFFSET_RE = re.compile(r"^Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)\.")
-CHECKING_RE = re.compile(r"^Checking patch (.+)\.\.\.$")
-FAILED_AT_RE = re.compile(r"^error: patch failed: (.+):(\d+)$")
-FILE_ERROR_RE = re.compile(r"^error: (.+?): (does not exist in index|already exists in index|patch does not apply)$")
+# git apply's report, read only when git ran: compiled then (re's cache), not when a check is read back
+HUNK_OFFSET_RE = r"^Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)\."
+CHECKING_RE = r"^Checking patch (.+)\.\.\.$"
+FAILED_AT_RE = r"^error: patch failed: (.+):(\d+)$"
+FILE_ERROR_RE = r"^error: (.+?): (does not exist in index|already exists in index|patch does not apply)$"
 
 
 class PatchStatus(enum.Enum):
@@ -24,7 +25,7 @@ class PatchStatus(enum.Enum):
     FAILED = "failed"
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Mismatch:
     """Where a hunk stopped matching: the file, the hunk header and the first context line that differs."""
 
@@ -34,6 +35,9 @@ class Mismatch:
     expected: str | None
     found: str | None
 
+    def to_json(self) -> dict:
+        return {"file": self.file, "hunk": self.hunk, "line": self.line, "expected": self.expected, "found": self.found}
+
     def describe(self) -> str:
         where = f"{self.file}, hunk {self.hunk}" if self.hunk else self.file
         if self.expected is None:
@@ -41,7 +45,7 @@ class Mismatch:
         return f"{where}: line {self.line} expected {self.expected!r}, found {self.found!r}"
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class PatchResult:
     patch: Patch
     status: PatchStatus
@@ -53,11 +57,11 @@ class PatchResult:
             **self.patch.summary(),
             "status": self.status.value,
             "offsets": list(self.offsets),
-            "failure": dataclasses.asdict(self.failure) if self.failure else None,
+            "failure": self.failure.to_json() if self.failure else None,
         }
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class CheckReport:
     base: str
     series_hash: str
@@ -144,7 +148,7 @@ def _remember(mirror: Path, report: CheckReport) -> None:
                 "name": r.patch.name,
                 "status": r.status.value,
                 "offsets": list(r.offsets),
-                "failure": dataclasses.asdict(r.failure) if r.failure else None,
+                "failure": r.failure.to_json() if r.failure else None,
             }
             for r in report.results
         ],
@@ -194,10 +198,10 @@ def _offsets(report: str) -> tuple[str, ...]:
     current = "?"
     found = []
     for line in report.splitlines():
-        checking = CHECKING_RE.match(line)
+        checking = re.match(CHECKING_RE, line)
         if checking:
             current = checking.group(1)
-        offset = HUNK_OFFSET_RE.match(line)
+        offset = re.match(HUNK_OFFSET_RE, line)
         if offset:
             number, at, delta = offset.groups()
             found.append(f"{current}: hunk #{number} applied at line {at} (offset {delta} lines)")
@@ -207,7 +211,7 @@ def _offsets(report: str) -> tuple[str, ...]:
 def _diagnose(mirror: Path, patch: Patch, report: str, env: dict[str, str]) -> Mismatch:
     """Name the file, hunk and first mismatching line from git's report and the index's blob."""
     for line in report.splitlines():
-        failed = FAILED_AT_RE.match(line)
+        failed = re.match(FAILED_AT_RE, line)
         if failed:
             name, start = failed.group(1), int(failed.group(2))
             hunk = _find_hunk(patch, name, start)
@@ -215,7 +219,7 @@ def _diagnose(mirror: Path, patch: Patch, report: str, env: dict[str, str]) -> M
             if hunk is None or blob is None:
                 return Mismatch(name, hunk.header if hunk else None, start, None, "does not apply")
             return _first_mismatch(name, hunk, blob.split("\n"))
-        file_error = FILE_ERROR_RE.match(line)
+        file_error = re.match(FILE_ERROR_RE, line)
         if file_error:
             return Mismatch(file_error.group(1), None, None, None, file_error.group(2))
     lines = [line for line in report.splitlines() if line.startswith("error:")]

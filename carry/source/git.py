@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -377,6 +376,8 @@ def checkout_tree(repo: Path, tree: str, parent: str | None, worktree: Path, kee
     commit = tree_commit(repo, tree, parent)
     if not (worktree / ".git").is_file():
         if worktree.exists():
+            import shutil
+
             shutil.rmtree(worktree)
         run_status(repo, "worktree", "prune")
         worktree.parent.mkdir(parents=True, exist_ok=True)

@@ -6,19 +6,19 @@ needs a part of a patch as text (status tries single hunks) takes it from here.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import re
 from pathlib import Path, PurePosixPath
 
 from carry.util.digest import sha256
 from carry.util.errors import BadInput
+from carry.util.record import field, record
 
 PATCH_NAME_RE = re.compile(r"^(\d{4})-[A-Za-z0-9][A-Za-z0-9._+-]*\.patch$")
 PROVED_NAME = "PROVED.json"  # what `prove` learned: which patch makes which test pass (carry/gputest/learned.py)
 ALLOWED_EXTRA_FILES = ("DROPPED.md", "README.md", PROVED_NAME)
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-TRAILER_RE = re.compile(r"^(Upstream-Status|Forwarded|Carry-Test):\s*(.*?)\s*$", re.IGNORECASE)
+TRAILER_KEYS = ("upstream-status", "forwarded", "carry-test")  # DEP-3 and carry's own, any case
 SYMLINK_MODE = "120000"
 GIT_DIFF_RE = re.compile(r'^diff --git ("(?:[^"\\]|\\.)+"|\S+) ("(?:[^"\\]|\\.)+"|\S+)$')
 C_ESCAPES = {b"a": b"\a", b"b": b"\b", b"t": b"\t", b"n": b"\n", b"v": b"\v", b"f": b"\f", b"r": b"\r"}
@@ -44,7 +44,7 @@ class UpstreamState(enum.Enum):
         raise BadInput(f"{where}: Upstream-Status {text!r} is not one of {allowed}; fix the trailer")
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class UpstreamStatus:
     """The trailer's state, its detail without DEP-3's brackets (`local tweak`), and the value as written
     (`Inappropriate [local tweak]`), which is what str() gives."""
@@ -57,7 +57,7 @@ class UpstreamStatus:
         return self.text or f"{self.state.value} {self.detail}".strip()
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Hunk:
     """One hunk of a file diff: its header and the old/new lines (without the leading marker), and its raw lines
     as the patch has them (the header, the body, `\\ No newline` markers), which are form, not compared."""
@@ -68,10 +68,10 @@ class Hunk:
     new_lines: tuple[str, ...]
     added: tuple[str, ...]
     removed: tuple[str, ...]
-    raw: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)
+    raw: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class FileDiff:
     """One file's change; `header` holds its raw header lines (`diff --git`, `index`, `---`, `+++`, ...), form only
     like the index line in it, so not compared."""
@@ -79,7 +79,7 @@ class FileDiff:
     old_path: str | None
     new_path: str | None
     hunks: tuple[Hunk, ...]
-    header: tuple[str, ...] = dataclasses.field(default=(), compare=False, repr=False)
+    header: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
     @property
     def path(self) -> str:
@@ -105,7 +105,7 @@ def _retarget(line: str, target: str) -> str:
     return line
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Patch:
     number: int
     name: str
@@ -144,7 +144,7 @@ class Patch:
         }
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Series:
     directory: Path
     patches: tuple[Patch, ...]
@@ -253,16 +253,16 @@ def _trailers(description: str, path: Path) -> tuple[UpstreamStatus | None, str 
     status = forwarded = None
     tests = []
     for line in description.split("\n"):
-        match = TRAILER_RE.match(line)
-        if not match:
+        key, colon, value = line.partition(":")
+        key, value = key.lower(), value.strip()
+        if not colon or key not in TRAILER_KEYS:
             continue
-        key = match.group(1).lower()
         if key == "upstream-status":
-            status = UpstreamStatus(*UpstreamState.parse(match.group(2), str(path)), match.group(2))
+            status = UpstreamStatus(*UpstreamState.parse(value, str(path)), value)
         elif key == "carry-test":
-            tests.append(_test_trailer(match.group(2), path))
+            tests.append(_test_trailer(value, path))
         else:
-            forwarded = match.group(2)
+            forwarded = value
             if not (forwarded in ("no", "not-needed") or re.match(r"^\S+://\S+$", forwarded)):
                 raise BadInput(f"{path}: Forwarded {forwarded!r} must be a URL, 'no' or 'not-needed'")
     return status, forwarded, tuple(tests)

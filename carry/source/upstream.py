@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import enum
 import os
-import shutil
 from pathlib import Path
 
 import yaml
@@ -16,6 +14,7 @@ from carry.source import git
 from carry.util.cache import Cache
 from carry.util.errors import BadInput
 from carry.util.fsutil import atomic_write_text
+from carry.util.record import record
 
 PIN_REF = "refs/carry/pin"
 FIRST_PR_DEPTH = 1  # the PR head is usually the pin: then nothing more is fetched; else deepen x4
@@ -24,7 +23,7 @@ FIRST_HISTORY_DEPTH = 64  # more history when the base and a ref must meet (why 
 MAX_HISTORY_DEPTH = 16384
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class PrHead:
     sha: str
     ahead: int | None
@@ -54,7 +53,7 @@ class Source(enum.Enum):
     BUNDLE = "bundle"  # restored from the cached bundle, upstream could not give it
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class FetchReport:
     base: str
     mirror: Path
@@ -82,6 +81,8 @@ def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
     try:
         return _fetch(config, cache, mirror_for(config, cache), with_pr)
     except BadInput:
+        import shutil
+
         for path in reversed(created):
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)

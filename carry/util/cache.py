@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from pathlib import Path
@@ -10,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from carry.util.digest import sha256
 from carry.util.errors import BadInput
+from carry.util.record import record
 
 if TYPE_CHECKING:
     import filelock
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 LOCK_TIMEOUT_S = 3600
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Cache:
     root: Path
 

@@ -13,21 +13,22 @@ size/mtime/inode, remembered beside the store) and not copied.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
 import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from carry.platforms import Platform
+from carry.util.digest import sha256 as sha256_hasher
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text
+from carry.util.record import field, record
+
+if TYPE_CHECKING:
+    from carry.platforms import Platform
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
@@ -35,7 +36,7 @@ TIMEOUT_S = 60
 ATTEMPTS = 4
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Pinned:
     """A file known by its sha256: where to get it (an http(s) URL, a local path, or by requirement from the
     package index: `source` is then empty), its name (empty until the index names a wheel pinned by requirement
@@ -48,7 +49,7 @@ class Pinned:
     requirement: str | None = None  # `project==version`: the configured index serves the file
     index: str | None = None  # an index to ask instead of pip's configured one (build.yaml's index:)
     platform: Platform | None = None  # the platform of a wheel pinned by requirement alone
-    where: str = dataclasses.field(default="", compare=False)  # what pinned it, for messages
+    where: str = field(default="", compare=False)  # what pinned it, for messages
 
     @classmethod
     def parse(cls, source: str, sha256: str, where: str, size: int | None = None) -> Pinned:
@@ -125,8 +126,24 @@ def _sha(sha256: str, where: str) -> str:
     return sha
 
 
+# `project==version` as a pin is written: read without packaging's requirement parser, whose import (markers, tags,
+# subprocess, logging) every command that loads a build.yaml with pins would pay; other forms go through it.
+PLAIN_PIN_RE = re.compile(r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*==\s*([0-9A-Za-z!+._-]+)\s*")
+
+
 def _exact_version(requirement: str) -> tuple[str, str] | None:
     """(project, version) of `project==version`; None for anything that is not one exact version."""
+    plain = PLAIN_PIN_RE.fullmatch(requirement)
+    if plain and all(part.isascii() and part.isdigit() for part in plain.group(2).split(".")):
+        return plain.group(1), plain.group(2)  # a plain release (0.33.0): a PEP 440 version, told without packaging
+    if plain:
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            Version(plain.group(2))
+        except InvalidVersion:
+            return None
+        return plain.group(1), plain.group(2)
     from packaging.requirements import InvalidRequirement, Requirement
 
     try:
@@ -139,7 +156,7 @@ def _exact_version(requirement: str) -> tuple[str, str] | None:
     return parsed.name, specs[0].version
 
 
-@dataclasses.dataclass(frozen=True)
+@record
 class Store:
     root: Path
 
@@ -184,9 +201,14 @@ class Store:
                     f"{where}: the index lists {pinned.name} with sha256 {listed}, not the pinned "
                     f"{pinned.sha256}; fix the sha256"
                 )
+            import dataclasses
+
             return self._download(dataclasses.replace(pinned, source=url), self.path(pinned), say)
         if pinned.platform is None:
             raise BadInput(f"{where}: {pinned.requirement} needs a file name or a platform to pick a wheel by")
+        import shutil
+        import tempfile
+
         self.root.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         scratch = Path(tempfile.mkdtemp(prefix=".pip-", dir=self.root))
@@ -218,7 +240,7 @@ class Store:
             raise BadInput(f"{path}: not found; give the path of {pinned.name}, or its http(s) URL")
         stat = path.stat()
         key = f"{path}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
-        memo = self.root / "checked" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+        memo = self.root / "checked" / f"{sha256_hasher(key.encode()).hexdigest()[:24]}.json"
         try:
             if json.loads(memo.read_text()) == {"key": key, "sha256": pinned.sha256}:
                 return path
@@ -276,6 +298,7 @@ class Store:
 
 def _fetch_into(url: str, part: Path) -> None:
     """Append the rest of `url` to `part` (a range request when it has bytes already)."""
+    import shutil
     import urllib.error
     import urllib.request
 
@@ -303,7 +326,7 @@ def _discard(part: Path) -> None:
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
+    digest = sha256_hasher()
     with open(path, "rb") as handle:
         while chunk := handle.read(CHUNK * 4):
             digest.update(chunk)

@@ -1,12 +1,12 @@
-"""Writing files so that a crash never leaves a partial one: temp file in the same directory, then rename."""
+"""Writing files so that a crash never leaves a partial one: temp file in the same directory, then rename.
+
+glob, shutil and tempfile are imported where they are used: `check` and `version` load this module and need none.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +20,9 @@ def sweep_dead(parent: Path, prefix: str) -> None:
     """Remove temp files and dirs named `owned_prefix(prefix)...` whose process is gone (killed mid-way)."""
     if not parent.is_dir():
         return
+    import glob
+    import shutil
+
     for entry in parent.glob(f"{glob.escape(prefix)}*"):
         pid = entry.name[len(prefix) :].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
@@ -43,6 +46,8 @@ def _alive(pid: int) -> bool:
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Replace `path` with `data` in one rename."""
     path = Path(path)
+    import tempfile
+
     sweep_dead(path.parent, f".{path.name}.")
     fd, tmp = tempfile.mkstemp(prefix=owned_prefix(f".{path.name}."), suffix=".tmp", dir=path.parent)
     try:
@@ -76,6 +81,9 @@ def write_private(path: Path, text: str) -> Path:
 @contextlib.contextmanager
 def temp_dir(parent: Path, prefix: str) -> Iterator[Path]:
     """A scratch directory under `parent`, removed afterwards whatever happens (and by the next run if killed)."""
+    import shutil
+    import tempfile
+
     parent.mkdir(parents=True, exist_ok=True)
     sweep_dead(parent, prefix)
     path = Path(tempfile.mkdtemp(prefix=owned_prefix(prefix), dir=parent))
