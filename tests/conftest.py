@@ -1,0 +1,146 @@
+"""Session fixtures: each expensive thing the suite needs is made once per run and shared (docs/testing.md says how
+to use them). The helpers behind them are in tests/lib/.
+
+- `vllm_history`: the real vLLM history (examples/vllm/make_upstream.py), {"path", "refs"}; read it, never write it.
+- `fixed_wheels`: examples/vllm's two fixed wheels and the carry cache they were built in (lib.vllm.FixedWheels);
+  take `fixed_wheels.cache_copy(dest)` (hard links) as your CARRY_CACHE to have them reused.
+- `locked_vllm`, `cold_vllm`: examples/vllm locked and its image pushed cold, both platforms (lib.lockedvllm); a test
+  that changes the project or the pushed tags is marked `late`, so that it runs after every reader.
+- `installed_carry`: carry's wheel installed into a fresh venv (lib.installed.Installed).
+- `second_engine`: a second, empty dockerd with the four base images (tests/secondengine.py); call `.empty()` first.
+
+With pytest-xdist, a session fixture runs once per worker: the ones made on disk go through lib.shared.once (one
+worker makes, the others wait and read), and every test that touches the Docker engine, the registry or redis runs in
+one worker group (`GROUPS`, for `--dist loadgroup`).
+
+No test writes into the user's carry cache: CARRY_CACHE defaults to a directory of this run (a test sets its own as
+before), CARRY_DOWNLOADS to the machine's download store (the real releases are downloaded once per machine).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from lib import shared
+
+# module -> xdist group (--dist loadgroup): what shares the engine, registry, redis, second engine or the disk peak
+# of the vLLM image runs in one worker, one test after another; every other module may run beside them.
+SERIAL = "engine"
+GROUPS = {
+    "test_bench": SERIAL,
+    "test_image": SERIAL,
+    "test_image_cache": SERIAL,
+    "test_install": SERIAL,
+    "test_lock": SERIAL,
+    "test_locked_image": SERIAL,
+    "test_locked_layers": SERIAL,
+    "test_registry": SERIAL,
+    "test_remote_cache": SERIAL,
+    "test_secrets": SERIAL,
+    "test_verify_locked": SERIAL,
+    "test_verify_vllm": SERIAL,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = GROUPS.get(item.module.__name__) if item.module else None
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
+    # a test marked `late` changes a shared session thing: after every other test (stable: the order stays)
+    items.sort(key=lambda item: item.get_closest_marker("late") is not None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _carry_cache_of_this_run(tmp_path_factory):
+    """CARRY_CACHE: this run's own unless set; CARRY_DOWNLOADS: the machine's store unless set."""
+    saved = {key: os.environ.get(key) for key in ("CARRY_CACHE", "CARRY_DOWNLOADS")}
+    if not saved["CARRY_DOWNLOADS"]:
+        users = Path(saved["CARRY_CACHE"] or Path.home() / ".cache" / "carry")
+        os.environ["CARRY_DOWNLOADS"] = str(users / "downloads")
+    if not saved["CARRY_CACHE"]:
+        root = shared.run_root(tmp_path_factory) / "carry-cache"
+        root.mkdir(exist_ok=True)
+        os.environ["CARRY_CACHE"] = str(root)
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def vllm_history(tmp_path_factory) -> dict:
+    from lib import vllm
+
+    return shared.once(tmp_path_factory, "vllm-history", vllm.make_history)
+
+
+@pytest.fixture(scope="session")
+def fixed_wheels(tmp_path_factory, vllm_history):
+    from lib import vllm
+
+    found = shared.once(
+        tmp_path_factory, "vllm-fixed-wheels", lambda d: vllm.make_fixed_wheels(d, vllm_history["path"])
+    )
+    return vllm.FixedWheels.from_json(found)
+
+
+@pytest.fixture(scope="session")
+def vllm_services():
+    import dockerenv
+
+    return dockerenv.require()
+
+
+@pytest.fixture(scope="session")
+def vllm_registry(vllm_services):
+    from lib.lockedvllm import Registry
+
+    found = Registry(vllm_services)
+    yield found
+    found.remove()
+
+
+@pytest.fixture(scope="session")
+def locked_vllm(tmp_path_factory, vllm_services, vllm_registry, vllm_history, fixed_wheels):
+    """(config, env, name, root) of examples/vllm locked, its image section pushing to the test registry."""
+    from lib import lockedvllm
+
+    root = tmp_path_factory.mktemp("locked")
+    return lockedvllm.locked_project(root, vllm_services, vllm_registry, vllm_history["path"], fixed_wheels)
+
+
+@pytest.fixture(scope="session")
+def cold_vllm(locked_vllm):
+    """(the JSON `image --push` printed, its Result): both platforms pushed cold and smoke-tested."""
+    from lib import lockedvllm
+
+    return lockedvllm.cold(locked_vllm)
+
+
+@pytest.fixture(scope="session")
+def installed_carry(tmp_path_factory):
+    from lib import installed
+
+    found = shared.once(tmp_path_factory, "installed-carry", lambda d: installed.install(d).to_json())
+    return installed.Installed.from_json(found)
+
+
+@pytest.fixture(scope="session")
+def second_engine():
+    """A second dockerd with only the four base images (empty it before use: `second_engine.empty()`)."""
+    import dockerenv
+    import secondengine
+
+    env = dockerenv.require()
+    problem = secondengine.problem()
+    if problem:
+        pytest.fail(problem) if dockerenv.in_ci() else pytest.skip(problem)
+    bases = (env.build_base, env.runtime_base, env.build_base_arm64, env.runtime_base_arm64)
+    with secondengine.started(bases, env.docker_host) as engine:
+        yield engine
