@@ -11,7 +11,7 @@ to use them). The helpers behind them are in tests/lib/.
 
 With pytest-xdist, a session fixture runs once per worker: the ones made on disk go through lib.shared.once (one
 worker makes, the others wait and read), and every test that touches the Docker engine, the registry or redis runs in
-one worker group (`GROUPS`, for `--dist loadgroup`).
+one worker group (`SERIAL`, for `--dist loadgroup`).
 
 No test writes into the user's carry cache: CARRY_CACHE defaults to a directory of this run (a test sets its own as
 before), CARRY_DOWNLOADS to the machine's download store (the real releases are downloaded once per machine).
@@ -26,30 +26,34 @@ import pytest
 
 from lib import shared
 
-# module -> xdist group (--dist loadgroup): what shares the engine, registry, redis, second engine or the disk peak
-# of the vLLM image runs in one worker, one test after another; every other module may run beside them.
+# xdist groups (--dist loadgroup): every test marked `docker`, and every test of these modules, runs in one worker,
+# one after another: what shares the Docker engine, the registry (a removed repository's blobs are deleted: a push
+# beside it could lose one), redis, the second engine, the disk peak of the vLLM image, or times what it runs
+# (test_crash kills at points measured in the same run). Every other test may run beside them.
 SERIAL = "engine"
-GROUPS = {
-    "test_bench": SERIAL,
-    "test_image": SERIAL,
-    "test_image_cache": SERIAL,
-    "test_install": SERIAL,
-    "test_lock": SERIAL,
-    "test_locked_image": SERIAL,
-    "test_locked_layers": SERIAL,
-    "test_registry": SERIAL,
-    "test_remote_cache": SERIAL,
-    "test_secrets": SERIAL,
-    "test_verify_locked": SERIAL,
-    "test_verify_vllm": SERIAL,
+SERIAL_MODULES = {
+    "test_bench",
+    "test_crash",
+    "test_image",
+    "test_image_cache",
+    "test_install",
+    "test_lock",
+    "test_locked_image",
+    "test_locked_layers",
+    "test_prove",
+    "test_registry",
+    "test_remote_cache",
+    "test_secrets",
+    "test_verify_locked",
+    "test_verify_vllm",
 }
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        group = GROUPS.get(item.module.__name__) if item.module else None
-        if group and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(group))
+        serial = item.get_closest_marker("docker") or (item.module and item.module.__name__ in SERIAL_MODULES)
+        if serial and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(SERIAL))
     # a test marked `late` changes a shared session thing: after every other test (stable: the order stays)
     items.sort(key=lambda item: item.get_closest_marker("late") is not None)
 

@@ -215,10 +215,12 @@ def test_a_series_touching_a_cu_file_stops_before_any_build_work(tmp_path, histo
     assert not (tmp_path / "cache" / "envs").exists()
 
 
-def test_another_precompiled_wheel_is_another_build(tmp_path, history):
-    """The precompiled wheel is in the key: a different file (here vLLM's wheel with one member more) rebuilds."""
+def test_another_precompiled_wheel_is_another_build(tmp_path, history, fixed_wheels):
+    """The precompiled wheel is in the key: a different file (here vLLM's wheel with one member more) rebuilds, in
+    a cache that holds the fixed wheel built from the released one (a copy of the run's, `fixed_wheels`)."""
     config = make_project(tmp_path / "vllm", history)
-    env = {"CARRY_CACHE": str(tmp_path / "cache"), "CARRY_DOWNLOADS": realvllm.download_store()}
+    cache = fixed_wheels.cache_copy(tmp_path / "cache")
+    env = {"CARRY_CACHE": str(cache), "CARRY_DOWNLOADS": realvllm.download_store()}
     other = tmp_path / "wheels" / realvllm.WHEEL_X86
     other.parent.mkdir()
     wheelzip.rewrite(realvllm.path(realvllm.WHEEL_X86), other, {"vllm/third_party/deep_gemm/CARRY_NOTE": b"rebuilt\n"})
