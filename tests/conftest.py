@@ -49,6 +49,7 @@ SERIAL_MODULES = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
         serial = item.get_closest_marker("docker") or (item.module and item.module.__name__ in SERIAL_MODULES)
