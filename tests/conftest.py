@@ -49,10 +49,24 @@ SERIAL_MODULES = {
 }
 
 
+# `slow` (left out of the developers' fast loop, `-m "not slow"`): every test that uses one of these fixtures builds
+# or installs something real (minutes), besides the tests marked slow by hand.
+SLOW_FIXTURES = {"vllm_history", "fixed_wheels", "locked_vllm", "cold_vllm", "installed_carry", "second_engine"}
+SLOW_MODULE_FIXTURES = {
+    "test_buildenv": {"vllm_env"},  # vLLM's real build environment: PyPI's CUDA torch from uv's cache
+    "test_lock": {"project"},  # resolves with uv against the runtime bases, both platforms
+    "test_verify_locked": {"setup"},  # builds and pushes locked images for both platforms
+}
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        serial = item.get_closest_marker("docker") or (item.module and item.module.__name__ in SERIAL_MODULES)
+        module = item.module.__name__ if item.module else ""
+        names = set(getattr(item, "fixturenames", ()))
+        if names & (SLOW_FIXTURES | SLOW_MODULE_FIXTURES.get(module, set())) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+        serial = item.get_closest_marker("docker") or module in SERIAL_MODULES
         if serial and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(SERIAL))
     # a test marked `late` changes a shared session thing: after every other test (stable: the order stays)

@@ -13,7 +13,6 @@ import pytest
 
 from helpers import ROOT, carry
 
-pytestmark = pytest.mark.slow
 DEMO_CONFIG = ROOT / "examples" / "demo" / "build.yaml"
 
 

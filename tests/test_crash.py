@@ -285,6 +285,7 @@ def rng(request) -> random.Random:
     return random.Random(f"{SEED}-{request.node.name}")
 
 
+@pytest.mark.slow  # kills at many points of a real run
 def test_fetch_survives_sigkill(tmp_path, rng):
     """Every kill hits a cold fetch: init of the mirror, the shallow fetch, the bundle, the PR head."""
     demo = make_demo(tmp_path)
@@ -298,6 +299,7 @@ def test_fetch_survives_sigkill(tmp_path, rng):
     print(tally.line(duration))
 
 
+@pytest.mark.slow  # kills at many points of a real run
 def test_check_survives_sigkill(tmp_path, rng):
     """Kills alternate between a cold cache (check fetches first) and a warm one."""
     demo = make_demo(tmp_path)

@@ -15,7 +15,7 @@ import dockerenv
 from helpers import ROOT, Upstream, assert_bad_input, carry, write_config
 from lib.vllm import example_project
 
-pytestmark = [pytest.mark.slow, pytest.mark.docker]
+pytestmark = [pytest.mark.docker]  # slow: the tests that resolve with uv (tests/conftest.py SLOW_MODULE_FIXTURES)
 
 DOCKER = dockerenv.DOCKER_CLI
 OWN = "carry-test-lock-issue-24-lock/runtime"  # this test's own tags of the runtime bases, removed afterwards
