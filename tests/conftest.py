@@ -28,12 +28,11 @@ from lib import shared
 
 # xdist groups (--dist loadgroup): every test marked `docker`, and every test of these modules, runs in one worker,
 # one after another: what shares the Docker engine, the registry (a removed repository's blobs are deleted: a push
-# beside it could lose one), redis, the second engine, the disk peak of the vLLM image, or times what it runs
-# (test_crash kills at points measured in the same run). Every other test may run beside them.
+# beside it could lose one), redis, the second engine, the disk peak of the vLLM image, or compares the times of
+# what it runs (test_verify_vllm, test_verify_locked). Every other test may run beside them.
 SERIAL = "engine"
 SERIAL_MODULES = {
     "test_bench",
-    "test_crash",
     "test_image",
     "test_image_cache",
     "test_install",
