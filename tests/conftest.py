@@ -162,3 +162,23 @@ def second_engine():
     bases = (env.build_base, env.runtime_base, env.build_base_arm64, env.runtime_base_arm64)
     with secondengine.started(bases, env.docker_host) as engine:
         yield engine
+
+
+# Seconds per module (setups, calls and teardowns of its tests), printed after the slowest tests: what each module
+# costs against its budget (docs/testing.md). Under pytest-xdist the reports reach the controller, which prints it.
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + getattr(report, "duration", 0.0)
+
+
+@pytest.hookimpl(trylast=True)  # after the slowest tests
+def pytest_terminal_summary(terminalreporter, config):
+    if os.environ.get("PYTEST_XDIST_WORKER") or not _MODULE_SECONDS:
+        return
+    terminalreporter.write_sep("=", "seconds per module (budgets: docs/testing.md)")
+    for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda pair: -pair[1]):
+        if seconds >= 1:
+            terminalreporter.write_line(f"{seconds:8.1f}s {module}")
