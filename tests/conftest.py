@@ -10,8 +10,8 @@ to use them). The helpers behind them are in tests/lib/.
 - `second_engine`: a second, empty dockerd with the four base images (tests/secondengine.py); call `.empty()` first.
 
 With pytest-xdist, a session fixture runs once per worker: the ones made on disk go through lib.shared.once (one
-worker makes, the others wait and read), and every test that touches the Docker engine, the registry or redis runs in
-one worker group (`SERIAL`, for `--dist loadgroup`).
+worker makes, the others wait and read), and every test that pushes to the registry, uses the shared redis or the
+second engine, or times what it runs is in one worker group (`SERIAL_MODULES`, for `--dist loadgroup`).
 
 No test writes into the user's carry cache: CARRY_CACHE defaults to a directory of this run (a test sets its own as
 before), CARRY_DOWNLOADS to the machine's download store (the real releases are downloaded once per machine).
@@ -26,20 +26,16 @@ import pytest
 
 from lib import shared
 
-# xdist groups (--dist loadgroup): every test marked `docker`, and every test of these modules, runs in one worker,
-# one after another: what shares the Docker engine, the registry (a removed repository's blobs are deleted: a push
-# beside it could lose one), redis, the second engine, the disk peak of the vLLM image, or compares the times of
-# what it runs (test_verify_vllm, test_verify_locked). Every other test may run beside them.
+# xdist groups (--dist loadgroup): every test of these modules runs in one worker, one after another: what pushes to
+# the registry (a removed repository's blobs are deleted: a push beside it could lose one), uses the shared redis or
+# the second engine, holds the disk peak of the vLLM image, or compares the times of what it runs (test_verify_vllm,
+# test_verify_locked). Every other test may run beside them, Docker builds and runs included (the engine takes them
+# side by side; no test prunes the main engine).
 SERIAL = "engine"
 SERIAL_MODULES = {
-    "test_bench",
     "test_image",
     "test_image_cache",
-    "test_install",
-    "test_lock",
     "test_locked_image",
-    "test_locked_layers",
-    "test_prove",
     "test_registry",
     "test_remote_cache",
     "test_secrets",
@@ -65,8 +61,7 @@ def pytest_collection_modifyitems(config, items):
         names = set(getattr(item, "fixturenames", ()))
         if names & (SLOW_FIXTURES | SLOW_MODULE_FIXTURES.get(module, set())) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
-        serial = item.get_closest_marker("docker") or module in SERIAL_MODULES
-        if serial and not item.get_closest_marker("xdist_group"):
+        if module in SERIAL_MODULES and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(SERIAL))
     # a test marked `late` changes a shared session thing: after every other test (stable: the order stays)
     items.sort(key=lambda item: item.get_closest_marker("late") is not None)
