@@ -63,6 +63,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if module in SERIAL_MODULES and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(SERIAL))
+    # the first test outside the engine group that needs the fixed wheels runs first: its worker builds them while the
+    # engine group builds its images, and the cold vLLM image finds them made (they were on its critical path)
+    first = next(
+        (
+            item
+            for item in items
+            if "fixed_wheels" in getattr(item, "fixturenames", ())
+            and (item.module.__name__ if item.module else "") not in SERIAL_MODULES
+        ),
+        None,
+    )
+    if first is not None:
+        items.remove(first)
+        items.insert(0, first)
     # a test marked `late` changes a shared session thing: after every other test (stable: the order stays)
     items.sort(key=lambda item: item.get_closest_marker("late") is not None)
 
