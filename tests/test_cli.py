@@ -5,36 +5,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import venv
 from pathlib import Path
 
 import pytest
 
 from helpers import ROOT, carry
 
-pytestmark = pytest.mark.slow
 DEMO_CONFIG = ROOT / "examples" / "demo" / "build.yaml"
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
-    """`pip install <copy of the checkout>` into a new venv (no system site-packages); the `carry` script."""
-    base = tmp_path_factory.mktemp("installed")
-    source = base / "src"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", "__pycache__", "*.egg-info", "build", "dist"))
-    env_dir = base / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
-    pip = subprocess.run(
-        [env_dir / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(source)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        stdin=subprocess.DEVNULL,
-    )
-    assert pip.returncode == 0, pip.stdout + pip.stderr
-    return env_dir / "bin" / "carry"
+def installed(installed_carry) -> Path:
+    """carry installed (not editable) into a fresh venv, once per run (tests/conftest.py): its `carry` script."""
+    return installed_carry.script
 
 
 def run_installed(script: Path, *args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:

@@ -285,6 +285,7 @@ def rng(request) -> random.Random:
     return random.Random(f"{SEED}-{request.node.name}")
 
 
+@pytest.mark.slow  # kills at many points of a real run
 def test_fetch_survives_sigkill(tmp_path, rng):
     """Every kill hits a cold fetch: init of the mirror, the shallow fetch, the bundle, the PR head."""
     demo = make_demo(tmp_path)
@@ -298,10 +299,12 @@ def test_fetch_survives_sigkill(tmp_path, rng):
     print(tally.line(duration))
 
 
+@pytest.mark.slow  # kills at many points of a real run
 def test_check_survives_sigkill(tmp_path, rng):
     """Kills alternate between a cold cache (check fetches first) and a warm one."""
     demo = make_demo(tmp_path)
     duration = run_carry(demo, ("check",)).total
+    warm = run_carry(demo, ("check",)).total
     reference = demo.run("check", "--json").out
     turns = iter(range(10**6))
 
@@ -309,7 +312,10 @@ def test_check_survives_sigkill(tmp_path, rng):
         if next(turns) % 2 == 0:
             shutil.rmtree(demo.cache, ignore_errors=True)
 
-    tally = kill_loop(demo, ("check",), KILLS["check"] * ROUNDS, uniform(rng, duration), every_other_cold)
+    def draw() -> KillPoint:  # a point inside the run that follows: a warm check is over in a fraction of a cold one
+        return KillPoint(START, rng.uniform(0.02, warm if demo.cache.exists() else duration))
+
+    tally = kill_loop(demo, ("check",), KILLS["check"] * ROUNDS, draw, every_other_cold)
     assert demo.run("check", "--json").out == reference
     print(tally.line(duration))
 

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 import dockerenv
-import secondengine
 from cuda_tools import cuobjdump
 from helpers import ROOT, assert_bad_input, carry
 from procwatch import command_lines
@@ -125,15 +124,14 @@ def test_every_shared_tag_in_the_registry_is_a_list_of_both_platforms(setup):
     assert registry_manifest(setup, f"{setup['version']}-arm64")["mediaType"] != MANIFEST_LIST
 
 
-def test_second_engine_rebuilds_each_platform_from_its_own_image(setup):
+def test_second_engine_rebuilds_each_platform_from_its_own_image(setup, second_engine):
     """Another runner (an empty second dockerd, a fresh CARRY_CACHE) rebuilds both platforms of this VERSION with
     --cache-from inline: each imports its own platform image's inline cache and compiles nothing."""
-    problem = secondengine.problem()
-    if problem:
-        pytest.fail(problem) if dockerenv.in_ci() else pytest.skip(problem)
     env = setup["env"]
-    bases = (env.build_base, env.runtime_base, env.build_base_arm64, env.runtime_base_arm64)
-    with secondengine.started(bases, env.docker_host) as engine:
+    engine = second_engine  # the run's one (tests/conftest.py), emptied: only the four base images
+    engine.empty()
+    assert set(engine.bases) == {env.build_base, env.runtime_base, env.build_base_arm64, env.runtime_base_arm64}
+    try:
         result = run(
             setup,
             "image",
@@ -151,6 +149,8 @@ def test_second_engine_rebuilds_each_platform_from_its_own_image(setup):
         arm64 = engine.docker(
             "image", "inspect", "--format", "{{.Architecture}}", f"{setup['name']}:{setup['version']}-arm64"
         )
+    finally:
+        engine.empty()
     log = next((setup["base"] / "runner-b" / "logs").glob("image-*.log")).read_text()
     for platform in PLATFORMS:
         assert f"layer cache: {platform}: build stage: cached, nothing compiled" in result.err

@@ -6,66 +6,22 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import zipfile
-from pathlib import Path
 
 import pytest
 
 import dockerenv
 from helpers import ROOT
+from lib.installed import clean_env, run
 
 pytestmark = [pytest.mark.slow]
 
 
-def run(argv: list, cwd: Path, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(a) for a in argv],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """The environment without anything that would put this checkout (or another carry) on the venv's path."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    return {**env, **extra}
-
-
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
+def installed(installed_carry):
     """(venv, wheel): carry's wheel built from a copy of the checkout's files (the build writes nothing into the
-    checkout), installed into a fresh venv with its dependencies."""
-    base = tmp_path_factory.mktemp("install")
-    source = base / "src"
-    listed = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], ROOT).stdout
-    for name in filter(None, listed.split("\0")):
-        path = ROOT / name
-        if not path.exists() and not path.is_symlink():
-            continue  # deleted in the working tree
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        if path.is_symlink():
-            (source / name).symlink_to(os.readlink(path))
-        else:
-            shutil.copy2(path, source / name)
-    built = run([sys.executable, "-m", "build", "--wheel", "--outdir", base / "dist", source], base, clean_env())
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    (wheel,) = (base / "dist").glob("carry-*.whl")
-    venv = base / "venv"
-    made = run([sys.executable, "-m", "venv", venv], base, clean_env())
-    assert made.returncode == 0, made.stderr
-    pip = run(
-        [venv / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", wheel],
-        base,
-        clean_env(),
-    )
-    assert pip.returncode == 0, pip.stdout[-3000:] + pip.stderr[-3000:]
-    return venv, wheel
+    checkout), installed into a fresh venv with its dependencies; once per run (tests/conftest.py)."""
+    return installed_carry.venv, installed_carry.wheel
 
 
 def test_the_wheel_carries_the_dockerfile_and_the_image_files(installed):

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import dockerenv
 from helpers import ROOT, Upstream, assert_bad_input, carry, write_config
+from lib.vllm import example_project
 
-pytestmark = [pytest.mark.slow, pytest.mark.docker]
+pytestmark = [pytest.mark.docker]  # slow: the tests that resolve with uv (tests/conftest.py SLOW_MODULE_FIXTURES)
 
 DOCKER = dockerenv.DOCKER_CLI
 OWN = "carry-test-lock-issue-24-lock/runtime"  # this test's own tags of the runtime bases, removed afterwards
@@ -215,18 +214,18 @@ def test_bad_input_writes_nothing(project):
     assert not lock_dir.exists()
 
 
-def test_vllm_example_lock_is_committed_and_fresh(tmp_path):
-    """examples/vllm's lock, made from the real 0.33.0 fixed wheels (precompiled, both CPUs here): `lock` in a copy
-    of the example keeps every pin and hash of the committed files. The base line holds the runtime image's ID,
-    which is this machine's own where the base images were built locally (.ci/base-images.sh): where it is the
-    committed one, nothing is rewritten at all."""
+def test_vllm_example_lock_is_committed_and_fresh(tmp_path, vllm_history, fixed_wheels):
+    """examples/vllm's lock, made from the real 0.33.0 fixed wheels (precompiled, both CPUs here; the run's own,
+    tests/conftest.py `fixed_wheels`, in a copy of their cache): `lock` in a copy of the example on the run's vLLM
+    history keeps every pin and hash of the committed files. The base line holds the runtime image's ID, which is
+    this machine's own where the base images were built locally (.ci/base-images.sh): where it is the committed one,
+    nothing is rewritten at all."""
     dockerenv.require()
     example = ROOT / "examples" / "vllm"
     copy = tmp_path / "vllm"
-    subprocess.run([sys.executable, str(example / "make_upstream.py")], check=True, capture_output=True)
-    shutil.copytree(example, copy, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-    config = copy / "build.yaml"
-    done = carry("--config", str(config), "lock", timeout=1800)
+    config = example_project(copy, vllm_history["path"])
+    env = {"CARRY_CACHE": str(fixed_wheels.cache_copy(tmp_path / "cache"))}
+    done = carry("--config", str(config), "lock", env=env, timeout=1800)
     assert done.code == 0, done.err[-3000:]
     for arch, machine in (("amd64", "x86_64"), ("arm64", "aarch64")):
         committed = (example / "runtime-lock" / f"linux-{arch}.txt").read_text()
@@ -254,7 +253,7 @@ def test_vllm_example_lock_is_committed_and_fresh(tmp_path):
         # one hash for torch: its wheel for this CPU and Python
         torch = committed.split("\ntorch==2.14.0 \\\n", 1)[1].split("\n")[0]
         assert torch.strip().startswith("--hash=sha256:") and not torch.endswith("\\")
-    checked = carry("--config", str(config), "lock", "--check", timeout=1800)
+    checked = carry("--config", str(config), "lock", "--check", env=env, timeout=1800)
     assert checked.code == 0, checked.out + checked.err[-2000:]
     assert checked.out.splitlines() == ["linux/amd64: fresh", "linux/arm64: fresh"]
 

@@ -2,8 +2,9 @@
 the runtime locks, pushed to the test registry under one multi-platform tag, pulled back and smoke-tested; a
 Python-only patch change that ships one small layer; a tampered lock and a stale lock refused, nothing pushed.
 
-One cold build is shared by the module (its wheels come from the machine's download store, so only the first run
-on a machine downloads them); every image, registry repository and blob it made is removed afterwards."""
+One cold build is shared by the run (tests/conftest.py `cold_vllm`, read by tests/test_verify_vllm.py too; the
+lock reuses the run's fixed wheels, `fixed_wheels`; the released wheels come from the machine's download store);
+every image, registry repository and blob it made is removed afterwards."""
 
 from __future__ import annotations
 
@@ -17,110 +18,40 @@ from pathlib import Path
 
 import pytest
 
-import dockerenv
 import realvllm
 from carry.image import registryhttp
-from helpers import ROOT, assert_bad_input, carry
+from helpers import assert_bad_input, carry
+from lib.lockedvllm import PLATFORMS, make_project, push  # noqa: F401 - make_project: bench/lockedimage.py
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
-EXAMPLE = ROOT / "examples" / "vllm"
-PLATFORMS = ("linux/amd64", "linux/arm64")
 LAYERS = ["base", "venv", "nvidia", "torch", "deps", "vllm-release", "vllm-fixed"]
 PATCHED = "vllm/logger.py"  # no patch of the series touches it
 
 
-def image_section(env: dockerenv.DockerEnv, name: str) -> str:
-    return (
-        f'image:\n  name: {name}\n  tags: ["{{version}}", latest]\n  platforms:\n'
-        f'    linux/amd64: {{runtime_image: "{env.runtime_base}"}}\n'
-        f'    linux/arm64: {{runtime_image: "{env.runtime_base_arm64}"}}\n'
-        f"  lock: runtime-lock\n  entrypoint: [vllm, serve]\n"
-        f"  env: {{CUDA_HOME: /opt/venv/lib/python3.11/site-packages/nvidia/cu13}}\n"
-    )
-
-
-class Registry:
-    """The test registry's repositories this module made, read over the API and removed at the end."""
-
-    def __init__(self, env: dockerenv.DockerEnv):
-        self.env = env
-        self.names: list[str] = []
-
-    def repo(self, name: str) -> registryhttp.Repository:
-        return registryhttp.Repository.of(
-            name, {"username": self.env.registry_user, "password": self.env.registry_password()}
-        )
-
-    def manifest(self, name: str, reference: str) -> dict | None:
-        found = self.repo(name).get_manifest(reference)
-        return json.loads(found[1]) if found else None
-
-    def blob(self, name: str, digest: str) -> bytes:
-        _, _, data = self.repo(name).request("GET", f"/v2/{self.repo(name).name}/blobs/{digest}")
-        return data
-
-    def remove(self) -> None:
-        """Each repository this module pushed, then the blobs no other repository links (the registry is shared)."""
-        for name in self.names:
-            dockerenv.remove_repository(name)
+# The shared session fixtures (tests/conftest.py, tests/lib/lockedvllm.py) under this module's names.
+@pytest.fixture(scope="module")
+def services(vllm_services):
+    return vllm_services
 
 
 @pytest.fixture(scope="module")
-def services():
-    return dockerenv.require()
+def registry(vllm_registry):
+    return vllm_registry
 
 
 @pytest.fixture(scope="module")
-def registry(services):
-    found = Registry(services)
-    yield found
-    found.remove()
-
-
-def make_project(root: Path, services: dockerenv.DockerEnv, name: str) -> tuple[Path, dict[str, str]]:
-    """examples/vllm in `root` on the real vLLM history built there, its image section pushing to `name` on the
-    test registry, not yet locked: (its build.yaml, carry's environment for it). bench/lockedimage.py uses it too."""
-    history = Path(realvllm.build(root / "history")["path"])
-    shutil.copytree(
-        EXAMPLE, root / "vllm", ignore=shutil.ignore_patterns("upstream.git", "__pycache__", "runtime-lock")
-    )  # locked by the caller, here
-    config = root / "vllm" / "build.yaml"
-    text = config.read_text().replace("  url: upstream.git", f"  url: {history}")
-    config.write_text(text[: text.index("\nimage:\n") + 1] + image_section(services, name))
-    env = {
-        "CARRY_CACHE": str(root / "cache"),
-        "CARRY_DOWNLOADS": realvllm.download_store(),
-        "CARRY_REGISTRY_USER": services.registry_user,
-        "CARRY_REGISTRY_PASSWORD": services.registry_password(),
-    }
-    return config, env
+def project(locked_vllm):
+    return locked_vllm
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, services, registry):
-    root = tmp_path_factory.mktemp("locked")
-    name = f"{services.registry}/carry-test/locked-{uuid.uuid4().hex[:8]}"
-    registry.names.append(name)
-    config, env = make_project(root, services, name)
-    locked = carry("--config", str(config), "lock", env=env, timeout=1200)  # the fixed wheels, then uv
-    assert locked.code == 0, locked.err[-2000:]
-    assert carry("keygen", str(root / "keys")).code == 0
-    env["CARRY_SIGNING_KEY"] = str(root / "keys" / "carry.key")  # `image --push` signs and attests (carry/trust)
-    return config, env, name, root
+def cold(cold_vllm):
+    return cold_vllm
 
 
 def image(project, *args: str, timeout: float = 1500):
-    config, env, _, _ = project
-    return carry("--config", str(config), "image", "--push", "--json", *args, env=env, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def cold(project):
-    """Both platforms pushed cold (layer cache empty; wheels from the store) and smoke-tested after a pull."""
-    result = image(project)
-    assert result.code == 0, result.err[-3000:]
-    return json.loads(result.out), result
+    return push(project, *args, timeout=timeout)
 
 
 def test_both_platforms_pushed_layered_and_smoke_tested(project, cold, registry):
@@ -208,6 +139,7 @@ def test_the_layers_are_what_pip_installs(project, cold, registry):
     assert b"include-system-site-packages = false" in venv["opt/venv/pyvenv.cfg"][1]
 
 
+@pytest.mark.late  # it pushes the changed image under the shared tags: after every reader of the cold image
 def test_a_python_only_patch_change_pushes_one_small_layer(project, cold, registry):
     config, env, name, root = project
     found, _ = cold

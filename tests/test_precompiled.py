@@ -17,45 +17,38 @@ import pytest
 import realvllm
 from carry.binaries import wheelzip
 from helpers import ROOT, assert_bad_input, carry
+from lib.vllm import WHEELS, example_project
 
 pytestmark = pytest.mark.slow
 
 EXAMPLE = ROOT / "examples" / "vllm"
-WHEELS = {"linux/amd64": realvllm.WHEEL_X86, "linux/arm64": realvllm.WHEEL_ARM}
 
 
 @pytest.fixture(scope="module")
-def history(tmp_path_factory) -> Path:
-    return Path(realvllm.build(tmp_path_factory.mktemp("vllm-history"))["path"])
+def history(vllm_history) -> Path:
+    """The run's vLLM history (tests/conftest.py)."""
+    return Path(vllm_history["path"])
 
 
 def make_project(root: Path, history: Path) -> Path:
     """examples/vllm copied, its upstream.url pointing at the history."""
-    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("upstream.git", "__pycache__"))
-    config = root / "build.yaml"
-    config.write_text(config.read_text().replace("  url: upstream.git", f"  url: {history}"))
-    return config
+    return example_project(root, history)
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, history):
+def project(tmp_path_factory, history, fixed_wheels):
+    """examples/vllm on the history, in a hardlinked copy of the cache where the run's fixed wheels were built."""
     root = tmp_path_factory.mktemp("example")
     config = make_project(root / "vllm", history)
-    env = {"CARRY_CACHE": str(root / "cache"), "CARRY_DOWNLOADS": realvllm.download_store()}
+    env = {"CARRY_CACHE": str(fixed_wheels.cache_copy(root / "cache")), "CARRY_DOWNLOADS": realvllm.download_store()}
     return config, env, root
 
 
 @pytest.fixture(scope="module")
-def built(project):
-    """Both platforms' fixed wheels, built once for the module."""
-    config, env, root = project
-    found = {}
-    for platform in WHEELS:
-        args = ["--platform", platform] if platform == "linux/arm64" else []
-        result = carry("--config", str(config), "wheel", "--out", str(root / "dist"), *args, env=env)
-        assert result.code == 0, result.err
-        found[platform] = (Path(result.out.strip()), result)
-    return found
+def built(fixed_wheels):
+    """Both platforms' fixed wheels, built once for the run (tests/conftest.py `fixed_wheels`): (wheel, what
+    `carry wheel` said)."""
+    return {platform: (fixed_wheels.wheels[platform], fixed_wheels.results[platform]) for platform in WHEELS}
 
 
 def example_generated() -> tuple:
@@ -222,10 +215,12 @@ def test_a_series_touching_a_cu_file_stops_before_any_build_work(tmp_path, histo
     assert not (tmp_path / "cache" / "envs").exists()
 
 
-def test_another_precompiled_wheel_is_another_build(tmp_path, history):
-    """The precompiled wheel is in the key: a different file (here vLLM's wheel with one member more) rebuilds."""
+def test_another_precompiled_wheel_is_another_build(tmp_path, history, fixed_wheels):
+    """The precompiled wheel is in the key: a different file (here vLLM's wheel with one member more) rebuilds, in
+    a cache that holds the fixed wheel built from the released one (a copy of the run's, `fixed_wheels`)."""
     config = make_project(tmp_path / "vllm", history)
-    env = {"CARRY_CACHE": str(tmp_path / "cache"), "CARRY_DOWNLOADS": realvllm.download_store()}
+    cache = fixed_wheels.cache_copy(tmp_path / "cache")
+    env = {"CARRY_CACHE": str(cache), "CARRY_DOWNLOADS": realvllm.download_store()}
     other = tmp_path / "wheels" / realvllm.WHEEL_X86
     other.parent.mkdir()
     wheelzip.rewrite(realvllm.path(realvllm.WHEEL_X86), other, {"vllm/third_party/deep_gemm/CARRY_NOTE": b"rebuilt\n"})

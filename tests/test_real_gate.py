@@ -28,6 +28,7 @@ def cells(report: dict, path: str) -> dict[str, str]:
     return {target: cell["text"] for target, cell in entry["targets"].items()}
 
 
+@pytest.mark.slow  # reads vLLM's 330 MB wheels
 @pytest.mark.parametrize("platform", WHEELS)
 def test_the_root_policy_passes_vllms_release_and_prints_the_table(platform):
     wheel = realvllm.path(WHEELS[platform])
@@ -59,6 +60,7 @@ def test_the_root_policy_passes_vllms_release_and_prints_the_table(platform):
     assert report["unmatched_rules"] == []
 
 
+@pytest.mark.slow  # reads vLLM's 330 MB wheels
 @pytest.mark.parametrize("platform", WHEELS)
 def test_the_strict_rule_fails_the_release_with_the_whole_table(platform):
     wheel = str(realvllm.path(WHEELS[platform]))
@@ -77,6 +79,7 @@ def test_the_strict_rule_fails_the_release_with_the_whole_table(platform):
     assert no_config.code == 1 and "strict (no gate rules)" in no_config.out
 
 
+@pytest.mark.slow  # reads vLLM's 330 MB wheels
 def test_a_core_without_12x_code_fails_naming_the_so_and_the_arch(tmp_path):
     """Swap _C_stable_libtorch for a real .so built for 9.0 only: the rules do not excuse the core."""
     source = tmp_path / "k.cu"
@@ -109,6 +112,7 @@ def test_a_core_without_12x_code_fails_naming_the_so_and_the_arch(tmp_path):
     assert re.search(r"^_C_stable_libtorch +NOTHING ! +exact sm_100 +exact sm_90$", result.out, re.M)
 
 
+@pytest.mark.slow  # reads vLLM's 330 MB wheels
 def test_an_unpacked_tree_and_so_files_are_gated_too(tmp_path):
     import zipfile
 

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,18 +26,15 @@ from realvllm import (
     V0_32_0,
     V0_33_0,
     Project,
-    build,
     by_name,
     make_upstream,
 )
 
 
 @pytest.fixture(scope="module")
-def history(tmp_path_factory):
-    """The bare repository make_upstream.py built, cached for the module."""
-    cache = tmp_path_factory.mktemp("vllm-history")
-    built = build(cache)
-    return cache, built
+def history(vllm_history):
+    """(the CARRY_CACHE make_upstream.py wrote into, its JSON): the run's history (tests/conftest.py)."""
+    return Path(vllm_history["cache"]), {key: vllm_history[key] for key in ("path", "refs")}
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,13 @@ from procwatch import command_lines
 TOKEN = "upstream-token-" + os.urandom(8).hex()
 BUILD_SECRET = "build-secret-" + os.urandom(8).hex()
 KEY_PASSWORD = "key-password-" + os.urandom(8).hex()
+
+
+def stable_id(value: object) -> str | None:
+    """A parametrized test's id without the random token (pytest-xdist's workers must collect the same ids)."""
+    return value.replace(TOKEN, "TOKEN") if isinstance(value, str) else None
+
+
 ARCHES = "9.0,12.1"
 
 
@@ -88,6 +95,7 @@ def test_public_url_drops_only_the_user_part(url, public):
         ("ssh://git:pw@git.example:2222/x.git", "ssh://git@git.example:2222/x.git", "git", "pw"),
         ("https://git.example/x.git", "https://git.example/x.git", None, None),
     ],
+    ids=stable_id,
 )
 def test_git_gets_credentials_from_a_helper_not_argv(tmp_path, url, bare, user, password):
     """split_credentials' helper, asked by a real `git credential fill`, hands over what the URL held."""
@@ -120,6 +128,7 @@ def test_git_gets_credentials_from_a_helper_not_argv(tmp_path, url, bare, user, 
         (f"https://bot:{TOKEN}@127.0.0.1:1/x.git", "fetch", ("https://127.0.0.1:1/x.git", "no bundle")),
         (f"https://{TOKEN}@127.0.0.1:1/x.git", "check", ("https://127.0.0.1:1/x.git", "no bundle")),
     ],
+    ids=stable_id,
 )
 def test_errors_name_the_url_without_its_credentials(tmp_path, url, command, needles):
     config = tmp_path / "build.yaml"

@@ -1,7 +1,7 @@
 """`verify IMAGE` on the real locked vLLM 0.33.0 image (examples/vllm, both platforms), as carry's `image --push`
-writes it (the cold build of tests/test_locked_image.py, shared through its fixtures): every platform read from
-the registry natively and proven against its lock and the fixed wheel; linux/arm64 takes about as long as
-linux/amd64 (nothing emulated). The times per platform are printed (-s) and asserted only against each other."""
+writes it (the run's one cold build, tests/conftest.py `cold_vllm`, which tests/test_locked_image.py reads too):
+every platform read from the registry natively and proven against its lock and the fixed wheel; linux/arm64 takes
+about as long as linux/amd64 (nothing emulated). The times per platform are printed (-s) and asserted only against each other."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import time
 import pytest
 
 from helpers import carry
-from test_locked_image import PLATFORMS, cold, project, registry, services  # noqa: F401 - the shared fixtures
+from lib.lockedvllm import PLATFORMS
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
 
-def test_verify_proves_both_platforms_of_the_real_vllm_image(project, cold):  # noqa: F811
-    config, env, name, _ = project
+def test_verify_proves_both_platforms_of_the_real_vllm_image(locked_vllm, cold_vllm):
+    config, env, name, _ = locked_vllm
     ref = f"{name}:20261201.1"
     seconds = {}
     for platform in PLATFORMS:

@@ -18,8 +18,8 @@ VERSION_FILE = "vllm/_version.py"
 
 
 @pytest.fixture(scope="module")
-def history(tmp_path_factory) -> dict:
-    return realvllm.build(tmp_path_factory.mktemp("vllm-history"))
+def history(vllm_history) -> dict:
+    return vllm_history  # the run's history (tests/conftest.py)
 
 
 def git(repo: str, *args: str) -> str:

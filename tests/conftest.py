@@ -1,0 +1,193 @@
+"""Session fixtures: each expensive thing the suite needs is made once per run and shared (docs/testing.md says how
+to use them). The helpers behind them are in tests/lib/.
+
+- `vllm_history`: the real vLLM history (examples/vllm/make_upstream.py), {"path", "refs"}; read it, never write it.
+- `fixed_wheels`: examples/vllm's two fixed wheels and the carry cache they were built in (lib.vllm.FixedWheels);
+  take `fixed_wheels.cache_copy(dest)` (hard links) as your CARRY_CACHE to have them reused.
+- `locked_vllm`, `cold_vllm`: examples/vllm locked and its image pushed cold, both platforms (lib.lockedvllm); a test
+  that changes the project or the pushed tags is marked `late`, so that it runs after every reader.
+- `installed_carry`: carry's wheel installed into a fresh venv (lib.installed.Installed).
+- `second_engine`: a second, empty dockerd with the four base images (tests/secondengine.py); call `.empty()` first.
+
+With pytest-xdist, a session fixture runs once per worker: the ones made on disk go through lib.shared.once (one
+worker makes, the others wait and read), and every test that pushes to the registry, uses the shared redis or the
+second engine, or times what it runs is in one worker group (`SERIAL_MODULES`, for `--dist loadgroup`).
+
+No test writes into the user's carry cache: CARRY_CACHE defaults to a directory of this run (a test sets its own as
+before), CARRY_DOWNLOADS to the machine's download store (the real releases are downloaded once per machine).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from lib import shared
+
+# xdist groups (--dist loadgroup): every test of these modules runs in one worker, one after another: what pushes to
+# the registry (a removed repository's blobs are deleted: a push beside it could lose one), uses the shared redis or
+# the second engine, holds the disk peak of the vLLM image, or compares the times of what it runs (test_verify_vllm,
+# test_verify_locked). Every other test may run beside them, Docker builds and runs included (the engine takes them
+# side by side; no test prunes the main engine).
+SERIAL = "engine"
+SERIAL_MODULES = {
+    "test_image",
+    "test_image_cache",
+    "test_locked_image",
+    "test_registry",
+    "test_remote_cache",
+    "test_secrets",
+    "test_verify_locked",
+    "test_verify_vllm",
+}
+
+
+# `slow` (left out of the developers' fast loop, `-m "not slow"`): every test that uses one of these fixtures builds
+# or installs something real (minutes), besides the tests marked slow by hand.
+SLOW_FIXTURES = {"vllm_history", "fixed_wheels", "locked_vllm", "cold_vllm", "installed_carry", "second_engine"}
+SLOW_MODULE_FIXTURES = {
+    "test_buildenv": {"vllm_env"},  # vLLM's real build environment: PyPI's CUDA torch from uv's cache
+    "test_lock": {"project"},  # resolves with uv against the runtime bases, both platforms
+    "test_verify_locked": {"setup"},  # builds and pushes locked images for both platforms
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into the node ids
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__ if item.module else ""
+        names = set(getattr(item, "fixturenames", ()))
+        if names & (SLOW_FIXTURES | SLOW_MODULE_FIXTURES.get(module, set())) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+        if module in SERIAL_MODULES and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(SERIAL))
+    # the first test outside the engine group that needs the fixed wheels runs first: its worker builds them while the
+    # engine group builds its images, and the cold vLLM image finds them made (they were on its critical path)
+    first = next(
+        (
+            item
+            for item in items
+            if "fixed_wheels" in getattr(item, "fixturenames", ())
+            and (item.module.__name__ if item.module else "") not in SERIAL_MODULES
+        ),
+        None,
+    )
+    if first is not None:
+        items.remove(first)
+        items.insert(0, first)
+    # a test marked `late` changes a shared session thing: after every other test (stable: the order stays)
+    items.sort(key=lambda item: item.get_closest_marker("late") is not None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _carry_cache_of_this_run(tmp_path_factory):
+    """CARRY_CACHE: this run's own unless set; CARRY_DOWNLOADS: the machine's store unless set."""
+    saved = {key: os.environ.get(key) for key in ("CARRY_CACHE", "CARRY_DOWNLOADS")}
+    if not saved["CARRY_DOWNLOADS"]:
+        users = Path(saved["CARRY_CACHE"] or Path.home() / ".cache" / "carry")
+        os.environ["CARRY_DOWNLOADS"] = str(users / "downloads")
+    if not saved["CARRY_CACHE"]:
+        root = shared.run_root(tmp_path_factory) / "carry-cache"
+        root.mkdir(exist_ok=True)
+        os.environ["CARRY_CACHE"] = str(root)
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def vllm_history(tmp_path_factory) -> dict:
+    from lib import vllm
+
+    return shared.once(tmp_path_factory, "vllm-history", vllm.make_history)
+
+
+@pytest.fixture(scope="session")
+def fixed_wheels(tmp_path_factory, vllm_history):
+    from lib import vllm
+
+    found = shared.once(
+        tmp_path_factory, "vllm-fixed-wheels", lambda d: vllm.make_fixed_wheels(d, vllm_history["path"])
+    )
+    return vllm.FixedWheels.from_json(found)
+
+
+@pytest.fixture(scope="session")
+def vllm_services():
+    import dockerenv
+
+    return dockerenv.require()
+
+
+@pytest.fixture(scope="session")
+def vllm_registry(vllm_services):
+    from lib.lockedvllm import Registry
+
+    found = Registry(vllm_services)
+    yield found
+    found.remove()
+
+
+@pytest.fixture(scope="session")
+def locked_vllm(tmp_path_factory, vllm_services, vllm_registry, vllm_history, fixed_wheels):
+    """(config, env, name, root) of examples/vllm locked, its image section pushing to the test registry."""
+    from lib import lockedvllm
+
+    root = tmp_path_factory.mktemp("locked")
+    return lockedvllm.locked_project(root, vllm_services, vllm_registry, vllm_history["path"], fixed_wheels)
+
+
+@pytest.fixture(scope="session")
+def cold_vllm(locked_vllm):
+    """(the JSON `image --push` printed, its Result): both platforms pushed cold and smoke-tested."""
+    from lib import lockedvllm
+
+    return lockedvllm.cold(locked_vllm)
+
+
+@pytest.fixture(scope="session")
+def installed_carry(tmp_path_factory):
+    from lib import installed
+
+    found = shared.once(tmp_path_factory, "installed-carry", lambda d: installed.install(d).to_json())
+    return installed.Installed.from_json(found)
+
+
+@pytest.fixture(scope="session")
+def second_engine():
+    """A second dockerd with only the four base images (empty it before use: `second_engine.empty()`)."""
+    import dockerenv
+    import secondengine
+
+    env = dockerenv.require()
+    problem = secondengine.problem()
+    if problem:
+        pytest.fail(problem) if dockerenv.in_ci() else pytest.skip(problem)
+    bases = (env.build_base, env.runtime_base, env.build_base_arm64, env.runtime_base_arm64)
+    with secondengine.started(bases, env.docker_host) as engine:
+        yield engine
+
+
+# Seconds per module (setups, calls and teardowns of its tests), printed after the slowest tests: what each module
+# costs against its budget (docs/testing.md). Under pytest-xdist the reports reach the controller, which prints it.
+_MODULE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    module = report.nodeid.split("::", 1)[0]
+    _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + getattr(report, "duration", 0.0)
+
+
+@pytest.hookimpl(trylast=True)  # after the slowest tests
+def pytest_terminal_summary(terminalreporter, config):
+    if os.environ.get("PYTEST_XDIST_WORKER") or not _MODULE_SECONDS:
+        return
+    terminalreporter.write_sep("=", "seconds per module (budgets: docs/testing.md)")
+    for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda pair: -pair[1]):
+        if seconds >= 1:
+            terminalreporter.write_line(f"{seconds:8.1f}s {module}")
