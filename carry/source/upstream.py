@@ -248,6 +248,21 @@ def merge_base(
     return found, ()
 
 
+def first_parents(config: Config, cache: Cache, mirror: Path, start: str, count: int) -> tuple[str, ...]:
+    """Up to `count` commits of `start`'s first-parent history, `start` first; a shallow mirror whose history ends
+    sooner is deepened once by what is missing (upstream unreachable: what the mirror has)."""
+    found = git.rev_list(mirror, "--first-parent", f"--max-count={count}", start)
+    if len(found) >= count or not found or found[-1] not in git.shallow_commits(mirror):
+        return tuple(found)
+    with cache.lock(mirror.name):
+        git.clear_stale_locks(mirror)
+        try:
+            git.fetch(mirror, config.upstream.url, start, extra=(f"--deepen={count - len(found) + 1}",))
+        except git.GitError:
+            return tuple(found)
+    return tuple(git.rev_list(mirror, "--first-parent", f"--max-count={count}", start))
+
+
 def update_pin(config: Config, new_commit: str) -> None:
     """Rewrite only `upstream.commit` in build.yaml, keeping comments and layout."""
     text = config.path.read_text()
