@@ -194,7 +194,7 @@ class Session:
         from carry.wheelbuild import nightly, pins
 
         nightly.Index.of(self.config)  # no nightly block, an unset ${NAME}: bad input before any work
-        checked = self._checked(progress)
+        checked = self.check()
         if checked.report.tree is None:
             raise Failed("the series does not apply; run `check` for details")
 

@@ -225,14 +225,15 @@ def pin(
     """Discover (for `commit`, default upstream.commit, whose patched tree is `tree`), download and prove each
     platform's wheel; then, unless `check`, write the pins (refusing a file whose sha256 changed on the server)."""
     found = discover(config, cache, mirror, commit or config.upstream.commit, tree)
-    fetched = tuple(fetch(config, cache, found, say))
+    fetched = []
+    for each in fetch(config, cache, found, say):
+        if each.tampered and not check:
+            raise Failed(each.refusal())
+        fetched.append(each)
     if check:
-        return Pinned(found, fetched, False)
-    tampered = [f.refusal() for f in fetched if f.tampered]
-    if tampered:
-        raise Failed("; ".join(tampered))
+        return Pinned(found, tuple(fetched), False)
     written = write(config.path, {f.platform: f.fields() for f in fetched})
-    return Pinned(found, fetched, written)
+    return Pinned(found, tuple(fetched), written)
 
 
 def repin(
