@@ -76,6 +76,49 @@ def appended(repo: Path, commit_sha: str, path: str, line: str) -> bytes:
     return git(repo, "show", f"{commit_sha}:{path}").encode() + f"\n{line}\n".encode()
 
 
+def grow(repo: Path, sha: dict[str, str], pr: int) -> None:
+    """main grown from v0.33.0 (`sha` names v0.33.0; the new commits are added to it): A1, A2 (Python-only),
+    K (csrc/), A3 (Python-only); a PR commit off each of A1, A2, A3 (P1, P2, P3); refs/pull/`pr`/head at P2."""
+    when = int(git(repo, "show", "-s", "--format=%ct", sha["v0.33.0"])) + 86400
+
+    def on(parent: str, name: str, message: str, path: str, line: str) -> None:
+        files = {path: appended(repo, sha[parent], path, line)}
+        sha[name] = commit(repo, sha[parent], message, files, when + len(sha) * 3600)
+
+    on("v0.33.0", "A1", "logger: a comment (Python only)", "vllm/logger.py", "# replica: A1")
+    on("A1", "A2", "envs: a comment (Python only)", "vllm/envs.py", "# replica: A2")
+    on("A2", "K", "activation kernels: a comment (csrc/)", "csrc/activation_kernels.cu", "// replica: K")
+    on("K", "A3", "logger: another comment (Python only)", "vllm/logger.py", "# replica: A3")
+    for base, name in (("A1", "P1"), ("A2", "P2"), ("A3", "P3")):
+        note = {"vllm/carry_pr_note.py": f"NOTE = 'a Python-only PR on {base}'\n".encode()}
+        sha[name] = commit(repo, sha[base], f"[PR stand-in] a Python-only change on {base}", note, when + 20 * 3600)
+    git(repo, "update-ref", "refs/heads/main", sha["A3"])
+    git(repo, "update-ref", f"refs/pull/{pr}/head", sha["P2"])
+
+
+def nightly_block(variable: str, variant: str | None = "cu130") -> str:
+    """build.precompiled.nightly reading the index's root from $`variable`."""
+    lines = [
+        "    # Where `carry pin` finds the wheels: vLLM's per-commit index, its root from the environment.",
+        "    nightly:",
+        f"      index: ${{{variable}}}",
+        *([f"      variant: {variant}"] if variant else []),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def make_project(example: Path, root: Path, repo: Path, pin: str, pr: int, nightly: str) -> Path:
+    """examples/vllm (`example`) copied to `root` onto `repo` at `pin` (PR `pr`), its pins replaced by `nightly`."""
+    shutil.copytree(example, root, ignore=shutil.ignore_patterns("upstream.git", "__pycache__"))
+    config = root / "build.yaml"
+    text = config.read_text().replace("  url: upstream.git", f"  url: {repo}\n  pr: {pr}")
+    text = re.sub(r"  commit: [0-9a-f]{40}[^\n]*", f"  commit: {pin}", text)
+    text, count = re.subn(r"    # The wheels by name.*?\n(?=\nimage:)", nightly, text, flags=re.S)
+    assert count == 1
+    config.write_text(text)
+    return config
+
+
 # --- the wheels -----------------------------------------------------------------------------------------------
 
 
@@ -104,6 +147,17 @@ def reversion(src: Path, dest_dir: Path, version: str, extra: dict[str, bytes] |
     part = dest.with_name(dest.name + ".part")
     wheelzip.rewrite(src, part, changes, dist_info_as=new_info)
     os.replace(part, dest)
+    return dest
+
+
+def reuploaded(src: Path, dest_dir: Path) -> Path:
+    """`src` uploaded again under its name with other bytes, as a re-signing or rebuilding tool leaves it: the same
+    members, a zip comment added (a copy of the file and a new end record)."""
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / src.name
+    shutil.copyfile(src, dest)
+    with zipfile.ZipFile(dest, "a") as archive:
+        archive.comment = b"uploaded again"
     return dest
 
 

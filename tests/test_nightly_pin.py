@@ -16,7 +16,6 @@ then `wheel` for both platforms from what `pin` wrote, through pip from the repl
 from __future__ import annotations
 
 import dataclasses
-import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -70,31 +69,6 @@ class Replica:
         return sorted(p.name for p in (self.work / "store").rglob("*") if p.is_file() or p.name.startswith("."))
 
 
-def grow(repo: Path, sha: dict[str, str]) -> None:
-    """main grown from v0.33.0: A1, A2 (Python-only), K (csrc/), A3 (Python-only); a PR commit off A1, A2, A3."""
-    when = int(ni.git(repo, "show", "-s", "--format=%ct", sha["v0.33.0"])) + 86400
-
-    def on(parent: str, name: str, message: str, path: str, line: str) -> None:
-        sha[name] = ni.commit(
-            repo, sha[parent], message, {path: ni.appended(repo, sha[parent], path, line)}, when + len(sha) * 3600
-        )
-
-    on("v0.33.0", "A1", "logger: a comment (Python only)", "vllm/logger.py", "# replica: A1")
-    on("A1", "A2", "envs: a comment (Python only)", "vllm/envs.py", "# replica: A2")
-    on("A2", "K", "activation kernels: a comment (csrc/)", "csrc/activation_kernels.cu", "// replica: K")
-    on("K", "A3", "logger: another comment (Python only)", "vllm/logger.py", "# replica: A3")
-    for base, name in (("A1", "P1"), ("A2", "P2"), ("A3", "P3")):
-        sha[name] = ni.commit(
-            repo,
-            sha[base],
-            f"[PR stand-in] a Python-only change on {base}",
-            {"vllm/carry_pr_note.py": f"NOTE = 'a Python-only PR on {base}'\n".encode()},
-            when + 20 * 3600,
-        )
-    ni.git(repo, "update-ref", "refs/heads/main", sha["A3"])
-    ni.git(repo, "update-ref", f"refs/pull/{PR}/head", sha["P2"])
-
-
 @pytest.fixture(scope="module")
 def replica(tmp_path_factory):
     work = tmp_path_factory.mktemp("nightly")
@@ -102,7 +76,7 @@ def replica(tmp_path_factory):
     repo = work / "upstream.git"
     subprocess.run(["git", "clone", "--quiet", "--bare", "--shared", str(history), str(repo)], check=True)
     sha = {name: ni.git(repo, "rev-parse", f"v{name[1:]}^{{commit}}") for name in ("v0.32.0", "v0.33.0")}
-    grow(repo, sha)
+    ni.grow(repo, sha, PR)
     released = {X86: realvllm.path(realvllm.WHEEL_X86), ARM: realvllm.path(realvllm.WHEEL_ARM)}
     served = {("A1", "cu130", X86), ("A1", "cu130", ARM), ("A2", "cu130", X86), ("A2", "default", X86)}
     served |= {("A2", "default", ARM)}
@@ -126,24 +100,12 @@ def replica(tmp_path_factory):
             shutil.rmtree(work / part, ignore_errors=True)
 
 
-NIGHTLY = f"""\
-    # Where `carry pin` finds the wheels: vLLM's per-commit index, its root from the environment.
-    nightly:
-      index: ${{{VAR}}}
-      variant: cu130
-"""
+NIGHTLY = ni.nightly_block(VAR)
 
 
 def make_project(replica: Replica, root: Path, commit: str, nightly: str = NIGHTLY) -> Path:
     """examples/vllm copied onto the grown history at `commit` (PR 53899), its pins replaced by a nightly block."""
-    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("upstream.git", "__pycache__"))
-    config = root / "build.yaml"
-    text = config.read_text().replace("  url: upstream.git", f"  url: {replica.repo}\n  pr: {PR}")
-    text = re.sub(r"  commit: [0-9a-f]{40}[^\n]*", f"  commit: {replica.sha[commit]}", text)
-    text, count = re.subn(r"    # The wheels by name.*?\n(?=\nimage:)", nightly, text, flags=re.S)
-    assert count == 1
-    config.write_text(text)
-    return config
+    return ni.make_project(EXAMPLE, root, replica.repo, replica.sha[commit], PR, nightly)
 
 
 def run(config: Path, replica: Replica, *args: str, env: dict[str, str] | None = None) -> Result:
@@ -197,15 +159,13 @@ def test_both_platforms_at_the_merge_base(replica, at_base):
     written = config.read_text()
     block = written[written.index("    wheels:\n") : written.index("\nimage:")]
     assert written.replace(block, "") == before
-    assert "index: ${CARRY_TEST_NIGHTLY}" in written and "127.0.0.1" not in written  # no server's host written
-    # a rerun finds the same and rewrites no byte; --check says fresh, per platform, as `lock --check` does
+    assert "index: ${CARRY_TEST_NIGHTLY}" in written and replica.server.url not in written  # no host written
+    # a rerun finds the same and rewrites no byte (`pin --check`: below, with a file changed on the server)
     stamp = config.stat().st_mtime_ns
     again = run(config, replica, "pin")
     assert again.code == 0 and again.out.splitlines()[-1] == f"{config}: pins unchanged", again.out + again.err
     assert "(unchanged: the sha256 build.yaml pins)" in again.out and "trust on first use" not in again.err
     assert config.stat().st_mtime_ns == stamp
-    checked = run(config, replica, "pin", "--check")
-    assert (checked.code, checked.out) == (0, f"{X86}: fresh\n{ARM}: fresh\n"), checked.err
 
 
 @pytest.fixture(scope="module")
@@ -231,17 +191,6 @@ def test_a_platform_missing_at_the_merge_base_walks_to_the_nearest_ancestor_with
         f"against the patched tree when it is built"
     ) in result.err
     assert pins(config) == {X86: expected_pin(replica, "A2", X86), ARM: expected_pin(replica, "A1", ARM)}
-
-
-def test_the_default_variant_is_read_from_the_commits_own_pages(replica, tmp_path):
-    config = make_project(replica, tmp_path / "vllm", "P2", NIGHTLY.replace("      variant: cu130\n", ""))
-    result = run(config, replica, "pin")
-    assert result.code == 0, result.err
-    assert all("; variant default;" in line for line in result.out.splitlines()[:2]), result.out
-    assert pins(config) == {
-        X86: expected_pin(replica, "A2", X86, "default"),
-        ARM: expected_pin(replica, "A2", ARM, "default"),
-    }
 
 
 def test_only_wheels_behind_a_csrc_change_are_refused_naming_each_commit(replica, tmp_path):
@@ -301,21 +250,15 @@ def test_a_listed_wheel_that_is_missing_or_cut_short_is_one_line_and_nothing_wri
 
 
 def test_a_file_whose_hash_changed_on_the_server_after_pinning_is_refused(replica, at_base, tmp_path):
-    """A1's x86_64 wheel re-uploaded (the same name and version, other bytes): `pin` refuses, writing nothing, and
-    `pin --check` says stale; the other platform stays fresh."""
+    """A1's x86_64 wheel uploaded again (the same name and members, other bytes): `pin` refuses, writing nothing,
+    and `pin --check` says stale, per platform as `lock --check` does; the other platform is fresh."""
     pinned, _, _ = at_base
     project = tmp_path / "vllm"
     shutil.copytree(pinned.parent, project)
     config = project / "build.yaml"
     before = config.read_text()
     original = replica.wheels[("A1", "cu130", X86)]
-    rebuilt = ni.reversion(
-        realvllm.path(realvllm.WHEEL_X86),
-        tmp_path / "reupload",
-        replica.version("A1"),
-        {"vllm/third_party/REBUILT": b"uploaded again\n"},
-    )
-    assert rebuilt.name == original.name
+    rebuilt = ni.reuploaded(original, tmp_path / "reupload")
     from carry.util.download import sha256_of
 
     new, old = sha256_of(rebuilt), replica.sha256("A1")
@@ -386,14 +329,22 @@ def test_builds_need_the_pins_pin_writes(replica, tmp_path):
 
 
 def test_fetch_update_pin_moves_the_precompiled_pins_too(replica, tmp_path):
-    """The PR head moved from P1 to P2: `fetch --update-pin` runs the same discovery before it moves the pin."""
-    config = make_project(replica, tmp_path / "vllm", "P1")
+    """The PR head moved from P1 to P2: `fetch --update-pin` runs the same discovery before it moves the pin; with
+    no variant, the default variant's pages (`{index}/{C}/vllm/`), where A2 has both platforms."""
+    config = make_project(replica, tmp_path / "vllm", "P1", ni.nightly_block(VAR, variant=None))
     result = run(config, replica, "fetch", "--update-pin")
     assert result.code == 0, result.err
     loaded = yaml.safe_load(config.read_text())
     assert loaded["upstream"]["commit"] == replica.sha["P2"]
-    assert pins(config) == {X86: expected_pin(replica, "A2", X86), ARM: expected_pin(replica, "A1", ARM)}
-    assert f"1 commit(s) back from C {replica.sha['A2'][:12]}" in result.err and "different commits" in result.err
+    assert pins(config) == {
+        X86: expected_pin(replica, "A2", X86, "default"),
+        ARM: expected_pin(replica, "A2", ARM, "default"),
+    }
+    a2 = replica.sha["A2"]
+    assert f"{ARM}: vllm=={replica.version('A2', 'default', ARM)} at C {a2[:12]} (the merge-base" in result.err
+    assert "; variant default;" in result.err and f"pin moved {replica.sha['P1'][:12]} -> {replica.sha['P2']}" in (
+        result.err
+    )
 
 
 def test_refresh_onto_a_base_without_fitting_wheels_changes_nothing(replica, tmp_path):

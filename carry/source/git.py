@@ -213,6 +213,13 @@ def add_shallow(repo: Path, sha: str) -> None:
         shallow.write_text("".join(f"{c}\n" for c in [*current, sha]))
 
 
+def changed_paths(repo: Path, commit: str, tree: str, globs: tuple[str, ...]) -> list[str]:
+    """The paths matching `globs` that differ between `commit`'s tree and `tree` (tree ids compared: no checkout)."""
+    pathspecs = [f":(glob){glob}" for glob in globs]
+    out = run(repo, "diff", "--name-only", "--no-renames", f"{commit}^{{tree}}", tree, "--", *pathspecs)
+    return [line for line in out.splitlines() if line]
+
+
 def settle_shallow(repo: Path) -> bool:
     """Unmark the shallow boundaries whose parents a later fetch brought (git keeps them marked, and then takes them
     for roots: a pin fetched at depth 1 whose parent came with main has no merge base with it, and no --deepen

@@ -23,6 +23,7 @@ import json
 import re
 import shutil
 import tempfile
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable
@@ -227,9 +228,16 @@ def _request(url: str):
     return urllib.request.Request(indexes.public(url), headers=headers)
 
 
-def download(entry: Entry, store: Store, say: Callable[[str], None]) -> tuple[Path, str]:
+class Stopped(Failed):
+    """A download stopped because another one failed."""
+
+
+def download(
+    entry: Entry, store: Store, say: Callable[[str], None], stop: threading.Event | None = None
+) -> tuple[Path, str]:
     """`entry`'s wheel in the download store and its sha256, hashed as it streams; Failed, keeping nothing, for a
-    404 (a listed wheel that is not there) or a body shorter than the length the server announced."""
+    404 (a listed wheel that is not there) or a body shorter than the length the server announced (`stop` set:
+    Stopped, keeping nothing)."""
     import http.client
     import urllib.error
     import urllib.request
@@ -251,6 +259,8 @@ def download(entry: Entry, store: Store, say: Callable[[str], None]) -> tuple[Pa
             announced = response.headers.get("Content-Length")
             try:
                 while chunk := response.read(CHUNK):
+                    if stop is not None and stop.is_set():
+                        raise Stopped(f"{entry.filename}: stopped, another download failed")
                     digest.update(chunk)
                     handle.write(chunk)
                     size += len(chunk)

@@ -29,7 +29,6 @@ from pathlib import Path
 
 import yaml
 
-from carry.binaries import wheelzip
 from carry.config import Config, PrecompiledWheel
 from carry.platforms import Platform
 from carry.source import apply, git, series, upstream
@@ -38,7 +37,6 @@ from carry.util.download import Store
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text
 from carry.wheelbuild import nightly
-from carry.wheelbuild.precompiled import changed_inputs
 
 FIELDS = ("requirement", "index", "sha256", "ref")
 SHOWN = 10  # refused commits named one by one in a failure (runs of the same reason are joined)
@@ -225,15 +223,11 @@ def pin(
     """Discover (for `commit`, default upstream.commit, whose patched tree is `tree`), download and prove each
     platform's wheel; then, unless `check`, write the pins (refusing a file whose sha256 changed on the server)."""
     found = discover(config, cache, mirror, commit or config.upstream.commit, tree)
-    fetched = []
-    for each in fetch(config, cache, found, say):
-        if each.tampered and not check:
-            raise Failed(each.refusal())
-        fetched.append(each)
+    fetched = fetch(config, cache, found, say, refuse_changed=not check)
     if check:
-        return Pinned(found, tuple(fetched), False)
+        return Pinned(found, fetched, False)
     written = write(config.path, {f.platform: f.fields() for f in fetched})
-    return Pinned(found, tuple(fetched), written)
+    return Pinned(found, fetched, written)
 
 
 def repin(
@@ -283,7 +277,7 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
         pending = [platform for platform in wanted if platform not in found]
         if not pending:
             break
-        changed = changed_inputs(mirror, candidate, tree, inputs)
+        changed = git.changed_paths(mirror, candidate, tree, inputs)
         if changed:
             reason = f"inputs differ at {changed[0]}" + (f" and {len(changed) - 1} more" if len(changed) > 1 else "")
             for platform in pending:
@@ -392,19 +386,44 @@ def _failure(platform: Platform, index: nightly.Index, base: str, walked: int, r
 # --- download and proof ------------------------------------------------------------------------------------------
 
 
-def fetch(config: Config, cache: Cache, discovery: Discovery, say: Callable[[str], None]):
-    """Each found wheel downloaded into the store, hashed, its commit proven from its own version."""
+def fetch(
+    config: Config, cache: Cache, discovery: Discovery, say: Callable[[str], None], refuse_changed: bool = True
+) -> tuple[Fetched, ...]:
+    """Each found wheel downloaded into the store (all at once; when one fails, the others stop and keep nothing)
+    and hashed; a file whose sha256 changed since it was pinned is refused (`refuse_changed`) before anything else;
+    then its commit is proven from its own version."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
     store = Store.from_env(cache.root)
     settings = config.build.precompiled
-    for found in discovery.found:
-        path, sha = nightly.download(found.entry, store, say)
-        yield Fetched(found, path, sha, _prove(found, path), settings.wheel_for(found.platform))
+    stop = threading.Event()
+
+    def one(found: Found) -> Fetched:
+        try:
+            path, sha = nightly.download(found.entry, store, say, stop)
+            fetched = Fetched(found, path, sha, "", settings.wheel_for(found.platform))
+            if refuse_changed and fetched.tampered:
+                raise Failed(fetched.refusal())
+            return dataclasses.replace(fetched, proof=_prove(found, path))
+        except BaseException:
+            stop.set()
+            raise
+
+    with ThreadPoolExecutor(len(discovery.found) or 1) as pool:
+        futures = [pool.submit(one, found) for found in discovery.found]
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    if failed:
+        raise next((e for e in failed if not isinstance(e, nightly.Stopped)), failed[0])
+    return tuple(future.result() for future in futures)
 
 
 def _prove(found: Found, path: Path) -> str:
     """The wheel names the commit it was found at: its METADATA's version is the file name's, that version's
     `+g<sha>` is the commit's, and its tags are the platform's."""
     from packaging.version import InvalidVersion, Version
+
+    from carry.binaries import wheelzip
 
     try:
         with zipfile.ZipFile(path) as archive:

@@ -317,9 +317,7 @@ def _commit(config: Config, cache: Cache, mirror: Path, ref: str) -> str:
 
 def changed_inputs(mirror: Path, commit: str, tree: str, inputs: tuple[str, ...]) -> list[str]:
     """The compiled inputs that differ between `commit` and the patched `tree`."""
-    pathspecs = [f":(glob){glob}" for glob in inputs]
-    out = git.run(mirror, "diff", "--name-only", "--no-renames", f"{commit}^{{tree}}", tree, "--", *pathspecs)
-    return [line for line in out.splitlines() if line]
+    return git.changed_paths(mirror, commit, tree, inputs)
 
 
 def _inputs_differ(changed: list[str], ref: str, series: Series) -> str:
