@@ -305,11 +305,12 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
                 index.variant_name,
                 alias,
             )
-    failures = [
-        _failure(platform, index, base, len(history), refused[platform]) for platform in wanted if platform not in found
-    ]
-    if failures:
-        raise Failed("; ".join(failures))
+    missing: dict[tuple[Refused, ...], list[Platform]] = {}  # platforms refused for the same reasons: one clause
+    for platform in wanted:
+        if platform not in found:
+            missing.setdefault(tuple(refused[platform]), []).append(platform)
+    if missing:
+        raise Failed("; ".join(_failure(named, index, base, len(history), why) for why, named in missing.items()))
     for each in found.values():
         index.check_page(each.commit, each.entry)
     return Discovery(commit, base, tuple(found[platform] for platform in wanted), (*notes, *more))
@@ -373,13 +374,15 @@ def summary(refused: tuple[Refused, ...] | list[Refused]) -> str:
     return "; ".join(parts)
 
 
-def _failure(platform: Platform, index: nightly.Index, base: str, walked: int, refused: list[Refused]) -> str:
+def _failure(
+    platforms: list[Platform], index: nightly.Index, base: str, walked: int, refused: tuple[Refused, ...]
+) -> str:
     end = "" if walked >= index.max_walk else ", where the history ends"
     return (
-        f"{platform} (variant {index.variant_name}): no precompiled wheel in {len(refused)} commit(s) of main's "
-        f"first-parent history from C {base[:12]} (max_walk {index.max_walk}{end}): {summary(refused)}; nothing was "
-        f"written, and no other variant's or platform's wheel is taken: pin again once the index has one, or build "
-        f"from source (wheel --from-source)"
+        f"{', '.join(map(str, platforms))} (variant {index.variant_name}): no precompiled wheel in {len(refused)} "
+        f"commit(s) of main's first-parent history from C {base[:12]} (max_walk {index.max_walk}{end}): "
+        f"{summary(refused)}; nothing was written, and no other variant's or platform's wheel is taken: pin again "
+        f"once the index has one, or build from source (wheel --from-source)"
     )
 
 
