@@ -247,7 +247,14 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
         pass
 
     def copyfile(self, source, outputfile):  # zero-copy, as a CDN serves: the client's side is what is measured
-        self.connection.sendfile(source)
+        link = self.server.link  # type: ignore[attr-defined]
+        if link is None:
+            self.connection.sendfile(source)
+            return
+        offset = 0
+        while sent := self.connection.sendfile(source, offset, link.CHUNK):
+            offset += sent
+            link.take(sent)
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
@@ -281,15 +288,38 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             super().do_GET()
 
 
+class Link:
+    """A client's network link of `rate` bytes a second, shared by every connection (a token bucket)."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, rate: float):
+        self.rate = rate
+        self._lock = threading.Lock()
+        self._free_at = 0.0  # when the link has sent everything asked of it so far
+
+    def take(self, size: int) -> None:
+        import time
+
+        with self._lock:
+            now = time.monotonic()
+            self._free_at = max(self._free_at, now) + size / self.rate
+            wait = self._free_at - now
+        if wait > 0:
+            time.sleep(wait)
+
+
 class Server(http.server.ThreadingHTTPServer):
     """The replica on 127.0.0.1 (a free port): `url`; `faults` maps a URL path (or a prefix ending in '*') to
-    '404', 'truncate', 'html', or a file served in its place."""
+    '404', 'truncate', 'html', or a file served in its place; `rate` (bytes a second) paces every file sent, as a
+    client's link would, shared by all connections (None: as fast as loopback goes)."""
 
     daemon_threads = True
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, rate: float | None = None):
         self.root = root
         self.faults: dict[str, str | Path] = {}
+        self.link = Link(rate) if rate else None
         super().__init__(("127.0.0.1", 0), lambda *a, **k: _Handler(*a, directory=str(root), **k))
         self._thread = threading.Thread(target=self.serve_forever, daemon=True)
         self._thread.start()
