@@ -176,3 +176,25 @@ def test_pins_are_written_in_place_whatever_shape_the_file_has(tmp_path, wheels)
     loaded = configuration.load(path)
     assert loaded.build.precompiled.wheel_for(ARM).pinned.index == "${IDX}/" + C + "/cu130/"
     assert pins.write(path, wanted) is False and path.read_text() == written  # the same pins: no byte rewritten
+
+
+def test_a_shallow_boundary_whose_parent_came_later_is_settled(tmp_path):
+    """A pin fetched at depth 1 stays marked shallow after main brings its parent: git then finds no merge base
+    (no --deepen changes it) until the mark is dropped (git.settle_shallow; upstream.merge_base does it)."""
+    from carry.source import git
+    from helpers import Upstream
+    from helpers import git as run_git
+
+    upstream = Upstream.create(tmp_path / "upstream", {"a.py": "a = 1\n"})
+    base = upstream.commit("base", {"a.py": "a = 2\n"})
+    run_git(upstream.path, "checkout", "-q", "-b", "pr")
+    pr = upstream.commit("pr", {"b.py": "b = 1\n"})
+    run_git(upstream.path, "checkout", "-q", "main")
+    mirror = tmp_path / "mirror.git"
+    git.init_bare(mirror)
+    git.fetch(mirror, str(upstream.path), pr, depth=1)
+    git.fetch(mirror, str(upstream.path), "+refs/heads/main:refs/heads/main")
+    assert git.shallow_commits(mirror) == {pr} and git.merge_base(mirror, pr, base) is None
+    assert git.settle_shallow(mirror) is True
+    assert git.shallow_commits(mirror) == set() and git.merge_base(mirror, pr, base) == base
+    assert git.settle_shallow(mirror) is False
