@@ -205,7 +205,10 @@ def publish(root: Path, commit_sha: str, wheels: list[Path]) -> Path:
     base.mkdir(parents=True, exist_ok=True)
     for wheel in wheels:
         if not (base / wheel.name).exists():
-            os.link(wheel, base / wheel.name)
+            try:
+                os.link(wheel, base / wheel.name)
+            except OSError:  # another filesystem
+                shutil.copyfile(wheel, base / wheel.name)
     by_variant: dict[str, list[dict]] = {}
     for name in sorted(p.name for p in base.glob("*.whl")):
         info = _parse(name)

@@ -6,7 +6,7 @@ sdists as git, examples/vllm/make_upstream.py) grown on main:
                               \\     \\        \\
     PRs                         P1    P2       P3        each a Python-only commit off its merge-base
 
-    the index   A1: cu130 x86_64 + aarch64      A2: cu130 x86_64 only; the default variant x86_64 + aarch64
+    the index   v0.33.0: the release's own wheels (default variant)   A1: cu130 x86_64 + aarch64   A2: cu130 x86_64
 
 Found at the merge-base, walked back to an ancestor with identical compiled inputs, refused (csrc/, an absent
 variant, 404, a truncated download, a file changed on the server), bad input, the commands that move the pin, and
@@ -78,18 +78,19 @@ def replica(tmp_path_factory):
     sha = {name: ni.git(repo, "rev-parse", f"v{name[1:]}^{{commit}}") for name in ("v0.32.0", "v0.33.0")}
     ni.grow(repo, sha, PR)
     released = {X86: realvllm.path(realvllm.WHEEL_X86), ARM: realvllm.path(realvllm.WHEEL_ARM)}
-    served = {("A1", "cu130", X86), ("A1", "cu130", ARM), ("A2", "cu130", X86), ("A2", "default", X86)}
-    served |= {("A2", "default", ARM)}
+    served = sorted({("A1", "cu130", X86), ("A1", "cu130", ARM), ("A2", "cu130", X86)})
     distance = {"A1": 1, "A2": 2}
 
     def made(key: tuple[str, str, str]) -> Path:
         name, variant, platform = key
-        version = ni.nightly_version("0.33.1", distance[name], sha[name], None if variant == "default" else variant)
+        version = ni.nightly_version("0.33.1", distance[name], sha[name], variant)
         return ni.reversion(released[platform], work / "wheels" / name, version)
 
     with ThreadPoolExecutor(2) as pool:  # file copies, mostly
-        wheels = dict(zip(sorted(served), pool.map(made, sorted(served))))
-    for name in ("A1", "A2"):
+        wheels = dict(zip(served, pool.map(made, served)))
+    # v0.33.0 is a tagged commit on main: its wheels are the release's own files (version 0.33.0, default variant)
+    wheels |= {("v0.33.0", "default", platform): path for platform, path in released.items()}
+    for name in ("v0.33.0", "A1", "A2"):
         ni.publish(work / "index", sha[name], [path for key, path in wheels.items() if key[0] == name])
     server = ni.Server(work / "index")
     try:
@@ -210,14 +211,14 @@ def test_only_wheels_behind_a_csrc_change_are_refused_naming_each_commit(replica
     assert config.read_text() == before and replica.stored() == stored
 
 
-@pytest.mark.parametrize("variant", ["cu131", None])
-def test_an_absent_variant_is_refused_never_substituted(replica, tmp_path, variant):
-    block = NIGHTLY.replace("cu130", variant) if variant else NIGHTLY.replace("      variant: cu130\n", "")
-    config = make_project(replica, tmp_path / "vllm", "P1", block)
+def test_an_absent_variant_is_refused_never_substituted(replica, tmp_path):
+    """cu131 at no commit: refused, never cu130 (A1 has it) nor the default variant (v0.33.0 has it)."""
+    variant = "cu131"
+    config = make_project(replica, tmp_path / "vllm", "P1", NIGHTLY.replace("cu130", variant))
     before, stored = config.read_text(), replica.stored()
     result = run(config, replica, "pin")
     assert result.code == 1, result.err
-    line, s, name = error_line(result), replica.sha, variant or "default"
+    line, s, name = error_line(result), replica.sha, variant
     assert (
         f"{X86}, {ARM} (variant {name}): no precompiled wheel in 3 commit(s) of main's first-parent history from C "
         f"{s['A1'][:12]} (max_walk 50, where the history ends): {s['A1'][:12]}: no {name} wheels (404; C's index "
@@ -328,22 +329,38 @@ def test_builds_need_the_pins_pin_writes(replica, tmp_path):
 
 
 def test_fetch_update_pin_moves_the_precompiled_pins_too(replica, tmp_path):
-    """The PR head moved from P1 to P2: `fetch --update-pin` runs the same discovery before it moves the pin; with
-    no variant, the default variant's pages (`{index}/{C}/vllm/`), where A2 has both platforms."""
-    config = make_project(replica, tmp_path / "vllm", "P1", ni.nightly_block(VAR, variant=None))
+    """The PR head moved from P1 to P2: `fetch --update-pin` runs the same discovery before it moves the pin."""
+    config = make_project(replica, tmp_path / "vllm", "P1")
     result = run(config, replica, "fetch", "--update-pin")
     assert result.code == 0, result.err
-    loaded = yaml.safe_load(config.read_text())
-    assert loaded["upstream"]["commit"] == replica.sha["P2"]
+    assert yaml.safe_load(config.read_text())["upstream"]["commit"] == replica.sha["P2"]
+    assert pins(config) == {X86: expected_pin(replica, "A2", X86), ARM: expected_pin(replica, "A1", ARM)}
+    assert f"1 commit(s) back from C {replica.sha['A2'][:12]}" in result.err and "different commits" in result.err
+    assert f"pin moved {replica.sha['P1'][:12]} -> {replica.sha['P2']}" in result.err
+
+
+def test_a_release_at_a_tagged_merge_base_is_proven_by_its_tag(replica, tmp_path):
+    """The default variant's pages (`{index}/{C}/vllm/`): A1 has none, so both platforms walk back to v0.33.0, a
+    tagged commit whose wheels are the release's own (version 0.33.0, proven by the tag): the pins examples/vllm
+    writes by hand, found."""
+    config = make_project(replica, tmp_path / "vllm", "P1", ni.nightly_block(VAR, variant=None))
+    result = run(config, replica, "pin")
+    assert result.code == 0, result.err
+    a1, tagged = replica.sha["A1"], replica.sha["v0.33.0"]
+    for line in result.out.splitlines()[:2]:
+        assert (
+            f"==0.33.0 at {tagged[:12]}, 1 commit(s) back from C {a1[:12]} along main ({a1[:12]}: no default wheels "
+            f"(404; C's index has: cu130)); its compiled inputs are the patched tree's; variant default; version "
+            f"0.33.0 is tag v0.33.0 = {tagged[:12]}; sha256 "
+        ) in line, line
     assert pins(config) == {
-        X86: expected_pin(replica, "A2", X86, "default"),
-        ARM: expected_pin(replica, "A2", ARM, "default"),
+        X86: expected_pin(replica, "v0.33.0", X86, "default"),
+        ARM: expected_pin(replica, "v0.33.0", ARM, "default"),
     }
-    a2 = replica.sha["A2"]
-    assert f"{ARM}: vllm=={replica.version('A2', 'default', ARM)} at C {a2[:12]} (the merge-base" in result.err
-    assert "; variant default;" in result.err and f"pin moved {replica.sha['P1'][:12]} -> {replica.sha['P2']}" in (
-        result.err
-    )
+    by_hand = yaml.safe_load((EXAMPLE / "build.yaml").read_text())["build"]["precompiled"]["wheels"]
+    assert {p: (w["requirement"], w["sha256"]) for p, w in pins(config).items()} == {
+        p: (w["requirement"], w["sha256"]) for p, w in by_hand.items()
+    }
 
 
 def test_refresh_onto_a_base_without_fitting_wheels_changes_nothing(replica, tmp_path):

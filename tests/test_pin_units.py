@@ -89,7 +89,7 @@ def test_an_index_from_the_environment(monkeypatch):
     [
         ("vllm-0.11.2.dev278+gdbc3d9991-cp38-abi3-manylinux1_x86_64.whl", ("dbc3d9991", None)),
         ("vllm-0.11.1rc8.dev14+gaa384b3c0.cu130-cp38-abi3-manylinux1_x86_64.whl", ("aa384b3c0", "cu130")),
-        ("vllm-0.10.2rc2+cu129-cp38-abi3-manylinux2014_aarch64.whl", (None, None)),
+        ("vllm-0.10.2rc2+cu129-cp38-abi3-manylinux2014_aarch64.whl", (None, "cu129")),
         ("vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl", (None, None)),
     ],
 )
@@ -104,17 +104,24 @@ def entry(version: str, tag: str = "manylinux_2_28_x86_64") -> nightly.Entry:
 
 
 def test_a_listed_wheel_must_be_this_commits_of_this_variant():
-    assert pins._not_this(entry(f"0.33.1.dev1+g{C[:9]}.cu130"), C, "cu130") is None
-    assert pins._not_this(entry(f"0.33.1.dev1+g{C[:9]}"), C, None) is None
-    assert pins._not_this(entry(f"0.33.1.dev1+g{C[:9]}"), C, "cu130") is None  # an alias of the default
-    assert "a wheel of variant cu129, on the cu130 variant's page" in pins._not_this(
-        entry(f"0.33.1.dev1+g{C[:9]}.cu129"), C, "cu130"
-    )
-    assert "a wheel of variant cu130, on the default variant's page" in pins._not_this(
-        entry(f"0.33.1.dev1+g{C[:9]}.cu130"), C, None
-    )
-    assert "names commit 4573200f1, not this one" in pins._not_this(entry("0.33.1.dev1+g4573200f1"), C, None)
-    assert "names no commit" in pins._not_this(entry("0.33.1.dev1"), C, None)
+    def tagged(release: str) -> tuple[str, str | None]:
+        return {"0.33.0": ("v0.33.0", C), "0.32.0": ("v0.32.0", "d534f23b" * 5)}.get(release, (f"v{release}", None))
+
+    def names(version: str, variant: str | None) -> tuple[str, str | None]:
+        return pins._names(entry(version), C, variant, tagged)
+
+    assert names(f"0.33.1.dev1+g{C[:9]}.cu130", "cu130") == (f"commit {C[:9]}", None)
+    assert names(f"0.33.1.dev1+g{C[:9]}", None) == (f"commit {C[:9]}", None)
+    assert names(f"0.33.1.dev1+g{C[:9]}", "cu130") == (f"commit {C[:9]}", None)  # an alias of the default
+    assert names("0.33.0", None) == ("tag v0.33.0", None)  # a release built at its tagged commit
+    assert names("0.33.0+cu130", "cu130") == ("tag v0.33.0", None)
+    assert "a wheel of variant cu129, on the cu130 variant's page" in names(f"0.33.1.dev1+g{C[:9]}.cu129", "cu130")[1]
+    assert "a wheel of variant cu130, on the default variant's page" in names(f"0.33.1.dev1+g{C[:9]}.cu130", None)[1]
+    assert "a wheel of variant cu130, on the default variant's page" in names("0.33.0+cu130", None)[1]
+    assert "names commit 4573200f1, not this one" in names("0.33.1.dev1+g4573200f1", None)[1]
+    assert "names no commit (+g<sha>) and no release" in names("0.33.1.dev1", None)[1]
+    assert "the release 0.32.0, whose tag v0.32.0 is commit d534f23bd534, not this commit" in names("0.32.0", None)[1]
+    assert "the release 0.34.0, whose tag v0.34.0 is not upstream" in names("0.34.0", None)[1]
 
 
 def test_the_wheel_pip_would_take_for_a_platform():

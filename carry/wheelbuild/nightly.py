@@ -60,16 +60,29 @@ class Entry:
         return Platform.from_wheel_tag(self.platform_tag)
 
     def names(self) -> tuple[str | None, str | None]:
-        """(the commit prefix its version names, the variant after it): (None, None) when it names no commit."""
+        """(the commit prefix its version names, the variant after it): `0.33.1.dev12+g1a2b3c4d5.cu130` gives
+        ('1a2b3c4d5', 'cu130'); a release's `0.33.0+cu130` (built at a tagged commit) (None, 'cu130')."""
         from packaging.version import InvalidVersion, Version
 
         try:
             local = Version(self.version).local or ""
         except InvalidVersion:
             return None, None
-        head, _, variant = local.partition(".")
+        head, _, rest = local.partition(".")
         found = COMMIT_RE.match(head)
-        return (found.group(1), variant or None) if found else (None, None)
+        if found:
+            return found.group(1), rest or None
+        return None, local or None
+
+    def release(self) -> str | None:
+        """The release its version is (`0.33.0`, `0.10.2rc2`), which a tag names; None for a dev build."""
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            parsed = Version(self.version)
+        except InvalidVersion:
+            return None
+        return None if parsed.is_devrelease else parsed.public
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,6 +60,7 @@ class Found:
     entry: nightly.Entry
     index: str
     variant: str
+    named: str  # what its version names: `commit 1a2b3c4d5`, or `tag v0.33.0` (a release built at a tagged commit)
     alias: bool = False  # a wheel without a variant suffix on an explicit variant's page: its alias of the default
 
     @property
@@ -273,6 +274,20 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
     wanted = platforms_of(config)
     refused: dict[Platform, list[Refused]] = {platform: [] for platform in wanted}
     found: dict[Platform, Found] = {}
+    tags: dict[str, tuple[str, str | None]] = {}
+
+    def tagged(release: str) -> tuple[str, str | None]:
+        """(the tag a release's version names, the commit it is upstream, None when it is not there)."""
+        if release not in tags:
+            tags[release] = (f"v{release}", None)
+            for name in (f"v{release}", release):
+                try:
+                    tags[release] = (name, upstream.resolve_ref(config, cache, f"refs/tags/{name}")[0])
+                    break
+                except BadInput:
+                    continue
+        return tags[release]
+
     for candidate in history:
         pending = [platform for platform in wanted if platform not in found]
         if not pending:
@@ -286,15 +301,14 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
         listing = index.listing(candidate, project)
         for platform in pending:
             entry = listing.wheel_for(project, platform) if listing is not None else None
-            reason = (
-                _missing(index, listing, project, platform, candidate == base, candidate)
-                if entry is None
-                else _not_this(entry, candidate, index.variant)
-            )
+            if entry is None:
+                why = _missing(index, listing, project, platform, candidate, base)
+                refused[platform].append(Refused(candidate, why))
+                continue
+            named, reason = _names(entry, candidate, index.variant, tagged)
             if reason:
                 refused[platform].append(Refused(candidate, reason))
                 continue
-            alias = index.variant is not None and entry.names()[1] is None
             found[platform] = Found(
                 platform,
                 candidate,
@@ -303,7 +317,8 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
                 entry,
                 index.root(candidate, written=True),
                 index.variant_name,
-                alias,
+                named,
+                alias=index.variant is not None and entry.names()[1] is None,
             )
     missing: dict[tuple[Refused, ...], list[Platform]] = {}  # platforms refused for the same reasons: one clause
     for platform in wanted:
@@ -334,27 +349,38 @@ def _project(mirror: Path, tree: str) -> str:
 
 
 def _missing(
-    index: nightly.Index, listing: nightly.Listing | None, project: str, platform: Platform, at_base: bool, commit: str
+    index: nightly.Index, listing: nightly.Listing | None, project: str, platform: Platform, commit: str, base: str
 ) -> str:
     """Why a commit has no wheel of the project for the platform."""
     if listing is None:
-        has = index.has(commit) if at_base else None  # what C has instead, named once
+        has = index.has(commit) if commit == base else None  # what C has instead, named once
         instead = f"; C's index has: {', '.join(has)}" if has else ""
         return f"no {index.variant_name} wheels (404{instead})"
     others = sorted({str(e.platform or e.platform_tag) for e in listing.wheels_of(project)})
     return f"no {platform} wheel (its {index.variant_name} page lists {', '.join(others) or 'none'})"
 
 
-def _not_this(entry: nightly.Entry, commit: str, variant: str | None) -> str | None:
-    """Why a listed wheel is not this commit's of this variant (None when it is)."""
+def _names(
+    entry: nightly.Entry, commit: str, variant: str | None, tagged: Callable[[str], tuple[str, str | None]]
+) -> tuple[str, str | None]:
+    """(what the listed wheel's version names, why it is not this commit's wheel of this variant: None when it
+    is). A nightly names its commit (`+g<sha>`); a release (built at a tagged commit) names a tag, which must be
+    this commit."""
     named, suffix = entry.names()
-    if named is None:
-        return f"lists {entry.filename}, whose version names no commit (+g<sha>)"
-    if not commit.startswith(named):
-        return f"lists {entry.filename}, whose version names commit {named}, not this one"
     if suffix is not None and suffix != (variant or "").lower():
-        return f"lists {entry.filename}, a wheel of variant {suffix}, on the {variant or 'default'} variant's page"
-    return None
+        return "", f"lists {entry.filename}, a wheel of variant {suffix}, on the {variant or 'default'} variant's page"
+    if named is not None:
+        if commit.startswith(named):
+            return f"commit {named}", None
+        return "", f"lists {entry.filename}, whose version names commit {named}, not this one"
+    release = entry.release()
+    if release is None:
+        return "", f"lists {entry.filename}, whose version names no commit (+g<sha>) and no release"
+    tag, tagged_commit = tagged(release)
+    if tagged_commit == commit:
+        return f"tag {tag}", None
+    where = f"commit {tagged_commit[:12]}" if tagged_commit else "not upstream"
+    return "", f"lists {entry.filename}, the release {release}, whose tag {tag} is {where}, not this commit"
 
 
 def summary(refused: tuple[Refused, ...] | list[Refused]) -> str:
@@ -448,8 +474,8 @@ def _prove(found: Found, path: Path) -> str:
     machines = {Platform.from_wheel_tag(tag.rsplit("-", 1)[-1]) for tag in tags}
     if machines != {found.platform}:
         raise Failed(f"{found.entry.filename}: its WHEEL tags {', '.join(tags)} are not {found.platform}'s")
-    named, _ = found.entry.names()
-    return f"version {version} names commit {named} = {found.commit[:12]}"
+    said = "names" if found.named.startswith("commit") else "is"
+    return f"version {version} {said} {found.named} = {found.commit[:12]}"
 
 
 # --- build.yaml, edited in place ---------------------------------------------------------------------------------
