@@ -35,7 +35,9 @@ Everything runs in a temp dir against generated upstreams, driving `python build
       alone, and linux/arm64 against linux/amd64 (both read natively; see bench/verifyimage.py);
   13. signing the vLLM image: `image --push` with a key, the seconds spent on the SBOM, provenance and signatures
       against the whole push, the SBOM's size and component count per platform, `verify --key` against plain
-      `verify` (see bench/trust.py).
+      `verify` (see bench/trust.py);
+  14. `carry pin` on a replica of vLLM's per-commit wheel index (the real 0.33.0 wheels as nightlies of a grown
+      real history, on loopback) against downloading the two wheels alone (see bench/nightlybench.py).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
 """
@@ -64,6 +66,7 @@ import gitrepo  # noqa: E402
 import imagecache  # noqa: E402
 import lockedimage  # noqa: E402
 import measure  # noqa: E402
+import nightlybench  # noqa: E402
 import realwheels  # noqa: E402
 import redisd  # noqa: E402
 import scale  # noqa: E402
@@ -497,7 +500,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
     parser.add_argument(
         "--only",
-        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,locked,verify,trust",
+        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,pin,locked,verify,trust",
         help="comma-separated parts to run",
     )
     options = parser.parse_args()
@@ -511,6 +514,7 @@ def main() -> int:
         "buildenv": lambda work, size: buildenv.bench(work, Row, quick=size is QUICK),
         "gate": lambda work, size: realwheels.bench_gate(work, Row),
         "precompiled": lambda work, size: realwheels.bench_precompiled(work, Row),
+        "pin": lambda work, size: nightlybench.bench(work / "pin", Row),
         "vllm": lambda work, size: vllmbench.bench(work / "vllm", size, Row),
         "locked": lambda work, size: lockedimage.bench(work, Row),
         "verify": lambda work, size: verifyimage.bench(work, Row),
@@ -529,6 +533,7 @@ def main() -> int:
         "buildenv",
         "gate",
         "precompiled",
+        "pin",
         "locked",
         "verify",
         "trust",

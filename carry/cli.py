@@ -176,6 +176,8 @@ def wheel_command(
         raise click.UsageError("--hermetic and --wheelhouse go with --platform (a build in a container)")
     if not here and (jobs is not None or as_json):
         raise click.UsageError("--jobs and --json apply to builds on this machine; the build stage picks its jobs")
+    if not from_source:
+        session.require_pins((target,) if target else ())
     progress = Progress()
     if not here:
         built = session.platform_wheel(target, arch, out, hermetic, wheelhouse, progress)
@@ -549,6 +551,28 @@ def lock_command(obj: Context, platforms: tuple[str, ...], check_only: bool, upg
         sys.exit(1 if any(stale for _, stale in result.stale) else 0)
     root = obj.config_path.absolute().parent
     click.echo("\n".join(outcome.line(root) for outcome in result.outcomes))
+
+
+@cli.command("pin")
+@click.option(
+    "--check",
+    "check_only",
+    is_flag=True,
+    help="Write nothing; exit 1 when the written pins are not what discovery finds now (downloads to compare).",
+)
+@click.pass_obj
+def pin_command(obj: Context, check_only: bool) -> None:
+    """Find each platform's precompiled wheel on build.precompiled.nightly's per-commit index: the merge-base C of
+    upstream.commit and main, else the nearest commit back along main whose compiled inputs are the patched tree's
+    (max_walk); download and hash it (trust on first use: the index gives no hashes), prove its commit from its
+    version, and write build.precompiled.wheels in place. Never another variant's or platform's wheel: exit 1 naming
+    every commit refused, and why."""
+    result = obj.session().pin(check_only, Progress())
+    echo_notes(result.notes())
+    if check_only:
+        click.echo("\n".join(result.check_lines()))
+        sys.exit(0 if result.fresh else 1)
+    click.echo("\n".join(result.lines(obj.config_path.absolute())))
 
 
 @cli.group("cache", invoke_without_command=True)

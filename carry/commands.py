@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from carry.source import apply, series
     from carry.util.progress import Progress
     from carry.verdicts import drop, refresh, verdicts
-    from carry.wheelbuild import verify, wheel
+    from carry.wheelbuild import pins, verify, wheel
     from carry.wheelbuild.wheel import Builder
 
 
@@ -102,6 +102,7 @@ class Session:
         if pr_head is not None:
             warning = pr_head.describe(self.config.upstream.commit)
             if update_pin and pr_head.sha != self.config.upstream.commit:
+                notes += self.repin(pr_head.sha)
                 upstream.update_pin(self.config, pr_head.sha)
                 notes.append(f"pin moved {self.config.upstream.commit[:12]} -> {pr_head.sha} in {self.config.path}")
                 return FetchResult(pr_head.sha, tuple(notes))
@@ -165,9 +166,55 @@ class Session:
         from_source: bool = False,
     ) -> wheel.WheelResult:
         """check -> (precompiled: prove the binaries match) -> plan -> reuse or build the wheel -> publish."""
+        if not from_source:
+            self.require_pins((platform,) if platform else ())
         builder = self.wheel_builder(arch, jobs, platform, from_source)
         checked = self.check()
         return builder(checked.mirror, checked.report, checked.series, out, progress)
+
+    def require_pins(self, platforms: tuple[Platform, ...]) -> None:
+        """With build.precompiled.nightly, a build for each of `platforms` (none: this machine's) needs the pin
+        `carry pin` writes: bad input before any work, never a silent build from source."""
+        settings = self.config.build.precompiled
+        if settings is None or settings.nightly is None:
+            return
+        from carry.platforms import Platform
+
+        missing = [str(p) for p in platforms or (Platform.native(),) if settings.wheel_for(p) is None]
+        if missing:
+            raise BadInput(
+                f"{self.config.path}: build.precompiled.wheels has no pin for {', '.join(missing)}: run `carry pin` "
+                f"(it finds them through build.precompiled.nightly) and commit build.yaml, or build from source "
+                f"(wheel --from-source)"
+            )
+
+    def pin(self, check: bool, progress: Progress) -> pins.Pinned:
+        """The precompiled wheels of the merge-base of upstream.commit and main, found on build.precompiled.nightly's
+        per-commit index (walking back where needed), downloaded, proven and, unless `check`, written."""
+        from carry.wheelbuild import nightly, pins
+
+        nightly.Index.of(self.config)  # no nightly block, an unset ${NAME}: bad input before any work
+        checked = self.check()
+        if checked.report.tree is None:
+            raise Failed("the series does not apply; run `check` for details")
+
+        def say(line: str) -> None:
+            progress.phase("download", line)
+
+        return pins.pin(self.config, self.cache, checked.mirror, checked.report.tree, say, check)
+
+    def repin(self, commit: str, tree: str | None = None) -> list[str]:
+        """What every command that moves upstream.commit runs before it writes it: the precompiled pins of `commit`
+        found and written as `pin` does (pins.repin: nothing without build.precompiled.nightly; a failure changes
+        nothing). `tree` is the patched tree on `commit` where the caller has it."""
+        settings = self.config.build.precompiled
+        if settings is None or settings.nightly is None:
+            return []
+        from carry.util.progress import Progress
+        from carry.wheelbuild import pins
+
+        progress = Progress()
+        return pins.repin(self.config, self.cache, commit, lambda line: progress.phase("download", line), tree)
 
     def precompiled_for(self, platform: Platform) -> bool:
         """Whether build.precompiled has a wheel for `platform` (then a build for it runs here, nothing compiled)."""
@@ -260,6 +307,7 @@ class Session:
 
         attester = self.attester(options.push, progress)
         platforms = image.platforms_to_build(self.config, options)
+        self.require_pins(platforms)
         arches = {platform: self.arches(arch, platform) for platform in platforms}
         builder = container.resolve_builder(self.config, platforms)
         image.check_options(self.config, builder, options)
@@ -305,6 +353,7 @@ class Session:
             )
         attester = self.attester(options.push, progress)
         platforms = image.platforms_to_build(self.config, options)
+        self.require_pins(platforms)
         client = registry.client()
         prepared = lockedimage.prepare(
             self.config, self.cache, platforms, client, lambda line: progress.phase("download", line)
@@ -377,6 +426,7 @@ class Session:
         from carry.util.fsutil import temp_dir
 
         chosen = runtimelock.platforms_to_lock(self.config, platforms)
+        self.require_pins(chosen)
         facts = {platform: runtimelock.base_facts(self.config, platform, self.cache) for platform in chosen}
         for platform, found in facts.items():
             progress.phase(
@@ -484,7 +534,7 @@ class Session:
     def refresh(self, onto: str | None, test: bool = False) -> refresh.Refreshed:
         from carry.verdicts import refresh
 
-        return refresh.refresh(self.config, self.cache, self.series(), onto, self._judge(test))
+        return refresh.refresh(self.config, self.cache, self.series(), onto, self._judge(test), self.repin)
 
     def _judge(self, test: bool):
         """With `test`, what drop and refresh call to judge a status report by the patches' tests too."""

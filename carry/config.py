@@ -215,15 +215,29 @@ class PrecompiledWheel:
 
 
 @record
+class Nightly:
+    """build.precompiled.nightly: where `carry pin` finds the precompiled wheels. `index` is the root of a per-commit
+    wheel index in vLLM's layout (`{index}/{commit}/[{variant}/]{project}/`), as written: it may hold `${NAME}`,
+    taken from the environment when it is used (util/index.expand); `variant` None reads the default variant's
+    pages; `max_walk` is how many commits of main's first-parent history may be tried, the merge-base included."""
+
+    index: str
+    variant: str | None = None
+    max_walk: int = 50
+
+
+@record
 class Precompiled:
     """build.precompiled: how the upstream takes compiled code from an existing wheel (the variables carry sets,
     `{wheel}` being the checked local file, and the prefixes of inherited ones it removes), which files are
-    compiled inputs (each with why), and the wheel per platform."""
+    compiled inputs (each with why), the wheel per platform, and where `carry pin` finds those wheels (nightly;
+    the wheels may then be missing until it ran)."""
 
     env: dict[str, str]
     clear: tuple[str, ...]
     inputs: tuple[Generated, ...]
     wheels: tuple[PrecompiledWheel, ...]
+    nightly: Nightly | None = None
 
     def wheel_for(self, platform: Platform) -> PrecompiledWheel | None:
         return next((w for w in self.wheels if w.platform is platform), None)
@@ -511,7 +525,7 @@ BUILD_KEYS = (
     "environment",
     "precompiled",
 )
-PRECOMPILED_KEYS = ("env", "clear", "inputs", "wheels")
+PRECOMPILED_KEYS = ("env", "clear", "inputs", "nightly", "wheels")
 PRECOMPILED_WHEEL_KEYS = ("requirement", "index", "path", "url", "sha256", "ref")
 ENVIRONMENT_KEYS = ("requires", "index_url", "extra_index_urls")
 INDEX_FORM = "an index URL: https://HOST/PATH (user:password@ allowed), http://… or file:///PATH"
@@ -612,7 +626,10 @@ def _precompiled(build: _Section) -> Precompiled | None:
             f"{where}.inputs is required: the files the compiled code is built from (e.g. 'csrc/**': "
             f"'the CUDA and C++ sources'), which must be identical to the wheel's source"
         )
+    nightly = _nightly(section)
     value = section.data.get("wheels")
+    if nightly is not None and value in (None, {}):  # `carry pin` writes them
+        return Precompiled(env, clear, inputs, (), nightly)
     if not isinstance(value, dict) or not value:
         raise section.fail(
             "wheels",
@@ -642,7 +659,35 @@ def _precompiled(build: _Section) -> Precompiled | None:
             if not pinned.name.endswith(".whl"):
                 raise BadInput(f"{here}: {pinned.name} is not a wheel (.whl)")
         wheels.append(PrecompiledWheel(platform, pinned, own.string("ref")))
-    return Precompiled(env, clear, inputs, tuple(wheels))
+    return Precompiled(env, clear, inputs, tuple(wheels), nightly)
+
+
+NIGHTLY_KEYS = ("index", "variant", "max_walk")
+DEFAULT_MAX_WALK = 50
+VARIANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _nightly(precompiled: _Section) -> Nightly | None:
+    """build.precompiled.nightly: {index: URL or ${NAME}, variant: NAME, max_walk: N}."""
+    if "nightly" not in precompiled.data:
+        return None
+    from carry.util import index
+
+    section = precompiled.section("nightly", NIGHTLY_KEYS)
+    where = f"{section.path}: build.precompiled.nightly"
+    if not section.has("index"):
+        raise BadInput(
+            f"{where}.index is required: the root URL of the per-commit wheel index (its wheels of commit C are "
+            f"under {{index}}/C/), or ${{NAME}} to take it from the environment"
+        )
+    template = index.check_template(section.string("index"), f"{where}.index").rstrip("/")
+    variant = section.string("variant")
+    if variant is not None and (not VARIANT_RE.match(variant) or variant in (".", "..")):
+        raise BadInput(
+            f"{where}.variant {variant!r} is not a variant name (one path segment such as cu130 or cpu: letters, "
+            f"digits, '.', '_', '-'); leave it out to read the default variant's pages"
+        )
+    return Nightly(template, variant, section.integer("max_walk") or DEFAULT_MAX_WALK)
 
 
 def _relative(config_path: Path, path: str) -> Path:

@@ -103,27 +103,34 @@ def record_line(name: str, data: bytes) -> list[str]:
     return [name, record_hash(data), str(len(data))]
 
 
-def rewrite(src: Path, dest: Path, changes: dict[str, bytes | None]) -> None:
+def rewrite(src: Path, dest: Path, changes: dict[str, bytes | None], dist_info_as: str | None = None) -> None:
     """Write `dest` as `src` with `changes` applied (name -> new bytes, or None to drop the member), RECORD
     regenerated: a member replaced keeps its place, date and mode; names not in `src` are added before RECORD;
-    every other member keeps its compressed bytes. `dest` is written in place; callers rename it."""
+    every other member keeps its compressed bytes. `dist_info_as` renames the .dist-info directory (another
+    version), its members written anew (`changes` names them by their new names). `dest` is written in place;
+    callers rename it."""
     with zipfile.ZipFile(src) as archive, open(src, "rb") as raw:
         info_dir = dist_info(archive)
-        record_name = f"{info_dir}/RECORD"
-        old_rows = {row[0]: row for row in csv.reader(archive.read(record_name).decode().splitlines()) if row}
-        members = [m for m in archive.infolist() if m.filename != record_name]
+        new_info = dist_info_as or info_dir
+        record_name = f"{new_info}/RECORD"
+        old_rows = {row[0]: row for row in csv.reader(archive.read(f"{info_dir}/RECORD").decode().splitlines()) if row}
+        members = [m for m in archive.infolist() if m.filename != f"{info_dir}/RECORD"]
         date_time = max((m.date_time for m in members), default=(1980, 1, 1, 0, 0, 0))
-        rows = []
+        rows, placed = [], set()
         with zipfile.ZipFile(dest, "w") as out:
             for member in members:
-                if member.filename not in changes:
+                name = member.filename
+                if new_info != info_dir and name.startswith(f"{info_dir}/"):
+                    name = f"{new_info}/{name[len(info_dir) + 1 :]}"
+                placed.add(name)
+                if name == member.filename and name not in changes:
                     _copy_raw(raw, member, out)
-                    rows.append(old_rows.get(member.filename) or _recompute(archive, member))
-                elif (data := changes[member.filename]) is not None:
-                    _write(out, member.filename, data, member.date_time, member.external_attr)
-                    rows.append(record_line(member.filename, data))
+                    rows.append(old_rows.get(name) or _recompute(archive, member))
+                elif (data := changes[name] if name in changes else archive.read(member)) is not None:
+                    _write(out, name, data, member.date_time, member.external_attr)
+                    rows.append(record_line(name, data))
             for name, data in changes.items():
-                if data is None or name == record_name or name in archive.NameToInfo:
+                if data is None or name == record_name or name in placed:
                     continue
                 _write(out, name, data, date_time, 0o644 << 16)
                 rows.append(record_line(name, data))

@@ -212,6 +212,36 @@ def add_shallow(repo: Path, sha: str) -> None:
         shallow.write_text("".join(f"{c}\n" for c in [*current, sha]))
 
 
+def changed_paths(repo: Path, commit: str, tree: str, globs: tuple[str, ...]) -> list[str]:
+    """The paths matching `globs` that differ between `commit`'s tree and `tree` (tree ids compared: no checkout)."""
+    pathspecs = [f":(glob){glob}" for glob in globs]
+    out = run(repo, "diff", "--name-only", "--no-renames", f"{commit}^{{tree}}", tree, "--", *pathspecs)
+    return [line for line in out.splitlines() if line]
+
+
+def settle_shallow(repo: Path) -> bool:
+    """Unmark the shallow boundaries whose parents a later fetch brought (git keeps them marked, and then takes them
+    for roots: a pin fetched at depth 1 whose parent came with main has no merge base with it, and no --deepen
+    changes that). True when one was unmarked. The caller holds the repository's lock."""
+    shallow = shallow_commits(repo)
+    settled = set()
+    for sha in shallow:
+        header = run(repo, "cat-file", "commit", sha).split("\n\n", 1)[0]
+        parents = [line.split()[1] for line in header.splitlines() if line.startswith("parent ")]
+        if parents and all(has_commit(repo, parent) for parent in parents):
+            settled.add(sha)
+    if not settled:
+        return False
+    path = Path(run(repo, "rev-parse", "--git-path", "shallow"))
+    path = path if path.is_absolute() else repo / path
+    remaining = sorted(shallow - settled)
+    if remaining:
+        path.write_text("".join(f"{sha}\n" for sha in remaining))
+    else:
+        path.unlink()
+    return True
+
+
 def fetch(repo: Path, url: str, *refspecs: str, depth: int | None = None, extra: tuple[str, ...] = ()) -> str:
     args = ["fetch", "--no-tags", "--no-write-fetch-head", "--quiet", *extra]
     if depth is not None:

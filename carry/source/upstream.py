@@ -232,6 +232,8 @@ def merge_base(
     depth = FIRST_HISTORY_DEPTH
     with cache.lock(mirror.name):
         git.clear_stale_locks(mirror)
+        if git.settle_shallow(mirror):
+            found = git.merge_base(mirror, base, commit)
         while found is None:
             try:
                 git.fetch(mirror, config.upstream.url, base, commit, extra=(f"--deepen={depth}",))
@@ -240,6 +242,7 @@ def merge_base(
                     f"upstream {public_url(config.upstream.url)} gave no more history of {base[:12]} and "
                     f"{commit[:12]} ({_reason(exc)}); their merge base is not known",
                 )
+            git.settle_shallow(mirror)
             found = git.merge_base(mirror, base, commit)
             if found is None and (depth >= MAX_HISTORY_DEPTH or not git.shallow_commits(mirror)):
                 return None, (
@@ -247,6 +250,24 @@ def merge_base(
                 )
             depth *= 4
     return found, ()
+
+
+def first_parents(config: Config, cache: Cache, mirror: Path, start: str, count: int) -> tuple[str, ...]:
+    """Up to `count` commits of `start`'s first-parent history, `start` first; a shallow mirror whose history ends
+    sooner is deepened by what is missing (upstream unreachable: what the mirror has)."""
+    for _ in range(3):
+        found = git.rev_list(mirror, "--first-parent", f"--max-count={count}", start)
+        if len(found) >= count or not found or found[-1] not in git.shallow_commits(mirror):
+            break
+        with cache.lock(mirror.name):
+            git.clear_stale_locks(mirror)
+            if not git.settle_shallow(mirror):
+                try:
+                    git.fetch(mirror, config.upstream.url, start, extra=(f"--deepen={count - len(found) + 1}",))
+                except git.GitError:
+                    break
+                git.settle_shallow(mirror)
+    return tuple(found)
 
 
 def update_pin(config: Config, new_commit: str) -> None:

@@ -85,7 +85,11 @@ class Pinned:
             raise BadInput(
                 f"{where}: requirement {requirement!r} names no single version; pin one, e.g. 'vllm==0.33.0'"
             )
-        if index is not None:
+        if index is not None and "${" in index:  # ${NAME}: the environment's, when pip is asked (_from_index)
+            from carry.util.index import URL_SCHEMES, check_template
+
+            check_template(index, f"{where}: index", URL_SCHEMES)
+        elif index is not None:
             scheme = urllib.parse.urlsplit(index).scheme.lower()
             if scheme not in ("http", "https", "file"):
                 raise BadInput(
@@ -209,11 +213,12 @@ class Store:
         import shutil
         import tempfile
 
+        asked_index = index.expand(pinned.index, f"{where}: index", index.URL_SCHEMES) if pinned.index else None
         self.root.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         scratch = Path(tempfile.mkdtemp(prefix=".pip-", dir=self.root))
         try:
-            got = index.download_wheel(pinned.requirement, pinned.sha256, pinned.platform, pinned.index, scratch, where)
+            got = index.download_wheel(pinned.requirement, pinned.sha256, pinned.platform, asked_index, scratch, where)
             found = sha256_of(got)
             if found != pinned.sha256:
                 raise BadInput(
@@ -225,11 +230,23 @@ class Store:
             os.replace(got, target)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-        asked = index.configured(pinned.index).describe()
+        asked = index.configured(asked_index).describe()
         say(
             f"downloaded {target.name} ({pinned.requirement} for {pinned.platform}) with pip from {asked}: "
             f"{target.stat().st_size / 1e6:.1f} MB in {time.monotonic() - started:.1f}s, sha256 {found[:12]} ok"
         )
+        return target
+
+    def adopt(self, part: Path, name: str, sha256: str) -> Path:
+        """A file downloaded and hashed by its caller (`part`, on the store's filesystem) placed as `name` under
+        its sha256: the first download of a file nothing pinned yet (trust on first use). A file of that sha256
+        already there is kept and `part` removed."""
+        target = self.root / sha256 / name
+        if target.is_file():
+            part.unlink(missing_ok=True)
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(part, target)
         return target
 
     # --- local files ---------------------------------------------------------------------------------

@@ -44,10 +44,17 @@ class Refreshed:
 
 
 def refresh(
-    config: Config, cache: Cache, patches: series.Series, onto: str | None, judge: Callable | None = None
+    config: Config,
+    cache: Cache,
+    patches: series.Series,
+    onto: str | None,
+    judge: Callable | None = None,
+    repin: Callable[[str, str], list[str]] | None = None,
 ) -> Refreshed:
     """Rebase `patches` onto `onto` (default upstream.main); on a conflict raise Failed and change nothing, naming
-    the patches REF needs no more (`drop` is their way out; `judge` adds the verdict by their tests)."""
+    the patches REF needs no more (`drop` is their way out; `judge` adds the verdict by their tests). Before the pin
+    moves, `repin(new_base, tree)` moves what follows it (the precompiled pins) and says what it did; when it fails,
+    nothing changes."""
     mirror, notes = upstream.ensure_base(config, cache)
     ref = onto or config.upstream.main
     new_base, more = upstream.resolve_ref(config, cache, ref)
@@ -55,7 +62,7 @@ def refresh(
     conflict = None
     with cache.lock(mirror.name), temp_dir(cache.scratch, "refresh-") as work:
         try:
-            texts = _rebase(mirror, pin, new_base, patches, work)
+            texts, tree = _rebase(mirror, pin, new_base, patches, work)
         except Conflict as exc:
             conflict = exc
         else:
@@ -65,13 +72,16 @@ def refresh(
     if conflict is not None:
         raise Failed(_conflict_message(config, cache, patches, ref, new_base, conflict, judge))
     emptied = tuple(name for name, text in texts.items() if text is None)
+    if repin is not None and new_base != pin:
+        more = (*more, *repin(new_base, tree))
     _write(config, patches, changed, emptied, ref, new_base)
     unchanged = tuple(p.name for p in patches.patches if p.name not in changed and p.name not in emptied)
     return Refreshed(pin, new_base, tuple(changed), unchanged, emptied, (*notes, *more))
 
 
-def _rebase(mirror: Path, pin: str, new_base: str, patches: series.Series, work: Path) -> dict:
-    """patch name -> its text on `new_base` (None when it became empty), via a temporary worktree."""
+def _rebase(mirror: Path, pin: str, new_base: str, patches: series.Series, work: Path) -> tuple[dict, str]:
+    """patch name -> its text on `new_base` (None when it became empty), and the patched tree there, via a temporary
+    worktree."""
     tree = work / "tree"
     git.run(mirror, "worktree", "add", "--detach", "--quiet", str(tree), pin, env=CLEAN_ENV)
     try:
@@ -84,7 +94,7 @@ def _rebase(mirror: Path, pin: str, new_base: str, patches: series.Series, work:
                 texts[patch.name] = None
             else:
                 texts[patch.name] = git.run(tree, *FORMAT_PATCH, "HEAD", env=CLEAN_ENV, strip=False)
-        return texts
+        return texts, git.run(tree, "rev-parse", "HEAD^{tree}")
     finally:
         git.run_status(mirror, "worktree", "remove", "--force", str(tree))
         git.run_status(mirror, "worktree", "prune")

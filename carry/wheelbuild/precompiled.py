@@ -172,6 +172,11 @@ def pin(config: Config, cache: Cache, platform: Platform, say=None) -> Pin | Non
     store, its sha256 the pinned one and its tags this platform's (else bad input), every member as RECORD says."""
     settings = config.build.precompiled
     chosen = settings.wheel_for(platform) if settings else None
+    if chosen is None and settings is not None and settings.nightly is not None:
+        raise BadInput(
+            f"{config.path}: build.precompiled.wheels has no pin for {platform}: run `carry pin` (it finds them "
+            f"through build.precompiled.nightly), or build from source (wheel --from-source)"
+        )
     if chosen is None:
         return None
     where = f"{config.path}: build.precompiled.wheels.{platform}"
@@ -312,9 +317,7 @@ def _commit(config: Config, cache: Cache, mirror: Path, ref: str) -> str:
 
 def changed_inputs(mirror: Path, commit: str, tree: str, inputs: tuple[str, ...]) -> list[str]:
     """The compiled inputs that differ between `commit` and the patched `tree`."""
-    pathspecs = [f":(glob){glob}" for glob in inputs]
-    out = git.run(mirror, "diff", "--name-only", "--no-renames", f"{commit}^{{tree}}", tree, "--", *pathspecs)
-    return [line for line in out.splitlines() if line]
+    return git.changed_paths(mirror, commit, tree, inputs)
 
 
 def _inputs_differ(changed: list[str], ref: str, series: Series) -> str:

@@ -1,0 +1,646 @@
+"""`carry pin`: the precompiled wheels found, never guessed, and written into build.yaml.
+
+For upstream.commit (or the commit a command moves the pin to), C is its merge-base with upstream.main. For every
+platform of image.platforms, the wheel is C's own on the per-commit index (build.precompiled.nightly: one variant,
+never another), else that of the nearest commit along main's first-parent history from C, within max_walk commits,
+C counted, that has one *and* whose compiled inputs (build.precompiled.inputs) are identical to the patched tree's,
+proven by git's tree ids. Each commit refused is named with why (inputs differ at a file; no wheels of the variant;
+none for the platform; a wheel whose version names another commit or variant). The platforms may end on different
+commits; the build proves each wheel against the patched tree again (precompiled.prove, the tree check).
+
+Each wheel found is downloaded into the download store and hashed (the index gives no hash: trust on first use),
+its commit proven from its own version (METADATA's, the file name's) and its tags held to the platform; then
+build.precompiled.wheels is written in place (requirement by name and version, the index as `{index}/{C}/[variant/]`
+with any ${NAME} kept, sha256, ref), comments and order kept. A pin of the same file whose sha256 changed on the
+server is refused: tampering or a re-upload, never an update. Later runs are hash-checked against the sha256
+written (the download store, or pip's hash-checking mode).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import email.parser
+import json
+import re
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from carry.config import Config, PrecompiledWheel
+from carry.platforms import Platform
+from carry.source import apply, git, series, upstream
+from carry.util.cache import Cache
+from carry.util.download import Store
+from carry.util.errors import BadInput, Failed
+from carry.util.fsutil import atomic_write_text
+from carry.wheelbuild import nightly
+
+FIELDS = ("requirement", "index", "sha256", "ref")
+SHOWN = 10  # refused commits named one by one in a failure (runs of the same reason are joined)
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    commit: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """A platform's wheel on the index: the commit it was found at (C, or `len(refused)` commits before it on main's
+    first-parent history), the commits refused on the way, and the pin's index as build.yaml writes it."""
+
+    platform: Platform
+    commit: str
+    base: str
+    refused: tuple[Refused, ...]
+    entry: nightly.Entry
+    index: str
+    variant: str
+    named: str  # what its version names: `commit 1a2b3c4d5`, or `tag v0.33.0` (a release built at a tagged commit)
+    alias: bool = False  # a wheel without a variant suffix on an explicit variant's page: its alias of the default
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.entry.project}=={self.entry.version}"
+
+    def walk(self) -> str:
+        """Where the walk went, in words."""
+        if self.commit == self.base:
+            return f"at C {self.commit[:12]} (the merge-base of upstream.commit and main)"
+        return (
+            f"at {self.commit[:12]}, {len(self.refused)} commit(s) back from C {self.base[:12]} along main "
+            f"({summary(self.refused)}); its compiled inputs are the patched tree's"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Discovery:
+    """What the index holds for a commit now: its merge-base C and each platform's wheel."""
+
+    commit: str
+    base: str
+    found: tuple[Found, ...]
+    notes: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fetched:
+    """A found wheel downloaded, hashed and proven; and the pin build.yaml held for its platform before."""
+
+    found: Found
+    path: Path
+    sha256: str
+    proof: str
+    before: PrecompiledWheel | None
+
+    @property
+    def platform(self) -> Platform:
+        return self.found.platform
+
+    def fields(self) -> dict[str, str]:
+        return {
+            "requirement": self.found.requirement,
+            "index": self.found.index,
+            "sha256": self.sha256,
+            "ref": self.found.commit,
+        }
+
+    @property
+    def unchanged(self) -> bool:
+        before = self.before
+        return before is not None and (
+            before.pinned.requirement,
+            before.pinned.index,
+            before.pinned.sha256,
+            before.ref,
+        ) == tuple(self.fields().values())
+
+    @property
+    def tampered(self) -> bool:
+        """The same file (requirement: name, version naming the commit, and platform) with another sha256."""
+        before = self.before
+        return (
+            before is not None
+            and before.pinned.requirement == self.found.requirement
+            and before.pinned.sha256 != self.sha256
+        )
+
+    def _state(self) -> str:
+        if self.unchanged:
+            return "unchanged: the sha256 build.yaml pins"
+        if self.before is None:
+            return "new pin: trust on first use"
+        was = self.before.pinned.requirement or self.before.pinned.name
+        return f"moved from {was} (ref {self.before.ref or 'from its version'}): trust on first use"
+
+    def line(self) -> str:
+        alias = f"; listed under {self.found.variant}, the default variant's alias" if self.found.alias else ""
+        return (
+            f"{self.platform}: {self.found.requirement} {self.found.walk()}; variant {self.found.variant}{alias}; "
+            f"{self.proof}; sha256 {self.sha256[:12]} ({self._state()})"
+        )
+
+    def refusal(self) -> str:
+        return (
+            f"{self.platform}: {self.found.entry.filename} of commit {self.found.commit[:12]} is on the index with "
+            f"sha256 {self.sha256}, but build.yaml pins that very file with sha256 {self.before.pinned.sha256}: it "
+            f"changed on the server (tampering, or a re-upload), which is never an update; nothing was written: ask "
+            f"the index's owner why, and only then remove the pin and run `carry pin` again"
+        )
+
+    def stale(self) -> str | None:
+        """None when build.yaml pins exactly this; else why not (for `pin --check`)."""
+        if self.unchanged:
+            return None
+        now = f"discovery finds {self.found.requirement} at {self.found.commit[:12]} (sha256 {self.sha256[:12]})"
+        if self.tampered:
+            return (
+                f"{self.platform}: stale: {self.found.entry.filename} changed on the server: sha256 {self.sha256}, "
+                f"pinned {self.before.pinned.sha256}: tampering or a re-upload, never an update"
+            )
+        if self.before is None:
+            return f"{self.platform}: stale: build.yaml has no pin; {now}; run `carry pin` and commit build.yaml"
+        before = self.before.pinned
+        return (
+            f"{self.platform}: stale: build.yaml pins {before.requirement or before.name} (index {before.index}, "
+            f"ref {self.before.ref}, sha256 {before.sha256[:12]}); {now}; run `carry pin` and commit build.yaml"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Pinned:
+    """What `pin` found, fetched and (unless checking) wrote."""
+
+    discovery: Discovery
+    fetched: tuple[Fetched, ...]
+    written: bool
+
+    @property
+    def fresh(self) -> bool:
+        return all(f.stale() is None for f in self.fetched)
+
+    def notes(self) -> list[str]:
+        notes = list(self.discovery.notes)
+        commits = {f.found.commit for f in self.fetched}
+        if len(commits) > 1:
+            where = ", ".join(f"{f.platform} at {f.found.commit[:12]}" for f in self.fetched)
+            notes.append(
+                f"the platforms' wheels come from different commits ({where}); each is proven against the patched "
+                f"tree when it is built (compiled inputs identical, then the tree check)"
+            )
+        if any(not f.unchanged for f in self.fetched):
+            notes.append(
+                "trust on first use: the index gives no hashes, so each new sha256 is that of the file downloaded "
+                "now; every later download is checked against it (the download store, pip's hash-checking mode)"
+            )
+        return notes
+
+    def lines(self, path: Path) -> list[str]:
+        done = f"wrote build.precompiled.wheels in {path}" if self.written else f"{path}: pins unchanged"
+        return [*(f.line() for f in self.fetched), done]
+
+    def check_lines(self) -> list[str]:
+        return [f.stale() or f"{f.platform}: fresh" for f in self.fetched]
+
+
+def platforms_of(config: Config) -> tuple[Platform, ...]:
+    """The platforms pins are found for: image.platforms, else this machine's."""
+    return tuple(target.platform for target in config.image.platforms) or (Platform.native(),)
+
+
+def pin(
+    config: Config,
+    cache: Cache,
+    mirror: Path,
+    tree: str,
+    say: Callable[[str], None],
+    check: bool = False,
+    commit: str | None = None,
+) -> Pinned:
+    """Discover (for `commit`, default upstream.commit, whose patched tree is `tree`), download and prove each
+    platform's wheel; then, unless `check`, write the pins (refusing a file whose sha256 changed on the server)."""
+    found = discover(config, cache, mirror, commit or config.upstream.commit, tree)
+    fetched = fetch(config, cache, found, say, refuse_changed=not check)
+    if check:
+        return Pinned(found, fetched, False)
+    written = write(config.path, {f.platform: f.fields() for f in fetched})
+    return Pinned(found, fetched, written)
+
+
+def repin(
+    config: Config, cache: Cache, new_commit: str, say: Callable[[str], None], tree: str | None = None
+) -> list[str]:
+    """What every command that moves upstream.commit runs first: the pins of `new_commit` (its patched tree `tree`,
+    else the series applied on it) found and written, as `pin` does; the lines to show. Nothing without
+    build.precompiled.nightly. On a failure nothing is written and the pin must not move."""
+    settings = config.build.precompiled
+    if settings is None or settings.nightly is None:
+        return []
+    mirror = upstream.mirror_for(config, cache)
+    if tree is None:
+        report = apply.check(mirror, new_commit, series.load(config.patches_dir), cache.scratch)
+        if report.tree is None:
+            raise Failed(
+                f"the series does not apply on {new_commit[:12]}, so the precompiled pins cannot follow the pin "
+                f"there; nothing was changed: see `check --against {new_commit}`"
+            )
+        tree = report.tree
+    result = pin(config, cache, mirror, tree, say, commit=new_commit)
+    return [*result.notes(), *result.lines(config.path)]
+
+
+# --- discovery ---------------------------------------------------------------------------------------------------
+
+
+def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str) -> Discovery:
+    """Each platform's wheel for `commit` (its patched tree `tree`): C's, else the nearest on main's first-parent
+    history with the tree's compiled inputs; Failed, one line naming every platform without one, the variant and
+    the commits tried with why each was refused."""
+    index = nightly.Index.of(config)
+    main, notes = upstream.resolve_ref(config, cache, config.upstream.main)
+    base, more = upstream.merge_base(config, cache, mirror, commit, main)
+    if base is None:
+        raise Failed(
+            f"upstream.commit {commit[:12]} and {config.upstream.main} {main[:12]} have no merge base "
+            f"({'; '.join(more) or 'unrelated histories'}); the precompiled wheels are found at their merge-base"
+        )
+    history = upstream.first_parents(config, cache, mirror, base, index.max_walk)
+    project = _project(mirror, tree)
+    inputs = tuple(g.glob for g in config.build.precompiled.inputs)
+    wanted = platforms_of(config)
+    refused: dict[Platform, list[Refused]] = {platform: [] for platform in wanted}
+    found: dict[Platform, Found] = {}
+    tags: dict[str, tuple[str, str | None]] = {}
+
+    def tagged(release: str) -> tuple[str, str | None]:
+        """(the tag a release's version names, the commit it is upstream, None when it is not there)."""
+        if release not in tags:
+            tags[release] = (f"v{release}", None)
+            for name in (f"v{release}", release):
+                try:
+                    tags[release] = (name, upstream.resolve_ref(config, cache, f"refs/tags/{name}")[0])
+                    break
+                except BadInput:
+                    continue
+        return tags[release]
+
+    for candidate in history:
+        pending = [platform for platform in wanted if platform not in found]
+        if not pending:
+            break
+        changed = git.changed_paths(mirror, candidate, tree, inputs)
+        if changed:
+            reason = f"inputs differ at {changed[0]}" + (f" and {len(changed) - 1} more" if len(changed) > 1 else "")
+            for platform in pending:
+                refused[platform].append(Refused(candidate, reason))
+            continue
+        listing = index.listing(candidate, project)
+        for platform in pending:
+            entry = listing.wheel_for(project, platform) if listing is not None else None
+            if entry is None:
+                why = _missing(index, listing, project, platform, candidate, base)
+                refused[platform].append(Refused(candidate, why))
+                continue
+            named, reason = _names(entry, candidate, index.variant, tagged)
+            if reason:
+                refused[platform].append(Refused(candidate, reason))
+                continue
+            found[platform] = Found(
+                platform,
+                candidate,
+                base,
+                tuple(refused[platform]),
+                entry,
+                index.root(candidate, written=True),
+                index.variant_name,
+                named,
+                alias=index.variant is not None and entry.names()[1] is None,
+            )
+    missing: dict[tuple[Refused, ...], list[Platform]] = {}  # platforms refused for the same reasons: one clause
+    for platform in wanted:
+        if platform not in found:
+            missing.setdefault(tuple(refused[platform]), []).append(platform)
+    if missing:
+        raise Failed("; ".join(_failure(named, index, base, len(history), why) for why, named in missing.items()))
+    for each in found.values():
+        index.check_page(each.commit, each.entry)
+    return Discovery(commit, base, tuple(found[platform] for platform in wanted), (*notes, *more))
+
+
+def _project(mirror: Path, tree: str) -> str:
+    """The upstream's distribution name, from the patched tree's pyproject.toml ([project] name)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: `build` depends on tomli there
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    text = git.show_blob(mirror, f"{tree}:pyproject.toml")
+    try:
+        name = tomllib.loads(text).get("project", {}).get("name") if text else None
+    except tomllib.TOMLDecodeError as exc:
+        raise Failed(f"the upstream's pyproject.toml does not parse ({exc})") from None
+    if not name:
+        raise BadInput("the upstream's pyproject.toml has no [project] name; `carry pin` looks its wheels up by it")
+    return str(name)
+
+
+def _missing(
+    index: nightly.Index, listing: nightly.Listing | None, project: str, platform: Platform, commit: str, base: str
+) -> str:
+    """Why a commit has no wheel of the project for the platform."""
+    if listing is None:
+        has = index.has(commit) if commit == base else None  # what C has instead, named once
+        instead = f"; C's index has: {', '.join(has)}" if has else ""
+        return f"no {index.variant_name} wheels (404{instead})"
+    others = sorted({str(e.platform or e.platform_tag) for e in listing.wheels_of(project)})
+    return f"no {platform} wheel (its {index.variant_name} page lists {', '.join(others) or 'none'})"
+
+
+def _names(
+    entry: nightly.Entry, commit: str, variant: str | None, tagged: Callable[[str], tuple[str, str | None]]
+) -> tuple[str, str | None]:
+    """(what the listed wheel's version names, why it is not this commit's wheel of this variant: None when it
+    is). A nightly names its commit (`+g<sha>`); a release (built at a tagged commit) names a tag, which must be
+    this commit."""
+    named, suffix = entry.names()
+    if suffix is not None and suffix != (variant or "").lower():
+        return "", f"lists {entry.filename}, a wheel of variant {suffix}, on the {variant or 'default'} variant's page"
+    if named is not None:
+        if commit.startswith(named):
+            return f"commit {named}", None
+        return "", f"lists {entry.filename}, whose version names commit {named}, not this one"
+    release = entry.release()
+    if release is None:
+        return "", f"lists {entry.filename}, whose version names no commit (+g<sha>) and no release"
+    tag, tagged_commit = tagged(release)
+    if tagged_commit == commit:
+        return f"tag {tag}", None
+    where = f"commit {tagged_commit[:12]}" if tagged_commit else "not upstream"
+    return "", f"lists {entry.filename}, the release {release}, whose tag {tag} is {where}, not this commit"
+
+
+def summary(refused: tuple[Refused, ...] | list[Refused]) -> str:
+    """The commits refused with why, runs of the same reason joined (`a..b (3 commits): no cu130 wheels`)."""
+    runs: list[list] = []
+    for each in refused:
+        if runs and runs[-1][2] == each.reason:
+            runs[-1][1], runs[-1][3] = each.commit, runs[-1][3] + 1
+        else:
+            runs.append([each.commit, each.commit, each.reason, 1])
+    parts = [
+        f"{first[:12]}: {reason}" if count == 1 else f"{first[:12]}..{last[:12]} ({count} commits): {reason}"
+        for first, last, reason, count in runs
+    ]
+    if len(parts) > SHOWN:
+        parts = [*parts[: SHOWN - 1], f"… {len(parts) - SHOWN + 1} more run(s)"]
+    return "; ".join(parts)
+
+
+def _failure(
+    platforms: list[Platform], index: nightly.Index, base: str, walked: int, refused: tuple[Refused, ...]
+) -> str:
+    end = "" if walked >= index.max_walk else ", where the history ends"
+    return (
+        f"{', '.join(map(str, platforms))} (variant {index.variant_name}): no precompiled wheel in {len(refused)} "
+        f"commit(s) of main's first-parent history from C {base[:12]} (max_walk {index.max_walk}{end}): "
+        f"{summary(refused)}; nothing was written, and no other variant's or platform's wheel is taken: pin again "
+        f"once the index has one, or build from source (wheel --from-source)"
+    )
+
+
+# --- download and proof ------------------------------------------------------------------------------------------
+
+
+def fetch(
+    config: Config, cache: Cache, discovery: Discovery, say: Callable[[str], None], refuse_changed: bool = True
+) -> tuple[Fetched, ...]:
+    """Each found wheel downloaded into the store (all at once; when one fails, the others stop and keep nothing)
+    and hashed; a file whose sha256 changed since it was pinned is refused (`refuse_changed`) before anything else;
+    then its commit is proven from its own version."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = Store.from_env(cache.root)
+    settings = config.build.precompiled
+    stop = threading.Event()
+
+    def one(found: Found) -> Fetched:
+        try:
+            path, sha = nightly.download(found.entry, store, say, stop)
+            fetched = Fetched(found, path, sha, "", settings.wheel_for(found.platform))
+            if refuse_changed and fetched.tampered:
+                raise Failed(fetched.refusal())
+            return dataclasses.replace(fetched, proof=_prove(found, path))
+        except BaseException:
+            stop.set()
+            raise
+
+    with ThreadPoolExecutor(len(discovery.found) or 1) as pool:
+        futures = [pool.submit(one, found) for found in discovery.found]
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    if failed:
+        raise next((e for e in failed if not isinstance(e, nightly.Stopped)), failed[0])
+    return tuple(future.result() for future in futures)
+
+
+def _prove(found: Found, path: Path) -> str:
+    """The wheel names the commit it was found at: its METADATA's version is the file name's, that version's
+    `+g<sha>` is the commit's, and its tags are the platform's."""
+    from packaging.version import InvalidVersion, Version
+
+    from carry.binaries import wheelzip
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            info = wheelzip.dist_info(archive)
+            metadata = archive.read(f"{info}/METADATA").decode()
+            tags = wheelzip.tags_of(archive.read(f"{info}/WHEEL").decode())
+    except (OSError, KeyError, UnicodeDecodeError, zipfile.BadZipFile, Failed) as exc:
+        raise Failed(f"{found.entry.filename}: not a readable wheel ({exc}); nothing was written") from None
+    version = str(email.parser.Parser().parsestr(metadata, headersonly=True).get("Version", ""))
+    try:
+        same = Version(version) == Version(found.entry.version)
+    except InvalidVersion:
+        same = False
+    if not same:
+        raise Failed(
+            f"{found.entry.filename}: its METADATA says Version {version!r}, not the file name's "
+            f"{found.entry.version}; nothing was written"
+        )
+    machines = {Platform.from_wheel_tag(tag.rsplit("-", 1)[-1]) for tag in tags}
+    if machines != {found.platform}:
+        raise Failed(f"{found.entry.filename}: its WHEEL tags {', '.join(tags)} are not {found.platform}'s")
+    said = "names" if found.named.startswith("commit") else "is"
+    return f"version {version} {said} {found.named} = {found.commit[:12]}"
+
+
+# --- build.yaml, edited in place ---------------------------------------------------------------------------------
+
+
+def write(path: Path, pins: dict[Platform, dict[str, str]]) -> bool:
+    """build.precompiled.wheels.<platform> set to `pins` in `path`, every other byte kept (comments, order, the
+    other keys); False when the file says that already. The new text must read back as the old data with exactly
+    these pins, or nothing is written."""
+    text = path.read_text()
+    new = render(text, pins, path)
+    if new == text:
+        return False
+    expected = copy.deepcopy(yaml.safe_load(text))
+    precompiled = expected["build"]["precompiled"]
+    wheels = precompiled.get("wheels") or {}
+    for platform, fields in pins.items():
+        for key in [k for k in wheels if _platform(k) is platform]:
+            del wheels[key]
+        wheels[str(platform)] = dict(fields)
+    precompiled["wheels"] = wheels
+    try:
+        again = yaml.safe_load(new)
+    except yaml.YAMLError as exc:
+        again = exc
+    if again != expected:
+        raise Failed(f"{path}: writing the pins in place would change more than build.precompiled.wheels; nothing "
+                     f"was written: write build.precompiled as a plain block mapping")  # fmt: skip
+    atomic_write_text(path, new)
+    return True
+
+
+def render(text: str, pins: dict[Platform, dict[str, str]], path: Path) -> str:
+    """`text` with the pins written into build.precompiled.wheels (see `write`)."""
+    root = yaml.compose(text)
+    build = _value(root, "build")
+    precompiled = _value(build, "precompiled") if build is not None else None
+    if not isinstance(precompiled, yaml.MappingNode) or precompiled.flow_style or not precompiled.value:
+        raise BadInput(f"{path}: build.precompiled must be a block mapping for `carry pin` to write its wheels into")
+    indent = precompiled.value[0][0].start_mark.column
+    step = max(2, indent - _key(build, "precompiled").start_mark.column)
+    edits: list[tuple[int, int, str]] = []
+    pair = _pair(precompiled, "wheels")
+    if pair is None:
+        lines = [" " * indent + "wheels:", *_entries(pins, indent + step, step)]
+        at = _line_end(text, _end(precompiled))
+        edits.append((at, at, "\n" + "\n".join(lines)))
+    else:
+        key, value = pair
+        if _empty(value):
+            at = _line_end(text, max(key.end_mark.index, value.end_mark.index))
+            start = value.start_mark.index
+            while start > key.end_mark.index + 1 and text[start - 1] == " ":
+                start -= 1
+            edits.append((start, value.end_mark.index, ""))
+            edits.append((at, at, "\n" + "\n".join(_entries(pins, indent + step, step))))
+        elif isinstance(value, yaml.MappingNode) and not value.flow_style:
+            column = value.value[0][0].start_mark.column
+            added = {}
+            for platform, fields in pins.items():
+                entry = next(((k, v) for k, v in value.value if _platform(k.value) is platform), None)
+                if entry is None:
+                    added[platform] = fields
+                else:
+                    edits += _edit_entry(text, entry[1], fields, column + step)
+            if added:
+                at = _line_end(text, _end(value))
+                edits.append((at, at, "\n" + "\n".join(_entries(added, column, step))))
+        else:
+            raise BadInput(f"{path}: build.precompiled.wheels must be a mapping of platform to its pin")
+    for start, end, replacement in sorted(edits, key=lambda e: (e[0], e[1]), reverse=True):
+        text = text[:start] + replacement + text[end:]
+    return text
+
+
+def _edit_entry(text: str, node: yaml.Node, fields: dict[str, str], indent: int) -> list[tuple[int, int, str]]:
+    """The edits that make one platform's entry say `fields`: its scalars replaced in place (comments kept) when it
+    is a block mapping of these keys; else the whole entry rewritten."""
+    if isinstance(node, yaml.MappingNode) and not node.flow_style and node.value:
+        keys = {k.value for k, _ in node.value}
+        if keys <= set(FIELDS) and all(isinstance(v, yaml.ScalarNode) for _, v in node.value):
+            edits = []
+            column = node.value[0][0].start_mark.column
+            values = {name.value: value for name, value in node.value}
+            for name, value in values.items():
+                if value.value != fields[name]:
+                    edits.append((value.start_mark.index, value.end_mark.index, _scalar(fields[name])))
+            after: dict[int, str] = {}  # a missing key goes after the one before it in FIELDS, else first
+            for position, name in enumerate(FIELDS):
+                if name in values:
+                    continue
+                before = next((values[n] for n in reversed(FIELDS[:position]) if n in values), None)
+                line = f"{' ' * column}{name}: {_scalar(fields[name])}"
+                if before is None:
+                    at = text.rfind("\n", 0, node.start_mark.index) + 1
+                    after[at] = after.get(at, "") + line + "\n"
+                else:
+                    at = _line_end(text, _end(before))
+                    after[at] = after.get(at, "") + "\n" + line
+            return edits + [(at, at, added) for at, added in after.items()]
+        lines = [f"{' ' * indent}{name}: {_scalar(fields[name])}" for name in FIELDS]
+        return [(node.start_mark.index, _end(node), "\n".join(lines).lstrip(" "))]
+    flow = ", ".join(f"{name}: {_scalar(fields[name])}" for name in FIELDS)
+    return [(node.start_mark.index, _end(node), f"{{{flow}}}")]
+
+
+def _entries(pins: dict[Platform, dict[str, str]], indent: int, step: int) -> list[str]:
+    lines = []
+    for platform, fields in pins.items():
+        lines.append(f"{' ' * indent}{platform}:")
+        lines += [f"{' ' * (indent + step)}{name}: {_scalar(fields[name])}" for name in FIELDS]
+    return lines
+
+
+def _scalar(value: str) -> str:
+    """A YAML scalar that reads back as `value`: plain where that is safe, else double-quoted."""
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:+=@%-]*", value) and yaml.safe_load(value) == value:
+        return value
+    return json.dumps(value)
+
+
+def _platform(key) -> Platform | None:
+    try:
+        return Platform.parse(str(key), "build.precompiled.wheels")
+    except BadInput:
+        return None
+
+
+def _pair(node: yaml.Node | None, name: str) -> tuple[yaml.Node, yaml.Node] | None:
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    return next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == name), None)
+
+
+def _value(node: yaml.Node | None, name: str) -> yaml.Node | None:
+    pair = _pair(node, name)
+    return pair[1] if pair else None
+
+
+def _key(node: yaml.Node, name: str) -> yaml.Node:
+    return _pair(node, name)[0]
+
+
+def _empty(node: yaml.Node) -> bool:
+    if isinstance(node, yaml.ScalarNode):
+        return node.tag.endswith(":null")
+    return isinstance(node, yaml.MappingNode) and not node.value
+
+
+def _end(node: yaml.Node) -> int:
+    """Where a node's text ends: its last scalar's end (a block collection's own end mark lies past the comments and
+    blank lines that follow it)."""
+    if isinstance(node, yaml.ScalarNode) or getattr(node, "flow_style", False):
+        return node.end_mark.index
+    if isinstance(node, yaml.MappingNode) and node.value:
+        key, value = node.value[-1]
+        return max(_end(key), _end(value))
+    if isinstance(node, yaml.SequenceNode) and node.value:
+        return _end(node.value[-1])
+    return node.end_mark.index
+
+
+def _line_end(text: str, at: int) -> int:
+    """The end of the line `at` is on (before its newline), past any comment there."""
+    if at > 0 and text[at - 1] == "\n":
+        return at - 1
+    found = text.find("\n", at)
+    return len(text) if found < 0 else found
