@@ -11,7 +11,7 @@ FROM ${SOURCE}
 # hadolint ignore=DL3008
 RUN set -eu; \
     export DEBIAN_FRONTEND=noninteractive; \
-    apt-get update; \
+    apt-get -o Acquire::Languages=none update; \
     apt-get install -y --no-install-recommends python3 python3-venv; \
     apt-get clean; \
     rm -rf /var/lib/apt/lists/*
