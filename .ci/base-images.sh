@@ -44,6 +44,10 @@ if [ -z "$MIRROR" ]; then
     echo "base-images: no Debian mirror in this machine's apt sources; set CARRY_CI_DEBIAN_MIRROR" >&2
     exit 2
 fi
+# mmdebstrap's roots are reproducible with a fixed SOURCE_DATE_EPOCH: the same Debian packages give the same tar,
+# so the runtime images have the same layers (diff_ids), hence the same content digest, on every machine, and a
+# runtime lock committed from one (examples/vllm/runtime-lock) is fresh on another (carry/image/runtimebase.py).
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1700000000}
 CUDA_SRC=${CARRY_CI_CUDA_SRC:-/usr/local/cuda-13.0}
 CUDA_DEST=/usr/local/cuda-13.0
 SUITE=bookworm
@@ -60,7 +64,6 @@ CUDA_FILES=(
 # NVIDIA's aarch64 CUDA compiler on PyPI; together they unpack into nvidia/cu13, a CUDA_HOME.
 ARM64_CUDA_WHEELS=(nvidia-cuda-nvcc nvidia-nvvm nvidia-cuda-runtime nvidia-cuda-crt nvidia-cuda-cccl)
 ARM64_WHEELHOUSE=$CI_DIR/wheelhouse-cuda-arm64
-PYLESS_EPOCH=1700000000  # the python-less bases' file dates (reproducible builds)
 
 log() { printf 'base-images: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -156,11 +159,10 @@ build_arm64_build_base() {
 
 # build_pyless_base IMAGE ARCH CONTEXT: a minimal Debian without python3 (mmdebstrap minbase: apt, no Python)
 # for ARCH, the stand-in for NVIDIA's CUDA runtime images, which hold none, in the tests of the runtime base carry
-# derives (carry/image/runtimebase.py). Its apt sources are the mirror's (plain HTTP), as the others'. Made
-# reproducibly (SOURCE_DATE_EPOCH: the same packages give the same bytes, so the same content digest on every
-# machine) and, for both CPUs, the way the arm64 images are (FROM scratch, ADD the root).
+# derives (carry/image/runtimebase.py). Its apt sources are the mirror's (plain HTTP), as the others'. Made for
+# both CPUs the way the arm64 images are (FROM scratch, ADD the root).
 build_pyless_base() {
-    SOURCE_DATE_EPOCH=$PYLESS_EPOCH mmdebstrap --quiet --variant=minbase --arch="$2" \
+    mmdebstrap --quiet --variant=minbase --arch="$2" \
         --dpkgopt='path-exclude=/usr/share/man/*' \
         --dpkgopt='path-exclude=/usr/share/locale/*' \
         --dpkgopt='path-exclude=/usr/share/doc/*' \

@@ -31,7 +31,10 @@ Everything runs in a temp dir against generated upstreams, driving `python build
       store warm against the arm64 install under QEMU (a measured fraction, scaled by bytes), a Python-only patch
       change, the bytes it pushes, image sizes, files stored twice, peak disk (see bench/lockedimage.py);
   12. `verify IMAGE` on the real vLLM image of examples/vllm, per platform, against reading and hashing its blobs
-      alone, and linux/arm64 against linux/amd64 (both read natively; see bench/verifyimage.py).
+      alone, and linux/arm64 against linux/amd64 (both read natively; see bench/verifyimage.py);
+  13. the same vLLM image on runtime images without python3 (NVIDIA's stand-in): the Python base carry derives per
+      platform (apt, arm64 under QEMU) first and reused, lock, image --push, verify, and a fresh runner's lock
+      --check after deriving again (see bench/runtimebase.py).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
 """
@@ -62,6 +65,7 @@ import lockedimage  # noqa: E402
 import measure  # noqa: E402
 import realwheels  # noqa: E402
 import redisd  # noqa: E402
+import runtimebase  # noqa: E402
 import scale  # noqa: E402
 import trees  # noqa: E402
 import verifyimage  # noqa: E402
@@ -475,7 +479,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
     parser.add_argument(
         "--only",
-        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,locked,verify",
+        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,locked,verify,runtimebase",
         help="comma-separated parts to run",
     )
     options = parser.parse_args()
@@ -492,6 +496,7 @@ def main() -> int:
         "vllm": lambda work, size: vllmbench.bench(work / "vllm", size, Row),
         "locked": lambda work, size: lockedimage.bench(work, Row),
         "verify": lambda work, size: verifyimage.bench(work, Row),
+        "runtimebase": lambda work, size: runtimebase.bench(work, Row),
     }
     # The start-up ratios (check, vllm) run first, before the parts that churn gigabytes through the page cache.
     # verify reads the image `locked` pushed.
@@ -508,6 +513,7 @@ def main() -> int:
         "precompiled",
         "locked",
         "verify",
+        "runtimebase",
     ]
     chosen = options.only.split(",")
     if not chosen or set(chosen) - set(parts):
