@@ -82,11 +82,11 @@ class Lock:
     target: str
     base: str  # the runtime image's reference, as configured
     base_content: str  # its content digest ("sha256:<hex>", runtimebase.content_digest)
-    base_python: str  # where its python3 comes from: "own", or "<method> sha256:<recipe hash>"
     requires_digest: str  # "sha256:<hex>" of the Requires-Dist (requires_digest)
     requires: str  # the locked wheel's name==version (informational)
     packages: tuple[Locked, ...]
     config: Path | None = None  # the build.yaml it belongs to (for the relock command)
+    base_python: str = "own"  # where the base's python3 comes from: "own", or "<method> sha256:<recipe hash>"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,11 +217,11 @@ def parse(
         header["target"],
         header["base"],
         header["base-content"],
-        header["base-python"],
         header["requires-dist"],
         header["requires"],
         _packages(lines[1 + len(keys) :], garbled),
         config_path,
+        header["base-python"],
     )
 
 
