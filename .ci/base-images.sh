@@ -159,10 +159,11 @@ build_arm64_build_base() {
 
 # build_pyless_base IMAGE ARCH CONTEXT: a minimal Debian without python3 (mmdebstrap minbase: apt, no Python)
 # for ARCH, the stand-in for NVIDIA's CUDA runtime images, which hold none, in the tests of the runtime base carry
-# derives (carry/image/runtimebase.py). Its apt sources are the mirror's (plain HTTP), as the others'. Made for
-# both CPUs the way the arm64 images are (FROM scratch, ADD the root).
+# derives (carry/image/runtimebase.py). Like NVIDIA's it has ca-certificates (python3-venv needs them; their
+# package scripts alone take minutes under QEMU, which the derivation then does not repeat). Its apt sources are
+# the mirror's (plain HTTP), as the others'. Made for both CPUs the way the arm64 images are (FROM scratch, ADD).
 build_pyless_base() {
-    mmdebstrap --quiet --variant=minbase --arch="$2" \
+    mmdebstrap --quiet --variant=minbase --arch="$2" --include=ca-certificates \
         --dpkgopt='path-exclude=/usr/share/man/*' \
         --dpkgopt='path-exclude=/usr/share/locale/*' \
         --dpkgopt='path-exclude=/usr/share/doc/*' \
