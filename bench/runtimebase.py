@@ -25,7 +25,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 DOCKER = "/usr/bin/docker"
 DERIVED_RE = re.compile(
-    r"(linux/\w+): \S+ \(sha256:\S+\) \+ python3 python3-venv by apt: (\S+), .*? \((in (\d+)s|made earlier)"
+    r"(linux/\w+): \S+ \(sha256:\S+\) [^:]+: base (\S+), it \+ python3 python3-venv by apt: .*? "
+    r"\((in (\d+)s|made earlier)"
 )
 
 

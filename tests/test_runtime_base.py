@@ -25,6 +25,10 @@ from helpers import Upstream, assert_bad_input, carry, write_config
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
 DOCKER = dockerenv.DOCKER_CLI
+# carry's line for a base it derived (carry.image.runtimebase.derive): the platform and, the first time, the seconds
+DERIVED_RE = re.compile(
+    r"(linux/\w+): \S+ \(sha256:\S+\) [^:]+: base \S+, it \+ python3 python3-venv by apt: .* \(in (\d+)s"
+)
 PLATFORMS = ("linux/amd64", "linux/arm64")
 VERSION = "20261201.1"
 PYPROJECT = """[build-system]
@@ -132,10 +136,7 @@ def locked(project):
 
 def derive_seconds(err: str) -> dict[str, float]:
     """Per platform, the seconds its derivation took, as carry reports them."""
-    return {
-        m.group(1): float(m.group(2))
-        for m in re.finditer(r"(linux/\w+): \S+ \(sha256:\S+\) \+ python3 python3-venv by apt: .* \(in (\d+)s", err)
-    }
+    return {m.group(1): float(m.group(2)) for m in re.finditer(DERIVED_RE, err)}
 
 
 def test_lock_derives_a_python_base_for_each_platform_and_says_so(project, locked):
@@ -147,6 +148,8 @@ def test_lock_derives_a_python_base_for_each_platform_and_says_so(project, locke
     for platform, source in project["sources"].items():
         arch, machine = platform.split("/")[1], {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}[platform]
         assert f"{platform}: {source} has no python3: deriving a base with the distribution's python3 " in done.err
+        assert f"{platform}: {source} (sha256:" in done.err
+        assert ") has no python3: base carry-derived/python:" in done.err
         header = (project["config"].parent / "runtime-lock" / f"linux-{arch}.txt").read_text().splitlines()
         content = runtimebase.content_digest(inspect(source))
         assert header[1:8] == [
@@ -182,6 +185,8 @@ def test_a_second_lock_reuses_the_derived_bases(project, locked):
     assert again.code == 0, again.err[-2000:]
     assert again.out.count(": up to date") == 2
     assert again.err.count("(made earlier)") == 2 and "deriving" not in again.err
+    for source in project["sources"].values():  # said again: which base, and why
+        assert re.search(rf"{re.escape(source)} \(sha256:\S+\) has no python3: base carry-derived/python:", again.err)
     print(f"lock again, both bases made earlier: {seconds:.1f}s")
 
 

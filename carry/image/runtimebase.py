@@ -124,14 +124,10 @@ def resolve(config: Config, platform: Platform, cache: Cache, say: Callable[[str
                 f"runtime image {ref} (for {platform}) has no python3 and image.runtime_python is off; set it to "
                 f"auto (carry derives a base with the distribution's python3) or name an image with python3"
             )
-        method = DEFAULT_METHOD
-        say(
-            f"{platform}: {ref} has no python3: deriving a base with the distribution's {PACKAGES[method]} "
-            f"(image.runtime_python: auto, by {method})"
-        )
+        method, why = DEFAULT_METHOD, "has no python3"
     else:
-        method = mode
-    return derive(config, cache, docker, platform, ref, source, content, registry_digest, method, say)
+        method, why = mode, f"image.runtime_python is {mode}"
+    return derive(config, cache, docker, platform, ref, source, content, registry_digest, method, why, say)
 
 
 # -- identity ------------------------------------------------------------------------------------------------------
@@ -281,10 +277,11 @@ def derive(
     content: str,
     registry_digest: str | None,
     method: str,
+    why: str,
     say: Callable[[str], None],
 ) -> RuntimeBase:
     """The derived base of `source` by `method`: the local image made earlier, else one BuildKit build (once per
-    machine and key; a concurrent carry waits for it)."""
+    machine and key; a concurrent carry waits for it), said when it starts. `why`: why the base is derived."""
     python = f"{method} {recipe_hash(method)}"
     tag = derived_tag(content, python, platform)
     labels = {LABEL_BASE_NAME: ref, LABEL_BASE: content, LABEL_PYTHON: python}
@@ -294,6 +291,10 @@ def derive(
         made = _matching(docker, tag, labels)
         seconds = None
         if made is None:
+            say(
+                f"{platform}: {ref} {why}: deriving a base with the distribution's {PACKAGES[method]} by {method}"
+                f"{' under QEMU' if platform is not Platform.native() else ''}, once"
+            )
             seconds = _build(config, cache, docker, platform, source, method, tag, labels)
             made = _matching(docker, tag, labels)
             if made is None:
@@ -303,8 +304,8 @@ def derive(
         raise Failed(f"{tag}, derived from {ref} by {method}, has no python3 either; log: {_log(cache, tag)}")
     done = f"in {seconds:.0f}s; log {_log(cache, tag)}" if seconds is not None else "made earlier"
     line = (
-        f"{platform}: {ref} ({content[:19]}…) + {PACKAGES[method]} by {method}: {tag}, python3 {facts['python']}, "
-        f"glibc {facts['libc']} ({done})"
+        f"{platform}: {ref} ({content[:19]}…) {why}: base {tag}, it + {PACKAGES[method]} by {method}: python3 "
+        f"{facts['python']}, glibc {facts['libc']} ({done})"
     )
     return RuntimeBase(
         platform, ref, content, registry_digest, python, tag, made["Id"], facts["python"], facts["libc"], line
