@@ -179,7 +179,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", type=Path)
     options = parser.parse_args()
-    result = measure_all(Path(tempfile.mkdtemp(prefix="carry-bench-runtimebase-")))
+    with tempfile.TemporaryDirectory(prefix="carry-bench-runtimebase-") as work:  # gigabytes: removed afterwards
+        result = measure_all(Path(work))
     rows = report(result)
     print("\n".join(f"{m}: {v}" + (f"  target {t}  {'PASS' if ok else 'FAIL'}" if t else "") for m, v, t, ok in rows))
     if options.json:
