@@ -8,6 +8,8 @@
 #   carry-test/build-base:<tag>-arm64    --arch=arm64) added to an empty image by a BuildKit build for that
 #                                        platform; the build base's CUDA compiler is NVIDIA's aarch64 wheels
 #                                        from PyPI (kept in $CI_DIR/wheelhouse-cuda-arm64)
+#   carry-test/pyless-base:<tag>{,-arm64}  a minimal Debian without python3 (mmdebstrap minbase), standing in for
+#                                        NVIDIA's CUDA runtime images, for both CPUs
 # Each is also tagged carry-local/{build,runtime}-base:{amd64,arm64}, the names examples/demo/build.yaml uses.
 # Packages come from the Debian mirror this machine's apt uses (the first `URIs:` of
 # /etc/apt/sources.list.d/*.sources, else the first `deb` line of /etc/apt/sources.list and *.list, that serves
@@ -42,6 +44,10 @@ if [ -z "$MIRROR" ]; then
     echo "base-images: no Debian mirror in this machine's apt sources; set CARRY_CI_DEBIAN_MIRROR" >&2
     exit 2
 fi
+# mmdebstrap's roots are reproducible with a fixed SOURCE_DATE_EPOCH: the same Debian packages give the same tar,
+# so the runtime images have the same layers (diff_ids), hence the same content digest, on every machine, and a
+# runtime lock committed from one (examples/vllm/runtime-lock) is fresh on another (carry/image/runtimebase.py).
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1700000000}
 CUDA_SRC=${CARRY_CI_CUDA_SRC:-/usr/local/cuda-13.0}
 CUDA_DEST=/usr/local/cuda-13.0
 SUITE=bookworm
@@ -151,6 +157,41 @@ build_arm64_build_base() {
     build_arm64_image "$1" "$context"
 }
 
+# build_pyless_base IMAGE ARCH CONTEXT: a minimal Debian without python3 (mmdebstrap minbase: apt, no Python)
+# for ARCH, the stand-in for NVIDIA's CUDA runtime images, which hold none, in the tests of the runtime base carry
+# derives (carry/image/runtimebase.py). Like NVIDIA's it has ca-certificates (python3-venv needs them; their
+# package scripts alone take minutes under QEMU, which the derivation then does not repeat). Its apt sources are
+# the mirror's (plain HTTP), as the others'. Made for both CPUs the way the arm64 images are (FROM scratch, ADD).
+build_pyless_base() {
+    mmdebstrap --quiet --variant=minbase --arch="$2" --include=ca-certificates \
+        --dpkgopt='path-exclude=/usr/share/man/*' \
+        --dpkgopt='path-exclude=/usr/share/locale/*' \
+        --dpkgopt='path-exclude=/usr/share/doc/*' \
+        --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+        "$SUITE" "$3/rootfs.tar" "$MIRROR" || return 1
+    DOCKER_BUILDKIT=1 "$DOCKER" build --platform "linux/$2" --progress=plain --tag "$1" -f - "$3" <<EOF
+FROM scratch
+ADD rootfs.tar /
+ENV PATH=$IMAGE_PATH
+CMD ["/bin/bash"]
+EOF
+}
+
+# pyless_bases IMAGE: the python-less base for both CPUs, IMAGE and IMAGE-arm64 (arm64's package scripts under
+# QEMU, beside amd64), each checked to hold no python3.
+pyless_bases() {
+    local image=$1 arm64 ref
+    build_if_missing pyless-base-arm64 "$image-arm64" build_pyless_base arm64 &
+    arm64=$!
+    build_if_missing pyless-base "$image" build_pyless_base amd64
+    wait "$arm64" || die "the arm64 python-less base failed"
+    for ref in "$image" "$image-arm64"; do
+        if "$DOCKER" run --rm --network=none "$ref" sh -c 'command -v python3' >/dev/null 2>&1; then
+            die "$ref holds a python3"
+        fi
+    done
+}
+
 # check_nvcc_offline IMAGE PLATFORM: compile and link a kernel for sm_121 with networking off, as PLATFORM.
 check_nvcc_offline() {
     # shellcheck disable=SC2016 # $CUDA_HOME is the container's
@@ -203,12 +244,13 @@ main() {
     mkdir -p "$CI_DIR"
     grep -qx enabled /proc/sys/fs/binfmt_misc/qemu-aarch64 2>/dev/null \
         || die "this machine cannot run arm64 programs; run ci/qemu.sh first"
-    local tag runtime_image build_image arm64_runtime arm64_build
+    local tag runtime_image build_image arm64_runtime arm64_build pyless_image pyless
     # The arm64 builds run in the background: stop them too when this script fails.
     trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
     tag=$(recipe_tag)
     runtime_image=carry-test/runtime-base:$tag
     build_image=carry-test/build-base:$tag
+    pyless_image=carry-test/pyless-base:$tag
 
     # The arm64 roots take minutes of emulated package scripts: start them first, beside the amd64 work.
     build_if_missing runtime-base-arm64 "$runtime_image-arm64" build_arm64_runtime_base &
@@ -218,9 +260,12 @@ main() {
     build_if_missing runtime-base "$runtime_image" build_runtime_base
     build_if_missing build-base "$build_image" build_build_base "$runtime_image"
     checked_build_base "$build_image" linux/amd64
+    pyless_bases "$pyless_image" &
+    pyless=$!
     wait "$arm64_runtime" || die "the arm64 runtime base failed"
     wait "$arm64_build" || die "the arm64 build base failed"
     checked_build_base "$build_image-arm64" linux/arm64
+    wait "$pyless" || die "the python-less bases failed"
 
     "$DOCKER" tag "$build_image" carry-local/build-base:amd64
     "$DOCKER" tag "$runtime_image" carry-local/runtime-base:amd64
@@ -230,6 +275,8 @@ main() {
     set_env CARRY_TEST_RUNTIME_BASE "$runtime_image"
     set_env CARRY_TEST_BUILD_BASE_ARM64 "$build_image-arm64"
     set_env CARRY_TEST_RUNTIME_BASE_ARM64 "$runtime_image-arm64"
+    set_env CARRY_TEST_PYLESS_BASE "$pyless_image"
+    set_env CARRY_TEST_PYLESS_BASE_ARM64 "$pyless_image-arm64"
     log "wrote $ENV_FILE"
 }
 

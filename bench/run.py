@@ -37,7 +37,10 @@ Everything runs in a temp dir against generated upstreams, driving `python build
       against the whole push, the SBOM's size and component count per platform, `verify --key` against plain
       `verify` (see bench/trust.py);
   14. `carry pin` on a replica of vLLM's per-commit wheel index (the real 0.33.0 wheels as nightlies of a grown
-      real history, on loopback) against downloading the two wheels alone (see bench/nightlybench.py).
+      real history, on loopback) against downloading the two wheels alone (see bench/nightlybench.py);
+  15. the same vLLM image on runtime images without python3 (NVIDIA's stand-in): the Python base carry derives per
+      platform (apt, arm64 under QEMU) first and reused, lock, image --push, verify, and a fresh runner's lock
+      --check after deriving again (see bench/runtimebase.py).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
 """
@@ -69,6 +72,7 @@ import measure  # noqa: E402
 import nightlybench  # noqa: E402
 import realwheels  # noqa: E402
 import redisd  # noqa: E402
+import runtimebase  # noqa: E402
 import scale  # noqa: E402
 import trees  # noqa: E402
 import trust  # noqa: E402
@@ -500,7 +504,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
     parser.add_argument(
         "--only",
-        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,pin,locked,verify,trust",
+        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,pin,locked,verify,trust,runtimebase",
         help="comma-separated parts to run",
     )
     options = parser.parse_args()
@@ -519,6 +523,7 @@ def main() -> int:
         "locked": lambda work, size: lockedimage.bench(work, Row),
         "verify": lambda work, size: verifyimage.bench(work, Row),
         "trust": lambda work, size: trust.bench(work, Row),
+        "runtimebase": lambda work, size: runtimebase.bench(work, Row),
     }
     # The start-up ratios (check, vllm) run first, before the parts that churn gigabytes through the page cache.
     # verify reads the image `locked` pushed.
@@ -537,6 +542,7 @@ def main() -> int:
         "locked",
         "verify",
         "trust",
+        "runtimebase",
     ]
     chosen = options.only.split(",")
     if not chosen or set(chosen) - set(parts):

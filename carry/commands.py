@@ -356,7 +356,12 @@ class Session:
         self.require_pins(platforms)
         client = registry.client()
         prepared = lockedimage.prepare(
-            self.config, self.cache, platforms, client, lambda line: progress.phase("download", line)
+            self.config,
+            self.cache,
+            platforms,
+            client,
+            lambda line: progress.phase("download", line),
+            lambda line: progress.phase("base", line),
         )
         checked = self._checked(progress)
         arches = {platform: self.arches(arch, platform) for platform in platforms}
@@ -375,11 +380,7 @@ class Session:
             cuda,
             options,
         )
-        wheels = {}
-        for platform in platforms:
-            built = self.wheel(arch, Path("dist"), None, progress, platform)
-            wheels[platform] = built.path
-            progress.phase("wheel", f"{platform}: {built.path.name}{' (reused)' if built.reused else ''}")
+        wheels = self.image_wheels(platforms, arch, progress)
         return lockedimage.build(
             self.config, self.cache, prepared, plan, wheels, options.push, smoke, client, progress, attester
         )
@@ -395,6 +396,32 @@ class Session:
 
         key = keys.from_environment(os.environ)  # nothing printed yet: a later bad input stays one line
         return Attester(key, self.config, self.series(), self.version(), __version__, dist, progress)
+
+    def image_wheels(self, platforms: tuple[Platform, ...], arch: str | None, progress: Progress) -> dict:
+        """The fixed wheel of each platform of a locked image, in dist/: made here for this machine's CPU and for
+        each platform with a precompiled wheel; for another, this machine's own when it is pure Python (as `lock`
+        takes it: a `py3-none-any` wheel installs anywhere), never a wheel of this CPU's code."""
+        from carry.platforms import Platform
+
+        native = Platform.native()
+        here = [p for p in platforms if p is native or self.precompiled_for(p)]
+        if any(p not in here for p in platforms) and native not in here:
+            here.append(native)
+        built = {}
+        for platform in here:
+            made = self.wheel(arch, Path("dist"), None, progress, platform)
+            built[platform] = made.path
+            progress.phase("wheel", f"{platform}: {made.path.name}{' (reused)' if made.reused else ''}")
+        for platform in platforms:
+            if platform not in built:
+                if not built[native].name.endswith("-none-any.whl"):
+                    raise Failed(
+                        f"{built[native].name} holds {native.machine} code: a locked image for {platform} needs "
+                        f"build.precompiled.wheels.{platform}"
+                    )
+                built[platform] = built[native]
+                progress.phase("wheel", f"{platform}: {built[native].name} (pure Python, made on {native})")
+        return {platform: built[platform] for platform in platforms}
 
     def manifest(
         self, platforms: tuple[Platform, ...], extra_tags: tuple[str, ...], progress: Progress
@@ -427,11 +454,7 @@ class Session:
 
         chosen = runtimelock.platforms_to_lock(self.config, platforms)
         self.require_pins(chosen)
-        facts = {platform: runtimelock.base_facts(self.config, platform, self.cache) for platform in chosen}
-        for platform, found in facts.items():
-            progress.phase(
-                "base", f"{platform}: {found.ref} ({found.image_id[:19]}…): python {found.python}, glibc {found.glibc}"
-            )
+        facts = runtimelock.bases(self.config, chosen, self.cache, lambda line: progress.phase("base", line))
         with temp_dir(self.cache.scratch, "lock-wheels-") as out:
             wheels = self.lock_wheels(chosen, out, progress)
             if check:

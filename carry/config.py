@@ -30,6 +30,9 @@ TAG_FIELDS = ("version", "base_short", "cuda", "series_short")
 TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 # libyaml's safe loader where PyYAML was built with it (its wheels are): the same documents, a tenth of the time
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# image.runtime_python: how a runtime image without python3 gets one (carry.image.runtimebase).
+RUNTIME_PYTHON_METHODS = ("apt",)
+RUNTIME_PYTHON_VALUES = ("auto", *RUNTIME_PYTHON_METHODS, "off")
 
 
 class CompilerCache(enum.Enum):
@@ -268,6 +271,7 @@ class PlatformTarget:
     cuda_arches: ArchList | None = None
     base_image: str | None = None
     runtime_image: str | None = None
+    runtime_python: str | None = None  # auto | apt | off (RUNTIME_PYTHON_VALUES); None: image.runtime_python
 
 
 @record
@@ -285,6 +289,7 @@ class Image:
     lock: Path | None = None  # image.lock: the runtime lock's directory (beside build.yaml); None: not locked
     entrypoint: tuple[str, ...] | None = None  # image.entrypoint, exec form; None: the base's
     cmd: tuple[str, ...] | None = None  # image.cmd, exec form (may be empty); None: the base's
+    runtime_python: str = "auto"  # a runtime image without python3: auto (derive one), apt (always), off (never)
 
 
 @record
@@ -303,6 +308,10 @@ class Config:
     def target(self, platform: Platform) -> PlatformTarget:
         """image.platforms' entry for `platform`, or one that sets nothing of its own."""
         return next((t for t in self.image.platforms if t.platform is platform), PlatformTarget(platform))
+
+    def runtime_python(self, platform: Platform) -> str:
+        """How `platform`'s runtime image gets its python3: its own image.platforms setting, else image's."""
+        return self.target(platform).runtime_python or self.image.runtime_python
 
     def arches_for(self, platform: Platform | None) -> ArchList | None:
         """The CUDA arches a build for `platform` asks for: its own, else build.cuda_arches (None: not set)."""
@@ -543,6 +552,7 @@ IMAGE_KEYS = (
     "lock",
     "entrypoint",
     "cmd",
+    "runtime_python",
 )
 
 
@@ -897,7 +907,24 @@ def _image(section: _Section, path: Path) -> Image:
         lock=_lock_dir(section, path),
         entrypoint=_exec_form(section, "entrypoint"),
         cmd=_exec_form(section, "cmd", empty=True),
+        runtime_python=_runtime_python(section) or "auto",
     )
+
+
+def _runtime_python(section: _Section) -> str | None:
+    """image.runtime_python (or image.platforms.<p>.runtime_python): auto, a method (apt) or off."""
+    value = section.data.get("runtime_python")
+    if value is None:
+        return None
+    if value is False:
+        value = "off"  # YAML 1.1 reads a bare `off` as false
+    if value not in RUNTIME_PYTHON_VALUES:
+        raise section.fail(
+            "runtime_python",
+            "auto (derive a base with python3 when the runtime image has none), apt (always derive it with the "
+            "image's own apt) or off (never)",
+        )
+    return value
 
 
 def _lock_dir(section: _Section, path: Path) -> Path | None:
@@ -922,7 +949,7 @@ def _exec_form(section: _Section, key: str, empty: bool = False) -> tuple[str, .
     return tuple(argv)
 
 
-PLATFORM_KEYS = ("cuda_arches", "base_image", "runtime_image")
+PLATFORM_KEYS = ("cuda_arches", "base_image", "runtime_image", "runtime_python")
 
 
 def _platforms(section: _Section) -> tuple[PlatformTarget, ...]:
@@ -938,7 +965,7 @@ def _platforms(section: _Section) -> tuple[PlatformTarget, ...]:
         raise section.fail(
             "platforms",
             "a list of platforms such as [linux/amd64, linux/arm64], or a mapping of "
-            "platform to its own cuda_arches, base_image, runtime_image",
+            "platform to its own cuda_arches, base_image, runtime_image, runtime_python",
         )
     from carry.platforms import Platform
 
@@ -957,6 +984,7 @@ def _platforms(section: _Section) -> tuple[PlatformTarget, ...]:
                 cuda_arches=ArchList.parse(arches) if arches is not None else None,
                 base_image=own.string("base_image"),
                 runtime_image=own.string("runtime_image"),
+                runtime_python=_runtime_python(own),
             )
         )
     return tuple(targets)

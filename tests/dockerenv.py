@@ -185,6 +185,28 @@ def _problem() -> str | None:
     return _registry_problem(env.registry)
 
 
+PYLESS_KEYS = {"linux/amd64": "CARRY_TEST_PYLESS_BASE", "linux/arm64": "CARRY_TEST_PYLESS_BASE_ARM64"}
+
+
+def require_pyless() -> dict[str, str]:
+    """The minimal Debian images without python3 (NVIDIA's runtime images' stand-in, .ci/base-images.sh) per
+    platform, after require(); skip the test (fail it when $CI is set) when they were not built."""
+    require()
+    settings = _settings()
+    settings.update({key: os.environ[key] for key in PYLESS_KEYS.values() if os.environ.get(key)})
+    found = {platform: settings.get(key, "") for platform, key in PYLESS_KEYS.items()}
+    client = docker_client()
+    for image in found.values():
+        try:
+            client.images.get(image)
+        except (docker.errors.DockerException, docker.errors.NullResource) as error:
+            problem = f"the python-less base images are missing ({error}); {SETUP_HINT}"
+            if in_ci():
+                pytest.fail(f"{problem} (CI is set, so this fails instead of skipping)", pytrace=False)
+            pytest.skip(problem)
+    return found
+
+
 def require() -> DockerEnv:
     """The DockerEnv, or skip the test (fail it when $CI is set) if any part is missing."""
     problem = _problem()

@@ -4,6 +4,7 @@ Requires-Dist) and on the real vLLM 0.33.0 of examples/vllm, whose lock files ar
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -67,6 +68,21 @@ def project(tmp_path):
     subprocess.run([DOCKER, "rmi", amd64, arm64, f"{OWN}:other"], capture_output=True)
 
 
+def image_id(ref: str) -> str:
+    return subprocess.run(
+        [DOCKER, "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def content_digest(ref: str) -> str:
+    """The image's content digest as `docker image inspect` gives the facts: its platform, layers and run-time
+    config, hashed (carry.image.runtimebase.content_digest)."""
+    from carry.image import runtimebase
+
+    inspected = subprocess.run([DOCKER, "image", "inspect", ref], capture_output=True, text=True, check=True)
+    return runtimebase.content_digest(json.loads(inspected.stdout)[0])
+
+
 def lock(config: Path, env: dict, *args: str):
     return carry("--config", str(config), "lock", *args, env=env)
 
@@ -80,22 +96,20 @@ def test_lock_pins_every_platform_from_the_base_image_and_a_rerun_rewrites_nothi
         text = files[arch].read_text()
         header = text.splitlines()
         assert header[0] == "# carry runtime lock: written by `build.py lock`; do not edit (relock: build.py lock)"
-        assert header[1:5] == [
-            "# format: 1",
+        assert header[1:8] == [
+            "# format: 2",
             f"# platform: linux/{arch}",
             "# python: 3.11.2",
             f"# target: {machine}-manylinux_2_36",
+            f"# base: {OWN}:{arch}",
+            f"# base-content: {content_digest(f'{OWN}:{arch}')}",
+            "# base-python: own",
         ]
-        image_id = subprocess.run(
-            [DOCKER, "image", "inspect", "--format", "{{.Id}}", f"{OWN}:{arch}"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        assert header[5] == f"# base: {OWN}:{arch}@{image_id}"
-        assert re.fullmatch(r"# requires-dist: sha256:[0-9a-f]{64}", header[6])
-        assert header[7] == "# requires: minilock==0.1.0+carry.20261201.1"
-        assert header[8].startswith("idna==") and header[9].strip().startswith("--hash=sha256:")
+        assert re.fullmatch(r"# requires-dist: sha256:[0-9a-f]{64}", header[8])
+        assert header[9] == "# requires: minilock==0.1.0+carry.20261201.1"
+        assert header[10].startswith("idna==") and header[11].strip().startswith("--hash=sha256:")
+        # the base is named by what it holds, never by this engine's image ID
+        assert image_id(f"{OWN}:{arch}").removeprefix("sha256:") not in text
         assert f"linux/{arch}: 1 packages, python 3.11.2, target {machine}-manylinux_2_36" in made.out
     assert made.out.count("wrote runtime-lock/linux-") == 2
     # the base's facts were read from the images themselves (python3 run in each, arm64 emulated)
@@ -122,7 +136,7 @@ def test_a_stale_lock_names_what_drifted(project, tmp_path):
     config, env, upstream, docker_env = project
     assert lock(config, env, "--platform", "linux/amd64").code == 0
     path = config.parent / "runtime-lock" / "linux-amd64.txt"
-    old_digest = path.read_text().splitlines()[6].split(": ")[1]
+    old_digest = path.read_text().splitlines()[8].split(": ")[1]
 
     # Requires-Dist changed: a patch adds a dependency
     upstream.make_patch(
@@ -143,18 +157,20 @@ def test_a_stale_lock_names_what_drifted(project, tmp_path):
     assert relocked.code == 0, relocked.err
     assert "six==" in path.read_text() and "linux/amd64: 2 packages" in relocked.out
 
+    # the same image under another name is the same base: fresh
+    tag(docker_env.runtime_base, f"{OWN}:other")
+    config.write_text(config.read_text().replace(f"{OWN}:amd64", f"{OWN}:other"))
+    renamed = lock(config, env, "--platform", "linux/amd64", "--check")
+    assert renamed.code == 0 and renamed.out.strip() == "linux/amd64: fresh", renamed.out + renamed.err
+    config.write_text(config.read_text().replace(f"{OWN}:other", f"{OWN}:amd64"))
+
     # the base changed: another image retagged as the runtime image
-    old_id = path.read_text().splitlines()[5].rsplit("@", 1)[1]
+    old_content = path.read_text().splitlines()[6].split(": ")[1]
     tag(docker_env.build_base, f"{OWN}:amd64")
     stale = lock(config, env, "--platform", "linux/amd64", "--check")
     assert stale.code == 1
-    new_id = subprocess.run(
-        [DOCKER, "image", "inspect", "--format", "{{.Id}}", docker_env.build_base],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    assert f"base {OWN}:amd64 {old_id[:19]}… -> {new_id[:19]}…" in stale.out
+    new_content = content_digest(docker_env.build_base)
+    assert f"base {OWN}:amd64 {old_content[:19]}… -> {new_content[:19]}…" in stale.out
     assert "requires-dist" not in stale.out
 
     # the image side's check (runtimelock.check_fresh): one line, exit 2, per field
@@ -169,17 +185,24 @@ def test_a_stale_lock_names_what_drifted(project, tmp_path):
     wheel = max((Path(env["CARRY_CACHE"]) / "artifacts").glob("*/minilock-*.whl"), key=lambda w: w.stat().st_mtime)
     with pytest.raises(BadInput) as raised:  # the base retagged above
         runtimelock.require_fresh(loaded, Platform.LINUX_AMD64, wheel, Cache(Path(env["CARRY_CACHE"])))
-    assert f"base {OWN}:amd64 {old_id[:19]}… -> {new_id[:19]}…" in str(raised.value)
+    assert f"base {OWN}:amd64 {old_content[:19]}… -> {new_content[:19]}…" in str(raised.value)
     wheel_requires = ["idna>=3.4", "six"]
-    runtimelock.check_fresh(current, requires_dist=wheel_requires, base_id=current.base_id, python="3.11.2")
+
+    def base(python: str = "3.11.2", content: str = current.base_content, origin: str = "own"):
+        return runtimelock.BaseFacts(python, "2.36", content, current.base, origin)
+
+    runtimelock.check_fresh(current, requires_dist=wheel_requires, base=base())
     with pytest.raises(BadInput) as raised:
-        runtimelock.check_fresh(current, requires_dist=wheel_requires, base_id=current.base_id, python="3.12.1")
+        runtimelock.check_fresh(current, requires_dist=wheel_requires, base=base("3.12.1"))
     assert "python 3.11.2 -> 3.12.1" in str(raised.value) and "\n" not in str(raised.value)
     assert BadInput.exit_code == 2
     with pytest.raises(BadInput) as raised:
-        runtimelock.check_fresh(current, requires_dist=["idna>=3.4"], base_id="sha256:" + "0" * 64, python="3.11.2")
+        runtimelock.check_fresh(current, requires_dist=["idna>=3.4"], base=base(content="sha256:" + "0" * 64))
     message = str(raised.value)
     assert "requires-dist" in message and f"base {OWN}:amd64" in message and "python" not in message.split(";")[0]
+    with pytest.raises(BadInput) as raised:  # the same image, its Python now derived by a recipe
+        runtimelock.check_fresh(current, requires_dist=wheel_requires, base=base(origin="apt sha256:" + "1" * 64))
+    assert "base-python own -> apt sha256:111111111111…" in str(raised.value)
 
 
 def test_bad_input_writes_nothing(project):
@@ -217,9 +240,9 @@ def test_bad_input_writes_nothing(project):
 def test_vllm_example_lock_is_committed_and_fresh(tmp_path, vllm_history, fixed_wheels):
     """examples/vllm's lock, made from the real 0.33.0 fixed wheels (precompiled, both CPUs here; the run's own,
     tests/conftest.py `fixed_wheels`, in a copy of their cache): `lock` in a copy of the example on the run's vLLM
-    history keeps every pin and hash of the committed files. The base line holds the runtime image's ID, which is
-    this machine's own where the base images were built locally (.ci/base-images.sh): where it is the committed one,
-    nothing is rewritten at all."""
+    history keeps every pin and hash of the committed files. The base is named by its content digest (its layers and
+    run-time config), which is the committed one wherever .ci/base-images.sh built the same image (a reproducible
+    build from the same Debian packages): then nothing is rewritten at all."""
     dockerenv.require()
     example = ROOT / "examples" / "vllm"
     copy = tmp_path / "vllm"
@@ -230,21 +253,16 @@ def test_vllm_example_lock_is_committed_and_fresh(tmp_path, vllm_history, fixed_
     for arch, machine in (("amd64", "x86_64"), ("arm64", "aarch64")):
         committed = (example / "runtime-lock" / f"linux-{arch}.txt").read_text()
         made = (copy / "runtime-lock" / f"linux-{arch}.txt").read_text()
-        image_id = subprocess.run(
-            [DOCKER, "image", "inspect", "--format", "{{.Id}}", f"carry-local/runtime-base:{arch}"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        assert f"# base: carry-local/runtime-base:{arch}@{image_id}\n" in made
-        same_base = f"@{image_id}\n" in committed
+        content = content_digest(f"carry-local/runtime-base:{arch}")
+        assert f"# base: carry-local/runtime-base:{arch}\n# base-content: {content}\n# base-python: own\n" in made
+        same_base = f"# base-content: {content}\n" in committed
         assert (made == committed) == same_base
-        assert [l for l in made.splitlines() if not l.startswith("# base:")] == [
-            l for l in committed.splitlines() if not l.startswith("# base:")
+        assert [x for x in made.splitlines() if not x.startswith("# base-content:")] == [
+            x for x in committed.splitlines() if not x.startswith("# base-content:")
         ]
         line = f"linux/{arch}: 197 packages, python 3.11.2, target {machine}-manylinux_2_36"
         assert (
-            f"{line}, base carry-local/runtime-base:{arch}@{image_id[:19]}…: "
+            f"{line}, base carry-local/runtime-base:{arch} ({content[:19]}…, python own): "
             f"{'up to date' if same_base else f'wrote runtime-lock/linux-{arch}.txt'}" in done.out
         )
         assert f"# target: {machine}-manylinux_2_36" in committed and "# python: 3.11.2" in committed

@@ -346,8 +346,8 @@ def test_build_py_invocation_exists_in_cli(where, argv):
 # --- workflow structure -------------------------------------------------------------------------------------
 
 
-def test_the_three_workflows_exist():
-    assert {p.name for p in WORKFLOWS} == {"pull-request.yml", "main.yml", "weekly.yml"}
+def test_the_workflows_exist():
+    assert {p.name for p in WORKFLOWS} == {"pull-request.yml", "main.yml", "weekly.yml", "source-build.yml"}
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
@@ -366,6 +366,7 @@ def test_workflow_structure(path):
 def test_triggers():
     assert "pull_request" in load_workflow(WORKFLOW_DIR / "pull-request.yml")["on"]
     assert load_workflow(WORKFLOW_DIR / "main.yml")["on"]["push"]["branches"] == ["main"]
+    assert list(load_workflow(WORKFLOW_DIR / "source-build.yml")["on"]) == ["workflow_dispatch"]
     schedule = load_workflow(WORKFLOW_DIR / "weekly.yml")["on"]["schedule"]
     assert len(schedule) == 1 and len(schedule[0]["cron"].split()) == 5
 
@@ -406,8 +407,27 @@ def test_secrets_reach_steps_only_through_env(path):
         assert "env" in where, f"{path.name}: a secret used outside env: at {'.'.join(where)}"
 
 
-def test_main_builds_each_configured_platform_on_its_own_cpu():
-    job = load_workflow(WORKFLOW_DIR / "main.yml")["jobs"]["build"]
+def test_main_checks_the_committed_pins_and_lock_then_pushes_the_locked_image():
+    """main.yml's one job runs ci/image.sh, which runs exactly `pin --check`, `lock --check`, `image --push`, after
+    QEMU for the other CPU's derived runtime base; the nightly index reaches it as a repository variable."""
+    job = load_workflow(WORKFLOW_DIR / "main.yml")["jobs"]["image"]
+    assert "ubuntu-24.04" in job["runs-on"]
+    assert job["env"]["CARRY_NIGHTLY_INDEX"] == "${{ vars.CARRY_NIGHTLY_INDEX }}"
+    step = next(step for step in job["steps"] if "ci/image.sh" in step.get("run", ""))
+    assert {"CARRY_REGISTRY_USER", "CARRY_REGISTRY_PASSWORD"} <= set(step["env"])
+    commands = [
+        shlex.split(line)[4:]
+        for line in logical_lines((CI_DIR / "image.sh").read_text())
+        if line.startswith("python build.py ")
+    ]
+    assert commands == [["pin", "--check"], ["lock", "--check"], ["image", "--push"]]
+    text = (CI_DIR / "image.sh").read_text()
+    assert text.index("as_root bash ci/qemu.sh") < text.index("python build.py")
+    assert "${CARRY_NIGHTLY_INDEX}" in (ROOT / "build.yaml").read_text()
+
+
+def test_source_build_builds_each_configured_platform_on_its_own_cpu():
+    job = load_workflow(WORKFLOW_DIR / "source-build.yml")["jobs"]["build"]
     include = job["strategy"]["matrix"]["include"]
     configured = {str(target.platform) for target in load_config(ROOT / "build.yaml").image.platforms}
     assert {entry["platform"] for entry in include} == configured
@@ -423,7 +443,7 @@ def test_main_builds_each_configured_platform_on_its_own_cpu():
         if step.get("uses", "").startswith("actions/upload-artifact@")
     }
     assert uploads == {"wheel-${{ matrix.arch }}": "dist/*.whl"}
-    manifest = load_workflow(WORKFLOW_DIR / "main.yml")["jobs"]["manifest"]
+    manifest = load_workflow(WORKFLOW_DIR / "source-build.yml")["jobs"]["manifest"]
     assert manifest["needs"] == "build"
     join = next(step for step in manifest["steps"] if "ci/publish-manifest.sh" in step.get("run", ""))
     assert {"CARRY_REGISTRY_USER", "CARRY_REGISTRY_PASSWORD"} <= set(join["env"])

@@ -251,7 +251,7 @@ def verify_locked(
                 from_registry=remote is not None,
                 wheels=stored_wheels(lock.packages),
             )
-            result = judge(ref, files, content, fixed, expected, arches, coverage)
+            result = judge(ref, files, content, fixed, expected, arches, coverage, lock)
             if key is not None:
                 result = _with_trust(
                     result,
@@ -357,15 +357,23 @@ def read_and_check(
 
 
 def judge(
-    ref: str, files, content, fixed, expected: Expected, arches: ArchList | None, coverage: list[Mismatch]
+    ref: str,
+    files,
+    content,
+    fixed,
+    expected: Expected,
+    arches: ArchList | None,
+    coverage: list[Mismatch],
+    lock=None,
 ) -> Verification:
     """The labels, the installed buildinfo and the gate of the installed shared objects, with what the files
-    proved (`content`), as one platform's verification."""
+    proved (`content`), as one platform's verification; with the `lock`, the base the labels name is its base."""
     from carry.binaries import gate
     from carry.image.installcheck import canonical
 
     labels = files.labels
     mismatches = list(coverage) + _label_mismatches(labels, expected)
+    base_line = _base_mismatches(labels, lock, mismatches) if lock is not None else None
     if canonical(labels.get(f"{LABEL_PREFIX}.wheel", "")) != fixed.name:
         mismatches.append(Mismatch(f"label {LABEL_PREFIX}.wheel", fixed.name, str(labels.get(f"{LABEL_PREFIX}.wheel"))))
     recorded = labels.get(WHEEL_SHA256_LABEL)
@@ -397,9 +405,27 @@ def judge(
         f"platform {files.platform}: read natively from {files.source} ({where}) in {files.seconds:.1f} s",
         *content.proven,
         sha_line,
+        *([base_line] if base_line else []),
     )
     checks = Inspection(report, None, proven=proven, problems=content.problems)
     return Verification(f"{ref} {files.platform} ({files.digest[:19]})", info, tuple(mismatches), checks)
+
+
+def _base_mismatches(labels: dict, lock, mismatches: list[Mismatch]) -> str | None:
+    """The base the image's labels name (carry.image.runtimebase.RuntimeBase.labels) against the lock's header:
+    the same content digest and Python; a line saying so, None for an image without those labels."""
+    from carry.image import runtimebase, runtimelock
+
+    found = labels.get(runtimebase.LABEL_BASE), labels.get(runtimebase.LABEL_PYTHON)
+    if found == (None, None):
+        return None
+    for label, value, want in zip(
+        (runtimebase.LABEL_BASE, runtimebase.LABEL_PYTHON), found, (lock.base_content, lock.base_python)
+    ):
+        if value != want:
+            mismatches.append(Mismatch(f"label {label}", f"{want} ({lock.path.name})", str(value)))
+    python = runtimelock.short_python(lock.base_python)
+    return f"base: {lock.base} ({lock.base_content[:19]}…, python {python}) as {lock.path.name} records"
 
 
 def _label_mismatches(labels: dict, expected: Expected) -> list[Mismatch]:

@@ -115,19 +115,13 @@ def requires_dist(wheel: Path) -> tuple[str, ...]:
     return tuple(message.get_all("Requires-Dist") or ())
 
 
-def runtime_base(config: Config, platform: Platform, client) -> tuple[str, dict]:
-    ref = config.target(platform).runtime_image or config.image.runtime_image
-    if not ref:
-        raise BadInput(
-            f"{config.path}: image.platforms.{platform}.runtime_image is not set; name the runtime base "
-            f"image the lock was made from"
-        )
+def runtime_base(base, client) -> tuple[str, dict]:
+    """The runtime base's image as the engine holds it (runtimebase.RuntimeBase: the runtime image, or the base
+    carry derived from it): (its reference, its inspect data)."""
     try:
-        return ref, client.api.inspect_image(ref)
-    except Exception:  # docker.errors.ImageNotFound and kin
-        raise BadInput(
-            f"{ref}: not in the local Docker engine; pull or build the runtime base image for {platform} first"
-        ) from None
+        return base.image, client.api.inspect_image(base.image_id)
+    except Exception:  # docker.errors.ImageNotFound and kin: removed since it was resolved
+        raise Failed(f"{base.image}: no longer in the local Docker engine; run the command again") from None
 
 
 def fetch_wheels(lock, store: Store, progress: Progress, scratch: Path) -> dict[str, Path]:
@@ -793,34 +787,45 @@ class LockedImageResult:
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
-    """What `image` resolved before any work: per platform its lock (fresh), runtime base and release wheel."""
+    """What `image` resolved before any work: per platform its lock (fresh), runtime base (its facts, the image the
+    layers go on) and release wheel."""
 
     locks: dict
     bases: dict
     releases: dict
+    facts: dict = dataclasses.field(default_factory=dict)  # Platform -> runtimelock.BaseFacts
+
+    def labels(self, platform: Platform, labels: dict[str, str]) -> dict[str, str]:
+        """The image's labels with what names its base (runtimebase.RuntimeBase.labels), as the lock does."""
+        found = self.facts.get(platform)
+        return {**labels, **found.base.labels()} if found is not None and found.base is not None else labels
 
 
-def prepare(config: Config, cache: Cache, platforms: tuple[Platform, ...], client, say) -> Prepared:
-    """Locks read and checked against the release wheel's Requires-Dist and the base image: before any work."""
-    bases, releases, locks, facts = {}, {}, {}, {}
+def prepare(
+    config: Config, cache: Cache, platforms: tuple[Platform, ...], client, say, say_base=lambda line: None
+) -> Prepared:
+    """Locks read, the runtime bases resolved (pulled, derived where they have no python3) and the locks checked
+    against the release wheel's Requires-Dist and the base: before any work."""
+    bases, releases = {}, {}
+    locks = {platform: runtimelock.read(config, platform) for platform in platforms}
+    settings = config.build.precompiled
     for platform in platforms:
-        locks[platform] = runtimelock.read(config, platform)
-        facts[platform] = runtimelock.base_facts(config, platform, cache)
-        bases[platform] = runtime_base(config, platform, client)
-        releases[platform] = release_wheel(config, cache, platform, say)
-        if releases[platform] is None and platform is not Platform.native():
+        pinned = settings is not None and settings.wheel_for(platform) is not None
+        if not pinned and platform is not Platform.native() and config.arches_for(platform):
             raise BadInput(
                 f"{config.path}: a locked image for {platform} needs its fixed wheel made on this machine: "
-                f"set build.precompiled.wheels.{platform}"
+                f"set build.precompiled.wheels.{platform} (a wheel with no CUDA code, cuda_arches: [], is made "
+                f"here for every platform)"
             )
+    facts = runtimelock.bases(config, platforms, cache, say_base)
+    for platform in platforms:
+        bases[platform] = runtime_base(facts[platform].base, client)
+        releases[platform] = release_wheel(config, cache, platform, say)
         if releases[platform] is not None:  # the fixed wheel's Requires-Dist is the precompiled wheel's own
             runtimelock.check_fresh(
-                locks[platform],
-                requires_dist=requires_dist(releases[platform]),
-                base_id=facts[platform].image_id,
-                python=facts[platform].python,
+                locks[platform], requires_dist=requires_dist(releases[platform]), base=facts[platform]
             )
-    return Prepared(locks, bases, releases)
+    return Prepared(locks, bases, releases, facts)
 
 
 def build(
@@ -848,11 +853,8 @@ def build(
         lock = prepared.locks[platform]
         if prepared.releases[platform] is None:  # no precompiled wheel: the fixed wheel's own Requires-Dist
             runtimelock.check_fresh(
-                lock,
-                requires_dist=requires_dist(fixed_wheels[platform]),
-                base_id=prepared.bases[platform][1]["Id"],
-                python=lock.python,
-            )  # base: above
+                lock, requires_dist=requires_dist(fixed_wheels[platform]), base=prepared.facts[platform]
+            )
         wheels = fetched[platform] = fetch_wheels(lock, store, progress, cache.scratch)
         base_ref, base = prepared.bases[platform]
         started = time.monotonic()
@@ -887,8 +889,9 @@ def build(
                 started = time.monotonic()
                 plan = plans[image.platform]
                 progress.phase("push", f"{image.platform} -> {', '.join(image.refs)}")
+                labels = prepared.labels(image.platform, image.labels)
                 body, digest, layers, config_action = push_platform(
-                    repo, client, plan, digests, image.labels, config, progress
+                    repo, client, plan, digests, labels, config, progress
                 )
                 for ref in image.refs:
                     repo.put_manifest(ref.rsplit(":", 1)[1], body, registryhttp.DOCKER_MANIFEST)
@@ -939,8 +942,9 @@ def build(
     else:
         for image in the_plan.images:
             started = time.monotonic()
+            labels = prepared.labels(image.platform, image.labels)
             image_id, layers = load_platform(
-                client, plans[image.platform], digests, image.labels, config, image.refs, progress
+                client, plans[image.platform], digests, labels, config, image.refs, progress
             )
             text = None
             if run_smoke:

@@ -7,9 +7,10 @@ build.yaml as `<image.lock>/<os>-<arch>.txt` and committed.
 The body is `uv pip compile --generate-hashes --only-binary :all: --no-header --no-annotate` output, so pip and uv
 both install it with --require-hashes, each pin's hashes narrowed to those of its wheels for the target (uv lists
 every file of the version; its pylock.toml of the same pins lists the target's); carry's header above it records
-what it was resolved from (the platform, the Python, uv's target, the base image and its ID, a digest of the
-Requires-Dist). `check_fresh` refuses a lock
-whose inputs drifted.
+what it was resolved from (the platform, the Python, uv's target, the runtime image by name and content digest and
+where its Python comes from (carry.image.runtimebase: its own, or derived by a recipe, by hash), a digest of the
+Requires-Dist). `check_fresh` refuses a lock whose inputs drifted. Nothing in the header is a local image ID, so
+a lock made on one machine is fresh on another that holds the same runtime image.
 
 The index is the user's: uv's own configuration (uv.toml, UV_INDEX_URL / UV_DEFAULT_INDEX / UV_INDEX /
 UV_EXTRA_INDEX_URL), else pip's configured index-url / extra-index-url (`pip config list`, PIP_INDEX_URL), else
@@ -23,13 +24,13 @@ from __future__ import annotations
 import dataclasses
 import email.parser
 import hashlib
-import json
 import re
 import subprocess
 import sys
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from carry.binaries import wheelzip
 from carry.config import Config, public_url, strip_credentials
@@ -38,21 +39,28 @@ from carry.util.cache import Cache
 from carry.util.errors import BadInput, CarryError, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
 
-FORMAT = 1
+if TYPE_CHECKING:
+    from carry.image.runtimebase import RuntimeBase
+
+FORMAT = 2
 TITLE = "# carry runtime lock: written by `build.py lock`; do not edit (relock: build.py lock)"
-HEADER_KEYS = ("format", "platform", "python", "target", "base", "requires-dist", "requires")
-FACTS_DIR = "runtime-facts"
+HEADER_KEYS = (
+    "format",
+    "platform",
+    "python",
+    "target",
+    "base",
+    "base-content",
+    "base-python",
+    "requires-dist",
+    "requires",
+)
+# Format 1 named the base by its local image ID (`base: REF@sha256:ID`): read, so that it is stale, not garbled.
+HEADER_KEYS_1 = ("format", "platform", "python", "target", "base", "requires-dist", "requires")
 UV_INDEX_ENV = ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS")
 UV_INDEX_KEYS = ("index-url", "extra-index-url", "index", "find-links")
 PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;\\]+)")
 HASH_RE = re.compile(r"--hash=(sha256:[0-9a-f]{64})")
-# Run by the runtime base image's own python3: its version, its C library and CPU.
-FACTS_SCRIPT = (
-    "import json, os, platform; "
-    "libc = os.confstr('CS_GNU_LIBC_VERSION') if hasattr(os, 'confstr') else None; "
-    "print(json.dumps({'python': platform.python_version(), 'libc': libc or '', "
-    "'machine': platform.machine()}))"
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,21 +81,24 @@ class Lock:
     python: str
     target: str
     base: str  # the runtime image's reference, as configured
-    base_id: str  # its image ID ("sha256:<hex>")
+    base_content: str  # its content digest ("sha256:<hex>", runtimebase.content_digest)
     requires_digest: str  # "sha256:<hex>" of the Requires-Dist (requires_digest)
     requires: str  # the locked wheel's name==version (informational)
     packages: tuple[Locked, ...]
     config: Path | None = None  # the build.yaml it belongs to (for the relock command)
+    base_python: str = "own"  # where the base's python3 comes from: "own", or "<method> sha256:<recipe hash>"
 
 
 @dataclasses.dataclass(frozen=True)
 class BaseFacts:
-    """What the runtime base image of a platform says about itself."""
+    """What the runtime base of a platform says about itself, and what names it in the lock."""
 
     python: str  # "3.11.2"
     glibc: str  # "2.36"
-    image_id: str  # "sha256:<hex>" (docker image inspect .Id)
+    content: str  # the runtime image's content digest, "sha256:<hex>" (runtimebase.content_digest)
     ref: str  # the reference configured (image.platforms.<p>.runtime_image, else image.runtime_image)
+    base_python: str = "own"  # "own", or "<method> sha256:<recipe hash>" when carry derived the base
+    base: RuntimeBase | None = dataclasses.field(default=None, compare=False)  # as resolved (lock, image)
 
     def target(self, platform: Platform) -> str:
         """uv's --python-platform for this base: `aarch64-manylinux_2_36`."""
@@ -106,7 +117,8 @@ class Outcome:
         done = f"wrote {_shown(self.lock.path, root)}" if self.written else "up to date"
         return (
             f"{self.lock.platform}: {len(self.lock.packages)} packages, python {self.lock.python}, target "
-            f"{self.lock.target}, base {self.lock.base}@{self.lock.base_id[:19]}…: {done}"
+            f"{self.lock.target}, base {self.lock.base} ({_short(self.lock.base_content)}, python "
+            f"{short_python(self.lock.base_python)}): {done}"
         )
 
 
@@ -146,7 +158,9 @@ def render(platform: Platform, facts: BaseFacts, digest: str, requires: str, bod
         "platform": str(platform),
         "python": facts.python,
         "target": facts.target(platform),
-        "base": f"{facts.ref}@{facts.image_id}",
+        "base": facts.ref,
+        "base-content": facts.content,
+        "base-python": facts.base_python,
         "requires-dist": digest,
         "requires": requires,
     }
@@ -176,33 +190,38 @@ def parse(
     lines = text.splitlines()
     if not lines or lines[0] != TITLE:
         raise garbled("its first line is not carry's")
+    fmt = lines[1].removeprefix("# format: ").strip() if len(lines) > 1 else ""
+    keys = HEADER_KEYS_1 if fmt == "1" else HEADER_KEYS
     header: dict[str, str] = {}
-    for line in lines[1 : 1 + len(HEADER_KEYS)]:
+    for line in lines[1 : 1 + len(keys)]:
         key, sep, value = line.removeprefix("# ").partition(": ")
         if not line.startswith("# ") or not sep:
             raise garbled(f"header line {line!r}")
         header[key] = value.strip()
-    missing = [key for key in HEADER_KEYS if key not in header]
+    missing = [key for key in keys if key not in header]
     if missing:
         raise garbled(f"no {missing[0]} in its header")
-    if header["format"] != str(FORMAT):
+    if header["format"] not in ("1", str(FORMAT)):
         raise garbled(f"format {header['format']}, this carry reads {FORMAT}")
     if header["platform"] != str(platform):
         raise garbled(f"it is for {header['platform']}, not {platform}")
-    base, _, base_id = header["base"].rpartition("@")
-    if not base or not base_id.startswith("sha256:"):
-        raise garbled(f"base {header['base']!r} is not REF@sha256:ID")
+    if fmt == "1":  # the base by its local image ID: never equal to a content digest, so the lock is stale
+        base, _, image_id = header["base"].rpartition("@")
+        header.update({"base": base or header["base"], "base-content": f"image ID {image_id}", "base-python": "own"})
+    elif not re.fullmatch(r"sha256:[0-9a-f]{64}", header["base-content"]):
+        raise garbled(f"base-content {header['base-content']!r} is not sha256:<hex>")
     return Lock(
         path,
         platform,
         header["python"],
         header["target"],
-        base,
-        base_id,
+        header["base"],
+        header["base-content"],
         header["requires-dist"],
         header["requires"],
-        _packages(lines[1 + len(HEADER_KEYS) :], garbled),
+        _packages(lines[1 + len(keys) :], garbled),
         config_path,
+        header["base-python"],
     )
 
 
@@ -239,33 +258,34 @@ def _packages(lines: Sequence[str], garbled: Callable[[str], BadInput]) -> tuple
 # --- freshness -----------------------------------------------------------------------------------------------
 
 
-def drift(lock: Lock, *, requires_dist: Iterable[str], base_id: str, python: str) -> tuple[str, ...]:
+def drift(lock: Lock, *, requires_dist: Iterable[str], base: BaseFacts) -> tuple[str, ...]:
     """What changed since the lock was made, each as `what old -> new`; empty when it is fresh."""
     changes = []
     digest = requires_digest(requires_dist)
     if digest != lock.requires_digest:
         changes.append(f"requires-dist {_short(lock.requires_digest)} -> {_short(digest)}")
-    if base_id != lock.base_id:
-        changes.append(f"base {lock.base} {_short(lock.base_id)} -> {_short(base_id)}")
-    if python != lock.python:
-        changes.append(f"python {lock.python} -> {python}")
+    if base.content != lock.base_content:
+        changes.append(f"base {lock.base} {_short(lock.base_content)} -> {_short(base.content)}")
+    if base.base_python != lock.base_python:
+        changes.append(f"base-python {short_python(lock.base_python)} -> {short_python(base.base_python)}")
+    if base.python != lock.python:
+        changes.append(f"python {lock.python} -> {base.python}")
     return tuple(changes)
 
 
-def check_fresh(lock: Lock, *, requires_dist: Iterable[str], base_id: str, python: str) -> None:
+def check_fresh(lock: Lock, *, requires_dist: Iterable[str], base: BaseFacts) -> None:
     """Bad input (one line: the file, what drifted old -> new, the relock command) unless `lock` was made from
-    these Requires-Dist lines, this base image ID and this Python."""
-    changes = drift(lock, requires_dist=requires_dist, base_id=base_id, python=python)
+    these Requires-Dist lines and this base (its content digest, where its Python comes from, its Python)."""
+    changes = drift(lock, requires_dist=requires_dist, base=base)
     if changes:
         raise BadInput(stale_line(lock, changes))
 
 
 def require_fresh(config: Config, platform: Platform, wheel: Path, cache: Cache | None = None) -> Lock:
-    """The lock of `platform`, checked against `wheel` (its Requires-Dist) and the runtime base image as it is now
+    """The lock of `platform`, checked against `wheel` (its Requires-Dist) and the runtime base as it is now
     (base_facts): read, then check_fresh; bad input when it is missing, garbled or stale."""
     current = read(config, platform)
-    facts = base_facts(config, platform, cache)
-    check_fresh(current, requires_dist=requires_dist_of(wheel), base_id=facts.image_id, python=facts.python)
+    check_fresh(current, requires_dist=requires_dist_of(wheel), base=base_facts(config, platform, cache))
     return current
 
 
@@ -278,6 +298,12 @@ def stale_line(lock: Lock, changes: Sequence[str]) -> str:
 
 def _short(digest: str) -> str:
     return digest[:19] + "…" if len(digest) > 19 else digest
+
+
+def short_python(value: str) -> str:
+    """`apt sha256:1234567890ab…` for a derived base's recipe, `own` as it is."""
+    method, _, digest = value.partition(" ")
+    return f"{method} {_short(digest)}" if digest else value
 
 
 def _shown(path: Path, root: Path) -> str:
@@ -312,90 +338,31 @@ def requires_dist_of(wheel: Path) -> tuple[str, ...]:
 # --- the base image ----------------------------------------------------------------------------------------------
 
 
-def runtime_image(config: Config, platform: Platform) -> str:
-    ref = config.target(platform).runtime_image or config.image.runtime_image
-    if ref is None:
-        raise BadInput(
-            f"{config.path}: no runtime image for {platform}; set image.platforms.{platform}.runtime_image "
-            f"(or image.runtime_image): the lock targets that image's Python and glibc"
-        )
-    return ref
+def base_facts(
+    config: Config, platform: Platform, cache: Cache | None = None, say: Callable[[str], None] | None = None
+) -> BaseFacts:
+    """The runtime base's Python version and glibc, read by running its own python3 (carry.image.runtimebase:
+    pulled where missing, derived where it has no python3), and what names it: the runtime image's content
+    digest and where its Python comes from."""
+    from carry.image import runtimebase
+
+    base = runtimebase.resolve(config, platform, cache or Cache.from_env(), say or (lambda line: None))
+    return BaseFacts(base.python_version, base.glibc, base.content, base.ref, base.python, base)
 
 
-def base_facts(config: Config, platform: Platform, cache: Cache | None = None) -> BaseFacts:
-    """The runtime base image's Python version and glibc, read by running its own python3 (no network; emulated
-    where its CPU is foreign, a stdlib one-liner), and its image ID. Kept by image ID under the cache: an ID
-    names the image's content, so its facts never change."""
-    from carry.image import container
+def bases(
+    config: Config, platforms: Sequence[Platform], cache: Cache, say: Callable[[str], None]
+) -> dict[Platform, BaseFacts]:
+    """base_facts of every platform, at the same time (a derivation under QEMU beside a native one), then each
+    base's line. The first failure is raised once every platform has finished, before any of those lines."""
+    from concurrent.futures import ThreadPoolExecutor
 
-    ref = runtime_image(config, platform)
-    docker = container.docker_binary(config)
-    inspected = _docker(docker, ["image", "inspect", "--format", "{{.Id}} {{.Os}}/{{.Architecture}}", ref])
-    if inspected.returncode != 0:
-        raise BadInput(
-            f"runtime image {ref} (for {platform}) is not in the Docker engine; build, load or pull it "
-            f"(`docker image inspect {ref}` failed)"
-        )
-    image_id, _, found = inspected.stdout.strip().partition(" ")
-    if Platform.parse(found, f"runtime image {ref}") is not platform:
-        raise BadInput(
-            f"runtime image {ref} is for {found}, not {platform}; set image.platforms.{platform}."
-            f"runtime_image to a {platform} image"
-        )
-    cache = cache or Cache.from_env()
-    memo = cache.root / FACTS_DIR / f"{image_id.removeprefix('sha256:')}.json"
-    try:
-        facts = json.loads(memo.read_text())
-    except (OSError, ValueError):
-        facts = _run_facts(docker, ref, image_id, platform)
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(memo, json.dumps(facts, sort_keys=True) + "\n")
-    return BaseFacts(facts["python"], facts["libc"], image_id, ref)
-
-
-def _run_facts(docker: str, ref: str, image_id: str, platform: Platform) -> dict:
-    done = _docker(
-        docker,
-        [
-            "run",
-            "--rm",
-            "--network=none",
-            "--platform",
-            str(platform),
-            "--entrypoint",
-            "python3",
-            image_id,
-            "-I",
-            "-c",
-            FACTS_SCRIPT,
-        ],
-    )
-    try:
-        facts = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
-    except (ValueError, IndexError):
-        facts = None
-    if facts is None:
-        last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
-        raise BadInput(
-            f"runtime image {ref} (for {platform}): its python3 cannot say its version ({last}); the lock "
-            f"needs a base with python3"
-        )
-    libc = re.fullmatch(r"glibc (\d+\.\d+)(\.\d+)?", facts.get("libc", ""))
-    if libc is None:
-        raise BadInput(
-            f"runtime image {ref} (for {platform}) has C library {facts.get('libc')!r}, not glibc; the "
-            f"lock targets manylinux wheels, which need a glibc base"
-        )
-    if facts.get("machine") != platform.machine:
-        raise BadInput(f"runtime image {ref} runs on {facts.get('machine')}, not {platform.machine}")
-    return {"python": facts["python"], "libc": libc.group(1)}
-
-
-def _docker(docker: str, args: list[str]) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run([docker, *args], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
-    except OSError as exc:
-        raise BadInput(f"docker {docker} cannot run ({exc.strerror}); install Docker or set image.docker") from None
+    with ThreadPoolExecutor(max_workers=max(1, len(platforms))) as pool:
+        futures = [pool.submit(base_facts, config, platform, cache, say) for platform in platforms]
+    found = {platform: future.result() for platform, future in zip(platforms, futures)}
+    for facts in found.values():
+        say(facts.base.note)
+    return found
 
 
 # --- the index ---------------------------------------------------------------------------------------------------
@@ -712,7 +679,9 @@ def _previous_body(path: Path) -> str | None:
     lines = text.splitlines(keepends=True)
     if not lines or lines[0].rstrip("\n") != TITLE:
         return None
-    return "".join(lines[1 + len(HEADER_KEYS) :])
+    while lines and lines[0].startswith("#"):  # carry's header, of any format
+        lines.pop(0)
+    return "".join(lines)
 
 
 def check(
@@ -729,6 +698,6 @@ def check(
                 raise
             found.append((platform, str(exc)))
             continue
-        changes = drift(current, requires_dist=dist, base_id=base.image_id, python=base.python)
+        changes = drift(current, requires_dist=dist, base=base)
         found.append((platform, stale_line(current, changes) if changes else None))
     return tuple(found)
