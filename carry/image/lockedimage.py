@@ -38,8 +38,9 @@ from pathlib import Path
 
 from carry.binaries.wheelzip import record_hash
 from carry.config import Config
-from carry.image import ocilayer, runtimelock, wheelinstall
+from carry.image import engineimage, ocilayer, runtimelock, wheelinstall
 from carry.image.container import ENTRYPOINT
+from carry.image.engineimage import Kept
 from carry.image.ocilayer import Item, Written
 from carry.image.wheelinstall import Entry, Installed, Venv
 from carry.platforms import Platform
@@ -464,6 +465,7 @@ class PlatformOutcome:
     config_action: str
     seconds: float
     smoke: str | None = None
+    kept: Kept | None = None  # the smoke-tested image in the engine: what its pull fetched, its tags, what went
 
 
 def push_platform(
@@ -759,6 +761,8 @@ class LockedImageResult:
             )
             if outcome.smoke:
                 rows.append(f"  smoke: {outcome.smoke}")
+            if outcome.kept:
+                rows.append(f"  engine: {outcome.kept.line(outcome.platform)}")
         for outcome in self.platforms:
             rows += [f"{ref}  {self.pushed.get(ref, outcome.digest)}  {outcome.platform}" for ref in outcome.refs]
         everything = ", ".join(str(o.platform) for o in self.platforms)
@@ -777,6 +781,7 @@ class LockedImageResult:
                     "seconds": o.seconds,
                     "config": o.config_action,
                     "smoke": o.smoke,
+                    "engine": o.kept.to_json() if o.kept else None,
                     "layers": [
                         {"name": layer.name, "action": layer.action, "files": layer.files, **layer.written.to_json()}
                         for layer in o.layers
@@ -922,12 +927,13 @@ def build(
                 notes.append("shared tags left as they were: not every platform of image.platforms was built")
             if run_smoke:
                 outcomes = [
-                    dataclasses.replace(o, smoke=_pull_and_smoke(client, config, o, plans[o.platform], login, progress))
+                    _pull_and_smoke(client, config, o, plans[o.platform], login, progress, the_plan.version)
                     for o in outcomes
                 ]
     else:
         for image in the_plan.images:
             started = time.monotonic()
+            before = engineimage.named(client, image.refs)
             image_id, layers = load_platform(
                 client, plans[image.platform], digests, image.labels, config, image.refs, progress
             )
@@ -935,9 +941,17 @@ def build(
             if run_smoke:
                 progress.phase("smoke", f"{image.refs[0]} ({image.platform})")
                 text = smoke(client, image.refs[0], plans[image.platform], image.platform is Platform.native())
+            kept = engineimage.keep(client, image_id, image.refs, image.platform, the_plan.version, before)
             outcomes.append(
                 PlatformOutcome(
-                    image.platform, image.refs, image_id, tuple(layers), "loaded", time.monotonic() - started, text
+                    image.platform,
+                    image.refs,
+                    image_id,
+                    tuple(layers),
+                    "loaded",
+                    time.monotonic() - started,
+                    text,
+                    kept,
                 )
             )
         if the_plan.shared:
@@ -949,20 +963,27 @@ def build(
 
 
 def _pull_and_smoke(
-    client, config: Config, outcome: PlatformOutcome, plan: PlatformPlan, login, progress: Progress
-) -> str:
-    """Pull the pushed manifest back for its platform, run the smoke test, remove what was pulled."""
-    from carry.image import registry
-
+    client, config: Config, outcome: PlatformOutcome, plan: PlatformPlan, login, progress: Progress, version: str
+) -> PlatformOutcome:
+    """Pull the pushed manifest back for its platform (the engine fetches only the layers it does not hold), run the
+    smoke test on it, and keep it tagged as the Dockerfile path tags, the engine tidied (carry.image.engineimage);
+    an image that fails is removed."""
     ref = f"{config.image.name}@{outcome.digest}"
-    started = time.monotonic()
     progress.phase("pull", f"{ref} ({outcome.platform})")
-    registry.pull(client, ref, outcome.platform, login)
+    before = engineimage.named(client, outcome.refs)
+    layers = [(layer.written.digest, layer.written.size) for layer in outcome.layers]
+    pulled = engineimage.pull(client, ref, outcome.platform, login.auth, layers)
+    progress.phase(
+        "pull",
+        f"{outcome.platform}: {pulled.fetched} of {pulled.layers} layer(s), {engineimage.size_text(pulled.size)} "
+        f"in {pulled.seconds:.1f}s",
+    )
     try:
-        progress.phase("smoke", f"{ref} ({outcome.platform}), pulled in {time.monotonic() - started:.0f}s")
-        return smoke(client, ref, plan, outcome.platform is Platform.native())
-    finally:
-        try:
-            client.images.remove(ref)
-        except Exception:  # docker.errors.APIError: still used by another tag the user made
-            pass
+        progress.phase("smoke", f"{ref} ({outcome.platform})")
+        text = smoke(client, ref, plan, outcome.platform is Platform.native())
+    except BaseException:
+        engineimage.forget_pulled(client, ref)
+        raise
+    image_id = client.api.inspect_image(ref)["Id"]
+    kept = engineimage.keep(client, image_id, outcome.refs, outcome.platform, version, before)
+    return dataclasses.replace(outcome, smoke=text, kept=dataclasses.replace(kept, pulled=pulled))
