@@ -84,7 +84,7 @@ def test_the_smoke_test_keeps_one_image_per_platform_and_pulls_only_what_changed
 
     cold = image(config, env, "--push")
     kept = cold["engine"]
-    layers = {layer["digest"]: layer["size"] for layer in cold["layers"]}
+    layers = {layer["digest"] for layer in cold["layers"]}  # the empty nvidia and torch layers are one blob
     assert kept["refs"] == [v1] and kept["pulled"]["layers"] == len(cold["layers"])
     assert kept["pulled"]["fetched"] >= 1 and kept["pulled"]["bytes"] >= cold["layers"][-1]["size"]
     assert engine(name) == {kept["image"]: [v1]}
@@ -97,7 +97,7 @@ def test_the_smoke_test_keeps_one_image_per_platform_and_pulls_only_what_changed
     patched = image(config, env, "--push")
     fixed = patched["layers"][-1]
     assert fixed["action"] == "pushed" and fixed["digest"] not in layers
-    assert [layer["action"] for layer in patched["layers"][:-1]] == ["already exists"] * (len(layers) - 1)
+    assert [layer["action"] for layer in patched["layers"][:-1]] == ["already exists"] * (len(cold["layers"]) - 1)
     pulled = patched["engine"]["pulled"]
     assert (pulled["fetched"], pulled["bytes"]) == (1, fixed["size"]), pulled
     assert patched["engine"]["removed"] == [kept["image"]] and not patched["engine"]["untagged"]
