@@ -189,6 +189,7 @@ def measure_all(work: Path) -> dict:
         warm = carry(config, env, "image", "--push", "--no-smoke", "--json", "--tag", "warmup")  # store warm
         assert warm.returncode == 0, warm.stderr[-2000:]
         _registry_cleanup(name)
+        shutil.rmtree(env["CARRY_CACHE"])  # the warm-up's own cache (the cold run has its own): disk for the engine
         # examples/vllm's own image (run.sh) holds the same layers: removed, so that the registry stores every
         # blob again and the peak disk is the real one (bench part `verify` pushes it again)
         from verifyimage import _ref
