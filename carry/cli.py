@@ -320,7 +320,7 @@ def gate_command(
     "--no-smoke",
     "no_smoke",
     is_flag=True,
-    help="With image.lock: skip the smoke test (after --push it pulls each platform's image back).",
+    help="With image.lock: skip the smoke test (after --push it pulls each platform's image back and keeps it).",
 )
 @click.option("--json", "as_json", is_flag=True, help="With image.lock: the layers and tags as JSON on stdout.")
 @click.pass_obj

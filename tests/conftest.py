@@ -33,11 +33,13 @@ from lib import shared
 # side by side; no test prunes the main engine).
 SERIAL = "engine"
 SERIAL_MODULES = {
+    "test_engine_keep",
     "test_image",
     "test_image_cache",
     "test_locked_image",
     "test_registry",
     "test_remote_cache",
+    "test_runtime_base",
     "test_secrets",
     "test_verify_locked",
     "test_verify_vllm",

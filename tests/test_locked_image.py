@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import dockerenv
 import realvllm
 from carry.image import registryhttp
 from helpers import assert_bad_input, carry
@@ -76,6 +77,13 @@ def test_both_platforms_pushed_layered_and_smoke_tested(project, cold, registry)
     for outcome in by_platform.values():
         assert "patched file(s) byte-equal to the fixed wheel" in outcome["smoke"]
         assert "#!/opt/venv/bin/python" in outcome["smoke"]
+    # the smoke-tested images stay in the engine, tagged per platform as the Dockerfile path tags
+    client = dockerenv.docker_client()
+    for platform, outcome in by_platform.items():
+        tag = f"{name}:20261201.1-{platform.split('/')[1]}"
+        assert outcome["engine"]["refs"] == [tag] and outcome["engine"]["pulled"]["layers"] == len(outcome["layers"])
+        assert client.images.get(tag).id == outcome["engine"]["image"]
+        assert f"{name}@{outcome['digest']}" in client.images.get(tag).attrs["RepoDigests"]
     # one multi-platform tag for VERSION
     index = registry.manifest(name, "20261201.1")
     assert index["mediaType"] == registryhttp.DOCKER_LIST

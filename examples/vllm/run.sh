@@ -7,7 +7,7 @@
 # (runtime-lock/): carry writes its layers itself, nothing emulated, pushes them to the registry ci/setup.sh
 # started under VERSION (one multi-platform tag) and smoke-tests each platform's image pulled back: linux/amd64
 # imports vllm, linux/arm64 (QEMU) runs a stdlib check (the version, the patched files' bytes, the scripts'
-# interpreter); then `verify` proves each platform's files against the lock, natively. The lock is refreshed
+# interpreter); each stays in the engine as <image.name>:<VERSION>-<arch> (about 9.5 GB each); then `verify` proves each platform's files against the lock, natively. The lock is refreshed
 # first when this machine's runtime bases are not the ones it names.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -50,9 +50,10 @@ class Registry:
         return data
 
     def remove(self) -> None:
-        """Each repository pushed, then the blobs no other repository links (the registry is shared)."""
+        """Each repository pushed, then the blobs no other repository links (the registry is shared), and the images
+        the smoke test kept in the engine (NAME:VERSION-<arch>)."""
         for name in self.names:
-            dockerenv.remove_repository(name)
+            dockerenv.forget(name)
 
 
 def make_project(
