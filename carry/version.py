@@ -50,7 +50,9 @@ def read(path: Path) -> Version:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise BadInput(f"{path}: not found; create it with `build.py version bump`") from None
+        from carry.util import prog
+
+        raise BadInput(f"{path}: not found; create it with `{prog.command('version', 'bump')}`") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"{path}: cannot read ({exc}); expected {FORM}") from None
     version = Version.parse(text.removesuffix("\n"), str(path))

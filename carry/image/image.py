@@ -22,6 +22,7 @@ from carry.image.container import Builder, StageBuild
 from carry.platforms import Platform
 from carry.source.apply import CheckReport
 from carry.source.series import Series
+from carry.util import prog
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import temp_dir
@@ -287,7 +288,7 @@ def _shared_tags_note(config: Config, the_plan: ImagePlan, options: ImageOptions
     missing = {t.platform for t in config.image.platforms} - {i.platform for i in the_plan.images}
     return (
         f"shared tags ({tags}) left as they were: {', '.join(sorted(map(str, missing)))} not built in this run; "
-        f"run `build.py manifest` once every platform's image is pushed"
+        f"run `{prog.command('manifest')}` once every platform's image is pushed"
     )
 
 
@@ -314,7 +315,7 @@ def join_pushed(
             if found is None or platform not in found[1]:
                 raise Failed(
                     f"{ref} is not in the registry for {platform}; push it first "
-                    f"(`build.py image --platform {platform} --push`)"
+                    f"(`{prog.command('image', '--platform', str(platform), '--push')}`)"
                 )
         for ref in shared:
             progress.phase("manifest", f"{ref} -> {', '.join(sources.values())}")

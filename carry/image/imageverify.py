@@ -18,6 +18,7 @@ from carry.config import Config
 from carry.image import container
 from carry.image.image import LABEL_PREFIX, own_tag
 from carry.platforms import Platform
+from carry.util import prog
 from carry.util.errors import Failed
 from carry.util.fsutil import temp_dir
 from carry.wheelbuild.verify import Expected, Inspection, Mismatch, Verification, compare, recorded_policy
@@ -210,7 +211,7 @@ def fixed_wheel(dist: Path, version: str, platform: Platform):
         names = ", ".join(path.name for path in found) or "none"
         raise Failed(
             f"the fixed wheel of {version} for {platform} in {dist}/: expected one, found {names}; "
-            f"build it (build.py wheel --platform {platform}) or run from the directory holding dist/"
+            f"build it ({prog.command('wheel', '--platform', str(platform))}) or run from the directory holding dist/"
         )
     return installcheck.FixedWheel.read(found[0])
 
