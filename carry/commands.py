@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from carry import config
 from carry.arch import ArchList, given
 from carry.util.cache import Cache
-from carry.util.errors import BadInput, Failed
+from carry.util.errors import BadInput
 
 if TYPE_CHECKING:
     from carry.binaries.gatepolicy import GatePolicy
@@ -404,7 +404,7 @@ class Session:
         progress.phase(
             "check",
             f"{len(checked.series.patches)} patch(es) on {checked.report.base[:12]}: "
-            f"tree {str(checked.report.tree)[:12]}",
+            f"tree {checked.report.patched_tree()[:12]}",
         )
         return checked
 
@@ -412,8 +412,7 @@ class Session:
         from carry.image import container
         from carry.source import git
 
-        if checked.report.tree is None:
-            raise Failed("the series does not apply; run `check` for details")
+        checked.report.patched_tree()
         return container.upstream_pyproject(git.show_blob(checked.mirror, f"{checked.report.tree}:pyproject.toml"))
 
     def verify(self, artifact: str, platform: Platform | None, arch: str | None) -> tuple[verify.Verification, ...]:
@@ -431,6 +430,13 @@ class Session:
         if platform is not None:
             raise BadInput("--platform is for image tags; a wheel's platform is in its file name")
         path = Path(artifact)
+        if not path.is_file():
+            from carry.util import prog
+
+            raise BadInput(
+                f"{artifact}: no such wheel file; give the path `{prog.command('wheel')}` printed "
+                f"(dist/NAME-VERSION-TAGS.whl)"
+            )
         return (testrun.with_test_report(path, verify.verify_wheel(path, self.expected(self.check()), given(arch))),)
 
     def status(

@@ -524,6 +524,11 @@ def _upstream(section: _Section, path: Path) -> Upstream:
     if not section.data:
         raise BadInput(f"{path}: the upstream section is required (url, commit, optional pr and main)")
     commit = section.data.get("commit")
+    if isinstance(commit, (int, float)) and not isinstance(commit, bool):
+        raise BadInput(
+            f"{path}: upstream.commit was read as the number {commit!r}: YAML reads an all-digit SHA as a number; "
+            f"quote it, e.g. commit: '0123456789…' (the full 40-hex SHA)"
+        )
     if not isinstance(commit, str) or not SHA_RE.match(commit):
         raise section.fail("commit", "a full 40-hex commit SHA (git rev-parse <commit>)")
     return Upstream(

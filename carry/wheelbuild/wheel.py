@@ -135,9 +135,7 @@ def plan(
     environment: EnvPlan | None = None,
     taken: precompiled.Plan | None = None,
 ) -> WheelPlan:
-    if report.tree is None:
-        failed = [r.patch.name for r in report.results if r.failure]
-        raise Failed(f"the series does not apply ({', '.join(failed)} failed); run `check` for details")
+    report.patched_tree()
     wheel_version = config.build.wheel_version.format(version=version)
     arches = policy.arches
     key_material = {
@@ -293,18 +291,19 @@ class Builder:
     def __call__(
         self, mirror: Path, report: CheckReport, patches: Series, out: Path, progress: Progress
     ) -> WheelResult:
+        tree = report.patched_tree()
         if self._tools is None:
             self._tools = toolchain.probe(
                 {**os.environ, **self.config.build.env}, self.config.build.compiler_cache, self.cache.root, self.remote
             )
-        progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: tree {str(report.tree)[:12]}")
+        progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: tree {tree[:12]}")
         taken = None
-        if report.tree and self.pin is not None:
+        if self.pin is not None:
             from carry.wheelbuild import precompiled
 
-            taken = precompiled.prove(self.config, self.cache, mirror, self.pin, report.tree, patches)
+            taken = precompiled.prove(self.config, self.cache, mirror, self.pin, tree, patches)
             progress.phase("precompiled", taken.line())
-        environment = env_plan(self.config, mirror, report.tree) if report.tree else None
+        environment = env_plan(self.config, mirror, tree)
         the_plan = plan(
             self.config, report, self.version, self.policy, self.job_plan, self._tools, self.remote, environment, taken
         )
