@@ -134,9 +134,12 @@ def plan(
     remote: RemoteCache | None = None,
     environment: EnvPlan | None = None,
     taken: precompiled.Plan | None = None,
+    template: str | None = None,
 ) -> WheelPlan:
+    """`template`: the wheel version with {version} (build.wheel_version, else the upstream's own, see
+    carry/source/upstreamversion.py); VERSION fills it in."""
     report.patched_tree()
-    wheel_version = config.build.wheel_version.format(version=version)
+    wheel_version = (template or config.build.wheel_version or "0+carry.{version}").format(version=version)
     arches = policy.arches
     key_material = {
         "carry": carry.__version__,
@@ -259,6 +262,7 @@ class Builder:
         self.config, self.cache, self.policy, self.job_plan = config, cache, policy, job_plan
         self.version, self.platform, self.pin, self.remote = version, platform, pin, remote
         self._tools: toolchain.Toolchain | None = None
+        self._template: str | None = config.build.wheel_version
 
     @classmethod
     def resolve(
@@ -305,9 +309,29 @@ class Builder:
             progress.phase("precompiled", taken.line())
         environment = env_plan(self.config, mirror, tree)
         the_plan = plan(
-            self.config, report, self.version, self.policy, self.job_plan, self._tools, self.remote, environment, taken
+            self.config,
+            report,
+            self.version,
+            self.policy,
+            self.job_plan,
+            self._tools,
+            self.remote,
+            environment,
+            taken,
+            self._wheel_version(mirror, tree, progress),
         )
         return build(self.config, self.cache, mirror, report, patches, the_plan, out, progress)
+
+    def _wheel_version(self, mirror: Path, tree: str, progress: Progress) -> str:
+        """build.wheel_version, else the upstream's own version with carry's label, found once and said."""
+        if self._template is None:
+            from carry.source import upstreamversion
+
+            found = upstreamversion.resolve(self.config, self.cache, mirror, tree)
+            self._template = found.template()
+            wheel_version = self._template.format(version=self.version)
+            progress.phase("version", f"upstream {found.version} ({found.source}): the wheel is {wheel_version}")
+        return self._template
 
 
 def _say(line: str) -> None:
