@@ -76,7 +76,9 @@ def version_bump(obj: Context) -> None:
 
 
 @cli.command()
-@click.option("--update-pin", is_flag=True, help="Move upstream.commit in build.yaml to the PR head.")
+@click.option(
+    "--update-pin", is_flag=True, help="Move upstream.commit in build.yaml to the PR head (and bump VERSION)."
+)
 @click.pass_obj
 def fetch(obj: Context, update_pin: bool) -> None:
     """Fetch the pinned commit (and the PR head) into the cache mirror; print the base commit."""
@@ -444,13 +446,20 @@ def status(obj: Context, against: tuple[str, ...], as_json: bool, fail_on: str |
 @click.option(
     "--test", "test", is_flag=True, help="Run the patch's test on REF without it first: FIXED-UPSTREAM lets it go."
 )
+@click.option(
+    "--onto",
+    "onto",
+    metavar="REF",
+    help="Move the pin here (it must hold the merge) instead of to the commit that merged the patch.",
+)
 @click.pass_obj
-def drop_command(obj: Context, name: str, against: str | None, force: bool, test: bool) -> None:
-    """Remove a patch REF needs no more (MERGED-*, DELETED-UPSTREAM, PR-ONLY, FIXED-UPSTREAM), bump VERSION and log
-    it in patches/DROPPED.md."""
-    result = obj.session().drop(name, against, force, test)
+def drop_command(obj: Context, name: str, against: str | None, force: bool, test: bool, onto: str | None) -> None:
+    """Remove a patch REF needs no more (MERGED-*, DELETED-UPSTREAM, PR-ONLY, FIXED-UPSTREAM), move the pin to the
+    commit that merged it (with upstream.pr: the PR head, which must hold it), carry the rest of the series over
+    there, bump VERSION once and log it in patches/DROPPED.md; on a conflict nothing changes (exit 1)."""
+    result = obj.session().drop(name, against, force, test, onto)
     echo_notes(result.notes)
-    click.echo(result.line)
+    click.echo("\n".join(result.lines()))
 
 
 @cli.command()
@@ -468,9 +477,9 @@ def drop_command(obj: Context, name: str, against: str | None, force: bool, test
 )
 @click.pass_obj
 def refresh(obj: Context, onto: str | None, test: bool) -> None:
-    """Rebase the series onto a new upstream base (3-way merge, following upstream's renames), move the pin and
-    rewrite the patches that moved; on a conflict change nothing and exit 1, naming `drop` for the patches REF needs
-    no more."""
+    """Rebase the series onto a new upstream base (3-way merge, following upstream's renames), move the pin,
+    rewrite the patches that moved and bump VERSION (when anything changed); on a conflict change nothing and exit 1,
+    naming `drop` for the patches REF needs no more."""
     result = obj.session().refresh(onto, test)
     echo_notes(result.notes)
     click.echo("\n".join(result.lines()))

@@ -102,8 +102,15 @@ class Session:
         if pr_head is not None:
             warning = pr_head.describe(self.config.upstream.commit)
             if update_pin and pr_head.sha != self.config.upstream.commit:
+                from carry import version
+
+                bumped = version.following(self.config.version_file)  # another pin: another artifact
                 upstream.update_pin(self.config, pr_head.sha)
-                notes.append(f"pin moved {self.config.upstream.commit[:12]} -> {pr_head.sha} in {self.config.path}")
+                version.write(self.config.version_file, bumped)
+                notes.append(
+                    f"pin moved {self.config.upstream.commit[:12]} -> {pr_head.sha} in {self.config.path}; "
+                    f"VERSION {bumped}"
+                )
                 return FetchResult(pr_head.sha, tuple(notes))
             if warning:
                 notes.append(f"warning: {warning}")
@@ -167,6 +174,7 @@ class Session:
         """check -> (precompiled: prove the binaries match) -> plan -> reuse or build the wheel -> publish."""
         builder = self.wheel_builder(arch, jobs, platform, from_source)
         checked = self.check()
+        self._dropped_are_in_the_pin(checked, progress)
         return builder(checked.mirror, checked.report, checked.series, out, progress)
 
     def precompiled_for(self, platform: Platform) -> bool:
@@ -406,7 +414,15 @@ class Session:
             f"{len(checked.series.patches)} patch(es) on {checked.report.base[:12]}: "
             f"tree {checked.report.patched_tree()[:12]}",
         )
+        self._dropped_are_in_the_pin(checked, progress)
         return checked
+
+    def _dropped_are_in_the_pin(self, checked: CheckResult, progress: Progress) -> None:
+        """Bad input when patches/DROPPED.md says upstream merged a dropped patch at a commit the pin lacks."""
+        from carry.verdicts import droplog
+
+        for note in droplog.check_pin(self.config, self.cache, checked.mirror, self.config.patches_dir):
+            progress.phase("dropped", note)
 
     def _upstream_pyproject(self, checked: CheckResult) -> dict:
         from carry.image import container
@@ -454,10 +470,12 @@ class Session:
 
         return behaviour.judge(self.config, self.cache, self._builder_for, report, patches, progress)
 
-    def drop(self, name: str, against: str | None, force: bool, test: bool = False) -> drop.Dropped:
+    def drop(
+        self, name: str, against: str | None, force: bool, test: bool = False, onto: str | None = None
+    ) -> drop.Dropped:
         from carry.verdicts import drop
 
-        return drop.drop(self.config, self.cache, self.series(), name, against, force, self._judge(test))
+        return drop.drop(self.config, self.cache, self.series(), name, against, force, self._judge(test), onto)
 
     def refresh(self, onto: str | None, test: bool = False) -> refresh.Refreshed:
         from carry.verdicts import refresh

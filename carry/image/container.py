@@ -151,7 +151,10 @@ def assemble_context(
     shutil.copy2(config.version_file, project / _inside(config, config.version_file))
     # The build stage fetches nothing (it has the bundle): a user:token in upstream.url stays out of its layers.
     (project / _inside(config, config.path)).write_text(strip_credentials(config.path.read_text()))
-    shutil.copytree(config.patches_dir, project / _inside(config, config.patches_dir))
+    # DROPPED.md stays out: the host checked it against the pin (the stage has only the pin's bundle to tell by).
+    shutil.copytree(
+        config.patches_dir, project / _inside(config, config.patches_dir), ignore=shutil.ignore_patterns("DROPPED.md")
+    )
     package = Path(carry.__file__).resolve().parent
     shutil.copytree(package, context / "carry", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(ENTRYPOINT, context / "entrypoint.sh")

@@ -249,7 +249,10 @@ def merge_base(
 
 
 def update_pin(config: Config, new_commit: str) -> None:
-    """Rewrite only `upstream.commit` in build.yaml, keeping comments and layout."""
+    """Rewrite only `upstream.commit` in build.yaml, keeping comments and layout.
+
+    Every move of the pin goes through here (`fetch --update-pin`, `refresh`, `drop`): what must follow a new pin
+    is done here. The callers bump VERSION (a new pin is a new artifact)."""
     text = config.path.read_text()
     node = yaml.compose(text)
     for key, value in node.value:
