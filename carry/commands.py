@@ -175,6 +175,7 @@ class Session:
         builder = self.wheel_builder(arch, jobs, platform, from_source)
         checked = self.check()
         self._dropped_are_in_the_pin(checked, progress)
+        self._one_artifact(checked, out, builder.platform, builder.pin.wheel.pinned.sha256 if builder.pin else None)
         return builder(checked.mirror, checked.report, checked.series, out, progress)
 
     def precompiled_for(self, platform: Platform) -> bool:
@@ -242,6 +243,7 @@ class Session:
         policy = self.policy(arch, platform)
         builder = container.resolve_builder(self.config, (platform,))
         checked = self._checked(progress)
+        self._one_artifact(checked, out, platform, None)
         requirements = container.build_requirements(self._upstream_pyproject(checked))
         return crossbuild.build(
             self.config,
@@ -416,6 +418,21 @@ class Session:
         )
         self._dropped_are_in_the_pin(checked, progress)
         return checked
+
+    def _one_artifact(self, checked: CheckResult, out: Path, platform: Platform, precompiled: str | None) -> None:
+        """Bad input when `out` holds another artifact under this VERSION (wheel.refuse_another_artifact)."""
+        from carry.config import public_url
+        from carry.wheelbuild import wheel
+
+        wheel.refuse_another_artifact(
+            out,
+            self.version(),
+            public_url(self.config.upstream.url),
+            checked.report.base,
+            checked.report.patched_tree(),
+            platform,
+            precompiled,
+        )
 
     def _dropped_are_in_the_pin(self, checked: CheckResult, progress: Progress) -> None:
         """Bad input when patches/DROPPED.md says upstream merged a dropped patch at a commit the pin lacks."""

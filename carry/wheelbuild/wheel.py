@@ -31,7 +31,7 @@ from carry.source import git
 from carry.source.apply import CheckReport
 from carry.source.series import Series
 from carry.util.cache import Cache
-from carry.util.errors import Failed
+from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, owned_prefix, sweep_dead, temp_dir
 from carry.util.logtail import tail
 from carry.util.progress import Progress
@@ -622,6 +622,36 @@ def _store(cache: Cache, key: str, wheel: Path, checks: verify.Inspection) -> Pa
         shutil.rmtree(final)
     os.replace(staging, final)
     return final / wheel.name
+
+
+def refuse_another_artifact(
+    out: Path, version: str, url: str, pin: str, tree: str, platform: Platform, precompiled_sha256: str | None
+) -> None:
+    """Bad input when `out` holds a wheel of this upstream under this VERSION built from another tree, or (for the
+    same platform) from another precompiled wheel: one VERSION names one artifact. (`prove` and `status --test` build
+    prefixes of the series on purpose and publish elsewhere; the cache is keyed by content.)"""
+    from carry.util import prog
+
+    for path in sorted(out.glob("*.whl")) if out.is_dir() else ():
+        local = path.name.split("-")[1].partition("+")[2] if path.name.count("-") >= 4 else ""
+        if local != f"carry.{version}" and not local.startswith(f"carry.{version}."):
+            continue
+        info = buildinfo.peek(path)
+        if not info or info.get("version") != version or (info.get("upstream") or {}).get("url") != url:
+            continue
+        theirs = ((info.get("precompiled") or {}).get("sha256"), info.get("platform"))
+        if info.get("tree") != tree:
+            what = f"tree {str(info.get('tree'))[:12]} (pin {str((info.get('upstream') or {}).get('commit'))[:12]})"
+            mine = f"tree {tree[:12]} (pin {pin[:12]})"
+        elif theirs[1] == str(platform) and theirs[0] != precompiled_sha256:
+            what = f"precompiled wheel {str(theirs[0])[:12]}"
+            mine = f"precompiled wheel {str(precompiled_sha256)[:12]}"
+        else:
+            continue
+        raise BadInput(
+            f"{path} holds VERSION {version} for {what}, and this build is {mine}: one VERSION names one artifact; "
+            f"run `{prog.command('version', 'bump')}` (or publish into another --out)"
+        )
 
 
 def publish(wheel: Path, out: Path) -> Path:
