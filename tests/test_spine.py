@@ -224,6 +224,9 @@ def test_pr_ahead_is_warned_and_update_pin_rewrites_only_the_sha(project):
     assert result.code == 0 and result.out.strip() == head
     assert config.read_text() == before.replace(pin, head)
     assert "# the pin" in config.read_text()
+    # Another pin is another artifact: VERSION moves with it, once.
+    bumped = (config.parent / "VERSION").read_text().strip()
+    assert bumped != "20260101.1" and f"VERSION {bumped}" in result.err
 
 
 def test_force_push_is_detected(project):

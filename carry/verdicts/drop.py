@@ -1,11 +1,13 @@
 """`drop`: remove a patch REF needs no more (merged, fixed upstream, or its file deleted upstream or only in the PR),
-move the pin to where upstream has it, carry the rest of the series over there, bump VERSION once and log it in
-`patches/DROPPED.md`.
+carry the rest of the series over to the new pin, bump VERSION once and log it in `patches/DROPPED.md`.
 
-The pin moves to the upstream commit `status` named (the one that merged the patch; else REF's commit), or to
-`--onto REF`; never back. With `upstream.pr` set the pin stays on the PR: it moves to the PR head, which must hold
-that commit. When the rest of the series does not carry over, or the pin cannot move, nothing changes: a dropped
-patch never leaves a pin that lacks its fix (and `wheel` refuses a DROPPED.md that says otherwise, droplog.check_pin).
+A merged patch moves the pin to the upstream commit `status` named (the one that merged it; else REF's commit), or
+to `--onto REF`; never back. With `upstream.pr` set the pin stays on the PR: it moves to the PR head, which must
+hold that commit. When the rest of the series does not carry over there, or the pin cannot move, nothing changes.
+Another droppable verdict (its file deleted upstream or only in the PR, fixed its own way) leaves the pin where it
+is unless `--onto` moves it (several such patches often go together, then `refresh --onto REF`). Either way
+DROPPED.md names the commit the pin must hold, and `wheel` and `image` refuse a pin without it
+(droplog.check_pin): a dropped patch's bug never ships again.
 """
 
 from __future__ import annotations
@@ -64,8 +66,10 @@ def drop(
         )
     mirror, more = upstream.ensure_base(config, cache)
     notes = [*report.notes, *more]
-    merged_at = None if forced else (found.commit or report.reports[0].commit)
-    target = _new_pin(config, cache, mirror, patch.name, ref, merged_at, onto, notes)
+    # Where upstream has what the patch did: the commit status named, else REF's own. The pin must come to hold it
+    # (now for a merged patch; a refresh later for the others, until which `wheel` refuses; droplog.check_pin).
+    needs = None if forced else (found.commit or report.reports[0].commit)
+    target = _new_pin(config, cache, mirror, patch.name, ref, needs, found.verdict.merged, onto, notes)
     try:
         carried = refresh.carry_over(config, cache, mirror, series, target, leave_out=patch.name)
     except refresh.Conflict as conflict:
@@ -77,8 +81,19 @@ def drop(
         ) from None
     bumped = str(version.following(config.version_file))
     what = f"{found.verdict.value} against {ref}" + ("; forced with --force, not merged upstream" if forced else "")
-    line = droplog.log_line(patch.name, what, found.commit, bumped, target if carried.moved else None)
+    line = droplog.log_line(patch.name, what, needs or found.commit, bumped, target if carried.moved else None)
     refresh.write(config, series, carried, f"empty on the new pin {target[:12]} (already upstream)", (patch.name, line))
+    if (
+        needs is not None
+        and not carried.moved
+        and target != needs
+        and not _contains(config, cache, mirror, target, needs, notes)
+    ):
+        notes.append(
+            f"the pin stays at {target[:12]}, which lacks {needs[:12]} ({ref}): a build from it would miss what "
+            f"{patch.name} did, so `wheel` and `image` refuse it until `{prog.command('refresh', '--onto', ref)}` "
+            f"moves the pin"
+        )
     return Dropped(patch.name, found, bumped, line, carried, tuple(notes))
 
 
@@ -88,16 +103,20 @@ def _new_pin(
     mirror: Path,
     name: str,
     ref: str,
-    merged_at: str | None,
+    needs: str | None,
+    merged: bool,
     onto: str | None,
     notes: list[str],
 ) -> str:
-    """Where the pin goes: `onto`, else the PR head (upstream.pr set), else the commit that merged the patch (None:
-    forced, the pin stays); never back to a commit the pin already contains. It must hold `merged_at`."""
+    """Where the pin goes: `onto`, else for a merged patch the PR head (upstream.pr set) or the commit that merged
+    it (`needs`), which the new pin must hold; else (not merged, or forced) it stays. Never back to a commit the pin
+    already holds."""
     pin = config.upstream.commit
+    merged_at = needs if merged else None
     if onto is not None:
         target, more = upstream.resolve_ref(config, cache, onto)
         notes.extend(more)
+        merged_at = needs
     elif merged_at is None:
         return pin
     elif config.upstream.pr is not None:

@@ -17,7 +17,8 @@ from carry.util.cache import Cache
 from carry.util.errors import BadInput
 
 LOG_NAME = "DROPPED.md"
-MERGED = ("MERGED-EXACT", "MERGED-MODIFIED")
+# What DROPPED.md records a patch as when upstream has what it did at a known commit (a forced drop says "forced").
+HELD_UPSTREAM = ("MERGED-EXACT", "MERGED-MODIFIED", "DELETED-UPSTREAM", "PR-ONLY", "FIXED-UPSTREAM")
 ENTRY_RE = re.compile(
     r"^- \d{4}-\d{2}-\d{2} (?P<name>\S+): (?P<verdict>[A-Z-]+) against (?P<ref>.+?); "
     r"upstream commit (?P<commit>[0-9a-f]{40}|unknown)(?:;|$)"
@@ -52,25 +53,25 @@ def log_line(name: str, what: str, commit: str | None, current: str, pin: str | 
     )
 
 
-def merged_entries(path: Path) -> list[Entry]:
-    """The entries of patches dropped because upstream merged them at a known commit (not forced ones)."""
+def held_entries(path: Path) -> list[Entry]:
+    """The entries of patches dropped because upstream has what they did at a known commit (not forced ones)."""
     found = []
     for line in read_log(path).splitlines():
         match = ENTRY_RE.match(line)
-        if match and match["verdict"] in MERGED and match["commit"] != "unknown" and "forced" not in line:
+        if match and match["verdict"] in HELD_UPSTREAM and match["commit"] != "unknown" and "forced" not in line:
             found.append(Entry(match["name"], match["verdict"], match["ref"], match["commit"]))
     return found
 
 
 def check_pin(config: Config, cache: Cache, mirror: Path, patches_dir: Path) -> tuple[str, ...]:
-    """Bad input when DROPPED.md says a patch was dropped because upstream merged it at a commit the pin does not
-    contain (the build would ship its bug again); notes for the commits nobody can tell about (offline)."""
+    """Bad input when DROPPED.md says a patch was dropped because upstream has what it did at a commit the pin does
+    not contain (the build would ship its bug again); notes for the commits nobody can tell about (offline)."""
     from carry.source import git, upstream
     from carry.util import prog
 
     pin = config.upstream.commit
     notes = []
-    for entry in merged_entries(patches_dir / LOG_NAME):
+    for entry in held_entries(patches_dir / LOG_NAME):
         if entry.commit == pin or (git.has_commit(mirror, entry.commit) and git.is_ancestor(mirror, entry.commit, pin)):
             continue
         if not git.has_commit(mirror, entry.commit):
@@ -78,8 +79,8 @@ def check_pin(config: Config, cache: Cache, mirror: Path, patches_dir: Path) -> 
                 upstream.resolve_ref(config, cache, entry.commit)
             except BadInput:
                 notes.append(
-                    f"{LOG_NAME} says {entry.name} was merged at {entry.commit[:12]}, which upstream cannot give now: "
-                    f"not checked that the pin holds it"
+                    f"{LOG_NAME} says upstream has {entry.name} at {entry.commit[:12]}, which upstream cannot "
+                    f"give now: not checked that the pin holds it"
                 )
                 continue
         found, _ = upstream.merge_base(config, cache, mirror, pin, entry.commit)
