@@ -259,6 +259,7 @@ class Session:
             self.expected(checked),
             out,
             progress,
+            self._upstream_version(checked, progress),
         )
 
     def image(self, options: image.ImageOptions, arch: str | None, progress: Progress) -> image.ImageResult:
@@ -282,9 +283,10 @@ class Session:
             checked.series,
             current,
             arches,
-            container.distribution_name(pyproject),
+            container.distribution_name(self.config, pyproject),
             image.cuda_tag(tools.nvcc_version),
             options,
+            self._upstream_version(checked, progress),
         )
         return image.build(
             self.config,
@@ -318,9 +320,6 @@ class Session:
         )
         checked = self._checked(progress)
         arches = {platform: self.arches(arch, platform) for platform in platforms}
-        pyproject = self._upstream_pyproject(checked)
-        from carry.image import container
-
         tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
         cuda = image.cuda_tag(tools.nvcc_version) if any("{cuda}" in t for t in self.config.image.tags) else "none"
         plan = image.plan(
@@ -329,7 +328,7 @@ class Session:
             checked.series,
             self.version(),
             arches,
-            container.distribution_name(pyproject),
+            self.config.build.distribution,
             cuda,
             options,
         )
@@ -338,6 +337,8 @@ class Session:
             built = self.wheel(arch, Path("dist"), None, progress, platform)
             wheels[platform] = built.path
             progress.phase("wheel", f"{platform}: {built.path.name}{' (reused)' if built.reused else ''}")
+        if not plan.named:  # the distribution name from the wheel itself (its file name)
+            plan = plan.with_distribution(next(iter(wheels.values())).name.split("-", 1)[0])
         return lockedimage.build(self.config, self.cache, prepared, plan, wheels, options.push, smoke, client, progress)
 
     def manifest(
@@ -440,6 +441,19 @@ class Session:
 
         for note in droplog.check_pin(self.config, self.cache, checked.mirror, self.config.patches_dir):
             progress.phase("dropped", note)
+
+    def _upstream_version(self, checked: CheckResult, progress: Progress) -> str | None:
+        """The upstream's own version for a build stage to put in front of +carry.VERSION (None: build.wheel_version
+        says the version), found here, where upstream's tags are (carry/source/upstreamversion.py)."""
+        if self.config.build.wheel_version is not None:
+            return None
+        from carry.source import upstreamversion
+
+        found = upstreamversion.resolve(self.config, self.cache, checked.mirror, checked.report.patched_tree())
+        progress.phase(
+            "version", f"upstream {found.version} ({found.source}): the wheel is {found.version}+carry.{self.version()}"
+        )
+        return found.version
 
     def _upstream_pyproject(self, checked: CheckResult) -> dict:
         from carry.image import container

@@ -240,6 +240,7 @@ class Build:
     keep: tuple[str, ...] = DEFAULT_KEEP  # build-dir paths kept between builds (objects, never outputs)
     environment: BuildEnvironment = BuildEnvironment()
     precompiled: Precompiled | None = None  # None: every build compiles from source
+    distribution: str | None = None  # the wheel's NAME; None: [project] name, else the built wheel's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -497,6 +498,7 @@ BUILD_KEYS = (
     "keep",
     "environment",
     "precompiled",
+    "distribution",
 )
 PRECOMPILED_KEYS = ("env", "clear", "inputs", "wheels")
 PRECOMPILED_WHEEL_KEYS = ("requirement", "index", "path", "url", "sha256", "ref")
@@ -571,7 +573,16 @@ def _build(section: _Section) -> Build:
         keep=_keep(section),
         environment=_environment(section, isolation),
         precompiled=_precompiled(section),
+        distribution=_distribution(section),
     )
+
+
+def _distribution(section: _Section) -> str | None:
+    """build.distribution: the upstream's distribution name (a wheel's NAME, PEP 508 form)."""
+    name = section.string("distribution")
+    if name is not None and not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
+        raise section.fail("distribution", "the upstream's distribution name, as in its wheel's file name, e.g. pluggy")
+    return name
 
 
 def _gate_rules(section: _Section) -> tuple[GateRule, ...]:

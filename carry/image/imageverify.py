@@ -16,10 +16,10 @@ from pathlib import Path
 from carry.arch import ArchList
 from carry.config import Config
 from carry.image import container
-from carry.image.image import LABEL_PREFIX, own_tag
+from carry.image.image import LABEL_PREFIX, WHEEL_LABEL, own_tag
 from carry.platforms import Platform
 from carry.util import prog
-from carry.util.errors import Failed
+from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import temp_dir
 from carry.wheelbuild.verify import Expected, Inspection, Mismatch, Verification, compare, recorded_policy
 
@@ -51,12 +51,7 @@ def verify_image(
         return verify_locked(client, docker_cli, ref, config, expected, platform, arches)
     notes: tuple[str, ...] = ()
     with registry.credentials(ref, docker_cli) as login:
-        try:
-            remote = registry.remote_platforms(client, ref, login)
-        except Failed as unreadable:
-            if registry.local(client, ref) is None:
-                raise
-            remote, notes = None, (f"{unreadable}; verified the local image instead",)
+        remote = _remote(client, ref, login)
         if remote is None:
             image = registry.local(client, ref)
             if image is None:
@@ -77,6 +72,21 @@ def verify_image(
         result = _verify_one(client, ref, image, found_platform, expected, arches, scratch, coverage)
         results.append(dataclasses.replace(result, notes=notes + result.notes))
     return tuple(results)
+
+
+def _remote(client, ref: str, login) -> tuple[str, tuple[Platform, ...]] | None:
+    """What the registry holds under `ref` (None: it answered that it has no such tag, and the local image store
+    is verified instead). A registry that cannot be read is bad input naming the login, never a local image of the
+    same name passing for the pushed one."""
+    from carry.image import registry
+
+    try:
+        return registry.remote_platforms(client, ref, login)
+    except Failed as unreadable:
+        raise BadInput(
+            f"{unreadable}; verify reads the pushed image from {login.registry}: set {registry.USER_ENV} and "
+            f"{registry.PASSWORD_ENV} (or `docker login {login.registry}`) and check the name"
+        ) from None
 
 
 def _coverage(ref: str, config: Config, version: str, held: tuple[Platform, ...]) -> list[Mismatch]:
@@ -106,7 +116,7 @@ def _verify_one(
 
     labels = image.labels or {}
     mismatches = list(coverage) + _label_mismatches(labels, expected)
-    dist = labels.get(f"{LABEL_PREFIX}.wheel")
+    dist = labels.get(WHEEL_LABEL)
     if not dist:
         raise Failed(f"{ref}: no {LABEL_PREFIX}.wheel label; it was not built by carry")
     with temp_dir(scratch, "verify-image-") as files:
@@ -160,12 +170,7 @@ def verify_locked(
     from carry.image import registry, runtimelock
 
     with registry.credentials(ref, docker_cli) as login:
-        try:
-            remote = registry.remote_platforms(client, ref, login)
-        except Failed:
-            if registry.local(client, ref) is None:
-                raise
-            remote = None
+        remote = _remote(client, ref, login)
         if remote is None:
             image = registry.local(client, ref)
             if image is None:
