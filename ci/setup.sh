@@ -12,6 +12,8 @@ python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
 # store), and the vLLM history made from them.
 python3 examples/vllm/fetch.py >/dev/null
 python3 examples/vllm/make_upstream.py >/dev/null
+# pluggy's 1.5.0 and 1.6.0 sdists and the history made from them: README's "Carry your own patch", run as a test.
+python3 examples/pluggy/make_upstream.py >/dev/null
 if [ "${CARRY_SETUP_SERVICES:-1}" = 1 ]; then
     bash .ci/services.sh
     bash ci/qemu.sh
