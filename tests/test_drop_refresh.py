@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime
+import os
 import re
 import subprocess
+import sys
 
-from helpers import assert_bad_input
+from helpers import ROOT, assert_bad_input
 from scenarios import ENGINE, project, replace, with_fp8, with_reset
 
 STATS = "    def stats(self):\n        return {'calls': self.calls}\n\n"
@@ -237,3 +239,19 @@ def test_a_dropped_patch_never_builds_from_a_pin_without_its_merge(tmp_path):
         f"with `build.py refresh --onto {picked}`",
     )
     assert not (tmp_path / "dist").exists()
+
+
+def test_the_way_out_names_the_command_the_user_ran(tmp_path):
+    p = project(tmp_path)
+    p.land("0001-reset-semaphore.patch")
+    as_build_py = p.run("status")
+    assert "way out: build.py drop 0001-reset-semaphore.patch --against main" in as_build_py.out
+    as_carry = subprocess.run(
+        [sys.executable, "-m", "carry", "--config", str(p.config), "status"],
+        env={**os.environ, **p.env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "way out: carry drop 0001-reset-semaphore.patch --against main" in as_carry.stdout
+    assert "build.py" not in as_carry.stdout + as_carry.stderr

@@ -311,3 +311,19 @@ def _tree_with(upstream: Upstream, base: str, patches: Path) -> str:
     git(upstream.path, "reset", "-q", "--hard", base)
     git(upstream.path, "checkout", "-q", "main")
     return tree
+
+
+def test_wheel_on_a_series_that_does_not_apply_names_the_patch_never_a_tree_none(project):
+    upstream, config, env = project
+    patch_line(upstream, config.parent / "patches/0001-one.patch", "value_40 = 40\n", "value_40 = 4000\n")
+    patch = config.parent / "patches/0001-one.patch"
+    patch.write_text(patch.read_text().replace(" value_39 = 39\n", " value_39 = 'thirty-nine'\n"))
+    result = run(config, env, "wheel", "--arch", "none", "--out", str(config.parent / "dist"))
+    assert result.code == 1, result.err
+    assert "tree None" not in result.err and "Traceback" not in result.err
+    assert result.err == (
+        f"carry: error: the series does not apply on {upstream.head()[:12]}: 0001-one.patch failed (pkg/core.py, "
+        f"hunk @@ -37,7 +37,7 @@ value_36 = 36: line 39 expected \"value_39 = 'thirty-nine'\", found 'value_39 = 39'); "
+        f"nothing was built; run `check` for details\n"
+    )
+    assert not (config.parent / "dist").exists()
