@@ -58,9 +58,15 @@ def resolve(config: Config, cache: Cache, mirror: Path, tree: str) -> UpstreamVe
 
 def static(mirror: Path, tree: str) -> UpstreamVersion | None:
     """The static `[project] version` of `tree`'s pyproject.toml (its public part), or None."""
-    from carry.image.container import upstream_pyproject
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: `build` depends on tomli there
+        import tomli as tomllib  # type: ignore[no-redef]
 
-    project = upstream_pyproject(git.show_blob(mirror, f"{tree}:pyproject.toml")).get("project", {})
+    try:
+        project = tomllib.loads(git.show_blob(mirror, f"{tree}:pyproject.toml") or "").get("project", {})
+    except tomllib.TOMLDecodeError:
+        return None
     version = project.get("version")
     if not isinstance(version, str) or "version" in project.get("dynamic", []):
         return None
