@@ -171,6 +171,27 @@ def test_readme_carry_your_own_patch_reaches_an_image_and_drops_the_merged_patch
             zipfile.ZipFile(wheel).read(f"pluggy-1.5.0+carry.{first}.dist-info/carry-buildinfo.json")
         )["tree"]
 
+        # README's config as written (no local bases): a Python-only image builds FROM Python's own images, which
+        # cannot be pulled here, and that is said in one line; without --hermetic the build stage's pip cannot reach
+        # the index here, and that names --hermetic.
+        python = f"{sys.version_info.major}.{sys.version_info.minor}"
+        as_written = project / "as-written.yaml"
+        as_written.write_text((project / "build.yaml").read_text().split("  base_image:")[0])
+        unpulled = carry("--config", str(as_written), "image", "--hermetic")
+        as_written.unlink()
+        assert unpulled.returncode == 1 and "Traceback" not in unpulled.stderr, unpulled.stderr[-3000:]
+        assert (
+            f"failed (exit 1): a base image could not be pulled (BASE_IMAGE=python:{python}, "
+            f"RUNTIME_IMAGE=python:{python}-slim); pull it first, or set image.base_image and image.runtime_image"
+        ) in unpulled.stderr, unpulled.stderr[-3000:]
+        offline = carry("image")
+        if offline.returncode == 0:  # a machine whose build stage reaches the index builds; this one cannot
+            assert f"{name}:{first}" in offline.stdout
+        else:
+            assert "pip in the build stage could not reach the package index; build with --hermetic" in (
+                offline.stderr
+            ), offline.stderr[-3000:]
+
         # Without a login, verify cannot read the registry: bad input naming the login, though the image is local.
         anonymous = carry("verify", ref)
         assert anonymous.returncode == 2, anonymous.stdout + anonymous.stderr
