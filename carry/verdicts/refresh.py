@@ -15,7 +15,7 @@ from pathlib import Path
 
 from carry import version
 from carry.config import Config
-from carry.source import git, series, upstream
+from carry.source import apply, git, series, upstream
 from carry.util.cache import Cache
 from carry.util.errors import Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
@@ -83,6 +83,10 @@ def carry_over(
     that does not go there. Nothing is written."""
     pin = config.upstream.commit
     kept = tuple(p for p in patches.patches if p.name != leave_out)
+    exact = apply.check(mirror, new_base, series.Series(patches.directory, kept), cache.scratch)
+    if all(result.status is apply.PatchStatus.CLEAN for result in exact.results):
+        # Every patch applies there as it is written (exact context, no offset): nothing to rewrite, and no worktree.
+        return Carried(pin, new_base, {}, (), tuple(p.name for p in kept))
     with cache.lock(mirror.name), temp_dir(cache.scratch, "refresh-") as work:
         texts = _rebase(mirror, pin, new_base, patches, work, leave_out)
         changed = {p.name: texts[p.name] for p in kept if texts[p.name] and _moved(p, texts[p.name], work)}
