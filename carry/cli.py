@@ -179,7 +179,7 @@ def wheel_command(
         progress.phase("done", f"{built.platform} wheel, gate passed for {built.gate.archlist}")
         click.echo(built.path)
         return
-    result = session.wheel(arch, out, jobs, progress, target, from_source)
+    result = session.wheel(arch, out, jobs, progress, target, from_source, one_artifact=True)
     progress.phase("done", "reused from cache" if result.reused else "built")
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else result.path)
 

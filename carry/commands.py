@@ -170,12 +170,16 @@ class Session:
         progress: Progress,
         platform: Platform | None = None,
         from_source: bool = False,
+        one_artifact: bool = False,
     ) -> wheel.WheelResult:
-        """check -> (precompiled: prove the binaries match) -> plan -> reuse or build the wheel -> publish."""
+        """check -> (precompiled: prove the binaries match) -> plan -> reuse or build the wheel -> publish; with
+        `one_artifact` (the `wheel` command), refused when `out` holds another wheel under this VERSION."""
         builder = self.wheel_builder(arch, jobs, platform, from_source)
         checked = self.check()
         self._dropped_are_in_the_pin(checked, progress)
-        self._one_artifact(checked, out, builder.platform, builder.pin.wheel.pinned.sha256 if builder.pin else None)
+        if one_artifact:
+            pin = builder.pin.wheel.pinned.sha256 if builder.pin else None
+            self._one_artifact(checked, out, builder.platform, pin)
         return builder(checked.mirror, checked.report, checked.series, out, progress)
 
     def precompiled_for(self, platform: Platform) -> bool:
