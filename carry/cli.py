@@ -192,8 +192,13 @@ def wheel_command(
     metavar="P",
     help="For an image tag holding several platforms: verify only this one (default: every platform it holds).",
 )
+@click.option(
+    "--local",
+    is_flag=True,
+    help="Verify the image of that name in this Docker engine (built, not pushed) instead of the registry's.",
+)
 @click.pass_obj
-def verify(obj: Context, artifact: str, arch: str | None, platform: str | None) -> None:
+def verify(obj: Context, artifact: str, arch: str | None, platform: str | None, local: bool) -> None:
     """Verify a wheel file, an image reference or a test report against this repo (VERSION, series hash, pinned
     commit). Wheels: RECORD hashes, the CUDA arch gate, the CPU of their shared objects, the test report beside
     them if any. Images: every platform the tag holds is pulled, its labels compared, its Python run (emulated
@@ -205,7 +210,7 @@ def verify(obj: Context, artifact: str, arch: str | None, platform: str | None) 
         result = testrun.check_report(Path(artifact))
         click.echo("\n".join(result.lines()))
         sys.exit(0 if result.ok else 1)
-    results = obj.session().verify(artifact, parse_platform(platform), arch)
+    results = obj.session().verify(artifact, parse_platform(platform), arch, local)
     click.echo("\n".join(line for result in results for line in result.lines()))
     sys.exit(0 if all(result.ok for result in results) else 1)
 

@@ -466,7 +466,9 @@ class Session:
         checked.report.patched_tree()
         return container.upstream_pyproject(git.show_blob(checked.mirror, f"{checked.report.tree}:pyproject.toml"))
 
-    def verify(self, artifact: str, platform: Platform | None, arch: str | None) -> tuple[verify.Verification, ...]:
+    def verify(
+        self, artifact: str, platform: Platform | None, arch: str | None, local: bool = False
+    ) -> tuple[verify.Verification, ...]:
         """A wheel file (and the test report beside it), or every platform (or the one asked) of an image
         reference."""
         from carry.gputest import testrun
@@ -476,8 +478,10 @@ class Session:
             from carry.image import imageverify
 
             return imageverify.verify_image(
-                artifact, self.config, self.expected(), platform, given(arch), self.cache.scratch
+                artifact, self.config, self.expected(), platform, given(arch), self.cache.scratch, local
             )
+        if local:
+            raise BadInput("--local is for image references; a wheel is always the file given")
         if platform is not None:
             raise BadInput("--platform is for image tags; a wheel's platform is in its file name")
         path = Path(artifact)

@@ -37,26 +37,29 @@ print(json.dumps({"machine": platform.machine(), "python": platform.python_versi
 
 
 def verify_image(
-    ref: str, config: Config, expected: Expected, platform: Platform | None, arches: ArchList | None, scratch: Path
+    ref: str,
+    config: Config,
+    expected: Expected,
+    platform: Platform | None,
+    arches: ArchList | None,
+    scratch: Path,
+    local: bool = False,
 ) -> tuple[Verification, ...]:
-    """Verify each platform `ref` holds (or the one asked): pulled from the registry when it has the tag, else
-    the local image. Labels and the wheel's buildinfo against this repo, the CPU its Python runs on, and the
-    shared objects of the installed wheel (ELF machine, and the arch gate for `arches` or else the arches the
-    wheel records)."""
+    """Verify each platform `ref` holds (or the one asked), pulled from its registry; with `local`, the image of
+    that name in this Docker engine instead (never as a stand-in for a registry that cannot be read). Labels and the
+    wheel's buildinfo against this repo, the CPU its Python runs on, and the shared objects of the installed wheel
+    (ELF machine, and the arch gate for `arches` or else the arches the wheel records)."""
     from carry.image import registry
 
     client = registry.client()
     docker_cli = container.docker_binary(config)
     if getattr(config.image, "lock", None):
-        return verify_locked(client, docker_cli, ref, config, expected, platform, arches)
+        return verify_locked(client, docker_cli, ref, config, expected, platform, arches, local=local)
     notes: tuple[str, ...] = ()
-    with registry.credentials(ref, docker_cli) as login:
-        remote = _remote(client, ref, login)
+    with _login(ref, docker_cli, local) as login:
+        remote = None if local else _remote(client, ref, login)
         if remote is None:
-            image = registry.local(client, ref)
-            if image is None:
-                raise Failed(f"cannot verify {ref}: neither its registry nor the local image store has it")
-            images = [(registry.image_platform(image), image)]
+            images = [_local(client, ref)]
             coverage = []
         else:
             wanted = [platform] if platform is not None else list(remote[1])
@@ -74,19 +77,46 @@ def verify_image(
     return tuple(results)
 
 
-def _remote(client, ref: str, login) -> tuple[str, tuple[Platform, ...]] | None:
-    """What the registry holds under `ref` (None: it answered that it has no such tag, and the local image store
-    is verified instead). A registry that cannot be read is bad input naming the login, never a local image of the
-    same name passing for the pushed one."""
+def _remote(client, ref: str, login) -> tuple[str, tuple[Platform, ...]]:
+    """What the registry holds under `ref`. A registry that cannot be read, or that has no such tag, is bad input
+    naming the way out: a local image of the same name never passes for the pushed one (that is `--local`)."""
     from carry.image import registry
 
     try:
-        return registry.remote_platforms(client, ref, login)
+        found = registry.remote_platforms(client, ref, login)
     except Failed as unreadable:
         raise BadInput(
             f"{unreadable}; verify reads the pushed image from {login.registry}: set {registry.USER_ENV} and "
-            f"{registry.PASSWORD_ENV} (or `docker login {login.registry}`) and check the name"
+            f"{registry.PASSWORD_ENV} (or `docker login {login.registry}`) and check the name, or verify this "
+            f"Docker engine's image with --local"
         ) from None
+    if found is None:
+        raise BadInput(
+            f"{ref}: its registry {login.registry} has no such tag; push it (`{prog.command('image', '--push')}`), "
+            f"or verify this Docker engine's image with --local"
+        )
+    return found
+
+
+def _login(ref: str, docker_cli: str, local: bool):
+    """The registry login for `ref`; none for an image verified in this engine (nothing reaches the registry)."""
+    import contextlib
+
+    from carry.image import registry
+
+    if local:
+        return contextlib.nullcontext(registry.Login(registry.registry_of(ref), None, None))
+    return registry.credentials(ref, docker_cli)
+
+
+def _local(client, ref: str):
+    """(platform, image) of `ref` in this Docker engine's image store."""
+    from carry.image import registry
+
+    image = registry.local(client, ref)
+    if image is None:
+        raise BadInput(f"{ref}: this Docker engine has no such image; build it (`{prog.command('image')}`) first")
+    return registry.image_platform(image), image
 
 
 def _coverage(ref: str, config: Config, version: str, held: tuple[Platform, ...]) -> list[Mismatch]:
@@ -164,18 +194,17 @@ def verify_locked(
     platform: Platform | None,
     arches: ArchList | None,
     dist: Path = Path("dist"),
+    local: bool = False,
 ) -> tuple[Verification, ...]:
     """Each platform of `ref` (or the one asked) read from its layers and proven against its lock
     (carry.image.runtimelock) and the fixed wheel for it in `dist`."""
-    from carry.image import registry, runtimelock
+    from carry.image import runtimelock
 
-    with registry.credentials(ref, docker_cli) as login:
-        remote = _remote(client, ref, login)
+    with _login(ref, docker_cli, local) as login:
+        remote = None if local else _remote(client, ref, login)
         if remote is None:
-            image = registry.local(client, ref)
-            if image is None:
-                raise Failed(f"cannot verify {ref}: neither its registry nor the local image store has it")
-            held, coverage = tuple[Platform, ...]((registry.image_platform(image),)), []
+            held: tuple[Platform, ...] = (_local(client, ref)[0],)
+            coverage = []
         else:
             held = remote[1]
             coverage = _coverage(ref, config, expected.version, held) if platform is None else []
