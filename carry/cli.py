@@ -81,7 +81,9 @@ def version_bump(obj: Context) -> None:
 
 
 @cli.command()
-@click.option("--update-pin", is_flag=True, help="Move upstream.commit in build.yaml to the PR head.")
+@click.option(
+    "--update-pin", is_flag=True, help="Move upstream.commit in build.yaml to the PR head (and bump VERSION)."
+)
 @click.pass_obj
 def fetch(obj: Context, update_pin: bool) -> None:
     """Fetch the pinned commit (and the PR head) into the cache mirror; print the base commit."""
@@ -184,7 +186,7 @@ def wheel_command(
         progress.phase("done", f"{built.platform} wheel, gate passed for {built.gate.archlist}")
         click.echo(built.path)
         return
-    result = session.wheel(arch, out, jobs, progress, target, from_source)
+    result = session.wheel(arch, out, jobs, progress, target, from_source, one_artifact=True)
     progress.phase("done", "reused from cache" if result.reused else "built")
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else result.path)
 
@@ -204,8 +206,15 @@ def wheel_command(
     metavar="PUB",
     help="For an image: check its signature, SBOM and provenance with this public key (carry.pub, cosign.pub).",
 )
+@click.option(
+    "--local",
+    is_flag=True,
+    help="Verify the image of that name in this Docker engine (built, not pushed) instead of the registry's.",
+)
 @click.pass_obj
-def verify(obj: Context, artifact: str, arch: str | None, platform: str | None, key_path: Path | None) -> None:
+def verify(
+    obj: Context, artifact: str, arch: str | None, platform: str | None, key_path: Path | None, local: bool
+) -> None:
     """Verify a wheel file, an image reference or a test report against this repo (VERSION, series hash, pinned
     commit). Wheels: RECORD hashes, the CUDA arch gate, the CPU of their shared objects, the test report beside
     them if any. Images: every platform the tag holds is pulled, its labels compared, its Python run (emulated
@@ -236,7 +245,7 @@ def verify(obj: Context, artifact: str, arch: str | None, platform: str | None, 
         result = testrun.check_report(Path(artifact))
         click.echo("\n".join(result.lines()))
         sys.exit(0 if result.ok else 1)
-    results = obj.session().verify(artifact, parse_platform(platform), arch, key)
+    results = obj.session().verify(artifact, parse_platform(platform), arch, key, local)
     click.echo("\n".join(line for result in results for line in result.lines()))
     sys.exit(0 if all(result.ok for result in results) else 1)
 
@@ -493,13 +502,20 @@ def status(obj: Context, against: tuple[str, ...], as_json: bool, fail_on: str |
 @click.option(
     "--test", "test", is_flag=True, help="Run the patch's test on REF without it first: FIXED-UPSTREAM lets it go."
 )
+@click.option(
+    "--onto",
+    "onto",
+    metavar="REF",
+    help="Move the pin here (it must hold the merge) instead of to the commit that merged the patch.",
+)
 @click.pass_obj
-def drop_command(obj: Context, name: str, against: str | None, force: bool, test: bool) -> None:
-    """Remove a patch REF needs no more (MERGED-*, DELETED-UPSTREAM, PR-ONLY, FIXED-UPSTREAM), bump VERSION and log
-    it in patches/DROPPED.md."""
-    result = obj.session().drop(name, against, force, test)
+def drop_command(obj: Context, name: str, against: str | None, force: bool, test: bool, onto: str | None) -> None:
+    """Remove a patch REF needs no more (MERGED-*, DELETED-UPSTREAM, PR-ONLY, FIXED-UPSTREAM), move the pin to the
+    commit that merged it (with upstream.pr: the PR head, which must hold it), carry the rest of the series over
+    there, bump VERSION once and log it in patches/DROPPED.md; on a conflict nothing changes (exit 1)."""
+    result = obj.session().drop(name, against, force, test, onto)
     echo_notes(result.notes)
-    click.echo(result.line)
+    click.echo("\n".join(result.lines()))
 
 
 @cli.command()
@@ -517,9 +533,9 @@ def drop_command(obj: Context, name: str, against: str | None, force: bool, test
 )
 @click.pass_obj
 def refresh(obj: Context, onto: str | None, test: bool) -> None:
-    """Rebase the series onto a new upstream base (3-way merge, following upstream's renames), move the pin and
-    rewrite the patches that moved; on a conflict change nothing and exit 1, naming `drop` for the patches REF needs
-    no more."""
+    """Rebase the series onto a new upstream base (3-way merge, following upstream's renames), move the pin,
+    rewrite the patches that moved and bump VERSION (when anything changed); on a conflict change nothing and exit 1,
+    naming `drop` for the patches REF needs no more."""
     result = obj.session().refresh(onto, test)
     echo_notes(result.notes)
     click.echo("\n".join(result.lines()))

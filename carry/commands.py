@@ -102,9 +102,16 @@ class Session:
         if pr_head is not None:
             warning = pr_head.describe(self.config.upstream.commit)
             if update_pin and pr_head.sha != self.config.upstream.commit:
+                from carry import version
+
                 notes += self.repin(pr_head.sha)
+                bumped = version.following(self.config.version_file)  # another pin: another artifact
                 upstream.update_pin(self.config, pr_head.sha)
-                notes.append(f"pin moved {self.config.upstream.commit[:12]} -> {pr_head.sha} in {self.config.path}")
+                version.write(self.config.version_file, bumped)
+                notes.append(
+                    f"pin moved {self.config.upstream.commit[:12]} -> {pr_head.sha} in {self.config.path}; "
+                    f"VERSION {bumped}"
+                )
                 return FetchResult(pr_head.sha, tuple(notes))
             if warning:
                 notes.append(f"warning: {warning}")
@@ -164,12 +171,18 @@ class Session:
         progress: Progress,
         platform: Platform | None = None,
         from_source: bool = False,
+        one_artifact: bool = False,
     ) -> wheel.WheelResult:
-        """check -> (precompiled: prove the binaries match) -> plan -> reuse or build the wheel -> publish."""
+        """check -> (precompiled: prove the binaries match) -> plan -> reuse or build the wheel -> publish; with
+        `one_artifact` (the `wheel` command), refused when `out` holds another wheel under this VERSION."""
         if not from_source:
             self.require_pins((platform,) if platform else ())
         builder = self.wheel_builder(arch, jobs, platform, from_source)
         checked = self.check()
+        self._dropped_are_in_the_pin(checked, progress)
+        if one_artifact:
+            pin = builder.pin.wheel.pinned.sha256 if builder.pin else None
+            self._one_artifact(checked, out, builder.platform, pin)
         return builder(checked.mirror, checked.report, checked.series, out, progress)
 
     def require_pins(self, platforms: tuple[Platform, ...]) -> None:
@@ -281,6 +294,7 @@ class Session:
         policy = self.policy(arch, platform)
         builder = container.resolve_builder(self.config, (platform,))
         checked = self._checked(progress)
+        self._one_artifact(checked, out, platform, None)
         requirements = container.build_requirements(self._upstream_pyproject(checked))
         return crossbuild.build(
             self.config,
@@ -296,6 +310,7 @@ class Session:
             self.expected(checked),
             out,
             progress,
+            self._upstream_version(checked, progress),
         )
 
     def image(self, options: image.ImageOptions, arch: str | None, progress: Progress) -> image.ImageResult:
@@ -321,9 +336,10 @@ class Session:
             checked.series,
             current,
             arches,
-            container.distribution_name(pyproject),
+            container.distribution_name(self.config, pyproject),
             image.cuda_tag(tools.nvcc_version),
             options,
+            self._upstream_version(checked, progress),
         )
         return image.build(
             self.config,
@@ -365,9 +381,6 @@ class Session:
         )
         checked = self._checked(progress)
         arches = {platform: self.arches(arch, platform) for platform in platforms}
-        pyproject = self._upstream_pyproject(checked)
-        from carry.image import container
-
         tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
         cuda = image.cuda_tag(tools.nvcc_version) if any("{cuda}" in t for t in self.config.image.tags) else "none"
         plan = image.plan(
@@ -376,11 +389,13 @@ class Session:
             checked.series,
             self.version(),
             arches,
-            container.distribution_name(pyproject),
+            self.config.build.distribution,
             cuda,
             options,
         )
         wheels = self.image_wheels(platforms, arch, progress)
+        if not plan.named:  # the distribution name from the wheel itself (its file name)
+            plan = plan.with_distribution(next(iter(wheels.values())).name.split("-", 1)[0])
         return lockedimage.build(
             self.config, self.cache, prepared, plan, wheels, options.push, smoke, client, progress, attester
         )
@@ -495,20 +510,55 @@ class Session:
         progress.phase(
             "check",
             f"{len(checked.series.patches)} patch(es) on {checked.report.base[:12]}: "
-            f"tree {str(checked.report.tree)[:12]}",
+            f"tree {checked.report.patched_tree()[:12]}",
         )
+        self._dropped_are_in_the_pin(checked, progress)
         return checked
+
+    def _one_artifact(self, checked: CheckResult, out: Path, platform: Platform, precompiled: str | None) -> None:
+        """Bad input when `out` holds another artifact under this VERSION (wheel.refuse_another_artifact)."""
+        from carry.config import public_url
+        from carry.wheelbuild import wheel
+
+        wheel.refuse_another_artifact(
+            out,
+            self.version(),
+            public_url(self.config.upstream.url),
+            checked.report.base,
+            checked.report.patched_tree(),
+            platform,
+            precompiled,
+        )
+
+    def _dropped_are_in_the_pin(self, checked: CheckResult, progress: Progress) -> None:
+        """Bad input when patches/DROPPED.md says upstream merged a dropped patch at a commit the pin lacks."""
+        from carry.verdicts import droplog
+
+        for note in droplog.check_pin(self.config, self.cache, checked.mirror, self.config.patches_dir):
+            progress.phase("dropped", note)
+
+    def _upstream_version(self, checked: CheckResult, progress: Progress) -> str | None:
+        """The upstream's own version for a build stage to put in front of +carry.VERSION (None: build.wheel_version
+        says the version), found here, where upstream's tags are (carry/source/upstreamversion.py)."""
+        if self.config.build.wheel_version is not None:
+            return None
+        from carry.source import upstreamversion
+
+        found = upstreamversion.resolve(self.config, self.cache, checked.mirror, checked.report.patched_tree())
+        progress.phase(
+            "version", f"upstream {found.version} ({found.source}): the wheel is {found.version}+carry.{self.version()}"
+        )
+        return found.version
 
     def _upstream_pyproject(self, checked: CheckResult) -> dict:
         from carry.image import container
         from carry.source import git
 
-        if checked.report.tree is None:
-            raise Failed("the series does not apply; run `check` for details")
+        checked.report.patched_tree()
         return container.upstream_pyproject(git.show_blob(checked.mirror, f"{checked.report.tree}:pyproject.toml"))
 
     def verify(
-        self, artifact: str, platform: Platform | None, arch: str | None, key=None
+        self, artifact: str, platform: Platform | None, arch: str | None, key=None, local: bool = False
     ) -> tuple[verify.Verification, ...]:
         """A wheel file (and the test report beside it), or every platform (or the one asked) of an image
         reference; with `key` (a loaded public key) the image's signature, SBOM and provenance too."""
@@ -526,12 +576,22 @@ class Session:
                 platform,
                 given(arch),
                 self.cache.scratch,
+                local,
                 key=key,
                 patches=patches,
             )
+        if local:
+            raise BadInput("--local is for image references; a wheel is always the file given")
         if platform is not None:
             raise BadInput("--platform is for image tags; a wheel's platform is in its file name")
         path = Path(artifact)
+        if not path.is_file():
+            from carry.util import prog
+
+            raise BadInput(
+                f"{artifact}: no such wheel file; give the path `{prog.command('wheel')}` printed "
+                f"(dist/NAME-VERSION-TAGS.whl)"
+            )
         return (testrun.with_test_report(path, verify.verify_wheel(path, self.expected(self.check()), given(arch))),)
 
     def status(
@@ -549,10 +609,14 @@ class Session:
 
         return behaviour.judge(self.config, self.cache, self._builder_for, report, patches, progress)
 
-    def drop(self, name: str, against: str | None, force: bool, test: bool = False) -> drop.Dropped:
+    def drop(
+        self, name: str, against: str | None, force: bool, test: bool = False, onto: str | None = None
+    ) -> drop.Dropped:
         from carry.verdicts import drop
 
-        return drop.drop(self.config, self.cache, self.series(), name, against, force, self._judge(test))
+        return drop.drop(
+            self.config, self.cache, self.series(), name, against, force, self._judge(test), onto, self.repin
+        )
 
     def refresh(self, onto: str | None, test: bool = False) -> refresh.Refreshed:
         from carry.verdicts import refresh

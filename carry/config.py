@@ -25,7 +25,6 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SCP_LIKE_RE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^:]")
 ALLOWED_SCHEMES = ("https", "ssh", "git", "file")
 DEFAULT_IMAGE_TAGS = ("{version}",)
-DEFAULT_WHEEL_VERSION = "0+carry.{version}"
 TAG_FIELDS = ("version", "base_short", "cuda", "series_short")
 TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 # libyaml's safe loader where PyYAML was built with it (its wheels are): the same documents, a tenth of the time
@@ -250,7 +249,7 @@ class Precompiled:
 class Build:
     cuda_arches: ArchList | None  # None: not set; an empty list: no CUDA code expected
     env: dict[str, str]
-    wheel_version: str
+    wheel_version: str | None  # None: the upstream's own version + carry.{version} (carry/source/upstreamversion.py)
     version_env: tuple[str, ...]
     build_isolation: bool
     compiler_cache: CompilerCache
@@ -261,6 +260,7 @@ class Build:
     keep: tuple[str, ...] = DEFAULT_KEEP  # build-dir paths kept between builds (objects, never outputs)
     environment: BuildEnvironment = BuildEnvironment()
     precompiled: Precompiled | None = None  # None: every build compiles from source
+    distribution: str | None = None  # the wheel's NAME; None: [project] name, else the built wheel's
 
 
 @record
@@ -533,6 +533,7 @@ BUILD_KEYS = (
     "keep",
     "environment",
     "precompiled",
+    "distribution",
 )
 PRECOMPILED_KEYS = ("env", "clear", "inputs", "nightly", "wheels")
 PRECOMPILED_WHEEL_KEYS = ("requirement", "index", "path", "url", "sha256", "ref")
@@ -560,6 +561,11 @@ def _upstream(section: _Section, path: Path) -> Upstream:
     if not section.data:
         raise BadInput(f"{path}: the upstream section is required (url, commit, optional pr and main)")
     commit = section.data.get("commit")
+    if isinstance(commit, (int, float)) and not isinstance(commit, bool):
+        raise BadInput(
+            f"{path}: upstream.commit was read as the number {commit!r}: YAML reads an all-digit SHA as a number; "
+            f"quote it, e.g. commit: '0123456789…' (the full 40-hex SHA)"
+        )
     if not isinstance(commit, str) or not SHA_RE.match(commit):
         raise section.fail("commit", "a full 40-hex commit SHA (git rev-parse <commit>)")
     return Upstream(
@@ -575,10 +581,11 @@ def _build(section: _Section) -> Build:
     if arches is not None and not isinstance(arches, (str, list)):
         raise section.fail("cuda_arches", "a string like '9.0,12.1', a list of arches, or [] for no CUDA code")
     version_env = _env_names(section, "version_env")
-    wheel_version = section.string("wheel_version", DEFAULT_WHEEL_VERSION)
-    if "{version}" not in wheel_version:
-        raise section.fail("wheel_version", "a template containing {version}, e.g. '0.11.0+carry.{version}'")
-    _check_wheel_version(section, wheel_version)
+    wheel_version = section.string("wheel_version")
+    if wheel_version is not None:
+        if "{version}" not in wheel_version:
+            raise section.fail("wheel_version", "a template containing {version}, e.g. '0.11.0+carry.{version}'")
+        _check_wheel_version(section, wheel_version)
     compiler_cache = CompilerCache.parse(section.string("compiler_cache", "auto"), f"{section.path}: build")
     remote_cache = None
     if section.has("remote_cache"):
@@ -586,21 +593,32 @@ def _build(section: _Section) -> Build:
         remote_cache = RemoteCache.parse(section.string("remote_cache"), where)
         remote_cache.check_launcher(compiler_cache, where)
     isolation = section.boolean("build_isolation", True)
+    cuda_arches = ArchList.parse(arches) if arches is not None else None
     return Build(
-        cuda_arches=ArchList.parse(arches) if arches is not None else None,
+        cuda_arches=cuda_arches,
         env=section.env("env"),
         wheel_version=wheel_version,
         version_env=version_env,
         build_isolation=isolation,
         compiler_cache=compiler_cache,
         remote_cache=remote_cache,
-        tests=_tests(section),
+        # A Python-only build (cuda_arches: []) has nothing for a GPU to run: its tests need none unless they say so.
+        tests=_tests(section, gpu=cuda_arches is None or cuda_arches.expects_cuda),
         gate=_gate_rules(section),
         generated=_generated(section),
         keep=_keep(section),
         environment=_environment(section, isolation),
         precompiled=_precompiled(section),
+        distribution=_distribution(section),
     )
+
+
+def _distribution(section: _Section) -> str | None:
+    """build.distribution: the upstream's distribution name (a wheel's NAME, PEP 508 form)."""
+    name = section.string("distribution")
+    if name is not None and not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
+        raise section.fail("distribution", "the upstream's distribution name, as in its wheel's file name, e.g. pluggy")
+    return name
 
 
 def _gate_rules(section: _Section) -> tuple[GateRule, ...]:
@@ -797,9 +815,9 @@ def _index_url(section: _Section, key: str, url: str) -> str:
     return url
 
 
-def _tests(section: _Section) -> tuple[TestCommand, ...]:
+def _tests(section: _Section, gpu: bool = True) -> tuple[TestCommand, ...]:
     """build.tests: a list of commands, each a string split like a shell would (no shell runs it), a list of
-    arguments, or a mapping {run: <either>, gpu: true|false, against: wheel|tree}."""
+    arguments, or a mapping {run: <either>, gpu: true|false, against: wheel|tree}; `gpu` is the default."""
     value = section.data.get("tests")
     if value is None:
         return ()
@@ -809,20 +827,20 @@ def _tests(section: _Section) -> tuple[TestCommand, ...]:
     )
     if not isinstance(value, list):
         raise section.fail("tests", form)
-    return tuple(_test(entry, f"{section.path}: build.tests[{index}]") for index, entry in enumerate(value))
+    return tuple(_test(entry, f"{section.path}: build.tests[{index}]", gpu) for index, entry in enumerate(value))
 
 
 TEST_KEYS = ("run", "gpu", "against")
 TEST_AGAINST = ("wheel", "tree")
 
 
-def _test(entry: Any, where: str) -> TestCommand:
-    gpu, tree = True, False
+def _test(entry: Any, where: str, gpu: bool = True) -> TestCommand:
+    tree = False
     if isinstance(entry, dict):
         unknown = sorted(str(k) for k in entry if k not in TEST_KEYS)
         if unknown:
             raise BadInput(f"{where}: unknown key {unknown[0]!r}; allowed keys here: {', '.join(TEST_KEYS)}")
-        gpu = entry.get("gpu", True)
+        gpu = entry.get("gpu", gpu)
         if not isinstance(gpu, bool):
             raise BadInput(f"{where}.gpu must be true or false, got {gpu!r}")
         against = entry.get("against", "wheel")

@@ -50,7 +50,9 @@ def read(path: Path) -> Version:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise BadInput(f"{path}: not found; create it with `build.py version bump`") from None
+        from carry.util import prog
+
+        raise BadInput(f"{path}: not found; create it with `{prog.command('version', 'bump')}`") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"{path}: cannot read ({exc}); expected {FORM}") from None
     version = Version.parse(text.removesuffix("\n"), str(path))
@@ -59,11 +61,16 @@ def read(path: Path) -> Version:
     return version
 
 
+def following(path: Path) -> Version:
+    """The version after the one in `path` (not written); a missing file gives today's `.1`."""
+    return read(path).bumped(today_utc()) if path.exists() else Version(today_utc(), 1)
+
+
 def bump(path: Path) -> Version:
     """Write the next version; a missing file starts at today's `.1`."""
-    if path.exists():
-        new = read(path).bumped(today_utc())
-    else:
-        new = Version(today_utc(), 1)
+    return write(path, following(path))
+
+
+def write(path: Path, new: Version) -> Version:
     atomic_write_text(path, f"{new}\n")
     return new

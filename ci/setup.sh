@@ -13,11 +13,13 @@ cd "$(dirname "$0")/.."
 python3 -m pip install --quiet --disable-pip-version-check -e '.[test]'
 
 # downloads: vLLM's real released files the tests and examples/vllm use (sha256-pinned, downloaded once into the
-# download store), the vLLM history made from them, and torch in uv's cache (vLLM's build environment needs it; a
-# venv made and removed here, so the first test that builds that environment finds it warm)
+# download store), the vLLM history made from them, pluggy's, and torch in uv's cache (vLLM's build environment
+# needs it; a venv made and removed here, so the first test that builds that environment finds it warm)
 downloads() {
     python3 examples/vllm/fetch.py >/dev/null
     python3 examples/vllm/make_upstream.py >/dev/null
+    # pluggy's 1.5.0 and 1.6.0 sdists and the history made from them: README's "Carry your own patch", run as a test
+    python3 examples/pluggy/make_upstream.py >/dev/null
     local venv
     venv=$(mktemp -d /tmp/carry-setup-torch.XXXXXX)
     python3 -m uv venv --no-config --quiet --python "$(command -v python3)" "$venv/venv" \

@@ -263,7 +263,7 @@ CASES: list[Case] = [
     Case(
         "sha_as_number",
         ("check",),
-        ("upstream.commit", "40-hex"),
+        ("upstream.commit was read as the number", "all-digit SHA", "quote it"),
         lambda ctx: ctx.edit_config(ctx.upstream.head(), "1" * 40),
     ),
     Case("wrong_type_pr", ("check",), ("upstream.pr", "positive integer"), _config("  pr: 7\n", "  pr: seven\n")),
@@ -601,7 +601,16 @@ CASES: list[Case] = [
     Case("check_against_unknown_branch", ("check", "--against", "no-such-branch"), ("unknown ref 'no-such-branch'",)),
     Case("check_against_unknown_sha", ("check", "--against", "f" * 40), ("unknown ref",)),
     Case("drop_unknown_patch", ("drop", "0042"), ("no patch named '0042'", "0001-one.patch")),
-    Case("unreachable_upstream_fetch", ("fetch",), ("cannot give commit", "no bundle"), _url(_gone), fresh_cache=True),
+    Case(
+        "unreachable_upstream_fetch",
+        ("fetch",),
+        ("cannot give commit", "does not appear to be a git repository)", "no bundle"),
+        _url(_gone),
+        fresh_cache=True,
+    ),
+    Case(
+        "verify_missing_wheel", ("verify", "dist/nope-1.0-py3-none-any.whl"), ("no such wheel file", "wheel` printed")
+    ),
     Case("unreachable_upstream_check", ("check",), ("cannot give commit", "no bundle"), _url(_gone), fresh_cache=True),
     Case(
         "unreachable_git_port",

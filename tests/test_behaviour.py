@@ -194,7 +194,10 @@ def test_test_runs_a_wheel_without_a_gpu_when_no_test_needs_one(project, tmp_pat
     assert tested.out.splitlines()[0] == "gpu no GPU (none needed) (none), driver none"
     report = json.loads(Path(built.out.strip() + ".test.json").read_text())
     assert report["gpu"]["count"] == 0 and report["passed"] is True
-    config.write_text(config.read_text().replace("gpu: false}\n", "}\n", 1))  # the first now needs a GPU
+    # cuda_arches: [] has nothing for a GPU to run: a test that does not say `gpu` needs none.
+    config.write_text(config.read_text().replace(", gpu: false}\n", "}\n"))
+    assert carry("--config", str(config), "test", built.out.strip(), env=env).code == 0
+    config.write_text(config.read_text().replace("}\n", ", gpu: true}\n", 1))  # the first now needs a GPU
     assert_bad_input(
         carry("--config", str(config), "test", built.out.strip(), env=env),
         "`test` needs a CUDA GPU and nvidia-smi is not on PATH",

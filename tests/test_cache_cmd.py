@@ -71,6 +71,7 @@ def filled(tmp_path):
     first = entries(cache)
     upstream_a.make_patch(config_a.parent / "patches" / "0001-two.patch", "Two", {"tinya/__init__.py": "X = 2\n"})
     config_a.write_text(config_a.read_text() + "  environment:\n    requires: [packaging]\n")
+    (config_a.parent / "VERSION").write_text("20261201.2\n")  # another series: another VERSION
     built = carry("--config", str(config_a), "wheel", "--out", str(tmp_path / "dist"), env=env)
     assert built.code == 0, built.err
     now = entries(cache)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import datetime
+import os
 import re
 import subprocess
+import sys
 
-from helpers import assert_bad_input
+from helpers import ROOT, assert_bad_input
 from scenarios import ENGINE, project, replace, with_fp8, with_reset
 
 STATS = "    def stats(self):\n        return {'calls': self.calls}\n\n"
@@ -29,10 +31,13 @@ def test_drop_a_merged_patch_removes_it_bumps_version_and_logs_it(tmp_path):
     log = (p.patches / "DROPPED.md").read_text().splitlines()
     assert log == [
         f"- {today():%Y-%m-%d} 0001-reset-semaphore.patch: MERGED-EXACT against main; "
-        f"upstream commit {picked}; VERSION {version}"
+        f"upstream commit {picked}; pin {picked}; VERSION {version}"
     ]
-    assert result.out.strip() == log[0]
-    assert p.run("check").code == 0  # the rest of the series still applies on the pin
+    assert result.out.splitlines()[:2] == [log[0], f"pin {p.pin[:12]} -> {picked}"]
+    # The pin moved to the commit that merged 0001, so the next build has upstream's fix; 0002 carried over there.
+    assert f"commit: {picked}  # the pin" in p.config.read_text()
+    check = p.run("check")
+    assert check.code == 0 and picked in check.out and "0002-fp8-dispatch.patch  clean" in check.out
 
 
 def test_drop_a_patch_merged_with_edits_appends_to_the_log(tmp_path):
@@ -104,7 +109,8 @@ def test_refresh_rewrites_only_what_moved_and_twice_changes_nothing(tmp_path):
     )
     result = p.run("refresh")
     assert result.code == 0, result.err
-    assert changed(p) == ["build.yaml", "patches/0002-fp8-dispatch.patch"]
+    assert changed(p) == ["VERSION", "build.yaml", "patches/0002-fp8-dispatch.patch"]
+    assert (p.config.parent / "VERSION").read_text() == f"{today():%Y%m%d}.1\n"  # a new pin: a new VERSION
     assert (p.patches / "0001-reset-semaphore.patch").read_bytes() == reset_before
     assert f"commit: {new_base}  # the pin" in p.config.read_text()
     fp8 = (p.patches / "0002-fp8-dispatch.patch").read_text()
@@ -167,3 +173,85 @@ def test_refresh_reports_a_patch_that_became_empty(tmp_path):
     log = (p.patches / "DROPPED.md").read_text()
     assert "0001-reset-semaphore.patch: empty after refresh onto main" in log
     assert p.run("check").code == 0
+
+
+def test_drop_refuses_when_the_rest_does_not_carry_over_to_the_merge(tmp_path):
+    p = project(tmp_path)
+    # Upstream merges 0001 squashed with a rewrite of dispatch(), where 0002 has its context.
+    merged = p.commit(
+        "Reset the semaphore; dispatch by table",
+        {"pkg/engine.py": replace(with_reset(ENGINE), '    if kind == "int8":\n', '    if kind in ("int8",):\n')},
+    )
+    before = p.digest()
+    result = p.run("drop", "0001")
+    assert result.code == 1, (result.out, result.err)
+    assert result.err == (
+        f"carry: error: 0002-fp8-dispatch.patch conflicts with {merged[:12]} in pkg/engine.py: the pin cannot move "
+        f"there, where main has 0001-reset-semaphore.patch; nothing was changed; rebase 0002-fp8-dispatch.patch onto "
+        f"{merged[:12]} by hand, then drop again\n"
+    )
+    assert p.digest() == before
+
+
+def test_drop_with_a_pr_moves_the_pin_only_to_a_pr_head_that_holds_the_merge(tmp_path):
+    p = project(tmp_path, pr=7)
+    p.upstream.publish_pr(7, p.pin)
+    picked = p.land("0001-reset-semaphore.patch")
+    before = p.digest()
+    refused = p.run("drop", "0001")
+    assert refused.code == 1, (refused.out, refused.err)
+    assert f"main has 0001-reset-semaphore.patch at {picked[:12]}, which the head of PR #7 ({p.pin[:12]}) " in (
+        refused.err
+    )
+    assert "`build.py fetch --update-pin` moves the pin there" in refused.err
+    assert "`build.py refresh --onto main`" in refused.err and "nothing was changed" in refused.err
+    assert p.digest() == before
+    # The PR is rebased onto main: its head holds the merge, and the pin moves there, staying on the PR.
+    head = p.commit("PR: more work", {"pkg/extra.py": "x = 1\n"})
+    p.upstream.publish_pr(7, head)
+    dropped = p.run("drop", "0001")
+    assert dropped.code == 0, dropped.err
+    assert f"commit: {head}  # the pin" in p.config.read_text()
+    assert f"; upstream commit {picked}; pin {head}; " in (p.patches / "DROPPED.md").read_text()
+
+
+def test_drop_onto_a_ref_without_the_merge_is_refused(tmp_path):
+    p = project(tmp_path)
+    p.land("0001-reset-semaphore.patch")
+    before = p.digest()
+    result = p.run("drop", "0001", "--onto", p.pin)
+    assert result.code == 1
+    assert f"{p.pin} ({p.pin[:12]}) does not contain " in result.err and "nothing was changed" in result.err
+    assert p.digest() == before
+
+
+def test_a_dropped_patch_never_builds_from_a_pin_without_its_merge(tmp_path):
+    p = project(tmp_path)
+    picked = p.land("0001-reset-semaphore.patch")
+    assert p.run("drop", "0001").code == 0
+    # Someone puts the old pin back by hand: the build would ship 0001's bug again.
+    p.config.write_text(p.config.read_text().replace(picked, p.pin))
+    result = p.run("wheel", "--arch", "none", "--out", str(tmp_path / "dist"))
+    assert_bad_input(
+        result,
+        f"patches/DROPPED.md records 0001-reset-semaphore.patch as MERGED-EXACT at upstream commit {picked[:12]}, "
+        f"which the pin {p.pin[:12]} does not contain: this build would ship its bug again; move the pin there "
+        f"with `build.py refresh --onto {picked}`",
+    )
+    assert not (tmp_path / "dist").exists()
+
+
+def test_the_way_out_names_the_command_the_user_ran(tmp_path):
+    p = project(tmp_path)
+    p.land("0001-reset-semaphore.patch")
+    as_build_py = p.run("status")
+    assert "way out: build.py drop 0001-reset-semaphore.patch --against main" in as_build_py.out
+    as_carry = subprocess.run(
+        [sys.executable, "-m", "carry", "--config", str(p.config), "status"],
+        env={**os.environ, **p.env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "way out: carry drop 0001-reset-semaphore.patch --against main" in as_carry.stdout
+    assert "build.py" not in as_carry.stdout + as_carry.stderr

@@ -221,7 +221,9 @@ def test_refresh_names_drop_then_follows_the_rename(tmp_path, history):
         assert dropped.code == 0, dropped.err
     log = (p.patches / "DROPPED.md").read_text()
     assert f"{DELETED}: DELETED-UPSTREAM against v0.33.0; upstream commit {V0_33_0}" in log
-    assert f"{PR_ONLY}: PR-ONLY against v0.33.0; upstream commit unknown" in log
+    # Not merged: the pin stays, and DROPPED.md names the commit it must hold (wheel refuses it until refresh).
+    assert f"{PR_ONLY}: PR-ONLY against v0.33.0; upstream commit {V0_33_0}" in log
+    assert "refresh --onto v0.33.0` moves the pin" in dropped.err
     assert f"{FIXED}: FIXED-UPSTREAM against v0.33.0" in log
     assert_bad_input(
         p.run("drop", NEEDED, "--against", "v0.33.0"),

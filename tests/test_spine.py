@@ -227,6 +227,9 @@ def test_pr_ahead_is_warned_and_update_pin_rewrites_only_the_sha(project):
     assert result.code == 0 and result.out.strip() == head
     assert config.read_text() == before.replace(pin, head)
     assert "# the pin" in config.read_text()
+    # Another pin is another artifact: VERSION moves with it, once.
+    bumped = (config.parent / "VERSION").read_text().strip()
+    assert bumped != "20260101.1" and f"VERSION {bumped}" in result.err
 
 
 def test_force_push_is_detected(project):
@@ -377,3 +380,19 @@ def test_check_and_version_load_only_what_they_use(project, command):
     assert not grown, f"`{command}` now loads {grown}: import them where they are used, not on {command}'s path"
     never = sorted(name for name in loaded if any(name == n or name.startswith(f"{n}.") for n in NEVER))
     assert not never, never
+
+
+def test_wheel_on_a_series_that_does_not_apply_names_the_patch_never_a_tree_none(project):
+    upstream, config, env = project
+    patch_line(upstream, config.parent / "patches/0001-one.patch", "value_40 = 40\n", "value_40 = 4000\n")
+    patch = config.parent / "patches/0001-one.patch"
+    patch.write_text(patch.read_text().replace(" value_39 = 39\n", " value_39 = 'thirty-nine'\n"))
+    result = run(config, env, "wheel", "--arch", "none", "--out", str(config.parent / "dist"))
+    assert result.code == 1, result.err
+    assert "tree None" not in result.err and "Traceback" not in result.err
+    assert result.err == (
+        f"carry: error: the series does not apply on {upstream.head()[:12]}: 0001-one.patch failed (pkg/core.py, "
+        f"hunk @@ -37,7 +37,7 @@ value_36 = 36: line 39 expected \"value_39 = 'thirty-nine'\", found 'value_39 = 39'); "
+        f"nothing was built; run `check` for details\n"
+    )
+    assert not (config.parent / "dist").exists()

@@ -842,14 +842,22 @@ def test_weekly_report_end_to_end(tmp_path):
     table = section(report, "## Every verdict")
     assert "| `main` | `0002-fp8-dispatch.patch` | `NEEDED` |  |" in table
     assert "| `refs/pull/7/head` | `0001-reset-semaphore.patch` | `NEEDED` |  |" in table
-    # The command the report suggests works on this project.
+    # The command the report suggests works on this project once the carried PR holds the merge (the pin stays on
+    # the PR: before that, drop refuses and says so).
     (argv,) = [argv for line in merged.splitlines() if "Drop it:" in line for argv in build_py_invocations(line)]
-    dropped = subprocess.run(
-        [sys.executable, str(ROOT / "build.py"), "--config", str(p.config), *argv],
-        env={**os.environ, **p.env},
-        capture_output=True,
-        text=True,
-    )
+
+    def suggested():
+        return subprocess.run(
+            [sys.executable, str(ROOT / "build.py"), "--config", str(p.config), *argv],
+            env={**os.environ, **p.env},
+            capture_output=True,
+            text=True,
+        )
+
+    refused = suggested()
+    assert refused.returncode == 1 and "`build.py fetch --update-pin` moves the pin there" in refused.stderr
+    p.upstream.publish_pr(7, picked)
+    dropped = suggested()
     assert dropped.returncode == 0, dropped.stderr
     assert not (p.patches / "0001-reset-semaphore.patch").exists()
 

@@ -66,6 +66,16 @@ def read(wheel_path: Path) -> dict | None:
         raise Failed(f"{wheel_path}: not a valid wheel ({exc}); rebuild it") from None
 
 
+def peek(wheel_path: Path) -> dict | None:
+    """The buildinfo in a wheel without checking RECORD (to tell which artifact a wheel is, not to trust it), or
+    None when it has none or cannot be read."""
+    try:
+        with zipfile.ZipFile(wheel_path) as archive:
+            return json.loads(archive.read(f"{wheelzip.dist_info(archive)}/{FILENAME}"))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, Failed):
+        return None
+
+
 def wheel_version(wheel_path: Path) -> str:
     match = re.match(r"^[^-]+-([^-]+)-", wheel_path.name)
     if not match:

@@ -48,6 +48,17 @@ CARRY_REQUIREMENTS = (
     "isal",
 )
 SECRET_ID = "carry_env"
+# What BuildKit and pip say when a base image cannot be pulled, or the build stage's pip cannot reach the index.
+BASE_PULL_FAILED = ("failed to resolve source metadata", "pull access denied", "failed to create LLB definition")
+INDEX_UNREACHABLE = (
+    "NewConnectionError",
+    "Temporary failure in name resolution",
+    "Failed to establish a new connection",
+    "CERTIFICATE_VERIFY_FAILED",
+    "Network is unreachable",
+    "Could not fetch URL",
+    "No matching distribution found",
+)
 WHEEL_STAGE = "wheel"
 RUNTIME_STAGE = "runtime"
 # Docker 23 dropped BuildKit builds through `DOCKER_BUILDKIT=1 docker build` without the buildx plugin.
@@ -122,12 +133,11 @@ def upstream_pyproject(text: str | None) -> dict:
         raise Failed(f"the upstream's pyproject.toml does not parse ({exc})") from None
 
 
-def distribution_name(pyproject: dict) -> str:
-    """The upstream's distribution name, from [project] name."""
-    name = pyproject.get("project", {}).get("name")
-    if not name:
-        raise BadInput("the upstream's pyproject.toml has no [project] name; carry cannot tell which wheel to verify")
-    return name
+def distribution_name(config: Config, pyproject: dict) -> str | None:
+    """The upstream's distribution name: build.distribution, else its [project] name (static by PEP 621); None when
+    neither says (metadata in setup.cfg or setup.py): then the name of the wheel the build makes tells."""
+    name = config.build.distribution or pyproject.get("project", {}).get("name")
+    return name if isinstance(name, str) and name else None
 
 
 def build_requirements(pyproject: dict) -> list[str]:
@@ -151,7 +161,10 @@ def assemble_context(
     shutil.copy2(config.version_file, project / _inside(config, config.version_file))
     # The build stage fetches nothing (it has the bundle): a user:token in upstream.url stays out of its layers.
     (project / _inside(config, config.path)).write_text(strip_credentials(config.path.read_text()))
-    shutil.copytree(config.patches_dir, project / _inside(config, config.patches_dir))
+    # DROPPED.md stays out: the host checked it against the pin (the stage has only the pin's bundle to tell by).
+    shutil.copytree(
+        config.patches_dir, project / _inside(config, config.patches_dir), ignore=shutil.ignore_patterns("DROPPED.md")
+    )
     package = Path(carry.__file__).resolve().parent
     shutil.copytree(package, context / "carry", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(ENTRYPOINT, context / "entrypoint.sh")
@@ -384,18 +397,55 @@ class StageBuild:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             ).returncode
-        if status != 0:
-            raise Failed(
-                f"docker build of {self.stage} for {self.platform} failed (exit {status}); log: {log}\n{tail(log)}"
-            )
         with open(log, "rb") as handle:
             handle.seek(start)
-            return handle.read().decode(errors="replace")
+            output = handle.read().decode(errors="replace")
+        if status != 0:
+            hint = self.hint(output)
+            raise Failed(
+                f"docker build of {self.stage} for {self.platform} failed (exit {status}){hint}; log: {log}\n"
+                f"{tail(log)}"
+            )
+        return output
+
+    def hint(self, output: str) -> str:
+        """What a failed build's output says went wrong where carry knows the way out: a base image that cannot be
+        pulled, or a build stage without a network that reaches the package index."""
+        if any(sign in output for sign in BASE_PULL_FAILED):
+            bases = (
+                ", ".join(
+                    f"{name}={self.build_args[name]}"
+                    for name in ("BASE_IMAGE", "RUNTIME_IMAGE")
+                    if name in self.build_args
+                )
+                or "the Dockerfile's defaults"
+            )
+            return (
+                f": a base image could not be pulled ({bases}); pull it first, or set image.base_image and "
+                f"image.runtime_image (or image.platforms' own) to images this Docker engine has"
+            )
+        if self.network != "none" and any(sign in output for sign in INDEX_UNREACHABLE):
+            return (
+                ": pip in the build stage could not reach the package index; build with --hermetic (its "
+                "requirements downloaded here, through your index settings, into a wheelhouse; the stage offline)"
+            )
+        return ""
 
 
-def stage_args(config: Config, platform: Platform, arches: str, hermetic: bool) -> dict[str, str]:
+def python_bases() -> tuple[str, str]:
+    """The bases of a Python-only image (no CUDA arches): the Python image of the Python carry runs on, whose build
+    stage has git and a compiler, and its slim variant to run (the same Python: a --hermetic wheelhouse fits both)."""
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return f"python:{python}", f"python:{python}-slim"
+
+
+def stage_args(
+    config: Config, platform: Platform, arches: str, hermetic: bool, upstream_version: str | None = None
+) -> dict[str, str]:
     """The build args of the build stage for `platform`; the same for `wheel --platform` and `image`, so that
-    BuildKit reuses one's build stage for the other."""
+    BuildKit reuses one's build stage for the other. A Python-only build (arches `none`) defaults to Python's own
+    images (python_bases), anything else to the Dockerfile's CUDA ones. `upstream_version`: the upstream's version
+    as this machine found it (carry/source/upstreamversion.py), which the stage, holding only the pin, cannot."""
     target = config.target(platform)
     args = {
         **config.image.build_args,
@@ -403,9 +453,12 @@ def stage_args(config: Config, platform: Platform, arches: str, hermetic: bool) 
         "CARRY_ARCHES": arches,
         "PIP_INSTALL_ARGS": "--no-index --find-links=/carry/wheelhouse" if hermetic else "",
     }
+    if upstream_version is not None:
+        args["CARRY_UPSTREAM_VERSION"] = upstream_version
+    build_base, runtime_base = python_bases() if arches == "none" else (None, None)
     for name, value in (
-        ("BASE_IMAGE", target.base_image or config.image.base_image),
-        ("RUNTIME_IMAGE", target.runtime_image or config.image.runtime_image),
+        ("BASE_IMAGE", target.base_image or config.image.base_image or build_base),
+        ("RUNTIME_IMAGE", target.runtime_image or config.image.runtime_image or runtime_base),
     ):
         if value:
             args[name] = value

@@ -47,6 +47,7 @@ def build(
     expected: Expected,
     out: Path,
     progress: Progress,
+    upstream_version: str | None = None,
 ) -> CrossWheel:
     """Build in `platform`'s build stage, check the exported wheel, publish it into `out` (atomically)."""
     arches = policy.arches
@@ -65,7 +66,7 @@ def build(
         StageBuild(
             platform,
             container.WHEEL_STAGE,
-            container.stage_args(config, platform, str(arches), hermetic),
+            container.stage_args(config, platform, str(arches), hermetic, upstream_version),
             access.network,
             output_dir=exported,
         ).run(builder, access.secret, context, log)

@@ -23,12 +23,14 @@ from carry.image.container import Builder, StageBuild
 from carry.platforms import Platform
 from carry.source.apply import CheckReport
 from carry.source.series import Series
+from carry.util import prog
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import temp_dir
 from carry.util.progress import Progress
 
 LABEL_PREFIX = "io.carry"
+WHEEL_LABEL = f"{LABEL_PREFIX}.wheel"  # the distribution name of the wheel installed in the image
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +68,12 @@ class ImagePlan:
     complete: bool  # every platform the config lists is built in this run, so the shared tags can be made
     tree: str
     version: str
+    named: bool = True  # the labels name the wheel's distribution; False: the build stage's wheel tells it
+
+    def with_distribution(self, name: str) -> ImagePlan:
+        """The plan with `name` in every image's io.carry.wheel label."""
+        images = tuple(dataclasses.replace(image, labels={**image.labels, WHEEL_LABEL: name}) for image in self.images)
+        return dataclasses.replace(self, images=images, named=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,11 +141,13 @@ def plan(
     series: Series,
     version: str,
     arches: dict[Platform, ArchList],
-    dist_name: str,
+    dist_name: str | None,
     cuda: str,
     options: ImageOptions,
+    upstream_version: str | None = None,
 ) -> ImagePlan:
-    """Tags, labels and build args per platform; `arches` holds each platform's (--arch, else its own)."""
+    """Tags, labels and build args per platform; `arches` holds each platform's (--arch, else its own). `dist_name`
+    None: the wheel the build stage makes names it (build)."""
     if report.tree is None:
         raise Failed("the series does not apply; run `check` for details")
     platforms = platforms_to_build(config, options)
@@ -155,10 +165,17 @@ def plan(
                 arches=own_arches,
                 refs=refs,
                 labels=_labels(config, report, series, version, own_arches, dist_name, platform),
-                build_args=container.stage_args(config, platform, str(own_arches), options.hermetic),
+                build_args=container.stage_args(config, platform, str(own_arches), options.hermetic, upstream_version),
             )
         )
-    return ImagePlan(tuple(images), shared if several else (), configured <= set(platforms), report.tree, version)
+    return ImagePlan(
+        tuple(images),
+        shared if several else (),
+        configured <= set(platforms),
+        report.tree,
+        version,
+        dist_name is not None,
+    )
 
 
 def _labels(
@@ -167,10 +184,10 @@ def _labels(
     series: Series,
     version: str,
     arches: ArchList,
-    dist_name: str,
+    dist_name: str | None,
     platform: Platform,
 ) -> dict[str, str]:
-    return {
+    labels = {
         **config.image.labels,
         "org.opencontainers.image.version": version,
         "org.opencontainers.image.revision": report.base,
@@ -185,8 +202,8 @@ def _labels(
         f"{LABEL_PREFIX}.cuda_arches": str(arches),
         f"{LABEL_PREFIX}.platform": str(platform),
         f"{LABEL_PREFIX}.tree": report.tree,
-        f"{LABEL_PREFIX}.wheel": dist_name,
     }
+    return {**labels, WHEEL_LABEL: dist_name} if dist_name else labels
 
 
 def check_options(config: Config, builder: Builder, options: ImageOptions) -> None:
@@ -242,6 +259,10 @@ def build(
                     progress,
                 )
             access = container.stage_access(config, scratch, options.hermetic, progress)
+            if not the_plan.named:
+                the_plan = the_plan.with_distribution(
+                    _built_distribution(the_plan, builder, access, context, log, progress)
+                )
             hermetic: dict = {}
             for image in the_plan.images:
                 progress.phase(
@@ -342,6 +363,25 @@ def _attest_index(attester, config: Config, login, digests: set[str]) -> None:
         attester.index(registryhttp.Repository.of(config.image.name, login.auth), digest)
 
 
+def _built_distribution(
+    the_plan: ImagePlan, builder: Builder, access: container.StageAccess, context: Path, log: Path, progress: Progress
+) -> str:
+    """The distribution name of the wheel the first platform's build stage makes (its `wheel` stage exported; the
+    runtime stage then reuses that build from BuildKit's cache): for an upstream whose pyproject.toml names none."""
+    image = the_plan.images[0]
+    exported = context.parent / "exported"
+    progress.phase("wheel", f"{image.platform}: the build stage's wheel names the distribution (no [project] name)")
+    StageBuild(image.platform, container.WHEEL_STAGE, image.build_args, access.network, output_dir=exported).run(
+        builder, access.secret, context, log
+    )
+    wheels = sorted(exported.glob("*.whl"))
+    if len(wheels) != 1:
+        raise Failed(f"the build stage exported {len(wheels)} wheels, expected 1; log: {log}")
+    name = wheels[0].name.split("-", 1)[0]
+    progress.phase("wheel", f"{wheels[0].name}: {WHEEL_LABEL}={name}")
+    return name
+
+
 def _shared_tags_note(config: Config, the_plan: ImagePlan, options: ImageOptions) -> str:
     tags = ", ".join(ref.rsplit(":", 1)[1] for ref in the_plan.shared)
     if not options.push:
@@ -352,7 +392,7 @@ def _shared_tags_note(config: Config, the_plan: ImagePlan, options: ImageOptions
     missing = {t.platform for t in config.image.platforms} - {i.platform for i in the_plan.images}
     return (
         f"shared tags ({tags}) left as they were: {', '.join(sorted(map(str, missing)))} not built in this run; "
-        f"run `build.py manifest` once every platform's image is pushed"
+        f"run `{prog.command('manifest')}` once every platform's image is pushed"
     )
 
 
@@ -381,7 +421,7 @@ def join_pushed(
             if found is None or platform not in found[1]:
                 raise Failed(
                     f"{ref} is not in the registry for {platform}; push it first "
-                    f"(`build.py image --platform {platform} --push`)"
+                    f"(`{prog.command('image', '--platform', str(platform), '--push')}`)"
                 )
         for ref in shared:
             progress.phase("manifest", f"{ref} -> {', '.join(sources.values())}")

@@ -16,9 +16,10 @@ from pathlib import Path
 from carry.arch import ArchList
 from carry.config import Config
 from carry.image import container
-from carry.image.image import LABEL_PREFIX, own_tag
+from carry.image.image import LABEL_PREFIX, WHEEL_LABEL, own_tag
 from carry.platforms import Platform
-from carry.util.errors import Failed
+from carry.util import prog
+from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import temp_dir
 from carry.wheelbuild.verify import Expected, Inspection, Mismatch, Verification, compare, recorded_policy
 
@@ -42,32 +43,27 @@ def verify_image(
     platform: Platform | None,
     arches: ArchList | None,
     scratch: Path,
+    local: bool = False,
     key=None,
     patches: tuple[tuple[str, str], ...] = (),
 ) -> tuple[Verification, ...]:
-    """Verify each platform `ref` holds (or the one asked): pulled from the registry when it has the tag, else
-    the local image. Labels and the wheel's buildinfo against this repo, the CPU its Python runs on, and the
-    shared objects of the installed wheel (ELF machine, and the arch gate for `arches` or else the arches the
-    wheel records)."""
+    """Verify each platform `ref` holds (or the one asked), pulled from its registry; with `local`, the image of
+    that name in this Docker engine instead (never as a stand-in for a registry that cannot be read). Labels and the
+    wheel's buildinfo against this repo, the CPU its Python runs on, and the shared objects of the installed wheel
+    (ELF machine, and the arch gate for `arches` or else the arches the wheel records)."""
     from carry.image import registry
 
     client = registry.client()
     docker_cli = container.docker_binary(config)
     if getattr(config.image, "lock", None):
-        return verify_locked(client, docker_cli, ref, config, expected, platform, arches, key=key, patches=patches)
+        return verify_locked(
+            client, docker_cli, ref, config, expected, platform, arches, local=local, key=key, patches=patches
+        )
     notes: tuple[str, ...] = ()
-    with registry.credentials(ref, docker_cli) as login:
-        try:
-            remote = registry.remote_platforms(client, ref, login)
-        except Failed as unreadable:
-            if registry.local(client, ref) is None:
-                raise
-            remote, notes = None, (f"{unreadable}; verified the local image instead",)
+    with _login(ref, docker_cli, local) as login:
+        remote = None if local else _remote(client, ref, login)
         if remote is None:
-            image = registry.local(client, ref)
-            if image is None:
-                raise Failed(f"cannot verify {ref}: neither its registry nor the local image store has it")
-            images = [(registry.image_platform(image), image)]
+            images = [_local(client, ref)]
             coverage = []
         else:
             wanted = [platform] if platform is not None else list(remote[1])
@@ -86,6 +82,48 @@ def verify_image(
             result = _with_trust(result, trusted)
         results.append(dataclasses.replace(result, notes=notes + result.notes))
     return tuple(results)
+
+
+def _remote(client, ref: str, login) -> tuple[str, tuple[Platform, ...]]:
+    """What the registry holds under `ref`. A registry that cannot be read, or that has no such tag, is bad input
+    naming the way out: a local image of the same name never passes for the pushed one (that is `--local`)."""
+    from carry.image import registry
+
+    try:
+        found = registry.remote_platforms(client, ref, login)
+    except Failed as unreadable:
+        raise BadInput(
+            f"{unreadable}; verify reads the pushed image from {login.registry}: set {registry.USER_ENV} and "
+            f"{registry.PASSWORD_ENV} (or `docker login {login.registry}`) and check the name, or verify this "
+            f"Docker engine's image with --local"
+        ) from None
+    if found is None:
+        raise BadInput(
+            f"{ref}: its registry {login.registry} has no such tag; push it (`{prog.command('image', '--push')}`), "
+            f"or verify this Docker engine's image with --local"
+        )
+    return found
+
+
+def _login(ref: str, docker_cli: str, local: bool):
+    """The registry login for `ref`; none for an image verified in this engine (nothing reaches the registry)."""
+    import contextlib
+
+    from carry.image import registry
+
+    if local:
+        return contextlib.nullcontext(registry.Login(registry.registry_of(ref), None, None))
+    return registry.credentials(ref, docker_cli)
+
+
+def _local(client, ref: str):
+    """(platform, image) of `ref` in this Docker engine's image store."""
+    from carry.image import registry
+
+    image = registry.local(client, ref)
+    if image is None:
+        raise BadInput(f"{ref}: this Docker engine has no such image; build it (`{prog.command('image')}`) first")
+    return registry.image_platform(image), image
 
 
 def _with_trust(result: Verification, found: tuple[list[str], list[str]]) -> Verification:
@@ -161,7 +199,7 @@ def _verify_one(
 
     labels = image.labels or {}
     mismatches = list(coverage) + _label_mismatches(labels, expected)
-    dist = labels.get(f"{LABEL_PREFIX}.wheel")
+    dist = labels.get(WHEEL_LABEL)
     if not dist:
         raise Failed(f"{ref}: no {LABEL_PREFIX}.wheel label; it was not built by carry")
     with temp_dir(scratch, "verify-image-") as files:
@@ -209,26 +247,20 @@ def verify_locked(
     platform: Platform | None,
     arches: ArchList | None,
     dist: Path = Path("dist"),
+    local: bool = False,
     key=None,
     patches: tuple[tuple[str, str], ...] = (),
 ) -> tuple[Verification, ...]:
     """Each platform of `ref` (or the one asked) read from its layers and proven against its lock
     (carry.image.runtimelock) and the fixed wheel for it in `dist`; with `key` (carry.trust.keys.PublicKey), also
     its signature, SBOM and provenance (carry.image.trustcheck), the provenance against `patches` (name, sha256)."""
-    from carry.image import registry, runtimelock
+    from carry.image import runtimelock
 
-    with registry.credentials(ref, docker_cli) as login:
-        try:
-            remote = registry.remote_platforms(client, ref, login)
-        except Failed:
-            if registry.local(client, ref) is None:
-                raise
-            remote = None
+    with _login(ref, docker_cli, local) as login:
+        remote = None if local else _remote(client, ref, login)
         if remote is None:
-            image = registry.local(client, ref)
-            if image is None:
-                raise Failed(f"cannot verify {ref}: neither its registry nor the local image store has it")
-            held, coverage = tuple[Platform, ...]((registry.image_platform(image),)), []
+            held: tuple[Platform, ...] = (_local(client, ref)[0],)
+            coverage = []
         else:
             held = remote[1]
             coverage = _coverage(ref, config, expected.version, held) if platform is None else []
@@ -310,7 +342,7 @@ def fixed_wheel(dist: Path, version: str, platform: Platform):
         names = ", ".join(path.name for path in found) or "none"
         raise Failed(
             f"the fixed wheel of {version} for {platform} in {dist}/: expected one, found {names}; "
-            f"build it (build.py wheel --platform {platform}) or run from the directory holding dist/"
+            f"build it ({prog.command('wheel', '--platform', str(platform))}) or run from the directory holding dist/"
         )
     return installcheck.FixedWheel.read(found[0])
 

@@ -45,6 +45,7 @@ from carry.image.engineimage import Kept
 from carry.image.ocilayer import Item, Written
 from carry.image.wheelinstall import Entry, Installed, Venv
 from carry.platforms import Platform
+from carry.util import prog
 from carry.util.cache import Cache
 from carry.util.download import Store, sha256_of
 from carry.util.errors import BadInput, Failed
@@ -157,7 +158,7 @@ def fetch_wheels(lock, store: Store, progress: Progress, scratch: Path) -> dict[
             if path is None:
                 raise Failed(
                     f"{lock.path}: {package.name}=={package.version}: pip downloaded no wheel with the "
-                    f"locked sha256; relock (build.py lock)"
+                    f"locked sha256; relock ({prog.command('lock')})"
                 )
             found[package.name] = path
         total = sum(found[p.name].stat().st_size for p in missing)
@@ -191,7 +192,7 @@ def pip_platforms(target: str) -> list[str]:
     """pip's --platform list for uv's target (`aarch64-manylinux_2_36`)."""
     match = re.fullmatch(r"(x86_64|aarch64|ppc64le|s390x|armv7l|i686)-manylinux_(\d+)_(\d+)", target)
     if not match:
-        raise BadInput(f"runtime lock target {target!r} is not ARCH-manylinux_X_Y; relock (build.py lock)")
+        raise BadInput(f"runtime lock target {target!r} is not ARCH-manylinux_X_Y; relock ({prog.command('lock')})")
     return manylinux_tags(match.group(1), int(match.group(2)), int(match.group(3)))
 
 
@@ -215,7 +216,7 @@ def _pip_failure(lock, output: str) -> str:
         name, version, expected, got = mismatch.groups()
         return (
             f"{lock.path}: {name}=={version}: the wheel's sha256 is {got}, the lock says {expected}; the lock "
-            f"was changed by hand or the index serves another file: relock (build.py lock)"
+            f"was changed by hand or the index serves another file: relock ({prog.command('lock')})"
         )
     tail = [line.strip() for line in output.strip().splitlines() if line.strip()]
     return f"{lock.path}: pip download of the locked wheels failed: {tail[-1] if tail else 'no output'}"

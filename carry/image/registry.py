@@ -193,7 +193,9 @@ def _copy_file_out(container, path: str, dest: Path) -> None:
 
 
 def _short(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
+    """What went wrong, in one line: the engine's own explanation where it gives one (not the SDK's URL around it)."""
+    explanation = getattr(exc, "explanation", None)
+    text = (explanation if isinstance(explanation, str) and explanation.strip() else str(exc)).strip().splitlines()
     return text[-1] if text else type(exc).__name__
 
 

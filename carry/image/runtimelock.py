@@ -146,10 +146,12 @@ def lock_path(config: Config, platform: Platform) -> Path:
 
 
 def relock_command(config_path: Path | None) -> str:
-    """`build.py lock`, with --config when the config is not ./build.yaml."""
+    """`carry lock` (or `build.py lock`, as the user ran it), with --config when the config is not ./build.yaml."""
+    from carry.util import prog
+
     if config_path is None or Path(config_path).absolute() == Path("build.yaml").absolute():
-        return "build.py lock"
-    return f"build.py --config {_shown(Path(config_path), Path.cwd())} lock"
+        return prog.command("lock")
+    return prog.command("--config", str(_shown(Path(config_path), Path.cwd())), "lock")
 
 
 def render(platform: Platform, facts: BaseFacts, digest: str, requires: str, body: str) -> str:

@@ -72,6 +72,19 @@ class CheckReport:
     def ok(self) -> bool:
         return all(r.status is not PatchStatus.FAILED for r in self.results)
 
+    def patched_tree(self) -> str:
+        """The patched tree; a series that does not apply is a failed job, named with its first failing patch."""
+        if self.tree is not None:
+            return self.tree
+        from carry.util.errors import Failed
+
+        failed = next(r for r in self.results if r.status is PatchStatus.FAILED)
+        why = f" ({failed.failure.describe()})" if failed.failure else ""
+        raise Failed(
+            f"the series does not apply on {self.base[:12]}: {failed.patch.name} failed{why}; nothing was built; "
+            f"run `check` for details"
+        )
+
     def to_json(self) -> dict:
         return {
             "base": self.base,

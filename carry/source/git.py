@@ -262,6 +262,31 @@ def ls_remote(repo: Path, url: str, *names: str) -> dict[str, str]:
     return found
 
 
+def ls_remote_tags(repo: Path, url: str) -> dict[str, str]:
+    """tag name (without refs/tags/) -> the commit it names (annotated tags peeled), as upstream lists them."""
+    bare, env = split_credentials(url)
+    out = run(repo, "ls-remote", "--tags", "--end-of-options", bare, env=env, timeout=NETWORK_TIMEOUT_S)
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        sha, _, name = line.partition("\t")
+        name = name.removeprefix("refs/tags/")
+        if name.endswith("^{}"):
+            found[name[:-3]] = sha
+        else:
+            found.setdefault(name, sha)
+    return found
+
+
+def local_tags(repo: Path, prefix: str) -> dict[str, str]:
+    """name (without `prefix`) -> commit for the tags `repo` keeps under `prefix` (annotated tags peeled)."""
+    out = run(repo, "for-each-ref", "--format=%(objectname) %(*objectname) %(refname)", prefix)
+    found = {}
+    for line in out.splitlines():
+        parts = line.split()
+        found[parts[-1].removeprefix(prefix)] = parts[1] if len(parts) == 3 else parts[0]
+    return found
+
+
 def merge_base(repo: Path, a: str, b: str) -> str | None:
     """The best common ancestor of `a` and `b` as far as the (maybe shallow) history in `repo` goes, or None."""
     status, out, _ = run_status(repo, "merge-base", "--end-of-options", a, b)

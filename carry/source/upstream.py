@@ -271,7 +271,10 @@ def first_parents(config: Config, cache: Cache, mirror: Path, start: str, count:
 
 
 def update_pin(config: Config, new_commit: str) -> None:
-    """Rewrite only `upstream.commit` in build.yaml, keeping comments and layout."""
+    """Rewrite only `upstream.commit` in build.yaml, keeping comments and layout.
+
+    Every move of the pin goes through here (`fetch --update-pin`, `refresh`, `drop`): what must follow a new pin
+    is done here. The callers bump VERSION (a new pin is a new artifact)."""
     text = config.path.read_text()
     node = yaml.compose(text)
     for key, value in node.value:
@@ -279,7 +282,7 @@ def update_pin(config: Config, new_commit: str) -> None:
             for sub_key, sub_value in value.value:
                 if sub_key.value == "commit":
                     start, end = sub_value.start_mark.index, sub_value.end_mark.index
-                    quote = text[start] if text[start] in "'\"" else ""
+                    quote = text[start] if text[start] in "'\"" else ("'" if new_commit.isdigit() else "")
                     atomic_write_text(config.path, f"{text[:start]}{quote}{new_commit}{quote}{text[end:]}")
                     return
     raise BadInput(f"{config.path}: upstream.commit not found; add it")
@@ -365,6 +368,13 @@ def _since_base(config: Config, mirror: Path) -> tuple[str, ...]:
     return (f"--shallow-since={timestamp - 86400}",)
 
 
+# What git adds after every failed remote access, true or not ("... and the repository exists."): never the reason.
+GIT_BOILERPLATE = ("Please make sure you have the correct access rights", "and the repository exists.")
+
+
 def _reason(error: git.GitError) -> str:
-    lines = [line for line in (error.stderr or str(error)).splitlines() if line.strip()]
-    return (lines[-1] if lines else str(error)).removeprefix("fatal: ").strip()
+    """The line of git's stderr that says why: the first fatal, error or ssh line (not git's closing advice)."""
+    lines = [line.strip() for line in (error.stderr or str(error)).splitlines() if line.strip()]
+    lines = [line for line in lines if not line.startswith(GIT_BOILERPLATE)] or [str(error)]
+    found = next((line for line in lines if line.startswith(("fatal:", "error:", "ssh:"))), lines[-1])
+    return found.removeprefix("fatal: ").removeprefix("error: ").strip()

@@ -1,5 +1,14 @@
 """`drop`: remove a patch REF needs no more (merged, fixed upstream, or its file deleted upstream or only in the PR),
-bump VERSION and log it in `patches/DROPPED.md`."""
+carry the rest of the series over to the new pin, bump VERSION once and log it in `patches/DROPPED.md`.
+
+A merged patch moves the pin to the upstream commit `status` named (the one that merged it; else REF's commit), or
+to `--onto REF`; never back. With `upstream.pr` set the pin stays on the PR: it moves to the PR head, which must
+hold that commit. When the rest of the series does not carry over there, or the pin cannot move, nothing changes.
+Another droppable verdict (its file deleted upstream or only in the PR, fixed its own way) leaves the pin where it
+is unless `--onto` moves it (several such patches often go together, then `refresh --onto REF`). Either way
+DROPPED.md names the commit the pin must hold, and `wheel` and `image` refuse a pin without it
+(droplog.check_pin): a dropped patch's bug never ships again.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +18,12 @@ from pathlib import Path
 
 from carry import version
 from carry.config import Config
+from carry.source import upstream
 from carry.source.series import Series
+from carry.util import prog
 from carry.util.cache import Cache
-from carry.util.errors import BadInput
-from carry.util.fsutil import atomic_write_text
-from carry.verdicts import verdicts
-
-LOG_NAME = "DROPPED.md"
+from carry.util.errors import BadInput, Failed
+from carry.verdicts import droplog, refresh, verdicts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +32,11 @@ class Dropped:
     verdict: verdicts.PatchVerdict
     version: str
     line: str
+    carried: refresh.Carried
     notes: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        return [self.line, *self.carried.lines(), f"VERSION {self.version}"]
 
 
 def drop(
@@ -35,9 +47,13 @@ def drop(
     against: str | None,
     force: bool,
     judge: Callable | None = None,
+    onto: str | None = None,
+    repin: refresh.Repin | None = None,
 ) -> Dropped:
     """Drop `name` when REF (default upstream.main) needs it no more (a droppable verdict); anything else is refused
-    unless `force`."""
+    unless `force`. The pin moves (see the module's doc); a conflict of the rest of the series there is Failed. Before
+    the pin moves, `repin(new_base, tree)` moves the precompiled pins with it (as for `refresh`); when it fails,
+    nothing changes."""
     patch = series.find(name)
     ref = against or config.upstream.main
     report = verdicts.status(config, cache, series, (ref,), with_pr=False, trees=judge is not None)
@@ -51,27 +67,94 @@ def drop(
             f"{verdicts.Verdict.droppable_names()} (FIXED-UPSTREAM comes from --test): keep the patch, or pass "
             f"--force to drop it anyway"
         )
-    log = series.directory / LOG_NAME
-    before = read_log(log)
-    bumped = str(version.bump(config.version_file))
-    what = f"{found.verdict.value} against {ref}" + ("; forced with --force, not merged upstream" if forced else "")
-    line = log_line(patch.name, what, found.commit, bumped)
-    atomic_write_text(log, before + line + "\n")
-    patch.path.unlink()
-    return Dropped(patch.name, found, bumped, line, report.notes)
-
-
-def read_log(path: Path) -> str:
-    """DROPPED.md as it is, ending with a newline ('' when there is none yet)."""
+    mirror, more = upstream.ensure_base(config, cache)
+    notes = [*report.notes, *more]
+    # Where upstream has what the patch did: the commit status named, else REF's own. The pin must come to hold it
+    # (now for a merged patch; a refresh later for the others, until which `wheel` refuses; droplog.check_pin).
+    needs = None if forced else (found.commit or report.reports[0].commit)
+    target = _new_pin(config, cache, mirror, patch.name, ref, needs, found.verdict.merged, onto, notes)
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return ""
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{path}: cannot read ({exc}); fix or move the file") from None
-    return text if not text or text.endswith("\n") else text + "\n"
+        carried = refresh.carry_over(config, cache, mirror, series, target, leave_out=patch.name)
+    except refresh.Conflict as conflict:
+        where = f"{onto} " if onto else ("the PR head " if config.upstream.pr is not None else "")
+        raise Failed(
+            f"{conflict.patch.name} conflicts with {where}{target[:12]} in {conflict.files}: the pin cannot move "
+            f"there, where {ref} has {patch.name}; nothing was changed; rebase {conflict.patch.name} onto "
+            f"{target[:12]} by hand, then drop again"
+        ) from None
+    notes += refresh.moved_pins(carried, repin)
+    bumped = str(version.following(config.version_file))
+    what = f"{found.verdict.value} against {ref}" + ("; forced with --force, not merged upstream" if forced else "")
+    line = droplog.log_line(patch.name, what, needs or found.commit, bumped, target if carried.moved else None)
+    refresh.write(config, series, carried, f"empty on the new pin {target[:12]} (already upstream)", (patch.name, line))
+    if (
+        needs is not None
+        and not carried.moved
+        and target != needs
+        and not _contains(config, cache, mirror, target, needs, notes)
+    ):
+        notes.append(
+            f"the pin stays at {target[:12]}, which lacks {needs[:12]} ({ref}): a build from it would miss what "
+            f"{patch.name} did, so `wheel` and `image` refuse it until `{prog.command('refresh', '--onto', ref)}` "
+            f"moves the pin"
+        )
+    return Dropped(patch.name, found, bumped, line, carried, tuple(notes))
 
 
-def log_line(name: str, what: str, commit: str | None, current: str) -> str:
-    """One DROPPED.md entry: date, patch, verdict, upstream commit, VERSION."""
-    return f"- {version.today_utc():%Y-%m-%d} {name}: {what}; upstream commit {commit or 'unknown'}; VERSION {current}"
+def _new_pin(
+    config: Config,
+    cache: Cache,
+    mirror: Path,
+    name: str,
+    ref: str,
+    needs: str | None,
+    merged: bool,
+    onto: str | None,
+    notes: list[str],
+) -> str:
+    """Where the pin goes: `onto`, else for a merged patch the PR head (upstream.pr set) or the commit that merged
+    it (`needs`), which the new pin must hold; else (not merged, or forced) it stays. Never back to a commit the pin
+    already holds."""
+    pin = config.upstream.commit
+    merged_at = needs if merged else None
+    if onto is not None:
+        target, more = upstream.resolve_ref(config, cache, onto)
+        notes.extend(more)
+        merged_at = needs
+    elif merged_at is None:
+        return pin
+    elif config.upstream.pr is not None:
+        fetched = upstream.fetch(config, cache)
+        notes.extend(fetched.notes)
+        if fetched.pr_head is None:
+            raise Failed(
+                f"{name}: upstream.pr is set, so the pin stays on PR #{config.upstream.pr}, but its head could not be "
+                f"read; nothing was changed; drop again once upstream answers"
+            )
+        target = fetched.pr_head.sha
+    else:
+        target = merged_at
+    if target != pin and _contains(config, cache, mirror, pin, target, notes):
+        target = pin  # the pin is newer already: it stays
+    if merged_at is not None and not _contains(config, cache, mirror, target, merged_at, notes):
+        if onto is not None:
+            raise Failed(
+                f"{onto} ({target[:12]}) does not contain {merged_at[:12]}, where {ref} has {name}: a wheel of it "
+                f"would ship the bug again; nothing was changed; pass an --onto that holds it, or leave --onto out"
+            )
+        raise Failed(
+            f"{ref} has {name} at {merged_at[:12]}, which the head of PR #{config.upstream.pr} ({target[:12]}) "
+            f"does not contain, and the pin stays on the PR; nothing was changed; once the PR holds it, "
+            f"`{prog.command('fetch', '--update-pin')}` moves the pin there (then drop again), or move the carry "
+            f"off the PR with `{prog.command('refresh', '--onto', ref)}`"
+        )
+    return target
+
+
+def _contains(config: Config, cache: Cache, mirror: Path, commit: str, ancestor: str, notes: list[str]) -> bool:
+    """Whether `commit` holds `ancestor` in its history (a shallow mirror is deepened to tell)."""
+    if commit == ancestor:
+        return True
+    found, more = upstream.merge_base(config, cache, mirror, commit, ancestor)
+    notes.extend(more)
+    return found == ancestor

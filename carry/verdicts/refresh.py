@@ -2,7 +2,8 @@
 
 The work happens in a temporary worktree of the cache mirror: each patch is committed on the pin (`git am`),
 cherry-picked onto the new base, and written back with `git format-patch` in one stable form. Nothing in the
-project changes until every patch has been carried over.
+project changes until every patch has been carried over; then the patches, DROPPED.md, the pin and VERSION are
+written (`write`, which `drop` uses too: a new pin or a changed series is a new VERSION).
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ from pathlib import Path
 
 from carry import version
 from carry.config import Config
-from carry.source import git, series, upstream
+from carry.source import apply, git, series, upstream
 from carry.util.cache import Cache
 from carry.util.errors import Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
-from carry.verdicts import drop
+from carry.verdicts import droplog
 
 # The rewritten files must not depend on the user's git configuration.
 CLEAN_ENV = {"GIT_CONFIG_GLOBAL": os.devnull}
@@ -26,21 +27,41 @@ FORMAT_PATCH = ("format-patch", "-1", "--stdout", "--zero-commit", "--no-signatu
 
 
 @dataclasses.dataclass(frozen=True)
-class Refreshed:
+class Carried:
+    """The series carried over to `new_base`: the new text of each patch whose substance moved, the patches that
+    came out empty (already upstream), the rest, unchanged, and the patched tree there."""
+
     old_base: str
     new_base: str
-    rewritten: tuple[str, ...]
-    unchanged: tuple[str, ...]
+    changed: dict[str, str]
     emptied: tuple[str, ...]
+    unchanged: tuple[str, ...]
+    tree: str
+
+    @property
+    def moved(self) -> bool:
+        return self.old_base != self.new_base
+
+    def lines(self) -> list[str]:
+        rows = [f"pin {self.old_base[:12]} -> {self.new_base}" if self.moved else "pin unchanged"]
+        rows += [f"rewritten  {name}" for name in self.changed]
+        rows += [f"unchanged  {name}" for name in self.unchanged]
+        logged = f"already upstream; removed and logged in {droplog.LOG_NAME}"
+        rows += [f"emptied    {name}: {logged}" for name in self.emptied]
+        return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class Refreshed:
+    carried: Carried
+    version: str | None  # VERSION after the refresh; None when nothing changed (VERSION neither)
     notes: tuple[str, ...]
 
     def lines(self) -> list[str]:
-        moved = f"pin {self.old_base[:12]} -> {self.new_base}" if self.old_base != self.new_base else "pin unchanged"
-        rows = [moved]
-        rows += [f"rewritten  {name}" for name in self.rewritten]
-        rows += [f"unchanged  {name}" for name in self.unchanged]
-        rows += [f"emptied    {name}: already upstream; removed and logged in {drop.LOG_NAME}" for name in self.emptied]
-        return rows
+        return self.carried.lines() + ([f"VERSION {self.version}"] if self.version else [])
+
+
+Repin = Callable[[str, str], list[str]]
 
 
 def refresh(
@@ -49,7 +70,7 @@ def refresh(
     patches: series.Series,
     onto: str | None,
     judge: Callable | None = None,
-    repin: Callable[[str, str], list[str]] | None = None,
+    repin: Repin | None = None,
 ) -> Refreshed:
     """Rebase `patches` onto `onto` (default upstream.main); on a conflict raise Failed and change nothing, naming
     the patches REF needs no more (`drop` is their way out; `judge` adds the verdict by their tests). Before the pin
@@ -58,30 +79,48 @@ def refresh(
     mirror, notes = upstream.ensure_base(config, cache)
     ref = onto or config.upstream.main
     new_base, more = upstream.resolve_ref(config, cache, ref)
+    try:
+        carried = carry_over(config, cache, mirror, patches, new_base)
+    except Conflict as conflict:
+        raise Failed(_conflict_message(config, cache, patches, ref, new_base, conflict, judge)) from None
+    more = (*more, *moved_pins(carried, repin))
+    bumped = write(config, patches, carried, f"empty after refresh onto {ref} {new_base[:12]} (already upstream)")
+    return Refreshed(carried, bumped, (*notes, *more))
+
+
+def carry_over(
+    config: Config, cache: Cache, mirror: Path, patches: series.Series, new_base: str, leave_out: str | None = None
+) -> Carried:
+    """The series (less `leave_out`, which upstream merged) moved onto `new_base`; Conflict names the first patch
+    that does not go there. Nothing is written."""
     pin = config.upstream.commit
-    conflict = None
+    kept = tuple(p for p in patches.patches if p.name != leave_out)
+    exact = apply.check(mirror, new_base, series.Series(patches.directory, kept), cache.scratch)
+    if all(result.status is apply.PatchStatus.CLEAN for result in exact.results):
+        # Every patch applies there as it is written (exact context, no offset): nothing to rewrite, and no worktree.
+        return Carried(pin, new_base, {}, (), tuple(p.name for p in kept), str(exact.tree))
     with cache.lock(mirror.name), temp_dir(cache.scratch, "refresh-") as work:
-        try:
-            texts, tree = _rebase(mirror, pin, new_base, patches, work)
-        except Conflict as exc:
-            conflict = exc
-        else:
-            changed = {
-                p.name: texts[p.name] for p in patches.patches if texts[p.name] and _moved(p, texts[p.name], work)
-            }
-    if conflict is not None:
-        raise Failed(_conflict_message(config, cache, patches, ref, new_base, conflict, judge))
-    emptied = tuple(name for name, text in texts.items() if text is None)
-    if repin is not None and new_base != pin:
-        more = (*more, *repin(new_base, tree))
-    _write(config, patches, changed, emptied, ref, new_base)
-    unchanged = tuple(p.name for p in patches.patches if p.name not in changed and p.name not in emptied)
-    return Refreshed(pin, new_base, tuple(changed), unchanged, emptied, (*notes, *more))
+        texts, tree = _rebase(mirror, pin, new_base, patches, work, leave_out)
+        changed = {p.name: texts[p.name] for p in kept if texts[p.name] and _moved(p, texts[p.name], work)}
+    emptied = tuple(p.name for p in kept if texts[p.name] is None)
+    unchanged = tuple(p.name for p in kept if p.name not in changed and p.name not in emptied)
+    return Carried(pin, new_base, changed, emptied, unchanged, tree)
 
 
-def _rebase(mirror: Path, pin: str, new_base: str, patches: series.Series, work: Path) -> tuple[dict, str]:
+def moved_pins(carried: Carried, repin: Repin | None) -> tuple[str, ...]:
+    """When the pin moves: `repin` (the precompiled pins found for the new base and its patched tree, written or
+    refused before anything else is), and what it said."""
+    if repin is None or not carried.moved:
+        return ()
+    return tuple(repin(carried.new_base, carried.tree))
+
+
+def _rebase(
+    mirror: Path, pin: str, new_base: str, patches: series.Series, work: Path, leave_out: str | None = None
+) -> tuple[dict, str]:
     """patch name -> its text on `new_base` (None when it became empty), and the patched tree there, via a temporary
-    worktree."""
+    worktree; every patch is committed on the pin (later ones may need an earlier one's context), `leave_out` is not
+    carried over."""
     tree = work / "tree"
     git.run(mirror, "worktree", "add", "--detach", "--quiet", str(tree), pin, env=CLEAN_ENV)
     try:
@@ -89,6 +128,8 @@ def _rebase(mirror: Path, pin: str, new_base: str, patches: series.Series, work:
         git.run(tree, "checkout", "--detach", "--quiet", new_base, env=CLEAN_ENV)
         texts: dict[str, str | None] = {}
         for patch, commit in zip(patches.patches, commits):
+            if patch.name == leave_out:
+                continue
             _cherry_pick(tree, patch, commit)
             if git.run(tree, "rev-parse", "HEAD^{tree}") == git.run(tree, "rev-parse", "HEAD^^{tree}"):
                 texts[patch.name] = None
@@ -176,18 +217,30 @@ def _moved(patch: series.Patch, text: str, work: Path) -> bool:
     return patch.author is not None and (new.subject, new.author, new.date) != (patch.subject, patch.author, patch.date)
 
 
-def _write(config: Config, patches: series.Series, changed: dict, emptied: tuple, ref: str, new_base: str) -> None:
-    """Write the moved patches, log and remove the emptied ones, then move the pin; each file atomically."""
-    log = patches.directory / drop.LOG_NAME
-    if emptied:
-        current = str(version.read(config.version_file))
-        what = f"empty after refresh onto {ref} {new_base[:12]} (already upstream)"
-        log_text = drop.read_log(log) + "".join(drop.log_line(name, what, None, current) + "\n" for name in emptied)
-    for name, text in changed.items():
+def write(
+    config: Config,
+    patches: series.Series,
+    carried: Carried,
+    emptied_why: str,
+    dropped: tuple[str, str] | None = None,
+) -> str | None:
+    """Write what `carried` changed: the moved patches, the emptied ones (and `dropped`: (name, its DROPPED.md
+    line)) removed and logged, the pin moved; then VERSION bumped once, since a new pin or another series is
+    another artifact. Each file atomically; nothing is written when nothing changed (None, else the new VERSION)."""
+    if not (carried.moved or carried.changed or carried.emptied or dropped):
+        return None
+    bumped = version.following(config.version_file)
+    log = patches.directory / droplog.LOG_NAME
+    lines = [dropped[1]] if dropped else []
+    lines += [droplog.log_line(name, emptied_why, None, str(bumped)) for name in carried.emptied]
+    log_text = droplog.read_log(log) + "".join(line + "\n" for line in lines)
+    for name, text in carried.changed.items():
         atomic_write_text(patches.directory / name, text)
-    if emptied:
+    if lines:
         atomic_write_text(log, log_text)
-        for name in emptied:
-            (patches.directory / name).unlink()
-    if new_base != config.upstream.commit:
-        upstream.update_pin(config, new_base)
+    for name in (*carried.emptied, *([dropped[0]] if dropped else [])):
+        (patches.directory / name).unlink()
+    if carried.moved:
+        upstream.update_pin(config, carried.new_base)
+    version.write(config.version_file, bumped)
+    return str(bumped)

@@ -487,9 +487,9 @@ def table(status: StatusReport) -> str:
 
 
 def drop_command(name: str, ref: str) -> str:
-    import shlex
+    from carry.util import prog
 
-    return shlex.join(["build.py", "drop", name, "--against", ref])
+    return prog.command("drop", name, "--against", ref)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,7 @@ from carry.source import git
 from carry.source.apply import CheckReport
 from carry.source.series import Series
 from carry.util.cache import Cache
-from carry.util.errors import Failed
+from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, owned_prefix, sweep_dead, temp_dir
 from carry.util.logtail import tail
 from carry.util.progress import Progress
@@ -134,11 +134,12 @@ def plan(
     remote: RemoteCache | None = None,
     environment: EnvPlan | None = None,
     taken: precompiled.Plan | None = None,
+    template: str | None = None,
 ) -> WheelPlan:
-    if report.tree is None:
-        failed = [r.patch.name for r in report.results if r.failure]
-        raise Failed(f"the series does not apply ({', '.join(failed)} failed); run `check` for details")
-    wheel_version = config.build.wheel_version.format(version=version)
+    """`template`: the wheel version with {version} (build.wheel_version, else the upstream's own, see
+    carry/source/upstreamversion.py); VERSION fills it in."""
+    report.patched_tree()
+    wheel_version = (template or config.build.wheel_version or "0+carry.{version}").format(version=version)
     arches = policy.arches
     key_material = {
         "carry": carry.__version__,
@@ -261,6 +262,7 @@ class Builder:
         self.config, self.cache, self.policy, self.job_plan = config, cache, policy, job_plan
         self.version, self.platform, self.pin, self.remote = version, platform, pin, remote
         self._tools: toolchain.Toolchain | None = None
+        self._template: str | None = config.build.wheel_version
 
     @classmethod
     def resolve(
@@ -293,22 +295,43 @@ class Builder:
     def __call__(
         self, mirror: Path, report: CheckReport, patches: Series, out: Path, progress: Progress
     ) -> WheelResult:
+        tree = report.patched_tree()
         if self._tools is None:
             self._tools = toolchain.probe(
                 {**os.environ, **self.config.build.env}, self.config.build.compiler_cache, self.cache.root, self.remote
             )
-        progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: tree {str(report.tree)[:12]}")
+        progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: tree {tree[:12]}")
         taken = None
-        if report.tree and self.pin is not None:
+        if self.pin is not None:
             from carry.wheelbuild import precompiled
 
-            taken = precompiled.prove(self.config, self.cache, mirror, self.pin, report.tree, patches)
+            taken = precompiled.prove(self.config, self.cache, mirror, self.pin, tree, patches)
             progress.phase("precompiled", taken.line())
-        environment = env_plan(self.config, mirror, report.tree) if report.tree else None
+        environment = env_plan(self.config, mirror, tree)
         the_plan = plan(
-            self.config, report, self.version, self.policy, self.job_plan, self._tools, self.remote, environment, taken
+            self.config,
+            report,
+            self.version,
+            self.policy,
+            self.job_plan,
+            self._tools,
+            self.remote,
+            environment,
+            taken,
+            self._wheel_version(mirror, tree, progress),
         )
         return build(self.config, self.cache, mirror, report, patches, the_plan, out, progress)
+
+    def _wheel_version(self, mirror: Path, tree: str, progress: Progress) -> str:
+        """build.wheel_version, else the upstream's own version with carry's label, found once and said."""
+        if self._template is None:
+            from carry.source import upstreamversion
+
+            found = upstreamversion.resolve(self.config, self.cache, mirror, tree)
+            self._template = found.template()
+            wheel_version = self._template.format(version=self.version)
+            progress.phase("version", f"upstream {found.version} ({found.source}): the wheel is {wheel_version}")
+        return self._template
 
 
 def _say(line: str) -> None:
@@ -599,6 +622,36 @@ def _store(cache: Cache, key: str, wheel: Path, checks: verify.Inspection) -> Pa
         shutil.rmtree(final)
     os.replace(staging, final)
     return final / wheel.name
+
+
+def refuse_another_artifact(
+    out: Path, version: str, url: str, pin: str, tree: str, platform: Platform, precompiled_sha256: str | None
+) -> None:
+    """Bad input when `out` holds a wheel of this upstream under this VERSION built from another tree, or (for the
+    same platform) from another precompiled wheel: one VERSION names one artifact. (`prove` and `status --test` build
+    prefixes of the series on purpose and publish elsewhere; the cache is keyed by content.)"""
+    from carry.util import prog
+
+    for path in sorted(out.glob("*.whl")) if out.is_dir() else ():
+        local = path.name.split("-")[1].partition("+")[2] if path.name.count("-") >= 4 else ""
+        if local != f"carry.{version}" and not local.startswith(f"carry.{version}."):
+            continue
+        info = buildinfo.peek(path)
+        if not info or info.get("version") != version or (info.get("upstream") or {}).get("url") != url:
+            continue
+        theirs = ((info.get("precompiled") or {}).get("sha256"), info.get("platform"))
+        if info.get("tree") != tree:
+            what = f"tree {str(info.get('tree'))[:12]} (pin {str((info.get('upstream') or {}).get('commit'))[:12]})"
+            mine = f"tree {tree[:12]} (pin {pin[:12]})"
+        elif theirs[1] == str(platform) and theirs[0] != precompiled_sha256:
+            what = f"precompiled wheel {str(theirs[0])[:12]}"
+            mine = f"precompiled wheel {str(precompiled_sha256)[:12]}"
+        else:
+            continue
+        raise BadInput(
+            f"{path} holds VERSION {version} for {what}, and this build is {mine}: one VERSION names one artifact; "
+            f"run `{prog.command('version', 'bump')}` (or publish into another --out)"
+        )
 
 
 def publish(wheel: Path, out: Path) -> Path:
