@@ -40,7 +40,9 @@ Everything runs in a temp dir against generated upstreams, driving `python build
       real history, on loopback) against downloading the two wheels alone (see bench/nightlybench.py);
   15. the same vLLM image on runtime images without python3 (NVIDIA's stand-in): the Python base carry derives per
       platform (apt, arm64 under QEMU) first and reused, lock, image --push, verify, and a fresh runner's lock
-      --check after deriving again (see bench/runtimebase.py).
+      --check after deriving again (see bench/runtimebase.py);
+  16. the mission's path from a fresh clone: a config shaped like the root one on the replica index and Python-less
+      bases, `pin`, `lock`, `image --push`, `verify` per platform, each timed (see bench/rootpath.py).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
 """
@@ -72,6 +74,7 @@ import measure  # noqa: E402
 import nightlybench  # noqa: E402
 import realwheels  # noqa: E402
 import redisd  # noqa: E402
+import rootpath  # noqa: E402
 import runtimebase  # noqa: E402
 import scale  # noqa: E402
 import trees  # noqa: E402
@@ -504,7 +507,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
     parser.add_argument(
         "--only",
-        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,pin,locked,verify,trust,runtimebase",
+        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,pin,locked,verify,trust,runtimebase,rootpath",
         help="comma-separated parts to run",
     )
     options = parser.parse_args()
@@ -524,6 +527,7 @@ def main() -> int:
         "verify": lambda work, size: verifyimage.bench(work, Row),
         "trust": lambda work, size: trust.bench(work, Row),
         "runtimebase": lambda work, size: runtimebase.bench(work, Row),
+        "rootpath": lambda work, size: rootpath.bench(work, Row),
     }
     # The start-up ratios (check, vllm) run first, before the parts that churn gigabytes through the page cache.
     # verify reads the image `locked` pushed.
@@ -543,6 +547,7 @@ def main() -> int:
         "verify",
         "trust",
         "runtimebase",
+        "rootpath",
     ]
     chosen = options.only.split(",")
     if not chosen or set(chosen) - set(parts):

@@ -105,22 +105,27 @@ def measure_all(work: Path) -> dict:
         assert checked.returncode == 0 and checked.stdout.strip() == "linux/amd64: fresh", checked.stderr[-2000:]
         result["derived_fresh"] = derivations(checked.stderr)
     finally:
-        for ref in sources.values():
-            for line in subprocess.run(
-                [DOCKER, "image", "ls", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}}", "carry-derived/python"],
-                capture_output=True,
-                text=True,
-            ).stdout.split():
-                labels = subprocess.run(
-                    [DOCKER, "image", "inspect", "--format", "{{json .Config.Labels}}", line],
-                    capture_output=True,
-                    text=True,
-                ).stdout
-                if f'"{ref}"' in labels:
-                    subprocess.run([DOCKER, "image", "rm", line], capture_output=True)
-            subprocess.run([DOCKER, "image", "rm", ref], capture_output=True)
+        forget_derived(sources.values())
         dockerenv.forget(name)
     return result
+
+
+def forget_derived(sources) -> None:
+    """The bases carry derived from each of `sources` (by their label naming it), then the sources themselves."""
+    for ref in sources:
+        for line in subprocess.run(
+            [DOCKER, "image", "ls", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}}", "carry-derived/python"],
+            capture_output=True,
+            text=True,
+        ).stdout.split():
+            labels = subprocess.run(
+                [DOCKER, "image", "inspect", "--format", "{{json .Config.Labels}}", line],
+                capture_output=True,
+                text=True,
+            ).stdout
+            if f'"{ref}"' in labels:
+                subprocess.run([DOCKER, "image", "rm", line], capture_output=True)
+        subprocess.run([DOCKER, "image", "rm", ref], capture_output=True)
 
 
 def report(result: dict) -> list[tuple[str, str, str, bool]]:

@@ -111,7 +111,10 @@ def test_push_reports_platform_images_and_manifest_lists(setup):
     for tag in shared_tags(setup):
         digest, platforms = rows[f"{name}:{tag}"]
         assert digest.startswith("sha256:") and platforms == "linux/amd64, linux/arm64"
-    assert len(rows) == 5
+    # five images pushed; the rest of stdout is the SBOM written for each platform (no signing key in this test)
+    assert len([ref for ref in rows if ref.startswith(f"{name}:")]) == 5, setup["pushed"].out
+    others = [line for line in setup["pushed"].out.strip().splitlines() if not line.startswith(f"{name}:")]
+    assert [line.split(":")[0] for line in others] == ["sbom       linux/amd64", "sbom       linux/arm64"], others
     err = setup["pushed"].err
     assert "linux/arm64 (emulated on linux/amd64), arches 12.1" in err and "] manifest:" in err
 

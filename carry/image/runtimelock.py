@@ -275,6 +275,14 @@ def drift(lock: Lock, *, requires_dist: Iterable[str], base: BaseFacts) -> tuple
     return tuple(changes)
 
 
+def check_requires(lock: Lock, requires_dist: Iterable[str]) -> None:
+    """Bad input (stale_line) when the Requires-Dist lines are not the ones `lock` was made from: what can be
+    known before the base is pulled or derived."""
+    digest = requires_digest(requires_dist)
+    if digest != lock.requires_digest:
+        raise BadInput(stale_line(lock, (f"requires-dist {_short(lock.requires_digest)} -> {_short(digest)}",)))
+
+
 def check_fresh(lock: Lock, *, requires_dist: Iterable[str], base: BaseFacts) -> None:
     """Bad input (one line: the file, what drifted old -> new, the relock command) unless `lock` was made from
     these Requires-Dist lines and this base (its content digest, where its Python comes from, its Python)."""
