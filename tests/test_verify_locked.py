@@ -225,9 +225,7 @@ def lock_for(work: Path, project: Path, env: dockerenv.DockerEnv, platform: Plat
         f"{platform.machine}-manylinux_2_36",
         "--python-version",
         "3.11",
-        str(work / "requirements.in"),
-        "-o",
-        "-",
+        str(work / "requirements.in"),  # to stdout (uv's `-o -` writes a file named `-` in the cwd)
     )
     base = env.bases(str(platform))[1]
     facts = runtimelock.BaseFacts("3.11.2", "2.36", dockerenv.docker_client().images.get(base).id, base)
