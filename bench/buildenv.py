@@ -1,5 +1,5 @@
-"""The build environment carry makes for vLLM 0.33.0's real `[build-system] requires` (carry/wheelbuild/buildenv.py): cold,
-warm and reused, each the whole process (`python bench/buildenv.py ensure CACHE REQUIRES`, interpreter start and
+"""The build environment carry makes for vLLM 0.33.0's real `[build-system] requires` (carry/wheelbuild/buildenv.py):
+cold, warm and reused, each the whole process (`python bench/buildenv.py ensure CACHE REQUIRES`, interpreter start and
 imports included), and the disk one env takes beyond uv's cache.
 
 - cold: an empty CARRY_CACHE and an empty private UV_CACHE_DIR: uv downloads everything (about 3 GB: torch

@@ -71,7 +71,9 @@ def bench(work: Path, units: int, row) -> list:
     try:
         facts = dockerenv.load()
     except LookupError as exc:
-        raise SystemExit(f"bench: image part needs the test registry and bases ({exc}); {dockerenv.SETUP_HINT}")
+        raise SystemExit(
+            f"bench: image part needs the test registry and bases ({exc}); {dockerenv.SETUP_HINT}"
+        ) from exc
     problem = secondengine.problem()
     if problem:
         raise SystemExit(f"bench: image part needs a second dockerd: {problem}")

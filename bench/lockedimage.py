@@ -105,11 +105,11 @@ def qemu_fraction(store: Path, lock: Path, base: str) -> dict:
     wheels = []
     text = lock.read_text()
     for name in QEMU_SAMPLE:
-        line = next((l for l in text.splitlines() if l.lower().startswith(f"{name}==")), None)
+        line = next((candidate for candidate in text.splitlines() if candidate.lower().startswith(f"{name}==")), None)
         if line is None:
             continue
         block = text.split(line, 1)[1].split("\n")
-        hashes = [l.split("--hash=sha256:", 1)[1].split()[0] for l in block[:6] if "--hash=sha256:" in l]
+        hashes = [entry.split("--hash=sha256:", 1)[1].split()[0] for entry in block[:6] if "--hash=sha256:" in entry]
         for sha in hashes:
             found = list((store / sha).glob("*.whl"))
             if found:
@@ -244,7 +244,7 @@ def measure_all(work: Path) -> dict:
             work / "vllm" / "runtime-lock" / "linux-arm64.txt",
             services.runtime_base_arm64,
         )
-        arm64_installed = sum(l["installed"] for l in arm64["layers"] if l["name"] != "base")
+        arm64_installed = sum(layer["installed"] for layer in arm64["layers"] if layer["name"] != "base")
         result["qemu"]["scaled_s"] = result["qemu"]["seconds"] * arm64_installed / result["qemu"]["installed"]
         torch = next(Path(realvllm.download_store()).glob("*/torch-2.14.0-*x86_64.whl"), None)
         if torch is not None:
@@ -332,13 +332,13 @@ def report(result: dict) -> list[tuple[str, str, str, bool]]:
     per_arch = {}
     for outcome in cold["platforms"]:
         layers = outcome["layers"]
-        installed = sum(l["installed"] for l in layers)
+        installed = sum(layer["installed"] for layer in layers)
         per_arch[outcome["platform"]] = layers
         rows.append(
             (
                 f"{outcome['platform']} image",
                 f"{installed / 1e9:.2f} GB installed, "
-                f"{sum(l['size'] for l in layers) / 1e9:.2f} GB compressed; vLLM's own arm64 (GH200): "
+                f"{sum(layer['size'] for layer in layers) / 1e9:.2f} GB compressed; vLLM's own arm64 (GH200): "
                 f"{VLLM_GH200_GB} GB",
                 "",
                 True,
@@ -347,7 +347,9 @@ def report(result: dict) -> list[tuple[str, str, str, bool]]:
         rows.append(
             (
                 f"  {outcome['platform']} layers (compressed/installed)",
-                ", ".join(f"{l['name']} {l['size'] / 1e6:.1f}/{l['installed'] / 1e6:.1f} MB" for l in layers),
+                ", ".join(
+                    f"{layer['name']} {layer['size'] / 1e6:.1f}/{layer['installed'] / 1e6:.1f} MB" for layer in layers
+                ),
                 "",
                 True,
             )
@@ -393,12 +395,12 @@ def report(result: dict) -> list[tuple[str, str, str, bool]]:
         )
         rows += _pull_rows(result[key], "  ", fixed_only=True)
     for outcome in patch["platforms"]:
-        before = {l["digest"] for l in per_arch[outcome["platform"]]}
+        before = {layer["digest"] for layer in per_arch[outcome["platform"]]}
         layers = outcome["layers"]
-        pushed = sum(l["size"] for l in layers if l["action"] == "pushed")
+        pushed = sum(layer["size"] for layer in layers if layer["action"] == "pushed")
         fixed = layers[-1]
-        unchanged = sum(l["digest"] in before for l in layers[:-1])
-        total = sum(l["size"] for l in layers)
+        unchanged = sum(layer["digest"] in before for layer in layers[:-1])
+        total = sum(layer["size"] for layer in layers)
         rows.append(
             (
                 f"  {outcome['platform']}: bytes pushed (layers)",

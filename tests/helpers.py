@@ -42,7 +42,7 @@ class Upstream:
     path: Path
 
     @classmethod
-    def create(cls, path: Path, files: dict[str, str]) -> "Upstream":
+    def create(cls, path: Path, files: dict[str, str]) -> Upstream:
         path.mkdir(parents=True)
         git(path, "init", "-q")
         repo = cls(path)

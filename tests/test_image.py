@@ -13,6 +13,7 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
+import docker.errors
 import pytest
 
 import dockerenv
@@ -303,7 +304,7 @@ def test_pull_after_deleting_local_copy_then_verify(setup):
     ref = f"{setup['name']}:{setup['version']}"
     for image in client.images.list(name=setup["name"]):
         client.images.remove(image.id, force=True)
-    with pytest.raises(Exception):
+    with pytest.raises(docker.errors.NotFound):  # ImageNotFound, or NotFound for a 404 worded otherwise
         client.images.get(ref)
     result = run(setup, "verify", ref, "--platform", "linux/amd64")
     assert result.code == 0, result.out + result.err

@@ -60,7 +60,7 @@ def test_both_platforms_pushed_layered_and_smoke_tested(project, cold, registry)
     _, _, name, _ = project
     by_platform = {p["platform"]: p for p in found["platforms"]}
     assert sorted(by_platform) == sorted(PLATFORMS)
-    for platform, outcome in by_platform.items():
+    for outcome in by_platform.values():
         names = [layer["name"] for layer in outcome["layers"]]
         assert names[-6:] == LAYERS[1:] and set(names[:-6]) == {"base"}, names
         assert all(layer["action"] in ("pushed", "already exists") for layer in outcome["layers"])
@@ -68,7 +68,7 @@ def test_both_platforms_pushed_layered_and_smoke_tested(project, cold, registry)
         assert sizes["nvidia"]["installed"] > 2e9 and sizes["torch"]["installed"] > 1e9
         assert sizes["vllm-fixed"]["size"] < 2e6, sizes["vllm-fixed"]  # kilobytes: the patched files + dist-info
         manifest = registry.manifest(name, outcome["refs"][0].rsplit(":", 1)[1])
-        assert [layer["digest"] for layer in manifest["layers"]] == [l["digest"] for l in outcome["layers"]]
+        assert [layer["digest"] for layer in manifest["layers"]] == [layer["digest"] for layer in outcome["layers"]]
     # the smoke test: amd64 imports vllm natively; arm64 (QEMU) runs only the stdlib check
     assert "import vllm -> 0.33.0+carry.20261201.1" in by_platform["linux/amd64"]["smoke"]
     assert (
@@ -140,7 +140,7 @@ def test_the_layers_are_what_pip_installs(project, cold, registry):
     record = fixed[f"{dist_info}/RECORD"][1].decode()
     assert "../../../bin/vllm,sha256=" in record and "vllm-0.33.0+carry.20261201.1.dist-info/RECORD,," in record
     assert not any(path.endswith(".pyc") for path in fixed)
-    for path, (info, _) in fixed.items():
+    for info, _ in fixed.values():
         assert info.uid == info.gid == 0 and info.mtime == 0
     venv = _members(registry.blob(name, layers["venv"]["digest"]))
     assert venv["opt/venv/bin/python"][0].linkname == "/usr/bin/python3"
@@ -160,11 +160,11 @@ def test_a_python_only_patch_change_pushes_one_small_layer(project, cold, regist
         after = {p["platform"]: p for p in json.loads(result.out)["platforms"]}
         for platform in PLATFORMS:
             old, new = before[platform]["layers"], after[platform]["layers"]
-            assert [l["digest"] for l in new[:-1]] == [l["digest"] for l in old[:-1]]
+            assert [layer["digest"] for layer in new[:-1]] == [layer["digest"] for layer in old[:-1]]
             assert new[-1]["digest"] != old[-1]["digest"]
-            assert [l["action"] for l in new] == ["already exists"] * (len(new) - 1) + ["pushed"]
-            pushed = sum(l["size"] for l in new if l["action"] == "pushed")
-            image_size = sum(l["size"] for l in new)
+            assert [layer["action"] for layer in new] == ["already exists"] * (len(new) - 1) + ["pushed"]
+            pushed = sum(layer["size"] for layer in new if layer["action"] == "pushed")
+            image_size = sum(layer["size"] for layer in new)
             assert pushed <= 0.15 * image_size and pushed < 2e6, (pushed, image_size)
             members = _members(registry.blob(name, new[-1]["digest"]))
             text = members[f"opt/venv/lib/python3.11/site-packages/{PATCHED}"][1]
@@ -183,7 +183,9 @@ def test_a_tampered_lock_fails_naming_the_package_nothing_pushed(project, regist
     (tampered / "build.yaml").write_text(text)
     lock = tampered / "runtime-lock" / "linux-arm64.txt"
     lines = lock.read_text().splitlines()
-    lock.write_text("\n".join(_one_hash(lines, next(i for i, l in enumerate(lines) if l.startswith("idna==")))) + "\n")
+    lock.write_text(
+        "\n".join(_one_hash(lines, next(i for i, entry in enumerate(lines) if entry.startswith("idna==")))) + "\n"
+    )
     result = carry("--config", str(tampered / "build.yaml"), "image", "--push", env=env, timeout=900)
     assert result.code == 1, result.err[-2000:]
     assert "idna==" in result.err.strip().splitlines()[-1] and "relock" in result.err

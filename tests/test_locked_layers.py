@@ -137,7 +137,7 @@ def test_the_same_inputs_give_the_same_layer_bytes(wheels, tmp_path):
         found = []
         for layer in plan.layers:
             box = {}
-            data = b"".join(ocilayer.compressed(ocilayer.stream(layer.items), lambda w: box.update(w=w)))
+            data = b"".join(ocilayer.compressed(ocilayer.stream(layer.items), lambda w, box=box: box.update(w=w)))
             assert box["w"].tar_size == ocilayer.tar_size(layer.items)
             assert hashlib.sha256(data).hexdigest() == box["w"].digest.split(":")[1]
             found.append(box["w"].digest)

@@ -117,7 +117,7 @@ def test_the_fixed_wheel_is_what_vllm_would_publish(built, platform):
 
 def test_verify_gate_and_a_rerun_of_the_fixed_wheels(project, built):
     config, env, root = project
-    for platform, (wheel, _) in built.items():
+    for wheel, _ in built.values():
         verified = carry("--config", str(config), "verify", str(wheel), env=env)
         assert verified.code == 0, verified.out + verified.err
         assert "byte-identical to vllm-0.33.0-cp38-abi3-manylinux_2_28" in verified.out and "verified" in verified.out

@@ -62,10 +62,12 @@ setup(version=version(), packages=find_packages(), ext_modules=extensions, cmdcl
 
 FILES = {
     "setup.py": SETUP_PY,
-    "pyproject.toml": '[build-system]\nrequires = ["setuptools>=61", "wheel"]\nbuild-backend = "setuptools.build_meta"\n\n'
+    "pyproject.toml": '[build-system]\nrequires = ["setuptools>=61", "wheel"]\n'
+    'build-backend = "setuptools.build_meta"\n\n'
     '[project]\nname = "minivllm"\ndynamic = ["version"]\n',
     "minivllm/__init__.py": '"""A tiny engine."""\n',
-    "minivllm/connector.py": "def prepare_forward(dummy):\n    if dummy:\n        return None\n    return launch()\n\n\n"
+    "minivllm/connector.py": "def prepare_forward(dummy):\n    if dummy:\n        return None\n"
+    "    return launch()\n\n\n"
     "def launch():\n    return 'launched'\n",
     "csrc/ops.cu": "__global__ void scale(float *x, float s) { x[threadIdx.x] *= s; }\n"
     'extern "C" void launch_scale(float *x, float s) { scale<<<1, 32>>>(x, s); }\n',

@@ -61,12 +61,10 @@ def test_the_history_is_the_same_on_every_machine_and_built_once(history, tmp_pa
         f"refs/pull/{PR_NUMBER}/head": PR_HEAD,
     }
     repo = built["path"]
-    git = lambda *args: subprocess.run(
-        ["git", "-C", repo, *args],
-        capture_output=True,
-        text=True,  # noqa: E731
-        check=True,
-    ).stdout.strip()
+
+    def git(*args):
+        return subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True, check=True).stdout.strip()
+
     assert git("rev-parse", "v0.33.0^") == V0_32_0 and git("rev-parse", f"{PR_HEAD}^") == V0_32_0
     assert git("cat-file", "-t", "v0.33.0") == "tag"  # annotated, as releases are
     files = git("ls-tree", "-r", "--name-only", "v0.33.0").splitlines()

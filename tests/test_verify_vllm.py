@@ -1,7 +1,8 @@
 """`verify IMAGE` on the real locked vLLM 0.33.0 image (examples/vllm, both platforms), as carry's `image --push`
 writes it (the run's one cold build, tests/conftest.py `cold_vllm`, which tests/test_locked_image.py reads too):
 every platform read from the registry natively and proven against its lock and the fixed wheel; linux/arm64 takes
-about as long as linux/amd64 (nothing emulated). The times per platform are printed (-s) and asserted only against each other."""
+about as long as linux/amd64 (nothing emulated). The times per platform are printed (-s) and asserted only against
+each other."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ def test_wheel_version_carries_VERSION_and_phases_are_printed(demo):
     for phase in ("check", "materialize", "build", "gate", "stamp"):
         assert f"] {phase}:" in demo["first"].err
     # What the gate proved, per .so and arch, as `verify` prints it.
-    for arch, sm in (("9.0", "sm_90"), ("12.0", "sm_120"), ("12.1", "sm_121")):
+    for _arch, sm in (("9.0", "sm_90"), ("12.0", "sm_120"), ("12.1", "sm_121")):
         assert f"exact {sm}" in demo["first"].err
     assert "gate: arch gate passed: 1 shared object(s), arches 9.0,12.0,12.1" in demo["first"].err
     assert "gate: tree check passed: 10 identical to tree" in demo["first"].err
