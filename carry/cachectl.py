@@ -473,11 +473,10 @@ def prune(cache: Cache, config_paths: Iterable[Path], dry_run: bool = False) -> 
                 removed.append(Removal(candidate.part, candidate.path, 0, "in use: another carry holds its lock"))
                 continue
             size = freed_by(candidate.path)
-            if not dry_run:
-                trash = _to_trash(candidate.path)
-                if trash is None:
-                    continue
-        if not dry_run:
+            trash = None if dry_run else _to_trash(candidate.path)
+            if not dry_run and trash is None:
+                continue
+        if trash is not None:
             _delete(trash)
         removed.append(Removal(candidate.part, candidate.path, size))
     if not dry_run:

@@ -300,7 +300,7 @@ class Session:
             self.config,
             self.cache,
             checked.mirror,
-            checked.report.tree,
+            checked.report.patched_tree(),  # a series that does not apply fails here, before any build
             platform,
             policy,
             hermetic,
@@ -554,8 +554,8 @@ class Session:
         from carry.image import container
         from carry.source import git
 
-        checked.report.patched_tree()
-        return container.upstream_pyproject(git.show_blob(checked.mirror, f"{checked.report.tree}:pyproject.toml"))
+        tree = checked.report.patched_tree()
+        return container.upstream_pyproject(git.show_blob(checked.mirror, f"{tree}:pyproject.toml"))
 
     def verify(
         self, artifact: str, platform: Platform | None, arch: str | None, key=None, local: bool = False

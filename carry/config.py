@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import yaml
 
@@ -369,8 +369,16 @@ class _Section:
     def section(self, key: str, allowed: tuple[str, ...]) -> _Section:
         return _Section(self.data.get(key), self._key(key), self.path, allowed)
 
+    @overload
+    def string(self, key: str, default: str) -> str: ...
+    @overload
+    def string(self, key: str, *, required: Literal[True]) -> str: ...
+    @overload
+    def string(self, key: str) -> str | None: ...
     def string(self, key: str, default: str | None = None, required: bool = False) -> str | None:
-        value = self.data.get(key, default)
+        value = self.data.get(key)
+        if value is None:  # `key:` with no value is the key left out: the default (has() reads it so too)
+            value = default
         if value is None:
             if required:
                 raise BadInput(f"{self.path}: {self._key(key)} is required (a string)")
@@ -590,7 +598,7 @@ def _build(section: _Section) -> Build:
     remote_cache = None
     if section.has("remote_cache"):
         where = f"{section.path}: build.remote_cache"
-        remote_cache = RemoteCache.parse(section.string("remote_cache"), where)
+        remote_cache = RemoteCache.parse(section.string("remote_cache", required=True), where)
         remote_cache.check_launcher(compiler_cache, where)
     isolation = section.boolean("build_isolation", True)
     cuda_arches = ArchList.parse(arches) if arches is not None else None
@@ -679,10 +687,14 @@ def _precompiled(build: _Section) -> Precompiled | None:
             raise BadInput(f"{here}: index is for a wheel pinned by requirement; give requirement: 'NAME==VERSION'")
         if own.has("requirement"):
             pinned = download.Pinned.by_name(
-                own.string("requirement"), own.data.get("sha256"), here, index=own.string("index"), platform=platform
+                own.string("requirement", required=True),
+                own.data.get("sha256"),
+                here,
+                index=own.string("index"),
+                platform=platform,
             )
         else:
-            source = own.string("url") or str(_relative(build.path, own.string("path")))
+            source = own.string("url") or str(_relative(build.path, own.string("path", required=True)))
             pinned = download.Pinned.parse(source, own.data.get("sha256"), here)
             if not pinned.name.endswith(".whl"):
                 raise BadInput(f"{here}: {pinned.name} is not a wheel (.whl)")
@@ -708,7 +720,7 @@ def _nightly(precompiled: _Section) -> Nightly | None:
             f"{where}.index is required: the root URL of the per-commit wheel index (its wheels of commit C are "
             f"under {{index}}/C/), or ${{NAME}} to take it from the environment"
         )
-    template = index.check_template(section.string("index"), f"{where}.index").rstrip("/")
+    template = index.check_template(section.string("index", required=True), f"{where}.index").rstrip("/")
     variant = section.string("variant")
     if variant is not None and (not VARIANT_RE.match(variant) or variant in (".", "..")):
         raise BadInput(

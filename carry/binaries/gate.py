@@ -56,12 +56,12 @@ class Coverage:
 
 def coverage(entries: Iterable[FatbinEntry], gpu: ComputeCapability) -> Coverage:
     """How a GPU of capability `gpu` runs code from `entries` (a file's fatbin)."""
-    options = [Coverage(_how(entry, gpu), entry) for entry in entries]
-    usable = [option for option in options if option.how is not How.NONE]
+    usable = [(how, entry) for entry in entries if (how := _how(entry, gpu)) is not How.NONE]
     if not usable:
         return Coverage(How.NONE)
     order = list(How)
-    return min(usable, key=lambda c: (order.index(c.how), tuple(-n for n in c.via.capability)))
+    how, entry = min(usable, key=lambda u: (order.index(u[0]), tuple(-n for n in u[1].capability)))
+    return Coverage(how, entry)
 
 
 def _how(entry: FatbinEntry, gpu: ComputeCapability) -> How:

@@ -157,18 +157,20 @@ def _copy_raw(raw, member: zipfile.ZipInfo, out: zipfile.ZipFile) -> None:
         tail = os.pread(raw.fileno(), 4, member.header_offset + length)
         zip64 = member.file_size >= 0xFFFFFFFF or member.compress_size >= 0xFFFFFFFF
         length += (4 if tail == _DESCRIPTOR_SIGNATURE else 0) + (20 if zip64 else 12)
-    out.fp.seek(out.start_dir)
+    fp = out.fp
+    assert fp is not None, "out is an archive open for writing"
+    fp.seek(out.start_dir)
     placed = copy.copy(member)
-    placed.header_offset = out.fp.tell()
+    placed.header_offset = fp.tell()
     raw.seek(member.header_offset)
     remaining = length
     while remaining:
         chunk = raw.read(min(_COPY_CHUNK, remaining))
         if not chunk:
             raise Failed(f"{raw.name}: {member.filename} is cut short")
-        out.fp.write(chunk)
+        fp.write(chunk)
         remaining -= len(chunk)
-    out.start_dir = out.fp.tell()
+    out.start_dir = fp.tell()
     out.filelist.append(placed)
     out.NameToInfo[placed.filename] = placed
 

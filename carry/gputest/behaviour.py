@@ -190,6 +190,8 @@ def judge(
                 verdicts.append(verdict)
                 continue
             tests, source = chosen
+            # every caller assesses the report it judges with trees=True (verdicts.status): each verdict has one
+            assert verdict.before is not None, f"{verdict.patch.name}: judged on a report assessed without trees"
             earlier = dataclasses.replace(series, patches=series.patches[:index])
             if probed is None:
                 probed = (gpu.probe(),)  # once per judgement: nvidia-smi is slow where no GPU answers

@@ -76,6 +76,7 @@ def flips(steps: tuple[Step, ...]) -> tuple[Flip, ...]:
     for before, after in zip(steps, steps[1:]):
         for old, new in zip(before.report.results, after.report.results):
             if old.passed != new.passed:
+                assert after.prefix.added is not None  # only the first step, base, adds no patch
                 found.append(Flip(after.prefix.added.name, new.command, old.verdict, new.verdict))
     return tuple(found)
 

@@ -533,11 +533,11 @@ def check_report(path: Path, docker: str | None = None) -> ReportCheck:
         text=True,
         stdin=subprocess.DEVNULL,
     )
-    found = result.stdout.strip() if result.returncode == 0 else None
-    if found is None:
+    if result.returncode != 0:
         return ReportCheck(str(path), report, (f"image: {artifact.name} is not here; pull it first",))
+    image_id = result.stdout.strip()
     mismatches = (
-        () if found == artifact.digest else (f"image id: report {artifact.digest}, {artifact.name} is {found}",)
+        () if image_id == artifact.digest else (f"image id: report {artifact.digest}, {artifact.name} is {image_id}",)
     )
     return ReportCheck(str(path), report, mismatches)
 

@@ -214,7 +214,8 @@ def hermetic_distributions(
             except Exception:  # packaging's InvalidWheelFilename: not a wheel's name
                 continue
             bundled[(canonical(wheel.name), wheel.version)] = wheel
-    found, missing = [], []
+    found: list[Wheel] = []
+    missing: list[str] = []
     for path, node in sorted(files.nodes.items()):
         directory, name = posixpath.split(path)
         site = installcheck.SITE_RE.match(directory)
@@ -224,11 +225,11 @@ def hermetic_distributions(
         key = (canonical(headers.get("Name", "")), headers.get("Version", ""))
         if key == (canonical(fixed.name), fixed.version):
             continue
-        wheel = wheelhouse.get(key) or bundled.get(key)
-        if wheel is None:
+        source = wheelhouse.get(key) or bundled.get(key)
+        if source is None:
             missing.append(f"{headers.get('Name')} {headers.get('Version')}")
         else:
-            found.append(Wheel(headers.get("Name", wheel.name), key[1], wheel.filename, wheel.sha256))
+            found.append(Wheel(headers.get("Name", source.name), key[1], source.filename, source.sha256))
     if missing:
         return (), f"{', '.join(missing)} installed from no wheel carry holds (wheelhouse, base's bundled wheels)"
     return tuple(found), ""

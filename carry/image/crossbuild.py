@@ -95,12 +95,14 @@ def _check(
     if Platform.from_wheel_tag(tag) not in (platform, None):
         raise Failed(f"{wheel.name} is tagged {tag}, not for {platform}")
     checked = verify.verify_wheel(wheel, expected, policy.arches)
-    for line in checked.checks.lines() if checked.ok else checked.checks.full_lines():
+    checks = checked.checks
+    assert checks is not None  # verify_wheel inspects every wheel (an image's verification may have no checks)
+    for line in checks.lines() if checked.ok else checks.full_lines():
         progress.phase("gate", line)
     if checked.info.get("platform") != str(platform):
         raise Failed(f"{wheel.name} says it was built on {checked.info.get('platform')}, not {platform}")
     if checked.mismatches:
         raise Failed(f"{wheel.name}: {checked.mismatches[0].describe()}")
-    if not checked.checks.ok:
-        raise Failed(f"{wheel.name} failed its checks ({checked.checks.summary()}); nothing was published")
-    return checked.checks
+    if not checks.ok:
+        raise Failed(f"{wheel.name} failed its checks ({checks.summary()}); nothing was published")
+    return checks

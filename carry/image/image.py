@@ -201,7 +201,7 @@ def _labels(
         f"{LABEL_PREFIX}.patches": ",".join(p.name for p in series.patches),
         f"{LABEL_PREFIX}.cuda_arches": str(arches),
         f"{LABEL_PREFIX}.platform": str(platform),
-        f"{LABEL_PREFIX}.tree": report.tree,
+        f"{LABEL_PREFIX}.tree": report.patched_tree(),
     }
     return {**labels, WHEEL_LABEL: dist_name} if dist_name else labels
 
@@ -279,7 +279,13 @@ def build(
                     image.labels,
                     image.refs,
                     cache_args=caching.args,
-                ).run(builder, access.secret, context, log, login.cli_env() if options.cache else None)
+                ).run(
+                    builder,
+                    access.secret,
+                    context,
+                    log,
+                    login.cli_env() if options.cache and login is not None else None,
+                )
                 if options.cache:
                     for note in layercache.outcome(output, caching.sources):
                         progress.phase("layer cache", f"{image.platform}: {note}")
@@ -290,6 +296,7 @@ def build(
         pushed: dict[str, str] = {}
         notes = []
         if options.push:
+            assert login is not None  # needs_login: the push's credentials were made before the builds
             for image in the_plan.images:
                 for ref in image.refs:
                     progress.phase("push", f"{ref} ({image.platform})")

@@ -192,6 +192,7 @@ def _file_node(
     data = b"".join(kept) if (whole or head) else None
     shared = None
     if selection.shared(path) and selection.parse_shared is not None:
+        assert data is not None  # a shared object is kept whole
         shared = selection.parse_shared(path, data)
         data = None
     return Node(path, "file", mode, header.size, digest.hexdigest(), data=data, shared=shared, layer=layer)

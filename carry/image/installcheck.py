@@ -509,9 +509,10 @@ def _scripts(nodes: dict[str, Node], dists: list[Installed]) -> list[str]:
         if f"{BIN}/{name}" not in nodes:
             problems.append(f"{dist}: console script {name} is not in {BIN}")
     for path, node in sorted(nodes.items()):
-        if not path.startswith(f"{BIN}/") or node.kind != "file" or not (node.data or b"").startswith(b"#!"):
+        data = node.data or b""
+        if not path.startswith(f"{BIN}/") or node.kind != "file" or not data.startswith(b"#!"):
             continue
-        line = node.data.split(b"\n", 1)[0][2:].strip().decode(errors="replace")
+        line = data.split(b"\n", 1)[0][2:].strip().decode(errors="replace")
         interpreter = line.split()[0] if line else ""
         if interpreter != PYTHON and ("python" in line or posixpath.basename(path) in declared):
             owner = declared.get(posixpath.basename(path))

@@ -824,16 +824,15 @@ def prepare(
                 f"here for every platform)"
             )
     for platform in platforms:
-        releases[platform] = release_wheel(config, cache, platform, say)
-        if releases[platform] is not None:  # a changed Requires-Dist is known before any base is pulled or derived
-            runtimelock.check_requires(locks[platform], requires_dist(releases[platform]))
+        release = releases[platform] = release_wheel(config, cache, platform, say)
+        if release is not None:  # a changed Requires-Dist is known before any base is pulled or derived
+            runtimelock.check_requires(locks[platform], requires_dist(release))
     facts = runtimelock.bases(config, platforms, cache, say_base)
     for platform in platforms:
         bases[platform] = runtime_base(facts[platform].base, client)
-        if releases[platform] is not None:  # the fixed wheel's Requires-Dist is the precompiled wheel's own
-            runtimelock.check_fresh(
-                locks[platform], requires_dist=requires_dist(releases[platform]), base=facts[platform]
-            )
+        release = releases[platform]
+        if release is not None:  # the fixed wheel's Requires-Dist is the precompiled wheel's own
+            runtimelock.check_fresh(locks[platform], requires_dist=requires_dist(release), base=facts[platform])
     return Prepared(locks, bases, releases, facts)
 
 

@@ -113,6 +113,7 @@ def stream(items: Iterable[Item]) -> Iterator[bytes]:
         for item in items:
             pending += _header(item)
             if item.kind == "file":
+                assert item.entry is not None  # a file's item carries its entry (items)
                 written = 0
                 for chunk in _content(item.entry, archives):
                     written += len(chunk)
@@ -142,6 +143,7 @@ def _content(entry: Entry, archives: dict[Path, zipfile.ZipFile]) -> Iterator[by
     if entry.data is not None:
         yield entry.data
         return
+    assert entry.wheel is not None and entry.member is not None  # an entry without data is a wheel's member
     archive = archives.get(entry.wheel)
     if archive is None:
         archive = archives[entry.wheel] = zipfile.ZipFile(entry.wheel)
@@ -151,12 +153,13 @@ def _content(entry: Entry, archives: dict[Path, zipfile.ZipFile]) -> Iterator[by
             while chunk := handle.read(CHUNK):
                 yield chunk
         return
-    handle = archive.fp
-    offset = wheelzip.data_start(handle, info, entry.wheel)
+    fp = archive.fp
+    assert fp is not None  # the archive is open: it closes when the stream ends
+    offset = wheelzip.data_start(fp, info, entry.wheel)
     end = offset + info.compress_size
     inflater = isal_zlib.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
     while offset < end:
-        raw = os.pread(handle.fileno(), min(CHUNK, end - offset), offset)
+        raw = os.pread(fp.fileno(), min(CHUNK, end - offset), offset)
         if not raw:
             raise OSError(f"{entry.wheel.name}: {entry.member} is cut short")
         offset += len(raw)

@@ -165,12 +165,13 @@ def run(
 ) -> str:
     """Run `command` in a container of the image without network (its platform emulated where foreign); return
     its output, fail on non-zero. `copy_out` maps the output to absolute paths of files then copied under `dest`."""
+    assert copy_out is None or dest is not None, "copy_out needs dest"
     container = found.containers.create(image_id, command=command, network_disabled=True)
     try:
         container.start()
         status = container.wait(timeout=600)
         output = container.logs(stdout=True, stderr=True).decode(errors="replace")
-        if status.get("StatusCode") == 0 and copy_out is not None:
+        if status.get("StatusCode") == 0 and copy_out is not None and dest is not None:
             for path in copy_out(output):
                 _copy_file_out(container, path, dest)
     finally:
@@ -185,11 +186,12 @@ def _copy_file_out(container, path: str, dest: Path) -> None:
     stream, _ = container.get_archive(path)
     with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:
         member = archive.next()
-        if member is None or not member.isfile():
+        extracted = archive.extractfile(member) if member is not None and member.isfile() else None
+        if extracted is None:
             raise Failed(f"{path} in the image is not a regular file")
         target = dest / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(archive.extractfile(member).read())
+        target.write_bytes(extracted.read())
 
 
 def _short(exc: Exception) -> str:

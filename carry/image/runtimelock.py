@@ -231,7 +231,8 @@ def _packages(lines: Sequence[str], garbled: Callable[[str], BadInput]) -> tuple
     from packaging.utils import canonicalize_name
 
     found: list[Locked] = []
-    name = version = None
+    name: str | None = None
+    version = ""  # the version of `name`'s pin line, once one is read
     hashes: list[str] = []
     for line in lines:
         text = line.strip()
@@ -371,6 +372,7 @@ def bases(
         futures = [pool.submit(base_facts, config, platform, cache, say) for platform in platforms]
     found = {platform: future.result() for platform, future in zip(platforms, futures)}
     for facts in found.values():
+        assert facts.base is not None  # base_facts records the base it resolved
         say(facts.base.note)
     return found
 
@@ -698,7 +700,7 @@ def check(
     config: Config, facts: Mapping[Platform, BaseFacts], wheels: Mapping[Platform, Path]
 ) -> tuple[tuple[Platform, str | None], ...]:
     """Per platform, None when its lock is fresh, else the one line saying what drifted (or that it is missing)."""
-    found = []
+    found: list[tuple[Platform, str | None]] = []
     for platform, base in facts.items():
         dist = requires_dist_of(wheels[platform])
         try:

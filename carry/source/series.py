@@ -83,7 +83,9 @@ class FileDiff:
 
     @property
     def path(self) -> str:
-        return self.new_path or self.old_path
+        name = self.new_path or self.old_path
+        assert name is not None  # _parse_file_diff refuses a diff that names no file
+        return name
 
     def text(self, hunks: tuple[int, ...] | None = None, target: str | None = None) -> str:
         """This file's diff with only `hunks` (all by default), its path moved to `target` when given (a file
@@ -330,12 +332,15 @@ def _parse_file_diff(lines: list[str], index: int, path: Path) -> tuple[FileDiff
     for name in (old_path, new_path):
         if name is not None:
             _check_path(name, path)
+    file_name = new_path or old_path
+    if file_name is None:
+        raise BadInput(f"{path}: a file diff names no file (or /dev/null on both sides); regenerate the patch")
     header = tuple(lines[start:index])
     hunks = []
     while index < len(lines) and lines[index].startswith("@@"):
-        hunk, index = _parse_hunk(lines, index, path, new_path or old_path)
+        hunk, index = _parse_hunk(lines, index, path, file_name)
         hunks.append(hunk)
-    if symlink:
+    if symlink and new_path is not None:  # a symlink's target is checked where the diff makes one
         for hunk in hunks:
             for target in hunk.added:
                 _check_symlink_target(new_path, target, path)

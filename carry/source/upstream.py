@@ -12,7 +12,7 @@ import yaml
 from carry.config import SHA_RE, Config, public_url
 from carry.source import git
 from carry.util.cache import Cache
-from carry.util.errors import BadInput
+from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text
 from carry.util.record import record
 
@@ -177,7 +177,15 @@ def resolve_ref(config: Config, cache: Cache, ref: str) -> tuple[str, tuple[str,
                     f"({_reason(exc)}); check the ref name or the network"
                 ) from None
             return known[1], (f"upstream unreachable ({_reason(exc)}); using the cached {known[0]} {known[1][:12]}",)
-    return git.resolve(mirror, local), ()
+    return _fetched(mirror, local), ()
+
+
+def _fetched(mirror: Path, local: str) -> str:
+    """The commit of a ref just fetched or updated into the mirror; one that names none is a failed fetch."""
+    commit = git.resolve(mirror, local)
+    if commit is None:
+        raise Failed(f"{local} names no commit in {mirror} after the fetch; run the command again")
+    return commit
 
 
 def candidates(ref: str) -> tuple[str, ...]:
@@ -311,7 +319,7 @@ def _fetch_pr_head(config: Config, mirror: Path) -> PrHead:
     depth = FIRST_PR_DEPTH
     while True:
         git.fetch(mirror, config.upstream.url, f"+{config.upstream.pr_ref}:{local}", depth=depth)
-        head = git.resolve(mirror, local)
+        head = _fetched(mirror, local)
         history = git.rev_list(mirror, f"--max-count={depth}", head)
         if pin in history:
             return PrHead(head, history.index(pin), True, len(history))

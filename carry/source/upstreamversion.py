@@ -90,7 +90,7 @@ def of_pin(config: Config, cache: Cache, mirror: Path) -> UpstreamVersion:
     if found is not None:
         name, distance = found
         where = "at the pin" if distance == 0 else f"{distance} commit(s) before the pin"
-        answer = UpstreamVersion(TAG_RE.match(name).group(1), f"the nearest version tag on the pin, {name}, {where}")
+        answer = UpstreamVersion(_tag_version(name), f"the nearest version tag on the pin, {name}, {where}")
     else:
         why = "" if asked else f" (upstream {public_url(config.upstream.url)} could not be asked for its tags)"
         answer = UpstreamVersion(
@@ -162,4 +162,11 @@ def _nearest(
 def _highest(names: list[str]) -> str:
     from packaging.version import Version
 
-    return max(names, key=lambda name: Version(TAG_RE.match(name).group(1)))
+    return max(names, key=lambda name: Version(_tag_version(name)))
+
+
+def _tag_version(name: str) -> str:
+    """The version a tag `_tags` kept names."""
+    match = TAG_RE.match(name)
+    assert match is not None  # _tags keeps only names TAG_RE matches
+    return match.group(1)

@@ -172,12 +172,12 @@ def make(facts: ImageFacts) -> bytes:
         when = None
     identity = f"{facts.repository}:{facts.version}:{facts.platform}:{facts.fixed.sha256}:"
     identity += facts.lock.sha256 if facts.lock else ""
+    image = _image(facts)
     bom = Bom(
         components=components,
         serial_number=uuid.uuid5(uuid.NAMESPACE_URL, identity),
-        metadata=BomMetaData(tools=tools, component=_image(facts), timestamp=when),
+        metadata=BomMetaData(tools=tools, component=image, timestamp=when),
     )
-    image = bom.metadata.component
     bom.register_dependency(image, components)
     text = JsonV1Dot6(bom).output_as_string(indent=None)
     return json.dumps(json.loads(text), sort_keys=True, separators=(",", ":")).encode()

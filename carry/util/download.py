@@ -52,7 +52,7 @@ class Pinned:
     where: str = field(default="", compare=False)  # what pinned it, for messages
 
     @classmethod
-    def parse(cls, source: str, sha256: str, where: str, size: int | None = None) -> Pinned:
+    def parse(cls, source: str, sha256: str | None, where: str, size: int | None = None) -> Pinned:
         sha = _sha(sha256, where)
         text = str(source or "").strip()
         if not text:
@@ -69,7 +69,7 @@ class Pinned:
     def by_name(
         cls,
         requirement: str,
-        sha256: str,
+        sha256: str | None,
         where: str,
         *,
         name: str = "",
@@ -101,14 +101,16 @@ class Pinned:
     @property
     def version(self) -> str | None:
         """The version the pin names: its requirement's, else the one in its file name."""
-        if self.requirement:
-            return _exact_version(self.requirement)[1]
+        exact = _exact_version(self.requirement) if self.requirement else None
+        if exact is not None:
+            return exact[1]
         parts = self.name.split("-")
         return parts[1] if len(parts) > 1 else None
 
     @property
     def project(self) -> str | None:
-        return _exact_version(self.requirement)[0] if self.requirement else None
+        exact = _exact_version(self.requirement) if self.requirement else None
+        return exact[0] if exact is not None else None
 
     @property
     def is_url(self) -> bool:
@@ -123,7 +125,7 @@ class Pinned:
         return f"{self.name or self.requirement} (sha256 {self.sha256[:8]}…)"
 
 
-def _sha(sha256: str, where: str) -> str:
+def _sha(sha256: str | None, where: str) -> str:
     sha = str(sha256 or "").strip().lower()
     if not SHA256_RE.match(sha):
         raise BadInput(f"{where}: sha256 {sha256!r} is not 64 hex digits; give the file's sha256 (sha256sum FILE)")
@@ -197,9 +199,14 @@ class Store:
     def _from_index(self, pinned: Pinned, say: Callable[[str], None]) -> Path:
         from carry.util import index
 
-        where = pinned.where or pinned.requirement
+        requirement, project = pinned.requirement, pinned.project
+        if requirement is None or project is None:  # by_name pins only `project==version`
+            raise BadInput(
+                f"{pinned.where}: requirement {requirement!r} names no single version; pin one, e.g. 'vllm==0.33.0'"
+            )
+        where = pinned.where or requirement
         if pinned.name:  # a file of a known name: the link on the index's simple page, downloaded by the store
-            url, listed = index.find_file(pinned.project, pinned.name, where)
+            url, listed = index.find_file(project, pinned.name, where)
             if listed and listed.lower() != pinned.sha256:
                 raise BadInput(
                     f"{where}: the index lists {pinned.name} with sha256 {listed}, not the pinned "
@@ -218,7 +225,7 @@ class Store:
         started = time.monotonic()
         scratch = Path(tempfile.mkdtemp(prefix=".pip-", dir=self.root))
         try:
-            got = index.download_wheel(pinned.requirement, pinned.sha256, pinned.platform, asked_index, scratch, where)
+            got = index.download_wheel(requirement, pinned.sha256, pinned.platform, asked_index, scratch, where)
             found = sha256_of(got)
             if found != pinned.sha256:
                 raise BadInput(

@@ -30,7 +30,7 @@ class Entry:
     name: str
     verdict: str
     ref: str
-    commit: str | None
+    commit: str  # the 40-hex upstream commit (entries naming none are not held_entries')
 
 
 def read_log(path: Path) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from carry.config import Config, public_url
 from carry.source import git, upstream
 from carry.util.cache import Cache
+from carry.util.errors import BadInput
 
 API_DEFAULT = "https://api.github.com"
 API_ENV = "CARRY_GITHUB_API"
@@ -138,10 +139,12 @@ def _from_answer(number: int, data: object, shown: str) -> tuple[PrState | None,
 
 def from_git(config: Config, cache: Cache, mirror: Path, resolve: Callable[[str], str]) -> PrState:
     """Merged when main contains the PR head or its whole change; else git cannot tell open from closed."""
-    number, main = config.upstream.pr, config.upstream.main
-    where = f"{config.upstream.pr_ref} against {main}"
+    number, pr_ref, main = config.upstream.pr, config.upstream.pr_ref, config.upstream.main
+    if number is None or pr_ref is None:
+        raise BadInput(f"{config.path}: upstream.pr is not set: there is no PR whose state git could tell")
+    where = f"{pr_ref} against {main}"
     try:
-        head, main_commit = resolve(config.upstream.pr_ref), resolve(main)
+        head, main_commit = resolve(pr_ref), resolve(main)
     except Exception as exc:  # BadInput or GitError: a ref upstream cannot give
         return PrState(number, State.UNKNOWN, "git", where, detail=str(exc))
     merge_base, notes = upstream.merge_base(config, cache, mirror, head, main_commit)

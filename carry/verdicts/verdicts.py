@@ -161,7 +161,9 @@ class RefReport:
 
 
 def new_start(hunk: Hunk) -> int:
-    return int(HUNK_RE.match(hunk.header).group(3))
+    match = HUNK_RE.match(hunk.header)
+    assert match is not None  # a Hunk's header was parsed with HUNK_RE (series._parse_hunk)
+    return int(match.group(3))
 
 
 class Assessor:
@@ -262,7 +264,7 @@ class Assessor:
         for path in (diff.new_path, diff.old_path):
             if path and self._read(path, env) is not None:
                 return path
-        moved = self._moved_to(diff.old_path or diff.new_path)
+        moved = self._moved_to(diff.old_path or diff.path)
         return moved if moved and self._read(moved, env) is not None else None
 
     def _moved_to(self, path: str) -> str | None:
@@ -332,6 +334,8 @@ class Assessor:
         if target is None:
             return intent.Found(False, f"{diff.path} is not in REF")
         ref_lines = self._read(target, self.ref_env)
+        if ref_lines is None:
+            return intent.Found(False, f"{diff.path} is not in REF")
         return intent.find(
             hunk,
             new_start(hunk),
@@ -344,7 +348,7 @@ class Assessor:
 
     def _paths(self, patch: Patch) -> list[str]:
         paths = {p for d in patch.diffs for p in (d.old_path, d.new_path) if p}
-        return sorted(paths | {self._moved[p] for p in paths if self._moved.get(p)})
+        return sorted(paths | {moved for p in paths if (moved := self._moved.get(p))})
 
     def _range(self) -> tuple[str, ...]:
         """Commits on REF newer than the base and not in it (the mirror may be shallow)."""
@@ -548,5 +552,6 @@ def status(
         from carry.verdicts import prstate
 
         pr = prstate.find(config, cache, mirror, resolve)
-        notes.extend(pr.notes)
+        if pr is not None:  # (find answers whenever upstream.pr is set)
+            notes.extend(pr.notes)
     return StatusReport(base, tuple(reports), tuple(notes), pr)

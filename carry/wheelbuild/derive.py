@@ -61,7 +61,7 @@ class Derivation:
         return self.base is not None and not self.reason
 
     def line(self) -> str:
-        if not self.possible:
+        if self.base is None or not self.possible:
             return f"not derived: {self.reason}; the upstream's build runs"
         names = ", ".join(sorted(self.replaced)[:4]) + (", …" if len(self.replaced) > 4 else "")
         return (

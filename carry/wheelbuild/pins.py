@@ -145,6 +145,7 @@ class Fetched:
         )
 
     def refusal(self) -> str:
+        assert self.before is not None  # refused only when tampered: a pin of the same file is in build.yaml
         return (
             f"{self.platform}: {self.found.entry.filename} of commit {self.found.commit[:12]} is on the index with "
             f"sha256 {self.sha256}, but build.yaml pins that very file with sha256 {self.before.pinned.sha256}: it "
@@ -157,13 +158,13 @@ class Fetched:
         if self.unchanged:
             return None
         now = f"discovery finds {self.found.requirement} at {self.found.commit[:12]} (sha256 {self.sha256[:12]})"
+        if self.before is None:  # (never tampered: that needs a pin)
+            return f"{self.platform}: stale: build.yaml has no pin; {now}; run `carry pin` and commit build.yaml"
         if self.tampered:
             return (
                 f"{self.platform}: stale: {self.found.entry.filename} changed on the server: sha256 {self.sha256}, "
                 f"pinned {self.before.pinned.sha256}: tampering or a re-upload, never an update"
             )
-        if self.before is None:
-            return f"{self.platform}: stale: build.yaml has no pin; {now}; run `carry pin` and commit build.yaml"
         before = self.before.pinned
         return (
             f"{self.platform}: stale: build.yaml pins {before.requirement or before.name} (index {before.index}, "
@@ -270,7 +271,9 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
         )
     history = upstream.first_parents(config, cache, mirror, base, index.max_walk)
     project = _project(mirror, tree)
-    inputs = tuple(g.glob for g in config.build.precompiled.inputs)
+    settings = config.build.precompiled
+    assert settings is not None  # Index.of above refuses a config without build.precompiled.nightly
+    inputs = tuple(g.glob for g in settings.inputs)
     wanted = platforms_of(config)
     refused: dict[Platform, list[Refused]] = {platform: [] for platform in wanted}
     found: dict[Platform, Found] = {}
@@ -294,9 +297,9 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
             break
         changed = git.changed_paths(mirror, candidate, tree, inputs)
         if changed:
-            reason = f"inputs differ at {changed[0]}" + (f" and {len(changed) - 1} more" if len(changed) > 1 else "")
+            differ = f"inputs differ at {changed[0]}" + (f" and {len(changed) - 1} more" if len(changed) > 1 else "")
             for platform in pending:
-                refused[platform].append(Refused(candidate, reason))
+                refused[platform].append(Refused(candidate, differ))
             continue
         listing = index.listing(candidate, project)
         for platform in pending:
@@ -431,7 +434,8 @@ def fetch(
     def one(found: Found) -> Fetched:
         try:
             path, sha = nightly.download(found.entry, store, say, stop)
-            fetched = Fetched(found, path, sha, "", settings.wheel_for(found.platform))
+            before = settings.wheel_for(found.platform) if settings is not None else None
+            fetched = Fetched(found, path, sha, "", before)
             if refuse_changed and fetched.tampered:
                 raise Failed(fetched.refusal())
             return dataclasses.replace(fetched, proof=_prove(found, path))
@@ -441,7 +445,7 @@ def fetch(
 
     with ThreadPoolExecutor(len(discovery.found) or 1) as pool:
         futures = [pool.submit(one, found) for found in discovery.found]
-    failed = [f.exception() for f in futures if f.exception() is not None]
+    failed = [exc for f in futures if (exc := f.exception()) is not None]
     if failed:
         raise next((e for e in failed if not isinstance(e, nightly.Stopped)), failed[0])
     return tuple(future.result() for future in futures)
@@ -616,7 +620,9 @@ def _value(node: yaml.Node | None, name: str) -> yaml.Node | None:
 
 
 def _key(node: yaml.Node, name: str) -> yaml.Node:
-    return _pair(node, name)[0]
+    pair = _pair(node, name)
+    assert pair is not None, f"no key {name}"  # asked only for a key whose value was found (_value)
+    return pair[0]
 
 
 def _empty(node: yaml.Node) -> bool:

@@ -207,6 +207,7 @@ def prove(config: Config, cache: Cache, mirror: Path, checked: Pin, tree: str, s
     """The plan of a precompiled build of `tree`, once the compiled inputs are proven identical between the commit
     the wheel was built from and `tree`; else exit 1 naming the files (InputsDiffer)."""
     settings = config.build.precompiled
+    assert settings is not None  # a Pin comes from build.precompiled (pin)
     ref = checked.claim.ref
     commit = _commit(config, cache, mirror, ref)
     _prove_ref(config, cache, mirror, checked, commit)

@@ -138,13 +138,13 @@ def plan(
 ) -> WheelPlan:
     """`template`: the wheel version with {version} (build.wheel_version, else the upstream's own, see
     carry/source/upstreamversion.py); VERSION fills it in."""
-    report.patched_tree()
+    tree = report.patched_tree()
     wheel_version = (template or config.build.wheel_version or "0+carry.{version}").format(version=version)
     arches = policy.arches
     key_material = {
         "carry": carry.__version__,
         "producer": PRODUCER_FORMAT,
-        "tree": report.tree,
+        "tree": tree,
         "series": report.series_hash,  # the buildinfo names the patches: a reworded one is another artifact
         "arches": str(arches),
         "gate": policy.digest(),  # the checks the stored wheel passed
@@ -168,7 +168,7 @@ def plan(
     unset = () if arches.expects_cuda else ARCH_VARIABLES
     return WheelPlan(
         report.base,
-        report.tree,
+        tree,
         version,
         wheel_version,
         policy,
@@ -222,7 +222,7 @@ def build(
         cached = _cached_wheel(cache, the_plan.key)
         if cached is None:
             derivation = _derivation(config, cache, mirror, the_plan, progress)
-            if derivation is not None and derivation.possible:
+            if derivation is not None and derivation.possible and derivation.base is not None:
                 with cache.lock(f"wheel-{derivation.base.key}"), derived(cache, the_plan, derivation) as produced:
                     cached, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
             else:
