@@ -28,11 +28,15 @@ import time
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from carry.util.cache import Cache
 from carry.util.download import Store
 from carry.util.errors import BadInput
 from carry.util.fsutil import owned_prefix, sweep_dead
+
+if TYPE_CHECKING:
+    from carry.config import Config
 
 TRASH_PREFIX = ".carry-prune-"
 PART_FRESH_S = 3600  # a .part download touched this recently is in progress
@@ -83,7 +87,7 @@ class Meter:
     """Disk usage with every inode counted once across everything measured by this meter, and which of those
     inodes have links outside it (uv's cache hardlinked into environments, dist/ into wheels)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.seen: dict[tuple[int, int], list] = {}  # inode -> [links seen, blocks, st_nlink, part]
 
     def size(self, path: Path, part: str = "") -> tuple[int, int]:
@@ -233,7 +237,7 @@ def needed(cache: Cache, config_paths: Iterable[Path]) -> Needed:
     return found
 
 
-def _needs_of(cache: Cache, config, found: Needed) -> None:
+def _needs_of(cache: Cache, config: Config, found: Needed) -> None:
     from carry.image import runtimelock
     from carry.source import apply, git, series
     from carry.wheelbuild import buildenv
@@ -409,7 +413,7 @@ LOG_ENV_RE = re.compile(r"^env-([0-9a-f]{32})\.log$")
 LOG_TREE_RE = re.compile(r"^(?:image|wheel-[a-z0-9-]+)-([0-9a-f]{12})\.log$")
 
 
-def _log_owner(name: str, keys: set[str], envs: set[str], trees: set[str]):
+def _log_owner(name: str, keys: set[str], envs: set[str], trees: set[str]) -> bool | tuple[str, ...]:
     """True when the log belongs to something kept; else the locks of what writes it (empty: none)."""
     wheel, env, tree = LOG_WHEEL_RE.match(name), LOG_ENV_RE.match(name), LOG_TREE_RE.match(name)
     if wheel:

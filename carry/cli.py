@@ -11,11 +11,18 @@ import gc
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, overload
 
 import click
 
 from carry.util.errors import CarryError
 from carry.util.progress import Progress
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from carry.commands import Session
+    from carry.platforms import Platform
 
 TEST_TIMEOUT_S = 900  # seconds one command of build.tests may run (`test`, `prove`)
 # The path types, made once: each click.Path asks gettext for its name when made (a few locale files looked up)
@@ -30,13 +37,13 @@ class Context:
     def __init__(self, config_path: Path):
         self.config_path = config_path
 
-    def session(self):
+    def session(self) -> Session:
         from carry.commands import Session
 
         return Session.open(self.config_path)
 
 
-def echo_notes(notes) -> None:
+def echo_notes(notes: Iterable[str]) -> None:
     for note in notes:
         click.echo(f"carry: {note}", err=True)
 
@@ -106,7 +113,13 @@ def check(obj: Context, against: str | None, as_json: bool) -> None:
     sys.exit(0 if result.report.ok else 1)
 
 
-def parse_platform(text: str | None, flag: str = "--platform"):
+@overload
+def parse_platform(text: str, flag: str = ...) -> Platform: ...
+@overload
+def parse_platform(text: None, flag: str = ...) -> None: ...
+@overload
+def parse_platform(text: str | None, flag: str = ...) -> Platform | None: ...
+def parse_platform(text: str | None, flag: str = "--platform") -> Platform | None:
     from carry.platforms import Platform
 
     return Platform.parse(text, flag) if text is not None else None
@@ -182,6 +195,7 @@ def wheel_command(
         session.require_pins((target,) if target else ())
     progress = Progress()
     if not here:
+        assert target is not None  # not here: a --platform was given
         built = session.platform_wheel(target, arch, out, hermetic, wheelhouse, progress)
         progress.phase("done", f"{built.platform} wheel, gate passed for {built.gate.archlist}")
         click.echo(built.path)

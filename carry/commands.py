@@ -17,13 +17,19 @@ from carry.util.errors import BadInput, Failed
 from carry.util.record import record
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from carry.binaries.gate import GateReport
     from carry.binaries.gatepolicy import GatePolicy
     from carry.config import TestCommand
     from carry.gputest import prove, testrun
     from carry.image import crossbuild, image, lockedimage, runtimelock
+    from carry.image.attest import Attester
     from carry.image.image import ImageOptions
     from carry.platforms import Platform
     from carry.source import apply, series
+    from carry.source.series import Series
+    from carry.trust.keys import PublicKey
     from carry.util.progress import Progress
     from carry.verdicts import drop, refresh, verdicts
     from carry.wheelbuild import pins, verify, wheel
@@ -400,7 +406,7 @@ class Session:
             self.config, self.cache, prepared, plan, wheels, options.push, smoke, client, progress, attester
         )
 
-    def attester(self, push: bool, progress: Progress, dist: Path = Path("dist")):
+    def attester(self, push: bool, progress: Progress, dist: Path = Path("dist")) -> Attester | None:
         """With --push, what signs and attests the pushed images (carry.image.attest), the key of
         $CARRY_SIGNING_KEY loaded now: a bad key or passphrase is bad input before any work."""
         if not push:
@@ -558,7 +564,12 @@ class Session:
         return container.upstream_pyproject(git.show_blob(checked.mirror, f"{tree}:pyproject.toml"))
 
     def verify(
-        self, artifact: str, platform: Platform | None, arch: str | None, key=None, local: bool = False
+        self,
+        artifact: str,
+        platform: Platform | None,
+        arch: str | None,
+        key: PublicKey | None = None,
+        local: bool = False,
     ) -> tuple[verify.Verification, ...]:
         """A wheel file (and the test report beside it), or every platform (or the one asked) of an image
         reference; with `key` (a loaded public key) the image's signature, SBOM and provenance too."""
@@ -623,7 +634,7 @@ class Session:
 
         return refresh.refresh(self.config, self.cache, self.series(), onto, self._judge(test), self.repin)
 
-    def _judge(self, test: bool):
+    def _judge(self, test: bool) -> Callable[[verdicts.StatusReport, Series], verdicts.StatusReport] | None:
         """With `test`, what drop and refresh call to judge a status report by the patches' tests too."""
         if not test:
             return None
@@ -638,7 +649,7 @@ class Session:
 
 def gate(
     config_path: Path, targets: tuple[str, ...], arch: str | None, platform: Platform | None, strict: bool = False
-):
+) -> GateReport:
     """Gate a wheel, an unpacked tree or `.so` files, upstream's own releases included: by build.yaml's policy
     when there is a config (its arches, or --arch), by the strict rule when not; the CPU of every `.so` against
     --platform, else the wheel's tag."""

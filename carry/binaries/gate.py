@@ -17,7 +17,7 @@ import textwrap
 from collections.abc import Iterable
 from enum import Enum
 
-from carry.arch import ComputeCapability, CudaTarget, Variant
+from carry.arch import ArchList, ComputeCapability, CudaTarget, Variant
 from carry.binaries.fatbin import FatbinEntry, Kind
 from carry.binaries.gatepolicy import GatePolicy, GateRule
 from carry.binaries.sharedobjects import SharedObject
@@ -196,7 +196,7 @@ class GateReport:
     platform: Platform | None = None
 
     @property
-    def archlist(self):
+    def archlist(self) -> ArchList:
         return self.policy.arches
 
     @property

@@ -96,7 +96,7 @@ class GatePolicy:
         return cls(arches, rules, str(data.get("source") or where) if rules else STRICT_SOURCE)
 
 
-def parse_rules(value, where: str) -> tuple[GateRule, ...]:
+def parse_rules(value: object, where: str) -> tuple[GateRule, ...]:
     """build.gate: a list of {match, gpus, jit, why}; every error names the entry and the form."""
     form = "a list of rules like {match: 'pkg/_ext*.so', gpus: '9.0a,10.0f', jit: false, why: '...'}"
     if value is None:
@@ -134,7 +134,7 @@ def parse_rules(value, where: str) -> tuple[GateRule, ...]:
     return tuple(rules)
 
 
-def _gpus(value, where: str) -> tuple[frozenset[ComputeCapability] | None, str]:
+def _gpus(value: object, where: str) -> tuple[frozenset[ComputeCapability] | None, str]:
     if isinstance(value, str) and value.strip().lower() == ALL:
         return None, ALL
     if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -21,6 +21,7 @@ import zipfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import IO
 
 from carry.util.errors import Failed
 
@@ -42,7 +43,7 @@ def dist_info(archive: zipfile.ZipFile) -> str:
     return found.pop()
 
 
-def member_bytes(wheel: Path, member: zipfile.ZipInfo, handle=None) -> bytes:
+def member_bytes(wheel: Path, member: zipfile.ZipInfo, handle: IO[bytes] | None = None) -> bytes:
     """A member's contents: stored or deflated members are read and inflated directly (the GIL is released
     while inflating; `handle`, an open file of the wheel, is read with pread), others through zipfile."""
     if member.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
@@ -60,7 +61,7 @@ def member_bytes(wheel: Path, member: zipfile.ZipInfo, handle=None) -> bytes:
     return data
 
 
-def data_start(handle, member: zipfile.ZipInfo, where) -> int:
+def data_start(handle: IO[bytes], member: zipfile.ZipInfo, where: str | Path) -> int:
     """Where `member`'s compressed bytes start: after its local header, name and extra field."""
     fields = _LOCAL.unpack(os.pread(handle.fileno(), _LOCAL.size, member.header_offset))
     if fields[0] != b"PK\x03\x04":
@@ -80,7 +81,7 @@ def check_record(wheel: Path, archive: zipfile.ZipFile, unhashed_ok: bool = Fals
     if unhashed_ok:
         members = [m for m in members if record.get(m.filename)]
 
-    def check(member: zipfile.ZipInfo, handle) -> None:
+    def check(member: zipfile.ZipInfo, handle: IO[bytes]) -> None:
         algorithm, _, digest = record.get(member.filename, "").partition("=")
         if algorithm != "sha256" or not digest:
             raise Failed(f"{member.filename} has no sha256 hash in RECORD")
@@ -150,7 +151,7 @@ def _recompute(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> list[str]:
     return record_line(member.filename, archive.read(member))
 
 
-def _copy_raw(raw, member: zipfile.ZipInfo, out: zipfile.ZipFile) -> None:
+def _copy_raw(raw: IO[bytes], member: zipfile.ZipInfo, out: zipfile.ZipFile) -> None:
     """Append `member`'s local header, compressed data and data descriptor as they are in `raw`."""
     length = data_start(raw, member, raw.name) - member.header_offset + member.compress_size
     if member.flag_bits & 0x08:

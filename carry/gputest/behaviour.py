@@ -27,8 +27,11 @@ from carry.util.errors import CarryError
 from carry.util.progress import Progress
 
 if TYPE_CHECKING:
+    from carry.gputest.testrun import CommandResult
+    from carry.source.apply import CheckReport
     from carry.util.cache import Cache
-    from carry.verdicts.verdicts import PatchVerdict, StatusReport
+    from carry.verdicts.verdicts import PatchVerdict, StatusReport, Verdict
+    from carry.wheelbuild.wheel import WheelResult
 
 TEST_TIMEOUT_S = 900
 
@@ -142,7 +145,9 @@ def run_without(
     return Behaviour(outcome, texts, "", mode, lines)
 
 
-def _build(builder_for: BuilderFor, mirror: Path, report, series: Series, out: Path, progress: Progress):
+def _build(
+    builder_for: BuilderFor, mirror: Path, report: CheckReport, series: Series, out: Path, progress: Progress
+) -> WheelResult:
     """The wheel of REF without the patch, the cheapest correct way: precompiled where build.precompiled has a
     wheel whose compiled inputs REF still has, else the configured build (Python-only with cuda_arches [])."""
     from carry.wheelbuild.precompiled import InputsDiffer
@@ -154,7 +159,7 @@ def _build(builder_for: BuilderFor, mirror: Path, report, series: Series, out: P
         return builder_for(True)(mirror, report, series, out, progress)
 
 
-def _line(result) -> str:
+def _line(result: CommandResult) -> str:
     last = f": {result.last_line()}" if result.last_line() else ""
     return f"{result.verdict} `{result.command}` on REF without the patch ({result.outcome()}){last}"
 
@@ -274,7 +279,7 @@ def _how(mode: str) -> str:
     return "checked out, nothing built" if mode == "tree" else "built into a wheel"
 
 
-def _advice(verdict: PatchVerdict, now) -> str | None:
+def _advice(verdict: PatchVerdict, now: Verdict) -> str | None:
     from carry.verdicts.verdicts import advice
 
     return advice(verdict.patch, now)

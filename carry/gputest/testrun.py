@@ -39,6 +39,10 @@ from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from carry.util.cache import Cache
+    from carry.util.progress import Progress
     from carry.wheelbuild.verify import Verification
 
 FORMAT = 1
@@ -209,7 +213,7 @@ def run_on_wheel(
     gpu: Gpu,
     scratch: Path,
     timeout: float,
-    progress=None,
+    progress: Progress | None = None,
     tree: Path | None = None,
     project: Path | None = None,
 ) -> TestReport:
@@ -241,7 +245,7 @@ def run_artifact(
     scratch: Path,
     out: Path,
     timeout: float,
-    progress=None,
+    progress: Progress | None = None,
 ) -> tuple[TestReport, Path]:
     """Run commands against a wheel (fresh venv) or an image (docker run --gpus all, with the config's docker);
     the report is written beside the wheel, or into `out` keyed by the image's ID. Returns the report and where it
@@ -257,11 +261,11 @@ def run_artifact(
 
 
 def run_in_tree(
-    tree: Path,
+    tree: Path | None,
     commands: tuple[TestCommand, ...],
     scratch: Path,
     timeout: float,
-    progress=None,
+    progress: Progress | None = None,
     project: Path | None = None,
 ) -> tuple[CommandResult, ...]:
     """Run commands that read the upstream's sources in `tree` (a checkout; their working directory), with no wheel
@@ -280,7 +284,7 @@ def checkout(repo: Path, tree: str, dest: Path) -> Path:
 
 
 @contextlib.contextmanager
-def tree_checkout(cache, mirror: Path, tree: str | None, wanted: bool):
+def tree_checkout(cache: Cache, mirror: Path, tree: str | None, wanted: bool) -> Iterator[Path | None]:
     """A checkout of `tree` for commands that run in the source tree, in a stable directory of the cache (held
     under its lock; only changed files are rewritten), or None when not `wanted` or there is no tree."""
     if not wanted or tree is None:
@@ -298,7 +302,7 @@ def _run_one(
     tree: Path | None,
     project: Path | None,
     timeout: float,
-    progress,
+    progress: Progress | None,
 ) -> CommandResult:
     if not command.tree:
         return _run(command, command.argv, env, work, timeout, progress)
@@ -327,7 +331,13 @@ def _plain_env() -> dict[str, str]:
 
 
 def run_on_image(
-    ref: str, commands: tuple[TestCommand, ...], gpu: Gpu, docker: str, scratch: Path, timeout: float, progress=None
+    ref: str,
+    commands: tuple[TestCommand, ...],
+    gpu: Gpu,
+    docker: str,
+    scratch: Path,
+    timeout: float,
+    progress: Progress | None = None,
 ) -> TestReport:
     """Run every command in the image with `docker run --rm --gpus all` (plus the image's runtime args label)."""
     image_id, runtime_args = _inspect_image(docker, ref)
@@ -413,7 +423,7 @@ def _run(
     env: dict[str, str],
     work: Path,
     timeout: float,
-    progress,
+    progress: Progress | None,
     cwd: Path | None = None,
 ) -> CommandResult:
     """Run one command in a fresh empty directory (or `cwd`); its output goes to a file, its tail into the

@@ -10,6 +10,7 @@ import datetime
 import hashlib
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from carry.config import Config, strip_credentials
 from carry.source.series import Series
@@ -19,6 +20,13 @@ from carry.trust.facts import CarriedPatch, ImageFacts, Source, Wheel
 __all__ = ["Attester", "Wheel", "wheel_of"]
 from carry.trust.keys import SigningKey
 from carry.util.progress import Progress
+
+if TYPE_CHECKING:
+    import docker
+
+    from carry.image.runtimelock import Lock
+    from carry.platforms import Platform
+    from carry.trust.attach import Registry
 
 
 def _stored_sha256(path: Path) -> str:
@@ -82,13 +90,13 @@ class Attester:
 
     def facts(
         self,
-        platform,
+        platform: Platform,
         labels: dict[str, str],
         fixed: Wheel | Path,
         release: Path | None,
         base_ref: str,
         base: dict,
-        lock=None,
+        lock: Lock | None = None,
         wheels: dict[str, Path] | None = None,
         no_sbom: str = "",
     ) -> ImageFacts:
@@ -100,7 +108,18 @@ class Attester:
         finally:
             self.timings.facts += time.monotonic() - begun
 
-    def _facts(self, platform, labels, fixed, release, base_ref, base, lock, wheels, no_sbom) -> ImageFacts:
+    def _facts(
+        self,
+        platform: Platform,
+        labels: dict[str, str],
+        fixed: Wheel | Path,
+        release: Path | None,
+        base_ref: str,
+        base: dict,
+        lock: Lock | None,
+        wheels: dict[str, Path] | None,
+        no_sbom: str,
+    ) -> ImageFacts:
         if isinstance(fixed, Path):  # the fixed wheel's file: hashed here, counted in the facts' time
             fixed = wheel_of(fixed)
         distributions: tuple[Wheel, ...] = ()
@@ -136,7 +155,7 @@ class Attester:
             no_sbom=no_sbom,
         )
 
-    def platform(self, store, facts: ImageFacts, digest: str, locked: bool) -> publish.Published:
+    def platform(self, store: Registry, facts: ImageFacts, digest: str, locked: bool) -> publish.Published:
         if self.key is not None and not self.published:
             self.progress.phase("sign", f"with the key {self.key.public.fingerprint[:19]}… ($CARRY_SIGNING_KEY)")
         done = publish.platform(store, self.key, facts, digest, self.dist, locked, self.started, self.timings)
@@ -145,7 +164,7 @@ class Attester:
             self.progress.phase("trust", line)
         return done
 
-    def index(self, store, digest: str) -> publish.Published:
+    def index(self, store: Registry, digest: str) -> publish.Published:
         done = publish.index(store, self.key, self.config.image.name, digest, self.timings)
         self.published.append(done)
         for line in done.lines():
@@ -190,7 +209,7 @@ def wheel_index(directory: Path) -> dict[tuple[str, str], Wheel]:
 
 
 def hermetic_distributions(
-    client, ref: str, platform, fixed: Wheel, wheelhouse: dict[tuple[str, str], Wheel]
+    client: docker.DockerClient, ref: str, platform: Platform, fixed: Wheel, wheelhouse: dict[tuple[str, str], Wheel]
 ) -> tuple[tuple[Wheel, ...], str]:
     """The distributions a hermetic Dockerfile build's runtime stage installed, read from the image's layers (the
     local engine), each matched by name and version to the wheel it came from: the fixed wheel (exported from the

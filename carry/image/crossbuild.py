@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from carry.binaries.gatepolicy import GatePolicy
 from carry.config import Config
@@ -21,6 +22,9 @@ from carry.wheelbuild import verify
 from carry.wheelbuild.verify import Expected
 from carry.wheelbuild.wheel import publish, write_gate_report
 
+if TYPE_CHECKING:
+    from carry.binaries.gate import GateReport
+
 
 @dataclasses.dataclass(frozen=True)
 class CrossWheel:
@@ -29,7 +33,7 @@ class CrossWheel:
     checks: verify.Inspection
 
     @property
-    def gate(self):
+    def gate(self) -> GateReport:
         return self.checks.gate
 
 

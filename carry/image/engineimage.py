@@ -87,7 +87,9 @@ def size_text(value: int) -> str:
     return f"{value} B"
 
 
-def pull(client, ref: str, platform: Platform, auth: dict | None, layers: Sequence[tuple[str, int]]) -> Pulled:
+def pull(
+    client: docker.DockerClient, ref: str, platform: Platform, auth: dict | None, layers: Sequence[tuple[str, int]]
+) -> Pulled:
     """`docker pull ref` (a digest reference) for `platform`; `layers` are the manifest's (digest, compressed size).
     A layer the engine reports as "Already exists" was not fetched; every other one was."""
     repository, _, digest = ref.partition("@")
@@ -107,7 +109,7 @@ def pull(client, ref: str, platform: Platform, auth: dict | None, layers: Sequen
     return Pulled(len(layers), len(fetched), sum(size for _, size in fetched), time.monotonic() - started)
 
 
-def named(client, refs: Iterable[str]) -> set[str]:
+def named(client: docker.DockerClient, refs: Iterable[str]) -> set[str]:
     """The image IDs `refs` name in the engine now."""
     found = set()
     for ref in refs:
@@ -119,7 +121,12 @@ def named(client, refs: Iterable[str]) -> set[str]:
 
 
 def keep(
-    client, image_id: str, refs: Sequence[str], platform: Platform, version: str, before: Iterable[str] = ()
+    client: docker.DockerClient,
+    image_id: str,
+    refs: Sequence[str],
+    platform: Platform,
+    version: str,
+    before: Iterable[str] = (),
 ) -> Kept:
     """Tag `image_id` with `refs` (one repository), then tidy that repository for `platform`: the images `before`
     (what the refs named until now) and every image of an older VERSION lose the tags carry gave them (those naming
@@ -170,7 +177,7 @@ def keep(
     return Kept(image_id, tuple(refs), tuple(untagged), tuple(removed), tuple(left))
 
 
-def forget_pulled(client, ref: str) -> None:
+def forget_pulled(client: docker.DockerClient, ref: str) -> None:
     """A pulled image that failed its smoke test: its digest reference removed (the image with it, unless another
     reference names it)."""
     try:

@@ -14,7 +14,7 @@ import dataclasses
 import datetime
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from carry.arch import ArchList
 from carry.config import TAG_RE, Config, public_url
@@ -28,6 +28,12 @@ from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import temp_dir
 from carry.util.progress import Progress
+
+if TYPE_CHECKING:
+    import docker
+
+    from carry.image.attest import Attester, Wheel
+    from carry.image.registry import Login
 
 LABEL_PREFIX = "io.carry"
 WHEEL_LABEL = f"{LABEL_PREFIX}.wheel"  # the distribution name of the wheel installed in the image
@@ -231,7 +237,7 @@ def build(
     builder: Builder,
     requirements: list[str],
     progress: Progress,
-    attester=None,
+    attester: Attester | None = None,
 ) -> ImageResult:
     """Build every platform's image, then push each and join the shared tags into manifest lists. The registry
     login is made once, before the builds: the push needs it, and so do the builds' cache imports and exports
@@ -317,7 +323,9 @@ def build(
     return ImageResult(the_plan, ids, pushed, tuple(notes), attester if options.push else None)
 
 
-def _hermetic_inputs(image: PlatformImage, access, builder: Builder, context: Path, log: Path, scratch: Path):
+def _hermetic_inputs(
+    image: PlatformImage, access: container.StageAccess, builder: Builder, context: Path, log: Path, scratch: Path
+) -> tuple[Wheel | None, dict[tuple[str, str], Wheel]]:
     """What a hermetic build's SBOM needs from the build context before it is removed: the fixed wheel (the build
     stage's, exported from BuildKit's cache) and the wheelhouse the runtime stage installed from."""
     from carry.image.attest import wheel_index, wheel_of
@@ -330,7 +338,15 @@ def _hermetic_inputs(image: PlatformImage, access, builder: Builder, context: Pa
     return (wheel_of(wheels[0]) if len(wheels) == 1 else None), wheel_index(context / "wheelhouse")
 
 
-def _attest(attester, config: Config, client, login, image: PlatformImage, digest: str, hermetic=None) -> None:
+def _attest(
+    attester: Attester,
+    config: Config,
+    client: docker.DockerClient,
+    login: Login,
+    image: PlatformImage,
+    digest: str,
+    hermetic: tuple[Wheel | None, dict[tuple[str, str], Wheel]] | None = None,
+) -> None:
     """A Dockerfile-built platform image's signature and provenance (carry.image.attest); with --hermetic its SBOM
     too, every installed distribution matched to the wheel it came from. Without, pip resolved the wheels inside
     BuildKit, and carry knows no hash for an SBOM."""
@@ -363,7 +379,7 @@ def _attest(attester, config: Config, client, login, image: PlatformImage, diges
     attester.platform(registryhttp.Repository.of(config.image.name, login.auth), facts, digest, locked=False)
 
 
-def _attest_index(attester, config: Config, login, digests: set[str]) -> None:
+def _attest_index(attester: Attester, config: Config, login: Login, digests: set[str]) -> None:
     from carry.image import registryhttp
 
     for digest in sorted(digests):
@@ -413,7 +429,7 @@ def join_pushed(
     platforms: tuple[Platform, ...],
     builder: Builder,
     progress: Progress,
-    attester=None,
+    attester: Attester | None = None,
 ) -> dict[str, str]:
     """Make every shared tag a manifest list of the platforms' own images, which must be in the registry; with
     `attester` (carry.image.attest), sign each list."""

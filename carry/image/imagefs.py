@@ -25,10 +25,17 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from carry.image import registryhttp, tarstream
 from carry.platforms import Platform
 from carry.util.errors import Failed
+
+if TYPE_CHECKING:
+    import http.client
+
+    import docker
+    from _typeshed import WriteableBuffer
 
 CHUNK = 1 << 20
 HEAD = 256
@@ -128,7 +135,7 @@ class ImageFiles:
 # --- scanning one layer ------------------------------------------------------------------------------------------
 
 
-def scan_layer(stream, digest: str, selection: Selection, layer: int) -> LayerScan:
+def scan_layer(stream: io.BufferedIOBase, digest: str, selection: Selection, layer: int) -> LayerScan:
     """Read one uncompressed layer tar from `stream` front to back."""
     scan = LayerScan(digest)
     reader = tarstream.Reader(stream, f"layer {digest[:19]}")
@@ -268,7 +275,7 @@ class Registry:
             return None
         return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
-    def open(self, path: str, accept: tuple[str, ...] = ()):
+    def open(self, path: str, accept: tuple[str, ...] = ()) -> http.client.HTTPResponse | None:
         """GET `path` under the repository; None on 404. Authenticates once on the first 401."""
         for attempt in (0, 1):
             request = urllib.request.Request(f"{self.base}/{path}")
@@ -327,7 +334,7 @@ class Registry:
             raise Failed(f"{self.ref.repository}@{reference}: the registry's manifest hashes to {digest}")
         return json.loads(body), digest
 
-    def blob(self, digest: str):
+    def blob(self, digest: str) -> http.client.HTTPResponse:
         answer = self.open(f"blobs/{digest}")
         if answer is None:
             raise Failed(f"registry {self.ref.host} has no blob {digest[:19]} of {self.ref.repository}")
@@ -337,14 +344,14 @@ class Registry:
 class _Checked(io.RawIOBase):
     """A stream that hashes and counts what is read through it; `verify()` compares with the expected digest."""
 
-    def __init__(self, raw, digest: str, where: str):
+    def __init__(self, raw: io.BufferedIOBase, digest: str, where: str):
         self.raw, self.expected, self.where = raw, digest, where
         self.hash, self.count = hashlib.sha256(), 0
 
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: WriteableBuffer) -> int:
         view = memoryview(buffer)
         if hasattr(self.raw, "readinto"):
             size = self.raw.readinto(view) or 0
@@ -427,7 +434,7 @@ def from_registry(
     return _finish(ref, platform, "registry", digest, config, scans, start)
 
 
-def _decompressed(checked: _Checked, media_type: str, where: str):
+def _decompressed(checked: _Checked, media_type: str, where: str) -> io.BufferedIOBase:
     if media_type in GZIP_TYPES:
         from isal import igzip_threaded
 
@@ -456,17 +463,18 @@ class _Chunks(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: WriteableBuffer) -> int:
         while not self.pending:
             self.pending = next(self.chunks, b"")
             if not self.pending:
                 return 0
-        size = min(len(buffer), len(self.pending))
-        buffer[:size], self.pending = self.pending[:size], self.pending[size:]
+        view = memoryview(buffer)
+        size = min(len(view), len(self.pending))
+        view[:size], self.pending = self.pending[:size], self.pending[size:]
         return size
 
 
-def from_engine(client, ref: str, platform: Platform, selection: Selection) -> ImageFiles:
+def from_engine(client: docker.DockerClient, ref: str, platform: Platform, selection: Selection) -> ImageFiles:
     """The local image `ref` read from `docker save` as it streams: each layer tar scanned where it comes in
     the archive and checked against the config's diff_ids, the layers applied in the manifest's order."""
     start = time.monotonic()
@@ -506,13 +514,13 @@ def from_engine(client, ref: str, platform: Platform, selection: Selection) -> I
     return _finish(ref, platform, "local engine", image.id, config, ordered, start)
 
 
-def _read_all(outer) -> bytes:
+def _read_all(outer: tarstream.Reader) -> bytes:
     parts: list[bytes] = []
     outer.read_data(lambda chunk: parts.append(bytes(chunk)))
     return b"".join(parts)
 
 
-def _scan_saved(handle, name: str, selection: Selection) -> tuple[LayerScan, str]:
+def _scan_saved(handle: io.BufferedIOBase, name: str, selection: Selection) -> tuple[LayerScan, str]:
     checked = _Checked(handle, "", name)
     buffered = io.BufferedReader(checked, CHUNK)
     scan = scan_layer(buffered, name, selection, -1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from carry.arch import ArchList
 from carry.config import Config
@@ -22,6 +23,19 @@ from carry.util import prog
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import temp_dir
 from carry.wheelbuild.verify import Expected, Inspection, Mismatch, Verification, compare, recorded_policy
+
+if TYPE_CHECKING:
+    import contextlib
+    from collections.abc import Iterable
+
+    import docker
+    from docker.models.images import Image
+
+    from carry.image.imagefs import ImageFiles
+    from carry.image.installcheck import ContentCheck, FixedWheel
+    from carry.image.registry import Login
+    from carry.image.runtimelock import Lock, Locked
+    from carry.trust.keys import PublicKey
 
 # Run inside an image: import the wheel's package, print the buildinfo, the CPU and the wheel's shared objects.
 INSPECT_SCRIPT = """
@@ -44,7 +58,7 @@ def verify_image(
     arches: ArchList | None,
     scratch: Path,
     local: bool = False,
-    key=None,
+    key: PublicKey | None = None,
     patches: tuple[tuple[str, str], ...] = (),
 ) -> tuple[Verification, ...]:
     """Verify each platform `ref` holds (or the one asked), pulled from its registry; with `local`, the image of
@@ -84,7 +98,7 @@ def verify_image(
     return tuple(results)
 
 
-def _remote(client, ref: str, login) -> tuple[str, tuple[Platform, ...]]:
+def _remote(client: docker.DockerClient, ref: str, login: Login) -> tuple[str, tuple[Platform, ...]]:
     """What the registry holds under `ref`. A registry that cannot be read, or that has no such tag, is bad input
     naming the way out: a local image of the same name never passes for the pushed one (that is `--local`)."""
     from carry.image import registry
@@ -105,7 +119,7 @@ def _remote(client, ref: str, login) -> tuple[str, tuple[Platform, ...]]:
     return found
 
 
-def _login(ref: str, docker_cli: str, local: bool):
+def _login(ref: str, docker_cli: str, local: bool) -> contextlib.AbstractContextManager[Login]:
     """The registry login for `ref`; none for an image verified in this engine (nothing reaches the registry)."""
     import contextlib
 
@@ -116,7 +130,7 @@ def _login(ref: str, docker_cli: str, local: bool):
     return registry.credentials(ref, docker_cli)
 
 
-def _local(client, ref: str):
+def _local(client: docker.DockerClient, ref: str) -> tuple[Platform, Image]:
     """(platform, image) of `ref` in this Docker engine's image store."""
     from carry.image import registry
 
@@ -139,7 +153,14 @@ def _with_trust(result: Verification, found: tuple[list[str], list[str]]) -> Ver
 
 
 def _trust_dockerfile(
-    client, docker_cli: str, ref: str, platform: Platform, key, remote, expected: Expected, patches
+    client: docker.DockerClient,
+    docker_cli: str,
+    ref: str,
+    platform: Platform,
+    key: PublicKey,
+    remote: tuple[str, tuple[Platform, ...]] | None,
+    expected: Expected,
+    patches: tuple[tuple[str, str], ...],
 ) -> tuple[list[str], list[str]]:
     """A Dockerfile-built image: its signature (and the index's), its provenance against this repo (commit,
     series, VERSION), and its SBOM, when it has one (a --hermetic build), against the dist-info its layers hold."""
@@ -184,9 +205,9 @@ def _coverage(ref: str, config: Config, version: str, held: tuple[Platform, ...]
 
 
 def _verify_one(
-    client,
+    client: docker.DockerClient,
     ref: str,
-    image,
+    image: Image,
     platform: Platform,
     expected: Expected,
     arches: ArchList | None,
@@ -239,7 +260,7 @@ WHEEL_SHA256_LABEL = f"{LABEL_PREFIX}.wheel.sha256"
 
 
 def verify_locked(
-    client,
+    client: docker.DockerClient,
     docker_cli: str,
     ref: str,
     config: Config,
@@ -248,7 +269,7 @@ def verify_locked(
     arches: ArchList | None,
     dist: Path = Path("dist"),
     local: bool = False,
-    key=None,
+    key: PublicKey | None = None,
     patches: tuple[tuple[str, str], ...] = (),
 ) -> tuple[Verification, ...]:
     """Each platform of `ref` (or the one asked) read from its layers and proven against its lock
@@ -293,7 +314,19 @@ def verify_locked(
     return tuple(results)
 
 
-def _trust_locked(client, login, ref, files, content, fixed, lock, expected, key, patches, remote):
+def _trust_locked(
+    client: docker.DockerClient,
+    login: Login,
+    ref: str,
+    files: ImageFiles,
+    content: ContentCheck,
+    fixed: FixedWheel,
+    lock: Lock,
+    expected: Expected,
+    key: PublicKey,
+    patches: tuple[tuple[str, str], ...],
+    remote: tuple[str, tuple[Platform, ...]] | None,
+) -> tuple[list[str], list[str]]:
     """A locked image's signature, SBOM (against the distributions its layers install) and provenance (against
     this repository: commit, series, VERSION, the fixed wheel in dist/, the lock)."""
     import hashlib
@@ -328,7 +361,7 @@ def _trust_locked(client, login, ref, files, content, fixed, lock, expected, key
     return proven, problems
 
 
-def fixed_wheel(dist: Path, version: str, platform: Platform):
+def fixed_wheel(dist: Path, version: str, platform: Platform) -> FixedWheel:
     """The fixed wheel for `platform` in `dist`: the one whose version carries VERSION and whose tag is that
     platform's (else a pure `-none-any` one, which every platform installs)."""
     from carry.image import installcheck
@@ -347,7 +380,7 @@ def fixed_wheel(dist: Path, version: str, platform: Platform):
     return installcheck.FixedWheel.read(found[0])
 
 
-def stored_wheels(packages) -> dict[str, Path]:
+def stored_wheels(packages: Iterable[Locked]) -> dict[str, Path]:
     """The locked wheels the download store holds (by the sha256 the lock pins): canonical name -> file."""
     from carry.source import releases
 
@@ -363,15 +396,15 @@ def stored_wheels(packages) -> dict[str, Path]:
 
 
 def read_and_check(
-    client,
-    login,
+    client: docker.DockerClient,
+    login: Login,
     ref: str,
     platform: Platform,
     locked: tuple[tuple[str, str], ...],
-    fixed,
+    fixed: FixedWheel,
     from_registry: bool = True,
     wheels: dict[str, Path] | None = None,
-):
+) -> tuple[ImageFiles, ContentCheck]:
     """`platform`'s image of `ref` read from its layers (the registry when it has `ref`, else the local engine)
     and its files checked against `locked` (name, version pairs) and the `fixed` wheel."""
     from carry.binaries import sharedobjects as binaries
@@ -390,13 +423,13 @@ def read_and_check(
 
 def judge(
     ref: str,
-    files,
-    content,
-    fixed,
+    files: ImageFiles,
+    content: ContentCheck,
+    fixed: FixedWheel,
     expected: Expected,
     arches: ArchList | None,
     coverage: list[Mismatch],
-    lock=None,
+    lock: Lock | None = None,
 ) -> Verification:
     """The labels, the installed buildinfo and the gate of the installed shared objects, with what the files
     proved (`content`), as one platform's verification; with the `lock`, the base the labels name is its base."""
@@ -443,7 +476,7 @@ def judge(
     return Verification(f"{ref} {files.platform} ({files.digest[:19]})", info, tuple(mismatches), checks)
 
 
-def _base_mismatches(labels: dict, lock, mismatches: list[Mismatch]) -> str | None:
+def _base_mismatches(labels: dict, lock: Lock, mismatches: list[Mismatch]) -> str | None:
     """The base the image's labels name (carry.image.runtimebase.RuntimeBase.labels) against the lock's header:
     the same content digest and Python; a line saying so, None for an image without those labels."""
     from carry.image import runtimebase, runtimelock

@@ -13,7 +13,7 @@ import hashlib
 import posixpath
 import re
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from carry.binaries import wheelzip
@@ -149,7 +149,7 @@ def _headers(data: bytes) -> dict[str, str]:
     return {key: str(value) for key, value in message.items()}
 
 
-def selection(fixed: Iterable[FixedWheel], parse_shared) -> Selection:
+def selection(fixed: Iterable[FixedWheel], parse_shared: Callable[[str, bytes], object]) -> Selection:
     """What the check reads of an image: the venv (dist-info files whole, the bin's heads) and the system
     interpreter's head, and the fixed wheels' shared objects parsed by `parse_shared(path, bytes)`."""
     shared = frozenset(path for wheel in fixed for path in wheel.shared)
@@ -158,13 +158,18 @@ def selection(fixed: Iterable[FixedWheel], parse_shared) -> Selection:
         match = SITE_RE.match(path)
         return path[match.end() + 1 :] if match else None
 
+    def parse(path: str, data: bytes) -> object:
+        name = relative(path)
+        assert name is not None  # parsed only where `shared` said yes: a path under site-packages
+        return parse_shared(name, data)
+
     return Selection(
         prefixes=(f"{VENV}/", INTERPRETER_PREFIX),
         keep=lambda path: path.startswith(f"{VENV}/lib/") and ".dist-info/" in path,
         head=lambda path: path.startswith((f"{BIN}/", INTERPRETER_PREFIX)),
         shared=lambda path: relative(path) in shared,
         # named as in the wheel (`vllm/_C.abi3.so`), so that build.gate's rules match them as they do the wheel's
-        parse_shared=lambda path, data: parse_shared(relative(path), data),
+        parse_shared=parse,
     )
 
 

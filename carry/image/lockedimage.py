@@ -33,9 +33,9 @@ import subprocess
 import tarfile
 import time
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from carry.binaries.wheelzip import record_hash
 from carry.config import Config
@@ -52,6 +52,15 @@ from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
 from carry.util.index import manylinux_tags, pip_download_command
 from carry.util.progress import Progress
+
+if TYPE_CHECKING:
+    import docker
+
+    from carry.image.attest import Attester
+    from carry.image.image import ImagePlan, PlatformImage
+    from carry.image.registry import Login
+    from carry.image.registryhttp import Repository
+    from carry.image.runtimebase import RuntimeBase
 
 PREFIX = "/opt/venv"
 TORCH_KIN = frozenset({"torch", "triton", "torchvision", "torchaudio", "torchcodec", "torch-c-dlpack-ext"})
@@ -101,7 +110,7 @@ class PlatformPlan:
     duplicates: tuple[str, ...]  # paths two layers both write (stored twice)
 
 
-def release_wheel(config: Config, cache: Cache, platform: Platform, say) -> Path | None:
+def release_wheel(config: Config, cache: Cache, platform: Platform, say: Callable[[str], None]) -> Path | None:
     from carry.wheelbuild import precompiled
 
     pin = precompiled.pin(config, cache, platform, say)
@@ -117,7 +126,7 @@ def requires_dist(wheel: Path) -> tuple[str, ...]:
     return tuple(message.get_all("Requires-Dist") or ())
 
 
-def runtime_base(base, client) -> tuple[str, dict]:
+def runtime_base(base: RuntimeBase, client: docker.DockerClient) -> tuple[str, dict]:
     """The runtime base's image as the engine holds it (runtimebase.RuntimeBase: the runtime image, or the base
     carry derived from it): (its reference, its inspect data)."""
     try:
@@ -126,7 +135,7 @@ def runtime_base(base, client) -> tuple[str, dict]:
         raise Failed(f"{base.image}: no longer in the local Docker engine; run the command again") from None
 
 
-def fetch_wheels(lock, store: Store, progress: Progress, scratch: Path) -> dict[str, Path]:
+def fetch_wheels(lock: runtimelock.Lock, store: Store, progress: Progress, scratch: Path) -> dict[str, Path]:
     """Every locked wheel in the download store, sha256-checked against the lock: those missing downloaded once
     with pip (the user's index settings; no cache of pip's own), each file stored once by its sha256."""
     found: dict[str, Path] = {}
@@ -170,7 +179,7 @@ def fetch_wheels(lock, store: Store, progress: Progress, scratch: Path) -> dict[
     return found
 
 
-def _stored(store: Store, package, machine: str) -> Path | None:
+def _stored(store: Store, package: runtimelock.Locked, machine: str) -> Path | None:
     """The stored wheel of a locked package for this CPU (a lock may list every file of a version: another
     CPU's wheel of the same pin is not this platform's)."""
     for value in package.hashes:
@@ -196,7 +205,7 @@ def pip_platforms(target: str) -> list[str]:
     return manylinux_tags(match.group(1), int(match.group(2)), int(match.group(3)))
 
 
-def _pip_download(lock, requirements: Path, into: Path) -> None:
+def _pip_download(lock: runtimelock.Lock, requirements: Path, into: Path) -> None:
     python = ".".join(lock.python.split(".")[:2])
     command = pip_download_command(requirements, into, python, pip_platforms(lock.target))
     result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
@@ -204,7 +213,7 @@ def _pip_download(lock, requirements: Path, into: Path) -> None:
         raise Failed(_pip_failure(lock, result.stdout + result.stderr))
 
 
-def _pip_failure(lock, output: str) -> str:
+def _pip_failure(lock: runtimelock.Lock, output: str) -> str:
     """One line: the package whose hash did not match (pip's hash report), else pip's last line."""
     mismatch = re.search(
         r"^\s+([A-Za-z0-9_.\-]+)==(\S+) from \S+.*?\n\s+Expected sha256 (\S+)"
@@ -225,7 +234,7 @@ def _pip_failure(lock, output: str) -> str:
 def plan_platform(
     config: Config,
     platform: Platform,
-    lock,
+    lock: runtimelock.Lock,
     wheels: dict[str, Path],
     fixed_wheel: Path,
     release: Path | None,
@@ -344,7 +353,7 @@ def _duplicates(layers: list[LayerPlan]) -> tuple[str, ...]:
     return tuple(twice)
 
 
-def _venv_items(config: Config, lock, venv: Venv) -> list[Item]:
+def _venv_items(config: Config, lock: runtimelock.Lock, venv: Venv) -> list[Item]:
     """L1: the venv on the base's Python and carry's small files."""
 
     def data_entry(path: str, data: bytes, mode: int = 0o644) -> Item:
@@ -465,7 +474,13 @@ class PlatformOutcome:
 
 
 def push_platform(
-    repo, client, plan: PlatformPlan, digests: Digests, labels: dict[str, str], config: Config, progress: Progress
+    repo: Repository,
+    client: docker.DockerClient,
+    plan: PlatformPlan,
+    digests: Digests,
+    labels: dict[str, str],
+    config: Config,
+    progress: Progress,
 ) -> tuple[bytes, str, list[LayerOutcome], str]:
     """Every layer (base ones included) and the config pushed unless the registry has them; the manifest
     returned (bytes, digest) for the caller to tag."""
@@ -497,7 +512,9 @@ def registryhttp_types() -> tuple[str, str, str]:
     return registryhttp.DOCKER_MANIFEST, registryhttp.DOCKER_CONFIG, registryhttp.DOCKER_LAYER
 
 
-def _push_layer(repo, layer: LayerPlan, digests: Digests, progress: Progress, platform: Platform) -> LayerOutcome:
+def _push_layer(
+    repo: Repository, layer: LayerPlan, digests: Digests, progress: Progress, platform: Platform
+) -> LayerOutcome:
     known = digests.get(layer.key)
     if known is not None and known.digest and repo.has_blob(known.digest):
         outcome = LayerOutcome(layer.name, known, "already exists", layer.files)
@@ -530,7 +547,9 @@ def _base_key(diff_id: str) -> str:
     return hashlib.sha256(json.dumps({**ocilayer.gzip_key(), "base": diff_id}, sort_keys=True).encode()).hexdigest()
 
 
-def _push_base(repo, client, plan: PlatformPlan, digests: Digests, progress: Progress) -> list[LayerOutcome]:
+def _push_base(
+    repo: Repository, client: docker.DockerClient, plan: PlatformPlan, digests: Digests, progress: Progress
+) -> list[LayerOutcome]:
     """The base image's layers, as the engine holds them (`docker save`'s uncompressed tars), compressed and
     pushed the same way; remembered by diff_id, so a rerun only asks the registry."""
     diff_ids = list(plan.base.get("RootFS", {}).get("Layers") or [])
@@ -592,7 +611,7 @@ class _ChunkReader:
 
 
 def load_platform(
-    client,
+    client: docker.DockerClient,
     plan: PlatformPlan,
     digests: Digests,
     labels: dict[str, str],
@@ -675,7 +694,7 @@ print(json.dumps(out))
 """
 
 
-def smoke(client, image_ref: str, plan: PlatformPlan, native: bool) -> str:
+def smoke(client: docker.DockerClient, image_ref: str, plan: PlatformPlan, native: bool) -> str:
     """Run the image's Python without network: the fixed wheel's version, the patched files' bytes, the console
     scripts' interpreter; natively (this CPU) `import vllm` too. Under QEMU nothing imports torch (2.14's aarch64
     build hangs in qemu-user 7.2)."""
@@ -808,7 +827,12 @@ class Prepared:
 
 
 def prepare(
-    config: Config, cache: Cache, platforms: tuple[Platform, ...], client, say, say_base=lambda line: None
+    config: Config,
+    cache: Cache,
+    platforms: tuple[Platform, ...],
+    client: docker.DockerClient,
+    say: Callable[[str], None],
+    say_base: Callable[[str], None] = lambda line: None,
 ) -> Prepared:
     """Locks read, the runtime bases resolved (pulled, derived where they have no python3) and the locks checked
     against the release wheel's Requires-Dist and the base: before any work."""
@@ -829,7 +853,9 @@ def prepare(
             runtimelock.check_requires(locks[platform], requires_dist(release))
     facts = runtimelock.bases(config, platforms, cache, say_base)
     for platform in platforms:
-        bases[platform] = runtime_base(facts[platform].base, client)
+        resolved = facts[platform].base
+        assert resolved is not None  # runtimelock.bases resolves every platform's base
+        bases[platform] = runtime_base(resolved, client)
         release = releases[platform]
         if release is not None:  # the fixed wheel's Requires-Dist is the precompiled wheel's own
             runtimelock.check_fresh(locks[platform], requires_dist=requires_dist(release), base=facts[platform])
@@ -840,13 +866,13 @@ def build(
     config: Config,
     cache: Cache,
     prepared: Prepared,
-    the_plan,
+    the_plan: ImagePlan,
     fixed_wheels: dict[Platform, Path],
     push: bool,
     run_smoke: bool,
-    client,
+    client: docker.DockerClient,
     progress: Progress,
-    attester=None,
+    attester: Attester | None = None,
 ) -> LockedImageResult:
     """Download, plan, write and push (or load) every platform's image; then the shared tags and the smoke test.
     With --push, `attester` (carry.image.attest) writes each platform's SBOM and signs and attests what was pushed."""
@@ -981,7 +1007,16 @@ def build(
     )
 
 
-def _attest(attester, repo, image, plan: PlatformPlan, digest: str, fixed_wheels, prepared: Prepared, fetched) -> None:
+def _attest(
+    attester: Attester,
+    repo: Repository,
+    image: PlatformImage,
+    plan: PlatformPlan,
+    digest: str,
+    fixed_wheels: dict[Platform, Path],
+    prepared: Prepared,
+    fetched: dict[Platform, dict[str, Path]],
+) -> None:
     """The pushed platform manifest's SBOM, signature and attestations (carry.image.attest)."""
     facts = attester.facts(
         image.platform,
@@ -997,7 +1032,13 @@ def _attest(attester, repo, image, plan: PlatformPlan, digest: str, fixed_wheels
 
 
 def _smoke_pushed(
-    client, config: Config, outcomes: list[PlatformOutcome], plans: dict, login, progress: Progress, version: str
+    client: docker.DockerClient,
+    config: Config,
+    outcomes: list[PlatformOutcome],
+    plans: dict,
+    login: Login,
+    progress: Progress,
+    version: str,
 ) -> list[PlatformOutcome]:
     """Every pushed platform pulled back and smoke-tested at the same time, each on its own engine connection: one
     pull (download, inflate, unpack, one layer after the other) leaves part of the machine idle, which the other
@@ -1020,7 +1061,13 @@ def _smoke_pushed(
 
 
 def _pull_and_smoke(
-    client, config: Config, outcome: PlatformOutcome, plan: PlatformPlan, login, progress: Progress, version: str
+    client: docker.DockerClient,
+    config: Config,
+    outcome: PlatformOutcome,
+    plan: PlatformPlan,
+    login: Login,
+    progress: Progress,
+    version: str,
 ) -> PlatformOutcome:
     """Pull the pushed manifest back for its platform (the engine fetches only the layers it does not hold), run the
     smoke test on it, and keep it tagged as the Dockerfile path tags, the engine tidied (carry.image.engineimage);

@@ -6,13 +6,19 @@ carry says a shared tag is done only when the registry lists every platform unde
 from __future__ import annotations
 
 import subprocess
+from typing import TYPE_CHECKING
 
 from carry.image.container import Builder
 from carry.platforms import Platform
 from carry.util.errors import Failed
 
+if TYPE_CHECKING:
+    import docker
 
-def join(client, builder: Builder, login, ref: str, sources: dict[Platform, str]) -> str:
+    from carry.image.registry import Login
+
+
+def join(client: docker.DockerClient, builder: Builder, login: Login, ref: str, sources: dict[Platform, str]) -> str:
     """Point `ref` at a manifest list of `sources` (platform -> its image's ref, already in the registry);
     return the list's digest once the registry names every platform under `ref`."""
     from carry.image import registry
@@ -35,7 +41,7 @@ def join(client, builder: Builder, login, ref: str, sources: dict[Platform, str]
     return found[0]
 
 
-def _run(login, command: list[str], ref: str) -> None:
+def _run(login: Login, command: list[str], ref: str) -> None:
     result = subprocess.run(command, env=login.cli_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if result.returncode != 0:
         said = (result.stderr.strip() or result.stdout.strip()).splitlines()

@@ -17,6 +17,7 @@ import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import docker
 import docker.auth
@@ -24,6 +25,10 @@ import docker.errors
 
 from carry.platforms import Platform
 from carry.util.errors import BadInput, Failed
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
+    from docker.models.images import Image
 
 USER_ENV = "CARRY_REGISTRY_USER"
 PASSWORD_ENV = "CARRY_REGISTRY_PASSWORD"
@@ -134,7 +139,7 @@ def remote_platforms(found: docker.DockerClient, ref: str, login: Login) -> tupl
     return data.id, tuple(platforms)
 
 
-def pull(found: docker.DockerClient, ref: str, platform: Platform, login: Login):
+def pull(found: docker.DockerClient, ref: str, platform: Platform, login: Login) -> Image:
     """Pull `platform`'s image of `ref` (replacing what the local tag held)."""
     try:
         return found.images.pull(ref, platform=str(platform), auth_config=login.auth)
@@ -142,7 +147,7 @@ def pull(found: docker.DockerClient, ref: str, platform: Platform, login: Login)
         raise Failed(f"cannot pull {ref} for {platform}: {_short(exc)}") from None
 
 
-def local(found: docker.DockerClient, ref: str):
+def local(found: docker.DockerClient, ref: str) -> Image | None:
     """The local image for `ref`, or None."""
     try:
         return found.images.get(ref)
@@ -150,7 +155,7 @@ def local(found: docker.DockerClient, ref: str):
         return None
 
 
-def image_platform(image) -> Platform:
+def image_platform(image: Image) -> Platform:
     attrs = image.attrs
     name = "/".join(part for part in (attrs.get("Os"), attrs.get("Architecture"), attrs.get("Variant")) if part)
     return Platform.parse(name, f"image {image.id[:19]}")
@@ -181,7 +186,7 @@ def run(
     return output
 
 
-def _copy_file_out(container, path: str, dest: Path) -> None:
+def _copy_file_out(container: Container, path: str, dest: Path) -> None:
     """One regular file of the container into `dest`, at its path under it."""
     stream, _ = container.get_archive(path)
     with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as archive:

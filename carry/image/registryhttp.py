@@ -15,7 +15,7 @@ import ipaddress
 import json
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from carry.util.errors import Failed
 
@@ -78,7 +78,12 @@ class Repository:
         return {}
 
     def request(
-        self, method: str, path: str, headers: dict[str, str] | None = None, body=None, ok: tuple[int, ...] = (200,)
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str] | None = None,
+        body: bytes | Iterable[bytes] | None = None,
+        ok: tuple[int, ...] = (200,),
     ) -> tuple[int, dict[str, str], bytes]:
         """One request (a path on this registry or a full URL it gave); a bearer challenge is answered once.
         A streamed body (an iterator) cannot be sent twice: authenticate with a small request first."""
@@ -143,7 +148,7 @@ class Repository:
         status, _, _ = self.request("HEAD", f"/v2/{self.name}/blobs/{digest}", ok=(200, 404))
         return status == 200
 
-    def upload(self, chunks: Iterable[bytes], digest_of) -> str:
+    def upload(self, chunks: Iterable[bytes], digest_of: Callable[[], str]) -> str:
         """Stream a blob up (POST, one chunked PATCH, PUT ?digest=); `digest_of()` names it once streamed."""
         self.request("GET", "/v2/", ok=(200,))  # authenticate before the body is spent
         _, answer, _ = self.request("POST", f"/v2/{self.name}/blobs/uploads/", ok=(202,))

@@ -10,8 +10,12 @@ from __future__ import annotations
 import dataclasses
 import io
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from carry.util.errors import Failed
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
 
 BLOCK = 512
 CHUNK = 1 << 20
@@ -71,7 +75,7 @@ class Reader:
     (skipping what was not read of the one before), `read_data(sink)` passes its data to `sink` in chunks
     (memoryviews valid only during the call), `member_stream()` gives it as a stream (a tar inside a tar)."""
 
-    def __init__(self, stream, where: str):
+    def __init__(self, stream: io.BufferedIOBase, where: str):
         self.stream, self.where = stream, where
         self.buffer = memoryview(bytearray(CHUNK))
         self.pending = 0  # data bytes of the current member not read yet
@@ -140,7 +144,7 @@ class _Member(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer: WriteableBuffer) -> int:
         if not self.reader.pending:
             return 0
         view = memoryview(buffer)[: self.reader.pending]

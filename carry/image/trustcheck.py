@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import TYPE_CHECKING
 
 from carry.image.installcheck import canonical, same_version
 from carry.platforms import Platform
 from carry.trust import attach, provenance, sbom
 from carry.trust.keys import PublicKey
 from carry.util.errors import Failed
+
+if TYPE_CHECKING:
+    from carry.image.imagefs import ImageFiles, Selection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +49,7 @@ def repository_of(ref: str) -> str:
 
 
 def check_platform(
-    store,
+    store: attach.Registry,
     key: PublicKey,
     repository: str,
     digest: str,
@@ -114,7 +118,7 @@ def check_platform(
     return proven, problems
 
 
-def check_index(store, key: PublicKey, repository: str, digest: str) -> tuple[list[str], list[str]]:
+def check_index(store: attach.Registry, key: PublicKey, repository: str, digest: str) -> tuple[list[str], list[str]]:
     signature = attach.check_signature(store, key, repository, digest)
     if signature.ok:
         return [f"signature: the index {signature.tag} verifies with the key"], []
@@ -233,7 +237,7 @@ def verify_without_checkout(
     return tuple(results)
 
 
-def dist_info_selection():
+def dist_info_selection() -> Selection:
     """What the trust checks read of an image: each `*.dist-info/METADATA` under the venv."""
     from carry.image import imagefs, installcheck
 
@@ -243,11 +247,11 @@ def dist_info_selection():
     )
 
 
-def installed_in(files) -> list[tuple[str, str]]:
+def installed_in(files: ImageFiles) -> list[tuple[str, str]]:
     return _installed(files)
 
 
-def _installed(files) -> list[tuple[str, str]]:
+def _installed(files: ImageFiles) -> list[tuple[str, str]]:
     import posixpath
 
     from carry.image.installcheck import SITE_RE, _headers

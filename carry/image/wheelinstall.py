@@ -17,12 +17,16 @@ import io
 import posixpath
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from installer.scripts import Script
 from installer.utils import parse_entrypoints
 
 from carry.binaries.wheelzip import record_hash
 from carry.util.errors import Failed
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 INSTALLER = b"carry\n"
 
@@ -185,7 +189,7 @@ def _fix_shebang(data: bytes, interpreter: str) -> bytes:
     return data
 
 
-def _record_text(entries, site: str, record_path: str) -> bytes:
+def _record_text(entries: Iterable[Entry], site: str, record_path: str) -> bytes:
     """RECORD as pip writes it: paths relative to site-packages, sorted, RECORD itself without hash or size."""
     rows = []
     for entry in entries:

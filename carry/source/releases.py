@@ -40,7 +40,7 @@ def load(path: Path) -> tuple[Release, ...]:
     return tuple(_release(entry, f"{path}: files[{index}]") for index, entry in enumerate(entries))
 
 
-def _release(entry, where: str) -> Release:
+def _release(entry: object, where: str) -> Release:
     if not isinstance(entry, dict) or not all(entry.get(k) for k in ("name", "version", "kind", "sha256")):
         raise BadInput(f"{where} needs name, version, kind, sha256 and size (and platform for a wheel)")
     name, version, kind = str(entry["name"]), str(entry["version"]), str(entry["kind"])

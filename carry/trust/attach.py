@@ -17,10 +17,25 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from typing import TYPE_CHECKING, Protocol
 
 from carry.trust import signing
 from carry.trust.keys import PublicKey, SigningKey
 from carry.util.errors import Failed
+
+if TYPE_CHECKING:
+
+    class Registry(Protocol):
+        """What attach reaches the registry through (carry.image.registryhttp.Repository)."""
+
+        def upload_bytes(self, data: bytes, digest: str) -> object: ...
+
+        def put_manifest(self, reference: str, body: bytes, media_type: str) -> str: ...
+
+        def get_manifest(self, reference: str) -> tuple[str, bytes] | None: ...
+
+        def get_blob(self, digest: str) -> bytes: ...
+
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
@@ -76,7 +91,7 @@ class Attached:
         return f"{self.kind:<10} {subject[:19]}  {self.tag}  {self.digest}  ({self.layers} layer(s), {self.action})"
 
 
-def read_layers(store, tag: str) -> list[Layer]:
+def read_layers(store: Registry, tag: str) -> list[Layer]:
     """The layers under `tag` (none when the tag does not exist), each blob checked against its digest."""
     found = store.get_manifest(tag)
     if found is None:
@@ -96,7 +111,7 @@ def read_layers(store, tag: str) -> list[Layer]:
     return layers
 
 
-def _push(store, tag: str, layers: list[Layer]) -> str:
+def _push(store: Registry, tag: str, layers: list[Layer]) -> str:
     config = json.dumps(
         {
             "architecture": "",
@@ -124,7 +139,7 @@ def _push(store, tag: str, layers: list[Layer]) -> str:
     return _digest(manifest)
 
 
-def sign(store, key: SigningKey, repository: str, digest: str) -> Attached:
+def sign(store: Registry, key: SigningKey, repository: str, digest: str) -> Attached:
     """A simple-signing signature of `repository@digest` under `sha256-<hex>.sig`."""
     tag = sig_tag(digest)
     payload = signing.simple_signing_payload(repository, digest)
@@ -141,7 +156,7 @@ def sign(store, key: SigningKey, repository: str, digest: str) -> Attached:
     return Attached("signature", tag, _push(store, tag, layers), len(layers), "pushed")
 
 
-def attest(store, key: SigningKey, subject: str, digest: str, predicates: list[tuple[str, dict]]) -> Attached:
+def attest(store: Registry, key: SigningKey, subject: str, digest: str, predicates: list[tuple[str, dict]]) -> Attached:
     """Signed DSSE envelopes of in-toto statements about `digest` (one per predicate type) under
     `sha256-<hex>.att`; carry's earlier envelopes of the same types (signed with this key) are replaced."""
     tag = att_tag(digest)
@@ -185,7 +200,7 @@ class SignatureCheck:
     problems: tuple[str, ...]
 
 
-def check_signature(store, key: PublicKey, repository: str, digest: str) -> SignatureCheck:
+def check_signature(store: Registry, key: PublicKey, repository: str, digest: str) -> SignatureCheck:
     tag = sig_tag(digest)
     layers = [layer for layer in read_layers(store, tag) if layer.media_type == SIMPLE_SIGNING]
     keyless = sum(1 for layer in layers if layer.annotations.get(CERTIFICATE_ANNOTATION))
@@ -227,7 +242,7 @@ class Statements:
     layers: int
 
 
-def read_statements(store, key: PublicKey | None, digest: str, wanted: tuple[str, ...]) -> Statements:
+def read_statements(store: Registry, key: PublicKey | None, digest: str, wanted: tuple[str, ...]) -> Statements:
     tag = att_tag(digest)
     layers = read_layers(store, tag)
     found: dict[str, dict] = {}

@@ -14,8 +14,12 @@ import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from carry.util.errors import BadInput
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes, PublicKeyTypes
 
 KEY_ENV = "CARRY_SIGNING_KEY"
 PASSWORD_ENV = "CARRY_SIGNING_KEY_PASSWORD"
@@ -76,7 +80,7 @@ class PublicKey:
         return "sha256:" + hashlib.sha256(der).hexdigest()
 
 
-def _p256(key, where: str) -> None:
+def _p256(key: PrivateKeyTypes | PublicKeyTypes, where: str) -> None:
     from cryptography.hazmat.primitives.asymmetric import ec
 
     if isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)) and isinstance(key.curve, ec.SECP256R1):

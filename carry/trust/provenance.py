@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from carry.trust.facts import ImageFacts, canonical
+from carry.trust.facts import ImageFacts, Wheel, canonical
 
 BUILDER = "urn:carry:builder"
 LOCKED_TYPE = "urn:carry:locked-image:v1"
 DOCKERFILE_TYPE = "urn:carry:dockerfile-image:v1"
 
 
-def _wheel(wheel, role: str) -> dict:
+def _wheel(wheel: Wheel, role: str) -> dict:
     return {
         "uri": f"pkg:pypi/{wheel.canonical}@{wheel.version}",
         "name": wheel.filename,

@@ -71,7 +71,7 @@ class Published:
 
 
 def platform(
-    store,
+    store: attach.Registry,
     key: SigningKey | None,
     facts: ImageFacts,
     digest: str,
@@ -111,7 +111,7 @@ def platform(
     return Published(digest, facts.platform, (signed, attested), path, len(document or b""), components, note)
 
 
-def index(store, key: SigningKey | None, repository: str, digest: str, timings: Timings) -> Published:
+def index(store: attach.Registry, key: SigningKey | None, repository: str, digest: str, timings: Timings) -> Published:
     """The multi-platform index's signature (the tag people pull)."""
     if key is None:
         return Published(digest, "index", (), None, 0, 0)

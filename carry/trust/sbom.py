@@ -18,14 +18,19 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from typing import TYPE_CHECKING
 
 from carry.trust.facts import CarriedPatch, ImageFacts, Wheel
+
+if TYPE_CHECKING:
+    from cyclonedx.model.component import Component, Patch, Pedigree
+    from packageurl import PackageURL
 
 SPEC = "1.6"
 PURL_FILE = "file_name"
 
 
-def _purl(wheel: Wheel, with_file: bool = True):
+def _purl(wheel: Wheel, with_file: bool = True) -> PackageURL:
     from packageurl import PackageURL
 
     return PackageURL(
@@ -36,7 +41,7 @@ def _purl(wheel: Wheel, with_file: bool = True):
     )
 
 
-def _library(wheel: Wheel, pedigree=None):
+def _library(wheel: Wheel, pedigree: Pedigree | None = None) -> Component:
     from cyclonedx.model import HashAlgorithm, HashType
     from cyclonedx.model.component import Component, ComponentType
 
@@ -58,7 +63,7 @@ def _urls(text: str | None) -> list[str]:
     return re.findall(r"\S+://\S+", text or "")
 
 
-def _patch(patch: CarriedPatch, facts: ImageFacts):
+def _patch(patch: CarriedPatch, facts: ImageFacts) -> Patch:
     from cyclonedx.model import AttachedText, XsUri
     from cyclonedx.model.component import Diff, Patch, PatchClassification
     from cyclonedx.model.issue import IssueClassification, IssueType, IssueTypeSource
@@ -98,7 +103,7 @@ def _patch(patch: CarriedPatch, facts: ImageFacts):
     )
 
 
-def _fixed(facts: ImageFacts):
+def _fixed(facts: ImageFacts) -> Component:
     from cyclonedx.model import ExternalReference, ExternalReferenceType, XsUri
     from cyclonedx.model.component import Commit, Component, ComponentType, Pedigree
 
@@ -130,7 +135,7 @@ def _fixed(facts: ImageFacts):
     return _library(facts.fixed, pedigree)
 
 
-def _image(facts: ImageFacts):
+def _image(facts: ImageFacts) -> Component:
     from cyclonedx.model import HashAlgorithm, HashType
     from cyclonedx.model.component import Component, ComponentType, Pedigree
 

@@ -198,7 +198,9 @@ def _found(where: str, line_no: int, added: list[str], exact: list[str]) -> str:
     return f"{len(exact)}/{len(added)} added line(s) found in {where} near line {line_no}"
 
 
-def _absent(where, line_no, added, exact, missing, still, mean) -> str:
+def _absent(
+    where: str, line_no: int, added: list[str], exact: list[str], missing: list[str], still: list[str], mean: float
+) -> str:
     parts = [_found(where, line_no, added, exact)]
     if missing:
         parts.append("missing: " + ", ".join(repr(line.strip()) for line in missing[:3]))

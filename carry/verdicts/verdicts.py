@@ -28,6 +28,8 @@ from carry.verdicts.history import Absence, Gone, History
 from carry.verdicts.history import has as has_path
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator
+
     from carry.verdicts.prstate import PrState
 
 CLEANLY = "cleanly"
@@ -195,7 +197,9 @@ class Assessor:
         self._carry_forward(parts, verdict)
         return dataclasses.replace(verdict, advice=advice(patch, verdict.verdict), before=before)
 
-    def _judge(self, patch: Patch, parts, pre: dict, post: dict, applied_on_base: str | None) -> PatchVerdict:
+    def _judge(
+        self, patch: Patch, parts: tuple[FileDiff, ...], pre: dict, post: dict, applied_on_base: str | None
+    ) -> PatchVerdict:
         same = self._same_patch_id(patch)
         if same:
             return PatchVerdict(patch, Verdict.MERGED_EXACT, "patch-id", same[0], same[1:])
@@ -214,7 +218,7 @@ class Assessor:
 
     # --- applying -------------------------------------------------------------------------------------
 
-    def _units(self, parts: tuple[FileDiff, ...]):
+    def _units(self, parts: tuple[FileDiff, ...]) -> Iterator[tuple[FileDiff, tuple[int, ...]]]:
         """(file diff, hunk index) pairs; a file change without hunks (a pure rename) is one unit."""
         for diff in parts:
             if diff.hunks:
@@ -239,7 +243,7 @@ class Assessor:
                 return how
         return None
 
-    def _apply_units(self, units, env: dict[str, str]) -> None:
+    def _apply_units(self, units: Iterable[tuple[FileDiff, tuple[int, ...]]], env: dict[str, str]) -> None:
         """Apply each (file diff, hunks) unit that still applies, one by one."""
         for diff, hunks in units:
             self._apply(self._unit_text(diff, hunks, env), env, check=False)
@@ -325,7 +329,9 @@ class Assessor:
                 moves.append(f"{diff.path} is {target} in REF ({how}); refresh follows the rename")
         return tuple(moves)
 
-    def _intent(self, diff: FileDiff, hunks: tuple[int, ...], target, pre: dict, post: dict) -> intent.Found:
+    def _intent(
+        self, diff: FileDiff, hunks: tuple[int, ...], target: str | None, pre: dict, post: dict
+    ) -> intent.Found:
         if not hunks:
             return intent.renamed(diff, target)
         hunk = diff.hunks[hunks[0]]

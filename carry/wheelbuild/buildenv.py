@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TextIO
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -561,7 +562,7 @@ def _make(spec: EnvSpec, root: Path, log: Path, start: float) -> BuildEnv:
     )
 
 
-def _uv(spec: EnvSpec, args: list[str], env: dict[str, str], log, log_path: Path) -> str:
+def _uv(spec: EnvSpec, args: list[str], env: dict[str, str], log: TextIO, log_path: Path) -> str:
     """Run uv (never through a shell), its output to the log; its stderr, or the one-line error it comes to."""
     command = [spec.uv.path, *args]
     log.write(f"$ uv {' '.join(args)}\n")

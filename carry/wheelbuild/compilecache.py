@@ -22,6 +22,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 from carry.config import CompilerCache, Config, RemoteCache, RemoteScheme
 from carry.util.errors import BadInput
@@ -139,7 +140,7 @@ def _resp(*words: str) -> bytes:
     return b"".join(parts)
 
 
-def _read_reply(reader) -> str:
+def _read_reply(reader: BinaryIO) -> str:
     """A simple-string, error or integer reply as text ('-' kept for errors); bulk replies as their payload."""
     line = reader.readline()
     if not line:
@@ -431,7 +432,15 @@ def run(
 
 
 @contextlib.contextmanager
-def _sccache_server(launcher, cache_root, src, scratch, environ, remote, credentials) -> Iterator[CacheRun]:
+def _sccache_server(
+    launcher: Launcher,
+    cache_root: Path,
+    src: Path,
+    scratch: Path,
+    environ: Mapping[str, str],
+    remote: RemoteCache | None,
+    credentials: Credentials,
+) -> Iterator[CacheRun]:
     """A private sccache server on a free port, so its settings and statistics are this build's alone; when it
     does not start with the backend, it starts again with the local disk cache (and says why in the run's
     `remote_note`)."""

@@ -26,14 +26,18 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from carry.config import Config, Nightly
 from carry.platforms import Platform
 from carry.util import index as indexes
 from carry.util.download import Store
 from carry.util.errors import BadInput, Failed
+
+if TYPE_CHECKING:
+    import urllib.request
 
 TIMEOUT_S = 60
 CHUNK = 1 << 20
@@ -146,7 +150,7 @@ class Index:
             return None
         return Listing(url, tuple(self._entries(url, body)))
 
-    def _entries(self, url: str, body: bytes):
+    def _entries(self, url: str, body: bytes) -> Iterator[Entry]:
         try:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError):
@@ -229,7 +233,7 @@ def get(url: str) -> bytes | None:
         raise Failed(f"{indexes.public(url)}: cannot reach the index ({getattr(exc, 'reason', exc)})") from None
 
 
-def _request(url: str):
+def _request(url: str) -> urllib.request.Request:
     import base64
     import urllib.request
 

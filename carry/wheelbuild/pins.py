@@ -601,7 +601,7 @@ def _scalar(value: str) -> str:
     return json.dumps(value)
 
 
-def _platform(key) -> Platform | None:
+def _platform(key: object) -> Platform | None:
     try:
         return Platform.parse(str(key), "build.precompiled.wheels")
     except BadInput:

@@ -21,6 +21,7 @@ import json
 import re
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from carry.binaries import wheelzip
 from carry.binaries.sharedobjects import may_be_shared_object
@@ -32,6 +33,9 @@ from carry.util.cache import Cache
 from carry.util.download import Store
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 class InputsDiffer(Failed):
@@ -167,7 +171,7 @@ class Pin:
     claim: Claim
 
 
-def pin(config: Config, cache: Cache, platform: Platform, say=None) -> Pin | None:
+def pin(config: Config, cache: Cache, platform: Platform, say: Callable[[str], None] | None = None) -> Pin | None:
     """The checked precompiled wheel for `platform` (None when build.precompiled has none): downloaded once into the
     store, its sha256 the pinned one and its tags this platform's (else bad input), every member as RECORD says."""
     settings = config.build.precompiled

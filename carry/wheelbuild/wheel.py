@@ -38,6 +38,7 @@ from carry.util.progress import Progress
 from carry.wheelbuild import buildenv, compilecache, derive, pep517, toolchain, verify
 
 if TYPE_CHECKING:
+    from carry.arch import ArchList
     from carry.wheelbuild import precompiled
 
 ARCH_VARIABLES = ("TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES")
@@ -94,7 +95,7 @@ class WheelPlan:
     family: str = ""  # `key` without the tree and the series: plans whose wheels differ only in files of the tree
 
     @property
-    def arches(self):
+    def arches(self) -> ArchList:
         return self.policy.arches
 
 
@@ -185,7 +186,7 @@ def plan(
     )
 
 
-def _build_env(config: Config, arches, wheel_version: str, jobs: int, tools: toolchain.Toolchain) -> dict:
+def _build_env(config: Config, arches: ArchList, wheel_version: str, jobs: int, tools: toolchain.Toolchain) -> dict:
     """The variables carry sets for the upstream build (on top of the caller's environment).
 
     With no CUDA arches the arch variables are left out (and `unset` drops inherited ones): PyTorch and CMake
@@ -556,7 +557,14 @@ def _check_version(actual: str, the_plan: WheelPlan) -> None:
         )
 
 
-def make_info(config, report, series, the_plan: WheelPlan, actual_version: str, checks: verify.Inspection) -> dict:
+def make_info(
+    config: Config,
+    report: CheckReport,
+    series: Series,
+    the_plan: WheelPlan,
+    actual_version: str,
+    checks: verify.Inspection,
+) -> dict:
     """The provenance record; no timestamps, so the same inputs give the same bytes."""
     return {
         "format": buildinfo.FORMAT,
