@@ -23,6 +23,7 @@ import urllib.parse
 from pathlib import Path
 
 from carry.platforms import Platform
+from carry.util import redact
 from carry.util.errors import BadInput, Failed
 
 PIP_TIMEOUT_S = 1800
@@ -45,8 +46,7 @@ class Indexes:
 
 def public(url: str) -> str:
     """A URL without user:password@ (never printed), query or fragment."""
-    parts = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1], query="", fragment=""))
+    return redact.address(url)
 
 
 def pip_settings() -> dict[str, str]:
@@ -324,4 +324,4 @@ def download_wheel(
 
 def public_text(text: str) -> str:
     """A line of pip's with any user:password@ in a URL taken out."""
-    return re.sub(r"://[^/@\s]+@", "://", text)
+    return redact.credentials(text)
