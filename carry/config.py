@@ -71,12 +71,11 @@ class RemoteScheme(enum.Enum):
 
 def _without_secrets(url: str) -> str:
     """A URL for an error message: scheme, host and path only; no user, password, query or fragment."""
-    scheme, _, rest = url.strip().partition("://")
-    if not rest:
+    if not url.strip().partition("://")[2]:
         return "(not a URL)" if "@" in url or "?" in url else url.strip()
-    location = rest.split("?", 1)[0].split("#", 1)[0]
-    host, slash, path = location.partition("/")
-    return f"{scheme}://{host.rsplit('@', 1)[-1]}{slash}{path}"
+    from carry.util import redact
+
+    return redact.address(url.strip())
 
 
 REMOTE_FORMS = "redis://HOST[:PORT][/DB], rediss://…, http(s)://HOST[:PORT][/PATH], s3://BUCKET[/PREFIX] or gha"
@@ -450,12 +449,16 @@ def check_url(url: str, path: Path) -> str:
 
 def public_url(url: str) -> str:
     """The URL without any user:password part, safe for logs, labels and buildinfo."""
-    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", r"\1", url)
+    from carry.util import redact
+
+    return redact.credentials(url)
 
 
 def strip_credentials(text: str) -> str:
     """`text` (e.g. build.yaml) with the user:password part removed from every URL in it."""
-    return re.sub(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s'\"]*@", r"\1", text)
+    from carry.util import redact
+
+    return redact.credentials(text)
 
 
 def check_image_name(name: str, path: Path) -> str:

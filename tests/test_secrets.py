@@ -76,6 +76,7 @@ def find_in_tree(root: Path, needles: list[str]) -> list[str]:
         ("HTTPS://u:p@git.example/x", "HTTPS://git.example/x"),
         ("https://git.example/org/repo.git", "https://git.example/org/repo.git"),
         ("https://git.example/path/with@sign", "https://git.example/path/with@sign"),
+        ("https://u:p@ss@git.example/x?next=a@b", "https://git.example/x?next=a@b"),
         ("git@git.example:org/repo.git", "git@git.example:org/repo.git"),
         ("/srv/upstream.bundle", "/srv/upstream.bundle"),
     ],
@@ -85,6 +86,15 @@ def test_public_url_drops_only_the_user_part(url, public):
 
     assert public_url(url) == public
     assert strip_credentials(f"upstream:\n  url: {url}  # pinned\n") == f"upstream:\n  url: {public}  # pinned\n"
+
+
+def test_a_given_secret_is_masked_as_written_and_url_quoted():
+    from carry.util import redact
+
+    assert redact.secrets("login s@cr:t refused at https://u:s%40cr%3At@host", "s@cr:t", None, "") == (
+        "login *** refused at https://u:***@host"
+    )
+    assert redact.address("https://u:p@host.example/simple/?x=1#f") == "https://host.example/simple/"
 
 
 @pytest.mark.parametrize(

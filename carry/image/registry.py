@@ -24,6 +24,7 @@ import docker.auth
 import docker.errors
 
 from carry.platforms import Platform
+from carry.util import redact
 from carry.util.errors import BadInput, Failed
 
 if TYPE_CHECKING:
@@ -88,7 +89,7 @@ def credentials(image_name: str, docker_cli: str) -> Iterator[Login]:
         )
         if login.returncode != 0:
             reason = login.stderr.strip().splitlines()[-1] if login.stderr.strip() else "refused"
-            raise Failed(f"login to {registry} as {user} failed: {_redact(reason, password)}")
+            raise Failed(f"login to {registry} as {user} failed: {redact.secrets(reason, password)}")
         config = docker.auth.load_config(config_path=str(Path(config_dir) / "config.json"))
         yield Login(registry, docker.auth.resolve_authconfig(config, registry), config_dir)
 
@@ -204,7 +205,3 @@ def _short(exc: Exception) -> str:
     explanation = getattr(exc, "explanation", None)
     text = (explanation if isinstance(explanation, str) and explanation.strip() else str(exc)).strip().splitlines()
     return text[-1] if text else type(exc).__name__
-
-
-def _redact(text: str, secret: str) -> str:
-    return text.replace(secret, "***") if secret else text

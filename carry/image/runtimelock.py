@@ -26,7 +26,6 @@ import email.parser
 import hashlib
 import re
 import subprocess
-import sys
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -395,7 +394,12 @@ def choose_index(
     env = dict(environ)
     if _uv_has_index(env, cwd):
         return Index(env, "uv's own index settings")
-    settings = (pip_config or pip_settings)()
+    if pip_config is None:
+        from carry.util.index import pip_indexes
+
+        settings = pip_indexes("install")  # pip's own precedence: PIP_* over [install] over [global]
+    else:
+        settings = pip_config()
     skipped = []
     index = settings.get("index-url")
     if index and not _remote(index):
@@ -461,29 +465,6 @@ def _toml_names_index(path: Path) -> bool:
         data = data.get("tool", {}).get("uv", {})
     tables = [data, data.get("pip", {})] if isinstance(data, dict) else []
     return any(isinstance(t, dict) and any(key in t for key in UV_INDEX_KEYS) for t in tables)
-
-
-def pip_settings() -> dict[str, str]:
-    """pip's index-url and extra-index-url as pip itself resolves them (`pip config list`: its files and PIP_*
-    variables; the environment over [install] over [global])."""
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=120,
-    )
-    ranked: dict[str, tuple[int, str]] = {}
-    rank = {"global": 0, "install": 1, ":env:": 2}
-    for line in done.stdout.splitlines():
-        key, sep, value = line.partition("=")
-        section, _, name = key.rpartition(".")
-        if not sep or name not in ("index-url", "extra-index-url") or section not in rank:
-            continue
-        value = value.strip().strip("'\"")
-        if rank[section] >= ranked.get(name, (-1, ""))[0]:
-            ranked[name] = (rank[section], value)
-    return {name: value for name, (_, value) in ranked.items()}
 
 
 # --- resolving ---------------------------------------------------------------------------------------------------

@@ -358,8 +358,9 @@ def sha256_of(path: Path) -> str:
 
 
 def _public(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1], query="", fragment=""))
+    from carry.util import redact
+
+    return redact.address(url)
 
 
 def _reason(error: Exception) -> str:

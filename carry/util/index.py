@@ -12,6 +12,7 @@ link followed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import html.parser
 import os
 import re
@@ -22,11 +23,14 @@ import urllib.parse
 from pathlib import Path
 
 from carry.platforms import Platform
+from carry.util import redact
 from carry.util.errors import BadInput, Failed
 
 PIP_TIMEOUT_S = 1800
 # The glibc of the images carry builds (Debian 12: 2.36) down to manylinux2014: the wheels that run there.
 INDEX_KEYS = ("index-url", "extra-index-url")
+# The variables that change what `pip config list` says: its own, and where it finds its files.
+PIP_ENV = ("PIP_", "HOME", "XDG_CONFIG_")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,12 +46,17 @@ class Indexes:
 
 def public(url: str) -> str:
     """A URL without user:password@ (never printed), query or fragment."""
-    parts = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1], query="", fragment=""))
+    return redact.address(url)
 
 
 def pip_settings() -> dict[str, str]:
-    """pip's own configuration as `pip config list` gives it (its files and PIP_* variables): `section.key` -> value."""
+    """pip's own configuration as `pip config list` gives it (its files and PIP_* variables): `section.key` -> value.
+    Asked once per process for the same environment (the PIP_* variables and where pip finds its files)."""
+    return dict(_pip_config_list(tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(PIP_ENV)))))
+
+
+@functools.cache
+def _pip_config_list(environ: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
     result = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"],
         capture_output=True,
@@ -60,7 +69,20 @@ def pip_settings() -> dict[str, str]:
         key, sep, value = line.partition("=")
         if sep:
             found[key.strip()] = value.strip().strip("'\"")
-    return found
+    return tuple(found.items())
+
+
+def pip_indexes(command: str) -> dict[str, str]:
+    """pip's index-url and extra-index-url for `pip <command>` (download, install) as pip resolves them: the PIP_*
+    variables over the [command] section over [global]; key -> value as written (extra ones space-separated)."""
+    settings = pip_settings()
+    chosen = {}
+    for key in INDEX_KEYS:
+        for section in (":env:", command, "global"):
+            if f"{section}.{key}" in settings:
+                chosen[key] = settings[f"{section}.{key}"]
+                break
+    return chosen
 
 
 def pip_default_index() -> str:
@@ -75,13 +97,7 @@ def pip_default_index() -> str:
 def configured(index: str | None = None) -> Indexes:
     """The indexes pip asks for a download: build.yaml's `index:` first where given, then pip's configuration
     (for `pip download`: PIP_* variables, then the [download], then the [global] section), else pip's default."""
-    settings = pip_settings()
-    chosen = {}
-    for key in INDEX_KEYS:
-        for section in (":env:", "download", "global"):
-            if f"{section}.{key}" in settings:
-                chosen[key] = settings[f"{section}.{key}"].split()
-                break
+    chosen = {key: value.split() for key, value in pip_indexes("download").items()}
     extra = tuple(chosen.get("extra-index-url", ()))
     if index:
         return Indexes((index, *extra), "build.yaml's index, then pip's extra indexes")
@@ -308,4 +324,4 @@ def download_wheel(
 
 def public_text(text: str) -> str:
     """A line of pip's with any user:password@ in a URL taken out."""
-    return re.sub(r"://[^/@\s]+@", "://", text)
+    return redact.credentials(text)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from carry.config import CompilerCache, Config, RemoteCache, RemoteScheme
+from carry.util import redact
 from carry.util.errors import BadInput
 from carry.util.fsutil import write_private
 from carry.util.progress import Progress
@@ -82,10 +83,7 @@ class Credentials:
 
     def scrub(self, text: str) -> str:
         """`text` with the password (plain or URL-quoted) blanked out."""
-        if self.password:
-            for form in {self.password, urllib.parse.quote(self.password, safe="")}:
-                text = text.replace(form, "***")
-        return text
+        return redact.secrets(text, self.password)
 
 
 def secret_free_env(environ: Mapping[str, str]) -> dict[str, str]:
