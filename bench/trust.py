@@ -66,7 +66,7 @@ def measure_all(work: Path) -> dict:
                     "components": published["components"],
                 }
         from carry import config as config_module
-        from carry.image import runtimelock
+        from carry.image.locked import runtimelock
         from carry.platforms import Platform
 
         loaded = config_module.load(config)
@@ -181,8 +181,8 @@ def measure_offline() -> dict:
 
     from carry import config as config_module
     from carry import version as version_module
-    from carry.image import lockedimage, runtimelock
     from carry.image.attest import Attester
+    from carry.image.locked import lockedimage, runtimelock
     from carry.platforms import Platform
     from carry.source import series
     from carry.trust import keys

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import dockerenv
-from carry.image import lockedimage, ocilayer, runtimelock, wheelinstall
+from carry.image.locked import lockedimage, ocilayer, runtimelock, wheelinstall
 from carry.platforms import Platform
 from carry.util.download import Store
 from carry.util.progress import Progress

@@ -3,7 +3,7 @@ runs, no build context is sent (docs/images.md: "The locked image").
 
 Per platform: the runtime lock's wheels are downloaded once into the download store (sha256 from the lock, pip's
 own client and index settings); each layer is a deterministic tar written straight from the wheels' zips
-(carry.image.ocilayer), gzip-compressed with isal and streamed to the registry over its HTTP API
+(carry.image.locked.ocilayer), gzip-compressed with isal and streamed to the registry over its HTTP API
 (carry.image.registryhttp), or, without --push, streamed into the local engine with `docker load`:
 
   base layers  the runtime base image's own, unchanged
@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Any
 
 from carry.binaries.wheelzip import record_hash
 from carry.config import Config
-from carry.image import engineimage, ocilayer, runtimelock, wheelinstall
-from carry.image.container import ENTRYPOINT
-from carry.image.engineimage import Kept
-from carry.image.ocilayer import Item, Written
-from carry.image.wheelinstall import Entry, Installed, Venv
+from carry.image.buildkit.container import ENTRYPOINT
+from carry.image.locked import engineimage, ocilayer, runtimelock, wheelinstall
+from carry.image.locked.engineimage import Kept
+from carry.image.locked.ocilayer import Item, Written
+from carry.image.locked.wheelinstall import Entry, Installed, Venv
 from carry.platforms import Platform
 from carry.util import prog
 from carry.util.cache import Cache
@@ -57,10 +57,10 @@ if TYPE_CHECKING:
     import docker
 
     from carry.image.attest import Attester
-    from carry.image.image import ImagePlan, PlatformImage
+    from carry.image.buildkit.image import ImagePlan, PlatformImage
+    from carry.image.locked.runtimebase import RuntimeBase
     from carry.image.registry import Login
     from carry.image.registryhttp import Repository
-    from carry.image.runtimebase import RuntimeBase
 
 PREFIX = "/opt/venv"
 TORCH_KIN = frozenset({"torch", "triton", "torchvision", "torchaudio", "torchcodec", "torch-c-dlpack-ext"})
@@ -1070,8 +1070,8 @@ def _pull_and_smoke(
     version: str,
 ) -> PlatformOutcome:
     """Pull the pushed manifest back for its platform (the engine fetches only the layers it does not hold), run the
-    smoke test on it, and keep it tagged as the Dockerfile path tags, the engine tidied (carry.image.engineimage);
-    an image that fails is removed."""
+    smoke test on it, and keep it tagged as the Dockerfile path tags, the engine tidied
+    (carry.image.locked.engineimage); an image that fails is removed."""
     ref = f"{config.image.name}@{outcome.digest}"
     progress.phase("pull", f"{ref} ({outcome.platform})")
     before = engineimage.named(client, outcome.refs)
