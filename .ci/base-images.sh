@@ -46,7 +46,7 @@ if [ -z "$MIRROR" ]; then
 fi
 # mmdebstrap's roots are reproducible with a fixed SOURCE_DATE_EPOCH: the same Debian packages give the same tar,
 # so the runtime images have the same layers (diff_ids), hence the same content digest, on every machine, and a
-# runtime lock committed from one (examples/vllm/runtime-lock) is fresh on another (carry/image/runtimebase.py).
+# runtime lock committed from one (examples/vllm/runtime-lock) is fresh on another (carry/image/locked/runtimebase.py).
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-1700000000}
 CUDA_SRC=${CARRY_CI_CUDA_SRC:-/usr/local/cuda-13.0}
 CUDA_DEST=/usr/local/cuda-13.0
@@ -159,7 +159,7 @@ build_arm64_build_base() {
 
 # build_pyless_base IMAGE ARCH CONTEXT: a minimal Debian without python3 (mmdebstrap minbase: apt, no Python)
 # for ARCH, the stand-in for NVIDIA's CUDA runtime images, which hold none, in the tests of the runtime base carry
-# derives (carry/image/runtimebase.py). Like NVIDIA's it has ca-certificates (python3-venv needs them; their
+# derives (carry/image/locked/runtimebase.py). Like NVIDIA's it has ca-certificates (python3-venv needs them; their
 # package scripts alone take minutes under QEMU, which the derivation then does not repeat). Its apt sources are
 # the mirror's (plain HTTP), as the others'. Made for both CPUs the way the arm64 images are (FROM scratch, ADD).
 build_pyless_base() {

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # the second engine and the test servic
 
 import dockerenv  # noqa: E402
 import secondengine  # noqa: E402
-from carry.image import container  # noqa: E402
+from carry.image.buildkit import container  # noqa: E402
 
 BUILD_PY = ROOT / "build.py"
 COMPILES_RE = re.compile(r"\] cache: ccache(?: \(auto\))?: (\d+) compile\(s\), (\d+) hit\(s\).*?, (\d+) miss")

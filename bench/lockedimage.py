@@ -73,7 +73,7 @@ def compression(sample_wheel: Path, limit: int = 400 << 20) -> dict:
     """MB/s and ratio of isal (levels 0-2) and zlib level 1 on the tar stream of one big wheel's install."""
     from isal import isal_zlib
 
-    from carry.image import ocilayer, wheelinstall
+    from carry.image.locked import ocilayer, wheelinstall
 
     entries = wheelinstall.plan(sample_wheel, wheelinstall.Venv("/opt/venv", "3.11")).entries
     data = bytearray()
@@ -100,7 +100,7 @@ def compression(sample_wheel: Path, limit: int = 400 << 20) -> dict:
 
 def qemu_fraction(store: Path, lock: Path, base: str) -> dict:
     """pip installing a few locked aarch64 wheels into a venv in the arm64 runtime base under QEMU, timed."""
-    from carry.image import wheelinstall
+    from carry.image.locked import wheelinstall
 
     wheels = []
     text = lock.read_text()

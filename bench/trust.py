@@ -66,7 +66,7 @@ def measure_all(work: Path) -> dict:
                     "components": published["components"],
                 }
         from carry import config as config_module
-        from carry.image import runtimelock
+        from carry.image.locked import runtimelock
         from carry.platforms import Platform
 
         loaded = config_module.load(config)
@@ -181,8 +181,8 @@ def measure_offline() -> dict:
 
     from carry import config as config_module
     from carry import version as version_module
-    from carry.image import lockedimage, runtimelock
     from carry.image.attest import Attester
+    from carry.image.locked import layerplan, runtimelock
     from carry.platforms import Platform
     from carry.source import series
     from carry.trust import keys
@@ -218,7 +218,7 @@ def measure_offline() -> dict:
         key = keys.load_private(key_path, None)
         for platform in (Platform.LINUX_AMD64, Platform.LINUX_ARM64):
             lock = runtimelock.read(config, platform)
-            wheels = {p.name: lockedimage._stored(store, p, platform.machine) for p in lock.packages}
+            wheels = {p.name: layerplan._stored(store, p, platform.machine) for p in lock.packages}
             missing = [name for name, path in wheels.items() if path is None]
             if missing:
                 raise SystemExit(f"bench: {len(missing)} locked wheel(s) not in {store.root}; run examples/vllm/run.sh")

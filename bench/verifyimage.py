@@ -54,7 +54,7 @@ def _ref() -> str:
 
 
 def _manifest(ref: str, platform: str, env: dict[str, str]):
-    from carry.image import imagefs
+    from carry.image.inspect import imagefs
     from carry.platforms import Platform
 
     auth = {"username": env.get("CARRY_REGISTRY_USER"), "password": env.get("CARRY_REGISTRY_PASSWORD")}

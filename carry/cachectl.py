@@ -238,7 +238,7 @@ def needed(cache: Cache, config_paths: Iterable[Path]) -> Needed:
 
 
 def _needs_of(cache: Cache, config: Config, found: Needed) -> None:
-    from carry.image import runtimelock
+    from carry.image.locked import runtimelock
     from carry.source import apply, git, series
     from carry.wheelbuild import buildenv
 

@@ -246,7 +246,7 @@ def verify(
 
         key = load_public(key_path)
     if key is not None and not obj.config_path.exists():
-        from carry.image import trustcheck
+        from carry.image.inspect import trustcheck
 
         only = trustcheck.verify_without_checkout(artifact, key, parse_platform(platform), "docker")
         click.echo("\n".join(line for result in only for line in result.lines()))
@@ -363,8 +363,8 @@ def image_command(
     """Build the image with BuildKit, one build per platform (the build stage runs `build.py wheel`), tag it
     from VERSION, label it with its provenance, and optionally push; with several platforms each is tagged
     VERSION-ARCH and, on push, every shared tag becomes a manifest list of them all."""
-    from carry.image.image import ImageOptions
-    from carry.image.layercache import CacheSpec
+    from carry.image.buildkit.image import ImageOptions
+    from carry.image.buildkit.layercache import CacheSpec
 
     caches = tuple(CacheSpec.parse(s, False) for s in cache_from) + tuple(CacheSpec.parse(s, True) for s in cache_to)
     progress = Progress()

@@ -23,9 +23,10 @@ if TYPE_CHECKING:
     from carry.binaries.gatepolicy import GatePolicy
     from carry.config import TestCommand
     from carry.gputest import prove, testrun
-    from carry.image import crossbuild, image, lockedimage, runtimelock
     from carry.image.attest import Attester
-    from carry.image.image import ImageOptions
+    from carry.image.buildkit import crossbuild, image
+    from carry.image.buildkit.image import ImageOptions
+    from carry.image.locked import lockedimage, runtimelock
     from carry.platforms import Platform
     from carry.source import apply, series
     from carry.source.series import Series
@@ -295,7 +296,7 @@ class Session:
         progress: Progress,
     ) -> crossbuild.CrossWheel:
         """check -> context -> that platform's build stage (emulated where foreign) -> checked wheel in `out`."""
-        from carry.image import container, crossbuild
+        from carry.image.buildkit import container, crossbuild
 
         policy = self.policy(arch, platform)
         builder = container.resolve_builder(self.config, (platform,))
@@ -323,7 +324,7 @@ class Session:
         """check -> context (carry + config + bundle) -> a BuildKit build per platform -> tags and labels -> push
         -> shared tags as manifest lists."""
         from carry.config import CompilerCache
-        from carry.image import container, image
+        from carry.image.buildkit import container, image
         from carry.wheelbuild import toolchain
 
         attester = self.attester(options.push, progress)
@@ -365,7 +366,9 @@ class Session:
         """image.lock set: locks read and checked (before any work) -> check -> each platform's fixed wheel here
         (native or precompiled) -> carry writes the layers (lockedimage) -> push or load -> smoke test."""
         from carry.config import CompilerCache
-        from carry.image import image, lockedimage, registry
+        from carry.image import registry
+        from carry.image.buildkit import image
+        from carry.image.locked import lockedimage
         from carry.wheelbuild import toolchain
 
         if options.hermetic or options.wheelhouse or options.cache:
@@ -449,7 +452,7 @@ class Session:
     ) -> dict[str, str]:
         """Every shared tag -> a manifest list of the platforms' `<VERSION>-<arch>` images already pushed."""
         from carry.config import CompilerCache
-        from carry.image import container, image
+        from carry.image.buildkit import container, image
         from carry.wheelbuild import toolchain
 
         options = image.ImageOptions(True, extra_tags, platforms, False, None)
@@ -470,7 +473,7 @@ class Session:
         """The runtime lock of each platform (image.platforms, or those given): the base image's facts first (bad
         input before any work), then the fixed wheel as `wheel` makes it, then uv; with `check`, only whether each
         lock is fresh."""
-        from carry.image import runtimelock
+        from carry.image.locked import runtimelock
         from carry.util.fsutil import temp_dir
 
         chosen = runtimelock.platforms_to_lock(self.config, platforms)
@@ -557,7 +560,7 @@ class Session:
         return found.version
 
     def _upstream_pyproject(self, checked: CheckResult) -> dict:
-        from carry.image import container
+        from carry.image.buildkit import container
         from carry.source import git
 
         tree = checked.report.patched_tree()
@@ -577,7 +580,7 @@ class Session:
         from carry.wheelbuild import verify
 
         if not testrun.names_a_wheel(artifact):
-            from carry.image import imageverify
+            from carry.image.inspect import imageverify
 
             patches = tuple((p.name, p.sha256) for p in self.series().patches) if key is not None else ()
             return imageverify.verify_image(

@@ -29,7 +29,7 @@ TAG_FIELDS = ("version", "base_short", "cuda", "series_short")
 TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 # libyaml's safe loader where PyYAML was built with it (its wheels are): the same documents, a tenth of the time
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-# image.runtime_python: how a runtime image without python3 gets one (carry.image.runtimebase).
+# image.runtime_python: how a runtime image without python3 gets one (carry.image.locked.runtimebase).
 RUNTIME_PYTHON_METHODS = ("apt",)
 RUNTIME_PYTHON_VALUES = ("auto", *RUNTIME_PYTHON_METHODS, "off")
 

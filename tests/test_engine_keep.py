@@ -1,4 +1,4 @@
-"""The locked image's smoke test keeps what it pulled (carry.image.engineimage), on a small real locked image: a
+"""The locked image's smoke test keeps what it pulled (carry.image.locked.engineimage), on a small real locked image: a
 pure-Python wheel built from a tiny upstream, idna from the runtime lock, on the test runtime base, pushed to the
 test registry by `image --push --platform linux/amd64` (its config lists linux/arm64 too, so the image is tagged
 `NAME:VERSION-amd64` as with several platforms). Cold; a Python-only patch change, whose pull fetches only the

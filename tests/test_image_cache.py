@@ -27,9 +27,9 @@ import pytest
 
 import dockerenv
 import secondengine
-from carry.image import layercache
-from carry.image.container import Builder, StageBuild
-from carry.image.layercache import CacheSpec
+from carry.image.buildkit import layercache
+from carry.image.buildkit.container import Builder, StageBuild
+from carry.image.buildkit.layercache import CacheSpec
 from carry.platforms import Platform
 from helpers import ROOT, assert_bad_input, carry
 from procwatch import command_lines
@@ -170,7 +170,7 @@ def test_bad_remote_cache_url_stops_image_before_any_work(tmp_path):
 )
 def test_the_build_stage_gets_the_compile_cache_in_its_secret(tmp_path, monkeypatch, url, hermetic, network, handed):
     from carry.config import load
-    from carry.image import container
+    from carry.image.buildkit import container
     from carry.util.progress import Progress
 
     shutil.copytree(ROOT / "examples" / "demo", tmp_path / "demo")

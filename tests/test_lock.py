@@ -76,8 +76,8 @@ def image_id(ref: str) -> str:
 
 def content_digest(ref: str) -> str:
     """The image's content digest as `docker image inspect` gives the facts: its platform, layers and run-time
-    config, hashed (carry.image.runtimebase.content_digest)."""
-    from carry.image import runtimebase
+    config, hashed (carry.image.locked.runtimebase.content_digest)."""
+    from carry.image.locked import runtimebase
 
     inspected = subprocess.run([DOCKER, "image", "inspect", ref], capture_output=True, text=True, check=True)
     return runtimebase.content_digest(json.loads(inspected.stdout)[0])
@@ -175,7 +175,7 @@ def test_a_stale_lock_names_what_drifted(project, tmp_path):
 
     # the image side's check (runtimelock.check_fresh): one line, exit 2, per field
     from carry import config as configuration
-    from carry.image import runtimelock
+    from carry.image.locked import runtimelock
     from carry.platforms import Platform
     from carry.util.cache import Cache
     from carry.util.errors import BadInput
@@ -277,7 +277,7 @@ def test_vllm_example_lock_is_committed_and_fresh(tmp_path, vllm_history, fixed_
 
 
 def test_the_index_is_uvs_own_else_pips_remote_ones(tmp_path):
-    from carry.image import runtimelock
+    from carry.image.locked import runtimelock
 
     pip = {
         "index-url": "https://user:secret@mirror.internal.example/simple",

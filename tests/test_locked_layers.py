@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import dockerenv
-from carry.image import lockedimage, ocilayer, runtimelock, wheelinstall
+from carry.image.locked import layerplan, layerwrite, ocilayer, runtimelock, smoketest, wheelinstall
 from carry.platforms import Platform
 from carry.util.download import Store
 from carry.util.progress import Progress
@@ -110,7 +110,7 @@ def test_install_plan_is_pips_and_the_difference_has_whiteouts(wheels):
     record = paths[f"{site}/demopkg-1.0+carry.1.dist-info/RECORD"].data.decode()
     assert "../../../bin/demo-cli,sha256=" in record and "demopkg-1.0+carry.1.dist-info/INSTALLER,sha256=" in record
     assert "demopkg-1.0+carry.1.dist-info/RECORD,," in record
-    changed, whiteouts = lockedimage.difference(wheelinstall.plan(wheels.release, venv), fixed)
+    changed, whiteouts = layerplan.difference(wheelinstall.plan(wheels.release, venv), fixed)
     assert sorted(e.path for e in changed if "dist-info" not in e.path) == [
         f"{site}/demopkg/a.py",
         f"{site}/demopkg/b.py",
@@ -124,7 +124,7 @@ def test_install_plan_is_pips_and_the_difference_has_whiteouts(wheels):
 def test_the_same_inputs_give_the_same_layer_bytes(wheels, tmp_path):
     digests = []
     for _ in range(2):
-        plan = lockedimage.plan_platform(
+        plan = layerplan.plan_platform(
             CONFIG,
             Platform.LINUX_AMD64,
             wheels.lock,
@@ -159,13 +159,13 @@ def test_loaded_into_the_engine_and_run(wheels, tmp_path, platform):
         lock = runtimelock.Lock(
             lock.path, target, lock.python, "aarch64-manylinux_2_36", "base", "", "", "", lock.packages
         )
-    found = lockedimage.fetch_wheels(lock, wheels.store, Progress(quiet=True), tmp_path)
-    plan = lockedimage.plan_platform(CONFIG, target, lock, found, wheels.fixed, wheels.release, base_ref, base)
+    found = layerplan.fetch_wheels(lock, wheels.store, Progress(quiet=True), tmp_path)
+    plan = layerplan.plan_platform(CONFIG, target, lock, found, wheels.fixed, wheels.release, base_ref, base)
     ref = f"carry-test/issue-24-image-layers:{target.tag}-{tmp_path.name[-12:].lower()}"
-    image_id, layers = lockedimage.load_platform(
+    image_id, layers = layerwrite.load_platform(
         client,
         plan,
-        lockedimage.Digests(tmp_path / "digests"),
+        layerwrite.Digests(tmp_path / "digests"),
         {"io.carry.test": "yes"},
         CONFIG,
         (ref,),
@@ -180,7 +180,7 @@ def test_loaded_into_the_engine_and_run(wheels, tmp_path, platform):
             "vllm-release",
             "vllm-fixed",
         ]
-        line = lockedimage.smoke(client, ref, plan, native=target is Platform.native())
+        line = smoketest.smoke(client, ref, plan, native=target is Platform.native())
         assert "1 script(s)" not in line and "patched file(s) byte-equal" in line
         inspected = client.api.inspect_image(ref)
         assert inspected["Config"]["Entrypoint"] == ["/usr/local/bin/carry-entrypoint", "demo-cli"]

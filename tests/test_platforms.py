@@ -158,7 +158,7 @@ def test_demo_builds_gb10_with_its_own_short_arch_list():
 
 def test_the_default_docker_is_the_first_on_path_that_builds_with_buildkit(monkeypatch):
     """This machine kind has a newer Docker CLI without buildx before Debian's docker.io on PATH."""
-    from carry.image import container
+    from carry.image.buildkit import container
 
     newer, debian = Path("/usr/local/bin/docker"), Path("/usr/bin/docker")
     if not (newer.exists() and debian.exists()):

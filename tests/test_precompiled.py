@@ -308,7 +308,7 @@ def test_the_build_context_carries_the_precompiled_wheel(tmp_path, history):
     import os
 
     from carry import config as configuration
-    from carry.image import container
+    from carry.image.buildkit import container
     from carry.platforms import Platform
     from carry.source import upstream
     from carry.util.cache import Cache

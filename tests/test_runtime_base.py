@@ -1,4 +1,4 @@
-"""The runtime base with Python, made by carry (image.runtime_python, carry/image/runtimebase.py): one locked
+"""The runtime base with Python, made by carry (image.runtime_python, carry/image/locked/runtimebase.py): one locked
 two-platform image on runtime images without python3 -- a minimal Debian (.ci/base-images.sh) standing in for
 NVIDIA's CUDA runtime images -- derived per platform (arm64 under QEMU), locked, pushed, pulled back, smoke-tested
 and verified; the derivation reused, then made again as a fresh runner would, with the lock still fresh; a runtime
@@ -19,13 +19,14 @@ import uuid
 import pytest
 
 import dockerenv
-from carry.image import runtimebase
+from carry.image.locked import runtimebase
 from helpers import Upstream, assert_bad_input, carry, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
 DOCKER = dockerenv.DOCKER_CLI
-# carry's line for a base it derived (carry.image.runtimebase.derive): the platform and, the first time, the seconds
+# carry's line for a base it derived (carry.image.locked.runtimebase.derive): the platform and, the first time,
+# the seconds
 DERIVED_RE = re.compile(
     r"(linux/\w+): \S+ \(sha256:\S+\) [^:]+: base \S+, it \+ python3 python3-venv by apt: .* \(in (\d+)s"
 )

@@ -213,7 +213,7 @@ def test_credentialed_upstream_stays_out_of_the_wheel_and_its_buildinfo(credenti
 def test_image_context_carries_no_upstream_credentials(credentialed, tmp_path):
     """The build context (and so the build stage's layers) gets build.yaml with the user part removed."""
     from carry.config import load
-    from carry.image import container
+    from carry.image.buildkit import container
     from carry.util.cache import Cache
 
     config = load(credentialed["config"])

@@ -417,8 +417,9 @@ def pushed_demo(tmp_path, pair):
     import zipfile
 
     from carry.config import load
-    from carry.image import runtimelock, trustcheck
     from carry.image.attest import Attester, wheel_of
+    from carry.image.inspect import trustcheck
+    from carry.image.locked import runtimelock
     from carry.platforms import Platform
     from carry.source import series
     from carry.util.progress import Progress
@@ -494,7 +495,7 @@ def pushed_demo(tmp_path, pair):
 
 
 def check(demo, installed=None, expected="same", labels=None, key=None):
-    from carry.image import trustcheck
+    from carry.image.inspect import trustcheck
     from carry.platforms import Platform
 
     return trustcheck.check_platform(

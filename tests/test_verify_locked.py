@@ -30,7 +30,9 @@ from pathlib import Path
 import pytest
 
 import dockerenv
-from carry.image import imagefs, imageverify, installcheck, registry, runtimelock
+from carry.image import registry
+from carry.image.inspect import imagefs, imageverify, installcheck
+from carry.image.locked import runtimelock
 from carry.platforms import Platform
 from carry.util import index
 from carry.wheelbuild.verify import Expected
@@ -734,7 +736,7 @@ PYNVVIDEOCODEC_SHA256 = "bd3779ff73ad703393c0a19c3650f269ca25e71902c24efa0719ed4
 def test_a_locked_wheel_whose_own_record_is_wrong_installs_its_bytes_and_is_named(tmp_path):
     """pynvvideocodec 2.0.4 (in vLLM 0.33.0's lock) ships a RECORD that is wrong about two of its .so files: the
     plan installs the bytes with their own hash and size, as pip does, and verify names the two files as notes."""
-    from carry.image import wheelinstall
+    from carry.image.locked import wheelinstall
     from carry.util.download import Store
 
     store = Store.from_env(Path.home() / ".cache" / "carry")

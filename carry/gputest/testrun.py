@@ -254,7 +254,7 @@ def run_artifact(
         wheel = Path(artifact)
         report = run_on_wheel(wheel, commands, gpu, scratch, timeout, progress)
         return report, write(report, wheel_report_path(wheel))
-    from carry.image import container
+    from carry.image.buildkit import container
 
     report = run_on_image(artifact, commands, gpu, container.docker_binary(config), scratch, timeout, progress)
     return report, write(report, image_report_path(out, report.artifact.digest))

@@ -24,7 +24,7 @@ from carry.util.progress import Progress
 if TYPE_CHECKING:
     import docker
 
-    from carry.image.runtimelock import Lock
+    from carry.image.locked.runtimelock import Lock
     from carry.platforms import Platform
     from carry.trust.attach import Registry
 
@@ -217,7 +217,7 @@ def hermetic_distributions(
     ensurepip (read from the same layers). ((distributions, ""), or ((), why not) when one has no known wheel)."""
     import posixpath
 
-    from carry.image import imagefs, installcheck
+    from carry.image.inspect import imagefs, installcheck
     from carry.trust.facts import canonical
 
     selection = imagefs.Selection(

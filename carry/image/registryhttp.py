@@ -1,5 +1,5 @@
 """The registry HTTP API v2, spoken directly: blobs checked with HEAD and streamed up in one chunked PATCH, then
-manifests and manifest lists PUT. Used for carry's own layers, which it writes itself (carry.image.lockedimage).
+manifests and manifest lists PUT. Used for carry's own layers, which it writes itself (carry.image.locked.lockedimage).
 
 Credentials are the ones carry.image.registry finds ($CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD, else the user's
 Docker config); they travel only in an Authorization header: basic, or a bearer token fetched from the realm a

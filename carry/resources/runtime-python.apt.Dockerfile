@@ -1,5 +1,5 @@
-# The runtime base with Python, as carry derives it (carry/image/runtimebase.py, image.runtime_python: apt) when a
-# platform's runtime image holds no python3, as NVIDIA's CUDA runtime images do: the distribution's own python3
+# The runtime base with Python, as carry derives it (carry/image/locked/runtimebase.py, image.runtime_python: apt)
+# when a platform's runtime image holds no python3, as NVIDIA's CUDA runtime images do: the distribution's own python3
 # and python3-venv, installed by the image's own apt from the package sources the image itself names (nothing
 # here names a host). One BuildKit build per platform (its package scripts run under QEMU for another CPU), kept
 # as a local image named by the source image's content digest and this recipe's hash, so it runs once per machine.

@@ -4,7 +4,7 @@ layers and (from a checkout) this repository:
 - the simple-signing signature of each platform manifest (and of the index the tag names) verifies with the key
   and names that digest and the repository;
 - the SBOM and provenance envelopes under `.att` verify with the key and are about that digest;
-- the SBOM lists exactly the distributions the layers install (read by carry.image.imagefs, each `*.dist-info`),
+- the SBOM lists exactly the distributions the layers install (read by carry.image.inspect.imagefs, each `*.dist-info`),
   and is valid CycloneDX 1.6;
 - the provenance agrees with itself, the SBOM and the labels, and, from a checkout, names this repository's
   commit, series (each patch's sha256), VERSION, the fixed wheel in dist/ and the lock.
@@ -18,14 +18,14 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING
 
-from carry.image.installcheck import canonical, same_version
+from carry.image.inspect.installcheck import canonical, same_version
 from carry.platforms import Platform
 from carry.trust import attach, provenance, sbom
 from carry.trust.keys import PublicKey
 from carry.util.errors import Failed
 
 if TYPE_CHECKING:
-    from carry.image.imagefs import ImageFiles, Selection
+    from carry.image.inspect.imagefs import ImageFiles, Selection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +201,8 @@ def verify_without_checkout(
 ) -> tuple[TrustOnly, ...]:
     """Every platform of `ref` (or the one asked), read from the registry: signature, SBOM against the layers'
     dist-info, provenance against itself, the SBOM and the labels."""
-    from carry.image import imagefs, registry, registryhttp
+    from carry.image import registry, registryhttp
+    from carry.image.inspect import imagefs
 
     repository = repository_of(ref)
     client = registry.client()
@@ -239,7 +240,7 @@ def verify_without_checkout(
 
 def dist_info_selection() -> Selection:
     """What the trust checks read of an image: each `*.dist-info/METADATA` under the venv."""
-    from carry.image import imagefs, installcheck
+    from carry.image.inspect import imagefs, installcheck
 
     return imagefs.Selection(
         prefixes=(f"{installcheck.VENV}/",),
@@ -254,7 +255,7 @@ def installed_in(files: ImageFiles) -> list[tuple[str, str]]:
 def _installed(files: ImageFiles) -> list[tuple[str, str]]:
     import posixpath
 
-    from carry.image.installcheck import SITE_RE, _headers
+    from carry.image.inspect.installcheck import SITE_RE, _headers
 
     found = []
     for path, node in sorted(files.nodes.items()):

@@ -1,6 +1,6 @@
-"""The container image: one BuildKit build per platform (carry.image.container), tags and labels from VERSION and
-the series, push through the Docker SDK, and multi-platform tags (carry.image.manifest); carry.image.imageverify checks
-what a tag holds.
+"""The container image: one BuildKit build per platform (carry.image.buildkit.container), tags and labels from
+VERSION and the series, push through the Docker SDK, and multi-platform tags (carry.image.buildkit.manifest);
+carry.image.inspect.imageverify checks what a tag holds.
 
 One platform (the config lists at most one): its image gets every tag. Several: each platform's image is tagged
 `<VERSION>-<arch>` and every shared tag (VERSION, the templates, --tag) becomes, on push, a manifest list of all
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from carry.arch import ArchList
 from carry.config import TAG_RE, Config, public_url
-from carry.image import container, layercache, manifest
-from carry.image.container import Builder, StageBuild
+from carry.image.buildkit import container, layercache, manifest
+from carry.image.buildkit.container import Builder, StageBuild
 from carry.platforms import Platform
 from carry.source.apply import CheckReport
 from carry.source.series import Series

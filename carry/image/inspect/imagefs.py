@@ -27,7 +27,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from carry.image import registryhttp, tarstream
+from carry.image import registryhttp
+from carry.image.inspect import tarstream
 from carry.platforms import Platform
 from carry.util.errors import Failed
 

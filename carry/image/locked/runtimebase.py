@@ -98,7 +98,7 @@ def runtime_image(config: Config, platform: Platform) -> str:
 def resolve(config: Config, platform: Platform, cache: Cache, say: Callable[[str], None]) -> RuntimeBase:
     """The platform's runtime base: the runtime image (pulled when the engine lacks it), checked for the platform,
     used as it is when it has python3 (or image.runtime_python is off), else derived (auto, or a method named)."""
-    from carry.image import container
+    from carry.image.buildkit import container
 
     ref = runtime_image(config, platform)
     docker = container.docker_binary(config)
@@ -337,7 +337,7 @@ def _build(
     """One BuildKit build of the method's recipe FROM a private tag of the source image, for `platform` (QEMU for
     another CPU), with the network (the image's own package sources) and without BuildKit's cache (a derivation
     runs the recipe: the distribution's packages as they are now); returns its seconds."""
-    from carry.image import container
+    from carry.image.buildkit import container
     from carry.util.logtail import tail
 
     builder = container.resolve_builder(config, (platform,))

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 from carry.binaries.gatepolicy import GatePolicy
 from carry.config import Config
-from carry.image import container
-from carry.image.container import Builder, StageBuild
+from carry.image.buildkit import container
+from carry.image.buildkit.container import Builder, StageBuild
 from carry.platforms import Platform
 from carry.util.cache import Cache
 from carry.util.errors import Failed

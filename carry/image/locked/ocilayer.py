@@ -20,7 +20,7 @@ from pathlib import Path
 from isal import isal_zlib
 
 from carry.binaries import wheelzip
-from carry.image.wheelinstall import Entry
+from carry.image.locked.wheelinstall import Entry
 
 BLOCK = 512
 CHUNK = 1 << 20

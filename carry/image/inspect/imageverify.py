@@ -2,10 +2,10 @@
 the CPU its Python runs on, and the shared objects of the wheel (ELF machine and the arch gate by the policy the
 wheel records).
 
-A locked image (`image.lock` set) is read from its layers on this machine instead (carry.image.imagefs: no pull, no
-container, no emulator, so arm64 takes as long as amd64) and its files proven against the lock and the fixed wheel
-in dist/ (carry.image.installcheck); the labels, the buildinfo and the gate of the installed shared objects as
-before."""
+A locked image (`image.lock` set) is read from its layers on this machine instead (carry.image.inspect.imagefs: no
+pull, no container, no emulator, so arm64 takes as long as amd64) and its files proven against the lock and the
+fixed wheel in dist/ (carry.image.inspect.installcheck); the labels, the buildinfo and the gate of the installed
+shared objects as before."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from carry.arch import ArchList
 from carry.config import Config
-from carry.image import container
-from carry.image.image import LABEL_PREFIX, WHEEL_LABEL, own_tag
+from carry.image.buildkit import container
+from carry.image.buildkit.image import LABEL_PREFIX, WHEEL_LABEL, own_tag
 from carry.platforms import Platform
 from carry.util import prog
 from carry.util.errors import BadInput, Failed
@@ -31,10 +31,10 @@ if TYPE_CHECKING:
     import docker
     from docker.models.images import Image
 
-    from carry.image.imagefs import ImageFiles
-    from carry.image.installcheck import ContentCheck, FixedWheel
+    from carry.image.inspect.imagefs import ImageFiles
+    from carry.image.inspect.installcheck import ContentCheck, FixedWheel
+    from carry.image.locked.runtimelock import Lock, Locked
     from carry.image.registry import Login
-    from carry.image.runtimelock import Lock, Locked
     from carry.trust.keys import PublicKey
 
 # Run inside an image: import the wheel's package, print the buildinfo, the CPU and the wheel's shared objects.
@@ -141,7 +141,7 @@ def _local(client: docker.DockerClient, ref: str) -> tuple[Platform, Image]:
 
 
 def _with_trust(result: Verification, found: tuple[list[str], list[str]]) -> Verification:
-    """`result` with the signature, SBOM and provenance checks (carry.image.trustcheck) added."""
+    """`result` with the signature, SBOM and provenance checks (carry.image.inspect.trustcheck) added."""
     proven, problems = found
     checks = result.checks
     if checks is None:
@@ -164,7 +164,8 @@ def _trust_dockerfile(
 ) -> tuple[list[str], list[str]]:
     """A Dockerfile-built image: its signature (and the index's), its provenance against this repo (commit,
     series, VERSION), and its SBOM, when it has one (a --hermetic build), against the dist-info its layers hold."""
-    from carry.image import imagefs, registry, registryhttp, trustcheck
+    from carry.image import registry, registryhttp
+    from carry.image.inspect import imagefs, trustcheck
 
     if remote is None:
         return [], ["signature: the image is only in the local engine; a signature lives in a registry"]
@@ -273,9 +274,10 @@ def verify_locked(
     patches: tuple[tuple[str, str], ...] = (),
 ) -> tuple[Verification, ...]:
     """Each platform of `ref` (or the one asked) read from its layers and proven against its lock
-    (carry.image.runtimelock) and the fixed wheel for it in `dist`; with `key` (carry.trust.keys.PublicKey), also
-    its signature, SBOM and provenance (carry.image.trustcheck), the provenance against `patches` (name, sha256)."""
-    from carry.image import runtimelock
+    (carry.image.locked.runtimelock) and the fixed wheel for it in `dist`; with `key` (carry.trust.keys.PublicKey),
+    also its signature, SBOM and provenance (carry.image.inspect.trustcheck), the provenance against `patches`
+    (name, sha256)."""
+    from carry.image.locked import runtimelock
 
     with _login(ref, docker_cli, local) as login:
         remote = None if local else _remote(client, ref, login)
@@ -331,7 +333,8 @@ def _trust_locked(
     this repository: commit, series, VERSION, the fixed wheel in dist/, the lock)."""
     import hashlib
 
-    from carry.image import installcheck, registryhttp, trustcheck
+    from carry.image import registryhttp
+    from carry.image.inspect import installcheck, trustcheck
 
     if remote is None:
         return [], ["signature: the image is only in the local engine; a signature lives in a registry"]
@@ -364,7 +367,7 @@ def _trust_locked(
 def fixed_wheel(dist: Path, version: str, platform: Platform) -> FixedWheel:
     """The fixed wheel for `platform` in `dist`: the one whose version carries VERSION and whose tag is that
     platform's (else a pure `-none-any` one, which every platform installs)."""
-    from carry.image import installcheck
+    from carry.image.inspect import installcheck
     from carry.wheelbuild.verify import wheel_platform
 
     ours = [path for path in dist.glob("*.whl") if version in path.name.split("-")[1]]
@@ -408,7 +411,8 @@ def read_and_check(
     """`platform`'s image of `ref` read from its layers (the registry when it has `ref`, else the local engine)
     and its files checked against `locked` (name, version pairs) and the `fixed` wheel."""
     from carry.binaries import sharedobjects as binaries
-    from carry.image import imagefs, installcheck, registry
+    from carry.image import registry
+    from carry.image.inspect import imagefs, installcheck
 
     wanted = installcheck.selection([fixed], binaries.from_bytes)
     files = None
@@ -434,7 +438,7 @@ def judge(
     """The labels, the installed buildinfo and the gate of the installed shared objects, with what the files
     proved (`content`), as one platform's verification; with the `lock`, the base the labels name is its base."""
     from carry.binaries import gate
-    from carry.image.installcheck import canonical
+    from carry.image.inspect.installcheck import canonical
 
     labels = files.labels
     mismatches = list(coverage) + _label_mismatches(labels, expected)
@@ -477,9 +481,9 @@ def judge(
 
 
 def _base_mismatches(labels: dict, lock: Lock, mismatches: list[Mismatch]) -> str | None:
-    """The base the image's labels name (carry.image.runtimebase.RuntimeBase.labels) against the lock's header:
+    """The base the image's labels name (carry.image.locked.runtimebase.RuntimeBase.labels) against the lock's header:
     the same content digest and Python; a line saying so, None for an image without those labels."""
-    from carry.image import runtimebase, runtimelock
+    from carry.image.locked import runtimebase, runtimelock
 
     found = labels.get(runtimebase.LABEL_BASE), labels.get(runtimebase.LABEL_PYTHON)
     if found == (None, None):

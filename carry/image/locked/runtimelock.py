@@ -8,7 +8,7 @@ The body is `uv pip compile --generate-hashes --only-binary :all: --no-header --
 both install it with --require-hashes, each pin's hashes narrowed to those of its wheels for the target (uv lists
 every file of the version; its pylock.toml of the same pins lists the target's); carry's header above it records
 what it was resolved from (the platform, the Python, uv's target, the runtime image by name and content digest and
-where its Python comes from (carry.image.runtimebase: its own, or derived by a recipe, by hash), a digest of the
+where its Python comes from (carry.image.locked.runtimebase: its own, or derived by a recipe, by hash), a digest of the
 Requires-Dist). `check_fresh` refuses a lock whose inputs drifted. Nothing in the header is a local image ID, so
 a lock made on one machine is fresh on another that holds the same runtime image.
 
@@ -39,7 +39,7 @@ from carry.util.errors import BadInput, CarryError, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
 
 if TYPE_CHECKING:
-    from carry.image.runtimebase import RuntimeBase
+    from carry.image.locked.runtimebase import RuntimeBase
 
 FORMAT = 2
 TITLE = "# carry runtime lock: written by `build.py lock`; do not edit (relock: build.py lock)"
@@ -351,10 +351,10 @@ def requires_dist_of(wheel: Path) -> tuple[str, ...]:
 def base_facts(
     config: Config, platform: Platform, cache: Cache | None = None, say: Callable[[str], None] | None = None
 ) -> BaseFacts:
-    """The runtime base's Python version and glibc, read by running its own python3 (carry.image.runtimebase:
+    """The runtime base's Python version and glibc, read by running its own python3 (carry.image.locked.runtimebase:
     pulled where missing, derived where it has no python3), and what names it: the runtime image's content
     digest and where its Python comes from."""
-    from carry.image import runtimebase
+    from carry.image.locked import runtimebase
 
     base = runtimebase.resolve(config, platform, cache or Cache.from_env(), say or (lambda line: None))
     return BaseFacts(base.python_version, base.glibc, base.content, base.ref, base.python, base)

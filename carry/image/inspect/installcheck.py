@@ -1,4 +1,4 @@
-"""What a locked image's venv holds, proven from its files (carry.image.imagefs reads them from the layers): the
+"""What a locked image's venv holds, proven from its files (carry.image.inspect.imagefs reads them from the layers): the
 installed distributions are exactly the lock plus the fixed wheel, every installed file matches its
 distribution's RECORD, nothing under site-packages or the venv's bin belongs to no RECORD, the fixed wheel is
 installed file for file as it is in dist/ (and nothing else under its top-level directories), console scripts
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from carry.binaries import wheelzip
 from carry.binaries.sharedobjects import elf_machine, may_be_shared_object
-from carry.image.imagefs import ImageFiles, Node, Selection
+from carry.image.inspect.imagefs import ImageFiles, Node, Selection
 from carry.platforms import Platform
 from carry.util.errors import Failed
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 from typing import TYPE_CHECKING
 
-from carry.image.container import Builder
+from carry.image.buildkit.container import Builder
 from carry.platforms import Platform
 from carry.util.errors import Failed
 

@@ -345,7 +345,7 @@ class StageBuild:
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     tags: tuple[str, ...] = ()
     output_dir: Path | None = None  # export the stage's files here instead of loading an image
-    cache_args: tuple[str, ...] = ()  # --cache-from/--cache-to flags (carry.image.layercache)
+    cache_args: tuple[str, ...] = ()  # --cache-from/--cache-to flags (carry.image.buildkit.layercache)
 
     def command(self, builder: Builder, secret: Path | None, context: Path) -> list[str]:
         docker = builder.docker

@@ -1,0 +1,355 @@
+"""What goes in a locked image's layers, per platform (carry.image.locked.lockedimage): the lock's wheels fetched
+into the download store, each wheel's install planned (carry.image.locked.wheelinstall) and grouped into the layers
+venv, nvidia, torch, deps, vllm-release and vllm-fixed, the fixed wheel as its difference to the release wheel."""
+
+from __future__ import annotations
+
+import dataclasses
+import email.parser
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+import zipfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from carry.binaries.wheelzip import record_hash
+from carry.config import Config
+from carry.image.buildkit.container import ENTRYPOINT
+from carry.image.locked import ocilayer, runtimelock, wheelinstall
+from carry.image.locked.ocilayer import Item
+from carry.image.locked.wheelinstall import Entry, Installed, Venv
+from carry.platforms import Platform
+from carry.util import prog
+from carry.util.cache import Cache
+from carry.util.download import Store, sha256_of
+from carry.util.errors import BadInput, Failed
+from carry.util.fsutil import temp_dir
+from carry.util.index import manylinux_tags, pip_download_command
+from carry.util.progress import Progress
+
+if TYPE_CHECKING:
+    import docker
+
+    from carry.image.locked.runtimebase import RuntimeBase
+
+PREFIX = "/opt/venv"
+TORCH_KIN = frozenset({"torch", "triton", "torchvision", "torchaudio", "torchcodec", "torch-c-dlpack-ext"})
+LAYER_NAMES = ("venv", "nvidia", "torch", "deps", "vllm-release", "vllm-fixed")
+
+
+def group_of(name: str) -> str:
+    """Which of L2-L4 a locked wheel goes in, by its canonical name."""
+    if name.startswith(("nvidia-", "cuda-")):
+        return "nvidia"
+    if name in TORCH_KIN:
+        return "torch"
+    return "deps"
+
+
+# -- what goes in ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPlan:
+    name: str
+    items: tuple[Item, ...]
+    files: int
+    installed: int
+    overwritten: tuple[str, ...] = ()  # paths two wheels of this layer both install (kept once: _merge)
+
+    @property
+    def key(self) -> str:
+        """sha256 over what the layer's bytes depend on: every item, and the compressor."""
+        digest = hashlib.sha256(json.dumps(ocilayer.gzip_key(), sort_keys=True).encode())
+        for item in self.items:
+            digest.update(
+                f"{item.path}\0{item.kind}\0{item.mode:o}\0{item.size}\0"
+                f"{item.entry.hash if item.entry else ''}\0{item.link}\n".encode()
+            )
+        return digest.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class PlatformPlan:
+    platform: Platform
+    base_ref: str
+    base: dict  # the base image's inspect data
+    layers: tuple[LayerPlan, ...]
+    fixed: Installed
+    patched: dict[str, str]  # installed path of each file L6 changes or adds outside the dist-info -> sha256 hex
+    duplicates: tuple[str, ...]  # paths two layers both write (stored twice)
+
+
+def release_wheel(config: Config, cache: Cache, platform: Platform, say: Callable[[str], None]) -> Path | None:
+    from carry.wheelbuild import precompiled
+
+    pin = precompiled.pin(config, cache, platform, say)
+    return pin.path if pin else None
+
+
+def requires_dist(wheel: Path) -> tuple[str, ...]:
+    with zipfile.ZipFile(wheel) as archive:
+        dist_info = next(
+            n.split("/", 1)[0] for n in archive.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")
+        )
+        message = email.parser.BytesParser().parsebytes(archive.read(f"{dist_info}/METADATA"), headersonly=True)
+    return tuple(message.get_all("Requires-Dist") or ())
+
+
+def runtime_base(base: RuntimeBase, client: docker.DockerClient) -> tuple[str, dict]:
+    """The runtime base's image as the engine holds it (runtimebase.RuntimeBase: the runtime image, or the base
+    carry derived from it): (its reference, its inspect data)."""
+    try:
+        return base.image, client.api.inspect_image(base.image_id)
+    except Exception:  # docker.errors.ImageNotFound and kin: removed since it was resolved
+        raise Failed(f"{base.image}: no longer in the local Docker engine; run the command again") from None
+
+
+def fetch_wheels(lock: runtimelock.Lock, store: Store, progress: Progress, scratch: Path) -> dict[str, Path]:
+    """Every locked wheel in the download store, sha256-checked against the lock: those missing downloaded once
+    with pip (the user's index settings; no cache of pip's own), each file stored once by its sha256."""
+    found: dict[str, Path] = {}
+    missing = []
+    for package in lock.packages:
+        path = _stored(store, package, lock.platform.machine)
+        if path is None:
+            missing.append(package)
+        else:
+            found[package.name] = path
+    if missing:
+        started = time.monotonic()
+        progress.phase(
+            "download", f"{lock.platform}: {len(missing)} of {len(lock.packages)} locked wheel(s) into {store.root}"
+        )
+        with temp_dir(scratch, "wheels-") as directory:
+            requirements = directory / "requirements.txt"
+            requirements.write_text(
+                "".join(f"{p.name}=={p.version} " + " ".join(f"--hash={h}" for h in p.hashes) + "\n" for p in missing)
+            )
+            _pip_download(lock, requirements, directory / "files")
+            for path in sorted((directory / "files").iterdir()):
+                sha = sha256_of(path)
+                target = store.root / sha / path.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
+        for package in missing:
+            path = _stored(store, package, lock.platform.machine)
+            if path is None:
+                raise Failed(
+                    f"{lock.path}: {package.name}=={package.version}: pip downloaded no wheel with the "
+                    f"locked sha256; relock ({prog.command('lock')})"
+                )
+            found[package.name] = path
+        total = sum(found[p.name].stat().st_size for p in missing)
+        progress.phase(
+            "download",
+            f"{lock.platform}: {len(missing)} wheel(s), {total / 1e9:.2f} GB in "
+            f"{time.monotonic() - started:.0f}s, sha256 as locked",
+        )
+    return found
+
+
+def _stored(store: Store, package: runtimelock.Locked, machine: str) -> Path | None:
+    """The stored wheel of a locked package for this CPU (a lock may list every file of a version: another
+    CPU's wheel of the same pin is not this platform's)."""
+    for value in package.hashes:
+        sha = value.split(":", 1)[1]
+        directory = store.root / sha
+        if directory.is_dir():
+            wheels = [p for p in directory.iterdir() if p.suffix == ".whl" and _installs_on(p.name, machine)]
+            if wheels:
+                return wheels[0]
+    return None
+
+
+def _installs_on(wheel_name: str, machine: str) -> bool:
+    platforms = wheel_name[: -len(".whl")].rsplit("-", 1)[-1].split(".")
+    return any(tag == "any" or tag.endswith(f"_{machine}") for tag in platforms)
+
+
+def pip_platforms(target: str) -> list[str]:
+    """pip's --platform list for uv's target (`aarch64-manylinux_2_36`)."""
+    match = re.fullmatch(r"(x86_64|aarch64|ppc64le|s390x|armv7l|i686)-manylinux_(\d+)_(\d+)", target)
+    if not match:
+        raise BadInput(f"runtime lock target {target!r} is not ARCH-manylinux_X_Y; relock ({prog.command('lock')})")
+    return manylinux_tags(match.group(1), int(match.group(2)), int(match.group(3)))
+
+
+def _pip_download(lock: runtimelock.Lock, requirements: Path, into: Path) -> None:
+    python = ".".join(lock.python.split(".")[:2])
+    command = pip_download_command(requirements, into, python, pip_platforms(lock.target))
+    result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if result.returncode != 0:
+        raise Failed(_pip_failure(lock, result.stdout + result.stderr))
+
+
+def _pip_failure(lock: runtimelock.Lock, output: str) -> str:
+    """One line: the package whose hash did not match (pip's hash report), else pip's last line."""
+    mismatch = re.search(
+        r"^\s+([A-Za-z0-9_.\-]+)==(\S+) from \S+.*?\n\s+Expected sha256 (\S+)"
+        r"(?:.*?\n)*?\s+Got\s+(\S+)",
+        output,
+        re.M,
+    )
+    if mismatch:
+        name, version, expected, got = mismatch.groups()
+        return (
+            f"{lock.path}: {name}=={version}: the wheel's sha256 is {got}, the lock says {expected}; the lock "
+            f"was changed by hand or the index serves another file: relock ({prog.command('lock')})"
+        )
+    tail = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    return f"{lock.path}: pip download of the locked wheels failed: {tail[-1] if tail else 'no output'}"
+
+
+def plan_platform(
+    config: Config,
+    platform: Platform,
+    lock: runtimelock.Lock,
+    wheels: dict[str, Path],
+    fixed_wheel: Path,
+    release: Path | None,
+    base_ref: str,
+    base: dict,
+) -> PlatformPlan:
+    venv = Venv(PREFIX, ".".join(lock.python.split(".")[:2]))
+    groups: dict[str, list[Installed]] = {"nvidia": [], "torch": [], "deps": []}
+    for name in sorted(wheels):
+        groups[group_of(name)].append(wheelinstall.plan(wheels[name], venv))
+    fixed = wheelinstall.plan(fixed_wheel, venv)
+    layers = [_layer("venv", [], _venv_items(config, lock, venv))]
+    for group, (entries, overwritten) in _merge(groups, venv).items():
+        layers.append(_layer(group, entries, overwritten=overwritten))
+    patched: dict[str, str] = {}
+    if release is not None:
+        released = wheelinstall.plan(release, venv)
+        layers.append(_layer("vllm-release", list(released.entries)))
+        changed, whiteouts = difference(released, fixed)
+        layers.append(_layer("vllm-fixed", changed, whiteouts))
+        patched = {e.path: e.sha256_hex for e in changed if not e.path.startswith(fixed.dist_info + "/")}
+    else:
+        layers.append(_layer("vllm-fixed", list(fixed.entries)))
+        patched = {e.path: e.sha256_hex for e in fixed.entries if not e.path.startswith(fixed.dist_info + "/")}
+    return PlatformPlan(platform, base_ref, base, tuple(layers), fixed, patched, _duplicates(layers))
+
+
+def _layer(name: str, entries: list[Entry], extra: Iterable[Item] = (), overwritten: tuple[str, ...] = ()) -> LayerPlan:
+    items = ocilayer.items_for(entries, extra)
+    files = [i for i in items if i.kind == "file"]
+    return LayerPlan(name, items, len(files), sum(i.size for i in files), overwritten)
+
+
+def _merge(groups: dict[str, list[Installed]], venv: Venv) -> dict[str, tuple[list[Entry], tuple[str, ...]]]:
+    """The files of the locked wheels, per layer (group), each path stored once across all of them. A path two
+    wheels install (cuda-python 12.6 ships its own copy of cuda/bindings/, which cuda-bindings installs;
+    flashinfer-python and torch-c-dlpack-ext both ship a top-level build_backend.py) goes to the wheel whose name
+    is the path's package (cuda-bindings for cuda/bindings/...), else to the later by name, and only into that
+    wheel's layer; such paths are reported with the layer that keeps them."""
+    chosen: dict[str, tuple[str, str, Entry]] = {}
+    twice: dict[str, set[str]] = {group: set() for group in groups}
+    site = venv.site.lstrip("/") + "/"
+    ordered = sorted(
+        (
+            (installed.name.lower().replace("_", "-").replace(".", "-"), group, installed)
+            for group, installs in groups.items()
+            for installed in installs
+        ),
+        key=lambda t: t[0],
+    )
+    for owner, group, installed in ordered:
+        for entry in installed.entries:
+            before = chosen.get(entry.path)
+            if before is not None:
+                if _owns(before[0], entry.path, site) and not _owns(owner, entry.path, site):
+                    twice[before[1]].add(entry.path)
+                    continue
+                twice[group].add(entry.path)
+            chosen[entry.path] = (owner, group, entry)
+    return {
+        group: ([entry for _, kept, entry in chosen.values() if kept == group], tuple(sorted(twice[group])))
+        for group in groups
+    }
+
+
+def _owns(name: str, path: str, site: str) -> bool:
+    parts = path[len(site) :].split("/") if path.startswith(site) else []
+    return bool(parts) and name in (parts[0].lower(), "-".join(parts[:2]).lower())
+
+
+def difference(released: Installed, fixed: Installed) -> tuple[list[Entry], list[Item]]:
+    """What turns the release's install into the fixed wheel's: files whose bytes or mode differ or that only the
+    fixed wheel has, and whiteouts for the release's files and directories the fixed wheel does not have."""
+    before = {e.path: e for e in released.entries}
+    after = {e.path: e for e in fixed.entries}
+    changed = [
+        e
+        for path, e in after.items()
+        if path not in before or (before[path].hash, before[path].mode) != (e.hash, e.mode)
+    ]
+    dirs_before, dirs_after = _dirs(before), _dirs(after)
+    gone_dirs = sorted(dirs_before - dirs_after, key=len)
+    top: list[str] = []
+    for directory in gone_dirs:
+        if not any(directory.startswith(t + "/") for t in top):
+            top.append(directory)
+    whiteouts = [Item(d, "whiteout") for d in top]
+    for path in sorted(set(before) - set(after)):
+        if not any(path.startswith(t + "/") for t in top):
+            whiteouts.append(Item(path, "whiteout"))
+    return changed, whiteouts
+
+
+def _dirs(paths: Iterable[str]) -> set[str]:
+    found = set()
+    for path in paths:
+        while "/" in path:
+            path = path.rsplit("/", 1)[0]
+            found.add(path)
+    return found
+
+
+def _duplicates(layers: list[LayerPlan]) -> tuple[str, ...]:
+    """Files written twice: by two layers (L6 replacing L5's files aside, by design) or two wheels of one layer."""
+    seen: dict[str, str] = {}
+    twice = []
+    has_release = any(layer.name == "vllm-release" for layer in layers)
+    for layer in layers:
+        if layer.name == "vllm-fixed" and has_release:
+            continue
+        for item in layer.items:
+            if item.kind == "file":
+                if item.path in seen:
+                    twice.append(f"{item.path} ({seen[item.path]}, {layer.name})")
+                seen[item.path] = layer.name
+    return tuple(twice)
+
+
+def _venv_items(config: Config, lock: runtimelock.Lock, venv: Venv) -> list[Item]:
+    """L1: the venv on the base's Python and carry's small files."""
+
+    def data_entry(path: str, data: bytes, mode: int = 0o644) -> Item:
+        entry = Entry(path, mode, len(data), record_hash(data), data=data)
+        return Item(path, "file", mode, len(data), entry)
+
+    prefix = venv.prefix.lstrip("/")
+    cfg = (
+        f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {lock.python}\n"
+        f"executable = /usr/bin/python{venv.python}\ncommand = carry (the runtime lock's venv)\n"
+    ).encode()
+    env = "".join(f"{name}={shlex.quote(value)}\n" for name, value in sorted(config.image.env.items())).encode()
+    return [
+        data_entry(f"{prefix}/pyvenv.cfg", cfg),
+        Item(f"{prefix}/bin/python", "symlink", link="/usr/bin/python3"),
+        Item(f"{prefix}/bin/python3", "symlink", link="python"),
+        Item(f"{prefix}/bin/python{venv.python}", "symlink", link="python"),
+        Item(f"{prefix}/lib64", "symlink", link="lib"),
+        Item(venv.site.lstrip("/"), "dir", 0o755),
+        Item(f"{prefix}/include", "dir", 0o755),
+        data_entry("etc/carry/runtime.env", env),
+        data_entry("usr/local/bin/carry-entrypoint", ENTRYPOINT.read_bytes(), 0o755),
+    ]
