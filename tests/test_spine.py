@@ -323,7 +323,7 @@ def _tree_with(upstream: Upstream, base: str, patches: Path) -> str:
 _CONFIG_LOADS = {
     *("carry", "carry.cli", "carry.cli.common", "carry.cli.commands", "carry.commands", "carry.config"),
     *("carry.arch", "carry.platforms", "carry.binaries"),
-    *("carry.binaries.gatepolicy", "carry.util", "carry.util.errors", "carry.util.progress", "carry.util.record"),
+    *("carry.binaries.gatepolicy", "carry.util", "carry.util.errors", "carry.util.record"),
     *("carry.util.digest", "carry.util.cache", "carry.util.fsutil", "carry.util.download"),
     # the standard library's, beyond what click and yaml load
     *("json", "json.decoder", "json.encoder", "json.scanner", "_json", "locale", "_locale", "shlex", "_sha256"),
