@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""carry's command line from a checkout: the same CLI as the installed `carry` command (carry/cli.py)."""
+"""carry's command line from a checkout: the same CLI as the installed `carry` command (carry/cli/)."""
 
 from carry.cli import main
 

@@ -1,4 +1,4 @@
-"""`python -m carry`: the same CLI as the installed `carry` command and `build.py` (carry/cli.py)."""
+"""`python -m carry`: the same CLI as the installed `carry` command and `build.py` (carry/cli/)."""
 
 from carry.cli import main
 

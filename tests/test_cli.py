@@ -3,13 +3,17 @@ from outside the checkout, same output and exit codes. (What the light commands 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
+import click
 import pytest
 
+from carry.cli import COMMANDS, cli
 from helpers import ROOT, carry
 
 DEMO_CONFIG = ROOT / "examples" / "demo" / "build.yaml"
@@ -70,3 +74,50 @@ def test_installed_carry_runs_the_installed_package(installed, tmp_path):
         check=True,
     ).stdout
     assert str(installed.parent.parent) in json.loads(where)
+
+
+# --- carry/cli/: one module per command, loaded when it runs ------------------------------------------------------
+
+
+def _top_level_commands() -> dict[str, tuple[str, str, click.Command]]:
+    """Every command the modules of carry/cli/commands/ define, not counting a group's own subcommands:
+    name -> (module, attribute, command)."""
+    found = {}
+    for path in sorted((ROOT / "carry" / "cli" / "commands").glob("[!_]*.py")):
+        module = importlib.import_module(f"carry.cli.commands.{path.stem}")
+        commands = {name: value for name, value in vars(module).items() if isinstance(value, click.Command)}
+        nested = {
+            id(sub) for value in commands.values() if isinstance(value, click.Group) for sub in value.commands.values()
+        }
+        for attribute, command in commands.items():
+            if id(command) not in nested:
+                assert command.name not in found, f"two commands named {command.name}"
+                found[command.name] = (path.stem, attribute, command)
+    return found
+
+
+def test_the_command_table_names_every_command_module_and_its_short_help():
+    found = _top_level_commands()
+    assert sorted(COMMANDS) == sorted(found)
+    for name, (module, attribute, short) in COMMANDS.items():
+        assert (module, attribute) == found[name][:2], name
+        command = cli.get_command(click.Context(cli), name)
+        assert command is found[name][2]
+        listed = click.Command(name, help=short)
+        for limit in range(10, 140):  # what `--help` lists, at every terminal width
+            assert listed.get_short_help_str(limit) == command.get_short_help_str(limit), (name, limit)
+    assert cli.get_command(click.Context(cli), "no-such-command") is None
+
+
+def test_help_lists_every_command_without_importing_one():
+    probe = (
+        "import sys\nsys.argv = ['carry', '--help']\nfrom carry.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print('LOADED', sorted(m for m in sys.modules if m.startswith('carry.cli.commands.')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert result.stdout.rstrip().endswith("LOADED []"), result.stdout
+    listed = result.stdout.split("Commands:\n", 1)[1].split("LOADED")[0].splitlines()
+    assert [line.split()[0] for line in listed if line.startswith("  ") and not line.startswith("   ")] == sorted(
+        COMMANDS
+    )

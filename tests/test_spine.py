@@ -321,8 +321,9 @@ def _tree_with(upstream: Upstream, base: str, patches: Path) -> str:
 # before (a CI rerun). Every module here is paid by every check a CI job or a maintainer runs (bench/vllmbench.py:
 # <= 1.5x the click+yaml start-up): add one only when the command uses it, never for a command it does not run.
 _CONFIG_LOADS = {
-    *("carry", "carry.cli", "carry.commands", "carry.config", "carry.arch", "carry.platforms", "carry.binaries"),
-    *("carry.binaries.gatepolicy", "carry.util", "carry.util.errors", "carry.util.progress", "carry.util.record"),
+    *("carry", "carry.cli", "carry.cli.common", "carry.cli.commands", "carry.commands", "carry.config"),
+    *("carry.arch", "carry.platforms", "carry.binaries"),
+    *("carry.binaries.gatepolicy", "carry.util", "carry.util.errors", "carry.util.record"),
     *("carry.util.digest", "carry.util.cache", "carry.util.fsutil", "carry.util.download"),
     # the standard library's, beyond what click and yaml load
     *("json", "json.decoder", "json.encoder", "json.scanner", "_json", "locale", "_locale", "shlex", "_sha256"),
@@ -330,8 +331,8 @@ _CONFIG_LOADS = {
 }
 LIGHT_COMMANDS_LOAD = {
     "check": {*_CONFIG_LOADS, "carry.source", "carry.source.git", "carry.source.series", "carry.source.apply"}
-    | {"carry.source.upstream"},
-    "version": {*_CONFIG_LOADS, "carry.version"},
+    | {"carry.source.upstream", "carry.cli.commands.check"},
+    "version": {*_CONFIG_LOADS, "carry.version", "carry.cli.commands.version"},
 }
 # Families neither command may load: network, ELF, Docker, builds, images, verdicts, GPU tests, OpenSSL, processes
 NEVER = (

@@ -223,14 +223,18 @@ def cli_problems(argv: list[str]) -> list[str]:
                 positionals.append(token)
             i += 1
         if isinstance(command, click.Group):
+            # the group's own lookup (carry's loads each command's module when asked), not its .commands dict
+            context = click.Context(command)
+            names = sorted(command.list_commands(context))
             if subcommand is None:
                 if not command.invoke_without_command and not HELP_OPTIONS & set(tokens):
-                    problems.append(f"{where}: needs a command, one of: {', '.join(sorted(command.commands))}")
+                    problems.append(f"{where}: needs a command, one of: {', '.join(names)}")
                 return problems
-            if subcommand not in command.commands:
-                problems.append(f"{where}: no command {subcommand!r}; it has: {', '.join(sorted(command.commands))}")
+            found = command.get_command(context, subcommand)
+            if found is None:
+                problems.append(f"{where}: no command {subcommand!r}; it has: {', '.join(names)}")
                 return problems
-            command = command.commands[subcommand]
+            command = found
             where = f"{where} {subcommand}"
             tokens = tokens[i:]
             continue

@@ -1,0 +1,111 @@
+"""`image` and `manifest`: the container image per platform, and the manifest lists that join them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from carry.cli.common import AN_EXISTING_DIR, Context, echo_notes, parse_platform
+from carry.util.progress import Progress
+
+
+@click.command("image")
+@click.option(
+    "--push",
+    is_flag=True,
+    help="Push every tag (credentials: Docker config, or "
+    "$CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD handed over on stdin).",
+)
+@click.option("--tag", "tags", metavar="T", multiple=True, help="An extra tag; repeatable.")
+@click.option(
+    "--platform",
+    "platforms",
+    metavar="P",
+    multiple=True,
+    help="Target platform, e.g. linux/arm64; repeatable, one build each (default: image.platforms); a "
+    "foreign CPU needs QEMU's binfmt_misc handler.",
+)
+@click.option(
+    "--arch", metavar="LIST", help="CUDA arches, or none (default: build.cuda_arches, or each platform's own)."
+)
+@click.option("--hermetic", is_flag=True, help="Build with --network=none, requirements from a wheelhouse.")
+@click.option(
+    "--wheelhouse",
+    type=AN_EXISTING_DIR,
+    help="Wheels for --hermetic (default: downloaded once into the cache).",
+)
+@click.option(
+    "--cache-from",
+    "cache_from",
+    metavar="SPEC",
+    multiple=True,
+    help="Import BuildKit's layer cache: inline (this VERSION's pushed image), registry (its "
+    "-buildcache ref), an image ref, or type=... (buildx); {arch} {version} filled per platform.",
+)
+@click.option(
+    "--cache-to",
+    "cache_to",
+    metavar="SPEC",
+    multiple=True,
+    help="Export it: inline (inside the image; any BuildKit), registry (buildx, mode=max, to "
+    "NAME:VERSION-ARCH-buildcache), or type=... (buildx).",
+)
+@click.option(
+    "--no-smoke",
+    "no_smoke",
+    is_flag=True,
+    help="With image.lock: skip the smoke test (after --push it pulls each platform's image back and keeps it).",
+)
+@click.option("--json", "as_json", is_flag=True, help="With image.lock: the layers and tags as JSON on stdout.")
+@click.pass_obj
+def image_command(
+    obj: Context,
+    push: bool,
+    tags: tuple[str, ...],
+    platforms: tuple[str, ...],
+    arch: str | None,
+    hermetic: bool,
+    wheelhouse: Path | None,
+    cache_from: tuple[str, ...],
+    cache_to: tuple[str, ...],
+    no_smoke: bool,
+    as_json: bool,
+) -> None:
+    """Build the image with BuildKit, one build per platform (the build stage runs `build.py wheel`), tag it
+    from VERSION, label it with its provenance, and optionally push; with several platforms each is tagged
+    VERSION-ARCH and, on push, every shared tag becomes a manifest list of them all."""
+    from carry.image.image import ImageOptions
+    from carry.image.layercache import CacheSpec
+
+    caches = tuple(CacheSpec.parse(s, False) for s in cache_from) + tuple(CacheSpec.parse(s, True) for s in cache_to)
+    progress = Progress()
+    options = ImageOptions(push, tags, tuple(parse_platform(p) for p in platforms), hermetic, wheelhouse, caches)
+    session = obj.session()
+    if session.config.image.lock:
+        locked = session.locked_image(options, arch, not no_smoke, progress)
+        echo_notes(locked.notes)
+        click.echo(json.dumps(locked.to_json(), indent=2) if as_json else "\n".join(locked.lines()))
+        return
+    result = session.image(options, arch, progress)
+    echo_notes(result.notes)
+    click.echo("\n".join(result.lines()))
+
+
+@click.command("manifest")
+@click.option(
+    "--platform",
+    "platforms",
+    metavar="P",
+    multiple=True,
+    help="A platform to join; repeatable (default: image.platforms).",
+)
+@click.option("--tag", "tags", metavar="T", multiple=True, help="An extra shared tag; repeatable.")
+@click.pass_obj
+def manifest_command(obj: Context, platforms: tuple[str, ...], tags: tuple[str, ...]) -> None:
+    """Make every shared tag (VERSION, the templates, --tag) a manifest list of the platforms' VERSION-ARCH
+    images, which separate runs (one per platform) pushed; checked against the registry afterwards."""
+    progress = Progress()
+    joined = obj.session().manifest(tuple(parse_platform(p) for p in platforms), tags, progress)
+    click.echo("\n".join(f"{ref}  {digest}" for ref, digest in joined.items()))

@@ -1,0 +1,94 @@
+"""`status`, `drop` and `refresh`: what upstream did with each patch, and acting on it."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from carry.cli.common import Context, echo_notes
+from carry.util.progress import Progress
+
+
+@click.command()
+@click.option(
+    "--against",
+    "against",
+    metavar="REF",
+    multiple=True,
+    help="Upstream ref to judge against; repeatable (default: upstream.main and the PR head).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
+@click.option(
+    "--fail-on",
+    "fail_on",
+    metavar="VERDICTS",
+    help="Exit 1 when one of these verdicts occurs, e.g. MERGED-EXACT,MERGED-MODIFIED,CONFLICT.",
+)
+@click.option(
+    "--test",
+    "test",
+    is_flag=True,
+    help="Also run each patch's test (its Carry-Test trailer, or what "
+    "prove learned) on each ref without the patch: FIXED-UPSTREAM when it passes.",
+)
+@click.pass_obj
+def status(obj: Context, against: tuple[str, ...], as_json: bool, fail_on: str | None, test: bool) -> None:
+    """One verdict per patch against newer upstream refs, each with its evidence: MERGED-EXACT, MERGED-MODIFIED,
+    PARTIAL, CONFLICT, NEEDED; DELETED-UPSTREAM or PR-ONLY when the patched file is gone from REF (upstream deleted
+    it, or only the PR has it); FIXED-UPSTREAM (--test) when the patch's test passes on REF without it. The PR's own
+    state (open, closed, merged) comes first."""
+    from carry.verdicts import verdicts
+
+    failing = verdicts.Verdict.parse_list(fail_on, "--fail-on") if fail_on is not None else frozenset()
+    result = obj.session().status(against, test, Progress() if test else None)
+    echo_notes(result.notes)
+    click.echo(json.dumps(result.to_json(), indent=2) if as_json else verdicts.table(result))
+    sys.exit(1 if failing & result.occurred else 0)
+
+
+@click.command("drop")
+@click.argument("name")
+@click.option("--against", "against", metavar="REF", help="Upstream ref that must have merged it (default: main).")
+@click.option("--force", is_flag=True, help="Drop even when REF still needs the patch (logged as forced).")
+@click.option(
+    "--test", "test", is_flag=True, help="Run the patch's test on REF without it first: FIXED-UPSTREAM lets it go."
+)
+@click.option(
+    "--onto",
+    "onto",
+    metavar="REF",
+    help="Move the pin here (it must hold the merge) instead of to the commit that merged the patch.",
+)
+@click.pass_obj
+def drop_command(obj: Context, name: str, against: str | None, force: bool, test: bool, onto: str | None) -> None:
+    """Remove a patch REF needs no more (MERGED-*, DELETED-UPSTREAM, PR-ONLY, FIXED-UPSTREAM), move the pin to the
+    commit that merged it (with upstream.pr: the PR head, which must hold it), carry the rest of the series over
+    there, bump VERSION once and log it in patches/DROPPED.md; on a conflict nothing changes (exit 1)."""
+    result = obj.session().drop(name, against, force, test, onto)
+    echo_notes(result.notes)
+    click.echo("\n".join(result.lines()))
+
+
+@click.command()
+@click.option(
+    "--onto",
+    "onto",
+    metavar="REF",
+    help="Upstream ref to move onto: a tag, a branch, refs/... or a SHA (default: upstream.main).",
+)
+@click.option(
+    "--test",
+    "test",
+    is_flag=True,
+    help="On a conflict, run the patches' tests on REF too, so a patch upstream fixed its own way is named for `drop`.",
+)
+@click.pass_obj
+def refresh(obj: Context, onto: str | None, test: bool) -> None:
+    """Rebase the series onto a new upstream base (3-way merge, following upstream's renames), move the pin,
+    rewrite the patches that moved and bump VERSION (when anything changed); on a conflict change nothing and exit 1,
+    naming `drop` for the patches REF needs no more."""
+    result = obj.session().refresh(onto, test)
+    echo_notes(result.notes)
+    click.echo("\n".join(result.lines()))

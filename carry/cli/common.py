@@ -1,0 +1,49 @@
+"""What every command module of carry/cli/commands/ shares: the Context object the group hands each command, the
+path types, --platform parsing and printing notes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, overload
+
+import click
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from carry.commands import Session
+    from carry.platforms import Platform
+
+# The path types, made once: each click.Path asks gettext for its name when made (a few locale files looked up)
+A_FILE = click.Path(path_type=Path, dir_okay=False)
+A_DIR = click.Path(path_type=Path, file_okay=False)
+AN_EXISTING_DIR = click.Path(path_type=Path, file_okay=False, exists=True)
+
+
+class Context:
+    """What every command needs: the config path and, on first use, the loaded config."""
+
+    def __init__(self, config_path: Path):
+        self.config_path = config_path
+
+    def session(self) -> Session:
+        from carry.commands import Session
+
+        return Session.open(self.config_path)
+
+
+def echo_notes(notes: Iterable[str]) -> None:
+    for note in notes:
+        click.echo(f"carry: {note}", err=True)
+
+
+@overload
+def parse_platform(text: str, flag: str = ...) -> Platform: ...
+@overload
+def parse_platform(text: None, flag: str = ...) -> None: ...
+@overload
+def parse_platform(text: str | None, flag: str = ...) -> Platform | None: ...
+def parse_platform(text: str | None, flag: str = "--platform") -> Platform | None:
+    from carry.platforms import Platform
+
+    return Platform.parse(text, flag) if text is not None else None
