@@ -76,8 +76,8 @@ def image_command(
     """Build the image with BuildKit, one build per platform (the build stage runs `build.py wheel`), tag it
     from VERSION, label it with its provenance, and optionally push; with several platforms each is tagged
     VERSION-ARCH and, on push, every shared tag becomes a manifest list of them all."""
-    from carry.image.image import ImageOptions
-    from carry.image.layercache import CacheSpec
+    from carry.image.buildkit.image import ImageOptions
+    from carry.image.buildkit.layercache import CacheSpec
 
     caches = tuple(CacheSpec.parse(s, False) for s in cache_from) + tuple(CacheSpec.parse(s, True) for s in cache_to)
     progress = Progress()

@@ -51,7 +51,7 @@ def verify(
 
         key = load_public(key_path)
     if key is not None and not obj.config_path.exists():
-        from carry.image import trustcheck
+        from carry.image.inspect import trustcheck
 
         only = trustcheck.verify_without_checkout(artifact, key, parse_platform(platform), "docker")
         click.echo("\n".join(line for result in only for line in result.lines()))
