@@ -50,6 +50,7 @@ from carry.util.cache import Cache
 from carry.util.download import Store
 from carry.util.errors import BadInput
 from carry.util.progress import Progress
+from carry.util.record import record
 
 if TYPE_CHECKING:
     import docker
@@ -170,22 +171,32 @@ def prepare(
     return Prepared(locks, bases, releases, facts)
 
 
+@record(kw_only=True)
+class Delivery:
+    """Where the written images go: pushed (`push`; `attester` set: signed and attested) or loaded into the engine,
+    then smoke-tested with `smoke`."""
+
+    push: bool
+    smoke: bool
+    attester: Attester | None = None
+
+
 def build(
     config: Config,
     cache: Cache,
     prepared: Prepared,
     the_plan: ImagePlan,
     fixed_wheels: dict[Platform, Path],
-    push: bool,
-    run_smoke: bool,
+    delivery: Delivery,
     client: docker.DockerClient,
     progress: Progress,
-    attester: Attester | None = None,
 ) -> LockedImageResult:
     """Download, plan, write and push (or load) every platform's image; then the shared tags and the smoke test.
-    With --push, `attester` (carry.image.attest) writes each platform's SBOM and signs and attests what was pushed."""
+    With --push, `delivery.attester` (carry.image.attest) writes each platform's SBOM and signs and attests what was
+    pushed."""
     from carry.image import registry, registryhttp
 
+    push, run_smoke, attester = delivery.push, delivery.smoke, delivery.attester
     store = Store.from_env(cache.root)
     digests = Digests(cache.root / "image-layers")
     plans: dict[Platform, PlatformPlan] = {}
@@ -326,6 +337,8 @@ def _attest(
     fetched: dict[Platform, dict[str, Path]],
 ) -> None:
     """The pushed platform manifest's SBOM, signature and attestations (carry.image.attest)."""
+    from carry.image.attest import Installed
+
     facts = attester.facts(
         image.platform,
         image.labels,
@@ -333,7 +346,6 @@ def _attest(
         prepared.releases[image.platform],
         plan.base_ref,
         plan.base,
-        prepared.locks[image.platform],
-        fetched[image.platform],
+        Installed(lock=prepared.locks[image.platform], wheels=fetched[image.platform]),
     )
     attester.platform(repo, facts, digest, locked=True)
