@@ -197,43 +197,12 @@ def build(
     from carry.image import registry, registryhttp
 
     push, run_smoke, attester = delivery.push, delivery.smoke, delivery.attester
-    store = Store.from_env(cache.root)
     digests = Digests(cache.root / "image-layers")
-    plans: dict[Platform, PlatformPlan] = {}
-    fetched: dict[Platform, dict[str, Path]] = {}
-    for image in the_plan.images:
-        platform = image.platform
-        lock = prepared.locks[platform]
-        if prepared.releases[platform] is None:  # no precompiled wheel: the fixed wheel's own Requires-Dist
-            runtimelock.check_fresh(
-                lock, requires_dist=requires_dist(fixed_wheels[platform]), base=prepared.facts[platform]
-            )
-        wheels = fetched[platform] = fetch_wheels(lock, store, progress, cache.scratch)
-        base_ref, base = prepared.bases[platform]
-        started = time.monotonic()
-        plans[platform] = plan_platform(
-            config, platform, lock, wheels, fixed_wheels[platform], prepared.releases[platform], base_ref, base
-        )
-        progress.phase(
-            "plan",
-            f"{platform}: {len(lock.packages)} locked wheel(s) + {fixed_wheels[platform].name}: "
-            + ", ".join(f"{layer.name} {layer.files} files" for layer in plans[platform].layers)
-            + f" ({time.monotonic() - started:.1f}s)",
-        )
+    plans, fetched = _plan_all(config, cache, prepared, the_plan, fixed_wheels, progress)
     outcomes: list[PlatformOutcome] = []
     pushed: dict[str, str] = {}
-    notes: list[str] = []
     duplicates = tuple(d for p in plans.values() for d in p.duplicates)
-    if duplicates:
-        notes.append(f"{len(duplicates)} file(s) stored in two layers: {', '.join(duplicates[:3])}")
-    for platform, plan in plans.items():
-        for layer in plan.layers:
-            if layer.overwritten:
-                notes.append(
-                    f"{platform} {layer.name}: {len(layer.overwritten)} path(s) installed by two locked "
-                    f"wheels, kept once (the wheel named like the path's package, else the later by "
-                    f"name), e.g. {layer.overwritten[0]}"
-                )
+    notes = _layer_notes(plans, duplicates)
     if push:
         with registry.credentials(config.image.name, config.image.docker) as login:
             repo = registryhttp.Repository.of(config.image.name, login.auth)
@@ -324,6 +293,56 @@ def build(
     return LockedImageResult(
         tuple(outcomes), pushed, the_plan.shared, tuple(notes), duplicates, attester if push else None
     )
+
+
+def _plan_all(
+    config: Config,
+    cache: Cache,
+    prepared: Prepared,
+    the_plan: ImagePlan,
+    fixed_wheels: dict[Platform, Path],
+    progress: Progress,
+) -> tuple[dict[Platform, PlatformPlan], dict[Platform, dict[str, Path]]]:
+    """Each platform's locked wheels downloaded and its layers planned: (plans, the wheel files fetched)."""
+    store = Store.from_env(cache.root)
+    plans: dict[Platform, PlatformPlan] = {}
+    fetched: dict[Platform, dict[str, Path]] = {}
+    for image in the_plan.images:
+        platform = image.platform
+        lock = prepared.locks[platform]
+        if prepared.releases[platform] is None:  # no precompiled wheel: the fixed wheel's own Requires-Dist
+            runtimelock.check_fresh(
+                lock, requires_dist=requires_dist(fixed_wheels[platform]), base=prepared.facts[platform]
+            )
+        wheels = fetched[platform] = fetch_wheels(lock, store, progress, cache.scratch)
+        base_ref, base = prepared.bases[platform]
+        started = time.monotonic()
+        plans[platform] = plan_platform(
+            config, platform, lock, wheels, fixed_wheels[platform], prepared.releases[platform], base_ref, base
+        )
+        progress.phase(
+            "plan",
+            f"{platform}: {len(lock.packages)} locked wheel(s) + {fixed_wheels[platform].name}: "
+            + ", ".join(f"{layer.name} {layer.files} files" for layer in plans[platform].layers)
+            + f" ({time.monotonic() - started:.1f}s)",
+        )
+    return plans, fetched
+
+
+def _layer_notes(plans: dict[Platform, PlatformPlan], duplicates: tuple[str, ...]) -> list[str]:
+    """What the layer plans kept once: files stored in two layers, paths two locked wheels install."""
+    notes: list[str] = []
+    if duplicates:
+        notes.append(f"{len(duplicates)} file(s) stored in two layers: {', '.join(duplicates[:3])}")
+    for platform, plan in plans.items():
+        for layer in plan.layers:
+            if layer.overwritten:
+                notes.append(
+                    f"{platform} {layer.name}: {len(layer.overwritten)} path(s) installed by two locked "
+                    f"wheels, kept once (the wheel named like the path's package, else the later by "
+                    f"name), e.g. {layer.overwritten[0]}"
+                )
+    return notes
 
 
 def _attest(
