@@ -181,7 +181,7 @@ def measure_offline() -> dict:
 
     from carry import config as config_module
     from carry import version as version_module
-    from carry.image.attest import Attester
+    from carry.image.attest import Attester, Installed
     from carry.image.locked import layerplan, runtimelock
     from carry.platforms import Platform
     from carry.source import series
@@ -241,8 +241,7 @@ def measure_offline() -> dict:
                 release,
                 config.target(platform).runtime_image or "runtime",
                 {"Id": "sha256:" + "0" * 64},
-                lock,
-                wheels,
+                Installed(lock=lock, wheels=wheels),
             )
             published = attester.platform(Memory(), facts, "sha256:" + "1" * 64, locked=True)
             attester.index(Memory(), "sha256:" + "2" * 64)

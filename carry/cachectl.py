@@ -26,7 +26,7 @@ import shutil
 import stat
 import time
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -335,28 +335,25 @@ def candidates(cache: Cache, keep: Needed) -> tuple[list[Candidate], int]:
             return []
         return sorted(p for p in directory.iterdir() if not p.name.startswith("."))
 
-    for path in entries(cache.root / "mirrors"):
-        if path.name in keep.mirrors:
-            kept += 1
-        else:
-            found.append(Candidate("mirror", path, (path.name, f"build-{path.name}", f"tree-{path.name}")))
-    for path in entries(cache.root / "bundles"):
-        if path.name in keep.bundles:
-            kept += 1
-        else:
-            found.append(Candidate("bundle", path, ()))
-    for path in entries(cache.builds):
-        if path.name in keep.builds:
-            kept += 1
-        else:
-            guard = path.name if path.name.startswith("tree-") else f"build-{path.name}.git"
-            found.append(Candidate("build dir", path, (guard,)))
-    for path in entries(cache.root / "envs"):
-        if path.name in keep.envs:
-            kept += 1
-        else:
-            # a build holds its build dir's lock, not its environment's: none may run while an environment goes
-            found.append(Candidate("environment", path, (f"env-{path.name}", "build-*")))
+    # kind, directory, the names kept, the locks that guard an entry of that name
+    by_name: list[tuple[str, Path, set[str], Callable[[str], tuple[str, ...]]]] = [
+        ("mirror", cache.root / "mirrors", keep.mirrors, lambda name: (name, f"build-{name}", f"tree-{name}")),
+        ("bundle", cache.root / "bundles", keep.bundles, lambda name: ()),
+        (
+            "build dir",
+            cache.builds,
+            keep.builds,
+            lambda name: (name if name.startswith("tree-") else f"build-{name}.git",),
+        ),
+        # a build holds its build dir's lock, not its environment's: none may run while an environment goes
+        ("environment", cache.root / "envs", keep.envs, lambda name: (f"env-{name}", "build-*")),
+    ]
+    for kind, directory, kept_names, guards in by_name:
+        for path in entries(directory):
+            if path.name in kept_names:
+                kept += 1
+            else:
+                found.append(Candidate(kind, path, guards(path.name)))
     kept_keys = set()
     for path in entries(cache.artifacts):
         if _artifact_tree(path) in keep.trees:

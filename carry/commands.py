@@ -284,7 +284,8 @@ class Session:
         commands = self._tests()
         found = gpu.require("prove", commands)
         builder = self.wheel_builder(arch, jobs)
-        return prove.run(self.config, self.cache, self.series(), builder, commands, found, out, timeout, progress)
+        suite = prove.Suite(commands=commands, gpu=found, timeout=timeout)
+        return prove.run(self.config, self.cache, self.series(), builder, suite, out, progress)
 
     def platform_wheel(
         self,
@@ -303,22 +304,17 @@ class Session:
         checked = self._checked(progress)
         self._one_artifact(checked, out, platform, None)
         requirements = container.build_requirements(self._upstream_pyproject(checked))
-        return crossbuild.build(
-            self.config,
-            self.cache,
-            checked.mirror,
-            checked.report.patched_tree(),  # a series that does not apply fails here, before any build
-            platform,
-            policy,
-            hermetic,
-            wheelhouse,
-            requirements,
-            builder,
-            self.expected(checked),
-            out,
-            progress,
-            self._upstream_version(checked, progress),
+        target = crossbuild.Target(
+            tree=checked.report.patched_tree(),  # a series that does not apply fails here, before any build
+            platform=platform,
+            policy=policy,
+            expected=self.expected(checked),
+            requirements=requirements,
+            hermetic=hermetic,
+            wheelhouse=wheelhouse,
+            upstream_version=self._upstream_version(checked, progress),
         )
+        return crossbuild.build(self.config, self.cache, checked.mirror, target, builder, out, progress)
 
     def image(self, options: image.ImageOptions, arch: str | None, progress: Progress) -> image.ImageResult:
         """check -> context (carry + config + bundle) -> a BuildKit build per platform -> tags and labels -> push
@@ -337,28 +333,17 @@ class Session:
         checked = self._checked(progress)
         pyproject = self._upstream_pyproject(checked)
         tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
-        plan = image.plan(
-            self.config,
-            checked.report,
-            checked.series,
-            current,
-            arches,
-            container.distribution_name(self.config, pyproject),
-            image.cuda_tag(tools.nvcc_version),
-            options,
-            self._upstream_version(checked, progress),
+        subject = image.Subject(
+            report=checked.report,
+            series=checked.series,
+            version=current,
+            dist_name=container.distribution_name(self.config, pyproject),
+            cuda=image.cuda_tag(tools.nvcc_version),
+            upstream_version=self._upstream_version(checked, progress),
         )
-        return image.build(
-            self.config,
-            self.cache,
-            checked.mirror,
-            plan,
-            options,
-            builder,
-            container.build_requirements(pyproject),
-            progress,
-            attester,
-        )
+        plan = image.plan(self.config, subject, arches, options)
+        inputs = image.Sources(mirror=checked.mirror, requirements=container.build_requirements(pyproject))
+        return image.build(self.config, self.cache, inputs, plan, options, builder, progress, attester)
 
     def locked_image(
         self, options: ImageOptions, arch: str | None, smoke: bool, progress: Progress
@@ -392,22 +377,19 @@ class Session:
         arches = {platform: self.arches(arch, platform) for platform in platforms}
         tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
         cuda = image.cuda_tag(tools.nvcc_version) if any("{cuda}" in t for t in self.config.image.tags) else "none"
-        plan = image.plan(
-            self.config,
-            checked.report,
-            checked.series,
-            self.version(),
-            arches,
-            self.config.build.distribution,
-            cuda,
-            options,
+        subject = image.Subject(
+            report=checked.report,
+            series=checked.series,
+            version=self.version(),
+            dist_name=self.config.build.distribution,
+            cuda=cuda,
         )
+        plan = image.plan(self.config, subject, arches, options)
         wheels = self.image_wheels(platforms, arch, progress)
         if not plan.named:  # the distribution name from the wheel itself (its file name)
             plan = plan.with_distribution(next(iter(wheels.values())).name.split("-", 1)[0])
-        return lockedimage.build(
-            self.config, self.cache, prepared, plan, wheels, options.push, smoke, client, progress, attester
-        )
+        delivery = lockedimage.Delivery(push=options.push, smoke=smoke, attester=attester)
+        return lockedimage.build(self.config, self.cache, prepared, plan, wheels, delivery, client, progress)
 
     def attester(self, push: bool, progress: Progress, dist: Path = Path("dist")) -> Attester | None:
         """With --push, what signs and attests the pushed images (carry.image.attest), the key of
@@ -583,17 +565,11 @@ class Session:
             from carry.image.inspect import imageverify
 
             patches = tuple((p.name, p.sha256) for p in self.series().patches) if key is not None else ()
-            return imageverify.verify_image(
-                artifact,
-                self.config,
-                self.expected(),
-                platform,
-                given(arch),
-                self.cache.scratch,
-                local,
-                key=key,
-                patches=patches,
+            expected = self.expected()
+            request = imageverify.Request(
+                ref=artifact, platform=platform, arches=given(arch), local=local, key=key, patches=patches
             )
+            return imageverify.verify_image(request, self.config, expected, self.cache.scratch)
         if local:
             raise BadInput("--local is for image references; a wheel is always the file given")
         if platform is not None:
@@ -628,9 +604,8 @@ class Session:
     ) -> drop.Dropped:
         from carry.verdicts import drop
 
-        return drop.drop(
-            self.config, self.cache, self.series(), name, against, force, self._judge(test), onto, self.repin
-        )
+        request = drop.Request(name=name, against=against, force=force, onto=onto)
+        return drop.drop(self.config, self.cache, self.series(), request, judge=self._judge(test), repin=self.repin)
 
     def refresh(self, onto: str | None, test: bool = False) -> refresh.Refreshed:
         from carry.verdicts import refresh

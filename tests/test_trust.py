@@ -417,7 +417,7 @@ def pushed_demo(tmp_path, pair):
     import zipfile
 
     from carry.config import load
-    from carry.image.attest import Attester, wheel_of
+    from carry.image.attest import Attester, Installed, wheel_of
     from carry.image.inspect import trustcheck
     from carry.image.locked import runtimelock
     from carry.platforms import Platform
@@ -467,8 +467,7 @@ def pushed_demo(tmp_path, pair):
         release,
         "carry-test/runtime-base:x",
         {"Id": "sha256:" + "77" * 32},
-        lock,
-        wheels,
+        Installed(lock=lock, wheels=wheels),
     )
     store_ = MemoryStore()
     digest = "sha256:" + "5e" * 32
@@ -498,13 +497,16 @@ def check(demo, installed=None, expected="same", labels=None, key=None):
     from carry.image.inspect import trustcheck
     from carry.platforms import Platform
 
+    manifest = trustcheck.Manifest(
+        repository=demo["facts"].repository,
+        digest=demo["digest"],
+        platform=Platform.LINUX_AMD64,
+        labels=labels if labels is not None else demo["labels"],
+    )
     return trustcheck.check_platform(
         demo["store"],
         (key or demo["key"]).public,
-        demo["facts"].repository,
-        demo["digest"],
-        Platform.LINUX_AMD64,
-        labels if labels is not None else demo["labels"],
+        manifest,
         installed if installed is not None else demo["installed"],
         demo["expected"] if expected == "same" else expected,
     )

@@ -832,7 +832,7 @@ def signed(setup):
     the SBOM written to dist/, the signature and the SBOM and provenance envelopes attached."""
     from carry.config import load
     from carry.image import registryhttp
-    from carry.image.attest import Attester, wheel_of
+    from carry.image.attest import Attester, Installed, wheel_of
     from carry.source import series
     from carry.trust import keys
     from carry.util.progress import Progress
@@ -870,8 +870,7 @@ def signed(setup):
         None,
         env.runtime_base,
         client.api.inspect_image(env.runtime_base),
-        lock,
-        wheels,
+        Installed(lock=lock, wheels=wheels),
     )
     repo = registryhttp.Repository.of(config.image.name, auth(env))
     published = attester.platform(repo, facts, digest, locked=True)

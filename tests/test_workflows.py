@@ -130,7 +130,7 @@ def _command_end(line: str, start: int) -> int:
     return i
 
 
-def build_py_invocations(text: str) -> list[list[str]]:
+def build_py_invocations(text: str) -> list[list[str]]:  # noqa: C901 (one character scan over the shell quoting states)
     """The arguments after `build.py` for each command that runs it, also inside `$(...)`; mentions inside
     plain quoted strings are not commands and are skipped."""
     found = []

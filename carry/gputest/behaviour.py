@@ -25,6 +25,7 @@ from carry.gputest import gpu
 from carry.source.series import Patch, Series
 from carry.util.errors import CarryError
 from carry.util.progress import Progress
+from carry.util.record import record
 
 if TYPE_CHECKING:
     from carry.gputest.testrun import CommandResult
@@ -87,24 +88,31 @@ def _command(config: Config, text: str) -> TestCommand:
     return next((t for t in config.build.tests if t.same_command(argv)), TestCommand(argv, text.strip()))
 
 
+@record(kw_only=True)
+class Without:
+    """What `run_without` tests: the patch's `tests` on REF (`commit`) with `series` applied -- the series without the
+    patch being judged. `tree` is the tree of REF with `series` applied as far as it applies (status writes it: it
+    follows upstream's renames, which `git apply` of the raw patches cannot)."""
+
+    commit: str
+    series: Series
+    tree: str
+    tests: tuple[TestCommand, ...]
+
+
 def run_without(
     cache: Cache,
     project: Path,
     builder_for: BuilderFor,
     mirror: Path,
-    commit: str,
-    series: Series,
-    tests: tuple[TestCommand, ...],
-    tree: str,
+    target: Without,
     found: gpu.Gpu | None,
     progress: Progress | None = None,
     timeout: float = TEST_TIMEOUT_S,
 ) -> Behaviour:
-    """Build REF (`commit`) with `series` applied -- the series without the patch being judged -- in the cheapest
-    correct mode, run the patch's `tests` on it, and say PASS, FAIL or NEEDS_GPU (ERROR: REF plus `series` could
-    not be built or tested, with the reason). `tree` is the tree of REF with `series` applied as far as it applies
-    (status writes it: it follows upstream's renames, which `git apply` of the raw patches cannot); `found` is the
-    GPU that answered, or None.
+    """Build REF with `target.series` applied in the cheapest correct mode, run the patch's `target.tests` on it, and
+    say PASS, FAIL or NEEDS_GPU (ERROR: REF plus the series could not be built or tested, with the reason). `found`
+    is the GPU that answered, or None.
 
     The modes, cheapest first:
     - every test runs in the source tree (build.tests `against: tree`): nothing is built; the tree is checked out
@@ -120,6 +128,7 @@ def run_without(
     from carry.source import apply
     from carry.util.fsutil import temp_dir
 
+    series, tests = target.series, target.tests
     texts = tuple(t.text for t in tests)
     wheel_tests = any(not t.tree for t in tests)
     mode = "wheel" if wheel_tests else "tree"
@@ -127,7 +136,7 @@ def run_without(
         needing = ", ".join(f"`{t.text}`" for t in tests if t.gpu)
         line = f"its test {needing} needs a GPU and {gpu.missing()}: not run, the verdict is the text's"
         return Behaviour(Outcome.NEEDS_GPU, texts, "", mode, (line,))
-    report = apply.CheckReport(commit, series.hash, tree, ())
+    report = apply.CheckReport(target.commit, series.hash, target.tree, ())
     try:
         with testrun.tree_checkout(cache, mirror, report.tree, any(t.tree for t in tests)) as checkout:
             if wheel_tests:
@@ -200,19 +209,8 @@ def judge(
             earlier = dataclasses.replace(series, patches=series.patches[:index])
             if probed is None:
                 probed = (gpu.probe(),)  # once per judgement: nvidia-smi is slow where no GPU answers
-            found = run_without(
-                cache,
-                config.root,
-                builder_for,
-                mirror,
-                ref_report.commit,
-                earlier,
-                tests,
-                verdict.before,
-                probed[0],
-                progress,
-                timeout,
-            )
+            target = Without(commit=ref_report.commit, series=earlier, tree=verdict.before, tests=tests)
+            found = run_without(cache, config.root, builder_for, mirror, target, probed[0], progress, timeout)
             built_on = tuple(f"{v.patch.name} {v.verdict.value}" for v in ref_report.verdicts[:index])
             found = dataclasses.replace(found, source=source, earlier=built_on)
             if found.outcome is Outcome.NEEDS_GPU:

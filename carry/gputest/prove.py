@@ -15,6 +15,7 @@ from carry.gputest.gpu import Gpu
 from carry.gputest.testrun import TestReport
 from carry.source.series import Patch, Series
 from carry.util.errors import Failed
+from carry.util.record import record
 
 if TYPE_CHECKING:
     from carry.config import Config, TestCommand
@@ -151,22 +152,24 @@ def table(proof: Proof) -> str:
     return "\n".join(rows)
 
 
+@record(kw_only=True)
+class Suite:
+    """What each prefix is tested with: the `commands`, on the `gpu` that answered, each within `timeout` seconds."""
+
+    commands: tuple[TestCommand, ...]
+    gpu: Gpu
+    timeout: float
+
+
 def run(
-    config: Config,
-    cache: Cache,
-    series: Series,
-    builder: Builder,
-    commands: tuple[TestCommand, ...],
-    gpu: Gpu,
-    out: Path,
-    timeout: float,
-    progress: Progress,
+    config: Config, cache: Cache, series: Series, builder: Builder, suite: Suite, out: Path, progress: Progress
 ) -> Proof:
     """Every prefix checked first (the whole series must apply), then each built into out/prove/<prefix>/ and
     tested; each report is written beside its wheel and what the proof learned beside the patches."""
     from carry.gputest import learned, testrun
     from carry.source import apply, upstream
 
+    commands, gpu, timeout = suite.commands, suite.gpu, suite.timeout
     mirror, _ = upstream.ensure_base(config, cache)
     checked = [
         (prefix, apply.check(mirror, config.upstream.commit, prefix.series, cache.scratch))

@@ -17,9 +17,10 @@ from carry.source.series import Series
 from carry.trust import publish
 from carry.trust.facts import CarriedPatch, ImageFacts, Source, Wheel
 
-__all__ = ["Attester", "Wheel", "wheel_of"]
+__all__ = ["Attester", "Installed", "Wheel", "wheel_of"]
 from carry.trust.keys import SigningKey
 from carry.util.progress import Progress
+from carry.util.record import record
 
 if TYPE_CHECKING:
     import docker
@@ -54,6 +55,14 @@ def _base_digest(base: dict) -> str:
     """The base's registry digest when it came from one (RepoDigests), else its image ID (a local base)."""
     digests = [d.split("@", 1)[1] for d in base.get("RepoDigests") or [] if "@" in d]
     return digests[0] if digests else base.get("Id", "")
+
+
+@record(kw_only=True)
+class Installed:
+    """A locked image's installed distributions: its `lock` and the wheel file of each package in it (`wheels`)."""
+
+    lock: Lock
+    wheels: dict[str, Path]
 
 
 @dataclasses.dataclass
@@ -96,15 +105,14 @@ class Attester:
         release: Path | None,
         base_ref: str,
         base: dict,
-        lock: Lock | None = None,
-        wheels: dict[str, Path] | None = None,
+        installed: Installed | None = None,
         no_sbom: str = "",
     ) -> ImageFacts:
         import time
 
         begun = time.monotonic()
         try:
-            return self._facts(platform, labels, fixed, release, base_ref, base, lock, wheels, no_sbom)
+            return self._facts(platform, labels, fixed, release, base_ref, base, installed, no_sbom)
         finally:
             self.timings.facts += time.monotonic() - begun
 
@@ -116,15 +124,15 @@ class Attester:
         release: Path | None,
         base_ref: str,
         base: dict,
-        lock: Lock | None,
-        wheels: dict[str, Path] | None,
+        installed: Installed | None,
         no_sbom: str,
     ) -> ImageFacts:
         if isinstance(fixed, Path):  # the fixed wheel's file: hashed here, counted in the facts' time
             fixed = wheel_of(fixed)
         distributions: tuple[Wheel, ...] = ()
         lock_source = None
-        if lock is not None and wheels is not None:
+        if installed is not None:
+            lock, wheels = installed.lock, installed.wheels
             distributions = tuple(
                 Wheel(p.name, p.version, wheels[p.name].name, _stored_sha256(wheels[p.name])) for p in lock.packages
             )

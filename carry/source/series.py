@@ -301,7 +301,7 @@ def _parse_diffs(lines: list[str], path: Path) -> tuple[FileDiff, ...]:
     return tuple(diffs)
 
 
-def _parse_file_diff(lines: list[str], index: int, path: Path) -> tuple[FileDiff, int]:
+def _parse_file_diff(lines: list[str], index: int, path: Path) -> tuple[FileDiff, int]:  # noqa: C901 (one scan of a git diff header; split, the parser state would be scattered)
     old_path = new_path = None
     symlink = False
     start = index

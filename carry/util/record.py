@@ -10,7 +10,9 @@ What stays as with a dataclass: typed fields in order, defaults, `field(default=
 compare=False, repr=False)`, frozen instances (`dataclasses.FrozenInstanceError`), equality and hash over the
 compared fields, `order=True`, `__post_init__`, and `dataclasses.fields`, `replace`, `asdict` and `is_dataclass`
 (`__dataclass_fields__` is made on first use). Type checkers read a record as a frozen dataclass
-(`dataclass_transform`). Not supported: `init=False` fields, `InitVar`, `kw_only`, `slots`.
+(`dataclass_transform`). `@record(kw_only=True)` makes every field keyword-only (a record that groups a function's
+parameters: named at each call, never by position). Not supported: `init=False` fields, `InitVar`, per-field
+`kw_only`, `slots`.
 """
 
 from __future__ import annotations
@@ -63,22 +65,22 @@ def record(cls: T, /) -> T: ...
 
 
 @overload
-def record(*, order: bool = False) -> Callable[[T], T]: ...
+def record(*, order: bool = False, kw_only: bool = False) -> Callable[[T], T]: ...
 
 
-def record(cls: Any = None, /, *, order: bool = False) -> Any:
-    """`@record` or `@record(order=True)` on a class whose annotations are its fields."""
+def record(cls: Any = None, /, *, order: bool = False, kw_only: bool = False) -> Any:
+    """`@record`, `@record(order=True)` or `@record(kw_only=True)` on a class whose annotations are its fields."""
     if cls is None:
-        return lambda made: _make(made, order)
-    return _make(cls, order)
+        return lambda made: _make(made, order, kw_only)
+    return _make(cls, order, kw_only)
 
 
 class _Spec:
     """What the shared methods read from a record's class: its fields in order and their options."""
 
-    __slots__ = ("fields", "names", "defaults", "factories", "compared", "shown", "post_init")
+    __slots__ = ("fields", "names", "defaults", "factories", "compared", "shown", "post_init", "kw_only")
 
-    def __init__(self, fields: dict[str, tuple[Any, Field]], post_init: bool):
+    def __init__(self, fields: dict[str, tuple[Any, Field]], post_init: bool, kw_only: bool = False):
         self.fields = fields  # name: (annotation, options)
         self.names = tuple(fields)
         self.defaults = {n: f.default for n, (_, f) in fields.items() if f.default is not MISSING}
@@ -86,9 +88,10 @@ class _Spec:
         self.compared = tuple(n for n, (_, f) in fields.items() if f.compare)
         self.shown = tuple(n for n, (_, f) in fields.items() if f.repr)
         self.post_init = post_init
+        self.kw_only = kw_only
 
 
-def _make(cls: Any, order: bool) -> Any:
+def _make(cls: Any, order: bool, kw_only: bool = False) -> Any:
     fields: dict[str, tuple[Any, Field]] = {}
     for base in reversed(cls.__mro__[1:]):
         if "_record" in base.__dict__:
@@ -109,10 +112,10 @@ def _make(cls: Any, order: bool) -> Any:
     defaulted = False
     for name, (_, options) in fields.items():
         required = options.default is MISSING and options.default_factory is MISSING
-        if required and defaulted:
+        if required and defaulted and not kw_only:
             raise TypeError(f"{cls.__qualname__}: non-default field {name!r} follows a field with a default")
         defaulted = defaulted or not required
-    cls._record = _Spec(fields, hasattr(cls, "__post_init__"))
+    cls._record = _Spec(fields, hasattr(cls, "__post_init__"), kw_only)
     cls.__dataclass_fields__ = _DataclassFields()
     setattr(cls, "__match_args__", tuple(fields))  # noqa: B010 (mypy: a class's own attribute)
     cls.__init__ = _init
@@ -146,6 +149,7 @@ class _DataclassFields:
                 ),
                 repr=options.repr,
                 compare=options.compare,
+                kw_only=owner._record.kw_only,
             )
             made[name].name, made[name].type = name, kind
             made[name]._field_type = vars(dataclasses)["_FIELD"]
@@ -156,6 +160,8 @@ class _DataclassFields:
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     spec: _Spec = type(self)._record
     names = spec.names
+    if spec.kw_only and args:
+        raise TypeError(f"{type(self).__qualname__}() takes keyword arguments only ({len(args)} positional given)")
     if len(args) > len(names):
         raise TypeError(f"{type(self).__qualname__}() takes {len(names)} arguments but {len(args)} were given")
     values = dict(zip(names, args))

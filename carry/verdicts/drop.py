@@ -23,6 +23,7 @@ from carry.source.series import Series
 from carry.util import prog
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
+from carry.util.record import record
 from carry.verdicts import droplog, refresh, verdicts
 
 
@@ -39,21 +40,42 @@ class Dropped:
         return [self.line, *self.carried.lines(), f"VERSION {self.version}"]
 
 
+@record(kw_only=True)
+class Request:
+    """What `drop` was asked: the patch `name`, the ref judged against (None: upstream.main), `force` and `onto`."""
+
+    name: str
+    against: str | None = None
+    force: bool = False
+    onto: str | None = None
+
+
+@record(kw_only=True)
+class _Move:
+    """Where the pin must go for the dropped patch `name`: judged against `ref`, `needs` the commit the pin must
+    hold (None when forced), `merged` the verdict's, `onto` the --onto asked."""
+
+    name: str
+    ref: str
+    needs: str | None
+    merged: bool
+    onto: str | None
+
+
 def drop(
     config: Config,
     cache: Cache,
     series: Series,
-    name: str,
-    against: str | None,
-    force: bool,
+    request: Request,
+    *,
     judge: Callable | None = None,
-    onto: str | None = None,
     repin: refresh.Repin | None = None,
 ) -> Dropped:
-    """Drop `name` when REF (default upstream.main) needs it no more (a droppable verdict); anything else is refused
-    unless `force`. The pin moves (see the module's doc); a conflict of the rest of the series there is Failed. Before
-    the pin moves, `repin(new_base, tree)` moves the precompiled pins with it (as for `refresh`); when it fails,
-    nothing changes."""
+    """Drop `request.name` when REF (default upstream.main) needs it no more (a droppable verdict); anything else is
+    refused unless `force`. The pin moves (see the module's doc); a conflict of the rest of the series there is
+    Failed. Before the pin moves, `repin(new_base, tree)` moves the precompiled pins with it (as for `refresh`); when
+    it fails, nothing changes."""
+    name, against, force, onto = request.name, request.against, request.force, request.onto
     patch = series.find(name)
     ref = against or config.upstream.main
     report = verdicts.status(config, cache, series, (ref,), with_pr=False, trees=judge is not None)
@@ -72,7 +94,9 @@ def drop(
     # Where upstream has what the patch did: the commit status named, else REF's own. The pin must come to hold it
     # (now for a merged patch; a refresh later for the others, until which `wheel` refuses; droplog.check_pin).
     needs = None if forced else (found.commit or report.reports[0].commit)
-    target = _new_pin(config, cache, mirror, patch.name, ref, needs, found.verdict.merged, onto, notes)
+    merged = found.verdict.merged
+    move = _Move(name=patch.name, ref=ref, needs=needs, merged=merged, onto=onto)
+    target = _new_pin(config, cache, mirror, move, notes)
     try:
         carried = refresh.carry_over(config, cache, mirror, series, target, leave_out=patch.name)
     except refresh.Conflict as conflict:
@@ -101,22 +125,13 @@ def drop(
     return Dropped(patch.name, found, bumped, line, carried, tuple(notes))
 
 
-def _new_pin(
-    config: Config,
-    cache: Cache,
-    mirror: Path,
-    name: str,
-    ref: str,
-    needs: str | None,
-    merged: bool,
-    onto: str | None,
-    notes: list[str],
-) -> str:
+def _new_pin(config: Config, cache: Cache, mirror: Path, move: _Move, notes: list[str]) -> str:
     """Where the pin goes: `onto`, else for a merged patch the PR head (upstream.pr set) or the commit that merged
     it (`needs`), which the new pin must hold; else (not merged, or forced) it stays. Never back to a commit the pin
     already holds."""
+    name, ref, needs, onto = move.name, move.ref, move.needs, move.onto
     pin = config.upstream.commit
-    merged_at = needs if merged else None
+    merged_at = needs if move.merged else None
     if onto is not None:
         target, more = upstream.resolve_ref(config, cache, onto)
         notes.extend(more)

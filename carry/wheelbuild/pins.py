@@ -323,15 +323,25 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
                 named,
                 alias=index.variant is not None and entry.names()[1] is None,
             )
+    _require_every(wanted, found, refused, lambda why, named: _failure(named, index, base, len(history), why))
+    for each in found.values():
+        index.check_page(each.commit, each.entry)
+    return Discovery(commit, base, tuple(found[platform] for platform in wanted), (*notes, *more))
+
+
+def _require_every(
+    wanted: tuple[Platform, ...],
+    found: dict[Platform, Found],
+    refused: dict[Platform, list[Refused]],
+    failure: Callable[[tuple[Refused, ...], list[Platform]], str],
+) -> None:
+    """Failed, one clause per set of reasons (`failure`), unless every wanted platform has its wheel."""
     missing: dict[tuple[Refused, ...], list[Platform]] = {}  # platforms refused for the same reasons: one clause
     for platform in wanted:
         if platform not in found:
             missing.setdefault(tuple(refused[platform]), []).append(platform)
     if missing:
-        raise Failed("; ".join(_failure(named, index, base, len(history), why) for why, named in missing.items()))
-    for each in found.values():
-        index.check_page(each.commit, each.entry)
-    return Discovery(commit, base, tuple(found[platform] for platform in wanted), (*notes, *more))
+        raise Failed("; ".join(failure(why, named) for why, named in missing.items()))
 
 
 def _project(mirror: Path, tree: str) -> str:

@@ -126,19 +126,23 @@ class WheelResult:
 
 
 def plan(
-    config: Config,
+    builder: Builder,
     report: CheckReport,
-    version: str,
-    policy: GatePolicy,
-    job_plan: toolchain.JobPlan,
     tools: toolchain.Toolchain,
-    remote: RemoteCache | None = None,
     environment: EnvPlan | None = None,
     taken: precompiled.Plan | None = None,
     template: str | None = None,
 ) -> WheelPlan:
-    """`template`: the wheel version with {version} (build.wheel_version, else the upstream's own, see
-    carry/source/upstreamversion.py); VERSION fills it in."""
+    """The plan of one build of `report`'s tree by `builder` (its config, VERSION, gate policy, jobs and remote
+    cache) with the probed `tools`. `template`: the wheel version with {version} (build.wheel_version, else the
+    upstream's own, see carry/source/upstreamversion.py); VERSION fills it in."""
+    config, version, policy, job_plan, remote = (
+        builder.config,
+        builder.version,
+        builder.policy,
+        builder.job_plan,
+        builder.remote,
+    )
     tree = report.patched_tree()
     wheel_version = (template or config.build.wheel_version or "0+carry.{version}").format(version=version)
     arches = policy.arches
@@ -309,18 +313,7 @@ class Builder:
             taken = precompiled.prove(self.config, self.cache, mirror, self.pin, tree, patches)
             progress.phase("precompiled", taken.line())
         environment = env_plan(self.config, mirror, tree)
-        the_plan = plan(
-            self.config,
-            report,
-            self.version,
-            self.policy,
-            self.job_plan,
-            self._tools,
-            self.remote,
-            environment,
-            taken,
-            self._wheel_version(mirror, tree, progress),
-        )
+        the_plan = plan(self, report, self._tools, environment, taken, self._wheel_version(mirror, tree, progress))
         return build(self.config, self.cache, mirror, report, patches, the_plan, out, progress)
 
     def _wheel_version(self, mirror: Path, tree: str, progress: Progress) -> str:

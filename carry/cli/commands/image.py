@@ -60,7 +60,7 @@ from carry.util.progress import Progress
 )
 @click.option("--json", "as_json", is_flag=True, help="With image.lock: the layers and tags as JSON on stdout.")
 @click.pass_obj
-def image_command(
+def image_command(  # noqa: PLR0913 (a click command: its parameters are its flags)
     obj: Context,
     push: bool,
     tags: tuple[str, ...],

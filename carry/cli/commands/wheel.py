@@ -56,7 +56,7 @@ from carry.util.progress import Progress
     help="Print the result as JSON (wheel, version, cache key, what the compiler cache did, the gate and tree check).",
 )
 @click.pass_obj
-def wheel_command(
+def wheel_command(  # noqa: PLR0913 (a click command: its parameters are its flags)
     obj: Context,
     arch: str | None,
     out: Path,

@@ -18,6 +18,7 @@ from carry.util.cache import Cache
 from carry.util.errors import Failed
 from carry.util.fsutil import temp_dir
 from carry.util.progress import Progress
+from carry.util.record import record
 from carry.wheelbuild import verify
 from carry.wheelbuild.verify import Expected
 from carry.wheelbuild.wheel import publish, write_gate_report
@@ -37,23 +38,27 @@ class CrossWheel:
         return self.checks.gate
 
 
+@record(kw_only=True)
+class Target:
+    """One platform's wheel, resolved once: the patched `tree` built in `platform`'s build stage with the upstream's
+    build `requirements` (from a `wheelhouse` with `hermetic`), gated by `policy` and checked against `expected`."""
+
+    tree: str
+    platform: Platform
+    policy: GatePolicy
+    expected: Expected
+    requirements: list[str]
+    hermetic: bool = False
+    wheelhouse: Path | None = None
+    upstream_version: str | None = None
+
+
 def build(
-    config: Config,
-    cache: Cache,
-    mirror: Path,
-    tree: str,
-    platform: Platform,
-    policy: GatePolicy,
-    hermetic: bool,
-    wheelhouse: Path | None,
-    requirements: list[str],
-    builder: Builder,
-    expected: Expected,
-    out: Path,
-    progress: Progress,
-    upstream_version: str | None = None,
+    config: Config, cache: Cache, mirror: Path, target: Target, builder: Builder, out: Path, progress: Progress
 ) -> CrossWheel:
-    """Build in `platform`'s build stage, check the exported wheel, publish it into `out` (atomically)."""
+    """Build in `target.platform`'s build stage, check the exported wheel, publish it into `out` (atomically)."""
+    tree, platform, policy, expected = target.tree, target.platform, target.policy, target.expected
+    hermetic, wheelhouse, requirements = target.hermetic, target.wheelhouse, target.requirements
     arches = policy.arches
     log = cache.logs / f"wheel-{platform.tag}-{tree[:12]}.log"
     log.unlink(missing_ok=True)
@@ -70,7 +75,7 @@ def build(
         StageBuild(
             platform,
             container.WHEEL_STAGE,
-            container.stage_args(config, platform, str(arches), hermetic, upstream_version),
+            container.stage_args(config, platform, str(arches), hermetic, target.upstream_version),
             access.network,
             output_dir=exported,
         ).run(builder, access.secret, context, log)

@@ -28,6 +28,7 @@ from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import temp_dir
 from carry.util.progress import Progress
+from carry.util.record import record
 
 if TYPE_CHECKING:
     import docker
@@ -141,25 +142,29 @@ def own_tag(version: str, platform: Platform) -> str:
     return f"{version}-{platform.tag}"
 
 
-def plan(
-    config: Config,
-    report: CheckReport,
-    series: Series,
-    version: str,
-    arches: dict[Platform, ArchList],
-    dist_name: str | None,
-    cuda: str,
-    options: ImageOptions,
-    upstream_version: str | None = None,
-) -> ImagePlan:
-    """Tags, labels and build args per platform; `arches` holds each platform's (--arch, else its own). `dist_name`
-    None: the wheel the build stage makes names it (build)."""
+@record(kw_only=True)
+class Subject:
+    """What the images hold, resolved once: the patched tree (`report`) of `series`, VERSION, the wheel's
+    distribution name (`dist_name` None: the wheel the build stage makes names it, in `build`), the CUDA tag and the
+    upstream's own version (None: the build stage reads it)."""
+
+    report: CheckReport
+    series: Series
+    version: str
+    dist_name: str | None
+    cuda: str
+    upstream_version: str | None = None
+
+
+def plan(config: Config, subject: Subject, arches: dict[Platform, ArchList], options: ImageOptions) -> ImagePlan:
+    """Tags, labels and build args per platform; `arches` holds each platform's (--arch, else its own)."""
+    report, series, version, dist_name = subject.report, subject.series, subject.version, subject.dist_name
     if report.tree is None:
         raise Failed("the series does not apply; run `check` for details")
     platforms = platforms_to_build(config, options)
     configured = {target.platform for target in config.image.platforms}
     several = len(configured | set(platforms)) > 1
-    tags = render_tags(config, version, series, cuda) + options.extra_tags
+    tags = render_tags(config, version, series, subject.cuda) + options.extra_tags
     shared = tuple(dict.fromkeys(f"{config.image.name}:{tag}" for tag in tags))
     images = []
     for platform in platforms:
@@ -170,8 +175,10 @@ def plan(
                 platform=platform,
                 arches=own_arches,
                 refs=refs,
-                labels=_labels(config, report, series, version, own_arches, dist_name, platform),
-                build_args=container.stage_args(config, platform, str(own_arches), options.hermetic, upstream_version),
+                labels=_labels(config, subject, own_arches, platform),
+                build_args=container.stage_args(
+                    config, platform, str(own_arches), options.hermetic, subject.upstream_version
+                ),
             )
         )
     return ImagePlan(
@@ -184,15 +191,8 @@ def plan(
     )
 
 
-def _labels(
-    config: Config,
-    report: CheckReport,
-    series: Series,
-    version: str,
-    arches: ArchList,
-    dist_name: str | None,
-    platform: Platform,
-) -> dict[str, str]:
+def _labels(config: Config, subject: Subject, arches: ArchList, platform: Platform) -> dict[str, str]:
+    report, series, version, dist_name = subject.report, subject.series, subject.version, subject.dist_name
     labels = {
         **config.image.labels,
         "org.opencontainers.image.version": version,
@@ -228,14 +228,22 @@ def _cache_flags(
     return layercache.flags(options.cache, builder.buildx, config.image.name, own, version, image.platform)
 
 
+@record(kw_only=True)
+class Sources:
+    """What the build context is assembled from: the upstream `mirror` (the bundle of the pin) and the upstream's
+    build `requirements`."""
+
+    mirror: Path
+    requirements: list[str]
+
+
 def build(
     config: Config,
     cache: Cache,
-    mirror: Path,
+    inputs: Sources,
     the_plan: ImagePlan,
     options: ImageOptions,
     builder: Builder,
-    requirements: list[str],
     progress: Progress,
     attester: Attester | None = None,
 ) -> ImageResult:
@@ -251,19 +259,7 @@ def build(
         with temp_dir(cache.scratch, "image-") as scratch:
             context = scratch / "context"
             progress.phase("context", f"project, carry, bundle of {config.upstream.commit[:12]}")
-            container.assemble_context(
-                config, cache, mirror, context, requirements, tuple(i.platform for i in the_plan.images)
-            )
-            if options.hermetic:
-                container.hermetic_wheelhouse(
-                    config,
-                    cache,
-                    tuple(i.platform for i in the_plan.images),
-                    requirements,
-                    options.wheelhouse,
-                    context / "wheelhouse",
-                    progress,
-                )
+            _assemble(config, cache, inputs, the_plan, options, context, progress)
             access = container.stage_access(config, scratch, options.hermetic, progress)
             if not the_plan.named:
                 the_plan = the_plan.with_distribution(
@@ -321,6 +317,24 @@ def build(
     if options.push and attester is not None:
         notes += attester.notes()
     return ImageResult(the_plan, ids, pushed, tuple(notes), attester if options.push else None)
+
+
+def _assemble(
+    config: Config,
+    cache: Cache,
+    inputs: Sources,
+    the_plan: ImagePlan,
+    options: ImageOptions,
+    context: Path,
+    progress: Progress,
+) -> None:
+    """The build context in `context`: project, carry, the bundle; with --hermetic the wheelhouse too."""
+    platforms = tuple(i.platform for i in the_plan.images)
+    container.assemble_context(config, cache, inputs.mirror, context, inputs.requirements, platforms)
+    if options.hermetic:
+        container.hermetic_wheelhouse(
+            config, cache, platforms, inputs.requirements, options.wheelhouse, context / "wheelhouse", progress
+        )
 
 
 def _hermetic_inputs(

@@ -22,6 +22,7 @@ from carry.platforms import Platform
 from carry.util import prog
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import temp_dir
+from carry.util.record import record
 from carry.wheelbuild.verify import Expected, Inspection, Mismatch, Verification, compare, recorded_policy
 
 if TYPE_CHECKING:
@@ -50,29 +51,32 @@ print(json.dumps({"machine": platform.machine(), "python": platform.python_versi
 """
 
 
-def verify_image(
-    ref: str,
-    config: Config,
-    expected: Expected,
-    platform: Platform | None,
-    arches: ArchList | None,
-    scratch: Path,
-    local: bool = False,
-    key: PublicKey | None = None,
-    patches: tuple[tuple[str, str], ...] = (),
-) -> tuple[Verification, ...]:
-    """Verify each platform `ref` holds (or the one asked), pulled from its registry; with `local`, the image of
-    that name in this Docker engine instead (never as a stand-in for a registry that cannot be read). Labels and the
-    wheel's buildinfo against this repo, the CPU its Python runs on, and the shared objects of the installed wheel
+@record(kw_only=True)
+class Request:
+    """What `verify` was asked of an image, resolved once: the reference `ref`; its `platform` (None: each it holds);
+    the `arches` to gate (None: those the wheel records); `local`: this Docker engine's image, not the registry's;
+    with `key`, its signature, SBOM and provenance too, the provenance against `patches` (name, sha256)."""
+
+    ref: str
+    platform: Platform | None = None
+    arches: ArchList | None = None
+    local: bool = False
+    key: PublicKey | None = None
+    patches: tuple[tuple[str, str], ...] = ()
+
+
+def verify_image(request: Request, config: Config, expected: Expected, scratch: Path) -> tuple[Verification, ...]:
+    """Verify each platform `request.ref` holds (or the one asked), pulled from its registry; with `local`, the image
+    of that name in this Docker engine instead (never as a stand-in for a registry that cannot be read). Labels and
+    the wheel's buildinfo against this repo, the CPU its Python runs on, and the shared objects of the installed wheel
     (ELF machine, and the arch gate for `arches` or else the arches the wheel records)."""
     from carry.image import registry
 
     client = registry.client()
     docker_cli = container.docker_binary(config)
     if getattr(config.image, "lock", None):
-        return verify_locked(
-            client, docker_cli, ref, config, expected, platform, arches, local=local, key=key, patches=patches
-        )
+        return verify_locked(client, docker_cli, request, config, expected)
+    ref, platform, arches, local, key = request.ref, request.platform, request.arches, request.local, request.key
     notes: tuple[str, ...] = ()
     with _login(ref, docker_cli, local) as login:
         remote = None if local else _remote(client, ref, login)
@@ -92,7 +96,7 @@ def verify_image(
             raise Failed(f"{ref} is a {found_platform} image, not {platform}")
         result = _verify_one(client, ref, image, found_platform, expected, arches, scratch, coverage)
         if key is not None:
-            trusted = _trust_dockerfile(client, docker_cli, ref, found_platform, key, remote, expected, patches)
+            trusted = _trust_dockerfile(client, docker_cli, ref, found_platform, key, remote, expected, request.patches)
             result = _with_trust(result, trusted)
         results.append(dataclasses.replace(result, notes=notes + result.notes))
     return tuple(results)
@@ -177,16 +181,11 @@ def _trust_dockerfile(
             return [], [f"signature: {ref} is not in its registry"]
         store = registryhttp.Repository.of(repository, login.auth)
         wanted = trustcheck.Expected(expected.commit, patches, expected.version, "", None)
+        manifest = trustcheck.Manifest(
+            repository=repository, digest=files.digest, platform=platform, labels=files.labels
+        )
         proven, problems = trustcheck.check_platform(
-            store,
-            key,
-            repository,
-            files.digest,
-            platform,
-            files.labels,
-            trustcheck.installed_in(files),
-            wanted,
-            sbom_required=False,
+            store, key, manifest, trustcheck.installed_in(files), wanted, sbom_required=False
         )
         if files.digest != remote[0]:
             more = trustcheck.check_index(store, key, repository, remote[0])
@@ -263,21 +262,18 @@ WHEEL_SHA256_LABEL = f"{LABEL_PREFIX}.wheel.sha256"
 def verify_locked(
     client: docker.DockerClient,
     docker_cli: str,
-    ref: str,
+    request: Request,
     config: Config,
     expected: Expected,
-    platform: Platform | None,
-    arches: ArchList | None,
     dist: Path = Path("dist"),
-    local: bool = False,
-    key: PublicKey | None = None,
-    patches: tuple[tuple[str, str], ...] = (),
 ) -> tuple[Verification, ...]:
-    """Each platform of `ref` (or the one asked) read from its layers and proven against its lock
+    """Each platform of `request.ref` (or the one asked) read from its layers and proven against its lock
     (carry.image.locked.runtimelock) and the fixed wheel for it in `dist`; with `key` (carry.trust.keys.PublicKey),
     also its signature, SBOM and provenance (carry.image.inspect.trustcheck), the provenance against `patches`
     (name, sha256)."""
     from carry.image.locked import runtimelock
+
+    ref, platform, arches, local = request.ref, request.platform, request.arches, request.local
 
     with _login(ref, docker_cli, local) as login:
         remote = None if local else _remote(client, ref, login)
@@ -307,30 +303,26 @@ def verify_locked(
                 wheels=stored_wheels(lock.packages),
             )
             result = judge(ref, files, content, fixed, expected, arches, coverage, lock)
-            if key is not None:
+            if request.key is not None:
                 result = _with_trust(
-                    result,
-                    _trust_locked(client, login, ref, files, content, fixed, lock, expected, key, patches, remote),
+                    result, _trust_locked(login, request, files, content, fixed, lock, expected, remote)
                 )
             results.append(result)
     return tuple(results)
 
 
 def _trust_locked(
-    client: docker.DockerClient,
     login: Login,
-    ref: str,
+    request: Request,
     files: ImageFiles,
     content: ContentCheck,
     fixed: FixedWheel,
     lock: Lock,
     expected: Expected,
-    key: PublicKey,
-    patches: tuple[tuple[str, str], ...],
     remote: tuple[str, tuple[Platform, ...]] | None,
 ) -> tuple[list[str], list[str]]:
     """A locked image's signature, SBOM (against the distributions its layers install) and provenance (against
-    this repository: commit, series, VERSION, the fixed wheel in dist/, the lock)."""
+    this repository: commit, series, VERSION, the fixed wheel in dist/, the lock); `request.key` is set."""
     import hashlib
 
     from carry.image import registryhttp
@@ -338,7 +330,9 @@ def _trust_locked(
 
     if remote is None:
         return [], ["signature: the image is only in the local engine; a signature lives in a registry"]
-    repository = trustcheck.repository_of(ref)
+    key, patches = request.key, request.patches
+    assert key is not None  # verify_locked asks for trust only with a key
+    repository = trustcheck.repository_of(request.ref)
     store = registryhttp.Repository.of(repository, login.auth)
     dists = installcheck.installed(files.nodes, content.site, [])
     wanted = trustcheck.Expected(
@@ -348,16 +342,10 @@ def _trust_locked(
         fixed.sha256,
         (lock.path.name, hashlib.sha256(lock.path.read_bytes()).hexdigest()),
     )
-    proven, problems = trustcheck.check_platform(
-        store,
-        key,
-        repository,
-        files.digest,
-        files.platform,
-        files.labels,
-        [(d.shown, d.version) for d in dists],
-        wanted,
+    manifest = trustcheck.Manifest(
+        repository=repository, digest=files.digest, platform=files.platform, labels=files.labels
     )
+    proven, problems = trustcheck.check_platform(store, key, manifest, [(d.shown, d.version) for d in dists], wanted)
     if files.digest != remote[0]:
         more = trustcheck.check_index(store, key, repository, remote[0])
         proven, problems = more[0] + proven, more[1] + problems

@@ -23,6 +23,7 @@ from carry.platforms import Platform
 from carry.trust import attach, provenance, sbom
 from carry.trust.keys import PublicKey
 from carry.util.errors import Failed
+from carry.util.record import record
 
 if TYPE_CHECKING:
     from carry.image.inspect.imagefs import ImageFiles, Selection
@@ -48,19 +49,27 @@ def repository_of(ref: str) -> str:
     return f"{head}/{tail}" if head else tail
 
 
+@record(kw_only=True)
+class Manifest:
+    """One platform manifest checked: `repository@digest`, the image of `platform`, with its config's `labels`."""
+
+    repository: str
+    digest: str
+    platform: Platform
+    labels: dict[str, str]
+
+
 def check_platform(
     store: attach.Registry,
     key: PublicKey,
-    repository: str,
-    digest: str,
-    platform: Platform,
-    labels: dict[str, str],
+    manifest: Manifest,
     installed: list[tuple[str, str]],
     expected: Expected | None,
     sbom_required: bool = True,
 ) -> tuple[list[str], list[str]]:
-    """(proven lines, problems) for one platform manifest `digest`; a Dockerfile build without --hermetic has no
-    SBOM (`sbom_required` False), but one that is there is checked all the same."""
+    """(proven lines, problems) for one platform manifest; a Dockerfile build without --hermetic has no SBOM
+    (`sbom_required` False), but one that is there is checked all the same."""
+    repository, digest, platform, labels = manifest.repository, manifest.digest, manifest.platform, manifest.labels
     started = time.monotonic()
     proven: list[str] = []
     problems: list[str] = []
@@ -223,7 +232,8 @@ def verify_without_checkout(
             if files is None:
                 raise Failed(f"cannot read {ref} for {target} from its registry")
             dists = _installed(files)
-            proven, problems = check_platform(store, key, repository, files.digest, target, files.labels, dists, None)
+            manifest = Manifest(repository=repository, digest=files.digest, platform=target, labels=files.labels)
+            proven, problems = check_platform(store, key, manifest, dists, None)
             if files.digest != remote[0]:
                 more_proven, more_problems = check_index(store, key, repository, remote[0])
                 proven, problems = more_proven + proven, more_problems + problems

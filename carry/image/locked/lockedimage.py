@@ -50,6 +50,7 @@ from carry.util.cache import Cache
 from carry.util.download import Store
 from carry.util.errors import BadInput
 from carry.util.progress import Progress
+from carry.util.record import record
 
 if TYPE_CHECKING:
     import docker
@@ -170,59 +171,38 @@ def prepare(
     return Prepared(locks, bases, releases, facts)
 
 
+@record(kw_only=True)
+class Delivery:
+    """Where the written images go: pushed (`push`; `attester` set: signed and attested) or loaded into the engine,
+    then smoke-tested with `smoke`."""
+
+    push: bool
+    smoke: bool
+    attester: Attester | None = None
+
+
 def build(
     config: Config,
     cache: Cache,
     prepared: Prepared,
     the_plan: ImagePlan,
     fixed_wheels: dict[Platform, Path],
-    push: bool,
-    run_smoke: bool,
+    delivery: Delivery,
     client: docker.DockerClient,
     progress: Progress,
-    attester: Attester | None = None,
 ) -> LockedImageResult:
     """Download, plan, write and push (or load) every platform's image; then the shared tags and the smoke test.
-    With --push, `attester` (carry.image.attest) writes each platform's SBOM and signs and attests what was pushed."""
+    With --push, `delivery.attester` (carry.image.attest) writes each platform's SBOM and signs and attests what was
+    pushed."""
     from carry.image import registry, registryhttp
 
-    store = Store.from_env(cache.root)
+    push, run_smoke, attester = delivery.push, delivery.smoke, delivery.attester
     digests = Digests(cache.root / "image-layers")
-    plans: dict[Platform, PlatformPlan] = {}
-    fetched: dict[Platform, dict[str, Path]] = {}
-    for image in the_plan.images:
-        platform = image.platform
-        lock = prepared.locks[platform]
-        if prepared.releases[platform] is None:  # no precompiled wheel: the fixed wheel's own Requires-Dist
-            runtimelock.check_fresh(
-                lock, requires_dist=requires_dist(fixed_wheels[platform]), base=prepared.facts[platform]
-            )
-        wheels = fetched[platform] = fetch_wheels(lock, store, progress, cache.scratch)
-        base_ref, base = prepared.bases[platform]
-        started = time.monotonic()
-        plans[platform] = plan_platform(
-            config, platform, lock, wheels, fixed_wheels[platform], prepared.releases[platform], base_ref, base
-        )
-        progress.phase(
-            "plan",
-            f"{platform}: {len(lock.packages)} locked wheel(s) + {fixed_wheels[platform].name}: "
-            + ", ".join(f"{layer.name} {layer.files} files" for layer in plans[platform].layers)
-            + f" ({time.monotonic() - started:.1f}s)",
-        )
+    plans, fetched = _plan_all(config, cache, prepared, the_plan, fixed_wheels, progress)
     outcomes: list[PlatformOutcome] = []
     pushed: dict[str, str] = {}
-    notes: list[str] = []
     duplicates = tuple(d for p in plans.values() for d in p.duplicates)
-    if duplicates:
-        notes.append(f"{len(duplicates)} file(s) stored in two layers: {', '.join(duplicates[:3])}")
-    for platform, plan in plans.items():
-        for layer in plan.layers:
-            if layer.overwritten:
-                notes.append(
-                    f"{platform} {layer.name}: {len(layer.overwritten)} path(s) installed by two locked "
-                    f"wheels, kept once (the wheel named like the path's package, else the later by "
-                    f"name), e.g. {layer.overwritten[0]}"
-                )
+    notes = _layer_notes(plans, duplicates)
     if push:
         with registry.credentials(config.image.name, config.image.docker) as login:
             repo = registryhttp.Repository.of(config.image.name, login.auth)
@@ -315,6 +295,56 @@ def build(
     )
 
 
+def _plan_all(
+    config: Config,
+    cache: Cache,
+    prepared: Prepared,
+    the_plan: ImagePlan,
+    fixed_wheels: dict[Platform, Path],
+    progress: Progress,
+) -> tuple[dict[Platform, PlatformPlan], dict[Platform, dict[str, Path]]]:
+    """Each platform's locked wheels downloaded and its layers planned: (plans, the wheel files fetched)."""
+    store = Store.from_env(cache.root)
+    plans: dict[Platform, PlatformPlan] = {}
+    fetched: dict[Platform, dict[str, Path]] = {}
+    for image in the_plan.images:
+        platform = image.platform
+        lock = prepared.locks[platform]
+        if prepared.releases[platform] is None:  # no precompiled wheel: the fixed wheel's own Requires-Dist
+            runtimelock.check_fresh(
+                lock, requires_dist=requires_dist(fixed_wheels[platform]), base=prepared.facts[platform]
+            )
+        wheels = fetched[platform] = fetch_wheels(lock, store, progress, cache.scratch)
+        base_ref, base = prepared.bases[platform]
+        started = time.monotonic()
+        plans[platform] = plan_platform(
+            config, platform, lock, wheels, fixed_wheels[platform], prepared.releases[platform], base_ref, base
+        )
+        progress.phase(
+            "plan",
+            f"{platform}: {len(lock.packages)} locked wheel(s) + {fixed_wheels[platform].name}: "
+            + ", ".join(f"{layer.name} {layer.files} files" for layer in plans[platform].layers)
+            + f" ({time.monotonic() - started:.1f}s)",
+        )
+    return plans, fetched
+
+
+def _layer_notes(plans: dict[Platform, PlatformPlan], duplicates: tuple[str, ...]) -> list[str]:
+    """What the layer plans kept once: files stored in two layers, paths two locked wheels install."""
+    notes: list[str] = []
+    if duplicates:
+        notes.append(f"{len(duplicates)} file(s) stored in two layers: {', '.join(duplicates[:3])}")
+    for platform, plan in plans.items():
+        for layer in plan.layers:
+            if layer.overwritten:
+                notes.append(
+                    f"{platform} {layer.name}: {len(layer.overwritten)} path(s) installed by two locked "
+                    f"wheels, kept once (the wheel named like the path's package, else the later by "
+                    f"name), e.g. {layer.overwritten[0]}"
+                )
+    return notes
+
+
 def _attest(
     attester: Attester,
     repo: Repository,
@@ -326,6 +356,8 @@ def _attest(
     fetched: dict[Platform, dict[str, Path]],
 ) -> None:
     """The pushed platform manifest's SBOM, signature and attestations (carry.image.attest)."""
+    from carry.image.attest import Installed
+
     facts = attester.facts(
         image.platform,
         image.labels,
@@ -333,7 +365,6 @@ def _attest(
         prepared.releases[image.platform],
         plan.base_ref,
         plan.base,
-        prepared.locks[image.platform],
-        fetched[image.platform],
+        Installed(lock=prepared.locks[image.platform], wheels=fetched[image.platform]),
     )
     attester.platform(repo, facts, digest, locked=True)

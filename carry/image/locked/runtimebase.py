@@ -34,6 +34,7 @@ from carry.platforms import Platform
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
+from carry.util.record import record
 
 RESOURCES = Path(carry.__file__).resolve().parent / "resources"
 DEFAULT_METHOD = "apt"
@@ -127,7 +128,8 @@ def resolve(config: Config, platform: Platform, cache: Cache, say: Callable[[str
         method, why = DEFAULT_METHOD, "has no python3"
     else:
         method, why = mode, f"image.runtime_python is {mode}"
-    return derive(config, cache, docker, platform, ref, source, content, registry_digest, method, why, say)
+    image = SourceImage(platform=platform, ref=ref, inspected=source, content=content, registry_digest=registry_digest)
+    return derive(config, cache, docker, image, method, why, say)
 
 
 # -- identity ------------------------------------------------------------------------------------------------------
@@ -267,21 +269,31 @@ def derived_tag(content: str, python: str, platform: Platform) -> str:
     return f"{DERIVED_REPO}:{platform.tag}-{key}"
 
 
+@record(kw_only=True)
+class SourceImage:
+    """The runtime image a base is derived from: `ref` for `platform`, as the engine inspects it (`inspected`), with
+    its content digest and its registry digest (None: it has none)."""
+
+    platform: Platform
+    ref: str
+    inspected: dict
+    content: str
+    registry_digest: str | None
+
+
 def derive(
     config: Config,
     cache: Cache,
     docker: str,
-    platform: Platform,
-    ref: str,
-    source: dict,
-    content: str,
-    registry_digest: str | None,
+    image: SourceImage,
     method: str,
     why: str,
     say: Callable[[str], None],
 ) -> RuntimeBase:
-    """The derived base of `source` by `method`: the local image made earlier, else one BuildKit build (once per
+    """The derived base of `image` by `method`: the local image made earlier, else one BuildKit build (once per
     machine and key; a concurrent carry waits for it), said when it starts. `why`: why the base is derived."""
+    platform, ref, source = image.platform, image.ref, image.inspected
+    content, registry_digest = image.content, image.registry_digest
     python = f"{method} {recipe_hash(method)}"
     tag = derived_tag(content, python, platform)
     labels = {LABEL_BASE_NAME: ref, LABEL_BASE: content, LABEL_PYTHON: python}
