@@ -62,7 +62,9 @@ def snapshot(cache: Path) -> list[str]:
 def filled(tmp_path):
     """Project a built twice (the second time with a patch and another build environment) and project b once."""
     cache = tmp_path / "cache"
-    env = {"CARRY_CACHE": str(cache)}
+    # a download store of its own: `cache prune` prunes $CARRY_DOWNLOADS too, and the suite points that at the
+    # machine's store (tests/conftest.py), which a prune for these two configs would empty
+    env = {"CARRY_CACHE": str(cache), "CARRY_DOWNLOADS": str(cache / "downloads")}
     config_a, upstream_a = make_project(tmp_path, "tinya")
     config_b, _ = make_project(tmp_path, "tinyb")
     for config in (config_a, config_b):
