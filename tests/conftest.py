@@ -14,7 +14,8 @@ worker makes, the others wait and read), and every test that pushes to the regis
 second engine, or times what it runs is in one worker group (`SERIAL_MODULES`, for `--dist loadgroup`).
 
 No test writes into the user's carry cache: CARRY_CACHE defaults to a directory of this run (a test sets its own as
-before), CARRY_DOWNLOADS to the machine's download store (the real releases are downloaded once per machine).
+before), CARRY_DOWNLOADS to the machine's download store (the real releases are downloaded once per machine). A test
+may add to that store, never take from it: the run fails naming what went (pytest_sessionfinish).
 """
 
 from __future__ import annotations
@@ -178,6 +179,36 @@ def second_engine():
 # Seconds per module (setups, calls and teardowns of its tests), printed after the slowest tests: what each module
 # costs against its budget (docs/testing.md). Under pytest-xdist the reports reach the controller, which prints it.
 _MODULE_SECONDS: dict[str, float] = {}
+_STORE_BEFORE: dict[str, set[str]] = {}
+
+
+def _machine_store() -> Path:
+    """The store _carry_cache_of_this_run gives the tests: $CARRY_DOWNLOADS, else the user's cache's."""
+    users = Path(os.environ.get("CARRY_CACHE") or Path.home() / ".cache" / "carry")
+    return Path(os.environ.get("CARRY_DOWNLOADS") or users / "downloads")
+
+
+def pytest_sessionstart(session):
+    """What the machine's download store holds when the run starts (the controller's view: xdist or not)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    store = _machine_store()
+    _STORE_BEFORE["files"] = {str(p.relative_to(store)) for p in store.glob("*/*")} if store.is_dir() else set()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A test may add to the machine's download store, never take from it: the run fails, naming what went."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or "files" not in _STORE_BEFORE:
+        return
+    store = _machine_store()
+    gone = sorted(f for f in _STORE_BEFORE["files"] if not (store / f).exists())
+    if gone:
+        print(
+            f"\nconftest: {len(gone)} file(s) of the machine's download store {store} were removed by the run: "
+            + ", ".join(gone[:10])
+            + (" …" if len(gone) > 10 else "")
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_runtest_logreport(report):
