@@ -153,17 +153,9 @@ def qemu_fraction(store: Path, lock: Path, base: str) -> dict:
 
 
 def main() -> int:
-    import argparse
+    import measure
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--json", type=Path)
-    options = parser.parse_args()
-    result = measure_all(Path(tempfile.mkdtemp(prefix="carry-bench-locked-")))
-    rows = report(result)
-    print("\n".join(f"{m}: {v}" + (f"  target {t}  {'PASS' if ok else 'FAIL'}" if t else "") for m, v, t, ok in rows))
-    if options.json:
-        options.json.write_text(json.dumps(result, indent=2))
-    return 1 if any(ok is False for _, _, t, ok in rows if t) else 0
+    return measure.part_main("locked", measure_all, report)
 
 
 def bench(work: Path, row) -> list:

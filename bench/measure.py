@@ -101,3 +101,22 @@ def bytecode_env(env: dict[str, str], work: Path) -> dict[str, str]:
     env = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = str(work / "pycache")
     return env
+
+
+def part_main(prefix: str, measure_all, report) -> int:
+    """A bench part run alone (`python bench/PART.py [--json OUT]`): measure_all in a temp dir removed afterwards
+    (gigabytes), report's rows printed with their targets, the raw result written to OUT; exit 1 on a FAIL."""
+    import argparse
+    import json
+    import tempfile
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", type=Path)
+    options = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix=f"carry-bench-{prefix}-") as work:
+        result = measure_all(Path(work))
+    rows = report(result)
+    print("\n".join(f"{m}: {v}" + (f"  target {t}  {'PASS' if ok else 'FAIL'}" if t else "") for m, v, t, ok in rows))
+    if options.json:
+        options.json.write_text(json.dumps(result, indent=2))
+    return 1 if any(ok is False for _, _, t, ok in rows if t) else 0

@@ -22,7 +22,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -221,18 +220,9 @@ def report(result: dict) -> list[tuple[str, str, str, bool]]:
 
 
 def main() -> int:
-    import argparse
+    import measure
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--json", type=Path)
-    options = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="carry-bench-rootpath-") as work:  # gigabytes: removed afterwards
-        result = measure_all(Path(work))
-    rows = report(result)
-    print("\n".join(f"{m}: {v}" + (f"  target {t}  {'PASS' if ok else 'FAIL'}" if t else "") for m, v, t, ok in rows))
-    if options.json:
-        options.json.write_text(json.dumps(result, indent=2))
-    return 1 if any(ok is False for _, _, t, ok in rows if t) else 0
+    return measure.part_main("rootpath", measure_all, report)
 
 
 def bench(work: Path, row) -> list:
