@@ -262,10 +262,7 @@ def _packages(lines: Sequence[str], garbled: Callable[[str], BadInput]) -> tuple
 
 def drift(lock: Lock, *, requires_dist: Iterable[str], base: BaseFacts) -> tuple[str, ...]:
     """What changed since the lock was made, each as `what old -> new`; empty when it is fresh."""
-    changes = []
-    digest = requires_digest(requires_dist)
-    if digest != lock.requires_digest:
-        changes.append(f"requires-dist {_short(lock.requires_digest)} -> {_short(digest)}")
+    changes = list(_requires_drift(lock, requires_dist))
     if base.content != lock.base_content:
         changes.append(f"base {lock.base} {_short(lock.base_content)} -> {_short(base.content)}")
     if base.base_python != lock.base_python:
@@ -278,9 +275,17 @@ def drift(lock: Lock, *, requires_dist: Iterable[str], base: BaseFacts) -> tuple
 def check_requires(lock: Lock, requires_dist: Iterable[str]) -> None:
     """Bad input (stale_line) when the Requires-Dist lines are not the ones `lock` was made from: what can be
     known before the base is pulled or derived."""
+    changes = _requires_drift(lock, requires_dist)
+    if changes:
+        raise BadInput(stale_line(lock, changes))
+
+
+def _requires_drift(lock: Lock, requires_dist: Iterable[str]) -> tuple[str, ...]:
+    """`requires-dist old -> new` when the Requires-Dist lines are not the ones `lock` was made from; else empty."""
     digest = requires_digest(requires_dist)
-    if digest != lock.requires_digest:
-        raise BadInput(stale_line(lock, (f"requires-dist {_short(lock.requires_digest)} -> {_short(digest)}",)))
+    if digest == lock.requires_digest:
+        return ()
+    return (f"requires-dist {_short(lock.requires_digest)} -> {_short(digest)}",)
 
 
 def check_fresh(lock: Lock, *, requires_dist: Iterable[str], base: BaseFacts) -> None:
