@@ -346,25 +346,35 @@ class Session:
         return image.build(self.config, self.cache, inputs, plan, options, builder, progress, attester)
 
     def locked_image(
-        self, options: ImageOptions, arch: str | None, smoke: bool, progress: Progress
+        self, options: ImageOptions, arch: str | None, smoke: str, progress: Progress
     ) -> lockedimage.LockedImageResult:
-        """image.lock set: locks read and checked (before any work) -> check -> each platform's fixed wheel here
-        (native or precompiled) -> carry writes the layers (lockedimage) -> push or load -> smoke test."""
+        """image.lock set: locks read and checked (before any work) -> with --push, each platform's previous image
+        in the registry and its record -> check -> each platform's fixed wheel here (native or precompiled) -> carry
+        writes the layers (lockedimage), reusing what the registry has -> push or load -> smoke test -> record.
+        `smoke`: auto, full or off."""
         from carry.config import CompilerCache
         from carry.image import registry
         from carry.image.buildkit import image
         from carry.image.locked import lockedimage
         from carry.wheelbuild import toolchain
 
-        if options.hermetic or options.wheelhouse or options.cache:
+        if (
+            options.hermetic
+            or options.wheelhouse
+            or any(spec.exporting or spec.mode or spec.is_spec for spec in options.cache)
+        ):
             raise BadInput(
                 f"{self.config.path}: image.lock is set: carry writes the layers itself (no BuildKit "
-                f"build), so --hermetic, --wheelhouse, --cache-from and --cache-to do not apply"
+                f"build), so --hermetic, --wheelhouse, --cache-to and --cache-from inline/registry/type=… do not "
+                f"apply; --cache-from IMAGE names an image whose record the push reuses"
             )
+        if options.cache and not options.push:
+            raise BadInput(f"{self.config.path}: --cache-from IMAGE reuses layers the registry has: add --push")
         attester = self.attester(options.push, progress)
         platforms = image.platforms_to_build(self.config, options)
         self.require_pins(platforms)
         client = registry.client()
+        previous = self.previous_images(platforms, options, attester, progress) if options.push else {}
         prepared = lockedimage.prepare(
             self.config,
             self.cache,
@@ -388,8 +398,48 @@ class Session:
         wheels = self.image_wheels(platforms, arch, progress)
         if not plan.named:  # the distribution name from the wheel itself (its file name)
             plan = plan.with_distribution(next(iter(wheels.values())).name.split("-", 1)[0])
-        delivery = lockedimage.Delivery(push=options.push, smoke=smoke, attester=attester)
+        delivery = lockedimage.Delivery(
+            push=options.push,
+            smoke=smoke != "off",
+            attester=attester,
+            smoke_mode=smoke,
+            previous=previous,
+        )
         return lockedimage.build(self.config, self.cache, prepared, plan, wheels, delivery, client, progress)
+
+    def previous_images(
+        self, platforms: tuple[Platform, ...], options: ImageOptions, attester: Attester | None, progress: Progress
+    ) -> dict:
+        """Each platform's previous image in the registry and its record (registrycache.find): at --cache-from's refs
+        ({arch}, {version} filled), else this VERSION's own tags (a rerun) and image.tags (`latest`: the VERSION
+        this one replaces). The record is trusted only signed when $CARRY_SIGNING_KEY is set."""
+        from carry.config import CompilerCache
+        from carry.image import registry, registryhttp
+        from carry.image.buildkit import image
+        from carry.image.locked import registrycache
+        from carry.wheelbuild import toolchain
+
+        name, version = self.config.image.name, self.version()
+        several = len({t.platform for t in self.config.image.platforms} | set(platforms)) > 1
+        key = attester.key.public if attester is not None and attester.key is not None else None
+        found = {}
+        with registry.credentials(name, self.config.image.docker) as login:
+            repo = registryhttp.Repository.of(name, login.auth)
+            for platform in platforms:
+                if options.cache:
+                    refs = tuple(spec.text.format(arch=platform.tag, version=version) for spec in options.cache)
+                else:
+                    cuda = "none"
+                    if any("{cuda}" in t for t in self.config.image.tags):
+                        tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
+                        cuda = image.cuda_tag(tools.nvcc_version)
+                    tags = image.render_tags(self.config, version, self.series(), cuda) + options.extra_tags
+                    own = (image.own_tag(version, platform),) if several else ()
+                    refs = (*own, *tags)
+                refs = registrycache.candidates(refs, name)
+                found[platform] = registrycache.find(repo, name, platform, refs, key)
+                progress.phase("cache", found[platform].line())
+        return found
 
     def attester(self, push: bool, progress: Progress, dist: Path = Path("dist")) -> Attester | None:
         """With --push, what signs and attests the pushed images (carry.image.attest), the key of

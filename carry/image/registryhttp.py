@@ -48,6 +48,8 @@ class Repository:
     username: str | None = None
     password: str | None = None
     _token: str | None = None
+    sent: int = 0  # bytes of the bodies sent (blobs, manifests): what a push cost
+    received: int = 0  # bytes of the bodies read (manifests, configs, blobs)
 
     @classmethod
     def of(cls, image_name: str, auth: dict | None) -> Repository:
@@ -103,6 +105,8 @@ class Repository:
                 )
                 response = connection.getresponse()
                 data = response.read()
+                self.sent += len(body) if isinstance(body, bytes) else 0
+                self.received += len(data)
             except OSError as exc:
                 raise Failed(f"registry {self.host}: {method} {url.path} failed ({exc})") from None
             finally:
@@ -148,13 +152,34 @@ class Repository:
         status, _, _ = self.request("HEAD", f"/v2/{self.name}/blobs/{digest}", ok=(200, 404))
         return status == 200
 
+    def blob_size(self, digest: str) -> int | None:
+        """The size the registry holds `digest` at (HEAD's Content-Length), or None when it has no such blob."""
+        status, answer, _ = self.request("HEAD", f"/v2/{self.name}/blobs/{digest}", ok=(200, 404))
+        if status != 200:
+            return None
+        try:
+            return int(answer.get("content-length", ""))
+        except ValueError:
+            return None
+
+    def mount(self, digest: str, source: str) -> bool:
+        """Link the blob `digest` of repository `source` (same registry) into this one, nothing sent; False when the
+        registry would not (it then opens an upload instead, which is cancelled)."""
+        query = urllib.parse.urlencode({"mount": digest, "from": source})
+        status, answer, _ = self.request("POST", f"/v2/{self.name}/blobs/uploads/?{query}", ok=(201, 202))
+        if status == 201:
+            return True
+        if answer.get("location"):
+            self.request("DELETE", self._absolute(answer["location"]), ok=(202, 204, 404))
+        return False
+
     def upload(self, chunks: Iterable[bytes], digest_of: Callable[[], str]) -> str:
         """Stream a blob up (POST, one chunked PATCH, PUT ?digest=); `digest_of()` names it once streamed."""
         self.request("GET", "/v2/", ok=(200,))  # authenticate before the body is spent
         _, answer, _ = self.request("POST", f"/v2/{self.name}/blobs/uploads/", ok=(202,))
         location = self._absolute(answer["location"])
         _, answer, _ = self.request(
-            "PATCH", location, {"Content-Type": "application/octet-stream"}, chunks, ok=(202, 204)
+            "PATCH", location, {"Content-Type": "application/octet-stream"}, self._counted(chunks), ok=(202, 204)
         )
         location = self._absolute(answer.get("location", location))
         digest = digest_of()
@@ -163,6 +188,11 @@ class Repository:
             "PUT", f"{location}{joiner}digest={urllib.parse.quote(digest)}", {"Content-Length": "0"}, b"", ok=(201, 204)
         )
         return digest
+
+    def _counted(self, chunks: Iterable[bytes]) -> Iterable[bytes]:
+        for chunk in chunks:
+            self.sent += len(chunk)
+            yield chunk
 
     def upload_bytes(self, data: bytes, digest: str) -> bool:
         """A small blob (a config): True when it was pushed, False when the registry had it."""
@@ -188,6 +218,7 @@ class Repository:
             try:
                 with urllib.request.urlopen(answer["location"], timeout=TIMEOUT_S) as response:
                     data = response.read()
+                self.received += len(data)
             except (OSError, KeyError) as exc:
                 raise Failed(f"registry {self.host}: blob {digest[:19]} not readable ({exc})") from None
         return data

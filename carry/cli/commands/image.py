@@ -42,7 +42,8 @@ from carry.util.progress import Progress
     metavar="SPEC",
     multiple=True,
     help="Import BuildKit's layer cache: inline (this VERSION's pushed image), registry (its "
-    "-buildcache ref), an image ref, or type=... (buildx); {arch} {version} filled per platform.",
+    "-buildcache ref), an image ref, or type=... (buildx); {arch} {version} filled per platform. With image.lock: "
+    "an image whose record says which layers the registry has (default: this VERSION's tags and image.tags').",
 )
 @click.option(
     "--cache-to",
@@ -58,6 +59,16 @@ from carry.util.progress import Progress
     is_flag=True,
     help="With image.lock: skip the smoke test (after --push it pulls each platform's image back and keeps it).",
 )
+@click.option(
+    "--smoke",
+    "smoke",
+    type=click.Choice(["auto", "full"]),
+    default="auto",
+    show_default=True,
+    help="With image.lock and --push: full pulls each platform's image back and runs it; auto does too, unless the "
+    "previous image's smoke result holds for what did not change (then the changed Python files are checked "
+    "against the image, nothing pulled).",
+)
 @click.option("--json", "as_json", is_flag=True, help="With image.lock: the layers and tags as JSON on stdout.")
 @click.pass_obj
 def image_command(  # noqa: PLR0913 (a click command: its parameters are its flags)
@@ -71,6 +82,7 @@ def image_command(  # noqa: PLR0913 (a click command: its parameters are its fla
     cache_from: tuple[str, ...],
     cache_to: tuple[str, ...],
     no_smoke: bool,
+    smoke: str,
     as_json: bool,
 ) -> None:
     """Build the image with BuildKit, one build per platform (the build stage runs `build.py wheel`), tag it
@@ -84,7 +96,7 @@ def image_command(  # noqa: PLR0913 (a click command: its parameters are its fla
     options = ImageOptions(push, tags, tuple(parse_platform(p) for p in platforms), hermetic, wheelhouse, caches)
     session = obj.session()
     if session.config.image.lock:
-        locked = session.locked_image(options, arch, not no_smoke, progress)
+        locked = session.locked_image(options, arch, "off" if no_smoke else smoke, progress)
         echo_notes(locked.notes)
         click.echo(json.dumps(locked.to_json(), indent=2) if as_json else "\n".join(locked.lines()))
         return

@@ -109,6 +109,17 @@ def pull(
     return Pulled(len(layers), len(fetched), sum(size for _, size in fetched), time.monotonic() - started)
 
 
+def holds(client: docker.DockerClient, repository: str, platform: Platform, diff_ids: Iterable[str]) -> bool:
+    """Whether the engine holds every layer `diff_ids` names in an image of `repository` for `platform` (the one
+    an earlier run kept): a pull of the new image then fetches only what changed."""
+    wanted = set(diff_ids)
+    held: set[str] = set()
+    for image in client.images.list(name=repository):
+        if (image.labels or {}).get(PLATFORM_LABEL) == str(platform):
+            held.update((image.attrs.get("RootFS") or {}).get("Layers") or ())
+    return bool(held) and wanted <= held
+
+
 def named(client: docker.DockerClient, refs: Iterable[str]) -> set[str]:
     """The image IDs `refs` name in the engine now."""
     found = set()

@@ -62,10 +62,16 @@ class LayerPlan:
     files: int
     installed: int
     overwritten: tuple[str, ...] = ()  # paths two wheels of this layer both install (kept once: _merge)
+    recipe: str = ""  # a locked wheels' layer: its key from the lock (group_key), known before any wheel is read
+    wheels: tuple[tuple[str, str, str], ...] = ()  # (name, file, sha256) of the locked wheels it was planned from
+    planned: bool = True  # False: only its key is known (a locked wheels' layer the registry has: no wheel read)
 
     @property
     def key(self) -> str:
-        """sha256 over what the layer's bytes depend on: every item, and the compressor."""
+        """sha256 over what the layer's bytes depend on: the lock's wheels for nvidia, torch and deps (group_key);
+        for the others every item (path, kind, mode, size, RECORD hash, link), and the compressor."""
+        if self.recipe:
+            return self.recipe
         digest = hashlib.sha256(json.dumps(ocilayer.gzip_key(), sort_keys=True).encode())
         for item in self.items:
             digest.update(
@@ -73,6 +79,26 @@ class LayerPlan:
                 f"{item.entry.hash if item.entry else ''}\0{item.link}\n".encode()
             )
         return digest.hexdigest()
+
+
+# Bumped when what a lock's wheels put in the nvidia, torch and deps layers changes for the same lock: how a wheel
+# installs (wheelinstall), which layer it goes in (group_of), which copy of a path two wheels install is kept (_merge).
+RECIPE_FORMAT = 1
+
+
+def group_key(lock: runtimelock.Lock, group: str, venv: Venv) -> str:
+    """The key of a locked wheels' layer, from the lock alone (no wheel read): the whole lock's pins and hashes (a
+    path two wheels install is kept in one layer: _merge looks across layers), the layer, the venv it installs
+    into, the grouping rules and the compressor. The wheels are the lock's by sha256, so the bytes follow."""
+    material = {
+        **ocilayer.gzip_key(),
+        "recipe": RECIPE_FORMAT,
+        "layer": group,
+        "venv": [venv.prefix, venv.python],
+        "groups": {"nvidia": ["nvidia-", "cuda-"], "torch": sorted(TORCH_KIN)},
+        "lock": sorted([p.name, p.version, sorted(p.hashes)] for p in lock.packages),
+    }
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +181,12 @@ def fetch_wheels(lock: runtimelock.Lock, store: Store, progress: Progress, scrat
     return found
 
 
+def sha256_in_store(path: Path) -> str:
+    """A stored wheel's sha256: the download store keeps each file in a directory named by it (fetch_wheels)."""
+    name = path.parent.name
+    return name if re.fullmatch(r"[0-9a-f]{64}", name) else sha256_of(path)
+
+
 def _stored(store: Store, package: runtimelock.Locked, machine: str) -> Path | None:
     """The stored wheel of a locked package for this CPU (a lock may list every file of a version: another
     CPU's wheel of the same pin is not this platform's)."""
@@ -207,24 +239,39 @@ def _pip_failure(lock: runtimelock.Lock, output: str) -> str:
     return f"{lock.path}: pip download of the locked wheels failed: {tail[-1] if tail else 'no output'}"
 
 
+GROUPS = ("nvidia", "torch", "deps")
+
+
+def venv_of(lock: runtimelock.Lock) -> Venv:
+    return Venv(PREFIX, ".".join(lock.python.split(".")[:2]))
+
+
 def plan_platform(
     config: Config,
     platform: Platform,
     lock: runtimelock.Lock,
-    wheels: dict[str, Path],
+    wheels: dict[str, Path] | None,
     fixed_wheel: Path,
     release: Path | None,
     base_ref: str,
     base: dict,
 ) -> PlatformPlan:
-    venv = Venv(PREFIX, ".".join(lock.python.split(".")[:2]))
-    groups: dict[str, list[Installed]] = {"nvidia": [], "torch": [], "deps": []}
-    for name in sorted(wheels):
-        groups[group_of(name)].append(wheelinstall.plan(wheels[name], venv))
+    """Every layer planned; with `wheels` None the locked wheels' layers only by their key (group_key), for a run
+    that finds them in the registry and reads no wheel."""
+    venv = venv_of(lock)
     fixed = wheelinstall.plan(fixed_wheel, venv)
     layers = [_layer("venv", [], _venv_items(config, lock, venv))]
-    for group, (entries, overwritten) in _merge(groups, venv).items():
-        layers.append(_layer(group, entries, overwritten=overwritten))
+    if wheels is None:
+        layers += [LayerPlan(group, (), 0, 0, recipe=group_key(lock, group, venv), planned=False) for group in GROUPS]
+    else:
+        groups: dict[str, list[Installed]] = {group: [] for group in GROUPS}
+        files: dict[str, list[tuple[str, str, str]]] = {group: [] for group in GROUPS}
+        for name in sorted(wheels):
+            groups[group_of(name)].append(wheelinstall.plan(wheels[name], venv))
+            files[group_of(name)].append((name, wheels[name].name, sha256_in_store(wheels[name])))
+        for group, (entries, overwritten) in _merge(groups, venv).items():
+            planned = _layer(group, entries, overwritten=overwritten)
+            layers.append(dataclasses.replace(planned, recipe=group_key(lock, group, venv), wheels=tuple(files[group])))
     patched: dict[str, str] = {}
     if release is not None:
         released = wheelinstall.plan(release, venv)

@@ -27,6 +27,7 @@ from carry.util.progress import Progress
 if TYPE_CHECKING:
     import docker
 
+    from carry.image.locked.registrycache import Attached, Reuse
     from carry.image.registryhttp import Repository
 
 # -- the image config ------------------------------------------------------------------------------------------
@@ -90,14 +91,18 @@ class Digests:
 class LayerOutcome:
     name: str
     written: Written
-    action: str  # pushed | already exists | loaded | in the engine
+    action: str  # pushed | already exists | mounted | loaded | in the engine
     files: int = 0
+    key: str = ""  # what the layer is made of (LayerPlan.key; base layers: _base_key)
+    source: str = ""  # where a layer not written was known from: "" (this machine), "recorded by REF", "from REPO"
+    why: str = ""  # why a pushed layer was written (nothing reusable, and what was found instead)
 
     def line(self, platform: Platform) -> str:
+        tail = f"  ({self.source})" if self.source else f"  (written: {self.why})" if self.why else ""
         return (
             f"{self.name:<13} {str(platform):<12} {size_text(self.written.size):>9} compressed "
             f"{size_text(self.written.installed):>9} installed {self.files:>6} files  {self.action:<14} "
-            f"{self.written.digest[:19]}"
+            f"{self.written.digest[:19]}{tail}"
         )
 
 
@@ -121,22 +126,27 @@ class PlatformOutcome:
     seconds: float
     smoke: str | None = None
     kept: Kept | None = None  # the smoke-tested image in the engine: what its pull fetched, its tags, what went
+    smoke_record: dict | None = None  # what the smoke test proved, recorded with the image (smoketest)
+    record: Attached | None = None  # the record pushed beside the manifest (registrycache.push_record)
+    sent: int = 0  # bytes sent to the registry by the whole run so far (blobs, manifests, records)
+    received: int = 0  # bytes read from it
 
 
 def push_platform(
     repo: Repository,
     client: docker.DockerClient,
     plan: PlatformPlan,
-    digests: Digests,
+    reuse: Reuse,
     labels: dict[str, str],
     config: Config,
     progress: Progress,
 ) -> tuple[bytes, str, list[LayerOutcome], str]:
-    """Every layer (base ones included) and the config pushed unless the registry has them; the manifest
-    returned (bytes, digest) for the caller to tag."""
-    outcomes = _push_base(repo, client, plan, digests, progress)
+    """Every layer (base ones included) and the config pushed unless the registry has them (`reuse`: this machine's
+    remembered digests, the previous image's record; each with its blob there); the manifest returned (bytes,
+    digest) for the caller to tag."""
+    outcomes = _push_base(repo, client, plan, reuse, progress)
     for layer in plan.layers:
-        outcomes.append(_push_layer(repo, layer, digests, progress, plan.platform))
+        outcomes.append(_push_layer(repo, layer, reuse, progress, plan.platform))
     diff_ids = [o.written.diff_id for o in outcomes]
     body = image_config(config, plan, diff_ids, labels)
     config_digest = f"sha256:{hashlib.sha256(body).hexdigest()}"
@@ -163,13 +173,17 @@ def registryhttp_types() -> tuple[str, str, str]:
 
 
 def _push_layer(
-    repo: Repository, layer: LayerPlan, digests: Digests, progress: Progress, platform: Platform
+    repo: Repository, layer: LayerPlan, reuse: Reuse, progress: Progress, platform: Platform
 ) -> LayerOutcome:
-    known = digests.get(layer.key)
-    if known is not None and known.digest and repo.has_blob(known.digest):
-        outcome = LayerOutcome(layer.name, known, "already exists", layer.files)
+    found = reuse.find(platform, layer.name, layer.key)
+    if found is not None:
+        files = layer.files if layer.planned else found.files
+        outcome = LayerOutcome(layer.name, found.written, found.action, files, layer.key, found.source)
         progress.phase("layer", outcome.line(platform))
         return outcome
+    if not layer.planned:
+        raise Failed(f"layer {layer.name} of {platform} was not planned, and the registry has none of its key")
+    why = reuse.why(platform, layer.name, layer.key)
     started = time.monotonic()
     box: dict[str, Written] = {}
     chunks = ocilayer.prefetched(
@@ -179,8 +193,8 @@ def _push_layer(
     )
     repo.upload(chunks, lambda: box["w"].digest)
     written = box["w"]
-    digests.put(layer.key, written)
-    outcome = LayerOutcome(layer.name, written, "pushed", layer.files)
+    reuse.digests.put(layer.key, written)
+    outcome = LayerOutcome(layer.name, written, "pushed", layer.files, layer.key, why=why)
     progress.phase("layer", f"{outcome.line(platform)}  {time.monotonic() - started:.1f}s")
     return outcome
 
@@ -193,22 +207,30 @@ def _kept_digest(box: dict) -> str:
     return box["w"].digest
 
 
-def _base_key(diff_id: str) -> str:
+def base_key(diff_id: str) -> str:
+    """A base layer's key: its diff_id (what it holds) and the compressor."""
     return hashlib.sha256(json.dumps({**ocilayer.gzip_key(), "base": diff_id}, sort_keys=True).encode()).hexdigest()
 
 
 def _push_base(
-    repo: Repository, client: docker.DockerClient, plan: PlatformPlan, digests: Digests, progress: Progress
+    repo: Repository, client: docker.DockerClient, plan: PlatformPlan, reuse: Reuse, progress: Progress
 ) -> list[LayerOutcome]:
     """The base image's layers, as the engine holds them (`docker save`'s uncompressed tars), compressed and
-    pushed the same way; remembered by diff_id, so a rerun only asks the registry."""
+    pushed the same way; known by diff_id (this machine's memory or the previous image's record), so a rerun only
+    asks the registry."""
     diff_ids = list(plan.base.get("RootFS", {}).get("Layers") or [])
     found: dict[str, LayerOutcome] = {}
     for diff_id in diff_ids:
-        known = digests.get(_base_key(diff_id))
-        if known is not None and known.digest and repo.has_blob(known.digest):
-            found[diff_id] = LayerOutcome("base", known, "already exists")
+        known = reuse.find(plan.platform, "base", base_key(diff_id))
+        if known is not None:
+            found[diff_id] = LayerOutcome("base", known.written, known.action, 0, base_key(diff_id), known.source)
     if len(found) < len(diff_ids):
+        if not plan.base.get("Id"):
+            missing = next(d for d in diff_ids if d not in found)
+            raise Failed(
+                f"{plan.base_ref}: the registry no longer holds its layer {missing[:19]}… and the engine has no copy "
+                f"of the base to push it from; run the command again (the base is then made here)"
+            )
         saved = client.api.get_image(plan.base["Id"])
         with tarfile.open(fileobj=_ChunkReader(saved), mode="r|") as archive:  # type: ignore[call-overload]
             for member in archive:
@@ -226,8 +248,11 @@ def _push_base(
                 repo.upload(chunks, functools.partial(_kept_digest, box))
                 written = box["w"]
                 if written.diff_id in diff_ids and written.diff_id not in found:
-                    digests.put(_base_key(written.diff_id), written)
-                    found[written.diff_id] = LayerOutcome("base", written, "pushed")
+                    reuse.digests.put(base_key(written.diff_id), written)
+                    why = reuse.why(plan.platform, "base", base_key(written.diff_id))
+                    found[written.diff_id] = LayerOutcome(
+                        "base", written, "pushed", 0, base_key(written.diff_id), why=why
+                    )
     missing = [d for d in diff_ids if d not in found]
     if missing:
         raise Failed(

@@ -43,12 +43,19 @@ from carry.image.locked.layerplan import (
     requires_dist,
     runtime_base,
 )
-from carry.image.locked.layerwrite import Digests, PlatformOutcome, load_platform, push_platform, size_text
+from carry.image.locked.layerwrite import (
+    Digests,
+    LayerOutcome,
+    PlatformOutcome,
+    load_platform,
+    push_platform,
+    size_text,
+)
 from carry.image.locked.smoketest import smoke, smoke_pushed
 from carry.platforms import Platform
 from carry.util.cache import Cache
 from carry.util.download import Store
-from carry.util.errors import BadInput
+from carry.util.errors import BadInput, Failed
 from carry.util.progress import Progress
 from carry.util.record import record
 
@@ -57,7 +64,10 @@ if TYPE_CHECKING:
 
     from carry.image.attest import Attester
     from carry.image.buildkit.image import ImagePlan, PlatformImage
+    from carry.image.locked.registrycache import Facts, Reuse
+    from carry.image.registry import Login
     from carry.image.registryhttp import Repository
+    from carry.trust.keys import SigningKey
 
 
 # -- the whole image -------------------------------------------------------------------------------------------
@@ -88,6 +98,11 @@ class LockedImageResult:
                 rows.append(f"  smoke: {outcome.smoke}")
             if outcome.kept:
                 rows.append(f"  engine: {outcome.kept.line(outcome.platform)}")
+            if outcome.record:
+                rows.append(f"  record: {outcome.record.line(outcome.platform)}")
+        if self.platforms and self.platforms[0].record is not None:
+            last = self.platforms[-1]
+            rows.append(f"  registry: {size_text(last.sent)} sent, {size_text(last.received)} read in all")
         rows += self.trust.lines() if self.trust is not None else []  # the tags come last: scripts read them
         for outcome in self.platforms:
             rows += [f"{ref}  {self.pushed.get(ref, outcome.digest)}  {outcome.platform}" for ref in outcome.refs]
@@ -108,9 +123,20 @@ class LockedImageResult:
                     "seconds": o.seconds,
                     "config": o.config_action,
                     "smoke": o.smoke,
+                    "smoke_record": o.smoke_record,
                     "engine": o.kept.to_json() if o.kept else None,
+                    "record": o.record.to_json() if o.record else None,
+                    "registry": {"sent": o.sent, "received": o.received},
                     "layers": [
-                        {"name": layer.name, "action": layer.action, "files": layer.files, **layer.written.to_json()}
+                        {
+                            "name": layer.name,
+                            "action": layer.action,
+                            "files": layer.files,
+                            "key": layer.key,
+                            "source": layer.source,
+                            "why": layer.why,
+                            **layer.written.to_json(),
+                        }
                         for layer in o.layers
                     ],
                 }
@@ -174,11 +200,14 @@ def prepare(
 @record(kw_only=True)
 class Delivery:
     """Where the written images go: pushed (`push`; `attester` set: signed and attested) or loaded into the engine,
-    then smoke-tested with `smoke`."""
+    then smoke-tested with `smoke` (`smoke_mode`: auto, or full: always pulled and run); `previous`: each platform's
+    previous image in the registry (registrycache.find), whose record the push reuses."""
 
     push: bool
     smoke: bool
     attester: Attester | None = None
+    smoke_mode: str = "auto"
+    previous: dict | None = None  # Platform -> registrycache.Previous
 
 
 def build(
@@ -193,106 +222,265 @@ def build(
 ) -> LockedImageResult:
     """Download, plan, write and push (or load) every platform's image; then the shared tags and the smoke test.
     With --push, `delivery.attester` (carry.image.attest) writes each platform's SBOM and signs and attests what was
-    pushed."""
-    from carry.image import registry, registryhttp
-
-    push, run_smoke, attester = delivery.push, delivery.smoke, delivery.attester
+    pushed, and each platform's record goes beside it (registrycache)."""
     digests = Digests(cache.root / "image-layers")
-    plans, fetched = _plan_all(config, cache, prepared, the_plan, fixed_wheels, progress)
-    outcomes: list[PlatformOutcome] = []
-    pushed: dict[str, str] = {}
+    if delivery.push:
+        return _push_all(config, cache, prepared, the_plan, fixed_wheels, delivery, client, progress)
+    plans, _ = _plan_all(config, cache, prepared, the_plan, fixed_wheels, progress, None)
     duplicates = tuple(d for p in plans.values() for d in p.duplicates)
     notes = _layer_notes(plans, duplicates)
-    if push:
-        with registry.credentials(config.image.name, config.image.docker) as login:
-            repo = registryhttp.Repository.of(config.image.name, login.auth)
-            manifests = {}
-            for image in the_plan.images:
-                started = time.monotonic()
-                plan = plans[image.platform]
-                progress.phase("push", f"{image.platform} -> {', '.join(image.refs)}")
-                labels = prepared.labels(image.platform, image.labels)
-                body, digest, layers, config_action = push_platform(
-                    repo, client, plan, digests, labels, config, progress
-                )
-                for ref in image.refs:
-                    repo.put_manifest(ref.rsplit(":", 1)[1], body, registryhttp.DOCKER_MANIFEST)
-                    pushed[ref] = digest
-                manifests[image.platform] = (body, digest)
-                if attester is not None:
-                    _attest(attester, repo, image, plan, digest, fixed_wheels, prepared, fetched)
-                outcomes.append(
-                    PlatformOutcome(
-                        image.platform, image.refs, digest, tuple(layers), config_action, time.monotonic() - started
-                    )
-                )
-            if the_plan.shared and the_plan.complete:
-                index = json.dumps(
-                    {
-                        "schemaVersion": 2,
-                        "mediaType": registryhttp.DOCKER_LIST,
-                        "manifests": [
-                            {
-                                "mediaType": registryhttp.DOCKER_MANIFEST,
-                                "size": len(body),
-                                "digest": digest,
-                                "platform": {
-                                    "architecture": p.architecture,
-                                    "os": p.os,
-                                    **({"variant": p.variant} if p.variant else {}),
-                                },
-                            }
-                            for p, (body, digest) in manifests.items()
-                        ],
-                    },
-                    separators=(",", ":"),
-                ).encode()
-                index_digest = f"sha256:{hashlib.sha256(index).hexdigest()}"
-                for ref in the_plan.shared:
-                    progress.phase("manifest", f"{ref} -> {', '.join(str(p) for p in manifests)}")
-                    repo.put_manifest(ref.rsplit(":", 1)[1], index, registryhttp.DOCKER_LIST)
-                    pushed[ref] = index_digest
-                if attester is not None:
-                    attester.index(repo, index_digest)
-            elif the_plan.shared:
-                notes.append("shared tags left as they were: not every platform of image.platforms was built")
-            if run_smoke:
-                outcomes = smoke_pushed(client, config, outcomes, plans, login, progress, the_plan.version)
-    else:
+    outcomes: list[PlatformOutcome] = []
+    for image in the_plan.images:
+        started = time.monotonic()
+        labels = prepared.labels(image.platform, image.labels)
+        before = engineimage.named(client, image.refs)
+        image_id, layers = load_platform(client, plans[image.platform], digests, labels, config, image.refs, progress)
+        text = None
+        if delivery.smoke:
+            progress.phase("smoke", f"{image.refs[0]} ({image.platform})")
+            text = smoke(client, image.refs[0], plans[image.platform], image.platform is Platform.native())
+        kept = engineimage.keep(client, image_id, image.refs, image.platform, the_plan.version, before)
+        outcomes.append(
+            PlatformOutcome(
+                image.platform, image.refs, image_id, tuple(layers), "loaded", time.monotonic() - started, text, kept
+            )
+        )
+    if the_plan.shared:
+        notes.append(
+            "shared tags are made on --push: a registry holds one tag for several platforms, the "
+            "local image store does not"
+        )
+    return LockedImageResult(tuple(outcomes), {}, the_plan.shared, tuple(notes), duplicates, None)
+
+
+@record(kw_only=True)
+class _Job:
+    """What every step of one push shares."""
+
+    config: Config
+    cache: Cache
+    prepared: Prepared
+    the_plan: ImagePlan
+    fixed_wheels: dict
+    client: Any  # docker.DockerClient
+    progress: Progress
+
+
+def _push_all(
+    config: Config,
+    cache: Cache,
+    prepared: Prepared,
+    the_plan: ImagePlan,
+    fixed_wheels: dict[Platform, Path],
+    delivery: Delivery,
+    client: docker.DockerClient,
+    progress: Progress,
+) -> LockedImageResult:
+    job = _Job(
+        config=config,
+        cache=cache,
+        prepared=prepared,
+        the_plan=the_plan,
+        fixed_wheels=fixed_wheels,
+        client=client,
+        progress=progress,
+    )
+    digests = Digests(cache.root / "image-layers")
+    from carry.image import registry, registryhttp
+    from carry.image.locked import registrycache
+
+    attester = delivery.attester
+    with registry.credentials(config.image.name, config.image.docker) as login:
+        repo = registryhttp.Repository.of(config.image.name, login.auth)
+        previous = delivery.previous or {}
+        reuse = registrycache.Reuse(repo, digests, previous)
+        plans, fetched = _plan_all(config, cache, prepared, the_plan, fixed_wheels, progress, reuse)
+        duplicates = tuple(d for p in plans.values() for d in p.duplicates)
+        notes = _layer_notes(plans, duplicates)
+        outcomes: list[PlatformOutcome] = []
+        pushed: dict[str, str] = {}
+        manifests = {}
         for image in the_plan.images:
             started = time.monotonic()
+            plan = plans[image.platform]
+            progress.phase("push", f"{image.platform} -> {', '.join(image.refs)}")
             labels = prepared.labels(image.platform, image.labels)
-            before = engineimage.named(client, image.refs)
-            image_id, layers = load_platform(
-                client, plans[image.platform], digests, labels, config, image.refs, progress
-            )
-            text = None
-            if run_smoke:
-                progress.phase("smoke", f"{image.refs[0]} ({image.platform})")
-                text = smoke(client, image.refs[0], plans[image.platform], image.platform is Platform.native())
-            kept = engineimage.keep(client, image_id, image.refs, image.platform, the_plan.version, before)
+            body, digest, layers, config_action = push_platform(repo, client, plan, reuse, labels, config, progress)
+            for ref in image.refs:
+                repo.put_manifest(ref.rsplit(":", 1)[1], body, registryhttp.DOCKER_MANIFEST)
+                pushed[ref] = digest
+            manifests[image.platform] = (body, digest)
+            if attester is not None:
+                _attest(attester, repo, image, plan, digest, fixed_wheels, prepared, fetched)
             outcomes.append(
                 PlatformOutcome(
-                    image.platform,
-                    image.refs,
-                    image_id,
-                    tuple(layers),
-                    "loaded",
-                    time.monotonic() - started,
-                    text,
-                    kept,
+                    image.platform, image.refs, digest, tuple(layers), config_action, time.monotonic() - started
                 )
             )
-        if the_plan.shared:
-            notes.append(
-                "shared tags are made on --push: a registry holds one tag for several platforms, the "
-                "local image store does not"
-            )
-    if push and attester is not None:
+        if the_plan.shared and the_plan.complete:
+            _push_index(repo, the_plan, manifests, pushed, attester, progress)
+        elif the_plan.shared:
+            notes.append("shared tags left as they were: not every platform of image.platforms was built")
+        if delivery.smoke:
+            outcomes = _smoke_all(job, outcomes, plans, login, delivery, reuse)
+        key = attester.key if attester is not None else None
+        outcomes = [_record(job, repo, outcome, plans[outcome.platform], reuse, key) for outcome in outcomes]
+        others = {id(p.repo): p.repo for p in previous.values() if p.repo is not None and p.repo is not repo}
+        sent = repo.sent + sum(other.sent for other in others.values())
+        received = repo.received + sum(other.received for other in others.values())
+        outcomes = [dataclasses.replace(o, sent=sent, received=received) for o in outcomes]
+    if attester is not None:
         notes += attester.notes()
-    return LockedImageResult(
-        tuple(outcomes), pushed, the_plan.shared, tuple(notes), duplicates, attester if push else None
+    return LockedImageResult(tuple(outcomes), pushed, the_plan.shared, tuple(notes), duplicates, attester)
+
+
+def _push_index(
+    repo: Repository,
+    the_plan: ImagePlan,
+    manifests: dict,
+    pushed: dict[str, str],
+    attester: Attester | None,
+    progress: Progress,
+) -> None:
+    """The shared tags: one manifest list of every platform's manifest."""
+    from carry.image import registryhttp
+
+    index = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": registryhttp.DOCKER_LIST,
+            "manifests": [
+                {
+                    "mediaType": registryhttp.DOCKER_MANIFEST,
+                    "size": len(body),
+                    "digest": digest,
+                    "platform": {
+                        "architecture": p.architecture,
+                        "os": p.os,
+                        **({"variant": p.variant} if p.variant else {}),
+                    },
+                }
+                for p, (body, digest) in manifests.items()
+            ],
+        },
+        separators=(",", ":"),
+    ).encode()
+    index_digest = f"sha256:{hashlib.sha256(index).hexdigest()}"
+    for ref in the_plan.shared:
+        progress.phase("manifest", f"{ref} -> {', '.join(str(p) for p in manifests)}")
+        repo.put_manifest(ref.rsplit(":", 1)[1], index, registryhttp.DOCKER_LIST)
+        pushed[ref] = index_digest
+    if attester is not None:
+        attester.index(repo, index_digest)
+
+
+def _smoke_all(
+    job: _Job,
+    outcomes: list[PlatformOutcome],
+    plans: dict[Platform, PlatformPlan],
+    login: Login,
+    delivery: Delivery,
+    reuse: Reuse,
+) -> list[PlatformOutcome]:
+    """Each platform smoke-tested as smoketest.choose says: pulled back and run (at the same time), or the changed
+    files checked against the image where the previous image's result holds for the rest."""
+    from carry.image.locked import smoketest
+
+    client, progress = job.client, job.progress
+    previous = delivery.previous or {}
+    light: list[PlatformOutcome] = []
+    full: list[PlatformOutcome] = []
+    for outcome in outcomes:
+        unchanged = [layer.written.diff_id for layer in outcome.layers if layer.action != "pushed"]
+        holds = engineimage.holds(client, job.config.image.name, outcome.platform, unchanged)
+        choice = smoketest.choose(
+            delivery.smoke_mode, outcome, plans[outcome.platform], previous.get(outcome.platform), holds
+        )
+        progress.phase("smoke", f"{outcome.platform}: {choice.mode} ({choice.why})")
+        (light if choice.mode == smoketest.LIGHT else full).append(outcome)
+    done = {}
+    if full:
+        for outcome in smoke_pushed(client, job.config, full, plans, login, progress, job.the_plan.version):
+            done[outcome.platform] = dataclasses.replace(
+                outcome, smoke_record=smoketest.full_record(outcome, outcome.smoke or "")
+            )
+    for outcome in light:
+        facts = [found for _, found, _ in _layer_facts(outcome, plans[outcome.platform], reuse) if found is not None]
+        text, made = smoketest.light(client, plans[outcome.platform], outcome, previous[outcome.platform], facts)
+        progress.phase("smoke", text)
+        done[outcome.platform] = dataclasses.replace(outcome, smoke=text, smoke_record=made)
+    return [done[outcome.platform] for outcome in outcomes]
+
+
+def _layer_facts(
+    outcome: PlatformOutcome, plan: PlatformPlan, reuse: Reuse
+) -> list[tuple[LayerOutcome, Facts | None, bytes | None]]:
+    """Per layer of the image (base layers aside): its facts and their blob, from its plan where it was planned,
+    else from the previous image's record."""
+    from carry.image.locked import registrycache
+
+    site = (plan.fixed.dist_info.rsplit("/", 1)[0]) if plan.fixed.dist_info else ""
+    planned = {layer.key: layer for layer in plan.layers if layer.planned}
+    found: list[tuple[LayerOutcome, registrycache.Facts | None, bytes | None]] = []
+    for layer in outcome.layers:
+        if layer.name == "base":
+            continue
+        if layer.key in planned:
+            facts = registrycache.facts_of(planned[layer.key].items, site, planned[layer.key].wheels)
+            found.append((layer, facts, facts.blob()))
+            continue
+        entry = reuse.entry(outcome.platform, layer.key)
+        previous = reuse.previous.get(outcome.platform)
+        blob = previous.facts_blob(entry) if previous is not None and entry is not None else None
+        found.append((layer, registrycache.Facts.from_blob(blob) if blob else None, blob))
+    return found
+
+
+def _record(
+    job: _Job,
+    repo: Repository,
+    outcome: PlatformOutcome,
+    plan: PlatformPlan,
+    reuse: Reuse,
+    key: SigningKey | None,
+) -> PlatformOutcome:
+    """The platform's record beside its pushed manifest (registrycache.push_record): after the smoke test, so that a
+    record says the image passed it (or that none ran)."""
+    from carry.image.locked import registrycache
+
+    facts: dict[str, bytes] = {}
+    by_key: dict[str, str] = {}
+    for layer, _, blob in _layer_facts(outcome, plan, reuse):
+        if blob is not None:
+            digest = f"sha256:{hashlib.sha256(blob).hexdigest()}"
+            facts[digest], by_key[layer.key] = blob, digest
+    entries = tuple(
+        registrycache.Entry(
+            layer.name,
+            layer.key,
+            layer.written.digest,
+            layer.written.diff_id,
+            layer.written.size,
+            layer.written.tar_size,
+            layer.written.installed,
+            layer.files,
+            by_key.get(layer.key, ""),
+        )
+        for layer in outcome.layers
     )
+    found = job.prepared.facts.get(outcome.platform)
+    base = found.base.record(plan.base) if found is not None and found.base is not None else None
+    made = registrycache.Record(
+        outcome.digest,
+        str(outcome.platform),
+        entries,
+        base,
+        {"file": job.fixed_wheels[outcome.platform].name},
+        outcome.smoke_record,
+    )
+    attached = registrycache.push_record(repo, made, facts, key, job.config.image.name)
+    job.progress.phase("record", attached.line(outcome.platform))
+    return dataclasses.replace(outcome, record=attached)
 
 
 def _plan_all(
@@ -302,8 +490,11 @@ def _plan_all(
     the_plan: ImagePlan,
     fixed_wheels: dict[Platform, Path],
     progress: Progress,
+    reuse: Reuse | None,
 ) -> tuple[dict[Platform, PlatformPlan], dict[Platform, dict[str, Path]]]:
-    """Each platform's locked wheels downloaded and its layers planned: (plans, the wheel files fetched)."""
+    """Each platform's layers planned, with (plans, the wheel files of the lock). With `reuse`, a platform whose
+    locked wheels' layers the registry has (by key, each with its facts) is planned without reading those wheels,
+    and none is downloaded; otherwise the lock's wheels are fetched (those the store lacks) and every layer planned."""
     store = Store.from_env(cache.root)
     plans: dict[Platform, PlatformPlan] = {}
     fetched: dict[Platform, dict[str, Path]] = {}
@@ -314,19 +505,59 @@ def _plan_all(
             runtimelock.check_fresh(
                 lock, requires_dist=requires_dist(fixed_wheels[platform]), base=prepared.facts[platform]
             )
-        wheels = fetched[platform] = fetch_wheels(lock, store, progress, cache.scratch)
         base_ref, base = prepared.bases[platform]
         started = time.monotonic()
-        plans[platform] = plan_platform(
-            config, platform, lock, wheels, fixed_wheels[platform], prepared.releases[platform], base_ref, base
-        )
+        inputs = (fixed_wheels[platform], prepared.releases[platform], base_ref, base)
+        shallow = plan_platform(config, platform, lock, None, *inputs) if reuse is not None else None
+        known = _recorded_wheels(shallow, reuse, platform) if shallow is not None and reuse is not None else None
+        if shallow is not None and known is not None:
+            plans[platform] = shallow
+            fetched[platform] = _sbom_wheels(lock, store, known)
+            why = "their layers are in the registry: no wheel read"
+        else:
+            wheels = fetched[platform] = fetch_wheels(lock, store, progress, cache.scratch)
+            plans[platform] = plan_platform(config, platform, lock, wheels, *inputs)
+            why = f"{len(lock.packages)} locked wheel(s) read"
         progress.phase(
             "plan",
-            f"{platform}: {len(lock.packages)} locked wheel(s) + {fixed_wheels[platform].name}: "
-            + ", ".join(f"{layer.name} {layer.files} files" for layer in plans[platform].layers)
+            f"{platform}: {why} + {fixed_wheels[platform].name}: "
+            + ", ".join(f"{layer.name} {layer.files} files" for layer in plans[platform].layers if layer.planned)
             + f" ({time.monotonic() - started:.1f}s)",
         )
     return plans, fetched
+
+
+def _recorded_wheels(plan: PlatformPlan, reuse: Reuse, platform: Platform) -> dict[str, tuple[str, str]] | None:
+    """name -> (file, sha256) of every locked wheel, when each locked wheels' layer is in the registry with the
+    previous image's facts of it; None when one must be written (its wheels are then read)."""
+    found: dict[str, tuple[str, str]] = {}
+    previous = reuse.previous.get(platform)
+    for layer in plan.layers:
+        if layer.planned:
+            continue
+        entry = reuse.entry(platform, layer.key)
+        if entry is None or previous is None or reuse.find(platform, layer.name, layer.key) is None:
+            return None
+        facts = previous.facts(entry)
+        if facts is None:
+            return None
+        found.update({name: (file, sha) for name, file, sha in facts.wheels})
+    return found
+
+
+def _sbom_wheels(lock: runtimelock.Lock, store: Store, recorded: dict[str, tuple[str, str]]) -> dict[str, Path]:
+    """The wheel file of each locked package, as the SBOM names it: the record's (file name, sha256), each sha256 one
+    the lock lists for it; where the store holds the file, its path there."""
+    wheels = {}
+    for package in lock.packages:
+        file, sha = recorded.get(package.name, ("", ""))
+        if f"sha256:{sha}" not in package.hashes:
+            raise Failed(
+                f"the registry's record names {file or 'no wheel'} for {package.name}=={package.version}, whose "
+                f"sha256 the lock does not list; the record is not this lock's"
+            )
+        wheels[package.name] = store.root / sha / file
+    return wheels
 
 
 def _layer_notes(plans: dict[Platform, PlatformPlan], duplicates: tuple[str, ...]) -> list[str]:

@@ -77,6 +77,22 @@ class RuntimeBase:
     def derived(self) -> bool:
         return self.python != OWN
 
+    def record(self, inspected: dict) -> dict:
+        """What a later run needs to use this base without deriving it again (registrycache.Record.base): what
+        names it, its Python and glibc, and of the image the layers went on (`inspected`) its run-time config and
+        layers."""
+        config = inspected.get("Config") or {}
+        return {
+            "ref": self.ref,
+            "content": self.content,
+            "python": self.python,
+            "python_version": self.python_version,
+            "glibc": self.glibc,
+            "registry_digest": self.registry_digest,
+            "config": {key: config.get(key) for key in ("Env", "Labels", "WorkingDir", "User")},
+            "diff_ids": list((inspected.get("RootFS") or {}).get("Layers") or []),
+        }
+
     def labels(self) -> dict[str, str]:
         """What the locked image says of its base: the runtime image by name (and registry digest), its content
         digest and where its Python comes from (the same fields as the lock's header)."""

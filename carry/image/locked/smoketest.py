@@ -1,11 +1,24 @@
 """The locked image's smoke test (docs/images.md: "Smoke test"): the image's Python run once without network, the
 fixed wheel's version, the patched files' bytes and the console scripts' interpreter checked; after a push each
-platform is pulled back, smoke-tested and kept in the engine (carry.image.locked.engineimage)."""
+platform is pulled back, smoke-tested and kept in the engine (carry.image.locked.engineimage).
+
+A run whose engine does not hold the image (a fresh runner) does not pull it when the previous image's smoke
+result holds for what did not change (`choose`): the layers other than the fixed one have the keys that result was
+proven on, and the fixed layer changed Python files only (and the dist-info). The changed files are then checked
+against the image itself without running it (`light`): each byte-compiled by the image's Python (the base's
+python3, in a container without network; emulated for another CPU), and each import a module runs at import time
+(its top level, not under `try`) resolving to a module of the image's Python or one the layers install (the
+layers' facts, carry.image.locked.registrycache). Anything else, or `--smoke full`, pulls the image and runs it."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import io
 import json
+import sys
+import tarfile
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from carry.config import Config
@@ -19,6 +32,8 @@ from carry.util.progress import Progress
 if TYPE_CHECKING:
     import docker
 
+    from carry.image.locked.ocilayer import Item
+    from carry.image.locked.registrycache import Facts, Previous
     from carry.image.registry import Login
 
 # -- the smoke test --------------------------------------------------------------------------------------------
@@ -158,3 +173,262 @@ def pull_and_smoke(
     image_id = client.api.inspect_image(ref)["Id"]
     kept = engineimage.keep(client, image_id, outcome.refs, outcome.platform, version, before)
     return dataclasses.replace(outcome, smoke=text, kept=dataclasses.replace(kept, pulled=pulled))
+
+
+# -- choosing: pull the image, or check what changed against it ---------------------------------------------------
+
+FULL, LIGHT = "full", "light"
+FIXED_LAYER = "vllm-fixed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """How one platform is smoke-tested: `full` (pulled and run) or `light` (the changed files checked), and why."""
+
+    mode: str
+    why: str
+
+
+def choose(
+    requested: str,
+    outcome: PlatformOutcome,
+    plan: PlatformPlan,
+    previous: Previous | None,
+    engine_holds: bool,
+) -> Choice:
+    """`full` when asked, when no smoke result of the previous image holds for the unchanged layers, when more than
+    Python files changed, or when the engine holds every unchanged layer (the pull then fetches what changed); else
+    `light`."""
+    if requested == FULL:
+        return Choice(FULL, "--smoke full")
+    smoke = previous.record.smoke if previous is not None and previous.record is not None else None
+    if not smoke or smoke.get("platform") != str(outcome.platform):
+        return Choice(FULL, "no smoke result recorded with a previous image")
+    proven = set(smoke.get("layers") or ())
+    changed = [layer for layer in outcome.layers if layer.key not in proven]
+    if any(layer.name != FIXED_LAYER for layer in changed):
+        names = ", ".join(sorted({layer.name for layer in changed if layer.name != FIXED_LAYER}))
+        return Choice(FULL, f"more than Python files changed: layer(s) {names}")
+    other = python_only(plan)
+    if other:
+        return Choice(FULL, f"more than Python files changed: {other}")
+    if engine_holds:
+        return Choice(FULL, "the engine holds every unchanged layer: the pull fetches what changed")
+    return Choice(LIGHT, f"the smoke test of {previous.ref if previous else '?'} holds for the unchanged layers")
+
+
+def python_only(plan: PlatformPlan) -> str:
+    """'' when the fixed layer changes Python files only (besides the dist-info and the release's dist-info it
+    hides), else what else it holds."""
+    fixed = next((layer for layer in plan.layers if layer.name == FIXED_LAYER), None)
+    if fixed is None or not fixed.planned:
+        return "no fixed layer"
+    dist_info = plan.fixed.dist_info + "/"
+    for item in fixed.items:
+        if item.kind == "dir" or item.path.startswith(dist_info):
+            continue
+        if item.kind == "whiteout":
+            if not item.path.endswith(".dist-info"):
+                return f"{item.path} removed"
+            continue
+        if item.kind != "file" or not item.path.endswith(".py"):
+            return f"{item.path} ({item.kind})"
+    return ""
+
+
+COMPILE = r"""
+import json, pkgutil, sys
+files = json.loads(open("/carry-smoke.json").read())
+stdlib = getattr(sys, "stdlib_module_names", None)
+stdlib = stdlib or {m.name for m in pkgutil.iter_modules()} | set(sys.builtin_module_names)
+errors = {}
+for path in files:
+    try:
+        compile(open("/carry-smoke/" + path, "rb").read(), "/" + path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        errors[path] = f"{type(exc).__name__}: {exc}"
+print(json.dumps({"python": sys.version.split()[0], "stdlib": sorted(stdlib), "errors": errors}))
+"""
+
+
+def light(
+    client: docker.DockerClient,
+    plan: PlatformPlan,
+    outcome: PlatformOutcome,
+    previous: Previous,
+    facts: list[Facts],
+) -> tuple[str, dict]:
+    """The changed Python files of the fixed layer byte-compiled by the image's Python and their imports resolved
+    against the image's modules (`facts`, one per layer in order); the previous smoke result holds for the rest."""
+    assert previous.record is not None and previous.record.smoke is not None  # choose() said light
+    fixed = next(layer for layer in plan.layers if layer.name == FIXED_LAYER)
+    site = plan.fixed.dist_info.rsplit("/", 1)[0] + "/"
+    sources = {
+        item.path: _read(item)
+        for item in fixed.items
+        if item.kind == "file" and item.path.endswith(".py") and not item.path.startswith(plan.fixed.dist_info + "/")
+    }
+    python = _compile(client, plan, sources)
+    if python["errors"]:
+        raise Failed(
+            f"smoke test of {outcome.platform}: {len(python['errors'])} file(s) do not compile with Python "
+            f"{python['python']}: " + "; ".join(f"{p}: {e}" for p, e in sorted(python["errors"].items())[:5])
+        )
+    modules = image_modules(facts)
+    stdlib = set(python["stdlib"])
+    unresolved, count = [], 0
+    for path, data in sorted(sources.items()):
+        if not path.startswith(site):
+            continue
+        for name in top_level_imports(data, path[len(site) :]):
+            count += 1
+            if name.split(".", 1)[0] not in stdlib and name not in modules:
+                unresolved.append(f"{path[len(site) :]}: import {name}")
+    if unresolved:
+        raise Failed(
+            f"smoke test of {outcome.platform}: {len(unresolved)} import(s) resolve to no module of the image: "
+            + "; ".join(unresolved[:5])
+        )
+    smoke = previous.record.smoke
+    unchanged = sum(layer.key in set(smoke.get("layers") or ()) for layer in outcome.layers)
+    text = (
+        f"{outcome.platform}: light: {len(sources)} changed Python file(s) byte-compiled by Python {python['python']}"
+        f" ({python['where']}), {count} top-level import(s) resolved among the image's {len(modules):,} modules and "
+        f"its Python's standard library; the previous image's smoke test ({smoke.get('proof')}) holds for "
+        f"{unchanged} unchanged layer(s)"
+    )
+    record = {
+        "platform": str(outcome.platform),
+        "how": LIGHT,
+        "proof": smoke.get("proof"),
+        "root": smoke.get("root"),
+        "layers": [layer.key for layer in outcome.layers],
+    }
+    return text, record
+
+
+def full_record(outcome: PlatformOutcome, text: str) -> dict:
+    """What a full smoke test proved, recorded with the image: on which layers."""
+    proof = text.split(": ", 1)[1].split(";", 1)[0] if ": " in text else text
+    return {
+        "platform": str(outcome.platform),
+        "how": FULL,
+        "proof": proof,
+        "root": outcome.digest,
+        "layers": [layer.key for layer in outcome.layers],
+    }
+
+
+def _read(item: Item) -> bytes:
+    from carry.image.locked import ocilayer
+
+    assert item.entry is not None  # a file's item carries its entry
+    return b"".join(ocilayer._content(item.entry, {}))
+
+
+def _compile(client: docker.DockerClient, plan: PlatformPlan, sources: dict[str, bytes]) -> dict:
+    """Byte-compile `sources` (installed path -> bytes) with the image's Python: the base's python3 in a container
+    without network (the base from the engine), else this machine's own Python when it is the image's X.Y."""
+    image_id = plan.base.get("Id") or ""
+    if not image_id:
+        wanted = plan.fixed.dist_info.split("/python", 1)[1].split("/", 1)[0]
+        here = f"{sys.version_info.major}.{sys.version_info.minor}"
+        if here != wanted:
+            raise Failed(
+                f"smoke test of {plan.platform}: the base is not in the engine and this machine's Python is {here}, "
+                f"not the image's {wanted}; run with --smoke full"
+            )
+        errors = {}
+        for path, data in sources.items():
+            try:
+                compile(data, "/" + path, "exec", dont_inherit=True)
+            except SyntaxError as exc:
+                errors[path] = f"{type(exc).__name__}: {exc}"
+        version = sys.version.split()[0]
+        return {
+            "python": version,
+            "stdlib": sorted(sys.stdlib_module_names),
+            "errors": errors,
+            "where": "this machine's",
+        }
+    buffer = io.BytesIO()
+    listing = json.dumps(sorted(sources)).encode()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, data in [
+            ("carry-smoke.json", listing),
+            *((f"carry-smoke/{p}", d) for p, d in sorted(sources.items())),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            archive.addfile(info, io.BytesIO(data))
+    container = client.containers.create(
+        image_id,
+        entrypoint=["python3", "-I", "-S", "-c", COMPILE],
+        network_disabled=True,
+        platform=str(plan.platform),
+    )
+    try:
+        container.put_archive("/", buffer.getvalue())
+        container.start()
+        status = container.wait(timeout=600)
+        output = container.logs(stdout=True, stderr=True).decode(errors="replace")
+    finally:
+        container.remove(force=True)
+    if status.get("StatusCode") != 0:
+        raise Failed(
+            f"smoke test of {plan.platform}: the base's python3 exited {status.get('StatusCode')}: {output[-400:]}"
+        )
+    found = json.loads(output.strip().splitlines()[-1])
+    found["where"] = "the base's python3" + ("" if plan.platform is Platform.native() else ", under QEMU")
+    return found
+
+
+def image_modules(facts: Iterable[Facts]) -> set[str]:
+    """The modules the layers install, in order: a layer's whiteouts remove a module and its submodules below it."""
+    found: set[str] = set()
+    for layer in facts:
+        for gone in layer.removed:
+            found = {name for name in found if name != gone and not name.startswith(gone + ".")}
+        found.update(layer.modules)
+    return found
+
+
+def top_level_imports(source: bytes, relative: str) -> list[str]:
+    """The modules a module imports when it is imported: `import` and `from … import` at its top level, in its
+    classes' bodies and under `if`/`with` (not under `if TYPE_CHECKING`, in functions, or in a `try` that handles
+    the failure); relative ones resolved against its package (`relative`: its path under site-packages)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    package = relative.removesuffix(".py").split("/")
+    package = package[:-1] if package[-1] != "__init__" else package[:-1]
+    names: list[str] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                names.extend(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package[: len(package) - (node.level - 1)] if node.level > 1 else list(package)
+                    module = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    module = node.module or ""
+                if module and module != "__future__":
+                    names.append(module)
+            elif isinstance(node, ast.If):
+                if not _type_checking(node.test):
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, (ast.With, ast.ClassDef)) or (isinstance(node, ast.Try) and not node.handlers):
+                visit(node.body)
+
+    visit(tree.body)
+    return list(dict.fromkeys(names))
+
+
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )

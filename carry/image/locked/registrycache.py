@@ -1,0 +1,501 @@
+"""The registry as the cache of a locked image (docs/images.md, "A fresh runner"): what a later run needs to reuse a
+pushed platform image is recorded beside it, and a run with nothing of its own (an empty carry cache, an empty
+download store, an engine without carry's images) reads it back.
+
+Beside each pushed platform manifest, under the tag `sha256-<hex>.cache` (as cosign tags `.sig` and `.att`), an OCI
+artifact: its config blob is the record (`Record`: per layer its key, digest, diff_id and sizes; the base it was made
+on; the fixed wheel; what the smoke test proved), its layers one facts blob per layer (`Facts`: the modules the layer
+installs, the modules it removes, the wheel files it was written from; gzip, deterministic, so a layer that stays
+the same keeps the same facts blob, which the registry has already). It is pushed after the image, once its smoke
+test passed, and signed with the image's key when $CARRY_SIGNING_KEY is set.
+
+A run finds the previous image through `--cache-from REF`, else the tags this run pushes (its own VERSION, for a
+rerun) and image.tags (`latest`: the VERSION it replaces), per platform. What it trusts, and why:
+- a record only beside the manifest it names (`subject`), each entry only when it is that manifest's layer at its
+  position (digest and size) and the config's diff_id there: the record describes the image as pushed;
+- with a key, only a record whose artifact carries a signature that verifies with it;
+- an entry only for a layer whose key is this run's (the key names what the layer is made of), and only while
+  the target repository holds its blob at its size (HEAD), or takes it by a cross-repo mount from the repository
+  the record is in. A remembered digest is never used without its blob.
+Anything else is built, and one line says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import json
+from typing import TYPE_CHECKING
+
+from carry.image.locked.ocilayer import Item, Written
+from carry.platforms import Platform
+from carry.util.errors import Failed
+
+if TYPE_CHECKING:
+    from carry.image.locked.layerwrite import Digests
+    from carry.image.registryhttp import Repository
+    from carry.trust.keys import PublicKey, SigningKey
+
+FORMAT = 1
+SUFFIX = ".cache"
+RECORD_MEDIA = "application/vnd.carry.layers.v1+json"
+FACTS_MEDIA = "application/vnd.carry.layer-facts.v1+json+gzip"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+
+def cache_tag(digest: str) -> str:
+    """`sha256-<hex>.cache`: the record of the platform manifest `digest`."""
+    return digest.replace(":", "-", 1) + SUFFIX
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+# -- the record ------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One layer of a pushed image: what it is (`key`), where it is (digest, sizes) and its facts blob."""
+
+    name: str
+    key: str
+    digest: str
+    diff_id: str
+    size: int
+    tar_size: int
+    installed: int
+    files: int = 0
+    facts: str = ""  # the digest of its Facts blob, "" when it has none
+
+    def written(self) -> Written:
+        return Written(self.digest, self.size, self.diff_id, self.tar_size, self.installed)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """What one pushed platform image records for a later run."""
+
+    subject: str  # the platform manifest's digest
+    platform: str
+    entries: tuple[Entry, ...]
+    base: dict | None = None  # the runtime base the layers are on (runtimebase.RuntimeBase.record)
+    wheel: dict | None = None  # the fixed wheel: {"file", "sha256", "layer"}
+    smoke: dict | None = None  # what the smoke test proved (smoketest), None: it did not run
+
+    def to_bytes(self) -> bytes:
+        body = {
+            "format": FORMAT,
+            "subject": self.subject,
+            "platform": self.platform,
+            "layers": [entry.to_json() for entry in self.entries],
+            "base": self.base,
+            "wheel": self.wheel,
+            "smoke": self.smoke,
+        }
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Record:
+        body = json.loads(data)
+        if not isinstance(body, dict) or body.get("format") != FORMAT:
+            raise ValueError(f"format {body.get('format') if isinstance(body, dict) else '?'}, not {FORMAT}")
+        entries = tuple(Entry(**entry) for entry in body["layers"])
+        return cls(
+            str(body["subject"]), str(body["platform"]), entries, body.get("base"), body.get("wheel"), body.get("smoke")
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What one layer holds, for a later run that does not read it: the modules it installs into site-packages
+    (dotted names: packages, modules, extension modules, namespace directories), those its whiteouts remove, and
+    the wheel files it was written from (name, file name, sha256)."""
+
+    modules: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    wheels: tuple[tuple[str, str, str], ...] = ()
+
+    def blob(self) -> bytes:
+        body = {"modules": list(self.modules), "removed": list(self.removed), "wheels": [list(w) for w in self.wheels]}
+        return gzip.compress(json.dumps(body, sort_keys=True, separators=(",", ":")).encode(), mtime=0)
+
+    @classmethod
+    def from_blob(cls, data: bytes) -> Facts:
+        body = json.loads(gzip.decompress(data))
+        return cls(
+            tuple(body.get("modules") or ()),
+            tuple(body.get("removed") or ()),
+            tuple((str(w[0]), str(w[1]), str(w[2])) for w in body.get("wheels") or ()),
+        )
+
+
+def module_name(relative: str) -> str | None:
+    """The dotted module a path under site-packages makes importable (`torch/nn/functional.py` -> torch.nn.functional,
+    `vllm/_C.abi3.so` -> vllm._C, a directory -> a package or namespace), None for anything else (data, metadata)."""
+    parts = relative.split("/")
+    last = parts[-1]
+    if last.endswith(".py"):
+        parts[-1] = last[:-3]
+        if parts[-1] == "__init__":
+            parts.pop()
+    elif last.endswith((".so", ".pyd")):
+        parts[-1] = last.split(".", 1)[0]
+    elif "." in last:
+        return None
+    if not parts or not all(part.isidentifier() for part in parts):
+        return None
+    return ".".join(parts)
+
+
+def facts_of(items: tuple[Item, ...], site: str, wheels: tuple[tuple[str, str, str], ...] = ()) -> Facts:
+    """A layer's facts from its items (`site`: site-packages, without the leading '/')."""
+    modules, removed = set(), set()
+    prefix = site.strip("/") + "/"
+    for item in items:
+        if not item.path.startswith(prefix):
+            continue
+        relative = item.path[len(prefix) :]
+        if item.kind == "whiteout":
+            name = module_name(relative)
+            if name:
+                removed.add(name)
+            continue
+        if item.kind == "dir" or item.kind == "file" or item.kind == "symlink":
+            name = module_name(relative)
+            if name:
+                modules.add(name)
+    return Facts(tuple(sorted(modules)), tuple(sorted(removed)), wheels)
+
+
+# -- the previous image ------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Previous:
+    """One platform's previous image in the registry: where it was found, its record and which entries are trusted
+    (`trusted`: key -> entry); `note` says what was found, or why nothing is used."""
+
+    platform: Platform
+    ref: str
+    repo: Repository | None = None  # the repository it is in (reads its blobs; another one of this registry: mounts)
+    digest: str = ""
+    record: Record | None = None
+    trusted: dict[str, Entry] = dataclasses.field(default_factory=dict)
+    untrusted: dict[str, str] = dataclasses.field(default_factory=dict)  # layer name -> why its entry is not used
+    note: str = ""
+    _blobs: dict[str, bytes] = dataclasses.field(default_factory=dict)
+
+    @property
+    def usable(self) -> bool:
+        return self.record is not None and bool(self.trusted)
+
+    def by_name(self, name: str) -> Entry | None:
+        """The record's entry of the layer named `name` (the last one of that name)."""
+        found = [entry for entry in self.record.entries if entry.name == name] if self.record else []
+        return found[-1] if found else None
+
+    def facts_blob(self, entry: Entry) -> bytes | None:
+        """An entry's facts blob, read from the registry once (checked against its digest)."""
+        if not entry.facts or self.repo is None:
+            return None
+        if entry.facts not in self._blobs:
+            data = self.repo.get_blob(entry.facts)
+            if _digest(data) != entry.facts:
+                raise Failed(
+                    f"{self.ref}: the facts of layer {entry.name} hash to {_digest(data)[:19]}…, not "
+                    f"{entry.facts[:19]}…"
+                )
+            self._blobs[entry.facts] = data
+        return self._blobs[entry.facts]
+
+    def facts(self, entry: Entry) -> Facts | None:
+        data = self.facts_blob(entry)
+        return Facts.from_blob(data) if data is not None else None
+
+    def line(self) -> str:
+        return f"{self.platform}: {self.note}"
+
+
+def candidates(refs: tuple[str, ...], image_name: str) -> tuple[str, ...]:
+    """The refs to look for a previous image at, in order, each once: `--cache-from`, else this run's own tags and
+    image.tags' (the caller passes them in that order)."""
+    seen: list[str] = []
+    for ref in refs:
+        full = ref if "/" in ref.split(":", 1)[0] or ref.startswith(image_name) else f"{image_name}:{ref}"
+        if full not in seen:
+            seen.append(full)
+    return tuple(seen)
+
+
+def find(
+    repo: Repository,
+    image_name: str,
+    platform: Platform,
+    refs: tuple[str, ...],
+    key: PublicKey | None,
+) -> Previous:
+    """The first of `refs` (full refs: NAME:TAG or NAME@DIGEST) that holds an image for `platform`, with its record
+    read and checked. `repo` is the target repository (its login reaches every repository of its registry)."""
+    from carry.image import registryhttp
+
+    tried = []
+    for ref in refs:
+        name, reference = _split(ref)
+        other = repo if name == image_name else _sibling(repo, name)
+        if other is None:
+            tried.append(f"{ref} (another registry: its blobs cannot be mounted here)")
+            continue
+        found = other.get_manifest(reference)
+        if found is None:
+            tried.append(ref)
+            continue
+        media, body = found
+        manifest = json.loads(body)
+        digest = _digest(body) if "@" not in ref else reference
+        if media in (registryhttp.DOCKER_LIST, registryhttp.OCI_INDEX) or "manifests" in manifest:
+            entry = next((m for m in manifest.get("manifests") or [] if _platform_of(m) == str(platform)), None)
+            if entry is None:
+                tried.append(f"{ref} (no {platform} image in it)")
+                continue
+            digest = entry["digest"]
+            found = other.get_manifest(digest)
+            if found is None:
+                tried.append(f"{ref} ({digest[:19]}… is gone)")
+                continue
+            manifest = json.loads(found[1])
+        previous = Previous(platform, ref, other, digest)
+        _read_record(previous, manifest, key, image_name if other is repo else name)
+        return previous
+    return Previous(
+        platform, "", note=f"no previous image ({', '.join(tried) or 'nothing to look at'}): every layer is written"
+    )
+
+
+def _split(ref: str) -> tuple[str, str]:
+    if "@" in ref:
+        name, _, digest = ref.partition("@")
+        return name, digest
+    name, _, tag = ref.rpartition(":")
+    if "/" in tag or not name:
+        return ref, "latest"
+    return name, tag
+
+
+def _sibling(repo: Repository, name: str) -> Repository | None:
+    """The repository `name` (a full image name) on `repo`'s registry, with the same login; None on another."""
+    host = name.split("/", 1)[0]
+    if host != repo.host:
+        return None
+    return dataclasses.replace(repo, name=name[len(host) + 1 :], sent=0, received=0)
+
+
+def _platform_of(entry: dict) -> str:
+    found = entry.get("platform") or {}
+    return "/".join(part for part in (found.get("os"), found.get("architecture"), found.get("variant")) if part)
+
+
+def _read_record(previous: Previous, manifest: dict, key: PublicKey | None, image_name: str) -> None:
+    """The record beside `previous.digest`, checked: signed (with a key), naming that manifest, each entry that
+    manifest's layer at its position and the config's diff_id there."""
+    assert previous.repo is not None  # find() sets it
+    ref, repo = previous.ref, previous.repo
+    found = repo.get_manifest(cache_tag(previous.digest))
+    if found is None:
+        previous.note = (
+            f"{ref} ({previous.digest[:19]}…) has no {cache_tag(previous.digest)[:15]}…{SUFFIX} record (pushed by an "
+            f"older carry, or its push or smoke test did not finish): every layer is written"
+        )
+        return
+    try:
+        artifact = json.loads(found[1])
+        data = repo.get_blob(artifact["config"]["digest"])
+        if _digest(data) != artifact["config"]["digest"]:
+            raise ValueError("its bytes do not hash to its digest")
+        record = Record.from_bytes(data)
+    except (ValueError, KeyError, TypeError) as exc:
+        previous.note = f"{ref}: its record cannot be read ({exc}): every layer is written"
+        return
+    if key is not None:
+        from carry.trust import attach
+
+        checked = attach.check_signature(repo, key, image_name, _digest(found[1]))
+        if not checked.ok:
+            previous.note = (
+                f"{ref}: its record is not signed with this key ({checked.problems[0]}): every layer is written"
+            )
+            return
+    if record.subject != previous.digest or record.platform != str(previous.platform):
+        previous.note = (
+            f"{ref}: its record names {record.subject[:19]}… ({record.platform}), not this image: every layer is "
+            f"written"
+        )
+        return
+    previous.record = record
+    try:
+        config = json.loads(repo.get_blob(manifest["config"]["digest"]))
+        diff_ids = list(config["rootfs"]["diff_ids"])
+        layers = list(manifest["layers"])
+    except (ValueError, KeyError, TypeError):
+        previous.note = f"{ref}: its manifest or config cannot be read: every layer is written"
+        return
+    for index, entry in enumerate(record.entries):
+        layer = layers[index] if index < len(layers) else {}
+        if len(record.entries) != len(layers):
+            why = f"the record lists {len(record.entries)} layers, the image {len(layers)}"
+        elif (layer.get("digest"), layer.get("size")) != (entry.digest, entry.size):
+            why = (
+                f"its digest {entry.digest[:19]}… is not the image's layer {index + 1} "
+                f"({str(layer.get('digest'))[:19]}…)"
+            )
+        elif diff_ids[index] != entry.diff_id:
+            why = f"its diff_id is not the image's layer {index + 1}'s"
+        else:
+            previous.trusted.setdefault(entry.key, entry)
+            continue
+        previous.untrusted[entry.name] = why
+    signed = ", signed" if key is not None else ""
+    previous.note = (
+        f"previous image {ref} ({previous.digest[:19]}…{signed}): {len(previous.trusted)} of {len(record.entries)} "
+        f"layer(s) recorded" + (f"; {len(previous.untrusted)} entry(ies) not trusted" if previous.untrusted else "")
+    )
+
+
+# -- reuse ---------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """A layer the target repository has (or took by a mount): its digests, what was done, where it was known from,
+    and the previous image's entry of the same key (its facts), if any."""
+
+    written: Written
+    action: str  # "already exists" | "mounted"
+    source: str = ""  # "" (this machine remembered it), "recorded by REF", "from REPO"
+    entry: Entry | None = None
+    files: int = 0
+
+
+class Reuse:
+    """Which layers the target repository already has, asked once per key: this machine's remembered digests first
+    (`digests`), then the previous image's record; each only with its blob there at its size."""
+
+    def __init__(self, repo: Repository, digests: Digests, previous: dict[Platform, Previous]):
+        self.repo, self.digests, self.previous = repo, digests, previous
+        self._found: dict[tuple[Platform, str], Found | None] = {}
+        self._why: dict[tuple[Platform, str], str] = {}
+
+    def find(self, platform: Platform, name: str, key: str) -> Found | None:
+        if (platform, key) not in self._found:
+            self._found[(platform, key)] = self._look(platform, name, key)
+        return self._found[(platform, key)]
+
+    def why(self, platform: Platform, name: str, key: str) -> str:
+        """Why the layer `name` with `key` is written (after `find` gave None)."""
+        return self._why.get((platform, key), "")
+
+    def entry(self, platform: Platform, key: str) -> Entry | None:
+        """The previous image's trusted entry of `key`, if any (its facts, its file count)."""
+        previous = self.previous.get(platform)
+        return previous.trusted.get(key) if previous is not None else None
+
+    def _look(self, platform: Platform, name: str, key: str) -> Found | None:
+        previous = self.previous.get(platform)
+        entry = self.entry(platform, key)
+        known = self.digests.get(key)
+        if known is not None and known.digest and self.repo.blob_size(known.digest) == known.size:
+            return Found(known, "already exists", "", entry, entry.files if entry else 0)
+        if previous is None or previous.record is None:
+            return None  # the platform's one line said why (Previous.note)
+        if entry is None:
+            self._why[(platform, key)] = self._no_entry(previous, name)
+            return None
+        size = self.repo.blob_size(entry.digest)
+        action, source = "already exists", f"recorded by {previous.ref}"
+        other = previous.repo is not None and previous.repo.name != self.repo.name
+        if size is None and other and previous.repo is not None and self.repo.mount(entry.digest, previous.repo.name):
+            size, action, source = self.repo.blob_size(entry.digest), "mounted", f"from {previous.repo.name}"
+        if size != entry.size:
+            self._why[(platform, key)] = (
+                f"its blob {entry.digest[:19]}… (recorded by {previous.ref}) is not in the registry"
+                if size is None
+                else f"its blob {entry.digest[:19]}… is {size} bytes in the registry, the record says {entry.size}"
+            )
+            return None
+        self.digests.put(key, entry.written())
+        return Found(entry.written(), action, source, entry, entry.files)
+
+    @staticmethod
+    def _no_entry(previous: Previous, name: str) -> str:
+        if name in previous.untrusted:
+            return f"{previous.ref}'s entry does not verify: {previous.untrusted[name]}"
+        before = previous.by_name(name)
+        if before is None:
+            return f"{previous.ref} has no layer {name}"
+        return f"its key differs from {previous.ref}'s {name} ({before.key[:12]} -> this run's)"
+
+
+# -- writing the record --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Attached:
+    tag: str
+    digest: str
+    sent: int  # bytes pushed for it (its record, the facts blobs the registry did not have, its manifest)
+    signed: bool
+
+    def line(self, platform: Platform) -> str:
+        return (
+            f"{platform}: record {self.tag[:19]}…{SUFFIX} {self.digest[:19]}… ({self.sent} bytes pushed"
+            f"{', signed' if self.signed else ''})"
+        )
+
+    def to_json(self) -> dict:
+        return {"tag": self.tag, "digest": self.digest, "sent": self.sent, "signed": self.signed}
+
+
+def push_record(
+    repo: Repository,
+    record: Record,
+    facts: dict[str, bytes],
+    key: SigningKey | None,
+    image_name: str,
+) -> Attached:
+    """The record of `record.subject` under its `.cache` tag: its facts blobs (digest -> bytes; those the registry
+    has are not sent), the record as the artifact's config, the artifact's manifest; signed with `key` if given."""
+    before = repo.sent
+    for digest, data in sorted(facts.items()):
+        repo.upload_bytes(data, digest)
+    body = record.to_bytes()
+    repo.upload_bytes(body, _digest(body))
+    descriptors = [
+        {"mediaType": FACTS_MEDIA, "size": len(facts[entry.facts]), "digest": entry.facts}
+        for entry in record.entries
+        if entry.facts and entry.facts in facts
+    ]
+    unique = list({d["digest"]: d for d in descriptors}.values())
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": {"mediaType": RECORD_MEDIA, "size": len(body), "digest": _digest(body)},
+            "layers": unique,
+            "annotations": {"io.carry.cache.subject": record.subject},
+        },
+        separators=(",", ":"),
+    ).encode()
+    tag = cache_tag(record.subject)
+    repo.put_manifest(tag, manifest, OCI_MANIFEST)
+    signed = False
+    if key is not None:
+        from carry.trust import attach
+
+        attach.sign(repo, key, image_name, _digest(manifest))
+        signed = True
+    return Attached(tag, _digest(manifest), repo.sent - before, signed)
