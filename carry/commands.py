@@ -382,6 +382,7 @@ class Session:
             client,
             lambda line: progress.phase("download", line),
             lambda line: progress.phase("base", line),
+            {p: found.record.base for p, found in previous.items() if found.record is not None and found.record.base},
         )
         checked = self._checked(progress)
         arches = {platform: self.arches(arch, platform) for platform in platforms}
@@ -395,7 +396,14 @@ class Session:
             cuda=cuda,
         )
         plan = image.plan(self.config, subject, arches, options)
-        wheels = self.image_wheels(platforms, arch, progress)
+        offers = {}
+        if options.push:
+            from carry.image.locked import imagewheel, layerplan
+
+            for platform in platforms:
+                venv = layerplan.venv_of(prepared.locks[platform])
+                offers[platform] = imagewheel.offer(previous.get(platform), venv, self.cache.scratch, progress)
+        wheels = self.image_wheels(platforms, arch, progress, offers)
         if not plan.named:  # the distribution name from the wheel itself (its file name)
             plan = plan.with_distribution(next(iter(wheels.values())).name.split("-", 1)[0])
         delivery = lockedimage.Delivery(
@@ -453,10 +461,13 @@ class Session:
         key = keys.from_environment(os.environ)  # nothing printed yet: a later bad input stays one line
         return Attester(key, self.config, self.series(), self.version(), __version__, dist, progress)
 
-    def image_wheels(self, platforms: tuple[Platform, ...], arch: str | None, progress: Progress) -> dict:
+    def image_wheels(
+        self, platforms: tuple[Platform, ...], arch: str | None, progress: Progress, offers: dict | None = None
+    ) -> dict:
         """The fixed wheel of each platform of a locked image, in dist/: made here for this machine's CPU and for
         each platform with a precompiled wheel; for another, this machine's own when it is pure Python (as `lock`
-        takes it: a `py3-none-any` wheel installs anywhere), never a wheel of this CPU's code."""
+        takes it: a `py3-none-any` wheel installs anywhere), never a wheel of this CPU's code. `offers`: per
+        platform, a base a derivation may start from when this machine has none (wheel.Builder.offer)."""
         from carry.platforms import Platform
 
         native = Platform.native()
@@ -465,7 +476,12 @@ class Session:
             here.append(native)
         built = {}
         for platform in here:
-            made = self.wheel(arch, Path("dist"), None, progress, platform)
+            self.require_pins((platform,))
+            builder = self.wheel_builder(arch, None, platform)
+            builder.offer = (offers or {}).get(platform)
+            checked = self.check()
+            self._dropped_are_in_the_pin(checked, progress)
+            made = builder(checked.mirror, checked.report, checked.series, Path("dist"), progress)
             built[platform] = made.path
             progress.phase("wheel", f"{platform}: {made.path.name}{' (reused)' if made.reused else ''}")
         for platform in platforms:

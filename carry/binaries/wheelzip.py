@@ -151,6 +151,11 @@ def _recompute(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> list[str]:
     return record_line(member.filename, archive.read(member))
 
 
+def copy_member(raw: IO[bytes], member: zipfile.ZipInfo, out: zipfile.ZipFile) -> None:
+    """Append `member` of the zip file open as `raw` to `out`, its compressed bytes as they are."""
+    _copy_raw(raw, member, out)
+
+
 def _copy_raw(raw: IO[bytes], member: zipfile.ZipInfo, out: zipfile.ZipFile) -> None:
     """Append `member`'s local header, compressed data and data descriptor as they are in `raw`."""
     length = data_start(raw, member, raw.name) - member.header_offset + member.compress_size

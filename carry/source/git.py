@@ -184,6 +184,11 @@ def has_commit(repo: Path, sha: str) -> bool:
     return status == 0
 
 
+def object_exists(repo: Path, sha: str) -> bool:
+    status, _, _ = run_status(repo, "cat-file", "-e", sha)
+    return status == 0
+
+
 def resolve(repo: Path, ref: str) -> str | None:
     """The commit `ref` names in `repo`, or None."""
     status, out, _ = run_status(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}")

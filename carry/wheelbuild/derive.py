@@ -13,10 +13,20 @@ The finish is the same for both: the tree check proves every file of the wheel a
 precompiled wheel, and the gate runs. Only PEP 517 builds become bases, so a derived wheel is always one real
 build plus the files a series changed.
 
+A base of another VERSION (the same plan but for the wheel's version: the plan's `lineage`) derives too: the
+dist-info is renamed to the new version, METADATA's `Version:` line rewritten, and in each file the build writes
+(vLLM's vllm/_version.py) the old wheel version and its local label are replaced by the new ones. A written file
+that still names the old VERSION in another form (`20261201, 1`), or a dist-info file other than METADATA naming
+the old version, stops the derivation.
+
+A base is the last PEP 517 build of the family (or lineage) on this machine, else one the caller offers (a fresh
+runner: VERSION N's fixed wheel rebuilt from its image in the registry, carry.image.locked.imagewheel), checked the
+same way.
+
 Limit: a file the upstream's build writes (not in the tree) is carried over from the base. That is right for what
-vLLM's build writes (vllm/_version.py, from VERSION, which is in the family), and a written file naming the base's
-commit stops the derivation; a build that writes files from the content of its Python sources would need the
-upstream's build every time.
+vLLM's build writes (vllm/_version.py, from VERSION), and a written file naming the base's commit stops the
+derivation; a build that writes files from the content of its Python sources would need the upstream's build every
+time.
 """
 
 from __future__ import annotations
@@ -25,7 +35,9 @@ import csv
 import dataclasses
 import fnmatch
 import json
+import re
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from carry.binaries import wheelzip
@@ -40,21 +52,34 @@ MODES = ("100644", "100755")
 
 @dataclasses.dataclass(frozen=True)
 class Base:
-    """An earlier PEP 517 build of the same family: its tree, cache key and stored wheel."""
+    """An earlier build of the same family (or lineage): its tree, cache key and wheel; `source` names where it came
+    from when it is not this machine's PEP 517 build, and `temporary` that the wheel is removed after the build."""
 
     tree: str
     key: str
     commit: str  # the commit of `tree` the build checked out (a generated file may name it)
     wheel: Path
+    source: str = ""
+    temporary: bool = False
+
+
+# What a caller offers when this machine has no base: (the base, or None and why) for a plan's lineage.
+Offer = Callable[[], "tuple[Base | None, str]"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Derivation:
-    """The base and the members to replace (path -> the new tree's bytes); `reason` says why not, when empty."""
+    """The base and the members to replace (path -> the new tree's bytes); `reason` says why not, when empty. Across
+    VERSIONs: `dist_info_as` (the new dist-info), `version` (the new wheel version), `rewritten` (the members whose
+    version was rewritten)."""
 
     base: Base | None
-    replaced: dict[str, bytes]
+    replaced: dict[str, bytes | None]
     reason: str = ""
+    dist_info_as: str | None = None
+    version: str = ""
+    old_version: str = ""
+    rewritten: tuple[str, ...] = ()
 
     @property
     def possible(self) -> bool:
@@ -63,53 +88,92 @@ class Derivation:
     def line(self) -> str:
         if self.base is None or not self.possible:
             return f"not derived: {self.reason}; the upstream's build runs"
-        names = ", ".join(sorted(self.replaced)[:4]) + (", …" if len(self.replaced) > 4 else "")
+        tree = {n: d for n, d in self.replaced.items() if n not in self.rewritten and ".dist-info/" not in n}
+        names = ", ".join(sorted(tree)[:4]) + (", …" if len(tree) > 4 else "")
+        origin = self.base.source or "the PEP 517 build"
+        version = (
+            f"; version {self.old_version} -> {self.version} (dist-info renamed, METADATA and "
+            f"{len(self.rewritten)} written file(s) rewritten)"
+            if self.dist_info_as
+            else ""
+        )
         return (
-            f"from the PEP 517 build of tree {self.base.tree[:12]} ({self.base.key[:12]}): "
-            f"{len(self.replaced)} member(s) replaced ({names or 'none'}), every other member as built"
+            f"from {origin} of tree {self.base.tree[:12]} ({self.base.key[:12]}): "
+            f"{len(tree)} member(s) replaced ({names or 'none'}){version}, every other member as built"
         )
 
 
-def remember(cache: Cache, family: str, tree: str, key: str, commit: str) -> None:
-    """Record a PEP 517 build of `family` as the base of the next Python-only change."""
+def remember(cache: Cache, family: str, tree: str, key: str, commit: str, lineage: str = "") -> None:
+    """Record a PEP 517 build of `family` as the base of the next Python-only change (and of `lineage`: the next
+    VERSION's)."""
     record = {"tree": tree, "key": key, "commit": commit}
     (cache.root / PART).mkdir(parents=True, exist_ok=True)
     atomic_write_text(cache.root / PART / f"{family}.json", json.dumps(record) + "\n")
+    if lineage:
+        atomic_write_text(cache.root / PART / f"lineage-{lineage}.json", json.dumps(record) + "\n")
 
 
-def find(cache: Cache, family: str) -> Base | None:
-    try:
-        record = json.loads((cache.root / PART / f"{family}.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or not {"tree", "key", "commit"} <= set(record):
-        return None
-    directory = cache.artifacts / str(record.get("key"))
-    wheels = sorted(directory.glob("*.whl")) if directory.is_dir() else []
-    return Base(record["tree"], record["key"], record["commit"], wheels[0]) if len(wheels) == 1 else None
+def find(cache: Cache, family: str, lineage: str = "") -> Base | None:
+    """This machine's base for `family`, else for `lineage` (another VERSION)."""
+    for name in (family, f"lineage-{lineage}" if lineage else ""):
+        if not name:
+            continue
+        try:
+            record = json.loads((cache.root / PART / f"{name}.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(record, dict) or not {"tree", "key", "commit"} <= set(record):
+            continue
+        directory = cache.artifacts / str(record.get("key"))
+        wheels = sorted(directory.glob("*.whl")) if directory.is_dir() else []
+        if len(wheels) == 1:
+            return Base(record["tree"], record["key"], record["commit"], wheels[0])
+    return None
 
 
-def plan(cache: Cache, mirror: Path, family: str, tree: str, generated: tuple[str, ...]) -> Derivation:
-    """Whether the wheel of `tree` can be derived from the family's base, and what to replace."""
-    base = find(cache, family)
+def plan(
+    cache: Cache,
+    mirror: Path,
+    family: str,
+    tree: str,
+    generated: tuple[str, ...],
+    target: tuple[str, str] | None = None,
+    offered: Offer | None = None,
+) -> Derivation:
+    """Whether the wheel of `tree` can be derived from a base, and what to replace. `target`: (lineage, VERSION) of
+    the plan, for a base of another VERSION; `offered`: a base the caller can make when this machine has none."""
+    lineage, version = target or ("", "")
+    base = find(cache, family, lineage)
+    why = "no earlier build of this precompiled wheel, environment and version"
+    if base is None and offered is not None:
+        base, why = offered()
     if base is None:
-        return Derivation(None, {}, "no earlier build of this precompiled wheel, environment and version")
+        return Derivation(None, {}, why)
+    if not git.object_exists(mirror, base.tree):
+        return Derivation(None, {}, f"the base's tree {base.tree[:12]} is not in the mirror")
     status, out, err = git.run_status(mirror, "diff-tree", "-r", "-z", "--no-renames", base.tree, tree, strip=False)
     if status != 0:
         return Derivation(None, {}, f"git diff-tree {base.tree[:12]} {tree[:12]} failed: {err.strip()[:200]}")
+    versioned: Derivation | None = None
     try:
         with zipfile.ZipFile(base.wheel) as archive:
             info = wheelzip.dist_info(archive)
             record = archive.read(f"{info}/RECORD").decode()
-            checked = json.loads(archive.read(f"{info}/{BUILDINFO}")).get("tree_check") or {}
-            for name in (*checked.get("built", ()), *checked.get("generated", ()), *checked.get("ignored", ())):
+            stamped = json.loads(archive.read(f"{info}/{BUILDINFO}"))
+            checked = stamped.get("tree_check") or {}
+            written = (*checked.get("built", ()), *checked.get("generated", ()), *checked.get("ignored", ()))
+            for name in written:
                 data = archive.read(name) if name in archive.NameToInfo else b""
                 if base.commit[:7].encode() in data or base.tree[:7].encode() in data:
                     return Derivation(base, {}, f"{name}, which the build writes, names the commit it was built from")
+            if version and stamped.get("version") != version:
+                versioned = _reversion(archive, info, stamped, version, written)
+                if versioned.reason:
+                    return dataclasses.replace(versioned, base=base)
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
         return Derivation(None, {}, f"the earlier build's wheel {base.wheel.name} cannot be read ({exc})")
     hashes = {row[0]: row[1] for row in csv.reader(record.splitlines()) if len(row) >= 2}
-    replaced: dict[str, bytes] = {}
+    replaced: dict[str, bytes | None] = {}
     fields = out.split("\0")
     for meta, path in zip(fields[0::2], fields[1::2]):
         old_mode, new_mode, old_blob, new_blob, change = meta.lstrip(":").split()
@@ -120,7 +184,57 @@ def plan(cache: Cache, mirror: Path, family: str, tree: str, generated: tuple[st
         if hashes.get(path) != wheelzip.record_hash(old):
             return Derivation(base, {}, f"{path} changed, and the wheel does not carry it as it is in the tree")
         replaced[path] = _blob(mirror, new_blob)
+    if versioned is not None:
+        return dataclasses.replace(versioned, base=base, replaced={**versioned.replaced, **replaced})
     return Derivation(base, replaced)
+
+
+def _reversion(
+    archive: zipfile.ZipFile, info: str, stamped: dict, version: str, written: tuple[str, ...]
+) -> Derivation:
+    """The changes that make a base of another VERSION this VERSION's: the dist-info renamed, METADATA's Version
+    line, and the old wheel version (and its local label) replaced by the new one in each file the build writes."""
+    old_version, old = str(stamped.get("version")), str(stamped.get("wheel_version"))
+    if old_version not in old:
+        return Derivation(None, {}, f"the base's wheel version {old} does not name its VERSION {old_version}")
+    new = old.replace(old_version, version)
+    if old not in info:
+        return Derivation(None, {}, f"the base's dist-info {info} does not name its version {old}")
+    dist_info_as = info.replace(old, new)
+    pairs = [(old, new)]
+    if "+" in old:
+        pairs.append((old.split("+", 1)[1], new.split("+", 1)[1]))
+    leftover = re.compile(r"(?<!\d)" + r"\D{1,6}".join(map(re.escape, re.split(r"\D+", old_version))) + r"(?!\d)")
+    changes: dict[str, bytes | None] = {}
+    rewritten = []
+    for name in written:
+        data = archive.read(name) if name in archive.NameToInfo else b""
+        updated = data
+        for before, after in pairs:
+            updated = updated.replace(before.encode(), after.encode())
+        if leftover.search(updated.decode("utf-8", "replace")):
+            return Derivation(
+                None, {}, f"{name}, which the build writes, names VERSION {old_version} in a form carry cannot rewrite"
+            )
+        if updated != data:
+            changes[name] = updated
+            rewritten.append(name)
+    for member in archive.namelist():
+        if not member.startswith(info + "/") or member.endswith(("/RECORD", "/" + BUILDINFO)):
+            continue
+        data = archive.read(member)
+        target = f"{dist_info_as}/{member[len(info) + 1 :]}"
+        if member.endswith("/METADATA"):
+            lines = data.decode().split("\n")
+            at = [i for i, line in enumerate(lines) if line == f"Version: {old}"]
+            if len(at) != 1:
+                return Derivation(None, {}, f"{member} has no single `Version: {old}` line")
+            lines[at[0]] = f"Version: {new}"
+            changes[target] = "\n".join(lines).encode()
+        elif old.encode() in data:
+            return Derivation(None, {}, f"{member} names the version {old}")
+    changes[f"{dist_info_as}/{BUILDINFO}"] = None
+    return Derivation(None, changes, "", dist_info_as, new, old, tuple(rewritten))
 
 
 def _not_in_place(path: str, change: str, old_mode: str, new_mode: str, generated: tuple[str, ...]) -> str:
@@ -140,10 +254,14 @@ def _blob(mirror: Path, sha: str) -> bytes:
 
 def write(derivation: Derivation, dest: Path) -> Path:
     """The base wheel with the members replaced and its buildinfo dropped (the finish stamps a new one), at
-    `dest` (a directory) under the base wheel's name."""
+    `dest` (a directory) under the base wheel's name (with the new version, across VERSIONs)."""
     assert derivation.base is not None
-    wheel = dest / derivation.base.wheel.name
+    name = derivation.base.wheel.name
+    if derivation.dist_info_as:
+        name = name.replace(derivation.old_version, derivation.version, 1)
+    wheel = dest / name
     with zipfile.ZipFile(derivation.base.wheel) as archive:
         buildinfo = f"{wheelzip.dist_info(archive)}/{BUILDINFO}"
-    wheelzip.rewrite(derivation.base.wheel, wheel, {buildinfo: None, **derivation.replaced})
+    changes = {buildinfo: None, **derivation.replaced}
+    wheelzip.rewrite(derivation.base.wheel, wheel, changes, derivation.dist_info_as)
     return wheel

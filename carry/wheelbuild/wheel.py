@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -93,6 +93,8 @@ class WheelPlan:
     environment: EnvPlan | None = None  # None: an isolated build
     precompiled: precompiled.Plan | None = None  # the upstream wheel the compiled code comes from; None: compiled
     family: str = ""  # `key` without the tree and the series: plans whose wheels differ only in files of the tree
+    lineage: str = ""  # `family` without the wheel's version: the same plan for another VERSION
+    offered: derive.Offer | None = dataclasses.field(default=None, compare=False)  # a base the caller can make
 
     @property
     def arches(self) -> ArchList:
@@ -165,6 +167,8 @@ def plan(
     key = hashlib.sha256(json.dumps(key_material, sort_keys=True).encode()).hexdigest()
     kin = {name: value for name, value in key_material.items() if name not in ("tree", "series")}
     family = hashlib.sha256(json.dumps(kin, sort_keys=True).encode()).hexdigest()
+    kin.pop("wheel_version")
+    lineage = hashlib.sha256(json.dumps(kin, sort_keys=True).encode()).hexdigest()
     if taken is not None:  # nothing compiles: no launcher, and the upstream's mechanism gets the wheel
         tools, remote = dataclasses.replace(tools, launcher=None), None
     env = _build_env(config, arches, wheel_version, job_plan.max_jobs, tools)
@@ -187,6 +191,7 @@ def plan(
         environment=environment,
         precompiled=taken,
         family=family,
+        lineage=lineage,
     )
 
 
@@ -228,15 +233,19 @@ def build(
         if cached is None:
             derivation = _derivation(config, cache, mirror, the_plan, progress)
             if derivation is not None and derivation.possible and derivation.base is not None:
-                with cache.lock(f"wheel-{derivation.base.key}"), derived(cache, the_plan, derivation) as produced:
-                    cached, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
+                try:
+                    with cache.lock(f"wheel-{derivation.base.key}"), derived(cache, the_plan, derivation) as produced:
+                        cached, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
+                finally:
+                    if derivation.base.temporary:
+                        derivation.base.wheel.unlink(missing_ok=True)
             else:
                 with cache.lock(f"build-{mirror.name}"), produce(config, cache, mirror, the_plan, progress) as produced:
                     cached, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
                     outcome = produced.cache
                 if derivation is not None:
                     commit = git.tree_commit(mirror, the_plan.tree, the_plan.base)
-                    derive.remember(cache, the_plan.family, the_plan.tree, the_plan.key, commit)
+                    derive.remember(cache, the_plan.family, the_plan.tree, the_plan.key, commit, the_plan.lineage)
             reused = False
         else:
             reused = True
@@ -268,6 +277,9 @@ class Builder:
         self.version, self.platform, self.pin, self.remote = version, platform, pin, remote
         self._tools: toolchain.Toolchain | None = None
         self._template: str | None = config.build.wheel_version
+        # a base to derive from when this machine has none: given the plan, the mirror and the series (a fresh
+        # runner's: VERSION N's fixed wheel rebuilt from its image, carry.image.locked.imagewheel)
+        self.offer: Callable[[WheelPlan, Path, Series], tuple[derive.Base | None, str]] | None = None
 
     @classmethod
     def resolve(
@@ -314,6 +326,9 @@ class Builder:
             progress.phase("precompiled", taken.line())
         environment = env_plan(self.config, mirror, tree)
         the_plan = plan(self, report, self._tools, environment, taken, self._wheel_version(mirror, tree, progress))
+        if self.offer is not None:
+            offer, made = self.offer, the_plan
+            the_plan = dataclasses.replace(the_plan, offered=lambda: offer(made, mirror, patches))
         return build(self.config, self.cache, mirror, report, patches, the_plan, out, progress)
 
     def _wheel_version(self, mirror: Path, tree: str, progress: Progress) -> str:
@@ -385,7 +400,8 @@ def _derivation(
     if the_plan.precompiled is None:
         return None
     generated = tuple(g.glob for g in config.build.generated)
-    derivation = derive.plan(cache, mirror, the_plan.family, the_plan.tree, generated)
+    target = (the_plan.lineage, the_plan.version)
+    derivation = derive.plan(cache, mirror, the_plan.family, the_plan.tree, generated, target, the_plan.offered)
     progress.phase("derive", derivation.line())
     return derivation
 
@@ -591,6 +607,7 @@ def make_info(
         "precompiled": the_plan.precompiled.to_json() if the_plan.precompiled else None,
         "build_env_keys": sorted(the_plan.env),
         "cache_key": the_plan.key,
+        "lineage": the_plan.lineage,  # what a later VERSION's build must match to derive from this wheel
     }
 
 

@@ -131,6 +131,9 @@ def requires_dist(wheel: Path) -> tuple[str, ...]:
 def runtime_base(base: RuntimeBase, client: docker.DockerClient) -> tuple[str, dict]:
     """The runtime base's image as the engine holds it (runtimebase.RuntimeBase: the runtime image, or the base
     carry derived from it): (its reference, its inspect data)."""
+    if base.recorded is not None and not base.image_id:  # a previous image's base: its layers in the registry
+        config = base.recorded.get("config") or {}
+        return base.image, {"Id": "", "Config": config, "RootFS": {"Layers": list(base.recorded.get("diff_ids") or [])}}
     try:
         return base.image, client.api.inspect_image(base.image_id)
     except Exception:  # docker.errors.ImageNotFound and kin: removed since it was resolved

@@ -168,6 +168,7 @@ def prepare(
     client: docker.DockerClient,
     say: Callable[[str], None],
     say_base: Callable[[str], None] = lambda line: None,
+    known: dict | None = None,
 ) -> Prepared:
     """Locks read, the runtime bases resolved (pulled, derived where they have no python3) and the locks checked
     against the release wheel's Requires-Dist and the base: before any work."""
@@ -186,7 +187,7 @@ def prepare(
         release = releases[platform] = release_wheel(config, cache, platform, say)
         if release is not None:  # a changed Requires-Dist is known before any base is pulled or derived
             runtimelock.check_requires(locks[platform], requires_dist(release))
-    facts = runtimelock.bases(config, platforms, cache, say_base)
+    facts = runtimelock.bases(config, platforms, cache, say_base, known)
     for platform in platforms:
         resolved = facts[platform].base
         assert resolved is not None  # runtimelock.bases resolves every platform's base

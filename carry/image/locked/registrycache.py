@@ -33,9 +33,18 @@ from carry.platforms import Platform
 from carry.util.errors import Failed
 
 if TYPE_CHECKING:
-    from carry.image.locked.layerwrite import Digests
+    from typing import Protocol
+
     from carry.image.registryhttp import Repository
     from carry.trust.keys import PublicKey, SigningKey
+
+    class Digests(Protocol):
+        """This machine's remembered layer digests (carry.image.locked.layerwrite.Digests)."""
+
+        def get(self, key: str) -> Written | None: ...
+
+        def put(self, key: str, written: Written) -> None: ...
+
 
 FORMAT = 1
 SUFFIX = ".cache"

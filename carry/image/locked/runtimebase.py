@@ -72,6 +72,7 @@ class RuntimeBase:
     python_version: str  # "3.11.2"
     glibc: str  # "2.36"
     note: str  # what was done, one line
+    recorded: dict | None = None  # not made here: the base as a previous image's record holds it (record())
 
     @property
     def derived(self) -> bool:
@@ -112,9 +113,13 @@ def runtime_image(config: Config, platform: Platform) -> str:
     return ref
 
 
-def resolve(config: Config, platform: Platform, cache: Cache, say: Callable[[str], None]) -> RuntimeBase:
+def resolve(
+    config: Config, platform: Platform, cache: Cache, say: Callable[[str], None], known: dict | None = None
+) -> RuntimeBase:
     """The platform's runtime base: the runtime image (pulled when the engine lacks it), checked for the platform,
-    used as it is when it has python3 (or image.runtime_python is off), else derived (auto, or a method named)."""
+    used as it is when it has python3 (or image.runtime_python is off), else derived (auto, or a method named);
+    not derived again when `known` (a previous image's record of its base, in the registry) shows the same recipe
+    on the same runtime image made it and this engine holds no such base."""
     from carry.image.buildkit import container
 
     ref = runtime_image(config, platform)
@@ -145,7 +150,36 @@ def resolve(config: Config, platform: Platform, cache: Cache, say: Callable[[str
     else:
         method, why = mode, f"image.runtime_python is {mode}"
     image = SourceImage(platform=platform, ref=ref, inspected=source, content=content, registry_digest=registry_digest)
+    python = f"{method} {recipe_hash(method)}"
+    if known and (known.get("content"), known.get("python")) == (content, python):
+        tag = derived_tag(content, python, platform)
+        if _matching(docker, tag, _derived_labels(ref, content, python, registry_digest)) is None:
+            line = (
+                f"{platform}: {ref} ({content[:19]}…) {why}: the base a previous image records (the same recipe on "
+                f"the same runtime image, python3 {known.get('python_version')}, glibc {known.get('glibc')}): its "
+                f"layers are in the registry, not derived again"
+            )
+            return RuntimeBase(
+                platform,
+                ref,
+                content,
+                registry_digest,
+                python,
+                tag,
+                "",
+                str(known.get("python_version")),
+                str(known.get("glibc")),
+                line,
+                known,
+            )
     return derive(config, cache, docker, image, method, why, say)
+
+
+def _derived_labels(ref: str, content: str, python: str, registry_digest: str | None) -> dict[str, str]:
+    labels = {LABEL_BASE_NAME: ref, LABEL_BASE: content, LABEL_PYTHON: python}
+    if registry_digest:
+        labels[LABEL_BASE_DIGEST] = registry_digest
+    return labels
 
 
 # -- identity ------------------------------------------------------------------------------------------------------
@@ -312,9 +346,7 @@ def derive(
     content, registry_digest = image.content, image.registry_digest
     python = f"{method} {recipe_hash(method)}"
     tag = derived_tag(content, python, platform)
-    labels = {LABEL_BASE_NAME: ref, LABEL_BASE: content, LABEL_PYTHON: python}
-    if registry_digest:
-        labels[LABEL_BASE_DIGEST] = registry_digest
+    labels = _derived_labels(ref, content, python, registry_digest)
     with cache.lock(f"runtime-python-{tag.rsplit(':', 1)[1]}"):
         made = _matching(docker, tag, labels)
         seconds = None

@@ -354,26 +354,36 @@ def requires_dist_of(wheel: Path) -> tuple[str, ...]:
 
 
 def base_facts(
-    config: Config, platform: Platform, cache: Cache | None = None, say: Callable[[str], None] | None = None
+    config: Config,
+    platform: Platform,
+    cache: Cache | None = None,
+    say: Callable[[str], None] | None = None,
+    known: dict | None = None,
 ) -> BaseFacts:
     """The runtime base's Python version and glibc, read by running its own python3 (carry.image.locked.runtimebase:
-    pulled where missing, derived where it has no python3), and what names it: the runtime image's content
-    digest and where its Python comes from."""
+    pulled where missing, derived where it has no python3, or as `known` records it), and what names it: the
+    runtime image's content digest and where its Python comes from."""
     from carry.image.locked import runtimebase
 
-    base = runtimebase.resolve(config, platform, cache or Cache.from_env(), say or (lambda line: None))
+    base = runtimebase.resolve(config, platform, cache or Cache.from_env(), say or (lambda line: None), known)
     return BaseFacts(base.python_version, base.glibc, base.content, base.ref, base.python, base)
 
 
 def bases(
-    config: Config, platforms: Sequence[Platform], cache: Cache, say: Callable[[str], None]
+    config: Config,
+    platforms: Sequence[Platform],
+    cache: Cache,
+    say: Callable[[str], None],
+    known: dict | None = None,
 ) -> dict[Platform, BaseFacts]:
     """base_facts of every platform, at the same time (a derivation under QEMU beside a native one), then each
-    base's line. The first failure is raised once every platform has finished, before any of those lines."""
+    base's line. The first failure is raised once every platform has finished, before any of those lines.
+    `known`: per platform, the base a previous image in the registry records (runtimebase.resolve)."""
     from concurrent.futures import ThreadPoolExecutor
 
+    known = known or {}
     with ThreadPoolExecutor(max_workers=max(1, len(platforms))) as pool:
-        futures = [pool.submit(base_facts, config, platform, cache, say) for platform in platforms]
+        futures = [pool.submit(base_facts, config, platform, cache, say, known.get(platform)) for platform in platforms]
     found = {platform: future.result() for platform, future in zip(platforms, futures)}
     for facts in found.values():
         assert facts.base is not None  # base_facts records the base it resolved
