@@ -346,7 +346,7 @@ class Session:
         return image.build(self.config, self.cache, inputs, plan, options, builder, progress, attester)
 
     def locked_image(
-        self, options: ImageOptions, arch: str | None, smoke: str, progress: Progress
+        self, options: ImageOptions, arch: str | None, smoke: str, progress: Progress, discard_wheels: bool = False
     ) -> lockedimage.LockedImageResult:
         """image.lock set: locks read and checked (before any work) -> with --push, each platform's previous image
         in the registry and its record -> check -> each platform's fixed wheel here (native or precompiled) -> carry
@@ -368,8 +368,11 @@ class Session:
                 f"build), so --hermetic, --wheelhouse, --cache-to and --cache-from inline/registry/type=… do not "
                 f"apply; --cache-from IMAGE names an image whose record the push reuses"
             )
-        if options.cache and not options.push:
-            raise BadInput(f"{self.config.path}: --cache-from IMAGE reuses layers the registry has: add --push")
+        if (options.cache or discard_wheels) and not options.push:
+            raise BadInput(
+                f"{self.config.path}: --cache-from IMAGE and --discard-wheels are for a push (the registry keeps the "
+                f"layers): add --push"
+            )
         attester = self.attester(options.push, progress)
         platforms = image.platforms_to_build(self.config, options)
         self.require_pins(platforms)
@@ -412,6 +415,7 @@ class Session:
             attester=attester,
             smoke_mode=smoke,
             previous=previous,
+            discard_wheels=discard_wheels,
         )
         return lockedimage.build(self.config, self.cache, prepared, plan, wheels, delivery, client, progress)
 

@@ -163,3 +163,82 @@ def test_an_unreadable_base_wheel_runs_the_build(setup):
     wheel.write_bytes(b"not a zip")
     derivation = derive.plan(cache, upstream.repo, "fam", tree, ())
     assert not derivation.possible and f"the earlier build's wheel {wheel.name} cannot be read" in derivation.reason
+
+
+# -- another VERSION: the same plan but for the wheel's version (its lineage) ---------------------------------------
+
+OLD, NEW = "1.0+carry.20261201.1", "1.0+carry.20261201.2"
+VERSIONED = f"pkg-{OLD}.dist-info"
+
+
+def versioned_base(cache: Cache, tree: str, commit: str, version_file: bytes) -> Path:
+    """A stored PEP 517 build of VERSION 20261201.1, remembered for its family and its lineage."""
+    members = {name: data for name, data in TREE.items() if name.startswith("pkg/")}
+    members["pkg/_version.py"] = version_file
+    info = {
+        "tree_check": {"built": [], "generated": [], "ignored": ["pkg/_version.py"]},
+        "version": "20261201.1",
+        "wheel_version": OLD,
+    }
+    members[f"{VERSIONED}/carry-buildinfo.json"] = json.dumps(info).encode()
+    members[f"{VERSIONED}/METADATA"] = f"Metadata-Version: 2.1\nName: pkg\nVersion: {OLD}\n\nAbout pkg.\n".encode()
+    members[f"{VERSIONED}/WHEEL"] = b"Wheel-Version: 1.0\nTag: py3-none-any\n"
+    path = cache.artifacts / "k1" / f"pkg-{OLD}-py3-none-any.whl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            entry = zipfile.ZipInfo(name, (2026, 12, 1, 0, 0, 0))
+            entry.external_attr = (0o755 if name.endswith(".sh") else 0o644) << 16
+            archive.writestr(entry, data)
+        rows = [f"{name},{record_hash(data)},{len(data)}" for name, data in members.items()]
+        archive.writestr(f"{VERSIONED}/RECORD", "\n".join([*rows, f"{VERSIONED}/RECORD,,"]) + "\n")
+    derive.remember(cache, "fam-v1", tree, "k1", commit, "line")
+    return path
+
+
+def test_another_version_derives_with_the_dist_info_and_the_written_version_rewritten(tmp_path):
+    upstream = Upstream(tmp_path)
+    cache = Cache(tmp_path / "cache")
+    tree = upstream.tree(TREE, executable=("pkg/tool.sh",))
+    version_file = f"__version__ = '{OLD}'\n__version_tuple__ = (1, 0, 'carry.20261201.1')\n".encode()
+    versioned_base(cache, tree, git.tree_commit(upstream.repo, tree, None), version_file)
+    new = changed(upstream, {"pkg/a.py": b"A = 2\n"})
+    derivation = derive.plan(cache, upstream.repo, "fam-v2", new, (), ("line", "20261201.2"))
+    assert derivation.possible, derivation.reason
+    assert f"version {OLD} -> {NEW}" in derivation.line() and "1 member(s) replaced (pkg/a.py)" in derivation.line()
+    (tmp_path / "out").mkdir()
+    wheel = derive.write(derivation, tmp_path / "out")
+    assert wheel.name == f"pkg-{NEW}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        assert f"pkg-{NEW}.dist-info/RECORD" in names and not any(VERSIONED in n for n in names)
+        assert archive.read("pkg/_version.py") == version_file.replace(b"20261201.1", b"20261201.2")
+        assert f"Version: {NEW}\n" in archive.read(f"pkg-{NEW}.dist-info/METADATA").decode()
+        assert archive.read("pkg/a.py") == b"A = 2\n"
+        assert f"pkg-{NEW}.dist-info/carry-buildinfo.json" not in names  # the finish stamps a new one
+        rows = dict(line.split(",", 1) for line in archive.read(f"pkg-{NEW}.dist-info/RECORD").decode().splitlines())
+        assert rows["pkg/_version.py"].startswith(record_hash(archive.read("pkg/_version.py")))
+
+
+def test_a_written_file_naming_the_old_version_otherwise_runs_the_build(tmp_path):
+    upstream = Upstream(tmp_path)
+    cache = Cache(tmp_path / "cache")
+    tree = upstream.tree(TREE, executable=("pkg/tool.sh",))
+    version_file = f"__version__ = '{OLD}'\n__version_tuple__ = (1, 0, 'carry', 20261201, 1)\n".encode()
+    versioned_base(cache, tree, git.tree_commit(upstream.repo, tree, None), version_file)
+    derivation = derive.plan(cache, upstream.repo, "fam-v2", tree, (), ("line", "20261201.2"))
+    assert not derivation.possible
+    assert "pkg/_version.py, which the build writes, names VERSION 20261201.1 in a form" in derivation.reason
+
+
+def test_another_lineage_does_not_derive(tmp_path):
+    upstream = Upstream(tmp_path)
+    cache = Cache(tmp_path / "cache")
+    tree = upstream.tree(TREE, executable=("pkg/tool.sh",))
+    versioned_base(cache, tree, git.tree_commit(upstream.repo, tree, None), b"v = 1\n")
+    derivation = derive.plan(cache, upstream.repo, "fam-v2", tree, (), ("other", "20261201.2"))
+    assert not derivation.possible and "no earlier build" in derivation.reason
+    offered = derive.plan(
+        cache, upstream.repo, "fam-v2", tree, (), ("other", "20261201.2"), lambda: (None, "nothing in the registry")
+    )
+    assert offered.reason == "nothing in the registry"

@@ -69,6 +69,13 @@ from carry.util.progress import Progress
     "previous image's smoke result holds for what did not change (then the changed Python files are checked "
     "against the image, nothing pulled).",
 )
+@click.option(
+    "--discard-wheels",
+    "discard_wheels",
+    is_flag=True,
+    help="With image.lock and --push: remove the locked wheels this run downloads once their platform's layers are "
+    "pushed (a CI runner that starts empty: its disk holds one platform's wheels at a time).",
+)
 @click.option("--json", "as_json", is_flag=True, help="With image.lock: the layers and tags as JSON on stdout.")
 @click.pass_obj
 def image_command(  # noqa: PLR0913 (a click command: its parameters are its flags)
@@ -83,6 +90,7 @@ def image_command(  # noqa: PLR0913 (a click command: its parameters are its fla
     cache_to: tuple[str, ...],
     no_smoke: bool,
     smoke: str,
+    discard_wheels: bool,
     as_json: bool,
 ) -> None:
     """Build the image with BuildKit, one build per platform (the build stage runs `build.py wheel`), tag it
@@ -96,7 +104,8 @@ def image_command(  # noqa: PLR0913 (a click command: its parameters are its fla
     options = ImageOptions(push, tags, tuple(parse_platform(p) for p in platforms), hermetic, wheelhouse, caches)
     session = obj.session()
     if session.config.image.lock:
-        locked = session.locked_image(options, arch, "off" if no_smoke else smoke, progress)
+        smoking = "off" if no_smoke else smoke
+        locked = session.locked_image(options, arch, smoking, progress, discard_wheels)
         echo_notes(locked.notes)
         click.echo(json.dumps(locked.to_json(), indent=2) if as_json else "\n".join(locked.lines()))
         return

@@ -55,8 +55,7 @@ def offer(
 
     def made(the_plan: WheelPlan, mirror: Path, series: Series) -> tuple[derive.Base | None, str]:
         if previous is None or previous.record is None:
-            why = previous.note if previous is not None else "no previous image in the registry"
-            return None, f"no earlier build here, and none from the registry ({why})"
+            return None, "no earlier build here, and no previous image with a record in the registry"
         try:
             return rebuild(previous, the_plan, mirror, series, venv, scratch, progress)
         except (Failed, OSError, ValueError, KeyError, zipfile.BadZipFile, tarfile.TarError) as exc:

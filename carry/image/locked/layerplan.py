@@ -140,9 +140,12 @@ def runtime_base(base: RuntimeBase, client: docker.DockerClient) -> tuple[str, d
         raise Failed(f"{base.image}: no longer in the local Docker engine; run the command again") from None
 
 
-def fetch_wheels(lock: runtimelock.Lock, store: Store, progress: Progress, scratch: Path) -> dict[str, Path]:
+def fetch_wheels(
+    lock: runtimelock.Lock, store: Store, progress: Progress, scratch: Path, added: list[Path] | None = None
+) -> dict[str, Path]:
     """Every locked wheel in the download store, sha256-checked against the lock: those missing downloaded once
-    with pip (the user's index settings; no cache of pip's own), each file stored once by its sha256."""
+    with pip (the user's index settings; no cache of pip's own), each file stored once by its sha256 (and listed
+    in `added`)."""
     found: dict[str, Path] = {}
     missing = []
     for package in lock.packages:
@@ -167,6 +170,8 @@ def fetch_wheels(lock: runtimelock.Lock, store: Store, progress: Progress, scrat
                 target = store.root / sha / path.name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(path, target)
+                if added is not None:
+                    added.append(target)
         for package in missing:
             path = _stored(store, package, lock.platform.machine)
             if path is None:

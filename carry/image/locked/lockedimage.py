@@ -209,6 +209,7 @@ class Delivery:
     attester: Attester | None = None
     smoke_mode: str = "auto"
     previous: dict | None = None  # Platform -> registrycache.Previous
+    discard_wheels: bool = False  # the locked wheels downloaded for a platform removed once its layers are pushed
 
 
 def build(
@@ -227,7 +228,16 @@ def build(
     digests = Digests(cache.root / "image-layers")
     if delivery.push:
         return _push_all(config, cache, prepared, the_plan, fixed_wheels, delivery, client, progress)
-    plans, _ = _plan_all(config, cache, prepared, the_plan, fixed_wheels, progress, None)
+    job = _Job(
+        config=config,
+        cache=cache,
+        prepared=prepared,
+        the_plan=the_plan,
+        fixed_wheels=fixed_wheels,
+        client=client,
+        progress=progress,
+    )
+    plans, _ = _plan_all(job, None)
     duplicates = tuple(d for p in plans.values() for d in p.duplicates)
     notes = _layer_notes(plans, duplicates)
     outcomes: list[PlatformOutcome] = []
@@ -295,15 +305,16 @@ def _push_all(
         repo = registryhttp.Repository.of(config.image.name, login.auth)
         previous = delivery.previous or {}
         reuse = registrycache.Reuse(repo, digests, previous)
-        plans, fetched = _plan_all(config, cache, prepared, the_plan, fixed_wheels, progress, reuse)
-        duplicates = tuple(d for p in plans.values() for d in p.duplicates)
-        notes = _layer_notes(plans, duplicates)
+        plans: dict[Platform, PlatformPlan] = {}
+        fetched: dict[Platform, dict[str, Path]] = {}
         outcomes: list[PlatformOutcome] = []
         pushed: dict[str, str] = {}
         manifests = {}
+        added: list[Path] = []
         for image in the_plan.images:
             started = time.monotonic()
-            plan = plans[image.platform]
+            plan, fetched[image.platform] = _plan(job, image.platform, reuse, added)
+            plans[image.platform] = plan
             progress.phase("push", f"{image.platform} -> {', '.join(image.refs)}")
             labels = prepared.labels(image.platform, image.labels)
             body, digest, layers, config_action = push_platform(repo, client, plan, reuse, labels, config, progress)
@@ -318,6 +329,10 @@ def _push_all(
                     image.platform, image.refs, digest, tuple(layers), config_action, time.monotonic() - started
                 )
             )
+            if delivery.discard_wheels:
+                _discard(added, image.platform, progress)
+        duplicates = tuple(d for p in plans.values() for d in p.duplicates)
+        notes = _layer_notes(plans, duplicates)
         if the_plan.shared and the_plan.complete:
             _push_index(repo, the_plan, manifests, pushed, attester, progress)
         elif the_plan.shared:
@@ -484,48 +499,62 @@ def _record(
     return dataclasses.replace(outcome, record=attached)
 
 
-def _plan_all(
-    config: Config,
-    cache: Cache,
-    prepared: Prepared,
-    the_plan: ImagePlan,
-    fixed_wheels: dict[Platform, Path],
-    progress: Progress,
-    reuse: Reuse | None,
-) -> tuple[dict[Platform, PlatformPlan], dict[Platform, dict[str, Path]]]:
-    """Each platform's layers planned, with (plans, the wheel files of the lock). With `reuse`, a platform whose
-    locked wheels' layers the registry has (by key, each with its facts) is planned without reading those wheels,
-    and none is downloaded; otherwise the lock's wheels are fetched (those the store lacks) and every layer planned."""
-    store = Store.from_env(cache.root)
-    plans: dict[Platform, PlatformPlan] = {}
-    fetched: dict[Platform, dict[str, Path]] = {}
-    for image in the_plan.images:
-        platform = image.platform
-        lock = prepared.locks[platform]
-        if prepared.releases[platform] is None:  # no precompiled wheel: the fixed wheel's own Requires-Dist
-            runtimelock.check_fresh(
-                lock, requires_dist=requires_dist(fixed_wheels[platform]), base=prepared.facts[platform]
-            )
-        base_ref, base = prepared.bases[platform]
-        started = time.monotonic()
-        inputs = (fixed_wheels[platform], prepared.releases[platform], base_ref, base)
-        shallow = plan_platform(config, platform, lock, None, *inputs) if reuse is not None else None
-        known = _recorded_wheels(shallow, reuse, platform) if shallow is not None and reuse is not None else None
-        if shallow is not None and known is not None:
-            plans[platform] = shallow
-            fetched[platform] = _sbom_wheels(lock, store, known)
-            why = "their layers are in the registry: no wheel read"
-        else:
-            wheels = fetched[platform] = fetch_wheels(lock, store, progress, cache.scratch)
-            plans[platform] = plan_platform(config, platform, lock, wheels, *inputs)
-            why = f"{len(lock.packages)} locked wheel(s) read"
-        progress.phase(
-            "plan",
-            f"{platform}: {why} + {fixed_wheels[platform].name}: "
-            + ", ".join(f"{layer.name} {layer.files} files" for layer in plans[platform].layers if layer.planned)
-            + f" ({time.monotonic() - started:.1f}s)",
-        )
+def _plan_all(job: _Job, reuse: Reuse | None) -> tuple[dict[Platform, PlatformPlan], dict[Platform, dict[str, Path]]]:
+    plans, fetched = {}, {}
+    for image in job.the_plan.images:
+        plans[image.platform], fetched[image.platform] = _plan(job, image.platform, reuse)
     return plans, fetched
+
+
+def _plan(
+    job: _Job, platform: Platform, reuse: Reuse | None, added: list[Path] | None = None
+) -> tuple[PlatformPlan, dict[str, Path]]:
+    """A platform's layers planned, with the wheel files of its lock. With `reuse`, a platform whose locked wheels'
+    layers the registry has (by key, each with its facts) is planned without reading those wheels, and none is
+    downloaded; otherwise the lock's wheels are fetched (those the store lacks, listed in `added`) and every layer
+    planned."""
+    config, cache, prepared, fixed_wheels = job.config, job.cache, job.prepared, job.fixed_wheels
+    store = Store.from_env(cache.root)
+    lock = prepared.locks[platform]
+    if prepared.releases[platform] is None:  # no precompiled wheel: the fixed wheel's own Requires-Dist
+        runtimelock.check_fresh(
+            lock, requires_dist=requires_dist(fixed_wheels[platform]), base=prepared.facts[platform]
+        )
+    base_ref, base = prepared.bases[platform]
+    started = time.monotonic()
+    inputs = (fixed_wheels[platform], prepared.releases[platform], base_ref, base)
+    shallow = plan_platform(config, platform, lock, None, *inputs) if reuse is not None else None
+    known = _recorded_wheels(shallow, reuse, platform) if shallow is not None and reuse is not None else None
+    if shallow is not None and known is not None:
+        plan, fetched = shallow, _sbom_wheels(lock, store, known)
+        why = "their layers are in the registry: no wheel read"
+    else:
+        fetched = fetch_wheels(lock, store, job.progress, cache.scratch, added)
+        plan = plan_platform(config, platform, lock, fetched, *inputs)
+        why = f"{len(lock.packages)} locked wheel(s) read"
+    job.progress.phase(
+        "plan",
+        f"{platform}: {why} + {fixed_wheels[platform].name}: "
+        + ", ".join(f"{layer.name} {layer.files} files" for layer in plan.layers if layer.planned)
+        + f" ({time.monotonic() - started:.1f}s)",
+    )
+    return plan, fetched
+
+
+def _discard(added: list[Path], platform: Platform, progress: Progress) -> None:
+    """--discard-wheels: the locked wheels this run downloaded for `platform`, removed once its layers are pushed
+    (nothing here reads them again: a CI runner's disk holds one platform's wheels at a time)."""
+    import shutil
+
+    total = 0
+    for path in added:
+        total += path.stat().st_size if path.exists() else 0
+        shutil.rmtree(path.parent, ignore_errors=True)
+    if added:
+        progress.phase(
+            "download", f"{platform}: {len(added)} wheel(s) this run downloaded, {total / 1e9:.2f} GB, removed"
+        )
+    added.clear()
 
 
 def _recorded_wheels(plan: PlatformPlan, reuse: Reuse, platform: Platform) -> dict[str, tuple[str, str]] | None:
