@@ -287,6 +287,26 @@ def test_a_fresh_runner_pulls_the_image_by_digest_derives_again_and_finds_the_lo
         subprocess.run([DOCKER, "image", "rm", f"{remote}@{digest}"], capture_output=True)
 
 
+def test_a_fresh_runners_push_takes_the_base_from_the_registrys_record(project, pushed, tmp_path):
+    """After the test above the engine holds no derived base of the stand-in (as on a fresh runner). `image --push`
+    with an empty carry cache does not derive it again: the previous image's record in the registry shows the same
+    recipe on the same runtime image (content digest) made its base layers, which the registry holds."""
+    source = project["sources"]["linux/amd64"]
+    assert derived_images(source) == []
+    env = {**project["env"], "CARRY_CACHE": str(tmp_path / "cache")}
+    done = carry(
+        "--config", str(project["config"]), "image", "--push", "--json", "--platform", "linux/amd64",
+        cwd=project["config"].parent, env=env, timeout=900,
+    )  # fmt: skip
+    assert done.code == 0, done.err[-3000:]
+    assert "the base a previous image records (the same recipe on the same runtime image" in done.err
+    assert "not derived again" in done.err and "deriving a base" not in done.err
+    assert derived_images(source) == []
+    (outcome,) = json.loads(done.out)["platforms"]
+    assert {layer["action"] for layer in outcome["layers"]} == {"already exists"}, outcome["layers"]
+    assert "import minibase" in outcome["smoke"] or "light: " in outcome["smoke"], outcome["smoke"]
+
+
 def test_off_and_bad_values_are_refused(project, locked):
     config = project["config"]
     text = config.read_text()
