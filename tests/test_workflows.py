@@ -424,7 +424,7 @@ def test_main_checks_the_committed_pins_and_lock_then_pushes_the_locked_image():
         for line in logical_lines((CI_DIR / "image.sh").read_text())
         if line.startswith("python build.py ")
     ]
-    assert commands == [["pin", "--check"], ["lock", "--check"], ["image", "--push"]]
+    assert commands == [["pin", "--check"], ["lock", "--check"], ["image", "--push", "--discard-wheels"]]
     text = (CI_DIR / "image.sh").read_text()
     assert text.index("as_root bash ci/qemu.sh") < text.index("python build.py")
     assert "${CARRY_NIGHTLY_INDEX}" in (ROOT / "build.yaml").read_text()
