@@ -236,7 +236,7 @@ def candidates(refs: tuple[str, ...], image_name: str) -> tuple[str, ...]:
     image.tags' (the caller passes them in that order)."""
     seen: list[str] = []
     for ref in refs:
-        full = ref if "/" in ref.split(":", 1)[0] or ref.startswith(image_name) else f"{image_name}:{ref}"
+        full = ref if "/" in ref else f"{image_name}:{ref}"  # a tag holds no '/': anything else names an image
         if full not in seen:
             seen.append(full)
     return tuple(seen)
