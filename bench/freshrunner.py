@@ -143,6 +143,12 @@ def _fresh_run(project: Path, env: dict, root: Path, remote: Path) -> dict:
     }
 
 
+def _keep(result: dict) -> None:
+    """What was measured so far, into $CARRY_BENCH_PARTIAL when set (a run takes half an hour)."""
+    if os.environ.get("CARRY_BENCH_PARTIAL"):
+        Path(os.environ["CARRY_BENCH_PARTIAL"]).write_text(json.dumps(result, indent=1))
+
+
 def measure_all(work: Path) -> dict:
     import dockerenv
     import realvllm
@@ -177,6 +183,7 @@ def measure_all(work: Path) -> dict:
             "err": done.stderr,
         }
         _, result["verify_s"] = carry(config, env_a, "verify", f"{name}:{N}", cwd=project_a)
+        _keep(result)
 
         # the fresh runner: a Python-only patch change as VERSION N+1
         project_b = work / "b"
@@ -187,6 +194,7 @@ def measure_all(work: Path) -> dict:
         with secondengine.started(bases, services.docker_host) as engine:
             env_b = _runner(work / "runner-b", base_env, engine)
             result["fresh"] = _fresh_run(project_b, env_b, work, remote)
+            _keep(result)
             verified, seconds = carry(
                 project_b / "build.yaml", env_b, "verify", f"{name}:{N1}", "--key", str(work / "keys" / "carry.pub"),
                 cwd=project_b,
@@ -197,6 +205,7 @@ def measure_all(work: Path) -> dict:
             shutil.copytree(project_b, project_w, ignore=shutil.ignore_patterns("dist"))
             done, seconds = carry(project_w / "build.yaml", env_a, "image", "--push", "--json", cwd=project_w)
             result["warm"] = {"seconds": seconds, "result": json.loads(done.stdout)}
+            _keep(result)
             # a fresh runner with no change at all
             project_c = work / "c"
             shutil.copytree(project_b, project_c, ignore=shutil.ignore_patterns("dist"))

@@ -233,8 +233,14 @@ def build(
         if cached is None:
             derivation = _derivation(config, cache, mirror, the_plan, progress)
             if derivation is not None and derivation.possible and derivation.base is not None:
+                base = derivation.base
+                # a base from the cache is held while it is read; one made for this build (temporary) is its own
+                held = f"wheel-{base.key}" if not base.temporary and base.key != the_plan.key else None
                 try:
-                    with cache.lock(f"wheel-{derivation.base.key}"), derived(cache, the_plan, derivation) as produced:
+                    with (
+                        cache.lock(held) if held else contextlib.nullcontext(),
+                        derived(cache, the_plan, derivation) as produced,
+                    ):
                         cached, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
                 finally:
                     if derivation.base.temporary:
