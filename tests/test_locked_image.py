@@ -202,6 +202,16 @@ def test_a_fresh_runner_ships_a_patch_change_from_the_registry_alone(project, co
         assert found[platform]["smoke_record"]["how"] == "light" and found[platform]["engine"] is None
         assert "light: " in found[platform]["smoke"] and "import(s) resolved" in found[platform]["smoke"]
         assert found[platform]["record"]["signed"]
+    # another fresh runner, nothing changed: VERSION N+1's wheel from its own image, every layer already there
+    second_engine.empty()
+    again_env = {**fresh_env, "CARRY_CACHE": str(root / "fresh-cache-2")}
+    same = carry(
+        "--config", str(fresh / "build.yaml"), "image", "--push", "--json", cwd=fresh, env=again_env, timeout=1500
+    )
+    assert same.code == 0, same.err[-4000:]
+    assert same.err.count("derive: from VERSION 20261201.2's wheel, rebuilt from") == 2, same.err[-3000:]
+    for outcome in json.loads(same.out)["platforms"]:
+        assert {layer["action"] for layer in outcome["layers"]} == {"already exists"}, outcome["layers"]
     # the warm machine's N+1 (its own derivation from its PEP 517 builds): the same layers, byte for byte
     warm = root / "warm-runner"
     shutil.copytree(fresh, warm, ignore=shutil.ignore_patterns("dist"))

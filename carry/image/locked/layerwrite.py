@@ -130,6 +130,7 @@ class PlatformOutcome:
     record: Attached | None = None  # the record pushed beside the manifest (registrycache.push_record)
     sent: int = 0  # bytes sent to the registry by the whole run so far (blobs, manifests, records)
     received: int = 0  # bytes read from it
+    trust_sent: int = 0  # of `sent`: the signatures and attestations (SBOM, provenance), with a key
 
 
 def push_platform(

@@ -102,7 +102,8 @@ class LockedImageResult:
                 rows.append(f"  record: {outcome.record.line(outcome.platform)}")
         if self.platforms and self.platforms[0].record is not None:
             last = self.platforms[-1]
-            rows.append(f"  registry: {size_text(last.sent)} sent, {size_text(last.received)} read in all")
+            trust = f" ({size_text(last.trust_sent)} of it signatures and attestations)" if last.trust_sent else ""
+            rows.append(f"  registry: {size_text(last.sent)} sent{trust}, {size_text(last.received)} read in all")
         rows += self.trust.lines() if self.trust is not None else []  # the tags come last: scripts read them
         for outcome in self.platforms:
             rows += [f"{ref}  {self.pushed.get(ref, outcome.digest)}  {outcome.platform}" for ref in outcome.refs]
@@ -126,7 +127,7 @@ class LockedImageResult:
                     "smoke_record": o.smoke_record,
                     "engine": o.kept.to_json() if o.kept else None,
                     "record": o.record.to_json() if o.record else None,
-                    "registry": {"sent": o.sent, "received": o.received},
+                    "registry": {"sent": o.sent, "received": o.received, "trust": o.trust_sent},
                     "layers": [
                         {
                             "name": layer.name,
@@ -311,6 +312,7 @@ def _push_all(
         pushed: dict[str, str] = {}
         manifests = {}
         added: list[Path] = []
+        trust_sent = 0  # bytes of the signatures and attestations (with a key)
         for image in the_plan.images:
             started = time.monotonic()
             plan, fetched[image.platform] = _plan(job, image.platform, reuse, added)
@@ -323,7 +325,9 @@ def _push_all(
                 pushed[ref] = digest
             manifests[image.platform] = (body, digest)
             if attester is not None:
+                before = repo.sent
                 _attest(attester, repo, image, plan, digest, fixed_wheels, prepared, fetched)
+                trust_sent += repo.sent - before
             outcomes.append(
                 PlatformOutcome(
                     image.platform, image.refs, digest, tuple(layers), config_action, time.monotonic() - started
@@ -334,7 +338,7 @@ def _push_all(
         duplicates = tuple(d for p in plans.values() for d in p.duplicates)
         notes = _layer_notes(plans, duplicates)
         if the_plan.shared and the_plan.complete:
-            _push_index(repo, the_plan, manifests, pushed, attester, progress)
+            trust_sent += _push_index(repo, the_plan, manifests, pushed, attester, progress)
         elif the_plan.shared:
             notes.append("shared tags left as they were: not every platform of image.platforms was built")
         if delivery.smoke:
@@ -344,7 +348,7 @@ def _push_all(
         others = {id(p.repo): p.repo for p in previous.values() if p.repo is not None and p.repo is not repo}
         sent = repo.sent + sum(other.sent for other in others.values())
         received = repo.received + sum(other.received for other in others.values())
-        outcomes = [dataclasses.replace(o, sent=sent, received=received) for o in outcomes]
+        outcomes = [dataclasses.replace(o, sent=sent, received=received, trust_sent=trust_sent) for o in outcomes]
     if attester is not None:
         notes += attester.notes()
     return LockedImageResult(tuple(outcomes), pushed, the_plan.shared, tuple(notes), duplicates, attester)
@@ -357,8 +361,9 @@ def _push_index(
     pushed: dict[str, str],
     attester: Attester | None,
     progress: Progress,
-) -> None:
-    """The shared tags: one manifest list of every platform's manifest."""
+) -> int:
+    """The shared tags: one manifest list of every platform's manifest (signed with a key); the bytes the signature
+    took."""
     from carry.image import registryhttp
 
     index = json.dumps(
@@ -386,8 +391,10 @@ def _push_index(
         progress.phase("manifest", f"{ref} -> {', '.join(str(p) for p in manifests)}")
         repo.put_manifest(ref.rsplit(":", 1)[1], index, registryhttp.DOCKER_LIST)
         pushed[ref] = index_digest
+    before = repo.sent
     if attester is not None:
         attester.index(repo, index_digest)
+    return repo.sent - before
 
 
 def _smoke_all(
