@@ -42,7 +42,10 @@ Everything runs in a temp dir against generated upstreams, driving `python build
       platform (apt, arm64 under QEMU) first and reused, lock, image --push, verify, and a fresh runner's lock
       --check after deriving again (see bench/runtimebase.py);
   16. the mission's path from a fresh clone: a config shaped like the root one on the replica index and Python-less
-      bases, `pin`, `lock`, `image --push`, `verify` per platform, each timed (see bench/rootpath.py).
+      bases, `pin`, `lock`, `image --push`, `verify` per platform, each timed (see bench/rootpath.py);
+  17. a fresh CI runner with the registry as its only state: runner A's cold push of VERSION N, a fresh runner's
+      Python-only patch change as N+1 (time, bytes downloaded and pushed, peak disk, the smoke test), its layers
+      against the warm runner's, a no-change fresh run against `verify IMAGE` (see bench/freshrunner.py).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
 """
@@ -67,6 +70,7 @@ sys.path[:0] = [str(HERE), str(ROOT)]
 import buildenv  # noqa: E402
 import cudahome  # noqa: E402
 import emulation  # noqa: E402
+import freshrunner  # noqa: E402
 import gitrepo  # noqa: E402
 import imagecache  # noqa: E402
 import lockedimage  # noqa: E402
@@ -507,7 +511,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
     parser.add_argument(
         "--only",
-        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,pin,locked,verify,trust,runtimebase,rootpath",
+        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,pin,locked,verify,trust,runtimebase,rootpath,fresh",
         help="comma-separated parts to run",
     )
     options = parser.parse_args()
@@ -528,6 +532,7 @@ def main() -> int:
         "trust": lambda work, size: trust.bench(work, Row),
         "runtimebase": lambda work, size: runtimebase.bench(work, Row),
         "rootpath": lambda work, size: rootpath.bench(work, Row),
+        "fresh": lambda work, size: freshrunner.bench(work, Row),
     }
     # The start-up ratios (check, vllm) run first, before the parts that churn gigabytes through the page cache.
     # verify reads the image `locked` pushed.
@@ -548,6 +553,7 @@ def main() -> int:
         "trust",
         "runtimebase",
         "rootpath",
+        "fresh",
     ]
     chosen = options.only.split(",")
     if not chosen or set(chosen) - set(parts):

@@ -212,17 +212,7 @@ def test_a_fresh_runner_ships_a_patch_change_from_the_registry_alone(project, co
     assert same.err.count("derive: from VERSION 20261201.2's wheel, rebuilt from") == 2, same.err[-3000:]
     for outcome in json.loads(same.out)["platforms"]:
         assert {layer["action"] for layer in outcome["layers"]} == {"already exists"}, outcome["layers"]
-    # the warm machine's N+1 (its own derivation from its PEP 517 builds): the same layers, byte for byte
-    warm = root / "warm-runner"
-    shutil.copytree(fresh, warm, ignore=shutil.ignore_patterns("dist"))
-    again = carry(
-        "--config", str(warm / "build.yaml"), "image", "--push", "--json", "--no-smoke", env=env, timeout=1500
-    )
-    assert again.code == 0, again.err[-3000:]
-    for outcome in json.loads(again.out)["platforms"]:
-        assert [layer["digest"] for layer in outcome["layers"]] == [
-            layer["digest"] for layer in found[outcome["platform"]]["layers"]
-        ]
+    # verify --key on what the fresh runner pushed (before the warm runner's push moves the tags)
     verified = carry(
         "--config",
         str(fresh / "build.yaml"),
@@ -237,6 +227,17 @@ def test_a_fresh_runner_ships_a_patch_change_from_the_registry_alone(project, co
         timeout=1200,
     )
     assert verified.code == 0, verified.out[-3000:] + verified.err[-2000:]
+    # the warm machine's N+1 (its own derivation from its PEP 517 builds): the same layers, byte for byte
+    warm = root / "warm-runner"
+    shutil.copytree(fresh, warm, ignore=shutil.ignore_patterns("dist"))
+    again = carry(
+        "--config", str(warm / "build.yaml"), "image", "--push", "--json", "--no-smoke", cwd=warm, env=env, timeout=1500
+    )
+    assert again.code == 0, again.err[-3000:]
+    for outcome in json.loads(again.out)["platforms"]:
+        assert [layer["digest"] for layer in outcome["layers"]] == [
+            layer["digest"] for layer in found[outcome["platform"]]["layers"]
+        ]
 
 
 @pytest.mark.late  # it pushes the changed image under the shared tags: after every reader of the cold image
