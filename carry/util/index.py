@@ -21,8 +21,8 @@ import sys
 import tempfile
 import urllib.parse
 from pathlib import Path
+from typing import Protocol
 
-from carry.platforms import Platform
 from carry.util import redact
 from carry.util.errors import BadInput, Failed
 
@@ -31,6 +31,14 @@ PIP_TIMEOUT_S = 1800
 INDEX_KEYS = ("index-url", "extra-index-url")
 # The variables that change what `pip config list` says: its own, and where it finds its files.
 PIP_ENV = ("PIP_", "HOME", "XDG_CONFIG_")
+
+
+class WheelPlatform(Protocol):
+    """What pip's --platform list needs of a container platform (carry.platforms.Platform is one): its CPU as
+    `uname -m` says it, and its name (`linux/arm64`) for messages."""
+
+    @property
+    def machine(self) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,7 +286,7 @@ def pip_download_command(requirements: Path, into: Path, python: str, tags: list
 
 
 def download_wheel(
-    requirement: str, sha256: str, platform: Platform, index: str | None, into: Path, where: str
+    requirement: str, sha256: str, platform: WheelPlatform, index: str | None, into: Path, where: str
 ) -> Path:
     """The one wheel pip picks for `requirement` on `platform`, downloaded by pip in hash-checking mode into the
     empty directory `into`; bad input (one line naming the requirement, the platform and the indexes asked) when

@@ -24,6 +24,7 @@ except ImportError:  # Python 3.10: `build` depends on tomli there
 
 import carry
 from carry.config import Config, strip_credentials
+from carry.image.vocabulary import ENTRYPOINT, docker_binary
 from carry.platforms import Emulation, Platform
 from carry.source import upstream
 from carry.util.cache import Cache
@@ -33,7 +34,6 @@ from carry.util.logtail import tail
 from carry.util.progress import Progress
 
 DOCKERFILE = Path(carry.__file__).resolve().parent / "resources" / "Dockerfile"  # the top-level Dockerfile links here
-ENTRYPOINT = Path(carry.__file__).resolve().parent / "image_files" / "entrypoint.sh"
 # What carry itself needs inside the build stage (the docker SDK is only used on the host).
 CARRY_REQUIREMENTS = (
     "click",
@@ -73,15 +73,6 @@ class Builder:
 
     docker: str
     buildx: bool
-
-
-def docker_binary(config: Config) -> str:
-    """`$CARRY_DOCKER`, else image.docker from build.yaml; it must exist."""
-    name = os.environ.get("CARRY_DOCKER") or config.image.docker
-    found = shutil.which(name)
-    if found is None:
-        raise BadInput(f"docker binary {name!r} not found; install Docker or set image.docker / $CARRY_DOCKER")
-    return found
 
 
 def resolve_builder(config: Config, platforms: tuple[Platform, ...]) -> Builder:

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 
 from carry.binaries.wheelzip import record_hash
 from carry.config import Config
-from carry.image.buildkit.container import ENTRYPOINT
 from carry.image.locked import ocilayer, runtimelock, wheelinstall
 from carry.image.locked.ocilayer import Item
 from carry.image.locked.wheelinstall import Entry, Installed, Venv
+from carry.image.vocabulary import ENTRYPOINT
 from carry.platforms import Platform
 from carry.util import prog
 from carry.util.cache import Cache
