@@ -306,6 +306,128 @@ def test_the_modules_docs_architecture_lists_are_the_rooms_own():
         assert listed == own, f"{_docs_key(name)}: docs list {sorted(listed)}, the room holds {sorted(own)}"
 
 
+# --- programs run through the one runner ----------------------------------------------------------------------
+
+RUNNER = "util.run"  # carry.util.run: the one module that starts a process itself
+RUNNER_CALLS = {"execute"}
+# Every way Python starts another program, by the module that offers it.
+STARTERS = {
+    "subprocess": {"run", "Popen", "call", "check_call", "check_output", "getoutput", "getstatusoutput"},
+    "os": {"system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp"}
+    | {f"exec{s}" for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")}
+    | {f"spawn{s}" for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")},
+    "asyncio": {"create_subprocess_exec", "create_subprocess_shell"},
+    "pty": {"spawn", "fork"},
+}
+
+
+def _names(tree: ast.AST) -> tuple[dict[str, str], dict[str, str]]:
+    """(local name -> module, for `import subprocess [as sp]`; local name -> "module.function", for `from
+    subprocess import run [as r]`), over STARTERS' modules and carry.util.run."""
+    modules, functions = {}, {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in STARTERS or alias.name == f"{PACKAGE}.{RUNNER}":
+                    modules[alias.asname or alias.name] = alias.name
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            for alias in node.names:
+                if node.module in STARTERS or node.module == f"{PACKAGE}.{RUNNER}":
+                    functions[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                elif f"{node.module}.{alias.name}" == f"{PACKAGE}.{RUNNER}":
+                    modules[alias.asname or alias.name] = f"{PACKAGE}.{RUNNER}"
+    return modules, functions
+
+
+def _called(node: ast.Call, modules: dict[str, str], functions: dict[str, str]) -> str | None:
+    """ "module.function" a call names, when it is one of STARTERS' or the runner's; else None."""
+    func = node.func
+    if isinstance(func, ast.Name) and func.id in functions:
+        return functions[func.id]
+    if isinstance(func, ast.Attribute):
+        value = func.value
+        dotted = value.id if isinstance(value, ast.Name) else None
+        if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name):  # carry.util.run.execute
+            dotted = f"{value.value.id}.{value.attr}"
+        if dotted in modules:
+            return f"{modules[dotted]}.{func.attr}"
+        if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Attribute):
+            chain = ast.unparse(value)
+            if chain in modules.values():
+                return f"{chain}.{func.attr}"
+    return None
+
+
+def process_calls(path: Path) -> tuple[list[str], list[str]]:
+    """(direct starts of a program: `line: subprocess.run`; runner calls without a timeout: `line: execute`) in
+    one file."""
+    tree = ast.parse(path.read_text(), str(path))
+    modules, functions = _names(tree)
+    direct, untimed = [], []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        called = _called(node, modules, functions)
+        if called is None:
+            continue
+        module, _, name = called.rpartition(".")
+        timed = {keyword.arg for keyword in node.keywords}
+        if module in STARTERS and name in STARTERS[module]:
+            direct.append(f"{node.lineno}: {called}")
+        elif module == f"{PACKAGE}.{RUNNER}" and name in RUNNER_CALLS and "timeout" not in timed:
+            untimed.append(f"{node.lineno}: {name}")
+    return direct, untimed
+
+
+def test_programs_run_only_through_the_runner():
+    found = [
+        f"{path.relative_to(ROOT)}:{hit}"
+        for module, path in modules(ROOT).items()
+        if module != RUNNER
+        for hit in process_calls(path)[0]
+    ]
+    assert not found, "a program started outside carry/util/run.py (use carry.util.run.execute): " + "; ".join(found)
+
+
+def test_every_run_names_its_timeout():
+    found = [f"{path.relative_to(ROOT)}:{hit}" for path in modules(ROOT).values() for hit in process_calls(path)[1]]
+    assert not found, "carry.util.run.execute without timeout=: " + "; ".join(found)
+
+
+def test_the_runner_is_what_carry_calls():
+    """The finder sees carry's own calls: the runner's, in most families, and the runner's own start."""
+    runs = set()
+    for module, path in modules(ROOT).items():
+        parsed = ast.parse(path.read_text())
+        names = _names(parsed)
+        calls = [_called(node, *names) for node in ast.walk(parsed) if isinstance(node, ast.Call)]
+        if f"{PACKAGE}.{RUNNER}.execute" in calls:
+            runs.add(module)
+    assert {"source.git", "image.buildkit.container", "gputest.testrun", "wheelbuild.pep517"} <= runs, sorted(runs)
+    assert process_calls(modules(ROOT)[RUNNER])[0], "the runner itself starts its programs with subprocess"
+
+
+@pytest.mark.parametrize(
+    "text, direct, untimed",
+    [
+        ("import subprocess\nsubprocess.run(['x'])\n", ["2: subprocess.run"], []),
+        ("import subprocess as sp\nsp.Popen(['x'])\n", ["2: subprocess.Popen"], []),
+        ("from subprocess import check_output as co\nco(['x'])\n", ["2: subprocess.check_output"], []),
+        ("import os\nos.system('x')\n", ["2: os.system"], []),
+        ("def f():\n    import os\n    os.execvp('x', ['x'])\n", ["3: os.execvp"], []),
+        ("from carry.util.run import execute\nexecute(['x'])\n", [], ["2: execute"]),
+        ("from carry.util import run\nrun.execute(['x'], cwd='.')\n", [], ["2: execute"]),
+        ("import carry.util.run\ncarry.util.run.execute(['x'])\n", [], ["2: execute"]),
+        ("from carry.util.run import execute\nexecute(['x'], timeout=5)\n", [], []),
+        ("import subprocess\nsubprocess.DEVNULL\nraise subprocess.TimeoutExpired('x', 1)\n", [], []),
+    ],
+)
+def test_a_direct_start_or_an_untimed_run_is_found(tmp_path, text, direct, untimed):
+    path = tmp_path / "module.py"
+    path.write_text(text)
+    assert process_calls(path) == (direct, untimed)
+
+
 # --- the finder on a package written here ---------------------------------------------------------------------
 
 

@@ -16,7 +16,6 @@ import functools
 import html.parser
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import urllib.parse
@@ -25,6 +24,7 @@ from typing import Protocol
 
 from carry.util import redact
 from carry.util.errors import BadInput, Failed
+from carry.util.run import execute
 
 PIP_TIMEOUT_S = 1800
 # The glibc of the images carry builds (Debian 12: 2.36) down to manylinux2014: the wheels that run there.
@@ -65,13 +65,7 @@ def pip_settings() -> dict[str, str]:
 
 @functools.cache
 def _pip_config_list(environ: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=120,
-    )
+    result = execute([sys.executable, "-m", "pip", "config", "list"], text=True, timeout=120)
     found = {}
     for line in result.stdout.splitlines():
         key, sep, value = line.partition("=")
@@ -299,14 +293,7 @@ def download_wheel(
         argv = pip_download_command(pins, into, python, manylinux_tags(platform.machine))
         if index:
             argv += ["--index-url", index]
-        result = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=PIP_TIMEOUT_S,
-            env={**os.environ, "PIP_NO_INPUT": "1"},
-        )
+        result = execute(argv, text=True, timeout=PIP_TIMEOUT_S, env={**os.environ, "PIP_NO_INPUT": "1"})
     wheels = sorted(into.glob("*.whl"))
     asked = f"{requirement} for {platform} (cp{python.replace('.', '')}, manylinux ≤ 2.36) on {indexes.describe()}"
     if result.returncode == 0 and len(wheels) == 1:
