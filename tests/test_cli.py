@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import pytest
 
-from carry.cli import COMMANDS, cli
+from carry.cli.main import COMMANDS, cli
 from helpers import ROOT, carry
 
 DEMO_CONFIG = ROOT / "examples" / "demo" / "build.yaml"
