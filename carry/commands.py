@@ -149,7 +149,9 @@ class Session:
 
     def policy(self, arch: str | None, platform: Platform | None = None) -> GatePolicy:
         """The gate policy of a build: its arches (as `arches` resolves them) and build.gate's rules."""
-        return self.config.gate_policy(self.arches(arch, platform))
+        from carry.binaries import gatepolicy
+
+        return gatepolicy.for_config(self.config, self.arches(arch, platform))
 
     def expected(self, checked: CheckResult | None = None) -> verify.Expected:
         """What an artifact built from this repo now must say about itself; with the `checked` series, also the
@@ -398,10 +400,20 @@ class Session:
             return None
         from carry import __version__
         from carry.image.attest import Attester
+        from carry.image.inspect import hermetic
         from carry.trust import keys
 
         key = keys.from_environment(os.environ)  # nothing printed yet: a later bad input stays one line
-        return Attester(key, self.config, self.series(), self.version(), __version__, dist, progress)
+        return Attester(
+            key,
+            self.config,
+            self.series(),
+            self.version(),
+            __version__,
+            dist,
+            progress,
+            read_installed=hermetic.distributions,
+        )
 
     def image_wheels(self, platforms: tuple[Platform, ...], arch: str | None, progress: Progress) -> dict:
         """The fixed wheel of each platform of a locked image, in dist/: made here for this machine's CPU and for
@@ -644,9 +656,11 @@ def gate(
     if arches is None:
         where = f"{config_path} has no build.cuda_arches" if loaded else f"no config at {config_path}"
         raise BadInput(f"{where}: pass --arch LIST (e.g. --arch 12.1,10.0,9.0) to say which GPUs to gate for")
-    from carry.binaries.gatepolicy import GatePolicy
+    from carry.binaries import gatepolicy
 
-    policy = loaded.gate_policy(arches) if loaded is not None and not strict else GatePolicy(arches)
+    policy = (
+        gatepolicy.for_config(loaded, arches) if loaded is not None and not strict else gatepolicy.GatePolicy(arches)
+    )
     return gating.check(objects, policy, found_platform)
 
 

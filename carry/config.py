@@ -16,7 +16,6 @@ from carry.util.record import record
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from carry.binaries.gatepolicy import GatePolicy, GateRule
     from carry.platforms import Platform
     from carry.util.download import Pinned
 
@@ -254,7 +253,9 @@ class Build:
     compiler_cache: CompilerCache
     remote_cache: RemoteCache | None
     tests: tuple[TestCommand, ...] = ()
-    gate: tuple[GateRule, ...] = ()  # shared objects built for some GPUs only, by the upstream's design
+    # build.gate as written: shared objects built for some GPUs only, by the upstream's design; read into the gate's
+    # rules where the policy is made (carry.binaries.gatepolicy.for_config), every error naming the entry
+    gate: Any = None
     generated: tuple[Generated, ...] = ()  # files the build makes that the patched tree does not hold
     keep: tuple[str, ...] = DEFAULT_KEEP  # build-dir paths kept between builds (objects, never outputs)
     environment: BuildEnvironment = BuildEnvironment()
@@ -329,16 +330,6 @@ class Config:
                 f"Python-only wheel) or pass --arch"
             )
         return configured
-
-    def gate_policy(self, arches: ArchList) -> GatePolicy:
-        """The gate's policy for a build promising `arches`: build.gate's rules, from this file."""
-        from carry.binaries.gatepolicy import GatePolicy
-
-        return (
-            GatePolicy(arches, self.build.gate, f"{self.path.name} build.gate")
-            if self.build.gate
-            else GatePolicy(arches)
-        )
 
 
 class _Section:
@@ -615,7 +606,7 @@ def _build(section: _Section) -> Build:
         remote_cache=remote_cache,
         # A Python-only build (cuda_arches: []) has nothing for a GPU to run: its tests need none unless they say so.
         tests=_tests(section, gpu=cuda_arches is None or cuda_arches.expects_cuda),
-        gate=_gate_rules(section),
+        gate=section.data.get("gate"),
         generated=_generated(section),
         keep=_keep(section),
         environment=_environment(section, isolation),
@@ -630,14 +621,6 @@ def _distribution(section: _Section) -> str | None:
     if name is not None and not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
         raise section.fail("distribution", "the upstream's distribution name, as in its wheel's file name, e.g. pluggy")
     return name
-
-
-def _gate_rules(section: _Section) -> tuple[GateRule, ...]:
-    if section.data.get("gate") is None:
-        return ()
-    from carry.binaries.gatepolicy import parse_rules
-
-    return parse_rules(section.data.get("gate"), f"{section.path}: build.gate")
 
 
 def _precompiled(build: _Section) -> Precompiled | None:

@@ -411,6 +411,12 @@ CASES: list[Case] = [
         "cuda_arches_config_9_1", ("check",), ("'9.1'", "compute capability"), _append("build:\n  cuda_arches: '9.1'\n")
     ),
     Case("cuda_arches_wrong_type", ("check",), ("build.cuda_arches",), _append("build:\n  cuda_arches: {a: b}\n")),
+    Case(  # build.gate is read where the gate policy is made (binaries.gatepolicy.for_config), before any build
+        "gate_rule_without_why",
+        ("wheel", "--arch", "9.0"),
+        ("build.gate[0].why is required",),
+        _append("build:\n  gate: [{match: 'pkg/x.so', gpus: '9.0'}]\n"),
+    ),
     Case(
         "platforms_bad",
         ("check",),

@@ -12,7 +12,6 @@ import dataclasses
 import io
 import ipaddress
 import os
-import subprocess
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -26,6 +25,7 @@ import docker.errors
 from carry.platforms import Platform
 from carry.util import redact
 from carry.util.errors import BadInput, Failed
+from carry.util.run import execute
 
 if TYPE_CHECKING:
     from docker.models.containers import Container
@@ -80,12 +80,12 @@ def credentials(image_name: str, docker_cli: str) -> Iterator[Login]:
         return
     with tempfile.TemporaryDirectory(prefix="carry-docker-config-") as config_dir:
         os.chmod(config_dir, 0o700)
-        login = subprocess.run(
+        login = execute(
             [docker_cli, "login", "--username", user, "--password-stdin", registry],
-            input=password,
+            stdin=password,
             text=True,
-            capture_output=True,
             env={**os.environ, "DOCKER_CONFIG": config_dir},
+            timeout=120,
         )
         if login.returncode != 0:
             reason = login.stderr.strip().splitlines()[-1] if login.stderr.strip() else "refused"

@@ -23,9 +23,8 @@ SAFE_ENV = {
     "GIT_COMMITTER_NAME": "carry",
     "GIT_COMMITTER_EMAIL": "carry@localhost",
 }
-# git's messages (apply's "Hunk #1 succeeded at ...", "error: patch failed: ...") are parsed: keep them untranslated.
-ENGLISH = {"LANGUAGE": "C", "LC_ALL": "C"}
 NETWORK_TIMEOUT_S = 600
+LOCAL_TIMEOUT_S = 3600  # a local git command (log -p of a long history, a repack): never forever
 # Answers git's `get` with the user and password carry keeps in the environment (see split_credentials).
 CREDENTIAL_HELPER = (
     '!f() { test "$1" = get && printf "username=%s\\npassword=%s\\n" "$CARRY_GIT_USERNAME" "$CARRY_GIT_PASSWORD"; }; f'
@@ -97,37 +96,30 @@ def _execute(
     data: bytes | None = None,
 ) -> tuple[int | None, str, str]:
     """(exit status, stdout, stderr) of one git run in `repo`, its messages in English (carry reads some); the
-    status is None when it ran past `timeout`: then git and whatever it started are killed. stdout loses its one
-    trailing newline when `strip`."""
+    status is None when it ran past `timeout` (LOCAL_TIMEOUT_S when None): then git and whatever it started are
+    killed. stdout loses its one trailing newline when `strip`."""
     import subprocess  # here: `check` of a series already checked on its base starts no git at all
 
-    full_env = {**os.environ, **ENGLISH, **SAFE_ENV, **(env or {})}
-    source = subprocess.PIPE if data is not None else subprocess.DEVNULL
-    with open(stdin, "rb") if stdin else contextlib.nullcontext(source) as handle:
-        try:
-            process = subprocess.Popen(
-                ["git", *args],
-                cwd=repo,
-                env=full_env,
-                stdin=handle,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=timeout is not None,
-            )
-        except OSError as exc:  # no git on PATH, or `repo` is gone
-            return 127, "", str(exc)
-        try:
-            out, err = process.communicate(data, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            import signal
+    from carry.util.run import execute
 
-            os.killpg(process.pid, signal.SIGKILL)
-            out, err = process.communicate()
-            return None, _text(out), _text(err)
-    text = _text(out)
+    full_env = {**os.environ, **SAFE_ENV, **(env or {})}
+    try:
+        done = execute(
+            ["git", *args],
+            timeout=LOCAL_TIMEOUT_S if timeout is None else timeout,
+            cwd=repo,
+            env=full_env,
+            stdin=data if data is not None else stdin,
+            english=True,  # git's messages (apply's "Hunk #1 succeeded at ...", "error: patch failed: ...") are parsed
+        )
+    except OSError as exc:  # no git on PATH, or `repo` is gone
+        return 127, "", str(exc)
+    except subprocess.TimeoutExpired as exc:
+        return None, _text(exc.output or b""), _text(exc.stderr or b"")
+    text = _text(done.stdout)
     if strip and text.endswith("\n"):
         text = text[:-1]
-    return process.returncode, text, _text(err)
+    return done.returncode, text, _text(done.stderr)
 
 
 def _text(data: bytes) -> str:

@@ -28,7 +28,7 @@ from carry.util.fsutil import atomic_write_text
 from carry.util.record import field, record
 
 if TYPE_CHECKING:
-    from carry.platforms import Platform
+    from carry.util.index import WheelPlatform
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
@@ -48,7 +48,7 @@ class Pinned:
     size: int | None = None
     requirement: str | None = None  # `project==version`: the configured index serves the file
     index: str | None = None  # an index to ask instead of pip's configured one (build.yaml's index:)
-    platform: Platform | None = None  # the platform of a wheel pinned by requirement alone
+    platform: WheelPlatform | None = None  # the platform of a wheel pinned by requirement alone
     where: str = field(default="", compare=False)  # what pinned it, for messages
 
     @classmethod
@@ -75,7 +75,7 @@ class Pinned:
         name: str = "",
         size: int | None = None,
         index: str | None = None,
-        platform: Platform | None = None,
+        platform: WheelPlatform | None = None,
     ) -> Pinned:
         """A file the package index serves: `project==version` (one exact version), its sha256, and either its file
         name (an sdist or a wheel of a release list) or the platform whose wheel pip picks."""

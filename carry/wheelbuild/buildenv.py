@@ -40,6 +40,7 @@ from carry.util.cache import Cache
 from carry.util.errors import BadInput, CarryError, Failed
 from carry.util.fsutil import atomic_write_text
 from carry.util.progress import Progress
+from carry.util.run import NETWORK_S, execute
 
 try:
     import tomllib
@@ -312,9 +313,7 @@ def _interpreter(python: str) -> dict:
         facts = _facts()
     else:
         try:
-            done = subprocess.run(
-                [python, "-I", "-c", FACTS_SCRIPT], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
-            )
+            done = execute([python, "-I", "-c", FACTS_SCRIPT], text=True, timeout=60)
         except OSError as exc:
             raise BadInput(f"python {python} cannot run ({exc.strerror}); give an existing interpreter") from None
         if done.returncode != 0:
@@ -568,9 +567,7 @@ def _uv(spec: EnvSpec, args: list[str], env: dict[str, str], log: TextIO, log_pa
     log.write(f"$ uv {' '.join(args)}\n")
     log.flush()
     try:
-        done = subprocess.run(
-            command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, cwd=log_path.parent
-        )
+        done = execute(command, env=env, text=True, cwd=log_path.parent, timeout=NETWORK_S)
     except OSError as exc:
         raise BadInput(f"uv at {spec.uv.path} cannot run ({exc.strerror}); reinstall it: pip install uv") from None
     log.write(strip_credentials(done.stdout + done.stderr))
@@ -632,15 +629,8 @@ def _name(requirement: str) -> str:
 def _installed(python: Path, env: dict[str, str]) -> dict[str, str]:
     """Every distribution installed in the env, read by the env's own interpreter (isolated mode)."""
     try:
-        done = subprocess.run(
-            [str(python), "-I", "-c", VERSIONS_SCRIPT],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            check=True,
-        )
+        done = execute([str(python), "-I", "-c", VERSIONS_SCRIPT], text=True, timeout=120, env=env)
+        done.check_returncode()
         pairs = json.loads(done.stdout)
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         raise Failed(f"build environment: its python {python} cannot list what is installed ({exc})") from None

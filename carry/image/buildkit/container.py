@@ -13,7 +13,6 @@ import ipaddress
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +23,7 @@ except ImportError:  # Python 3.10: `build` depends on tomli there
 
 import carry
 from carry.config import Config, strip_credentials
+from carry.image.vocabulary import ENTRYPOINT, docker_binary
 from carry.platforms import Emulation, Platform
 from carry.source import upstream
 from carry.util.cache import Cache
@@ -31,9 +31,9 @@ from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import write_private
 from carry.util.logtail import tail
 from carry.util.progress import Progress
+from carry.util.run import BUILD_S, NETWORK_S, PROBE_S, execute
 
 DOCKERFILE = Path(carry.__file__).resolve().parent / "resources" / "Dockerfile"  # the top-level Dockerfile links here
-ENTRYPOINT = Path(carry.__file__).resolve().parent / "image_files" / "entrypoint.sh"
 # What carry itself needs inside the build stage (the docker SDK is only used on the host).
 CARRY_REQUIREMENTS = (
     "click",
@@ -75,15 +75,6 @@ class Builder:
     buildx: bool
 
 
-def docker_binary(config: Config) -> str:
-    """`$CARRY_DOCKER`, else image.docker from build.yaml; it must exist."""
-    name = os.environ.get("CARRY_DOCKER") or config.image.docker
-    found = shutil.which(name)
-    if found is None:
-        raise BadInput(f"docker binary {name!r} not found; install Docker or set image.docker / $CARRY_DOCKER")
-    return found
-
-
 def resolve_builder(config: Config, platforms: tuple[Platform, ...]) -> Builder:
     """The Docker CLI to build with, checked before any work, and every platform must run natively or emulated.
 
@@ -96,7 +87,7 @@ def resolve_builder(config: Config, platforms: tuple[Platform, ...]) -> Builder:
     named = os.environ.get("CARRY_DOCKER") or (config.image.docker if config.image.docker != "docker" else None)
     candidates = [docker_binary(config)] if named else _all_on_path("docker") or [docker_binary(config)]
     for docker in candidates:
-        if subprocess.run([docker, "buildx", "version"], capture_output=True).returncode == 0:
+        if execute([docker, "buildx", "version"], timeout=PROBE_S).returncode == 0:
             return Builder(docker, True)
         if _client_major(docker) < FIRST_CLI_NEEDING_BUILDX:
             return Builder(docker, False)
@@ -120,7 +111,7 @@ def _all_on_path(name: str) -> list[str]:
 
 def _client_major(docker: str) -> int:
     """The Docker CLI's major version, from `docker --version` (`Docker version 28.2.2, build ...`)."""
-    words = subprocess.run([docker, "--version"], capture_output=True, text=True).stdout.split()
+    words = execute([docker, "--version"], text=True, timeout=PROBE_S).stdout.split()
     version = words[2] if len(words) > 2 and words[:2] == ["Docker", "version"] else "0"
     return int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
 
@@ -245,7 +236,7 @@ def fill_wheelhouse(cache: Cache, requirements: list[str], given: Path | None, d
             *_target_flags(platform),
             *requirements,
         ]
-        result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        result = execute(command, text=True, timeout=NETWORK_S)
         if result.returncode != 0:
             raise Failed(
                 f"pip download of {platform} wheels for the wheelhouse failed: "
@@ -390,12 +381,11 @@ class StageBuild:
         with open(log, "ab") as handle:
             handle.write(f"== {self.stage} for {self.platform}\n".encode())
             handle.flush()
-            status = subprocess.run(
+            status = execute(
                 self.command(builder, secret, context),
                 env={**(env or os.environ), "DOCKER_BUILDKIT": "1"},
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+                log=handle,
+                timeout=BUILD_S,
             ).returncode
         with open(log, "rb") as handle:
             handle.seek(start)

@@ -20,6 +20,7 @@ from carry.arch import ArchList
 from carry.config import TAG_RE, Config, public_url
 from carry.image.buildkit import container, layercache, manifest
 from carry.image.buildkit.container import Builder, StageBuild
+from carry.image.vocabulary import LABEL_PREFIX, WHEEL_LABEL, ImagePlan, PlatformImage, own_tag
 from carry.platforms import Platform
 from carry.source.apply import CheckReport
 from carry.source.series import Series
@@ -35,9 +36,6 @@ if TYPE_CHECKING:
 
     from carry.image.attest import Attester, Wheel
     from carry.image.registry import Login
-
-LABEL_PREFIX = "io.carry"
-WHEEL_LABEL = f"{LABEL_PREFIX}.wheel"  # the distribution name of the wheel installed in the image
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,32 +53,6 @@ class ImageOptions:
         for tag in self.extra_tags:
             if not TAG_RE.fullmatch(tag):
                 raise BadInput(f"--tag {tag!r} is not a valid tag; use letters, digits, '_', '.', '-' (at most 128)")
-
-
-@dataclasses.dataclass(frozen=True)
-class PlatformImage:
-    """One platform's image: what it is built from and the local tags it gets."""
-
-    platform: Platform
-    arches: ArchList
-    refs: tuple[str, ...]
-    labels: dict[str, str]
-    build_args: dict[str, str]
-
-
-@dataclasses.dataclass(frozen=True)
-class ImagePlan:
-    images: tuple[PlatformImage, ...]
-    shared: tuple[str, ...]  # tags that name every platform (manifest lists); empty with one platform
-    complete: bool  # every platform the config lists is built in this run, so the shared tags can be made
-    tree: str
-    version: str
-    named: bool = True  # the labels name the wheel's distribution; False: the build stage's wheel tells it
-
-    def with_distribution(self, name: str) -> ImagePlan:
-        """The plan with `name` in every image's io.carry.wheel label."""
-        images = tuple(dataclasses.replace(image, labels={**image.labels, WHEEL_LABEL: name}) for image in self.images)
-        return dataclasses.replace(self, images=images, named=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,11 +107,6 @@ def platforms_to_build(config: Config, options: ImageOptions) -> tuple[Platform,
     """--platform, else image.platforms, else this machine's own."""
     configured = tuple(target.platform for target in config.image.platforms)
     return options.platforms or configured or (Platform.native(),)
-
-
-def own_tag(version: str, platform: Platform) -> str:
-    """The tag of one platform's image when a tag holds several: `20260906.1-arm64`."""
-    return f"{version}-{platform.tag}"
 
 
 @record(kw_only=True)
@@ -365,7 +332,7 @@ def _attest(
     too, every installed distribution matched to the wheel it came from. Without, pip resolved the wheels inside
     BuildKit, and carry knows no hash for an SBOM."""
     from carry.image import registryhttp
-    from carry.image.attest import Wheel, hermetic_distributions
+    from carry.image.attest import Wheel
 
     base_ref = config.target(image.platform).runtime_image or config.image.runtime_image or ""
     try:
@@ -386,7 +353,7 @@ def _attest(
             import time
 
             begun = time.monotonic()
-            distributions, why = hermetic_distributions(client, image.refs[0], image.platform, fixed, hermetic[1])
+            distributions, why = attester.read_installed(client, image.refs[0], image.platform, fixed, hermetic[1])
             attester.timings.facts += time.monotonic() - begun
     facts = attester.facts(image.platform, image.labels, fixed, None, base_ref, base, no_sbom=why)
     facts = dataclasses.replace(facts, distributions=distributions)

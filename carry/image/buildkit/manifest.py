@@ -5,12 +5,12 @@ carry says a shared tag is done only when the registry lists every platform unde
 
 from __future__ import annotations
 
-import subprocess
 from typing import TYPE_CHECKING
 
 from carry.image.buildkit.container import Builder
 from carry.platforms import Platform
 from carry.util.errors import Failed
+from carry.util.run import NETWORK_S, execute
 
 if TYPE_CHECKING:
     import docker
@@ -42,7 +42,7 @@ def join(client: docker.DockerClient, builder: Builder, login: Login, ref: str, 
 
 
 def _run(login: Login, command: list[str], ref: str) -> None:
-    result = subprocess.run(command, env=login.cli_env(), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    result = execute(command, env=login.cli_env(), text=True, timeout=NETWORK_S)
     if result.returncode != 0:
         said = (result.stderr.strip() or result.stdout.strip()).splitlines()
         raise Failed(

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 
 from carry.arch import ArchList
 from carry.config import Config
-from carry.image.buildkit import container
-from carry.image.buildkit.image import LABEL_PREFIX, WHEEL_LABEL, own_tag
+from carry.image.vocabulary import LABEL_PREFIX, WHEEL_LABEL, docker_binary, own_tag
 from carry.platforms import Platform
 from carry.util import prog
 from carry.util.errors import BadInput, Failed
@@ -73,7 +72,7 @@ def verify_image(request: Request, config: Config, expected: Expected, scratch: 
     from carry.image import registry
 
     client = registry.client()
-    docker_cli = container.docker_binary(config)
+    docker_cli = docker_binary(config)
     if getattr(config.image, "lock", None):
         return verify_locked(client, docker_cli, request, config, expected)
     ref, platform, arches, local, key = request.ref, request.platform, request.arches, request.local, request.key

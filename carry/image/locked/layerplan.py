@@ -11,7 +11,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import time
 import zipfile
 from collections.abc import Callable, Iterable
@@ -20,10 +19,10 @@ from typing import TYPE_CHECKING
 
 from carry.binaries.wheelzip import record_hash
 from carry.config import Config
-from carry.image.buildkit.container import ENTRYPOINT
 from carry.image.locked import ocilayer, runtimelock, wheelinstall
 from carry.image.locked.ocilayer import Item
 from carry.image.locked.wheelinstall import Entry, Installed, Venv
+from carry.image.vocabulary import ENTRYPOINT
 from carry.platforms import Platform
 from carry.util import prog
 from carry.util.cache import Cache
@@ -32,6 +31,7 @@ from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import temp_dir
 from carry.util.index import manylinux_tags, pip_download_command
 from carry.util.progress import Progress
+from carry.util.run import NETWORK_S, execute
 
 if TYPE_CHECKING:
     import docker
@@ -184,7 +184,7 @@ def pip_platforms(target: str) -> list[str]:
 def _pip_download(lock: runtimelock.Lock, requirements: Path, into: Path) -> None:
     python = ".".join(lock.python.split(".")[:2])
     command = pip_download_command(requirements, into, python, pip_platforms(lock.target))
-    result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    result = execute(command, text=True, timeout=NETWORK_S)
     if result.returncode != 0:
         raise Failed(_pip_failure(lock, result.stdout + result.stderr))
 

@@ -56,8 +56,8 @@ if TYPE_CHECKING:
     import docker
 
     from carry.image.attest import Attester
-    from carry.image.buildkit.image import ImagePlan, PlatformImage
     from carry.image.registryhttp import Repository
+    from carry.image.vocabulary import ImagePlan, PlatformImage
 
 
 # -- the whole image -------------------------------------------------------------------------------------------
