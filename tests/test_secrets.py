@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import dockerenv
-from helpers import ROOT, assert_bad_input, carry, git
+from helpers import ROOT, assert_bad_input, carry, find_in_tree, git
 from procwatch import command_lines
 
 TOKEN = "upstream-token-" + os.urandom(8).hex()
@@ -44,23 +44,6 @@ def recorder(directory: Path, name: str, real: str, log: Path) -> Path:
     wrapper.write_text(f'#!/bin/sh\nprintf \'%s \' {name} "$@" >> {log}\necho >> {log}\nexec {real} "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
-
-
-def find_in_tree(root: Path, needles: list[str]) -> list[str]:
-    """Files under `root` holding a needle, looking inside zip archives (wheels) member by member."""
-    hits = []
-    encoded = [n.encode() for n in needles]
-    for path in sorted(root.rglob("*")) if root.exists() else []:
-        if not path.is_file() or path.is_symlink():
-            continue
-        data = path.read_bytes()
-        chunks = [data]
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as archive:
-                chunks += [archive.read(name) for name in archive.namelist()]
-        if any(needle in chunk for chunk in chunks for needle in encoded):
-            hits.append(str(path))
-    return hits
 
 
 # -- credentials in upstream.url, offline --------------------------------------------------------------------
