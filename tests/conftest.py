@@ -42,6 +42,7 @@ SERIAL_MODULES = {
     "test_remote_cache",
     "test_runtime_base",
     "test_secrets",
+    "test_trust_cosign",
     "test_verify_locked",
     "test_verify_vllm",
 }

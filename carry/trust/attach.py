@@ -265,6 +265,7 @@ def read_statements(store: Registry, key: PublicKey | None, digest: str, wanted:
             problems.append(f"{tag}: a {kind} statement is about {subjects}, not {digest}")
             continue
         found.setdefault(kind, statement)
+    held = sorted({*found, *unsigned})
     for kind in wanted:
         if kind in found:
             continue
@@ -274,7 +275,10 @@ def read_statements(store: Registry, key: PublicKey | None, digest: str, wanted:
                 f"signed with another key)"
             )
         else:
-            problems.append(f"{_name(kind)}: no {kind} attestation under {tag}")
+            problems.append(
+                f"{_name(kind)}: no {kind} attestation under {tag}"
+                + (f" (it holds {', '.join(held)} only)" if held else "")
+            )
     return Statements(found, tuple(problems), len(layers))
 
 

@@ -98,6 +98,7 @@ def check_platform(
             proven.append(
                 f"SBOM: signed, CycloneDX 1.6, {len(listed)} components = the {len(installed)} distributions the "
                 f"layers install; the fixed package's pedigree carries {patches} patch(es)"
+                + _other_statement_type(statements.by_type[attach.CYCLONEDX])
             )
     predicate = statements.by_type.get(attach.SLSA_PROVENANCE, {}).get("predicate")
     if predicate is not None:
@@ -125,6 +126,14 @@ def check_platform(
                 )
     proven.append(f"trust checks: {time.monotonic() - started:.1f} s")
     return proven, problems
+
+
+def _other_statement_type(statement: dict) -> str:
+    """What differs from carry's own statements: another in-toto Statement version (`cosign attest` writes v0.1)."""
+    from carry.trust import signing
+
+    found = statement.get("_type")
+    return "" if found == signing.STATEMENT_TYPE else f"; its statement is {found} (carry's own are Statement v1)"
 
 
 def check_index(store: attach.Registry, key: PublicKey, repository: str, digest: str) -> tuple[list[str], list[str]]:
