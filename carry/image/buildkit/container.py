@@ -15,6 +15,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 try:
@@ -152,10 +153,11 @@ def assemble_context(
     context: Path,
     requirements: list[str],
     platforms: tuple[Platform, ...] = (),
+    say: Callable[[str], None] | None = None,
 ) -> None:
     """carry (the build stage runs it as `python -m carry`), the config with VERSION and patches, a bundle of the
-    pinned commit, and the precompiled wheels of `platforms` (build.precompiled), so that the build stage needs
-    no network for them."""
+    pinned commit (checked by its sha256 as it is copied; `say` hears of one made again), and the precompiled wheels
+    of `platforms` (build.precompiled), so that the build stage needs no network for them."""
     project = context / "project"
     project.mkdir(parents=True)
     shutil.copy2(config.version_file, project / _inside(config, config.version_file))
@@ -171,11 +173,13 @@ def assemble_context(
     env_lines = "".join(f"{name}={shlex.quote(value)}\n" for name, value in sorted(config.image.env.items()))
     (context / "runtime.env").write_text(env_lines)
     (context / "requirements.txt").write_text("".join(f"{r}\n" for r in requirements))
-    bundle = upstream.write_bundle(mirror, cache, config.upstream.commit)
-    (context / "cache" / "bundles").mkdir(parents=True)
-    shutil.copy2(bundle, context / "cache" / "bundles" / bundle.name)
+    upstream.copy_bundle(mirror, cache, config.upstream.commit, context / "cache" / "bundles", say or _stderr)
     _precompiled_wheels(config, cache, platforms, context / "cache" / "downloads")
     (context / "wheelhouse").mkdir()
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def _precompiled_wheels(config: Config, cache: Cache, platforms: tuple[Platform, ...], store_dir: Path) -> None:
