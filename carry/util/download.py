@@ -369,7 +369,8 @@ class Store:
                 last_error = exc
             except (urllib.error.URLError, http.client.HTTPException, TimeoutError) as exc:
                 last_error = exc
-            time.sleep(min(2**attempt, 8))
+            if attempt + 1 < ATTEMPTS:
+                time.sleep(min(2**attempt, 8))  # 1, 2, 4 s: then one line, the part kept to resume
         raise Failed(
             f"{_public(pinned.source)}: download failed after {ATTEMPTS} attempts ({_reason(last_error)});"
             f" {part.stat().st_size if part.exists() else 0} bytes kept in {part} for the next try"

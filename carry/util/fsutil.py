@@ -13,8 +13,9 @@ from pathlib import Path
 
 from carry.util.errors import Failed
 
-# What a full filesystem (or a user's exhausted quota) says.
+# What a full filesystem (or a user's exhausted quota) says: as an errno, and in a tool's output (uv is Rust's).
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+NO_SPACE_SIGNS = ("No space left on device", "os error 28", "Disk quota exceeded")
 
 
 def owned_prefix(prefix: str) -> str:
@@ -145,6 +146,11 @@ def no_space_line(path: Path, needed: int | None = None, written: int | None = N
 
 def is_no_space(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in NO_SPACE
+
+
+def says_no_space(text: str) -> bool:
+    """Whether a tool's output says it found the disk full."""
+    return any(sign in text for sign in NO_SPACE_SIGNS)
 
 
 def ensure_room(directory: Path, needed: int, what: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -30,7 +31,7 @@ from carry.source.apply import CheckReport
 from carry.source.series import Series
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
-from carry.util.fsutil import temp_dir
+from carry.util.fsutil import no_space_line, says_no_space, temp_dir, tree_size
 from carry.util.logtail import tail
 from carry.util.progress import Progress
 from carry.wheelbuild import artifacts, buildenv, compilecache, derive, pep517, toolchain, verify
@@ -221,7 +222,7 @@ def build(
 ) -> WheelResult:
     """Reuse the stored wheel for this plan's key (checked by its sha256 as it is published), or produce and finish
     one; publish it into `out`. A stored wheel that is not what was recorded is removed, said, and built again."""
-    with cache.lock(f"wheel-{the_plan.key}"):
+    with cache.held(f"wheel-{the_plan.key}", functools.partial(progress.phase, "cache")):
         hit = _published_hit(cache, the_plan.key, out, progress)
         if hit is not None:
             return WheelResult(hit, True, the_plan)
@@ -486,6 +487,9 @@ def _run_build(
             status = pep517.build_wheel(src, out, env, handle, False, str(environment.python))
         else:
             status = pep517.build_wheel(src, out, env, handle, True)
+    if status != 0 and says_no_space(log.read_text(errors="replace")):
+        written = tree_size(src) + tree_size(out)
+        raise Failed(f"the upstream build: {no_space_line(src, written=written)}; log: {log}")
     if status != 0:
         raise Failed(f"the upstream build failed (exit {status}); log: {log}\n{tail(log)}")
     wheels = list(out.glob("*.whl"))

@@ -232,9 +232,13 @@ def hermetic_wheelhouse(
 
 def fill_wheelhouse(cache: Cache, requirements: list[str], given: Path | None, dest: Path, platform: Platform) -> None:
     """Wheels for a --network=none build stage on `platform`: from --wheelhouse, or downloaded once per platform
-    into the cache (for this Python's version; the base image's Python must match it)."""
-    if given is None:
-        given = cache.root / "wheelhouse" / platform.tag
+    into the cache (for this Python's version; the base image's Python must match it), under a lock: a second run
+    at once waits, then copies whole wheels only."""
+    if given is not None:
+        _copy_wheels(given, dest)
+        return
+    given = cache.root / "wheelhouse" / platform.tag
+    with cache.lock(f"wheelhouse-{platform.tag}"):
         given.mkdir(parents=True, exist_ok=True)
         command = [
             sys.executable,
@@ -255,7 +259,11 @@ def fill_wheelhouse(cache: Cache, requirements: list[str], given: Path | None, d
                 f"pip download of {platform} wheels for the wheelhouse failed: "
                 f"{result.stderr.strip().splitlines()[-1:]}; pass --wheelhouse DIR with the wheels"
             )
-    for wheel in given.glob("*.whl"):
+        _copy_wheels(given, dest)
+
+
+def _copy_wheels(source: Path, dest: Path) -> None:
+    for wheel in source.glob("*.whl"):
         shutil.copy2(wheel, dest / wheel.name)
 
 
