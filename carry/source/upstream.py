@@ -97,12 +97,13 @@ def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
 def _fetch(config: Config, cache: Cache, mirror: Path, with_pr: bool) -> FetchReport:
     pin = config.upstream.commit
     pr_wanted = with_pr and config.upstream.pr is not None
-    pr_head, notes = None, []
+    pr_head = None
+    notes: list[str] = []
     with cache.lock(mirror.name):
         git.clear_stale_locks(mirror)
         source, error = _fetch_pin(config, mirror)
         if error is None:
-            write_bundle(mirror, cache, pin)
+            write_bundle(mirror, cache, pin, notes.append, verify=True)
             if pr_wanted:
                 try:
                     pr_head = _fetch_pr_head(config, mirror)
@@ -331,20 +332,23 @@ def _fetch_pr_head(config: Config, mirror: Path) -> PrHead:
         depth *= 4
 
 
-def write_bundle(mirror: Path, cache: Cache, commit: str, say: Callable[[str], None] | None = None) -> Path:
+def write_bundle(
+    mirror: Path, cache: Cache, commit: str, say: Callable[[str], None] | None = None, *, verify: bool = False
+) -> Path:
     """The cached bundle of `commit`, from the mirror (which has it): made once through a temp file and a rename,
     from a ref of its own (refs/carry/bundle/<commit>, so it holds that commit whatever the mirror's pin is now:
     two pins of one upstream share the mirror), its sha256 recorded beside it. One already there that does not
-    name `commit` or has no sha256 recorded (an older carry's) is made again, and `say` told why."""
+    name `commit`, has no sha256 recorded (an older carry's) or, with `verify`, is not that sha256 is made again,
+    and `say` told why."""
     from carry.util import integrity  # here: `check` and `version` never hash a bundle
 
     bundle = cache.bundle(commit)
     with cache.lock(f"bundle-{commit}"):
-        problem = _bundle_problem(mirror, bundle, commit) if bundle.exists() else None
+        problem = _bundle_problem(mirror, bundle, commit, verify) if bundle.exists() else None
         if bundle.exists() and problem is None:
             return bundle
         if problem is not None and say is not None:
-            say(f"{problem}; made again from the mirror")
+            say(problem)
         integrity.discard(bundle)
         bundle.parent.mkdir(parents=True, exist_ok=True)
         ref = BUNDLE_REF + commit
@@ -360,19 +364,22 @@ def write_bundle(mirror: Path, cache: Cache, commit: str, say: Callable[[str], N
     return bundle
 
 
-def _bundle_problem(mirror: Path, bundle: Path, commit: str) -> str | None:
-    """Why a cached bundle cannot serve `commit` without reading it whole (its heads, its recorded sha256)."""
+def _bundle_problem(mirror: Path, bundle: Path, commit: str, verify: bool) -> str | None:
+    """Why a cached bundle cannot serve `commit` (its heads, whether a sha256 is recorded, with `verify` that
+    sha256): one line, or None."""
     from carry.util import integrity  # here: `check` and `version` never hash a bundle
 
+    again = "made again from the mirror"
     try:
         heads = git.bundle_heads(mirror, bundle)
     except git.GitError:
         heads = {}
     if commit not in heads.values():
-        return f"{bundle}: does not hold commit {commit[:12]}"
+        return f"{bundle}: does not hold commit {commit[:12]}; {again}"
     if integrity.recorded(bundle) is None:
-        return f"{bundle}: no sha256 recorded beside it"
-    return None
+        return f"{bundle}: no sha256 recorded beside it (an older carry's); {again}"
+    corrupt = integrity.check(bundle) if verify else None
+    return corrupt.line(f"removed; {again}") if corrupt is not None else None
 
 
 def copy_bundle(mirror: Path, cache: Cache, commit: str, dest_dir: Path, say: Callable[[str], None]) -> Path:
@@ -417,7 +424,7 @@ def _restore_from_bundle(config: Config, cache: Cache, mirror: Path, error: git.
             integrity.check(bundle) if integrity.recorded(bundle) else None
         )  # an older carry's: git checks its pack
         if corrupt is not None:
-            raise Failed(corrupt.line("refused; delete it and fetch while online"))
+            raise BadInput(corrupt.line("refused; delete it and fetch while online"))
         head = next((name for name, sha in git.bundle_heads(mirror, bundle).items() if sha == pin), None)
         if head is None:
             raise BadInput(f"{bundle}: does not hold commit {pin[:12]}; delete it and fetch while online")

@@ -327,39 +327,40 @@ class Store:
         target.parent.mkdir(parents=True, exist_ok=True)
         part = target.with_name(f"{target.name}.part")
         started = time.monotonic()
-        started_at = part.stat().st_size if part.exists() else 0
+        resumed: list[int] = []
         for fresh in (False, True):
             if fresh:
                 say(f"{pinned.name}: the resumed download is not the pinned file; downloading it again from the start")
                 part.unlink(missing_ok=True)
-            resumed = self._fetch_with_retries(pinned, part)
+            resumed += self._fetch_with_retries(pinned, part)
             found = self._checked_part(pinned, part, last_try=fresh or not resumed)
             if found is not None:
                 break
         assert found is not None  # the last try raises instead
         os.replace(part, target)
         self._remember(target, found)
-        note = f", resumed at {started_at} bytes" if started_at else ""
+        note = f", resumed at {', '.join(map(str, resumed))} bytes" if resumed else ""
         say(
             f"downloaded {pinned.name} from {_public(pinned.source)}: {target.stat().st_size / 1e6:.1f} MB in "
             f"{time.monotonic() - started:.1f}s{note}, sha256 {found[:12]} ok"
         )
         return target
 
-    def _fetch_with_retries(self, pinned: Pinned, part: Path) -> bool:
-        """`pinned.source` appended to `part` (ATTEMPTS tries, each resuming what the last one got); True when any of
-        it was a resumption. A full disk is not retried: one line naming the part and what it needs."""
+    def _fetch_with_retries(self, pinned: Pinned, part: Path) -> list[int]:
+        """`pinned.source` appended to `part` (ATTEMPTS tries, each resuming what the last one got); the offsets it
+        resumed at. A full disk is not retried: one line naming the part and what it needs."""
         import http.client
         import urllib.error
 
-        resumed = False
+        resumed: list[int] = []
         last_error: Exception | None = None
         for attempt in range(ATTEMPTS):
             have = part.stat().st_size if part.exists() else 0
-            resumed = resumed or have > 0
             try:
                 if pinned.size is not None:
                     ensure_room(part.parent, pinned.size - have, part.name)
+                if have:
+                    resumed.append(have)
                 _fetch_into(pinned.source, part)
                 return resumed
             except OSError as exc:

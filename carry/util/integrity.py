@@ -34,14 +34,14 @@ class Corrupt:
 
     path: Path
     found: str
-    recorded: str
+    recorded: str  # the sha256 recorded at write time; empty when none was (then `why` says what failed)
+    why: str = ""
 
     def line(self, action: str) -> str:
-        """One line naming the entry, both hashes and what was done (`removed; building it again`)."""
-        return (
-            f"{self.path}: sha256 {self.found[:16]}… is not the {self.recorded[:16]}… recorded when it was written: "
-            f"a corrupt cache entry, {action}"
-        )
+        """One line naming the entry, both hashes (or what else failed) and what was done (`removed; building it
+        again`)."""
+        what = self.why or f"sha256 {self.found[:16]}… is not the {self.recorded[:16]}… recorded when it was written"
+        return f"{self.path}: {what}: a corrupt cache entry, {action}"
 
 
 def seal_path(path: Path) -> Path:
@@ -80,7 +80,9 @@ def check(path: Path) -> Corrupt | None:
     entry cannot be told whole."""
     found = file_sha256(path)
     want = recorded(path)
-    return None if found == want else Corrupt(path, found, want or "(none)")
+    if found == want:
+        return None
+    return Corrupt(path, found, want or "", "" if want else "no sha256 recorded beside it")
 
 
 def copy_checked(source: Path, dest: Path, *, verify: bool = True) -> Corrupt | None:
@@ -111,7 +113,7 @@ def copy_checked(source: Path, dest: Path, *, verify: bool = True) -> Corrupt | 
     if found == want:
         return None
     dest.unlink(missing_ok=True)
-    return Corrupt(source, found, want or "(none)")
+    return Corrupt(source, found, want or "", "" if want else "no sha256 recorded beside it")
 
 
 def _reflink(src: BinaryIO, out: BinaryIO) -> bool:

@@ -95,7 +95,8 @@ def checked_once(wheel: Path) -> integrity.Corrupt | None:
         with zipfile.ZipFile(wheel) as archive:
             wheelzip.check_record(wheel, archive)
     except (OSError, KeyError, ValueError, zipfile.BadZipFile, CarryError):
-        return integrity.Corrupt(wheel, integrity.file_sha256(wheel), "(none: its RECORD does not hold)")
+        why = "no sha256 recorded beside it (an older carry's entry), and its own RECORD does not hold"
+        return integrity.Corrupt(wheel, integrity.file_sha256(wheel), "", why)
     integrity.seal(wheel)
     return None
 

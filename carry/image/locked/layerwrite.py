@@ -89,13 +89,14 @@ class Digests:
             found = _body_sha256(body)
             if found == recorded:
                 return Written(**body)
+            why = ""
         except (ValueError, TypeError, KeyError):  # unreadable, or an older carry's entry without its sha256
-            found, recorded = hashlib.sha256(text.encode()).hexdigest(), "(none)"
+            found, recorded, why = "", "", "not a digest entry with its sha256 (unreadable, or an older carry's)"
         from carry.util import integrity
 
         path.unlink(missing_ok=True)
         if say is not None:
-            say(integrity.Corrupt(path, found, recorded).line("removed; the layer is written again"))
+            say(integrity.Corrupt(path, found, recorded, why).line("removed; the layer is written again"))
         return None
 
     def put(self, key: str, written: Written) -> None:
