@@ -25,7 +25,7 @@ import pytest
 
 import faultindex
 from carry.util import integrity
-from helpers import ROOT, Upstream, carry, write_config
+from helpers import ROOT, Upstream, carry, git, write_config
 
 PYPROJECT = """[build-system]
 requires = ["setuptools>=61", "wheel"]
@@ -244,26 +244,47 @@ def test_a_flipped_byte_in_a_bundle_is_refused_offline_and_made_again_online(tmp
     assert f"using cached bundle {bundle}" in offline.err
 
 
-def test_a_flipped_byte_in_a_bundle_never_reaches_a_build_context(project, tmp_path):
-    """The image's build context gets the bundle hashed as it is copied (the build stage's only source of the pin)."""
+def test_the_build_context_gets_a_whole_bundle_of_this_pin(tmp_path, upstream):
+    """The image's build context gets the bundle hashed as it is copied (the build stage's only source of the pin):
+    a flipped byte, or a bundle of another pin under this pin's name (what an older carry left when two pins of one
+    upstream shared the mirror), is said and made again from the mirror."""
     from carry import config as configuration
     from carry.image.buildkit import container
-    from carry.source import upstream
+    from carry.source import upstream as source
     from carry.util.cache import Cache
 
+    older = upstream.head()
+    upstream.commit("release 2", {"minifault/two.py": "TWO = 2\n"})
+    project = Project(tmp_path, upstream)  # pinned at the newer commit
     loaded, cache = configuration.load(project.config), Cache(project.cache)
-    mirror, _ = upstream.ensure_base(loaded, cache)
-    bundle = upstream.write_bundle(mirror, cache, project.pin)
+    mirror, _ = source.ensure_base(loaded, cache)
+    bundle = source.write_bundle(mirror, cache, project.pin)
     whole = sha256(bundle)
+    assert git(tmp_path, "bundle", "list-heads", str(bundle)).split() == [
+        project.pin,
+        f"refs/carry/bundle/{project.pin}",
+    ]
+
     flip(bundle, at=0.9)
     said: list[str] = []
     context = tmp_path / "context"
     container.assemble_context(loaded, cache, mirror, context, [], (), said.append)
     (line,) = said
-    assert line.startswith(f"{bundle}: sha256 ") and line.endswith("removed; made again from the mirror")
+    assert line.startswith(f"{bundle}: sha256 ") and line.endswith(
+        "a corrupt cache entry, removed; made again from the mirror"
+    )
     copied = context / "cache" / "bundles" / bundle.name
     assert sha256(copied) == sha256(bundle) == whole == integrity.recorded(copied)
     assert copied.stat().st_ino != bundle.stat().st_ino
+
+    git(mirror, "fetch", "-q", "--depth=1", str(upstream.path), older)  # the other pin, as its project fetched it
+    git(mirror, "update-ref", "refs/carry/pin", older)  # the mirror's last pin is the older one
+    git(mirror, "bundle", "create", str(bundle), "refs/carry/pin")  # an older carry's bundle of it, under this name
+    said.clear()
+    shutil.rmtree(context)
+    container.assemble_context(loaded, cache, mirror, context, [], (), said.append)
+    assert said == [f"{bundle}: does not hold commit {project.pin[:12]}; made again from the mirror"]
+    assert sha256(copied) == whole
 
 
 # --- downloads through a package index of our own ---------------------------------------------------------------

@@ -67,6 +67,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         else:
             os.chmod(tmp, 0o644)
         os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if is_no_space(exc):  # the file keeps what it held; the line names it, not the temp file
+            raise Failed(no_space_line(path, needed=len(data))) from None
+        raise
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
