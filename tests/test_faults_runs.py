@@ -1,6 +1,7 @@
 """Two runs at once on one cache, for the commands that build images (docs/reliability.md, "Cache and disk"):
 `image` twice (the Dockerfile path, --hermetic) and `lock` beside a locked `image`, on small real upstreams made
-here (Python-only; the locked one requires idna), built for linux/amd64 into the local engine (nothing is pushed).
+here (Python-only; the locked one requires idna), built for linux/amd64 into the local engine (nothing is pushed);
+and `lock` on a full disk (a tmpfs under runtime-lock/).
 Both runs succeed; where one must wait (one image build of a tree per cache at a time; one build of a wheel) it says
 so; every cache entry they share is whole afterwards (the bundle and the wheel by their recorded sha256, the
 wheelhouse's wheels by their own zip checks); and a run after them gives the same image layers. `wheel` twice is in
@@ -8,6 +9,7 @@ tests/test_concurrency.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -21,6 +23,7 @@ import dockerenv
 from carry.util import integrity
 from helpers import Upstream, carry, write_config
 from test_concurrency import run_together
+from test_faults_cache import error_line, tmpfs
 
 pytestmark = [pytest.mark.docker]
 
@@ -134,3 +137,29 @@ def test_lock_and_a_locked_image_at_once_both_succeed_on_one_cache(tmp_path):
         ]
     finally:
         dockerenv.forget(name)
+
+
+def test_a_lock_on_a_full_disk_writes_nothing_and_the_rerun_after_freeing_writes_it(tmp_path):
+    env = dockerenv.require()
+    image = (
+        f"image:\n  name: carry-test/faults-full-lock\n  platforms:\n    linux/amd64: {{runtime_image: "
+        f"{env.runtime_base}}}\n  lock: runtime-lock\n"
+    )
+    config, carry_env, _ = make_project(tmp_path, "minifull", image, 'dependencies = ["idna>=3.4"]')
+    with tmpfs(config.parent / "runtime-lock", "8k") as locks:
+        filler = locks / "filler"
+        with contextlib.suppress(OSError), open(filler, "wb") as handle:  # the disk filled up to its last byte
+            while True:
+                handle.write(b"\0" * 1024)
+                handle.flush()
+        full = carry("--config", str(config), "lock", env=carry_env)
+        assert full.code == 1, full.err[-3000:]
+        line = error_line(full.err)
+        assert line.startswith(f"carry: error: {locks / 'linux-amd64.txt'}: no space left on device: needs ")
+        assert line.endswith(" B free there; free some space (or point CARRY_CACHE / --out elsewhere) and run again")
+        assert sorted(p.name for p in locks.iterdir()) == ["filler"]  # no lock, no temp file
+        filler.unlink()
+        rerun = carry("--config", str(config), "lock", env=carry_env)
+        assert rerun.code == 0, rerun.err[-3000:]
+        checked = carry("--config", str(config), "lock", "--check", env=carry_env)
+        assert checked.code == 0 and checked.out.splitlines() == ["linux/amd64: fresh"], checked.out + checked.err
