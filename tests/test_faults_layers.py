@@ -32,7 +32,7 @@ dependencies = ["idna>=3.4"]
 FILES = {
     "pyproject.toml": PYPROJECT,
     "setup.py": "import os\nfrom setuptools import setup\nsetup(version=os.environ['MINILAYERS_VERSION'])\n",
-    "minilayers/__init__.py": "NAME = 'minilayers'\n",
+    "minilayers/__init__.py": "import importlib.metadata\n__version__ = importlib.metadata.version('minilayers')\n",
 }
 BUILD = """build:
   cuda_arches: []
@@ -44,8 +44,9 @@ BUILD = """build:
 
 
 @pytest.fixture
-def project(tmp_path):
+def project(tmp_path, monkeypatch):
     env = dockerenv.require()
+    monkeypatch.chdir(tmp_path)  # the fixed wheel and the SBOM go into ./dist
     name = f"{env.registry}/carry-test/faults-layers-{uuid.uuid4().hex[:8]}"
     upstream = Upstream.create(tmp_path / "upstream", FILES)
     image = (

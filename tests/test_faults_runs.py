@@ -44,14 +44,16 @@ BUILD = """build:
   build_isolation: false
   compiler_cache: none
 """
+INIT = "import importlib.metadata\n__version__ = importlib.metadata.version({name!r})\n"
 WAITED = "waiting for another carry run, which holds the lock "
 
 
 def make_project(root: Path, name: str, image: str, dependencies: str = "") -> tuple[Path, dict[str, str], Path]:
+    """The project under `root`, which becomes the working directory (a locked image puts its wheel in ./dist)."""
     files = {
         "pyproject.toml": PYPROJECT.format(name=name, dependencies=dependencies),
         "setup.py": SETUP_PY,
-        f"{name}/__init__.py": f"NAME = {name!r}\n",
+        f"{name}/__init__.py": INIT.format(name=name),
     }
     upstream = Upstream.create(root / "upstream", files)
     config = write_config(root / "project", str(upstream.path), upstream.head(), extra=BUILD + image)
@@ -80,8 +82,9 @@ def assert_cache_whole(cache: Path, commit: str) -> None:
     assert [p.name for p in (cache / "tmp").iterdir()] == [] if (cache / "tmp").is_dir() else True
 
 
-def test_two_image_runs_at_once_one_waits_and_says_so(tmp_path):
+def test_two_image_runs_at_once_one_waits_and_says_so(tmp_path, monkeypatch):
     env = dockerenv.require()
+    monkeypatch.chdir(tmp_path)
     name = f"carry-test/faults-runs-{uuid.uuid4().hex[:8]}"
     image = (
         f"image:\n  name: {name}\n  platforms:\n    linux/amd64:\n      base_image: {env.build_base}\n"
@@ -107,8 +110,9 @@ def test_two_image_runs_at_once_one_waits_and_says_so(tmp_path):
         dockerenv.forget(name)
 
 
-def test_lock_and_a_locked_image_at_once_both_succeed_on_one_cache(tmp_path):
+def test_lock_and_a_locked_image_at_once_both_succeed_on_one_cache(tmp_path, monkeypatch):
     env = dockerenv.require()
+    monkeypatch.chdir(tmp_path)  # the locked image's fixed wheel goes into ./dist
     name = f"carry-test/faults-lock-{uuid.uuid4().hex[:8]}"
     image = (
         f"image:\n  name: {name}\n  platforms:\n    linux/amd64: {{runtime_image: {env.runtime_base}}}\n"
@@ -139,8 +143,9 @@ def test_lock_and_a_locked_image_at_once_both_succeed_on_one_cache(tmp_path):
         dockerenv.forget(name)
 
 
-def test_a_lock_on_a_full_disk_writes_nothing_and_the_rerun_after_freeing_writes_it(tmp_path):
+def test_a_lock_on_a_full_disk_writes_nothing_and_the_rerun_after_freeing_writes_it(tmp_path, monkeypatch):
     env = dockerenv.require()
+    monkeypatch.chdir(tmp_path)
     image = (
         f"image:\n  name: carry-test/faults-full-lock\n  platforms:\n    linux/amd64: {{runtime_image: "
         f"{env.runtime_base}}}\n  lock: runtime-lock\n"
