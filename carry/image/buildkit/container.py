@@ -184,7 +184,9 @@ def _stderr(line: str) -> None:
 
 def _precompiled_wheels(config: Config, cache: Cache, platforms: tuple[Platform, ...], store_dir: Path) -> None:
     """The checked precompiled wheel of each platform, laid out as a download store the build stage reads
-    ($CARRY_DOWNLOADS): hardlinked where it can be, copied otherwise."""
+    ($CARRY_DOWNLOADS): hardlinked where it can be, copied otherwise. The one hard link out of the store carry
+    makes, on purpose: the context is carry's own scratch, read by BuildKit and removed after the build, never
+    published, and a 330 MB copy per platform would buy nothing (docs/reliability.md)."""
     from carry.util.download import Store
 
     settings = config.build.precompiled
