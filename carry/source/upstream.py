@@ -420,9 +420,8 @@ def _restore_from_bundle(config: Config, cache: Cache, mirror: Path, error: git.
             f"and no bundle is cached at {bundle}; fetch once while online or check upstream.url"
         )
     if not git.has_commit(mirror, pin):
-        corrupt = (
-            integrity.check(bundle) if integrity.recorded(bundle) else None
-        )  # an older carry's: git checks its pack
+        # A bundle of an older carry has no sha256 beside it: git checks its pack's own checksum as it fetches.
+        corrupt = integrity.check(bundle) if integrity.recorded(bundle) else None
         if corrupt is not None:
             raise BadInput(corrupt.line("refused; delete it and fetch while online"))
         head = next((name for name, sha in git.bundle_heads(mirror, bundle).items() if sha == pin), None)
