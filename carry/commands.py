@@ -345,7 +345,9 @@ class Session:
         )
         plan = image.plan(self.config, subject, arches, options)
         inputs = image.Sources(mirror=checked.mirror, requirements=container.build_requirements(pyproject))
-        return image.build(self.config, self.cache, inputs, plan, options, builder, progress, attester)
+        # One image build of a tree at a time per cache (its log, its context): a second run waits, and says so.
+        with self.cache.held(f"image-{plan.tree[:12]}", lambda line: progress.phase("image", line)):
+            return image.build(self.config, self.cache, inputs, plan, options, builder, progress, attester)
 
     def locked_image(
         self, options: ImageOptions, arch: str | None, smoke: bool, progress: Progress
@@ -391,7 +393,8 @@ class Session:
         if not plan.named:  # the distribution name from the wheel itself (its file name)
             plan = plan.with_distribution(next(iter(wheels.values())).name.split("-", 1)[0])
         delivery = lockedimage.Delivery(push=options.push, smoke=smoke, attester=attester)
-        return lockedimage.build(self.config, self.cache, prepared, plan, wheels, delivery, client, progress)
+        with self.cache.held(f"image-{plan.tree[:12]}", lambda line: progress.phase("image", line)):
+            return lockedimage.build(self.config, self.cache, prepared, plan, wheels, delivery, client, progress)
 
     def attester(self, push: bool, progress: Progress, dist: Path = Path("dist")) -> Attester | None:
         """With --push, what signs and attests the pushed images (carry.image.attest), the key of

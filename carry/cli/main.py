@@ -187,6 +187,15 @@ def main() -> None:
     except CarryError as exc:
         click.echo(f"carry: error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:
+        from carry.util import fsutil
+
+        if not fsutil.is_no_space(exc):
+            raise
+        # A full disk wherever carry writes: one line naming the path (the destination of a copy) and what is free.
+        full = exc.filename2 or exc.filename
+        click.echo(f"carry: error: {fsutil.no_space_line(Path(full)) if full else exc}", err=True)
+        sys.exit(1)
     finally:
         # The process ends here. The interpreter's garbage collection at exit walks every object still alive (the
         # modules, the click commands, the config), which cost `check` ~10 ms, as much as all of carry's own work;

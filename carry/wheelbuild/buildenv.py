@@ -38,7 +38,7 @@ from carry.config import BuildEnvironment, public_url, strip_credentials
 from carry.platforms import Platform
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, CarryError, Failed
-from carry.util.fsutil import atomic_write_text
+from carry.util.fsutil import atomic_write_text, no_space_line, says_no_space, tree_size
 from carry.util.progress import Progress
 from carry.util.run import NETWORK_S, execute
 
@@ -444,8 +444,15 @@ def ensure(spec: EnvSpec, cache_root: Path, progress: Progress | None = None) ->
                 f"{spec.uv.version} in {root}",
             )
         _remove(root)  # a run killed half-way left it, without the marker
+        log = cache.logs / f"env-{root.name}.log"
         try:
-            made = _make(spec, root, cache.logs / f"env-{root.name}.log", start)
+            made = _make(spec, root, log, start)
+        except Failed as exc:
+            full = no_space_line(root, written=tree_size(root)) if says_no_space(str(exc)) else None
+            _remove(root)
+            if full is not None:
+                raise Failed(f"build environment: {full}; log: {log}") from None
+            raise
         except BaseException:
             _remove(root)
             raise

@@ -14,6 +14,7 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 try:
@@ -143,10 +144,11 @@ def assemble_context(
     context: Path,
     requirements: list[str],
     platforms: tuple[Platform, ...] = (),
+    say: Callable[[str], None] | None = None,
 ) -> None:
     """carry (the build stage runs it as `python -m carry`), the config with VERSION and patches, a bundle of the
-    pinned commit, and the precompiled wheels of `platforms` (build.precompiled), so that the build stage needs
-    no network for them."""
+    pinned commit (checked by its sha256 as it is copied; `say` hears of one made again), and the precompiled wheels
+    of `platforms` (build.precompiled), so that the build stage needs no network for them."""
     project = context / "project"
     project.mkdir(parents=True)
     shutil.copy2(config.version_file, project / _inside(config, config.version_file))
@@ -162,16 +164,20 @@ def assemble_context(
     env_lines = "".join(f"{name}={shlex.quote(value)}\n" for name, value in sorted(config.image.env.items()))
     (context / "runtime.env").write_text(env_lines)
     (context / "requirements.txt").write_text("".join(f"{r}\n" for r in requirements))
-    bundle = upstream.write_bundle(mirror, cache, config.upstream.commit)
-    (context / "cache" / "bundles").mkdir(parents=True)
-    shutil.copy2(bundle, context / "cache" / "bundles" / bundle.name)
+    upstream.copy_bundle(mirror, cache, config.upstream.commit, context / "cache" / "bundles", say or _stderr)
     _precompiled_wheels(config, cache, platforms, context / "cache" / "downloads")
     (context / "wheelhouse").mkdir()
 
 
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def _precompiled_wheels(config: Config, cache: Cache, platforms: tuple[Platform, ...], store_dir: Path) -> None:
     """The checked precompiled wheel of each platform, laid out as a download store the build stage reads
-    ($CARRY_DOWNLOADS): hardlinked where it can be, copied otherwise."""
+    ($CARRY_DOWNLOADS): hardlinked where it can be, copied otherwise. The one hard link out of the store carry
+    makes, on purpose: the context is carry's own scratch, read by BuildKit and removed after the build, never
+    published, and a 330 MB copy per platform would buy nothing (docs/reliability.md)."""
     from carry.util.download import Store
 
     settings = config.build.precompiled
@@ -219,9 +225,13 @@ def hermetic_wheelhouse(
 
 def fill_wheelhouse(cache: Cache, requirements: list[str], given: Path | None, dest: Path, platform: Platform) -> None:
     """Wheels for a --network=none build stage on `platform`: from --wheelhouse, or downloaded once per platform
-    into the cache (for this Python's version; the base image's Python must match it)."""
-    if given is None:
-        given = cache.root / "wheelhouse" / platform.tag
+    into the cache (for this Python's version; the base image's Python must match it), under a lock: a second run
+    at once waits, then copies whole wheels only."""
+    if given is not None:
+        _copy_wheels(given, dest)
+        return
+    given = cache.root / "wheelhouse" / platform.tag
+    with cache.lock(f"wheelhouse-{platform.tag}"):
         given.mkdir(parents=True, exist_ok=True)
         command = [
             sys.executable,
@@ -242,7 +252,11 @@ def fill_wheelhouse(cache: Cache, requirements: list[str], given: Path | None, d
                 f"pip download of {platform} wheels for the wheelhouse failed: "
                 f"{result.stderr.strip().splitlines()[-1:]}; pass --wheelhouse DIR with the wheels"
             )
-    for wheel in given.glob("*.whl"):
+        _copy_wheels(given, dest)
+
+
+def _copy_wheels(source: Path, dest: Path) -> None:
+    for wheel in source.glob("*.whl"):
         shutil.copy2(wheel, dest / wheel.name)
 
 

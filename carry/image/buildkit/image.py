@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -297,7 +298,8 @@ def _assemble(
 ) -> None:
     """The build context in `context`: project, carry, the bundle; with --hermetic the wheelhouse too."""
     platforms = tuple(i.platform for i in the_plan.images)
-    container.assemble_context(config, cache, inputs.mirror, context, inputs.requirements, platforms)
+    say = functools.partial(progress.phase, "context")
+    container.assemble_context(config, cache, inputs.mirror, context, inputs.requirements, platforms, say)
     if options.hermetic:
         container.hermetic_wheelhouse(
             config, cache, platforms, inputs.requirements, options.wheelhouse, context / "wheelhouse", progress

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import email.parser
+import functools
 import hashlib
 import json
-import os
 import re
 import shlex
 import time
@@ -116,8 +116,9 @@ def fetch_wheels(lock: runtimelock.Lock, store: Store, progress: Progress, scrat
     with pip (the user's index settings; no cache of pip's own), each file stored once by its sha256."""
     found: dict[str, Path] = {}
     missing = []
+    say = functools.partial(progress.phase, "download")
     for package in lock.packages:
-        path = _stored(store, package, lock.platform.machine)
+        path = _stored(store, package, lock.platform.machine, say)
         if path is None:
             missing.append(package)
         else:
@@ -134,12 +135,9 @@ def fetch_wheels(lock: runtimelock.Lock, store: Store, progress: Progress, scrat
             )
             _pip_download(lock, requirements, directory / "files")
             for path in sorted((directory / "files").iterdir()):
-                sha = sha256_of(path)
-                target = store.root / sha / path.name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(path, target)
+                store.adopt(path, path.name, sha256_of(path))
         for package in missing:
-            path = _stored(store, package, lock.platform.machine)
+            path = _stored(store, package, lock.platform.machine, say)
             if path is None:
                 raise Failed(
                     f"{lock.path}: {package.name}=={package.version}: pip downloaded no wheel with the "
@@ -155,15 +153,15 @@ def fetch_wheels(lock: runtimelock.Lock, store: Store, progress: Progress, scrat
     return found
 
 
-def _stored(store: Store, package: runtimelock.Locked, machine: str) -> Path | None:
+def _stored(store: Store, package: runtimelock.Locked, machine: str, say: Callable[[str], None]) -> Path | None:
     """The stored wheel of a locked package for this CPU (a lock may list every file of a version: another
-    CPU's wheel of the same pin is not this platform's)."""
+    CPU's wheel of the same pin is not this platform's), intact (a corrupt one is removed, said, and missing)."""
     for value in package.hashes:
         sha = value.split(":", 1)[1]
         directory = store.root / sha
         if directory.is_dir():
             wheels = [p for p in directory.iterdir() if p.suffix == ".whl" and _installs_on(p.name, machine)]
-            if wheels:
+            if wheels and store.intact(wheels[0], sha, say):
                 return wheels[0]
     return None
 

@@ -10,7 +10,7 @@ import hashlib
 import json
 import tarfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,19 +71,42 @@ def image_config(config: Config, plan: PlatformPlan, diff_ids: list[str], labels
 
 @dataclasses.dataclass(frozen=True)
 class Digests:
-    """Layer digests remembered by their key ($CARRY_CACHE/image-layers/<key>.json)."""
+    """Layer digests remembered by their key ($CARRY_CACHE/image-layers/<key>.json), each with the sha256 of what it
+    says recorded inside it: an entry that does not hold (a flipped byte: a wrong diff_id would make an image whose
+    config does not match its layers) is removed, said in one line, and the layer written again."""
 
     root: Path
 
-    def get(self, key: str) -> Written | None:
+    def get(self, key: str, say: Callable[[str], None] | None = None) -> Written | None:
+        path = self.root / f"{key}.json"
         try:
-            return Written(**json.loads((self.root / f"{key}.json").read_text()))
-        except (OSError, ValueError, TypeError):
+            text = path.read_text()
+        except OSError:
             return None
+        try:
+            data = json.loads(text)
+            body, recorded = data["written"], data["sha256"]
+            found = _body_sha256(body)
+            if found == recorded:
+                return Written(**body)
+            why = ""
+        except (ValueError, TypeError, KeyError):  # unreadable, or an older carry's entry without its sha256
+            found, recorded, why = "", "", "not a digest entry with its sha256 (unreadable, or an older carry's)"
+        from carry.util import integrity
+
+        path.unlink(missing_ok=True)
+        if say is not None:
+            say(integrity.Corrupt(path, found, recorded, why).line("removed; the layer is written again"))
+        return None
 
     def put(self, key: str, written: Written) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.root / f"{key}.json", json.dumps(written.to_json()))
+        body = written.to_json()
+        atomic_write_text(self.root / f"{key}.json", json.dumps({"written": body, "sha256": _body_sha256(body)}))
+
+
+def _body_sha256(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +188,7 @@ def registryhttp_types() -> tuple[str, str, str]:
 def _push_layer(
     repo: Repository, layer: LayerPlan, digests: Digests, progress: Progress, platform: Platform
 ) -> LayerOutcome:
-    known = digests.get(layer.key)
+    known = digests.get(layer.key, functools.partial(progress.phase, "layer"))
     if known is not None and known.digest and repo.has_blob(known.digest):
         outcome = LayerOutcome(layer.name, known, "already exists", layer.files)
         progress.phase("layer", outcome.line(platform))
@@ -205,7 +228,7 @@ def _push_base(
     diff_ids = list(plan.base.get("RootFS", {}).get("Layers") or [])
     found: dict[str, LayerOutcome] = {}
     for diff_id in diff_ids:
-        known = digests.get(_base_key(diff_id))
+        known = digests.get(_base_key(diff_id), functools.partial(progress.phase, "layer"))
         if known is not None and known.digest and repo.has_blob(known.digest):
             found[diff_id] = LayerOutcome("base", known, "already exists")
     if len(found) < len(diff_ids):
