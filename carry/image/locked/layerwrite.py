@@ -21,7 +21,7 @@ from carry.image.locked.layerplan import PREFIX, LayerPlan, PlatformPlan
 from carry.image.locked.ocilayer import Written
 from carry.platforms import Platform
 from carry.util.errors import Failed
-from carry.util.fsutil import atomic_write_text
+from carry.util.fsutil import atomic_write_bytes, atomic_write_text
 from carry.util.progress import Progress
 
 if TYPE_CHECKING:
@@ -139,6 +139,13 @@ def push_platform(
         outcomes.append(_push_layer(repo, layer, digests, progress, plan.platform))
     diff_ids = [o.written.diff_id for o in outcomes]
     body = image_config(config, plan, diff_ids, labels)
+    manifest, config_action = push_config(repo, body, outcomes)
+    return manifest, f"sha256:{hashlib.sha256(manifest).hexdigest()}", outcomes, config_action
+
+
+def push_config(repo: Repository, body: bytes, outcomes: list[LayerOutcome]) -> tuple[bytes, str]:
+    """The image config pushed unless the registry has it, and the Docker v2 manifest of it and the layers (for
+    the caller to PUT by digest, then tag: carry.image.pushorder); (manifest, what was done with the config)."""
     config_digest = f"sha256:{hashlib.sha256(body).hexdigest()}"
     config_action = "pushed" if repo.upload_bytes(body, config_digest) else "already exists"
     manifest = json.dumps(
@@ -153,7 +160,7 @@ def push_platform(
         },
         separators=(",", ":"),
     ).encode()
-    return manifest, f"sha256:{hashlib.sha256(manifest).hexdigest()}", outcomes, config_action
+    return manifest, config_action
 
 
 def registryhttp_types() -> tuple[str, str, str]:
@@ -172,12 +179,15 @@ def _push_layer(
         return outcome
     started = time.monotonic()
     box: dict[str, Written] = {}
-    chunks = ocilayer.prefetched(
-        ocilayer.compressed(
-            ocilayer.prefetched(ocilayer.stream(layer.items)), lambda w: box.update(w=w), layer.installed
+
+    def stream() -> Iterator[bytes]:  # made again for each attempt (registryhttp.Repository.upload)
+        return ocilayer.prefetched(
+            ocilayer.compressed(
+                ocilayer.prefetched(ocilayer.stream(layer.items)), lambda w: box.update(w=w), layer.installed
+            )
         )
-    )
-    repo.upload(chunks, lambda: box["w"].digest)
+
+    repo.upload(stream, lambda: box["w"].digest, f"layer {layer.name} ({platform})")
     written = box["w"]
     digests.put(layer.key, written)
     outcome = LayerOutcome(layer.name, written, "pushed", layer.files)
@@ -200,44 +210,116 @@ def _base_key(diff_id: str) -> str:
 def _push_base(
     repo: Repository, client: docker.DockerClient, plan: PlatformPlan, digests: Digests, progress: Progress
 ) -> list[LayerOutcome]:
-    """The base image's layers, as the engine holds them (`docker save`'s uncompressed tars), compressed and
-    pushed the same way; remembered by diff_id, so a rerun only asks the registry."""
-    diff_ids = list(plan.base.get("RootFS", {}).get("Layers") or [])
+    """The base image's layers, as the engine holds them, pushed unless the registry has them."""
+    return push_engine_layers(repo, client, EngineImage(plan.base, plan.base_ref, plan.platform), digests, progress)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineImage:
+    """An image of the local engine (`inspect`: what `docker inspect` says of it), named `ref` in messages."""
+
+    inspect: dict
+    ref: str
+    platform: Platform
+
+    @property
+    def hex(self) -> str:
+        return str(self.inspect["Id"]).removeprefix("sha256:")
+
+
+def push_engine_layers(
+    repo: Repository,
+    client: docker.DockerClient,
+    image: EngineImage,
+    digests: Digests,
+    progress: Progress,
+    want_config: bool = False,
+) -> tuple[list[LayerOutcome], bytes | None]:
+    """The image's layers as the engine holds them (`docker save`'s uncompressed tars), compressed and pushed the
+    same way; remembered by diff_id, so a rerun only asks the registry. With `want_config`, also the image's config
+    as the engine stores it (the bytes its image ID hashes), kept beside the digests for the next run."""
+    diff_ids = list(image.inspect.get("RootFS", {}).get("Layers") or [])
+    config = _kept_config(digests, image.hex) if want_config else None
     found: dict[str, LayerOutcome] = {}
     for diff_id in diff_ids:
         known = digests.get(_base_key(diff_id))
         if known is not None and known.digest and repo.has_blob(known.digest):
             found[diff_id] = LayerOutcome("base", known, "already exists")
-    if len(found) < len(diff_ids):
-        saved = client.api.get_image(plan.base["Id"])
+    if len(found) < len(diff_ids) or (want_config and config is None):
+        saved = client.api.get_image(image.inspect["Id"])
         with tarfile.open(fileobj=_ChunkReader(saved), mode="r|") as archive:  # type: ignore[call-overload]
             for member in archive:
-                if not member.isfile() or not (member.name.endswith("layer.tar") or member.name.startswith("blobs/")):
+                if not member.isfile():
+                    continue
+                if member.name in (f"{image.hex}.json", f"blobs/sha256/{image.hex}"):
+                    handle = archive.extractfile(member)
+                    config = _keep_config(digests, image.hex, handle.read() if handle else b"")
+                    continue
+                if not (member.name.endswith("layer.tar") or member.name.startswith("blobs/")):
                     continue
                 if member.name.startswith("blobs/") and f"sha256:{member.name.rsplit('/', 1)[1]}" not in diff_ids:
                     continue
-                handle = archive.extractfile(member)
-                box: dict[str, Written] = {}
-                chunks = ocilayer.compressed(
-                    iter(functools.partial(handle.read, ocilayer.CHUNK), b""),
-                    functools.partial(_keep, box),
-                    member.size,
-                )
-                repo.upload(chunks, functools.partial(_kept_digest, box))
-                written = box["w"]
+                written = _push_saved(repo, client, image, archive, member)
                 if written.diff_id in diff_ids and written.diff_id not in found:
                     digests.put(_base_key(written.diff_id), written)
                     found[written.diff_id] = LayerOutcome("base", written, "pushed")
     missing = [d for d in diff_ids if d not in found]
     if missing:
         raise Failed(
-            f"{plan.base_ref}: `docker save` gave no layer for {missing[0]}; the engine's copy of the base "
-            f"image is incomplete"
+            f"{image.ref}: `docker save` gave no layer for {missing[0]}; the engine's copy of the image is incomplete"
         )
+    if want_config and config is None:
+        raise Failed(f"{image.ref}: `docker save` gave no image config for {image.hex[:12]}")
     outcomes = [found[d] for d in diff_ids]
     for outcome in outcomes:
-        progress.phase("layer", outcome.line(plan.platform))
-    return outcomes
+        progress.phase("layer", outcome.line(image.platform))
+    return outcomes, config
+
+
+def _push_saved(
+    repo: Repository, client: docker.DockerClient, image: EngineImage, archive: tarfile.TarFile, member: tarfile.TarInfo
+) -> Written:
+    """One layer tar of `docker save`'s stream pushed; an attempt after a fault reads it from a save of its own."""
+    handle = archive.extractfile(member)
+    assert handle is not None  # a regular file
+    box: dict[str, Written] = {}
+    first: list[Iterator[bytes]] = [iter(functools.partial(handle.read, ocilayer.CHUNK), b"")]
+
+    def stream() -> Iterator[bytes]:
+        raw = first.pop() if first else _saved_member(client, image.inspect["Id"], member.name)
+        return ocilayer.compressed(raw, functools.partial(_keep, box), member.size)
+
+    repo.upload(stream, functools.partial(_kept_digest, box), f"layer {member.name[:30]} of {image.ref}")
+    return box["w"]
+
+
+def _saved_member(client: docker.DockerClient, image_id: str, name: str) -> Iterator[bytes]:
+    """The bytes of one member of the image's `docker save` stream, from a save of its own."""
+    with tarfile.open(fileobj=_ChunkReader(client.api.get_image(image_id)), mode="r|") as archive:  # type: ignore[call-overload]
+        for member in archive:
+            if member.name == name:
+                handle = archive.extractfile(member)
+                if handle is not None:
+                    yield from iter(functools.partial(handle.read, ocilayer.CHUNK), b"")
+                return
+    raise Failed(f"`docker save` of {image_id[:19]} holds no {name} on a second read")
+
+
+def _kept_config(digests: Digests, image_hex: str) -> bytes | None:
+    """The image config kept by an earlier push, when its bytes still hash to the image ID."""
+    try:
+        data = (digests.root / "configs" / f"{image_hex}.json").read_bytes()
+    except OSError:
+        return None
+    return data if hashlib.sha256(data).hexdigest() == image_hex else None
+
+
+def _keep_config(digests: Digests, image_hex: str, data: bytes) -> bytes:
+    if hashlib.sha256(data).hexdigest() != image_hex:
+        raise Failed(f"`docker save` gave an image config that does not hash to its image ID {image_hex[:12]}")
+    (digests.root / "configs").mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(digests.root / "configs" / f"{image_hex}.json", data)
+    return data
 
 
 class _ChunkReader:
