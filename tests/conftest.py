@@ -35,6 +35,7 @@ from lib import shared
 SERIAL = "engine"
 SERIAL_MODULES = {
     "test_engine_keep",
+    "test_faults_registry",
     "test_image",
     "test_image_cache",
     "test_locked_image",

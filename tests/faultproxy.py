@@ -130,7 +130,7 @@ class FaultProxy:
         while not self._stop.is_set():
             try:
                 client, _ = self._server.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return

@@ -255,8 +255,9 @@ def assert_order(entries: list, platforms: int = 2, lists: int = 1) -> None:
     writes = [e for e in entries if e.method == "PUT" and e.status in (200, 201)]
     tags = [i for i, e in enumerate(writes) if TAG_PUT.search(e.target.split("?")[0])]
     others = [i for i, e in enumerate(writes) if DIGEST_PUT.search(e.target) or ATTACHMENT_PUT.search(e.target)]
-    assert tags and others, [e.target for e in writes]
-    assert max(others) < min(tags), [e.target for e in writes]
+    said = [f"{e.method} {e.target.split('?')[0].rsplit('/', 1)[1][:24]}" for e in writes]
+    assert tags and others, said
+    assert max(others) < min(tags), said
     assert sum(1 for e in writes if DIGEST_PUT.search(e.target)) == platforms + lists
 
 
@@ -338,3 +339,288 @@ def test_a_push_killed_leaves_every_tag_whole_and_a_rerun_completes(project, pro
         assert process.returncode == -signal.SIGKILL
     assert_tags_whole(project, before, f"killed at {point}")
     assert_rerun_completes(project)
+
+
+# -- registry errors -----------------------------------------------------------------------------------------------
+
+
+def timed_push(project: Project, **extra: str) -> tuple[dict, float, str]:
+    started = time.monotonic()
+    done = project.run("image", "--push", "--no-smoke", "--json", **extra)
+    seconds = time.monotonic() - started
+    assert done.code == 0, done.err[-3000:]
+    return json.loads(done.out), seconds, done.err
+
+
+def test_5xx_429_and_a_dropped_connection_are_retried_and_the_time_it_added(project, proxy):
+    """A blob upload answered 503 twice then accepted; a manifest PUT by digest answered 502 twice, a tag 429
+    (Retry-After: 1) once; a blob upload cut after 1 kB once: the push succeeds with the reference's digests, each
+    retry said on stderr, and costs about its backoff: the figure is printed against a clean push of the same."""
+    fresh(project, "clean")
+    _, clean, _ = timed_push(project)
+    fresh(project, "retried")
+    proxy.add(Rule("status", method="PATCH", path=r"/blobs/uploads/", status=503, times=2))
+    mark = proxy.mark()
+    _, twice, err = timed_push(project)
+    proxy.clear()
+    patches = [e.status for e in proxy.since(mark) if e.method == "PATCH"]
+    assert patches[:3] == [503, 503, 202], patches
+    assert err.count("answered 503 Injected") == 2 and "attempt 3 of 4 in 1.0s" in err, err[-3000:]
+    added = twice - clean
+    print(
+        f"retry path: a blob upload answered 503 twice, then accepted: {twice:.1f}s against {clean:.1f}s clean, "
+        f"+{added:.1f}s (backoff 0.5 + 1.0 s, the layer streamed again twice)"
+    )
+    assert 1.0 < added < 15, added
+
+    fresh(project, "mixed")
+    proxy.add(Rule("status", method="PUT", path=DIGEST_PUT.pattern, status=502, times=2))
+    proxy.add(Rule("status", method="PUT", path=r"/manifests/latest$", status=429, headers={"Retry-After": "1"}))
+    proxy.add(Rule("drop", method="PATCH", path=r"/blobs/uploads/", after=1024))
+    mark = proxy.mark()
+    pushed, seconds, err = timed_push(project)
+    proxy.clear()
+    assert digests(pushed) == digests(project.reference)
+    faulted = [(e.method, e.action, e.status) for e in proxy.since(mark) if e.action != "relayed"]
+    assert faulted == [("PATCH", "drop", None), ("PUT", "status", 502), ("PUT", "status", 502),
+                       ("PUT", "status", 429)], faulted  # fmt: skip
+    assert "the connection dropped" in err and "answered 429 Injected" in err and "in 1.0s" in err, err[-3000:]
+    print(f"retry path: a dropped upload, two 502s and a 429 (Retry-After: 1): {seconds:.1f}s, +{seconds - clean:.1f}s")
+    assert_rerun_completes(project)
+
+
+@pytest.mark.parametrize("where", ["tag", "blob"])
+def test_a_registry_that_keeps_failing_is_one_line_exit_1_and_the_tags_stay_whole(project, proxy, where):
+    """503 to every attempt (4, over about 3.5 s of backoff) on the VERSION tag's PUT, or on a blob upload: exit 1,
+    one line naming the registry, the tag or blob and the status; every tag where it was or on the whole new image;
+    a rerun completes."""
+    fresh(project, f"failing-{where}")
+    before = project.registry().tags()
+    path = rf"/manifests/{NEW}$" if where == "tag" else r"/blobs/uploads/"
+    proxy.add(Rule("status", method="PUT" if where == "tag" else "PATCH", path=path, status=503, times=None))
+    started = time.monotonic()
+    done = project.run("image", "--push", "--no-smoke")
+    seconds = time.monotonic() - started
+    proxy.clear()
+    assert done.code == 1, done.err[-3000:]
+    line = one_line(done.err)
+    assert f"registry {proxy.address}" in line and "503" in line and "4 attempts" in line, line
+    named = (
+        f"manifest carry-test/faults-{project.run_id}-failing-tag:{NEW}" if where == "tag" else "blob upload of layer"
+    )
+    assert named in line, line
+    assert seconds < 60, seconds
+    tags = assert_tags_whole(project, before, f"503 on every {where}")
+    if where == "tag":  # the platforms' own tags moved first; VERSION and latest stay on OLD's list
+        assert tags[NEW + "-amd64"] == digests(project.reference)[NEW + "-amd64"] and tags["latest"] == before["latest"]
+    else:
+        assert tags == before
+    assert_rerun_completes(project)
+
+
+def test_a_401_mid_run_names_the_login_variables_never_the_password(project, proxy):
+    """The registry refuses the login at the first manifest PUT: exit 2, one line naming CARRY_REGISTRY_USER and
+    CARRY_REGISTRY_PASSWORD, the password nowhere in the output; no tag moved; a rerun completes."""
+    fresh(project, "unauthorized")
+    before = project.registry().tags()
+    challenge = {"WWW-Authenticate": 'Basic realm="carry-test"'}
+    proxy.add(Rule("status", method="PUT", path=DIGEST_PUT.pattern, status=401, headers=challenge, times=None))
+    done = project.run("image", "--push", "--no-smoke")
+    proxy.clear()
+    assert done.code == 2, done.err[-3000:]
+    line = one_line(done.err)
+    assert "CARRY_REGISTRY_USER" in line and "CARRY_REGISTRY_PASSWORD" in line and "401" in line, line
+    assert f"registry {proxy.address} refused the login of {project.env.registry_user}" in line, line
+    assert project.env.registry_password() not in done.out + done.err
+    assert project.registry().tags() == before
+    assert_rerun_completes(project)
+
+
+def bad_registry_commands(project: Project) -> dict[str, tuple[str, ...]]:
+    return {
+        "image --push": ("image", "--push", "--no-smoke"),
+        "manifest": ("manifest",),
+        "verify IMAGE": ("verify", f"{project.name}:{NEW}"),
+    }
+
+
+@pytest.mark.parametrize("fault", ["closed port", "no answer", "wrong password"])
+def test_an_unreadable_registry_is_bad_input_in_seconds_for_every_command(project, proxy, fault):
+    """A registry that is down (a closed port, a server that never answers) or refuses the password, for `image
+    --push`, `manifest` and `verify IMAGE`: exit 2 in seconds, one line naming the registry and CARRY_REGISTRY_USER /
+    CARRY_REGISTRY_PASSWORD, never the password; nothing written to dist/."""
+    dist = project.config.parent / "dist"
+    listing = sorted(p.name for p in dist.iterdir()) if dist.exists() else []
+    password = project.env.registry_password()
+    extra = {"CARRY_REGISTRY_PASSWORD": "wrong-" + password} if fault == "wrong password" else {}
+    opener = silent_server if fault == "no answer" else closed_port
+    with opener() as address:
+        project.use(f"faults-{project.run_id}-down", address if fault != "wrong password" else proxy.address)
+        commands = bad_registry_commands(project)
+        for what, args in commands.items() if fault != "no answer" else [("image --push", commands["image --push"])]:
+            started = time.monotonic()
+            done = project.run(*args, **extra)
+            seconds = time.monotonic() - started
+            assert done.code == 2, (what, done.code, done.err[-2000:])
+            line = one_line(done.err)
+            host = address if fault != "wrong password" else proxy.address
+            assert f"registry {host}" in line and "CARRY_REGISTRY_USER" in line and "CARRY_REGISTRY_PASSWORD" in line
+            assert password not in done.out + done.err
+            assert seconds < 20, (what, seconds)
+            print(f"{fault}: {what}: exit 2 in {seconds:.1f}s: {line}")
+    assert (sorted(p.name for p in dist.iterdir()) if dist.exists() else []) == listing
+    if fault == "closed port":  # `lock` asks the registry only to pull a runtime image from image.name's registry
+        with closed_port() as address:
+            project.use(f"faults-{project.run_id}-down", address)
+            text = project.config.read_text().replace(project.env.runtime_base + "}", f"{address}/carry-test/gone:1}}")
+            other = project.config.with_name("down.yaml")
+            other.write_text(text)
+            done = carry("--config", str(other), "lock", "--platform", "linux/amd64", env=project.env_vars)
+            other.unlink()
+            assert done.code == 2, done.err[-2000:]
+            line = one_line(done.err)
+            assert f"cannot reach registry {address}" in line and "CARRY_REGISTRY_PASSWORD" in line, line
+
+
+def test_created_is_the_commits_date_or_source_date_epoch(project, proxy):
+    """The locked image's `created` (its config and the org.opencontainers.image.created label) is the pinned commit's
+    committer date; with SOURCE_DATE_EPOCH it is that, the clock never."""
+    upstream = project.root / "upstream"
+    committed = subprocess.run(
+        ["git", "-C", str(upstream), "show", "-s", "--format=%cd", "--date=format-local:%Y-%m-%dT%H:%M:%SZ", "HEAD"],
+        capture_output=True, text=True, check=True, env={**os.environ, "TZ": "UTC"},
+    ).stdout.strip()  # fmt: skip
+    registry = Registry(project.env, project.reference_name)
+    for platform in ("amd64", "arm64"):
+        assert created_of(registry, f"{NEW}-{platform}") == (committed, committed)
+    fresh(project, "epoch")
+    pushed = project.push(SOURCE_DATE_EPOCH="1700000000")
+    assert created_of(project.registry(), f"{NEW}-amd64") == ("2023-11-14T22:13:20Z", "2023-11-14T22:13:20Z")
+    assert digests(pushed)[NEW] != digests(project.reference)[NEW]
+
+
+def created_of(registry: Registry, tag: str) -> tuple[str, str]:
+    """(the config's created, the org.opencontainers.image.created label) of a platform's image."""
+    found = registry.repo.get_manifest(tag)
+    assert found is not None, tag
+    config = json.loads(registry.repo.get_blob(json.loads(found[1])["config"]["digest"]))
+    return config["created"], config["config"]["Labels"]["org.opencontainers.image.created"]
+
+
+# -- the Dockerfile image (the demo, both platforms) ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory, proxy):
+    """The demo as tests/test_image.py builds it (the same build-stage inputs: BuildKit's cache serves both), signed,
+    pushed through the proxy by `build.py image --push --hermetic`; its repositories removed at the end."""
+    env = dockerenv.require()
+    root = tmp_path_factory.mktemp("faults-demo")
+    shutil.copytree(ROOT / "examples" / "demo", root / "demo")
+    assert carry("keygen", str(root / "key")).code == 0
+    state = {"root": root, "config": root / "demo" / "build.yaml", "names": [], "env": env, "run": uuid.uuid4().hex[:8]}
+    state["vars"] = {
+        "CARRY_CACHE": str(root / "cache"),
+        "CARRY_DOCKER": dockerenv.DOCKER_CLI,
+        "DOCKER_HOST": env.docker_host,
+        "DOCKER_CONFIG": str(root / "docker-config"),
+        "CARRY_TEST_BUILD_SECRET": "demo-secret-" + uuid.uuid4().hex,
+        "CARRY_REGISTRY_USER": env.registry_user,
+        "CARRY_REGISTRY_PASSWORD": env.registry_password(),
+        "CARRY_SIGNING_KEY": str(root / "key" / "carry.key"),
+    }
+    try:
+        yield state
+    finally:
+        for name in state["names"]:
+            dockerenv.forget(name)
+
+
+def demo_use(demo: dict, proxy: FaultProxy, label: str) -> str:
+    name = f"{proxy.address}/carry-test/faults-{demo['run']}-{label}"
+    section = demo["env"].image_section(name, PLATFORMS, "  secret_env: [CARRY_TEST_BUILD_SECRET]\n")
+    dockerenv.set_image_section(demo["config"], section)
+    demo["names"].append(name)
+    return name
+
+
+DEMO_PUSH = ("image", "--platform", PLATFORMS[0], "--platform", PLATFORMS[1], "--push", "--hermetic")
+
+
+def demo_push(demo: dict) -> tuple[dict, float]:
+    started = time.monotonic()
+    done = carry("--config", str(demo["config"]), *DEMO_PUSH, env=demo["vars"], timeout=3000)
+    assert done.code == 0, done.err[-4000:]
+    return json.loads(done.out) if done.out.lstrip().startswith("{") else {
+        "pushed": rows(done.out)
+    }, time.monotonic() - started
+
+
+def rows(out: str) -> dict[str, str]:
+    """`ref  digest  platforms` lines of `image --push` -> ref -> digest."""
+    found = {}
+    for line in out.strip().splitlines():
+        parts = line.split("  ")
+        if len(parts) >= 3 and "/" in parts[0] and parts[1].startswith("sha256:"):
+            found[parts[0]] = parts[1]
+    return found
+
+
+def build_stage_steps(log: str) -> dict[str, bool]:
+    """Each build-stage RUN step of the BuildKit log -> whether BuildKit took it from its cache."""
+    steps = {}
+    for number, text in re.findall(r"(?m)^#(\d+) (\[(?:linux/\w+ )?build \d+/\d+\] RUN .{0,40})", log):
+        steps[f"#{number} {text}"] = bool(re.search(rf"(?m)^#{number} CACHED$", log))
+    return steps
+
+
+def test_dockerfile_rerun_and_a_new_name_give_the_same_digests_and_no_build(demo, proxy):
+    """The demo pushed twice with nothing changed: the same digests for both platforms and the lists, the second push
+    writes nothing; then only image.name changed: every build-stage step comes from BuildKit's cache and the digests
+    are the same again (the name is in no layer and no label)."""
+    demo_use(demo, proxy, "first")
+    first, cold = demo_push(demo)
+    mark = proxy.mark()
+    second, warm = demo_push(demo)
+    writes = [f"{e.method} {e.target}" for e in proxy.since(mark) if e.write]
+    assert not writes, writes
+    tags = {ref.rsplit(":", 1)[1]: digest for ref, digest in first["pushed"].items()}
+    assert {ref.rsplit(":", 1)[1]: digest for ref, digest in second["pushed"].items()} == tags
+    assert len(set(tags.values())) == 3, tags  # two platforms and one list under the shared tags
+    demo_use(demo, proxy, "renamed")
+    third, renamed = demo_push(demo)
+    assert {ref.rsplit(":", 1)[1]: digest for ref, digest in third["pushed"].items()} == tags
+    log = next((demo["root"] / "cache" / "logs").glob("image-*.log")).read_text()
+    steps = build_stage_steps(log)
+    assert len(steps) >= 2 and all(steps.values()), steps
+    print(f"demo image --push: {cold:.0f}s, again {warm:.0f}s (nothing written), renamed {renamed:.0f}s (no build)")
+    demo["tags"] = tags
+
+
+def test_dockerfile_push_killed_at_the_list_leaves_no_tag_and_a_rerun_completes(demo, proxy):
+    """The demo's push SIGKILLed while the registry holds the manifest list's PUT: no tag exists yet (the tags move
+    last); the rerun gives the digests of the uninterrupted push."""
+    if "tags" not in demo:
+        pytest.fail("needs test_dockerfile_rerun_and_a_new_name_give_the_same_digests_and_no_build first")
+    name = demo_use(demo, proxy, "killed")
+    rule = proxy.add(Rule("hold", method="PUT", path=DIGEST_PUT.pattern, skip=2))
+    process = subprocess.Popen(
+        [sys.executable, str(BUILD_PY), "--config", str(demo["config"]), *DEMO_PUSH],
+        env={**os.environ, **demo["vars"]}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert rule.reached.wait(900), "carry never reached the list's PUT"
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        proxy.clear()
+    registry = Registry(demo["env"], name)
+    assert registry.tags() == {}
+    pushed, _ = demo_push(demo)
+    assert {ref.rsplit(":", 1)[1]: digest for ref, digest in pushed["pushed"].items()} == demo["tags"]
+    for tag in demo["tags"]:
+        assert not registry.whole(tag), registry.whole(tag)

@@ -87,7 +87,7 @@ def credentials(image_name: str, docker_cli: str) -> Iterator[Login]:
             reason = login.stderr.strip().splitlines()[-1] if login.stderr.strip() else "refused"
             raise BadInput(
                 f"docker login to {registry} as {user} failed ({redact.secrets(reason, password)}): check "
-                f"${USER_ENV} and ${PASSWORD_ENV}"
+                f"{USER_ENV} and {PASSWORD_ENV}"
             )
         config = docker.auth.load_config(config_path=str(Path(config_dir) / "config.json"))
         yield Login(registry, docker.auth.resolve_authconfig(config, registry), config_dir)

@@ -232,10 +232,10 @@ class Repository:
         if self.username:
             return BadInput(
                 f"registry {self.host} refused the login of {self.username} ({status}) for {what}: check "
-                f"${USER_ENV} and ${PASSWORD_ENV} (or `docker login {self.host}`)"
+                f"{USER_ENV} and {PASSWORD_ENV} (or `docker login {self.host}`)"
             )
         return BadInput(
-            f"registry {self.host} wants a login ({status}) for {what}: set ${USER_ENV} and ${PASSWORD_ENV} (or "
+            f"registry {self.host} wants a login ({status}) for {what}: set {USER_ENV} and {PASSWORD_ENV} (or "
             f"`docker login {self.host}`)"
         )
 
@@ -265,7 +265,7 @@ class Repository:
                 if fault.status is None:
                     raise BadInput(
                         f"cannot reach registry {self.host} ({fault}): check the registry in the image name, and "
-                        f"${USER_ENV} / ${PASSWORD_ENV} for its login"
+                        f"{USER_ENV} / {PASSWORD_ENV} for its login"
                     ) from None
                 if attempt == ATTEMPTS:
                     raise self.gave_up(fault, "GET /v2/", attempt, started) from None
