@@ -575,11 +575,13 @@ def build_stage_steps(log: str) -> dict[str, bool]:
 
 
 def test_dockerfile_rerun_and_a_new_name_give_the_same_digests_and_no_build(demo, proxy):
-    """The demo pushed twice with nothing changed: the same digests for both platforms and the lists, the second push
-    writes nothing; then only image.name changed: every build-stage step comes from BuildKit's cache and the digests
-    are the same again (the name is in no layer and no label)."""
+    """The demo pushed twice with nothing changed (the first in push order: tags last): the same digests for both
+    platforms and the lists, the second push writes nothing; then only image.name changed: every build-stage step
+    comes from BuildKit's cache and the digests are the same again (the name is in no layer and no label)."""
     demo_use(demo, proxy, "first")
+    mark = proxy.mark()
     first, cold = demo_push(demo)
+    assert_order(proxy.since(mark))  # the Dockerfile path keeps the order too: by digest and signed, tags last
     mark = proxy.mark()
     second, warm = demo_push(demo)
     writes = [f"{e.method} {e.target}" for e in proxy.since(mark) if e.write]

@@ -63,17 +63,15 @@ class Login:
 def credentials(image_name: str, docker_cli: str) -> Iterator[Login]:
     """The login for the image's registry: from the env via `docker login --password-stdin` into a private,
     temporary DOCKER_CONFIG, or from the user's Docker config, or anonymous (no auth). The registry is asked first
-    (`GET /v2/` with that login, registryhttp.Repository.probe): one that cannot be reached or refuses the login is
-    bad input naming $CARRY_REGISTRY_USER and $CARRY_REGISTRY_PASSWORD, before any work."""
+    (`probe`): one that cannot be reached or refuses the login is bad input naming CARRY_REGISTRY_USER and
+    CARRY_REGISTRY_PASSWORD."""
     registry = registry_of(image_name)
+    auth = _auth(registry)
+    _probe(image_name, auth)
     user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
     if not (user and password):
-        config = docker.auth.load_config()
-        auth = docker.auth.resolve_authconfig(config, registry) or None
-        _probe(image_name, auth)
         yield Login(registry, auth, None)
         return
-    _probe(image_name, {"username": user, "password": password})
     with tempfile.TemporaryDirectory(prefix="carry-docker-config-") as config_dir:
         os.chmod(config_dir, 0o700)
         login = subprocess.run(
@@ -94,27 +92,23 @@ def credentials(image_name: str, docker_cli: str) -> Iterator[Login]:
 
 
 def probe(image_name: str) -> None:
-    """The image's registry asked with the login that `credentials` would use, before any work of a command that
-    pushes: bad input in one line when it cannot be reached or refuses the login (registryhttp.Repository.probe)."""
-    user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
-    if user and password:
-        _probe(image_name, {"username": user, "password": password})
-    else:
-        _probe(image_name, docker.auth.resolve_authconfig(docker.auth.load_config(), registry_of(image_name)) or None)
+    """The image's registry asked (`GET /v2/`, registryhttp.Repository.probe) with the login `credentials` would
+    use, before any work of a command that pushes: bad input in one line when it cannot be reached or refuses the
+    login. Not Docker Hub's default name: its API lives on another host."""
+    _probe(image_name, _auth(registry_of(image_name)))
 
 
 def _probe(image_name: str, auth: dict | None) -> None:
-    """The registry asked once with the login (not Docker Hub's default name: its API has another host)."""
-    if registry_of(image_name) == "docker.io":
-        return
-    registryhttp.Repository.of(repository_of(image_name), auth).probe()
+    if registry_of(image_name) != "docker.io":
+        registryhttp.Repository.of(registryhttp.repository_of(image_name), auth).probe()
 
 
-def repository_of(ref: str) -> str:
-    """`host/name` of `host/name:tag` or `host/name@sha256:…`."""
-    bare = ref.split("@", 1)[0]
-    head, _, last = bare.rpartition("/")
-    return f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]
+def _auth(registry: str) -> dict | None:
+    """$CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD, else the user's Docker config for `registry`, else None."""
+    user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
+    if user and password:
+        return {"username": user, "password": password}
+    return docker.auth.resolve_authconfig(docker.auth.load_config(), registry) or None
 
 
 def insecure(found: docker.DockerClient, registry: str) -> bool:

@@ -57,6 +57,15 @@ def registry_of(image_name: str) -> str:
     return "docker.io"
 
 
+def repository_of(ref: str) -> str:
+    """`host/name` of a reference (tag and digest dropped): the identity a signature names."""
+    name = ref.split("@", 1)[0]
+    head, _, tail = name.rpartition("/")
+    if ":" in tail:
+        tail = tail.split(":", 1)[0]
+    return f"{head}/{tail}" if head else tail
+
+
 def loopback(host: str) -> bool:
     name = host.rsplit(":", 1)[0].strip("[]") if not host.startswith("[") or "]:" in host else host.strip("[]")
     if name == "localhost":
