@@ -16,6 +16,7 @@ pushed earlier (an older VERSION: the tags a killed run must leave whole); every
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -338,7 +339,18 @@ def test_a_push_killed_leaves_every_tag_whole_and_a_rerun_completes(project, pro
     else:
         assert process.returncode == -signal.SIGKILL
     assert_tags_whole(project, before, f"killed at {point}")
+    assert_cache_whole(project)
     assert_rerun_completes(project)
+
+
+def assert_cache_whole(project: Project) -> None:
+    """What the push remembers in the cache is whole: each layer's digests (JSON), each image config (its bytes hash
+    to its name); nothing half-written under a final name."""
+    root = project.root / "cache" / "image-layers"
+    for path in root.glob("*.json"):
+        assert json.loads(path.read_text())["digest"].startswith("sha256:"), path
+    for path in (root / "configs").glob("*.json"):
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == path.stem, path
 
 
 # -- registry errors -----------------------------------------------------------------------------------------------
@@ -406,7 +418,9 @@ def test_a_registry_that_keeps_failing_is_one_line_exit_1_and_the_tags_stay_whol
     line = one_line(done.err)
     assert f"registry {proxy.address}" in line and "503" in line and "4 attempts" in line, line
     named = (
-        f"manifest carry-test/faults-{project.run_id}-failing-tag:{NEW}" if where == "tag" else "blob upload of layer"
+        f"manifest carry-test/faults-{project.run_id}-failing-tag:{NEW}"
+        if where == "tag"
+        else "blob upload of layer vllm-fixed (linux/amd64) sha256:"
     )
     assert named in line, line
     assert seconds < 60, seconds

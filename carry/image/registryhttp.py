@@ -303,7 +303,8 @@ class Repository:
                 if known and self.has_blob(known):  # the last attempt's PUT landed; only its answer was lost
                     return known
                 if attempt == ATTEMPTS:
-                    raise self.gave_up(fault, label, attempt, started) from None
+                    named = f"{label} {known[:19]}…" if known else label
+                    raise self.gave_up(fault, named, attempt, started) from None
                 self._wait(fault, label, attempt)
             finally:
                 close = getattr(stream, "close", None)
