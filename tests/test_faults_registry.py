@@ -586,36 +586,47 @@ def build_stage_steps(log: str) -> dict[str, bool]:
     return steps
 
 
-def test_dockerfile_rerun_and_a_new_name_give_the_same_digests_and_no_build(demo, proxy):
-    """The demo pushed twice with nothing changed (the first in push order: tags last): the same digests for both
-    platforms and the lists, the second push writes nothing; then only image.name changed: every build-stage step
-    comes from BuildKit's cache and the digests are the same again (the name is in no layer and no label)."""
+@pytest.fixture(scope="module")
+def demo_pushed(demo, proxy) -> dict:
+    """The demo's first push into a fresh repository, in the proxy's log: tag -> digest, and the seconds."""
     demo_use(demo, proxy, "first")
     mark = proxy.mark()
     first, cold = demo_push(demo)
     assert_order(proxy.since(mark))  # the Dockerfile path keeps the order too: by digest and signed, tags last
+    tags = {ref.rsplit(":", 1)[1]: digest for ref, digest in first["pushed"].items()}
+    assert len(set(tags.values())) == 3, tags  # two platforms and one list under the shared tags
+    return {"tags": tags, "seconds": cold, "name": demo["names"][-1]}
+
+
+def test_dockerfile_rerun_and_a_new_name_give_the_same_digests_and_no_build(demo, demo_pushed, proxy):
+    """The demo pushed twice with nothing changed (the first in push order: tags last): the same digests for both
+    platforms and the lists, the second push writes nothing; then only image.name changed: every build-stage step
+    comes from BuildKit's cache and the digests are the same again (the name is in no layer and no label)."""
+    dockerenv.set_image_section(
+        demo["config"],
+        demo["env"].image_section(demo_pushed["name"], PLATFORMS, "  secret_env: [CARRY_TEST_BUILD_SECRET]\n"),
+    )
     mark = proxy.mark()
     second, warm = demo_push(demo)
     writes = [f"{e.method} {e.target}" for e in proxy.since(mark) if e.write]
     assert not writes, writes
-    tags = {ref.rsplit(":", 1)[1]: digest for ref, digest in first["pushed"].items()}
+    tags = demo_pushed["tags"]
     assert {ref.rsplit(":", 1)[1]: digest for ref, digest in second["pushed"].items()} == tags
-    assert len(set(tags.values())) == 3, tags  # two platforms and one list under the shared tags
     demo_use(demo, proxy, "renamed")
     third, renamed = demo_push(demo)
     assert {ref.rsplit(":", 1)[1]: digest for ref, digest in third["pushed"].items()} == tags
     log = next((demo["root"] / "cache" / "logs").glob("image-*.log")).read_text()
     steps = build_stage_steps(log)
     assert len(steps) >= 2 and all(steps.values()), steps
-    print(f"demo image --push: {cold:.0f}s, again {warm:.0f}s (nothing written), renamed {renamed:.0f}s (no build)")
-    demo["tags"] = tags
+    print(
+        f"demo image --push: {demo_pushed['seconds']:.0f}s, again {warm:.0f}s (nothing written), "
+        f"renamed {renamed:.0f}s (no build)"
+    )
 
 
-def test_dockerfile_push_killed_at_the_list_leaves_no_tag_and_a_rerun_completes(demo, proxy):
+def test_dockerfile_push_killed_at_the_list_leaves_no_tag_and_a_rerun_completes(demo, demo_pushed, proxy):
     """The demo's push SIGKILLed while the registry holds the manifest list's PUT: no tag exists yet (the tags move
     last); the rerun gives the digests of the uninterrupted push."""
-    if "tags" not in demo:
-        pytest.fail("needs test_dockerfile_rerun_and_a_new_name_give_the_same_digests_and_no_build first")
     name = demo_use(demo, proxy, "killed")
     rule = proxy.add(Rule("hold", method="PUT", path=DIGEST_PUT.pattern, skip=2))
     process = subprocess.Popen(
@@ -635,6 +646,6 @@ def test_dockerfile_push_killed_at_the_list_leaves_no_tag_and_a_rerun_completes(
     registry = Registry(demo["env"], name)
     assert registry.tags() == {}
     pushed, _ = demo_push(demo)
-    assert {ref.rsplit(":", 1)[1]: digest for ref, digest in pushed["pushed"].items()} == demo["tags"]
-    for tag in demo["tags"]:
+    assert {ref.rsplit(":", 1)[1]: digest for ref, digest in pushed["pushed"].items()} == demo_pushed["tags"]
+    for tag in demo_pushed["tags"]:
         assert not registry.whole(tag), registry.whole(tag)
