@@ -326,6 +326,7 @@ class Session:
         from carry.wheelbuild import toolchain
 
         attester = self.attester(options.push, progress)
+        self.registry_answers(options.push)
         platforms = image.platforms_to_build(self.config, options)
         self.require_pins(platforms)
         arches = {platform: self.arches(arch, platform) for platform in platforms}
@@ -341,6 +342,7 @@ class Session:
             version=current,
             dist_name=container.distribution_name(self.config, pyproject),
             cuda=image.cuda_tag(tools.nvcc_version),
+            created=image.created_at(checked.mirror, checked.report.base, os.environ),
             upstream_version=self._upstream_version(checked, progress),
         )
         plan = image.plan(self.config, subject, arches, options)
@@ -366,6 +368,7 @@ class Session:
                 f"build), so --hermetic, --wheelhouse, --cache-from and --cache-to do not apply"
             )
         attester = self.attester(options.push, progress)
+        self.registry_answers(options.push)
         platforms = image.platforms_to_build(self.config, options)
         self.require_pins(platforms)
         client = registry.client()
@@ -387,6 +390,7 @@ class Session:
             version=self.version(),
             dist_name=self.config.build.distribution,
             cuda=cuda,
+            created=image.created_at(checked.mirror, checked.report.base, os.environ),
         )
         plan = image.plan(self.config, subject, arches, options)
         wheels = self.image_wheels(platforms, arch, progress)
@@ -417,6 +421,14 @@ class Session:
             progress,
             read_installed=hermetic.distributions,
         )
+
+    def registry_answers(self, push: bool) -> None:
+        """With --push, image.name's registry asked once before any work: one that cannot be reached or refuses the
+        login is bad input naming $CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD (carry.image.registry.probe)."""
+        if push:
+            from carry.image import registry
+
+            registry.probe(self.config.image.name)
 
     def image_wheels(self, platforms: tuple[Platform, ...], arch: str | None, progress: Progress) -> dict:
         """The fixed wheel of each platform of a locked image, in dist/: made here for this machine's CPU and for
@@ -460,6 +472,7 @@ class Session:
                 f"image.platforms or pass --platform twice or more"
             )
         attester = self.attester(True, progress)
+        self.registry_answers(True)
         builder = container.resolve_builder(self.config, ())
         tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
         shared = image.render_tags(self.config, self.version(), self.series(), image.cuda_tag(tools.nvcc_version))

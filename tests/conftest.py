@@ -36,6 +36,7 @@ SERIAL = "engine"
 SERIAL_MODULES = {
     "test_engine_keep",
     "test_faults_layers",
+    "test_faults_registry",
     "test_image",
     "test_image_cache",
     "test_locked_image",

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import dockerenv
+from carry.image import gzlayer, layerpush
 from carry.image.locked import layerplan, layerwrite, ocilayer, runtimelock, smoketest, wheelinstall
 from carry.platforms import Platform
 from carry.util.download import Store
@@ -137,7 +138,7 @@ def test_the_same_inputs_give_the_same_layer_bytes(wheels, tmp_path):
         found = []
         for layer in plan.layers:
             box = {}
-            data = b"".join(ocilayer.compressed(ocilayer.stream(layer.items), lambda w, box=box: box.update(w=w)))
+            data = b"".join(gzlayer.compressed(ocilayer.stream(layer.items), lambda w, box=box: box.update(w=w)))
             assert box["w"].tar_size == ocilayer.tar_size(layer.items)
             assert hashlib.sha256(data).hexdigest() == box["w"].digest.split(":")[1]
             found.append(box["w"].digest)
@@ -165,7 +166,7 @@ def test_loaded_into_the_engine_and_run(wheels, tmp_path, platform):
     image_id, layers = layerwrite.load_platform(
         client,
         plan,
-        layerwrite.Digests(tmp_path / "digests"),
+        layerpush.Digests(tmp_path / "digests"),
         {"io.carry.test": "yes"},
         CONFIG,
         (ref,),

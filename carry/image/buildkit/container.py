@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
 try:
     import tomllib
 except ImportError:  # Python 3.10: `build` depends on tomli there
@@ -49,6 +51,9 @@ CARRY_REQUIREMENTS = (
     "isal",
 )
 SECRET_ID = "carry_env"
+# The image settings the build stage's `wheel` reads (each platform's arches, the bases); the rest of image (name,
+# tags, labels, env, entrypoint, ...) is left out of its build.yaml, so that changing it re-runs no build stage.
+STAGE_IMAGE_KEYS = ("platforms", "base_image", "runtime_image", "build_args", "lock", "runtime_python")
 # What BuildKit and pip say when a base image cannot be pulled, or the build stage's pip cannot reach the index.
 BASE_PULL_FAILED = ("failed to resolve source metadata", "pull access denied", "failed to create LLB definition")
 INDEX_UNREACHABLE = (
@@ -153,7 +158,7 @@ def assemble_context(
     project.mkdir(parents=True)
     shutil.copy2(config.version_file, project / _inside(config, config.version_file))
     # The build stage fetches nothing (it has the bundle): a user:token in upstream.url stays out of its layers.
-    (project / _inside(config, config.path)).write_text(strip_credentials(config.path.read_text()))
+    (project / _inside(config, config.path)).write_text(stage_config(strip_credentials(config.path.read_text())))
     # DROPPED.md stays out: the host checked it against the pin (the stage has only the pin's bundle to tell by).
     shutil.copytree(
         config.patches_dir, project / _inside(config, config.patches_dir), ignore=shutil.ignore_patterns("DROPPED.md")
@@ -171,6 +176,16 @@ def assemble_context(
 
 def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
+
+
+def stage_config(text: str) -> str:
+    """build.yaml as the build stage gets it: the image section without what names, tags, labels or runs the image
+    (only STAGE_IMAGE_KEYS stay), so that a change to those is no input of the build stage (its BuildKit cache)."""
+    data = yaml.safe_load(text) or {}
+    image = data.get("image")
+    if isinstance(image, dict):
+        data["image"] = {key: value for key, value in image.items() if key in STAGE_IMAGE_KEYS}
+    return yaml.safe_dump(data, sort_keys=False)
 
 
 def _precompiled_wheels(config: Config, cache: Cache, platforms: tuple[Platform, ...], store_dir: Path) -> None:

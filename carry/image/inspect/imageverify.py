@@ -172,7 +172,7 @@ def _trust_dockerfile(
 
     if remote is None:
         return [], ["signature: the image is only in the local engine; a signature lives in a registry"]
-    repository = trustcheck.repository_of(ref)
+    repository = registryhttp.repository_of(ref)
     with registry.credentials(ref, docker_cli) as login:
         insecure = registry.insecure(client, registry.registry_of(ref))
         files = imagefs.from_registry(ref, platform, trustcheck.dist_info_selection(), login.auth, insecure)
@@ -331,7 +331,7 @@ def _trust_locked(
         return [], ["signature: the image is only in the local engine; a signature lives in a registry"]
     key, patches = request.key, request.patches
     assert key is not None  # verify_locked asks for trust only with a key
-    repository = trustcheck.repository_of(request.ref)
+    repository = registryhttp.repository_of(request.ref)
     store = registryhttp.Repository.of(repository, login.auth)
     dists = installcheck.installed(files.nodes, content.site, [])
     wanted = trustcheck.Expected(

@@ -40,15 +40,6 @@ class Expected:
     lock: tuple[str, str] | None  # (file name, sha256)
 
 
-def repository_of(ref: str) -> str:
-    """`host/name` of a reference (tag and digest dropped): the identity a signature names."""
-    name = ref.split("@", 1)[0]
-    head, _, tail = name.rpartition("/")
-    if ":" in tail:
-        tail = tail.split(":", 1)[0]
-    return f"{head}/{tail}" if head else tail
-
-
 @record(kw_only=True)
 class Manifest:
     """One platform manifest checked: `repository@digest`, the image of `platform`, with its config's `labels`."""
@@ -222,7 +213,7 @@ def verify_without_checkout(
     from carry.image import registry, registryhttp
     from carry.image.inspect import imagefs
 
-    repository = repository_of(ref)
+    repository = registryhttp.repository_of(ref)
     client = registry.client()
     results = []
     with registry.credentials(ref, docker_cli) as login:

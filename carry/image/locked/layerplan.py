@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from carry.binaries.wheelzip import record_hash
 from carry.config import Config
+from carry.image import gzlayer
 from carry.image.locked import ocilayer, runtimelock, wheelinstall
 from carry.image.locked.ocilayer import Item
 from carry.image.locked.wheelinstall import Entry, Installed, Venv
@@ -66,7 +67,7 @@ class LayerPlan:
     @property
     def key(self) -> str:
         """sha256 over what the layer's bytes depend on: every item, and the compressor."""
-        digest = hashlib.sha256(json.dumps(ocilayer.gzip_key(), sort_keys=True).encode())
+        digest = hashlib.sha256(json.dumps(gzlayer.gzip_key(), sort_keys=True).encode())
         for item in self.items:
             digest.update(
                 f"{item.path}\0{item.kind}\0{item.mode:o}\0{item.size}\0"

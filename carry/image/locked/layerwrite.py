@@ -10,18 +10,17 @@ import hashlib
 import json
 import tarfile
 import time
-from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from carry.config import Config
+from carry.image.gzlayer import Written, compressed, prefetched
+from carry.image.layerpush import Digests, EngineImage, LayerOutcome, push_config, push_engine_layers
 from carry.image.locked import ocilayer
 from carry.image.locked.engineimage import Kept
 from carry.image.locked.layerplan import PREFIX, LayerPlan, PlatformPlan
-from carry.image.locked.ocilayer import Written
 from carry.platforms import Platform
 from carry.util.errors import Failed
-from carry.util.fsutil import atomic_write_text
 from carry.util.progress import Progress
 
 if TYPE_CHECKING:
@@ -69,68 +68,6 @@ def image_config(config: Config, plan: PlatformPlan, diff_ids: list[str], labels
 # -- remembered digests ----------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Digests:
-    """Layer digests remembered by their key ($CARRY_CACHE/image-layers/<key>.json), each with the sha256 of what it
-    says recorded inside it: an entry that does not hold (a flipped byte: a wrong diff_id would make an image whose
-    config does not match its layers) is removed, said in one line, and the layer written again."""
-
-    root: Path
-
-    def get(self, key: str, say: Callable[[str], None] | None = None) -> Written | None:
-        path = self.root / f"{key}.json"
-        try:
-            text = path.read_text()
-        except OSError:
-            return None
-        try:
-            data = json.loads(text)
-            body, recorded = data["written"], data["sha256"]
-            found = _body_sha256(body)
-            if found == recorded:
-                return Written(**body)
-            why = ""
-        except (ValueError, TypeError, KeyError):  # unreadable, or an older carry's entry without its sha256
-            found, recorded, why = "", "", "not a digest entry with its sha256 (unreadable, or an older carry's)"
-        from carry.util import integrity
-
-        path.unlink(missing_ok=True)
-        if say is not None:
-            say(integrity.Corrupt(path, found, recorded, why).line("removed; the layer is written again"))
-        return None
-
-    def put(self, key: str, written: Written) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        body = written.to_json()
-        atomic_write_text(self.root / f"{key}.json", json.dumps({"written": body, "sha256": _body_sha256(body)}))
-
-
-def _body_sha256(body: dict) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-@dataclasses.dataclass(frozen=True)
-class LayerOutcome:
-    name: str
-    written: Written
-    action: str  # pushed | already exists | loaded | in the engine
-    files: int = 0
-
-    def line(self, platform: Platform) -> str:
-        return (
-            f"{self.name:<13} {str(platform):<12} {size_text(self.written.size):>9} compressed "
-            f"{size_text(self.written.installed):>9} installed {self.files:>6} files  {self.action:<14} "
-            f"{self.written.digest[:19]}"
-        )
-
-
-def size_text(value: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if value >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{value} B"
-
-
 # -- writing: push over the registry API, or `docker load` ----------------------------------------------------
 
 
@@ -162,27 +99,8 @@ def push_platform(
         outcomes.append(_push_layer(repo, layer, digests, progress, plan.platform))
     diff_ids = [o.written.diff_id for o in outcomes]
     body = image_config(config, plan, diff_ids, labels)
-    config_digest = f"sha256:{hashlib.sha256(body).hexdigest()}"
-    config_action = "pushed" if repo.upload_bytes(body, config_digest) else "already exists"
-    manifest = json.dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": registryhttp_types()[0],
-            "config": {"mediaType": registryhttp_types()[1], "size": len(body), "digest": config_digest},
-            "layers": [
-                {"mediaType": registryhttp_types()[2], "size": o.written.size, "digest": o.written.digest}
-                for o in outcomes
-            ],
-        },
-        separators=(",", ":"),
-    ).encode()
+    manifest, config_action = push_config(repo, body, outcomes)
     return manifest, f"sha256:{hashlib.sha256(manifest).hexdigest()}", outcomes, config_action
-
-
-def registryhttp_types() -> tuple[str, str, str]:
-    from carry.image import registryhttp
-
-    return registryhttp.DOCKER_MANIFEST, registryhttp.DOCKER_CONFIG, registryhttp.DOCKER_LAYER
 
 
 def _push_layer(
@@ -195,12 +113,13 @@ def _push_layer(
         return outcome
     started = time.monotonic()
     box: dict[str, Written] = {}
-    chunks = ocilayer.prefetched(
-        ocilayer.compressed(
-            ocilayer.prefetched(ocilayer.stream(layer.items)), lambda w: box.update(w=w), layer.installed
+
+    def stream() -> Iterator[bytes]:  # made again for each attempt (registryhttp.Repository.upload)
+        return prefetched(
+            compressed(prefetched(ocilayer.stream(layer.items)), lambda w: box.update(w=w), layer.installed)
         )
-    )
-    repo.upload(chunks, lambda: box["w"].digest)
+
+    repo.upload(stream, lambda: box["w"].digest, f"layer {layer.name} ({platform})")
     written = box["w"]
     digests.put(layer.key, written)
     outcome = LayerOutcome(layer.name, written, "pushed", layer.files)
@@ -208,79 +127,11 @@ def _push_layer(
     return outcome
 
 
-def _keep(box: dict, written: Written) -> None:
-    box["w"] = written
-
-
-def _kept_digest(box: dict) -> str:
-    return box["w"].digest
-
-
-def _base_key(diff_id: str) -> str:
-    return hashlib.sha256(json.dumps({**ocilayer.gzip_key(), "base": diff_id}, sort_keys=True).encode()).hexdigest()
-
-
 def _push_base(
     repo: Repository, client: docker.DockerClient, plan: PlatformPlan, digests: Digests, progress: Progress
 ) -> list[LayerOutcome]:
-    """The base image's layers, as the engine holds them (`docker save`'s uncompressed tars), compressed and
-    pushed the same way; remembered by diff_id, so a rerun only asks the registry."""
-    diff_ids = list(plan.base.get("RootFS", {}).get("Layers") or [])
-    found: dict[str, LayerOutcome] = {}
-    for diff_id in diff_ids:
-        known = digests.get(_base_key(diff_id), functools.partial(progress.phase, "layer"))
-        if known is not None and known.digest and repo.has_blob(known.digest):
-            found[diff_id] = LayerOutcome("base", known, "already exists")
-    if len(found) < len(diff_ids):
-        saved = client.api.get_image(plan.base["Id"])
-        with tarfile.open(fileobj=_ChunkReader(saved), mode="r|") as archive:  # type: ignore[call-overload]
-            for member in archive:
-                if not member.isfile() or not (member.name.endswith("layer.tar") or member.name.startswith("blobs/")):
-                    continue
-                if member.name.startswith("blobs/") and f"sha256:{member.name.rsplit('/', 1)[1]}" not in diff_ids:
-                    continue
-                handle = archive.extractfile(member)
-                box: dict[str, Written] = {}
-                chunks = ocilayer.compressed(
-                    iter(functools.partial(handle.read, ocilayer.CHUNK), b""),
-                    functools.partial(_keep, box),
-                    member.size,
-                )
-                repo.upload(chunks, functools.partial(_kept_digest, box))
-                written = box["w"]
-                if written.diff_id in diff_ids and written.diff_id not in found:
-                    digests.put(_base_key(written.diff_id), written)
-                    found[written.diff_id] = LayerOutcome("base", written, "pushed")
-    missing = [d for d in diff_ids if d not in found]
-    if missing:
-        raise Failed(
-            f"{plan.base_ref}: `docker save` gave no layer for {missing[0]}; the engine's copy of the base "
-            f"image is incomplete"
-        )
-    outcomes = [found[d] for d in diff_ids]
-    for outcome in outcomes:
-        progress.phase("layer", outcome.line(plan.platform))
-    return outcomes
-
-
-class _ChunkReader:
-    """A read()-able file over an iterator of byte chunks (the engine's `docker save` stream)."""
-
-    def __init__(self, chunks: Iterable[bytes]):
-        self._chunks = iter(chunks)
-        self._buffer = b""
-
-    def read(self, size: int = -1) -> bytes:
-        while size < 0 or len(self._buffer) < size:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                break
-            self._buffer += chunk
-        if size < 0:
-            data, self._buffer = self._buffer, b""
-        else:
-            data, self._buffer = self._buffer[:size], self._buffer[size:]
-        return data
+    """The base image's layers, as the engine holds them, pushed unless the registry has them."""
+    return push_engine_layers(repo, client, EngineImage(plan.base, plan.base_ref, plan.platform), digests, progress)[0]
 
 
 def load_platform(

@@ -26,14 +26,14 @@ carry.image.locked.smoketest (the smoke test, the pushed image pulled back and k
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from carry.config import Config
+from carry.image import pushorder
+from carry.image.layerpush import Digests, size_text
 from carry.image.locked import engineimage, runtimelock
 from carry.image.locked.layerplan import (
     PlatformPlan,
@@ -43,7 +43,7 @@ from carry.image.locked.layerplan import (
     requires_dist,
     runtime_base,
 )
-from carry.image.locked.layerwrite import Digests, PlatformOutcome, load_platform, push_platform, size_text
+from carry.image.locked.layerwrite import PlatformOutcome, load_platform, push_platform
 from carry.image.locked.smoketest import smoke, smoke_pushed
 from carry.platforms import Platform
 from carry.util.cache import Cache
@@ -205,8 +205,8 @@ def build(
     notes = _layer_notes(plans, duplicates)
     if push:
         with registry.credentials(config.image.name, config.image.docker) as login:
-            repo = registryhttp.Repository.of(config.image.name, login.auth)
-            manifests = {}
+            repo = registryhttp.Repository.of(config.image.name, login.auth, lambda line: progress.phase("retry", line))
+            manifests = []
             for image in the_plan.images:
                 started = time.monotonic()
                 plan = plans[image.platform]
@@ -215,10 +215,9 @@ def build(
                 body, digest, layers, config_action = push_platform(
                     repo, client, plan, digests, labels, config, progress
                 )
-                for ref in image.refs:
-                    repo.put_manifest(ref.rsplit(":", 1)[1], body, registryhttp.DOCKER_MANIFEST)
-                    pushed[ref] = digest
-                manifests[image.platform] = (body, digest)
+                manifest = pushorder.Manifest(image.platform, body, registryhttp.DOCKER_MANIFEST, image.refs)
+                pushorder.put_platform(repo, manifest)  # by digest: the tags move last (pushorder)
+                manifests.append(manifest)
                 if attester is not None:
                     _attest(attester, repo, image, plan, digest, fixed_wheels, prepared, fetched)
                 outcomes.append(
@@ -226,36 +225,11 @@ def build(
                         image.platform, image.refs, digest, tuple(layers), config_action, time.monotonic() - started
                     )
                 )
-            if the_plan.shared and the_plan.complete:
-                index = json.dumps(
-                    {
-                        "schemaVersion": 2,
-                        "mediaType": registryhttp.DOCKER_LIST,
-                        "manifests": [
-                            {
-                                "mediaType": registryhttp.DOCKER_MANIFEST,
-                                "size": len(body),
-                                "digest": digest,
-                                "platform": {
-                                    "architecture": p.architecture,
-                                    "os": p.os,
-                                    **({"variant": p.variant} if p.variant else {}),
-                                },
-                            }
-                            for p, (body, digest) in manifests.items()
-                        ],
-                    },
-                    separators=(",", ":"),
-                ).encode()
-                index_digest = f"sha256:{hashlib.sha256(index).hexdigest()}"
-                for ref in the_plan.shared:
-                    progress.phase("manifest", f"{ref} -> {', '.join(str(p) for p in manifests)}")
-                    repo.put_manifest(ref.rsplit(":", 1)[1], index, registryhttp.DOCKER_LIST)
-                    pushed[ref] = index_digest
-                if attester is not None:
-                    attester.index(repo, index_digest)
-            elif the_plan.shared:
+            if the_plan.shared and not the_plan.complete:
                 notes.append("shared tags left as they were: not every platform of image.platforms was built")
+            shared = the_plan.shared if the_plan.complete else ()
+            sign = (lambda digest: attester.index(repo, digest)) if attester is not None else None
+            pushed = pushorder.finish(repo, manifests, shared, sign, progress)
             if run_smoke:
                 outcomes = smoke_pushed(client, config, outcomes, plans, login, progress, the_plan.version)
     else:
