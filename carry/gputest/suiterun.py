@@ -40,7 +40,6 @@ from carry.wheelbuild import buildenv
 
 if TYPE_CHECKING:
     from carry.util.cache import Cache
-    from carry.util.progress import Progress
 
 SUITES_DIR = "suites"
 TREE_MARKER = ".carry-tree.json"
@@ -391,21 +390,35 @@ def start(subject: Subject, tests: UpstreamTests, tree: TestTree, work: Path) ->
     return Started(subject, process, events, log, time.monotonic())
 
 
-def finish(started: Started, progress: Progress | None = None, label: str = "") -> Side:
-    """Wait for the run (killed past SIDE_LIMIT_S) and read it back per test id."""
+def wait_for_collection(started: Started, poll_s: float = 0.2) -> int:
+    """Block until the run has collected (how many tests it selected) or ended (0)."""
+    while started.process.poll() is None:
+        for event in _events(started.events):
+            if event["event"] == "collected":
+                return len(event["ids"])
+        time.sleep(poll_s)
+    return 0
+
+
+def stop(started: Started) -> None:
+    """Kill what is left of the run's process group (a test's leftovers, or a run cut short)."""
     import signal
 
     try:
+        os.killpg(started.process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    started.process.wait()
+
+
+def finish(started: Started, progress: Any = None, label: str = "") -> Side:
+    """Wait for the run (killed past SIDE_LIMIT_S) and read it back per test id; `progress` (phase(name, detail))
+    says how it went."""
+    try:
         status: int | None = started.process.wait(timeout=max(1.0, SIDE_LIMIT_S - (time.monotonic() - started.clock)))
     except subprocess.TimeoutExpired:
-        os.killpg(started.process.pid, signal.SIGKILL)
-        started.process.wait()
         status = None
-    else:
-        try:
-            os.killpg(started.process.pid, signal.SIGKILL)  # what a test left running in the background
-        except ProcessLookupError:
-            pass
+    stop(started)  # past the limit; or what a test left running in the background
     seconds = time.monotonic() - started.clock
     side = read_events(started, status, seconds)
     if progress is not None:

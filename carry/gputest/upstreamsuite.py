@@ -96,6 +96,7 @@ def run(inputs: Inputs, progress: Progress) -> Outcome:
     tests = selection_of(inputs.config)
     where = f"{inputs.config.path}: build.upstream_tests"
     clock = time.monotonic()
+    held = Held(progress, holding=True)  # bad input after a run began is still one line
     if dist_name(inputs.wheel) != dist_name(inputs.against):
         raise BadInput(
             f"{inputs.wheel.name} and {inputs.against.name} are different distributions; compare a wheel with the "
@@ -103,7 +104,7 @@ def run(inputs: Inputs, progress: Progress) -> Outcome:
         )
     _same_tree(inputs)
     tree = suiterun.test_tree(inputs.cache, inputs.mirror, inputs.tree, tests, where)
-    progress.phase("suite", f"tests of {inputs.tree[:12]}: {tree.describe()}")
+    held.phase("suite", f"tests of {inputs.tree[:12]}: {tree.describe()}")
     env_clock = time.monotonic()
     subjects = {}
     for label, wheel in (("against", inputs.against), ("fixed", inputs.wheel)):
@@ -112,13 +113,19 @@ def run(inputs: Inputs, progress: Progress) -> Outcome:
         env = suiterun.wheel_env(wheel, digest, deps, inputs.cache)
         modules = suiterun.top_level_modules(wheel)
         subjects[label] = Subject(wheel=wheel, digest=digest, dist=dist_name(wheel), modules=modules, env=env)
-        progress.phase(
-            "suite", f"{label}: {wheel.name}: {deps.describe()}; own venv {'reused' if env.reused else 'made'}"
+        how = f"reused {deps.seconds:.2f} s" if deps.reused else f"made in {deps.seconds:.1f} s"
+        own = f"reused {env.seconds:.2f} s" if env.reused else f"made in {env.seconds:.1f} s"
+        held.phase(
+            "suite",
+            f"{label}: {wheel.name}: deps env {deps.short} ({len(deps.packages)} packages, {how}), its own venv "
+            f"{env.root.name[:8]} ({own})",
         )
     env_s = time.monotonic() - env_clock
     key = _cache_key(subjects["against"], tests, tree)
     cached = None if inputs.rerun else _cached(inputs.cache, key)
-    sides = _run_sides(inputs, tests, tree, subjects, cached, progress)
+    if cached is not None:
+        held.release()  # the selection ran before: it is good
+    sides = _run_sides(inputs, tests, tree, subjects, cached, held)
     against, fixed = sides["against"], sides["fixed"]
     _judge_against(against, tests, where)
     if cached is None:
@@ -175,19 +182,52 @@ def _run_sides(
     tree: suiterun.TestTree,
     subjects: dict[str, Subject],
     cached: Side | None,
-    progress: Progress,
+    progress: Held,
 ) -> dict[str, Side]:
-    """Both sides at once (the comparison side only when it is not cached), each in a scratch dir of its own."""
+    """Both sides at once (the comparison side only when it is not cached), each in a scratch dir of its own. What
+    is printed is held until the comparison side has collected (a selection it cannot run is bad input: one line);
+    whatever still runs when this ends, on any error, is stopped."""
+    where = f"{inputs.config.path}: build.upstream_tests"
+    labels = ("fixed",) if cached is not None else ("against", "fixed")
     with temp_dir(inputs.cache.scratch, "suite-") as work:
-        labels = ("fixed",) if cached is not None else ("against", "fixed")
-        for label in labels:
-            progress.phase("suite", f"{label}: running {subjects[label].wheel.name}")
-        started = {label: suiterun.start(subjects[label], tests, tree, work / label) for label in labels}
-        sides = {label: suiterun.finish(started[label], progress, label) for label in labels}
+        started: dict[str, suiterun.Started] = {}
+        try:
+            for label in labels:
+                progress.phase("suite", f"{label}: running {subjects[label].wheel.name}")
+                started[label] = suiterun.start(subjects[label], tests, tree, work / label)
+            if cached is None:
+                collected = suiterun.wait_for_collection(started["against"])
+                if started["against"].process.poll() is not None:
+                    _judge_against(suiterun.finish(started["against"]), tests, where)
+                progress.release()
+                progress.phase("suite", f"against: collected {collected} test(s)")
+            sides = {label: suiterun.finish(started[label], progress, label) for label in labels}
+        finally:
+            for run in started.values():
+                suiterun.stop(run)
     if cached is not None:
         progress.phase("suite", f"against: {cached.describe()} (cached)")
         sides["against"] = cached
     return sides
+
+
+class Held:
+    """Progress whose lines are held back until `release` (then printed, and every later one as it comes)."""
+
+    def __init__(self, progress: Progress, holding: bool):
+        self.progress = progress
+        self.held: list[tuple[str, str]] | None = [] if holding else None
+
+    def phase(self, name: str, detail: str = "") -> None:
+        if self.held is None:
+            self.progress.phase(name, detail)
+        else:
+            self.held.append((name, detail))
+
+    def release(self) -> None:
+        held, self.held = self.held or [], None
+        for name, detail in held:
+            self.progress.phase(name, detail)
 
 
 def _judge_against(side: Side, tests: UpstreamTests, where: str) -> None:
