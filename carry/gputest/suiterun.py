@@ -49,6 +49,7 @@ PLUGIN_NAME = "carry_suite_plugin"
 PLUGIN_FILE = Path(__file__).with_name("pytestplugin.py")
 # The files at the root pytest reads its configuration from (and a root conftest), checked out when present.
 ROOT_CONFIGS = ("pyproject.toml", "pytest.ini", "setup.cfg", "tox.ini", "conftest.py")
+KEPT_ENVS = 4  # wheel venvs kept in suites/envs/, the least recently used beyond them removed (0.8 GB each for vLLM)
 SIDE_LIMIT_S = 4 * 3600  # a run past this (a hang outside any test, where pytest-timeout cannot reach) is killed
 LOG_TAIL_CHARS = 3000
 PASS = ("passed", "xfailed", "xpassed")
@@ -170,7 +171,29 @@ def wheel_env(wheel: Path, digest: str, deps: buildenv.BuildEnv, cache: Cache) -
             raise
         marker = {"key": key, "wheel": wheel.name, "sha256": digest, "deps": deps.key, "site": str(site)}
         atomic_write_text(root / ENV_MARKER, json.dumps(marker, indent=2) + "\n")  # last: complete from here on
+    evict(cache, root.parent, KEPT_ENVS)
     return WheelEnv(root, site, key, deps, False, time.monotonic() - start)
+
+
+def evict(cache: Cache, envs: Path, keep: int) -> list[Path]:
+    """Remove the wheel venvs beyond the `keep` used last (their markers' mtimes: touched on each use), each under its
+    lock taken without waiting (one in use stays). Returns what went."""
+    import filelock
+
+    found = sorted(
+        (path for path in envs.iterdir() if (path / ENV_MARKER).is_file()),
+        key=lambda path: (path / ENV_MARKER).stat().st_mtime,
+        reverse=True,
+    )
+    removed = []
+    for path in found[keep:]:
+        try:
+            with cache.lock(f"suite-env-{path.name}").acquire(timeout=0):
+                shutil.rmtree(path)
+                removed.append(path)
+        except filelock.Timeout:
+            continue
+    return removed
 
 
 def _complete_env(root: Path, key: str, deps: buildenv.BuildEnv, start: float) -> WheelEnv | None:
@@ -180,6 +203,7 @@ def _complete_env(root: Path, key: str, deps: buildenv.BuildEnv, start: float) -
         return None
     if marker.get("key") != key or not (root / "bin" / "python").exists():
         return None
+    os.utime(root / ENV_MARKER)  # used now: the last to be evicted
     return WheelEnv(root, Path(marker["site"]), key, deps, True, time.monotonic() - start)
 
 

@@ -297,7 +297,6 @@ def _cache_key(subject: Subject, tests: UpstreamTests, tree: suiterun.TestTree) 
         "tree": tree.key,
         "selection": tests.selection(),
         "plugin": sha256(suiterun.PLUGIN_FILE.read_bytes()).hexdigest(),
-        "runner": sha256(Path(suiterun.__file__).read_bytes()).hexdigest(),
     }
     return sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
