@@ -332,6 +332,30 @@ CASES: list[Case] = [
         _append("build:\n  compiler_cache: distcc\n"),
     ),
     Case(
+        "upstream_tests_without_paths",
+        ("check",),
+        ("build.upstream_tests.paths is required", "tests/v1/core"),
+        _append("build:\n  upstream_tests: {marker: cpu_test}\n"),
+    ),
+    Case(
+        "upstream_tests_path_outside_the_tree",
+        ("check",),
+        ("build.upstream_tests.paths has '../tests'", "relative to the tree's root"),
+        _append("build:\n  upstream_tests: {paths: [../tests]}\n"),
+    ),
+    Case(
+        "upstream_tests_deselect_without_a_reason",
+        ("check",),
+        ("build.upstream_tests.deselect.tests/x.py::test_y needs a reason",),
+        _append("build:\n  upstream_tests: {paths: [tests], deselect: {'tests/x.py::test_y': ''}}\n"),
+    ),
+    Case(
+        "upstream_tests_unknown_key",
+        ("check",),
+        ("unknown key build.upstream_tests.markers", "marker"),
+        _append("build:\n  upstream_tests: {paths: [tests], markers: cpu_test}\n"),
+    ),
+    Case(
         "remote_cache_unknown_scheme",
         ("check",),
         ("build.remote_cache", "unknown scheme 'memcached'", "redis://"),
