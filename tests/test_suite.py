@@ -343,3 +343,19 @@ def test_the_pytest_command_line_is_the_selection():
     assert argv[argv.index("--deselect") + 1] == "tests/b.py::test_y"
     assert argv[argv.index("-n") + 1] == "2" and argv[-3:] == ["--", "tests/a", "tests/b.py"]
     assert suiterun.test_requirements(tests, "x")[-3:] == ("pytest", "pytest-timeout", "pytest-xdist")
+
+
+def test_pytest_xdist_workers_give_the_same_table(tmp_path, upstream, cache, release):
+    selection = (
+        SELECTION.format(paths="tests", marker="cpu_test")
+        .replace("timeout: 60", "timeout: 60\n    workers: 2")
+        .replace("pytest-timeout==2.4.0]", "pytest-timeout==2.4.0, pytest-xdist==3.8.0]")
+    )
+    config = project(tmp_path, upstream, {}, selection)
+    result, wheel = suite(config, cache, release)
+    assert result.code == 0, result.out + result.err
+    report = report_of(wheel)
+    assert report["selection"]["workers"] == 2 and report["wheel"]["collected"] == RELEASE_TESTS
+    assert report["summary"]["same"] == RELEASE_TESTS and report["summary"]["failed_both"] == 1
+    assert report["tests"]["tests/test_core.py::test_reaches_no_other_host"]["fixed"] == "passed"  # in a worker too
+    assert "2 xdist worker(s)" in result.out

@@ -415,10 +415,11 @@ def start(subject: Subject, tests: UpstreamTests, tree: TestTree, work: Path) ->
 
 
 def wait_for_collection(started: Started, poll_s: float = 0.2) -> int:
-    """Block until the run has collected (how many tests it selected) or ended (0)."""
+    """Block until the run has collected some tests (how many) or ended (0): a run that collected none is waited
+    for, so that what it says (no test, an unknown marker) is judged first."""
     while started.process.poll() is None:
         for event in _events(started.events):
-            if event["event"] == "collected":
+            if event["event"] == "collected" and event["ids"]:
                 return len(event["ids"])
         time.sleep(poll_s)
     return 0
