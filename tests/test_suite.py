@@ -359,3 +359,13 @@ def test_pytest_xdist_workers_give_the_same_table(tmp_path, upstream, cache, rel
     assert report["summary"]["same"] == RELEASE_TESTS and report["summary"]["failed_both"] == 1
     assert report["tests"]["tests/test_core.py::test_reaches_no_other_host"]["fixed"] == "passed"  # in a worker too
     assert "2 xdist worker(s)" in result.out
+
+
+def test_tests_that_import_the_package_from_the_tree_are_refused(tmp_path, upstream, cache, release):
+    selection = SELECTION.format(paths="tests", marker="cpu_test") + "    checkout: [tinyup]\n"
+    config = project(tmp_path, upstream, {}, selection)
+    result, wheel = suite(config, cache, release)
+    assert result.code == 1, result.out + result.err
+    assert "the tests imported tinyup from " in result.err and "/tinyup/__init__.py, not from" in result.err
+    assert "keep the upstream's package sources out of build.upstream_tests.checkout" in result.err
+    assert not upstreamsuite.report_path(wheel).exists()

@@ -128,10 +128,10 @@ def run(inputs: Inputs, progress: Progress) -> Outcome:
     sides = _run_sides(inputs, tests, tree, subjects, cached, held)
     against, fixed = sides["against"], sides["fixed"]
     _judge_against(against, tests, where)
+    _check_origins(subjects, sides)
     if cached is None:
         _store(inputs.cache, key, against)
     fixed = _judge_fixed(fixed, against)
-    _check_origins(subjects, sides)
     times = {
         "checkout_s": round(tree.seconds, 3),
         "environments_s": round(env_s, 3),
