@@ -42,7 +42,9 @@ Everything runs in a temp dir against generated upstreams, driving `python build
       platform (apt, arm64 under QEMU) first and reused, lock, image --push, verify, and a fresh runner's lock
       --check after deriving again (see bench/runtimebase.py);
   16. the mission's path from a fresh clone: a config shaped like the root one on the replica index and Python-less
-      bases, `pin`, `lock`, `image --push`, `verify` per platform, each timed (see bench/rootpath.py).
+      bases, `pin`, `lock`, `image --push`, `verify` per platform, each timed (see bench/rootpath.py);
+  17. `suite` on the real vLLM: examples/vllm's selection of vLLM's own tests on the fixed and the release wheel,
+      cold, again (the release side cached) and with a sabotaged patch (see bench/suite.py).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
 """
@@ -77,6 +79,7 @@ import redisd  # noqa: E402
 import rootpath  # noqa: E402
 import runtimebase  # noqa: E402
 import scale  # noqa: E402
+import suite  # noqa: E402
 import trees  # noqa: E402
 import trust  # noqa: E402
 import verifyimage  # noqa: E402
@@ -507,7 +510,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
     parser.add_argument(
         "--only",
-        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,pin,locked,verify,trust,runtimebase,rootpath",
+        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,pin,locked,verify,trust,runtimebase,rootpath,suite",
         help="comma-separated parts to run",
     )
     options = parser.parse_args()
@@ -528,6 +531,7 @@ def main() -> int:
         "trust": lambda work, size: trust.bench(work, Row),
         "runtimebase": lambda work, size: runtimebase.bench(work, Row),
         "rootpath": lambda work, size: rootpath.bench(work, Row),
+        "suite": lambda work, size: suite.bench(work, Row),
     }
     # The start-up ratios (check, vllm) run first, before the parts that churn gigabytes through the page cache.
     # verify reads the image `locked` pushed.
@@ -548,6 +552,7 @@ def main() -> int:
         "trust",
         "runtimebase",
         "rootpath",
+        "suite",
     ]
     chosen = options.only.split(",")
     if not chosen or set(chosen) - set(parts):

@@ -50,6 +50,7 @@ PARTS = (
     ("derive bases", "derive", "the last PEP 517 build of each precompiled plan (a Python-only change derives)"),
     ("downloads", None, "sha256-pinned files (the download store)"),
     ("wheelhouses", "wheelhouse", "build requirements for hermetic builds, per platform"),
+    ("upstream suites", "suites", "`suite`: test trees, each wheel's venv, the comparison side's results"),
     ("logs", "logs", "build and environment logs"),
 )
 KEPT_PARTS = ("ccache", "sccache", "locks", "examples")

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from carry.binaries.gate import GateReport
     from carry.binaries.gatepolicy import GatePolicy
     from carry.config import TestCommand
-    from carry.gputest import prove, testrun
+    from carry.gputest import prove, testrun, upstreamsuite
     from carry.image.attest import Attester
     from carry.image.buildkit import crossbuild, image
     from carry.image.buildkit.image import ImageOptions
@@ -277,6 +277,63 @@ class Session:
             artifact, self.config, commands, found, self.cache.scratch, out, timeout, progress
         )
         return TestOutcome(report, path)
+
+    def suite(self, wheel: Path, against: Path | None, rerun: bool, progress: Progress) -> upstreamsuite.Outcome:
+        """The upstream's own tests (build.upstream_tests) on `wheel` and on `against` (default: build.precompiled's
+        wheel for its platform), compared per test id (carry/gputest/upstreamsuite.py)."""
+        from carry.gputest import upstreamsuite
+
+        upstreamsuite.selection_of(self.config)  # no selection: bad input before any work
+        platform = self._runs_here(wheel, "WHEEL")
+        source = "--against"
+        if against is None:
+            from carry.wheelbuild import precompiled
+
+            pin = precompiled.pin(self.config, self.cache, platform)
+            if pin is None:
+                raise BadInput(
+                    f"{self.config.path}: no wheel to compare {wheel.name} with: build.precompiled has none for "
+                    f"{platform}; pass --against WHEEL (the release it was made from)"
+                )
+            against, source = pin.path, f"build.precompiled.wheels.{platform}"
+        else:
+            self._runs_here(against, "--against")
+        checked = self.check()
+        if checked.report.tree is None:
+            raise Failed("the series does not apply; run `check` for details")
+        inputs = upstreamsuite.Inputs(
+            config=self.config,
+            cache=self.cache,
+            mirror=checked.mirror,
+            commit=checked.report.base,
+            tree=checked.report.tree,
+            wheel=wheel,
+            against=against,
+            against_source=source,
+            rerun=rerun,
+        )
+        return upstreamsuite.run(inputs, progress)
+
+    @staticmethod
+    def _runs_here(wheel: Path, what: str) -> Platform:
+        """The platform a wheel's tests run on, which must be this machine's (a pure wheel runs anywhere)."""
+        from carry.platforms import Platform
+
+        if not wheel.is_file() or not wheel.name.endswith(".whl"):
+            raise BadInput(f"{what} {wheel}: not a wheel file; pass the .whl that `wheel` printed")
+        native = Platform.native()
+        found = Platform.from_wheel_tag(wheel.name.removesuffix(".whl").rsplit("-", 1)[-1])
+        if found is not None and found is not native:
+            raise BadInput(
+                f"{wheel.name} is a {found} wheel and this machine is {native}: its tests run on a {found} machine"
+            )
+        return native
+
+    def verify_suite_report(self, path: Path) -> upstreamsuite.ReportCheck:
+        """A suite report against the wheel beside it and this repository now (selection, patched tree, pins)."""
+        from carry.gputest import upstreamsuite
+
+        return upstreamsuite.check_report(path, upstreamsuite.expected_of(self.config, self.check().report.tree))
 
     def prove(self, arch: str | None, out: Path, jobs: int | None, timeout: float, progress: Progress) -> prove.Proof:
         """base and each prefix of the series built and tested (prove.run); the GPU and the tests are checked
@@ -610,7 +667,12 @@ class Session:
                 f"{artifact}: no such wheel file; give the path `{prog.command('wheel')}` printed "
                 f"(dist/NAME-VERSION-TAGS.whl)"
             )
-        return (testrun.with_test_report(path, verify.verify_wheel(path, self.expected(self.check()), given(arch))),)
+        from carry.gputest import upstreamsuite
+
+        checked = self.check()
+        result = testrun.with_test_report(path, verify.verify_wheel(path, self.expected(checked), given(arch)))
+        suite = upstreamsuite.expected_of(self.config, checked.report.tree)
+        return (upstreamsuite.with_suite_report(path, result, suite),)
 
     def status(
         self, against: tuple[str, ...] = (), test: bool = False, progress: Progress | None = None

@@ -309,7 +309,7 @@ def test_the_modules_docs_architecture_lists_are_the_rooms_own():
 # --- programs run through the one runner ----------------------------------------------------------------------
 
 RUNNER = "util.run"  # carry.util.run: the one module that starts a process itself
-RUNNER_CALLS = {"execute"}
+RUNNER_CALLS = {"execute", "spawn"}
 # Every way Python starts another program, by the module that offers it.
 STARTERS = {
     "subprocess": {"run", "Popen", "call", "check_call", "check_output", "getoutput", "getstatusoutput"},

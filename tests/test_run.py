@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from carry.util.errors import Failed
-from carry.util.run import ENGLISH, TimedOut, execute, kill_tree
+from carry.util.run import ENGLISH, TimedOut, execute, kill_tree, spawn
 
 # A shell that starts a grandchild (a long sleep), writes its pid, and waits for it.
 GRANDCHILD = 'sleep 300 & echo $! > "$1"; wait'
@@ -129,3 +129,37 @@ def test_output_captured_or_streamed_into_a_log(tmp_path):
 def test_a_program_that_cannot_start_raises_oserror(tmp_path):
     with pytest.raises(FileNotFoundError):
         execute([str(tmp_path / "no-such-program")], timeout=30)
+
+
+def test_a_spawned_program_past_its_timeout_is_killed_with_what_it_started(tmp_path):
+    pidfile = tmp_path / "pid"
+    with open(tmp_path / "log", "wb") as log:
+        spawned = spawn(["sh", "-c", GRANDCHILD, "sh", str(pidfile)], timeout=1, log=log)
+    assert spawned.poll() is None  # it runs beside us
+    began = time.monotonic()
+    assert spawned.wait() is None  # past its timeout: killed
+    assert time.monotonic() - began < 5
+    assert spawned.poll() == -signal.SIGKILL
+    assert _gone(int(pidfile.read_text()))
+
+
+def test_a_spawned_program_in_its_own_group_takes_what_it_daemonised_along(tmp_path):
+    """A daemon leaves the tree (its parent exits, init adopts it); only the group reaches it."""
+    pidfile = tmp_path / "pid"
+    daemon = '(sleep 300 & echo $! > "$1") & wait; echo "started"; sleep 300'
+    with open(tmp_path / "log", "wb") as log:
+        spawned = spawn(["sh", "-c", daemon, "sh", str(pidfile)], timeout=60, log=log, own_group=True)
+    deadline = time.monotonic() + 5
+    while not (tmp_path / "log").read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert os.getpgid(spawned.process.pid) != os.getpgrp()
+    spawned.kill()
+    assert spawned.poll() == -signal.SIGKILL
+    assert _gone(int(pidfile.read_text()))
+
+
+def test_a_spawned_program_that_ends_gives_its_status(tmp_path):
+    with open(tmp_path / "log", "wb") as log:
+        spawned = spawn(["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=30, log=log)
+        assert spawned.wait() == 3
+    assert (tmp_path / "log").read_text().split() == ["out", "err"]

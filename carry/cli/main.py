@@ -107,6 +107,14 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "PARTIAL, CONFLICT, NEEDED; DELETED-UPSTREAM or PR-ONLY when the patched file is gone from REF (upstream "
         "deleted it, or only the PR has it); FIXED-UPSTREAM (--test) when the patch's test passes on REF without it.",
     ),
+    "suite": (
+        "suite",
+        "suite_command",
+        "Run the upstream's own test suite (build.upstream_tests: paths, marker, deselections, timeout) on the fixed "
+        "wheel and on the wheel it was made from, each in an environment of its own, no network, no GPU, and compare "
+        "per test id: regressed (passed before, fails now), fixed, failed both (the upstream's own), only one side; "
+        "write the report beside the wheel (<wheel>.suite.json).",
+    ),
     "test": (
         "gputest",
         "test_command",

@@ -474,3 +474,37 @@ def ignored_in_tree(repo: Path, tree: str, paths: list[str]) -> set[str]:
     if status not in (0, 1):
         raise GitError(f"git check-ignore failed: {_headline(err) or f'exit status {status}'}", err.strip())
     return {name for name in out.split("\0") if name}
+
+
+def entries(repo: Path, tree: str, paths: tuple[str, ...]) -> dict[str, str]:
+    """Of `paths` (relative to the root of `tree`), those `tree` holds: path -> object id (a tree for a directory, a
+    blob for a file); a path it lacks is left out. One `git cat-file --batch-check` for all of them."""
+    if not paths:
+        return {}
+    out = run_input(
+        repo, ("cat-file", "--batch-check=%(objectname) %(objecttype)"), "".join(f"{tree}:{p}\n" for p in paths)
+    )
+    found = {}
+    for path, line in zip(paths, out.splitlines()):
+        fields = line.split()
+        if len(fields) == 2 and fields[1] in ("tree", "blob"):
+            found[path] = fields[0]
+    return found
+
+
+def export(repo: Path, tree: str, paths: tuple[str, ...], dest: Path) -> None:
+    """The files of `paths` in `tree` written under `dest` (git archive; no worktree, no index, the user's checkout
+    untouched)."""
+    import tarfile
+
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = dest / ".carry-export.tar"
+    try:
+        run(repo, "archive", "--format=tar", "-o", str(archive.absolute()), tree, "--", *paths)
+        with tarfile.open(archive) as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(dest, filter="data")
+            else:  # Python < 3.10.12: git's own archive of a tree, no links out of it
+                tar.extractall(dest)  # noqa: S202
+    finally:
+        archive.unlink(missing_ok=True)

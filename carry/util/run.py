@@ -18,9 +18,11 @@ argument list (never a shell) and always a timeout.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -88,6 +90,59 @@ def execute(
             process.wait()
             raise
     return subprocess.CompletedProcess(shown, process.returncode, out, err)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spawned:
+    """A program started by `spawn` that runs beside carry until `wait` (bounded by its timeout) or `kill`."""
+
+    process: subprocess.Popen
+    deadline: float  # time.monotonic() past which `wait` kills it
+    own_group: bool
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def wait(self) -> int | None:
+        """Its exit status; None when it ran past its timeout, and was killed with everything it started."""
+        try:
+            return self.process.wait(timeout=max(0.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def kill(self) -> None:
+        """SIGKILL it and what it started; with its own process group, also what left the tree (a daemon)."""
+        if self.own_group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+        kill_tree(self.process.pid)
+        self.process.wait()
+
+
+def spawn(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    timeout: float,
+    log: IO[Any],
+    cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    own_group: bool = False,
+) -> Spawned:
+    """Start `argv` and return at once, its output (stderr with stdout) streamed into `log`, nothing on its stdin:
+    for programs that run side by side. `own_group`: in a process group of its own, so that `kill` reaches what
+    it daemonised too (a test suite's leftovers), where a signal to carry's group does not. The caller `wait`s or
+    `kill`s; `timeout` bounds the wait."""
+    process = subprocess.Popen(
+        [os.fspath(arg) for arg in argv],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=own_group,
+    )
+    return Spawned(process, time.monotonic() + timeout, own_group)
 
 
 def kill_tree(pid: int) -> None:

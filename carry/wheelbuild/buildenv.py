@@ -140,7 +140,7 @@ def find_uv() -> Uv:
     return Uv(path, version)
 
 
-def _uv_environ(extra: Mapping[str, str]) -> dict[str, str]:
+def uv_environ(extra: Mapping[str, str]) -> dict[str, str]:
     """The caller's environment for uv, without the variables that would change what it installs."""
     env = {
         name: value
@@ -304,7 +304,7 @@ class EnvSpec:
             indexes["UV_INDEX_URL"] = self.index_url
         if self.extra_index_urls:
             indexes["UV_EXTRA_INDEX_URL"] = " ".join(self.extra_index_urls)
-        return _uv_environ(indexes)
+        return uv_environ(indexes)
 
 
 def _interpreter(python: str) -> dict:
