@@ -528,12 +528,12 @@ class Session:
                 f"{self.config.path}: a manifest list joins several platforms; list them in "
                 f"image.platforms or pass --platform twice or more"
             )
-        attester = self.attester(True, progress)
-        self.registry_answers(True)
-        builder = container.resolve_builder(self.config, ())
         tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
         shared = image.render_tags(self.config, self.version(), self.series(), image.cuda_tag(tools.nvcc_version))
         refs = tuple(dict.fromkeys(f"{self.config.image.name}:{tag}" for tag in shared + extra_tags))
+        attester = self.attester(True, progress)
+        self.registry_answers(True)  # after every check of the input: bad input never waits on the network
+        builder = container.resolve_builder(self.config, ())
         return image.join_pushed(self.config, self.version(), refs, chosen, builder, progress, attester)
 
     def lock(self, platforms: tuple[Platform, ...], check: bool, upgrade: bool, progress: Progress) -> LockResult:
