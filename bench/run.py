@@ -45,7 +45,9 @@ Everything runs in a temp dir against generated upstreams, driving `python build
       bases, `pin`, `lock`, `image --push`, `verify` per platform, each timed (see bench/rootpath.py);
   17. a fresh CI runner with the registry as its only state: runner A's cold push of VERSION N, a fresh runner's
       Python-only patch change as N+1 (time, bytes downloaded and pushed, peak disk, the smoke test), its layers
-      against the warm runner's, a no-change fresh run against `verify IMAGE` (see bench/freshrunner.py).
+      against the warm runner's, a no-change fresh run against `verify IMAGE` (see bench/freshrunner.py);
+  18. `suite` on the real vLLM: examples/vllm's selection of vLLM's own tests on the fixed and the release wheel,
+      cold, again (the release side cached) and with a sabotaged patch (see bench/suite.py).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
 """
@@ -81,6 +83,7 @@ import redisd  # noqa: E402
 import rootpath  # noqa: E402
 import runtimebase  # noqa: E402
 import scale  # noqa: E402
+import suite  # noqa: E402
 import trees  # noqa: E402
 import trust  # noqa: E402
 import verifyimage  # noqa: E402
@@ -511,7 +514,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
     parser.add_argument(
         "--only",
-        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,pin,locked,verify,trust,runtimebase,rootpath,fresh",
+        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,pin,locked,verify,trust,runtimebase,rootpath,fresh,suite",
         help="comma-separated parts to run",
     )
     options = parser.parse_args()
@@ -533,6 +536,7 @@ def main() -> int:
         "runtimebase": lambda work, size: runtimebase.bench(work, Row),
         "rootpath": lambda work, size: rootpath.bench(work, Row),
         "fresh": lambda work, size: freshrunner.bench(work, Row),
+        "suite": lambda work, size: suite.bench(work, Row),
     }
     # The start-up ratios (check, vllm) run first, before the parts that churn gigabytes through the page cache.
     # verify reads the image `locked` pushed.
@@ -554,6 +558,7 @@ def main() -> int:
         "runtimebase",
         "rootpath",
         "fresh",
+        "suite",
     ]
     chosen = options.only.split(",")
     if not chosen or set(chosen) - set(parts):

@@ -1,8 +1,8 @@
 """`cache` and `cache prune`: how big each part of `$CARRY_CACHE` is, and removing what no current config needs.
 
-Sizes are disk usage (allocated blocks, as `du`), measured with os.scandir/lstat, every inode counted once: the
-download store, the artifact cache and dist/ hardlink the same wheels. A removed entry frees only the inodes no
-link outside it keeps.
+Sizes are disk usage (allocated blocks, as `du`), measured with os.scandir/lstat, every inode counted once: a build
+environment hardlinks uv's cache, and a copy of a cache made with hard links shares its files. A removed entry frees
+only the inodes no link outside it keeps.
 
 Prune keeps, for each config given: its mirror and the bundle of its pin; its build dirs; the build environment of
 its current `[build-system] requires` (the patched tree's); every cached wheel of its current patched tree; the
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from carry.util.cache import Cache
 from carry.util.download import Store
 from carry.util.errors import BadInput
-from carry.util.fsutil import owned_prefix, sweep_dead
+from carry.util.fsutil import human_size, owned_prefix, sweep_dead
 
 if TYPE_CHECKING:
     from carry.config import Config
@@ -50,6 +50,7 @@ PARTS = (
     ("derive bases", "derive", "the last PEP 517 build of each precompiled plan (a Python-only change derives)"),
     ("downloads", None, "sha256-pinned files (the download store)"),
     ("wheelhouses", "wheelhouse", "build requirements for hermetic builds, per platform"),
+    ("upstream suites", "suites", "`suite`: test trees, each wheel's venv, the comparison side's results"),
     ("logs", "logs", "build and environment logs"),
 )
 KEPT_PARTS = ("ccache", "sccache", "locks", "examples")
@@ -85,7 +86,7 @@ def _walk(path: Path) -> Iterator[os.stat_result]:
 
 class Meter:
     """Disk usage with every inode counted once across everything measured by this meter, and which of those
-    inodes have links outside it (uv's cache hardlinked into environments, dist/ into wheels)."""
+    inodes have links outside it (uv's cache hardlinked into environments, a hardlinked copy of a cache)."""
 
     def __init__(self) -> None:
         self.seen: dict[tuple[int, int], list] = {}  # inode -> [links seen, blocks, st_nlink, part]
@@ -149,10 +150,10 @@ class Usage:
         width = max(len(part.name) for part in self.parts) if self.parts else 5
         rows = [f"cache {self.root}"]
         for part in self.parts:
-            shared = f" ({human(part.shared)} shared with files outside the cache)" if part.shared else ""
+            shared = f" ({human_size(part.shared)} shared with files outside the cache)" if part.shared else ""
             entries = f"{part.entries} entr{'y' if part.entries == 1 else 'ies'}"
-            rows.append(f"  {part.name:<{width}}  {human(part.bytes):>9}  {entries:>12}  {part.path}{shared}")
-        rows.append(f"  {'total':<{width}}  {human(self.total):>9}  (hardlinked files counted once)")
+            rows.append(f"  {part.name:<{width}}  {human_size(part.bytes):>9}  {entries:>12}  {part.path}{shared}")
+        rows.append(f"  {'total':<{width}}  {human_size(self.total):>9}  (hardlinked files counted once)")
         return rows
 
     def to_json(self) -> dict:
@@ -199,15 +200,6 @@ def _count(path: Path) -> int:
         return sum(1 for _ in os.scandir(path)) if path.is_dir() else 1
     except OSError:
         return 0
-
-
-def human(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1000 or unit == "GB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    return f"{size:.1f} TB"
 
 
 # --- what configs need -------------------------------------------------------------------------------------------
@@ -306,11 +298,11 @@ class Pruned:
             if removal.skipped:
                 rows.append(f"skipped {removal.part}: {removal.path} ({removal.skipped})")
             else:
-                rows.append(f"{verb} {removal.part}: {removal.path} ({human(removal.bytes)})")
+                rows.append(f"{verb} {removal.part}: {removal.path} ({human_size(removal.bytes)})")
         done = [r for r in self.removed if r.skipped is None]
         skipped = len(self.removed) - len(done)
         rows.append(
-            f"{verb} {len(done)} entr{'y' if len(done) == 1 else 'ies'}, {human(self.freed)} "
+            f"{verb} {len(done)} entr{'y' if len(done) == 1 else 'ies'}, {human_size(self.freed)} "
             f"{'to free' if self.dry_run else 'freed'}; kept {self.kept} that a config needs"
             + (f"; {skipped} in use, skipped" if skipped else "")
         )

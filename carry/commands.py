@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from carry.binaries.gate import GateReport
     from carry.binaries.gatepolicy import GatePolicy
     from carry.config import TestCommand
-    from carry.gputest import prove, testrun
+    from carry.gputest import prove, testrun, upstreamsuite
     from carry.image.attest import Attester
     from carry.image.buildkit import crossbuild, image
     from carry.image.buildkit.image import ImageOptions
@@ -149,7 +149,9 @@ class Session:
 
     def policy(self, arch: str | None, platform: Platform | None = None) -> GatePolicy:
         """The gate policy of a build: its arches (as `arches` resolves them) and build.gate's rules."""
-        return self.config.gate_policy(self.arches(arch, platform))
+        from carry.binaries import gatepolicy
+
+        return gatepolicy.for_config(self.config, self.arches(arch, platform))
 
     def expected(self, checked: CheckResult | None = None) -> verify.Expected:
         """What an artifact built from this repo now must say about itself; with the `checked` series, also the
@@ -276,6 +278,63 @@ class Session:
         )
         return TestOutcome(report, path)
 
+    def suite(self, wheel: Path, against: Path | None, rerun: bool, progress: Progress) -> upstreamsuite.Outcome:
+        """The upstream's own tests (build.upstream_tests) on `wheel` and on `against` (default: build.precompiled's
+        wheel for its platform), compared per test id (carry/gputest/upstreamsuite.py)."""
+        from carry.gputest import upstreamsuite
+
+        upstreamsuite.selection_of(self.config)  # no selection: bad input before any work
+        platform = self._runs_here(wheel, "WHEEL")
+        source = "--against"
+        if against is None:
+            from carry.wheelbuild import precompiled
+
+            pin = precompiled.pin(self.config, self.cache, platform)
+            if pin is None:
+                raise BadInput(
+                    f"{self.config.path}: no wheel to compare {wheel.name} with: build.precompiled has none for "
+                    f"{platform}; pass --against WHEEL (the release it was made from)"
+                )
+            against, source = pin.path, f"build.precompiled.wheels.{platform}"
+        else:
+            self._runs_here(against, "--against")
+        checked = self.check()
+        if checked.report.tree is None:
+            raise Failed("the series does not apply; run `check` for details")
+        inputs = upstreamsuite.Inputs(
+            config=self.config,
+            cache=self.cache,
+            mirror=checked.mirror,
+            commit=checked.report.base,
+            tree=checked.report.tree,
+            wheel=wheel,
+            against=against,
+            against_source=source,
+            rerun=rerun,
+        )
+        return upstreamsuite.run(inputs, progress)
+
+    @staticmethod
+    def _runs_here(wheel: Path, what: str) -> Platform:
+        """The platform a wheel's tests run on, which must be this machine's (a pure wheel runs anywhere)."""
+        from carry.platforms import Platform
+
+        if not wheel.is_file() or not wheel.name.endswith(".whl"):
+            raise BadInput(f"{what} {wheel}: not a wheel file; pass the .whl that `wheel` printed")
+        native = Platform.native()
+        found = Platform.from_wheel_tag(wheel.name.removesuffix(".whl").rsplit("-", 1)[-1])
+        if found is not None and found is not native:
+            raise BadInput(
+                f"{wheel.name} is a {found} wheel and this machine is {native}: its tests run on a {found} machine"
+            )
+        return native
+
+    def verify_suite_report(self, path: Path) -> upstreamsuite.ReportCheck:
+        """A suite report against the wheel beside it and this repository now (selection, patched tree, pins)."""
+        from carry.gputest import upstreamsuite
+
+        return upstreamsuite.check_report(path, upstreamsuite.expected_of(self.config, self.check().report.tree))
+
     def prove(self, arch: str | None, out: Path, jobs: int | None, timeout: float, progress: Progress) -> prove.Proof:
         """base and each prefix of the series built and tested (prove.run); the GPU and the tests are checked
         before anything is resolved or built."""
@@ -324,6 +383,7 @@ class Session:
         from carry.wheelbuild import toolchain
 
         attester = self.attester(options.push, progress)
+        self.registry_answers(options.push)
         platforms = image.platforms_to_build(self.config, options)
         self.require_pins(platforms)
         arches = {platform: self.arches(arch, platform) for platform in platforms}
@@ -339,11 +399,14 @@ class Session:
             version=current,
             dist_name=container.distribution_name(self.config, pyproject),
             cuda=image.cuda_tag(tools.nvcc_version),
+            created=image.created_at(checked.mirror, checked.report.base, os.environ),
             upstream_version=self._upstream_version(checked, progress),
         )
         plan = image.plan(self.config, subject, arches, options)
         inputs = image.Sources(mirror=checked.mirror, requirements=container.build_requirements(pyproject))
-        return image.build(self.config, self.cache, inputs, plan, options, builder, progress, attester)
+        # One image build of a tree at a time per cache (its log, its context): a second run waits, and says so.
+        with self.cache.held(f"image-{plan.tree[:12]}", lambda line: progress.phase("image", line)):
+            return image.build(self.config, self.cache, inputs, plan, options, builder, progress, attester)
 
     def locked_image(
         self, options: ImageOptions, arch: str | None, smoke: str, progress: Progress, discard_wheels: bool = False
@@ -374,6 +437,7 @@ class Session:
                 f"layers): add --push"
             )
         attester = self.attester(options.push, progress)
+        self.registry_answers(options.push)
         platforms = image.platforms_to_build(self.config, options)
         self.require_pins(platforms)
         client = registry.client()
@@ -397,6 +461,7 @@ class Session:
             version=self.version(),
             dist_name=self.config.build.distribution,
             cuda=cuda,
+            created=image.created_at(checked.mirror, checked.report.base, os.environ),
         )
         plan = image.plan(self.config, subject, arches, options)
         offers = {}
@@ -417,7 +482,8 @@ class Session:
             previous=previous,
             discard_wheels=discard_wheels,
         )
-        return lockedimage.build(self.config, self.cache, prepared, plan, wheels, delivery, client, progress)
+        with self.cache.held(f"image-{plan.tree[:12]}", lambda line: progress.phase("image", line)):
+            return lockedimage.build(self.config, self.cache, prepared, plan, wheels, delivery, client, progress)
 
     def previous_images(
         self, platforms: tuple[Platform, ...], options: ImageOptions, attester: Attester | None, progress: Progress
@@ -460,10 +526,28 @@ class Session:
             return None
         from carry import __version__
         from carry.image.attest import Attester
+        from carry.image.inspect import hermetic
         from carry.trust import keys
 
         key = keys.from_environment(os.environ)  # nothing printed yet: a later bad input stays one line
-        return Attester(key, self.config, self.series(), self.version(), __version__, dist, progress)
+        return Attester(
+            key,
+            self.config,
+            self.series(),
+            self.version(),
+            __version__,
+            dist,
+            progress,
+            read_installed=hermetic.distributions,
+        )
+
+    def registry_answers(self, push: bool) -> None:
+        """With --push, image.name's registry asked once before any work: one that cannot be reached or refuses the
+        login is bad input naming $CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD (carry.image.registry.probe)."""
+        if push:
+            from carry.image import registry
+
+            registry.probe(self.config.image.name)
 
     def image_wheels(
         self, platforms: tuple[Platform, ...], arch: str | None, progress: Progress, offers: dict | None = None
@@ -514,11 +598,12 @@ class Session:
                 f"{self.config.path}: a manifest list joins several platforms; list them in "
                 f"image.platforms or pass --platform twice or more"
             )
-        attester = self.attester(True, progress)
-        builder = container.resolve_builder(self.config, ())
         tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
         shared = image.render_tags(self.config, self.version(), self.series(), image.cuda_tag(tools.nvcc_version))
         refs = tuple(dict.fromkeys(f"{self.config.image.name}:{tag}" for tag in shared + extra_tags))
+        attester = self.attester(True, progress)
+        self.registry_answers(True)  # after every check of the input: bad input never waits on the network
+        builder = container.resolve_builder(self.config, ())
         return image.join_pushed(self.config, self.version(), refs, chosen, builder, progress, attester)
 
     def lock(self, platforms: tuple[Platform, ...], check: bool, upgrade: bool, progress: Progress) -> LockResult:
@@ -652,7 +737,12 @@ class Session:
                 f"{artifact}: no such wheel file; give the path `{prog.command('wheel')}` printed "
                 f"(dist/NAME-VERSION-TAGS.whl)"
             )
-        return (testrun.with_test_report(path, verify.verify_wheel(path, self.expected(self.check()), given(arch))),)
+        from carry.gputest import upstreamsuite
+
+        checked = self.check()
+        result = testrun.with_test_report(path, verify.verify_wheel(path, self.expected(checked), given(arch)))
+        suite = upstreamsuite.expected_of(self.config, checked.report.tree)
+        return (upstreamsuite.with_suite_report(path, result, suite),)
 
     def status(
         self, against: tuple[str, ...] = (), test: bool = False, progress: Progress | None = None
@@ -714,9 +804,11 @@ def gate(
     if arches is None:
         where = f"{config_path} has no build.cuda_arches" if loaded else f"no config at {config_path}"
         raise BadInput(f"{where}: pass --arch LIST (e.g. --arch 12.1,10.0,9.0) to say which GPUs to gate for")
-    from carry.binaries.gatepolicy import GatePolicy
+    from carry.binaries import gatepolicy
 
-    policy = loaded.gate_policy(arches) if loaded is not None and not strict else GatePolicy(arches)
+    policy = (
+        gatepolicy.for_config(loaded, arches) if loaded is not None and not strict else gatepolicy.GatePolicy(arches)
+    )
     return gating.check(objects, policy, found_platform)
 
 

@@ -11,12 +11,12 @@ import yaml
 
 from carry.arch import ArchList
 from carry.util.errors import BadInput
+from carry.util.record import field as record_field
 from carry.util.record import record
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from carry.binaries.gatepolicy import GatePolicy, GateRule
     from carry.platforms import Platform
     from carry.util.download import Pinned
 
@@ -245,6 +245,52 @@ class Precompiled:
 
 
 @record
+class Deselection:
+    """One entry of build.upstream_tests.deselect: a test path (a file or directory, left out of collection) or a
+    test id (`path::name`, a prefix of the ids it deselects), and why it cannot run here."""
+
+    target: str
+    why: str
+
+    @property
+    def is_id(self) -> bool:
+        return "::" in self.target
+
+    @property
+    def path(self) -> str:
+        return self.target.split("::", 1)[0]
+
+
+@record
+class UpstreamTests:
+    """build.upstream_tests: the selection of the upstream's own test suite `suite` runs on the fixed wheel and on
+    the wheel it is compared with (carry/gputest/upstreamsuite.py): test paths (relative to the tree's root), a
+    pytest marker expression, deselections each with a reason, the test requirements installed beside the wheel's
+    own, a per-test timeout, pytest-xdist workers (0: one process), variables for the run, and more paths of the
+    tree the tests read (the top directory of each test path and the root's pytest config files come anyway)."""
+
+    paths: tuple[str, ...]
+    marker: str | None = None
+    deselect: tuple[Deselection, ...] = ()
+    requires: tuple[str, ...] = ()
+    timeout: int = 300
+    workers: int = 0
+    env: dict[str, str] = record_field(default_factory=dict)
+    checkout: tuple[str, ...] = ()
+
+    def selection(self) -> dict:
+        """What the results of a run depend on, besides the wheel, the environment and the test tree."""
+        return {
+            "paths": list(self.paths),
+            "marker": self.marker,
+            "deselect": {d.target: d.why for d in self.deselect},
+            "timeout": self.timeout,
+            "workers": self.workers,
+            "env": dict(sorted(self.env.items())),
+        }
+
+
+@record
 class Build:
     cuda_arches: ArchList | None  # None: not set; an empty list: no CUDA code expected
     env: dict[str, str]
@@ -254,12 +300,15 @@ class Build:
     compiler_cache: CompilerCache
     remote_cache: RemoteCache | None
     tests: tuple[TestCommand, ...] = ()
-    gate: tuple[GateRule, ...] = ()  # shared objects built for some GPUs only, by the upstream's design
+    # build.gate as written: shared objects built for some GPUs only, by the upstream's design; read into the gate's
+    # rules where the policy is made (carry.binaries.gatepolicy.for_config), every error naming the entry
+    gate: Any = None
     generated: tuple[Generated, ...] = ()  # files the build makes that the patched tree does not hold
     keep: tuple[str, ...] = DEFAULT_KEEP  # build-dir paths kept between builds (objects, never outputs)
     environment: BuildEnvironment = BuildEnvironment()
     precompiled: Precompiled | None = None  # None: every build compiles from source
     distribution: str | None = None  # the wheel's NAME; None: [project] name, else the built wheel's
+    upstream_tests: UpstreamTests | None = None  # None: `suite` has no selection to run
 
 
 @record
@@ -329,16 +378,6 @@ class Config:
                 f"Python-only wheel) or pass --arch"
             )
         return configured
-
-    def gate_policy(self, arches: ArchList) -> GatePolicy:
-        """The gate's policy for a build promising `arches`: build.gate's rules, from this file."""
-        from carry.binaries.gatepolicy import GatePolicy
-
-        return (
-            GatePolicy(arches, self.build.gate, f"{self.path.name} build.gate")
-            if self.build.gate
-            else GatePolicy(arches)
-        )
 
 
 class _Section:
@@ -545,7 +584,10 @@ BUILD_KEYS = (
     "environment",
     "precompiled",
     "distribution",
+    "upstream_tests",
 )
+UPSTREAM_TESTS_KEYS = ("paths", "marker", "deselect", "requires", "timeout", "workers", "env", "checkout")
+DEFAULT_TEST_TIMEOUT_S = 300
 PRECOMPILED_KEYS = ("env", "clear", "inputs", "nightly", "wheels")
 PRECOMPILED_WHEEL_KEYS = ("requirement", "index", "path", "url", "sha256", "ref")
 ENVIRONMENT_KEYS = ("requires", "index_url", "extra_index_urls")
@@ -615,12 +657,61 @@ def _build(section: _Section) -> Build:
         remote_cache=remote_cache,
         # A Python-only build (cuda_arches: []) has nothing for a GPU to run: its tests need none unless they say so.
         tests=_tests(section, gpu=cuda_arches is None or cuda_arches.expects_cuda),
-        gate=_gate_rules(section),
+        gate=section.data.get("gate"),
         generated=_generated(section),
         keep=_keep(section),
         environment=_environment(section, isolation),
         precompiled=_precompiled(section),
         distribution=_distribution(section),
+        upstream_tests=_upstream_tests(section),
+    )
+
+
+def _tree_path(where: str, value: Any, ids: bool = False) -> str:
+    """A path in the upstream's tree, relative to its root (a test id `path::name` where `ids`)."""
+    text = value.strip().rstrip("/") if isinstance(value, str) else ""
+    path = text.split("::", 1)[0] if ids else text
+    parts = path.split("/")
+    if not path or path.startswith("/") or "\\" in path or any(part in ("", ".", "..") for part in parts):
+        form = "a path relative to the tree's root, e.g. tests/v1/core" + (" or a test id (path::name)" if ids else "")
+        raise BadInput(f"{where} has {value!r}; use {form}")
+    if not ids and "::" in text:
+        raise BadInput(f"{where} has {value!r}: a test id; list paths here and test ids under deselect (with why)")
+    return text
+
+
+def _upstream_tests(build: _Section) -> UpstreamTests | None:
+    """build.upstream_tests: {paths: [...], marker: EXPR, deselect: {path or id: why}, requires: [...], timeout: S,
+    workers: N, env: {NAME: value}, checkout: [...]}."""
+    if not build.has("upstream_tests"):
+        return None
+    section = build.section("upstream_tests", UPSTREAM_TESTS_KEYS)
+    where = f"{build.path}: build.upstream_tests"
+    if not section.has("paths"):
+        raise BadInput(f"{where}.paths is required: the upstream's test files or directories, e.g. [tests/v1/core]")
+    paths = tuple(dict.fromkeys(_tree_path(f"{where}.paths", p) for p in section.strings("paths")))
+    deselect = section.data.get("deselect") or {}
+    if not isinstance(deselect, dict):
+        raise BadInput(f"{where}.deselect must be a mapping of test path or id to why it cannot run here")
+    found = []
+    for target, why in deselect.items():
+        target = _tree_path(f"{where}.deselect", target, ids=True)
+        if not isinstance(why, str) or not why.strip():
+            raise BadInput(f"{where}.deselect.{target} needs a reason: why the test cannot run here")
+        found.append(Deselection(target, " ".join(why.split())))
+    workers = section.data.get("workers", 0)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise section.fail("workers", "a number of pytest-xdist workers, 0 for one process")
+    marker = section.string("marker")
+    return UpstreamTests(
+        paths=paths,
+        marker=" ".join(marker.split()) if marker else None,
+        deselect=tuple(found),
+        requires=section.strings("requires"),
+        timeout=section.integer("timeout") or DEFAULT_TEST_TIMEOUT_S,
+        workers=workers,
+        env=section.env("env"),
+        checkout=tuple(_tree_path(f"{where}.checkout", p) for p in section.strings("checkout")),
     )
 
 
@@ -630,14 +721,6 @@ def _distribution(section: _Section) -> str | None:
     if name is not None and not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
         raise section.fail("distribution", "the upstream's distribution name, as in its wheel's file name, e.g. pluggy")
     return name
-
-
-def _gate_rules(section: _Section) -> tuple[GateRule, ...]:
-    if section.data.get("gate") is None:
-        return ()
-    from carry.binaries.gatepolicy import parse_rules
-
-    return parse_rules(section.data.get("gate"), f"{section.path}: build.gate")
 
 
 def _precompiled(build: _Section) -> Precompiled | None:

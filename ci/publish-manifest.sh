@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # After each platform's runner pushed its own image (<VERSION>-<arch>, ci/build-platform.sh): make every shared tag
 # (VERSION, VERSION-cuXYZ, latest, ...) a manifest list of those images with `build.py manifest`, which first checks
-# that each platform's image is in the registry and afterwards reads every list back; then verify each platform of
-# the VERSION tag, the other CPU's under QEMU (ci/qemu.sh). $CARRY_CUDA_RELEASE (default 13.0) is the CUDA
-# release the platforms built with, for the {cuda} tag field. Credentials: CARRY_REGISTRY_USER /
-# CARRY_REGISTRY_PASSWORD, which carry hands to `docker login --password-stdin` in a throwaway DOCKER_CONFIG.
+# that each platform's image is in the registry, PUTs the list by digest (signed) and moves the tags last; then
+# verify each platform of the VERSION tag, the other CPU's under QEMU (ci/qemu.sh). $CARRY_CUDA_RELEASE (default
+# 13.0) is the CUDA release the platforms built with, for the {cuda} tag field. Credentials: CARRY_REGISTRY_USER /
+# CARRY_REGISTRY_PASSWORD, sent in an Authorization header only (and to `docker login --password-stdin` in a throwaway
+# DOCKER_CONFIG for the engine's pulls).
 # With CARRY_SIGNING_KEY_PEM (the key route), `manifest` signs every list too; verify checks with
 # signing/carry.pub when the repository holds it.
 set -euo pipefail

@@ -3,7 +3,8 @@
 # (for the image commands and tests) a Docker engine and a local registry started in the background, QEMU for
 # the other CPU's images (arm64 on an x86-64 machine), and the local base images the demo and the image tests
 # build FROM, for both platforms (nothing can be pulled here): loaded from where an earlier run on this machine
-# saved them (.ci/saved-images.sh), else built (.ci/base-images.sh) and saved.
+# saved them (.ci/saved-images.sh), else built (.ci/base-images.sh) and saved; and the real cosign, Debian's, for
+# the tests that check carry's signatures with it (ci/cosign.sh).
 # What the tests download (vLLM's real released files, and PyPI's CUDA 13 torch into uv's cache) is fetched in the
 # background meanwhile, while QEMU builds the arm64 images.
 # Idempotent; runs as root without stdin. Set CARRY_SETUP_SERVICES=0 to skip Docker and the registry.
@@ -36,6 +37,7 @@ trap 'kill "$downloading" 2>/dev/null || true' EXIT
 
 if [ "${CARRY_SETUP_SERVICES:-1}" = 1 ]; then
     bash .ci/services.sh
+    bash ci/cosign.sh
     bash ci/qemu.sh
     bash .ci/saved-images.sh load
     bash .ci/base-images.sh

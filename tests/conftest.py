@@ -36,6 +36,8 @@ SERIAL = "engine"
 SERIAL_MODULES = {
     "test_engine_keep",
     "test_fresh_runner",
+    "test_faults_layers",
+    "test_faults_registry",
     "test_image",
     "test_image_cache",
     "test_locked_image",
@@ -43,6 +45,7 @@ SERIAL_MODULES = {
     "test_remote_cache",
     "test_runtime_base",
     "test_secrets",
+    "test_trust_cosign",
     "test_verify_locked",
     "test_verify_vllm",
 }

@@ -115,6 +115,12 @@ def _read_env_file(path: Path) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs}
 
 
+def recorded(key: str) -> str:
+    """One fact of the env file (a tool's path, say), the environment's variable of that name winning; "" when
+    neither has it."""
+    return os.environ.get(key) or _read_env_file(env_file()).get(key, "")
+
+
 def _settings() -> dict[str, str]:
     settings = _read_env_file(env_file())
     settings.update({key: os.environ[key] for key in KEYS if os.environ.get(key)})

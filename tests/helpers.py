@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,3 +129,20 @@ def assert_bad_input(result: Result, *needles: str) -> None:
     assert "Traceback" not in result.err
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
+
+
+def find_in_tree(root: Path, needles: list[str]) -> list[str]:
+    """Files under `root` holding a needle, looking inside zip archives (wheels) member by member."""
+    hits = []
+    encoded = [n.encode() for n in needles]
+    for path in sorted(root.rglob("*")) if root.exists() else []:
+        if not path.is_file() or path.is_symlink():
+            continue
+        data = path.read_bytes()
+        chunks = [data]
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                chunks += [archive.read(name) for name in archive.namelist()]
+        if any(needle in chunk for chunk in chunks for needle in encoded):
+            hits.append(str(path))
+    return hits

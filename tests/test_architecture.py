@@ -1,10 +1,13 @@
 """carry's import graph, read with `ast` (imports inside functions and under TYPE_CHECKING count too): it has no
-cycle, and, once the modules live in subpackages, each subpackage imports only what docs/architecture.md says it
-may (RULES below, the same table)."""
+cycle between modules, none between rooms (each subpackage, each family of image/, each shared top-level module),
+and each room imports only what docs/architecture.md says it may (RULES below, the same table). And carry runs
+other programs only through its one runner (carry/util/run.py), each run with a timeout."""
 
 from __future__ import annotations
 
 import ast
+import functools
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -12,20 +15,31 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "carry"
 
-# What each subpackage may import (besides itself), as docs/architecture.md lists it. Checked for every module
-# that lives in one of these subpackages; while carry is flat there is none, and the check has nothing to do.
+# What each room may import (besides itself), as docs/architecture.md lists it: a subpackage (`util`), a family of
+# image/ (`image.buildkit`; `image` is image/'s own top: what the families share), or a shared top-level module. A
+# room outside image/ that may import `image` may import every family of it.
 RULES: dict[str, set[str]] = {
     "util": set(),
+    "arch": {"util"},
+    "platforms": {"util"},
+    "version": {"util"},
+    "config": {"util", "arch", "platforms"},
     "source": {"util"},
     "binaries": {"util", "source"},
     "wheelbuild": {"util", "source", "binaries"},
     "image": {"util", "source", "binaries", "wheelbuild", "trust"},
+    "image.buildkit": {"util", "source", "binaries", "wheelbuild", "trust", "image"},
+    "image.locked": {"util", "source", "binaries", "wheelbuild", "trust", "image", "image.buildkit"},
+    "image.inspect": {"util", "source", "binaries", "wheelbuild", "trust", "image", "image.locked"},
     "verdicts": {"util", "source"},
     "gputest": {"util", "source", "binaries", "wheelbuild", "image", "verdicts"},
     "trust": {"util"},
 }
-# The top-level modules every subpackage may use: the typed, resolved options everything is handed.
-SHARED = {"config", "arch", "platforms", "version", "__init__"}
+# The top-level modules every room above them may use besides its rules (not util/, and not one another unless
+# RULES says so): the typed, resolved options everything is handed.
+SHARED = {"config", "arch", "platforms", "version"}
+# The subpackages whose subpackages are rooms of their own.
+FAMILIES = {"image"}
 
 
 def modules(root: Path, package: str = PACKAGE) -> dict[str, Path]:
@@ -147,51 +161,271 @@ def describe(cycle: list[str]) -> str:
     return " -> ".join(cycle)
 
 
+def room(module: str, known: Iterable[str] = ()) -> str:
+    """The room a module lives in: its subpackage (`source`), its family of image/ (`image.locked`: a subpackage
+    of image/ among the `known` modules), or, for a top-level module, itself (`config`)."""
+    parts = module.split(".")
+    family = ".".join(parts[:2])
+    if parts[0] in FAMILIES and len(parts) > 1 and (len(parts) > 2 or any(k.startswith(f"{family}.") for k in known)):
+        return family
+    return parts[0]
+
+
+def _may(importer: str, target: str, rules: dict[str, set[str]]) -> bool:
+    allowed = rules[importer]
+    if target == importer or target in allowed:
+        return True
+    package = target.split(".")[0]
+    if package != importer.split(".")[0] and package in allowed:  # `image` from outside image/: every family
+        return True
+    return target in SHARED and importer != "util" and importer not in SHARED
+
+
 def rule_breaks(edges: dict[str, set[str]], rules: dict[str, set[str]] = RULES) -> list[str]:
-    """`a.x -> b.y` for each import from subpackage a into subpackage b that RULES does not allow a."""
+    """`a.x -> b.y` for each import from room a into room b that RULES does not allow a."""
     breaks = []
     for module, targets in sorted(edges.items()):
-        family = module.split(".")[0] if "." in module else None
-        if family not in rules:
+        here = room(module, edges)
+        if here not in rules:
             continue
         for target in sorted(targets):
-            other = target.split(".")[0] if "." in target or target in rules else None
-            if other is None:
-                if target not in SHARED:
-                    breaks.append(f"{module} -> {target} (a top-level module; {family} may use only {sorted(SHARED)})")
-            elif other != family and other not in rules[family]:
-                breaks.append(f"{module} -> {target} ({family} may import {sorted(rules[family]) or 'none'})")
+            there = room(target, edges)
+            if _may(here, there, rules):
+                continue
+            if there not in rules and there not in SHARED and "." not in target:
+                breaks.append(f"{module} -> {target} (a top-level module above the rooms; {here} may not use it)")
+            else:
+                breaks.append(f"{module} -> {target} ({here} may import {sorted(rules[here]) or 'none'})")
     return breaks
+
+
+def rooms(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between rooms: room -> the other rooms its modules import."""
+    found: dict[str, set[str]] = {}
+    for module, targets in edges.items():
+        here = room(module, edges)
+        found.setdefault(here, set()).update(room(target, edges) for target in targets if room(target, edges) != here)
+    return found
+
+
+def room_loops(edges: dict[str, set[str]]) -> list[str]:
+    """Each loop between rooms, named with the module imports that make every step of it:
+    `platforms -> util -> platforms (platforms -> util.errors; util.index -> platforms)`."""
+    named = []
+    for loop in cycles(rooms(edges)):
+        steps = []
+        for here, there in zip(loop, loop[1:]):
+            made = sorted(
+                f"{module} -> {target}"
+                for module, targets in edges.items()
+                if room(module, edges) == here
+                for target in targets
+                if room(target, edges) == there
+            )
+            steps.append(made[0] + (f" (+{len(made) - 1} more)" if len(made) > 1 else ""))
+        named.append(f"{describe(loop)} ({'; '.join(steps)})")
+    return named
 
 
 # --- carry itself -------------------------------------------------------------------------------------------
 
 
+@functools.cache
+def carry_graph() -> dict[str, set[str]]:
+    """carry's own import graph, read once for every test here (none changes it)."""
+    return graph(ROOT)
+
+
 def test_carry_has_no_import_cycle():
-    found = cycles(graph(ROOT))
+    found = cycles(carry_graph())
     assert not found, "import cycles in carry: " + "; ".join(describe(cycle) for cycle in found)
 
 
 def test_the_graph_sees_carry_s_real_imports():
-    edges = graph(ROOT)
+    edges = carry_graph()
     assert len(edges) > 40, sorted(edges)
     commands = next(name for name in edges if name.endswith("commands") and not name.startswith("cli."))  # Session's
     assert len(edges[commands]) > 10, edges[commands]  # its imports are inside functions: they count
 
 
-def test_subpackages_import_only_what_the_architecture_allows():
-    edges = graph(ROOT)
+def test_no_loop_between_rooms():
+    found = room_loops(carry_graph())
+    assert not found, "import loops between carry's rooms: " + "; ".join(found)
+
+
+def test_every_room_is_checked():
+    """Every subpackage and every family of image/ has its rules; so do the shared top-level modules."""
+    edges = carry_graph()
+    packaged = {room(module, edges) for module in edges if "." in module}
+    assert packaged - {"cli"} <= set(RULES), sorted(packaged - {"cli"} - set(RULES))
+    assert {"image", "image.buildkit", "image.locked", "image.inspect"} <= packaged
+    assert set(RULES) >= SHARED
+
+
+def test_rooms_import_only_what_the_architecture_allows():
+    edges = carry_graph()
     assert not rule_breaks(edges), "\n".join(rule_breaks(edges))
 
 
-def test_the_rules_are_the_ones_docs_architecture_lists():
+def _docs_key(name: str) -> str:
+    """A room as docs/architecture.md's table names it: `image/locked/`, `config`."""
+    return name if name in SHARED else name.replace(".", "/") + "/"
+
+
+def _docs_rows() -> dict[str, list[str]]:
     text = (ROOT / "docs" / "architecture.md").read_text()
-    for family, allowed in RULES.items():
-        line = next((line for line in text.splitlines() if line.startswith(f"| `{family}/`")), None)
-        assert line is not None, f"docs/architecture.md: no row for {family}/"
-        cell = line.split("|")[3]
-        listed = {word.strip("` /") for word in cell.split(",") if word.strip("` /") and word.strip() != "nothing"}
-        assert listed == allowed, f"{family}/: docs say {sorted(listed)}, RULES say {sorted(allowed)}"
+    rows = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if len(cells) == 4 and cells[0].startswith("`") and cells[0].count("`") == 2:
+            rows[cells[0].strip("`")] = cells
+    return rows
+
+
+def _listed(cell: str) -> set[str]:
+    words = {word.strip().strip("`").strip() for word in cell.split(",")}
+    return {word.rstrip("/").replace("/", ".") for word in words if word and word != "nothing"}
+
+
+def test_the_rules_are_the_ones_docs_architecture_lists():
+    rows = _docs_rows()
+    for name, allowed in RULES.items():
+        assert _docs_key(name) in rows, f"docs/architecture.md: no row for {_docs_key(name)}"
+        listed = _listed(rows[_docs_key(name)][2])
+        assert listed == allowed, f"{_docs_key(name)}: docs say {sorted(listed)}, RULES say {sorted(allowed)}"
+
+
+def test_the_modules_docs_architecture_lists_are_the_rooms_own():
+    edges = carry_graph()
+    rows = _docs_rows()
+    for name in RULES:
+        if name in SHARED:
+            continue
+        own = {module.rsplit(".", 1)[1] for module in edges if room(module, edges) == name and module != name}
+        listed = _listed(rows[_docs_key(name)][1])
+        assert listed == own, f"{_docs_key(name)}: docs list {sorted(listed)}, the room holds {sorted(own)}"
+
+
+# --- programs run through the one runner ----------------------------------------------------------------------
+
+RUNNER = "util.run"  # carry.util.run: the one module that starts a process itself
+RUNNER_CALLS = {"execute", "spawn"}
+# Every way Python starts another program, by the module that offers it.
+STARTERS = {
+    "subprocess": {"run", "Popen", "call", "check_call", "check_output", "getoutput", "getstatusoutput"},
+    "os": {"system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp"}
+    | {f"exec{s}" for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")}
+    | {f"spawn{s}" for s in ("l", "le", "lp", "lpe", "v", "ve", "vp", "vpe")},
+    "asyncio": {"create_subprocess_exec", "create_subprocess_shell"},
+    "pty": {"spawn", "fork"},
+}
+
+
+def _names(tree: ast.AST) -> tuple[dict[str, str], dict[str, str]]:
+    """(local name -> module, for `import subprocess [as sp]`; local name -> "module.function", for `from
+    subprocess import run [as r]`), over STARTERS' modules and carry.util.run."""
+    modules, functions = {}, {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in STARTERS or alias.name == f"{PACKAGE}.{RUNNER}":
+                    modules[alias.asname or alias.name] = alias.name
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            for alias in node.names:
+                if node.module in STARTERS or node.module == f"{PACKAGE}.{RUNNER}":
+                    functions[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                elif f"{node.module}.{alias.name}" == f"{PACKAGE}.{RUNNER}":
+                    modules[alias.asname or alias.name] = f"{PACKAGE}.{RUNNER}"
+    return modules, functions
+
+
+def _called(node: ast.Call, modules: dict[str, str], functions: dict[str, str]) -> str | None:
+    """ "module.function" a call names, when it is one of STARTERS' or the runner's; else None."""
+    func = node.func
+    if isinstance(func, ast.Name) and func.id in functions:
+        return functions[func.id]
+    if isinstance(func, ast.Attribute):
+        value = func.value
+        dotted = value.id if isinstance(value, ast.Name) else None
+        if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name):  # carry.util.run.execute
+            dotted = f"{value.value.id}.{value.attr}"
+        if dotted in modules:
+            return f"{modules[dotted]}.{func.attr}"
+        if isinstance(value, ast.Attribute) and isinstance(value.value, ast.Attribute):
+            chain = ast.unparse(value)
+            if chain in modules.values():
+                return f"{chain}.{func.attr}"
+    return None
+
+
+def process_calls(path: Path) -> tuple[list[str], list[str]]:
+    """(direct starts of a program: `line: subprocess.run`; runner calls without a timeout: `line: execute`) in
+    one file."""
+    tree = ast.parse(path.read_text(), str(path))
+    modules, functions = _names(tree)
+    direct, untimed = [], []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        called = _called(node, modules, functions)
+        if called is None:
+            continue
+        module, _, name = called.rpartition(".")
+        timed = {keyword.arg for keyword in node.keywords}
+        if module in STARTERS and name in STARTERS[module]:
+            direct.append(f"{node.lineno}: {called}")
+        elif module == f"{PACKAGE}.{RUNNER}" and name in RUNNER_CALLS and "timeout" not in timed:
+            untimed.append(f"{node.lineno}: {name}")
+    return direct, untimed
+
+
+def test_programs_run_only_through_the_runner():
+    found = [
+        f"{path.relative_to(ROOT)}:{hit}"
+        for module, path in modules(ROOT).items()
+        if module != RUNNER
+        for hit in process_calls(path)[0]
+    ]
+    assert not found, "a program started outside carry/util/run.py (use carry.util.run.execute): " + "; ".join(found)
+
+
+def test_every_run_names_its_timeout():
+    found = [f"{path.relative_to(ROOT)}:{hit}" for path in modules(ROOT).values() for hit in process_calls(path)[1]]
+    assert not found, "carry.util.run.execute without timeout=: " + "; ".join(found)
+
+
+def test_the_runner_is_what_carry_calls():
+    """The finder sees carry's own calls: the runner's, in most families, and the runner's own start."""
+    runs = set()
+    for module, path in modules(ROOT).items():
+        parsed = ast.parse(path.read_text())
+        names = _names(parsed)
+        calls = [_called(node, *names) for node in ast.walk(parsed) if isinstance(node, ast.Call)]
+        if f"{PACKAGE}.{RUNNER}.execute" in calls:
+            runs.add(module)
+    assert {"source.git", "image.buildkit.container", "gputest.testrun", "wheelbuild.pep517"} <= runs, sorted(runs)
+    assert process_calls(modules(ROOT)[RUNNER])[0], "the runner itself starts its programs with subprocess"
+
+
+@pytest.mark.parametrize(
+    "text, direct, untimed",
+    [
+        ("import subprocess\nsubprocess.run(['x'])\n", ["2: subprocess.run"], []),
+        ("import subprocess as sp\nsp.Popen(['x'])\n", ["2: subprocess.Popen"], []),
+        ("from subprocess import check_output as co\nco(['x'])\n", ["2: subprocess.check_output"], []),
+        ("import os\nos.system('x')\n", ["2: os.system"], []),
+        ("def f():\n    import os\n    os.execvp('x', ['x'])\n", ["3: os.execvp"], []),
+        ("from carry.util.run import execute\nexecute(['x'])\n", [], ["2: execute"]),
+        ("from carry.util import run\nrun.execute(['x'], cwd='.')\n", [], ["2: execute"]),
+        ("import carry.util.run\ncarry.util.run.execute(['x'])\n", [], ["2: execute"]),
+        ("from carry.util.run import execute\nexecute(['x'], timeout=5)\n", [], []),
+        ("import subprocess\nsubprocess.DEVNULL\nraise subprocess.TimeoutExpired('x', 1)\n", [], []),
+    ],
+)
+def test_a_direct_start_or_an_untimed_run_is_found(tmp_path, text, direct, untimed):
+    path = tmp_path / "module.py"
+    path.write_text(text)
+    assert process_calls(path) == (direct, untimed)
 
 
 # --- the finder on a package written here ---------------------------------------------------------------------
@@ -265,3 +499,65 @@ def test_rule_breaks_name_the_import(tmp_path):
         },
     )
     assert rule_breaks(graph(root)) == ["verdicts.drop -> image.container (verdicts may import ['source', 'util'])"]
+
+
+def test_a_loop_between_rooms_is_named_with_the_imports_that_make_it(tmp_path):
+    root = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "platforms.py": "from carry.util.errors import BadInput\n",
+            "util/__init__.py": "",
+            "util/errors.py": "",
+            "util/index.py": "from carry.platforms import Platform\n",
+        },
+    )
+    edges = graph(root)
+    assert cycles(edges) == []  # no module imports itself back: only the rooms loop
+    assert room_loops(edges) == ["platforms -> util -> platforms (platforms -> util.errors; util.index -> platforms)"]
+    assert rule_breaks(edges) == ["util.index -> platforms (util may import none)"]
+
+
+def test_a_shared_module_importing_a_family_is_a_loop_and_a_break(tmp_path):
+    root = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "config.py": "def policy():\n    from carry.binaries.gatepolicy import GatePolicy\n",
+            "binaries/__init__.py": "",
+            "binaries/gatepolicy.py": "",
+            "binaries/treecheck.py": "from carry import config\n",
+        },
+    )
+    edges = graph(root)
+    assert room_loops(edges) == [
+        "binaries -> config -> binaries (binaries.treecheck -> config; config -> binaries.gatepolicy)"
+    ]
+    assert rule_breaks(edges) == ["config -> binaries.gatepolicy (config may import ['arch', 'platforms', 'util'])"]
+
+
+def test_each_family_of_image_is_a_room_of_its_own(tmp_path):
+    root = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "image/__init__.py": "",
+            "image/attest.py": "def read():\n    from carry.image.inspect import imagefs\n",
+            "image/registryhttp.py": "",
+            "image/inspect/__init__.py": "",
+            "image/inspect/imagefs.py": "from carry.image import registryhttp\n",
+            "gputest/__init__.py": "",
+            "gputest/testrun.py": "from carry.image.inspect import imagefs\n",
+        },
+    )
+    edges = graph(root)
+    assert room("image.inspect.imagefs", edges) == "image.inspect" and room("image.attest", edges) == "image"
+    assert room("image.inspect", edges) == "image.inspect"
+    assert room_loops(edges) == [
+        "image -> image.inspect -> image (image.attest -> image.inspect.imagefs; image.inspect.imagefs -> "
+        "image.registryhttp)"
+    ]
+    # gputest may import `image`: every family of it
+    assert rule_breaks(edges) == [
+        "image.attest -> image.inspect.imagefs (image may import ['binaries', 'source', 'trust', 'util', 'wheelbuild'])"
+    ]

@@ -332,6 +332,30 @@ CASES: list[Case] = [
         _append("build:\n  compiler_cache: distcc\n"),
     ),
     Case(
+        "upstream_tests_without_paths",
+        ("check",),
+        ("build.upstream_tests.paths is required", "tests/v1/core"),
+        _append("build:\n  upstream_tests: {marker: cpu_test}\n"),
+    ),
+    Case(
+        "upstream_tests_path_outside_the_tree",
+        ("check",),
+        ("build.upstream_tests.paths has '../tests'", "relative to the tree's root"),
+        _append("build:\n  upstream_tests: {paths: [../tests]}\n"),
+    ),
+    Case(
+        "upstream_tests_deselect_without_a_reason",
+        ("check",),
+        ("build.upstream_tests.deselect.tests/x.py::test_y needs a reason",),
+        _append("build:\n  upstream_tests: {paths: [tests], deselect: {'tests/x.py::test_y': ''}}\n"),
+    ),
+    Case(
+        "upstream_tests_unknown_key",
+        ("check",),
+        ("unknown key build.upstream_tests.markers", "marker"),
+        _append("build:\n  upstream_tests: {paths: [tests], markers: cpu_test}\n"),
+    ),
+    Case(
         "remote_cache_unknown_scheme",
         ("check",),
         ("build.remote_cache", "unknown scheme 'memcached'", "redis://"),
@@ -411,6 +435,12 @@ CASES: list[Case] = [
         "cuda_arches_config_9_1", ("check",), ("'9.1'", "compute capability"), _append("build:\n  cuda_arches: '9.1'\n")
     ),
     Case("cuda_arches_wrong_type", ("check",), ("build.cuda_arches",), _append("build:\n  cuda_arches: {a: b}\n")),
+    Case(  # build.gate is read where the gate policy is made (binaries.gatepolicy.for_config), before any build
+        "gate_rule_without_why",
+        ("wheel", "--arch", "9.0"),
+        ("build.gate[0].why is required",),
+        _append("build:\n  gate: [{match: 'pkg/x.so', gpus: '9.0'}]\n"),
+    ),
     Case(
         "platforms_bad",
         ("check",),
@@ -794,7 +824,7 @@ def test_git_itself_refuses_helper_transports(tmp_path):
 
 def test_yaml_is_only_read_safely():
     """build.yaml is loaded with a safe loader (libyaml's where PyYAML has it); the pin rewrite only composes nodes,
-    which constructs no objects."""
+    which constructs no objects; the build stage's copy of it is written with the safe dumper."""
     import yaml
 
     from carry import config
@@ -804,6 +834,6 @@ def test_yaml_is_only_read_safely():
         text = path.read_text()
         calls |= set(re.findall(r"\byaml\.(\w+)\(", text))
         loads += re.findall(r"\byaml\.load\(([^)]*)\)", text)
-    assert calls <= {"safe_load", "compose", "load"}, calls
+    assert calls <= {"safe_load", "compose", "load", "safe_dump"}, calls
     assert loads and all(args.endswith("Loader=SAFE_LOADER") for args in loads), loads
     assert config.SAFE_LOADER in (yaml.SafeLoader, getattr(yaml, "CSafeLoader", None))

@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 import pytest
 
-from carry.cli import COMMANDS, cli
+from carry.cli.main import COMMANDS, cli
 from helpers import ROOT, carry
 
 DEMO_CONFIG = ROOT / "examples" / "demo" / "build.yaml"
@@ -111,7 +111,7 @@ def test_the_command_table_names_every_command_module_and_its_short_help():
 
 def test_help_lists_every_command_without_importing_one():
     probe = (
-        "import sys\nsys.argv = ['carry', '--help']\nfrom carry.cli import main\n"
+        "import sys\nsys.argv = ['carry', '--help']\nfrom carry.cli.main import main\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "print('LOADED', sorted(m for m in sys.modules if m.startswith('carry.cli.commands.')))\n"
     )

@@ -1,6 +1,7 @@
 """Concurrent carry runs sharing one cache (and one dist): file locks keep them from racing.
 
-Two `wheel` runs at once on the demo both succeed and publish the same bytes, built once; concurrent fetches
+Two `wheel` runs at once on the demo both succeed and publish the same bytes, built once (the second says it waits
+on the first's lock); `image` twice and `lock` beside `image` are in tests/test_faults_runs.py. Concurrent fetches
 into a fresh cache leave one consistent mirror and agree on the base.
 """
 
@@ -88,6 +89,8 @@ def test_two_wheel_runs_at_once_share_cache_and_dist(demo):
     assert not [p for p in dist.iterdir() if p.name.startswith(".")], "no temp files left in dist"
     outcomes = sorted(r.err.strip().splitlines()[-1].split("done: ")[1] for r in (first, second))
     assert outcomes == ["built", "reused from cache"], "the lock must make the second run reuse the first's build"
+    waited = [r for r in (first, second) if "waiting for another carry run, which holds the lock " in r.err]
+    assert len(waited) == 1 and "done: reused from cache" in waited[0].err, "the second run says that it waits"
     artifacts = [p for p in (base / "cache" / "artifacts").iterdir() if not p.name.startswith(".")]
     assert len(artifacts) == 1 and (artifacts[0] / wheels[0].name).read_bytes() == wheels[0].read_bytes()
     verified = carry("--config", str(config), "verify", str(wheels[0]), env=env)

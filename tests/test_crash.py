@@ -5,14 +5,15 @@ measured duration: uniformly over the whole run for `fetch` and `check`, and for
 random offset into a randomly chosen phase (carry prints each phase as it starts), so short phases such as
 materializing the tree or stamping the wheel get hit too. After every kill and after every rerun:
 `dist/` holds only wheels that `build.py verify` accepts (temp files stay hidden and are never *.whl), each
-cached artifact is one verifiable wheel, the mirror passes `git fsck`, the cached bundle verifies, and the
-rerun without a kill succeeds. CARRY_CRASH_SEED picks another sequence; CARRY_CRASH_ROUNDS multiplies the
-number of kills for a longer soak.
+cached artifact is one verifiable wheel (with its sha256 recorded beside it, when there is one, its own), the mirror
+passes `git fsck`, the cached bundle verifies, and the rerun without a kill succeeds. CARRY_CRASH_SEED picks another
+sequence; CARRY_CRASH_ROUNDS multiplies the number of kills for a longer soak.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import random
 import re
@@ -223,6 +224,12 @@ def assert_only_verifiable_wheels(demo: Demo, directory: Path, when: str) -> Non
         if entry.name.endswith(".whl.gate.txt"):  # a wheel's gate report: never without its wheel
             assert entry.with_name(entry.name.removesuffix(".gate.txt")).is_file(), f"{when}: {entry} has no wheel"
             assert entry.read_text().startswith("arch gate passed"), f"{when}: {entry} is not a full report"
+            continue
+        if entry.name.endswith(".whl.sha256"):  # a cached wheel's sha256, recorded when it was stored: its wheel's
+            wheel = entry.with_name(entry.name.removesuffix(".sha256"))
+            assert wheel.is_file(), f"{when}: {entry} has no wheel"
+            recorded = entry.read_text().split()[0]
+            assert recorded == hashlib.sha256(wheel.read_bytes()).hexdigest(), f"{when}: {entry} is not its wheel's"
             continue
         assert entry.name.endswith(".whl"), f"{when}: unexpected {entry} in {directory}"
         verified = demo.run("verify", str(entry))

@@ -158,11 +158,17 @@ def test_no_base_or_a_pruned_one_runs_the_build(setup):
 
 
 def test_an_unreadable_base_wheel_runs_the_build(setup):
+    """A base wheel that is not whole is noticed before it is read (stored without a sha256, as this one is: held to
+    its own RECORD), removed, and the build runs."""
     upstream, cache, tree = setup
     (wheel,) = (cache.artifacts / "k0").glob("*.whl")
     wheel.write_bytes(b"not a zip")
     derivation = derive.plan(cache, upstream.repo, "fam", tree, ())
-    assert not derivation.possible and f"the earlier build's wheel {wheel.name} cannot be read" in derivation.reason
+    assert not derivation.possible and derivation.reason == (
+        f"the earlier build's wheel {wheel}: no sha256 recorded beside it (an older carry's entry), and its own RECORD "
+        f"does not hold: a corrupt cache entry, removed"
+    )
+    assert not wheel.parent.exists()
 
 
 # -- another VERSION: the same plan but for the wheel's version (its lineage) ---------------------------------------

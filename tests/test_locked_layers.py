@@ -4,52 +4,22 @@ difference with whiteouts, byte-identical layers from the same inputs, and the i
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import io
 import tarfile
 import types
-import zipfile
-from pathlib import Path
 
 import pytest
 
 import dockerenv
+from carry.image import gzlayer, layerpush
 from carry.image.locked import layerplan, layerwrite, ocilayer, runtimelock, smoketest, wheelinstall
 from carry.platforms import Platform
 from carry.util.download import Store
 from carry.util.progress import Progress
+from lib.wheels import make_wheel
 
 pytestmark = pytest.mark.docker
-
-
-def make_wheel(
-    directory: Path,
-    name: str,
-    version: str,
-    files: dict[str, bytes],
-    entry_points: str = "",
-    executable: tuple[str, ...] = (),
-) -> Path:
-    dist_info = f"{name}-{version}.dist-info"
-    members = dict(files)
-    members[f"{dist_info}/METADATA"] = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode()
-    members[f"{dist_info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    if entry_points:
-        members[f"{dist_info}/entry_points.txt"] = entry_points.encode()
-    record = []
-    for path, data in members.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{path},sha256={digest},{len(data)}")
-    record.append(f"{dist_info}/RECORD,,")
-    members[f"{dist_info}/RECORD"] = ("\n".join(record) + "\n").encode()
-    path = directory / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
-        for member, data in members.items():
-            info = zipfile.ZipInfo(member)
-            info.external_attr = (0o755 if member in executable else 0o644) << 16
-            archive.writestr(info, data)
-    return path
 
 
 @pytest.fixture
@@ -137,7 +107,7 @@ def test_the_same_inputs_give_the_same_layer_bytes(wheels, tmp_path):
         found = []
         for layer in plan.layers:
             box = {}
-            data = b"".join(ocilayer.compressed(ocilayer.stream(layer.items), lambda w, box=box: box.update(w=w)))
+            data = b"".join(gzlayer.compressed(ocilayer.stream(layer.items), lambda w, box=box: box.update(w=w)))
             assert box["w"].tar_size == ocilayer.tar_size(layer.items)
             assert hashlib.sha256(data).hexdigest() == box["w"].digest.split(":")[1]
             found.append(box["w"].digest)
@@ -165,7 +135,7 @@ def test_loaded_into_the_engine_and_run(wheels, tmp_path, platform):
     image_id, layers = layerwrite.load_platform(
         client,
         plan,
-        layerwrite.Digests(tmp_path / "digests"),
+        layerpush.Digests(tmp_path / "digests"),
         {"io.carry.test": "yes"},
         CONFIG,
         (ref,),

@@ -349,7 +349,9 @@ def test_a_pin_by_name_resolves_the_file_the_url_pin_did(tmp_path):
         assert "sha256 4b6bdec4" in said[0]
         again = []
         assert store.get(pinned, again.append) == got and again == []
-        assert [p.name for p in store.root.iterdir()] == [released.sha256]  # no pip scratch dir left
+        # no pip scratch dir left: the file under its sha256, and its stamp (checked/) from the one hash made
+        assert sorted(p.name for p in store.root.iterdir()) == sorted([released.sha256, "checked"])
+        assert len(list((store.root / "checked").iterdir())) == 1
     finally:
         shutil.rmtree(tmp_path / "store", ignore_errors=True)
 

@@ -6,8 +6,8 @@ asserts, where its docstring says it returns None. The test copies README's code
 them with `carry` as this checkout, substituting only README's placeholders (the upstream URL, the registry and its
 login) and, as README says to where nothing can be pulled, naming local bases. One history, one image and one
 registry repository serve the whole walk: bump, check, wheel, verify, test, image --push, verify IMAGE, status,
-upstream merges the fix, status says MERGED, drop, and the next wheel holds upstream's fix and passes the patch's
-test.
+a second release (1.6.0) pinned in the same cache built into an image beside it, upstream merges the fix, status says
+MERGED, drop, and the next wheel holds upstream's fix and passes the patch's test.
 """
 
 from __future__ import annotations
@@ -201,6 +201,23 @@ def test_readme_carry_your_own_patch_reaches_an_image_and_drops_the_merged_patch
         # Not merged yet: main (1.6.0) still asserts, and pluggy's own test there no longer has the patch's context.
         needed = json.loads(carry("status", "--json").stdout)["refs"][0]["patches"][0]
         assert (needed["name"], needed["verdict"], needed["droppable"]) == (PATCH, "CONFLICT", False)
+
+        # A second release pinned in the same cache (two releases carried, or two CI branches): a project of the same
+        # upstream URL pinned at 1.6.0. The mirror has 1.6.0 already (status fetched main) and its last pin is 1.5.0:
+        # the bundle carried into the build stage must hold 1.6.0 all the same.
+        release = work / "release-1.6"
+        (release / "patches").mkdir(parents=True)
+        (release / "VERSION").write_text("20261201.9\n")
+        pin_16 = history["refs"]["refs/tags/1.6.0"]
+        (release / "build.yaml").write_text((project / "build.yaml").read_text().replace(pin, pin_16))
+        beside = subprocess.run(
+            ["carry", "image", "--hermetic"], cwd=release, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert beside.returncode == 0, beside.stderr[-3000:]
+        bundle = tmp_path / "cache" / "bundles" / f"{pin_16}.bundle"
+        assert git(tmp_path, "bundle", "list-heads", str(bundle)).split() == [pin_16, f"refs/carry/bundle/{pin_16}"]
+        labels = dockerenv.docker_client().images.get(f"{name}:20261201.9").labels
+        assert labels["io.carry.upstream.commit"] == pin_16 and labels["io.carry.patches"] == ""
         # Upstream merges the fix on main, after 1.6.0.
         git(clone, "checkout", "-q", "main")
         git(clone, "cherry-pick", fix)

@@ -19,9 +19,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 import dockerenv
-from helpers import ROOT, assert_bad_input, carry, git
+from helpers import ROOT, assert_bad_input, carry, find_in_tree, git
 from procwatch import command_lines
 
 TOKEN = "upstream-token-" + os.urandom(8).hex()
@@ -44,23 +45,6 @@ def recorder(directory: Path, name: str, real: str, log: Path) -> Path:
     wrapper.write_text(f'#!/bin/sh\nprintf \'%s \' {name} "$@" >> {log}\necho >> {log}\nexec {real} "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
-
-
-def find_in_tree(root: Path, needles: list[str]) -> list[str]:
-    """Files under `root` holding a needle, looking inside zip archives (wheels) member by member."""
-    hits = []
-    encoded = [n.encode() for n in needles]
-    for path in sorted(root.rglob("*")) if root.exists() else []:
-        if not path.is_file() or path.is_symlink():
-            continue
-        data = path.read_bytes()
-        chunks = [data]
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as archive:
-                chunks += [archive.read(name) for name in archive.namelist()]
-        if any(needle in chunk for chunk in chunks for needle in encoded):
-            hits.append(str(path))
-    return hits
 
 
 # -- credentials in upstream.url, offline --------------------------------------------------------------------
@@ -225,9 +209,15 @@ def test_image_context_carries_no_upstream_credentials(credentialed, tmp_path):
     assert find_in_tree(context, [TOKEN]) == []
     copied = (context / "project" / "build.yaml").read_text()
     assert f"url: {credentialed['public']}" in copied
-    assert copied.replace(credentialed["public"], "") == config.path.read_text().replace(
-        f"file://carry-bot:{TOKEN}@localhost{credentialed['public'].removeprefix('file://localhost')}", ""
+    # the same config but for the URL's user part (and the image settings the build stage does not read)
+    original = yaml.safe_load(
+        config.path.read_text().replace(
+            f"file://carry-bot:{TOKEN}@localhost{credentialed['public'].removeprefix('file://localhost')}",
+            credentialed["public"],
+        )
     )
+    original["image"] = {k: v for k, v in original["image"].items() if k in container.STAGE_IMAGE_KEYS}
+    assert yaml.safe_load(copied) == original
 
 
 # -- the registry password and build secrets while building and pushing -------------------------------------
@@ -404,3 +394,55 @@ def test_no_secret_in_what_the_registry_holds(pushed):
     assert pushed["public"].encode() in config_blob
     for secret in secrets(pushed):
         assert secret.encode() not in manifest and secret.encode() not in config_blob
+
+
+COSIGN_PASSWORD = "cosign-password-" + os.urandom(8).hex()
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_no_secret_when_cosign_signs_and_attests_the_push(pushed):
+    """The real cosign (tests/cosign_tool.py) makes its own key, signs the pushed manifest and attests its SBOM with
+    the passphrase in COSIGN_PASSWORD: neither the passphrase nor the key is on any command line, in cosign's
+    output, its private HOME and Docker config, or what the registry then holds; and carry verifies cosign's
+    signature."""
+    import hashlib
+
+    import cosign_tool
+    from carry.trust import attach
+
+    env = pushed["env"]
+    repository = pushed["name"].split("/", 1)[1]
+    manifest = _registry_get(
+        env, f"/v2/{repository}/manifests/{pushed['version']}", "application/vnd.docker.distribution.manifest.v2+json"
+    )
+    digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    ref = f"{pushed['name']}@{digest}"
+    (sbom,) = (pushed["base"] / "demo" / "dist").glob("pledemo-*-linux-amd64.cdx.json")
+    with cosign_tool.logged_in(env) as cosign, command_lines() as seen:
+        key, public = cosign.generate_key_pair(pushed["base"] / "cosign", COSIGN_PASSWORD)
+        for ran in (
+            cosign.sign(key, ref, COSIGN_PASSWORD),
+            cosign.attest(key, ref, "cyclonedx", sbom, COSIGN_PASSWORD),
+            cosign.verify(public, ref),
+        ):
+            assert ran.code == 0, ran.text()
+        leaks = [*secrets(pushed), COSIGN_PASSWORD, *key.read_text().splitlines()[1:-1]]
+        assert find_in_tree(cosign.home, leaks) == [] and find_in_tree(cosign.docker_config, leaks) == []
+    assert any("cosign sign --key" in line for line in seen), "the /proc scan saw cosign sign"
+    for secret in leaks:
+        assert not [line for line in seen if secret in line]
+        assert not [ran for ran in cosign.runs if secret in ran.text()]
+    held = b""
+    for tag in (attach.sig_tag(digest), attach.att_tag(digest)):
+        found = _registry_get(env, f"/v2/{repository}/manifests/{tag}", attach.OCI_MANIFEST)
+        held += found + b"".join(
+            _registry_get(env, f"/v2/{repository}/blobs/{layer['digest']}", "*/*")
+            for layer in json.loads(found)["layers"]
+        )
+    assert held.count(b"cosign container image signature") == 2, "carry's signature and cosign's"
+    for secret in leaks:
+        assert secret.encode() not in held
+    login = {"CARRY_REGISTRY_USER": env.registry_user, "CARRY_REGISTRY_PASSWORD": env.registry_password()}
+    verified = carry("verify", ref, "--key", str(public), cwd=pushed["base"], env=login)
+    assert "verifies with the key" in verified.out, verified.out + verified.err

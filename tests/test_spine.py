@@ -321,9 +321,9 @@ def _tree_with(upstream: Upstream, base: str, patches: Path) -> str:
 # before (a CI rerun). Every module here is paid by every check a CI job or a maintainer runs (bench/vllmbench.py:
 # <= 1.5x the click+yaml start-up): add one only when the command uses it, never for a command it does not run.
 _CONFIG_LOADS = {
-    *("carry", "carry.cli", "carry.cli.common", "carry.cli.commands", "carry.commands", "carry.config"),
-    *("carry.arch", "carry.platforms", "carry.binaries"),
-    *("carry.binaries.gatepolicy", "carry.util", "carry.util.errors", "carry.util.record"),
+    *("carry", "carry.cli", "carry.cli.main", "carry.cli.common", "carry.cli.commands", "carry.commands"),
+    "carry.config",
+    *("carry.arch", "carry.platforms", "carry.util", "carry.util.errors", "carry.util.record"),
     *("carry.util.digest", "carry.util.cache", "carry.util.fsutil", "carry.util.download"),
     # the standard library's, beyond what click and yaml load
     *("json", "json.decoder", "json.encoder", "json.scanner", "_json", "locale", "_locale", "shlex", "_sha256"),
@@ -336,7 +336,7 @@ LIGHT_COMMANDS_LOAD = {
 }
 # Families neither command may load: network, ELF, Docker, builds, images, verdicts, GPU tests, OpenSSL, processes
 NEVER = (
-    *("carry.image", "carry.wheelbuild", "carry.verdicts", "carry.gputest", "carry.binaries.gate"),
+    *("carry.image", "carry.wheelbuild", "carry.verdicts", "carry.gputest", "carry.binaries"),
     *("carry.binaries.fatbin", "carry.binaries.sharedobjects", "carry.util.index", "carry.source.releases"),
     *("docker", "elftools", "certifi", "ssl", "http", "urllib.request", "socket", "hashlib", "subprocess"),
     *("filelock", "packaging", "dataclasses", "shutil", "tempfile", "logging", "email"),

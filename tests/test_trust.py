@@ -3,7 +3,8 @@ refuses (exit 2, before any work); cosign's simple-signing payload; DSSE envelop
 verifier (not carry's); the SBOM validated against the CycloneDX 1.6 schema, with the carried patches as the fixed
 package's pedigree; the SLSA provenance read back; the `.sig` / `.att` attachments in an in-memory store, and each
 way verify names what failed (missing, wrong key, tampered envelope, keyless). The registry and skopeo half is in
-tests/test_verify_locked.py (signed images) and tests/test_secrets.py (the key never leaks)."""
+tests/test_verify_locked.py (signed images) and tests/test_secrets.py (the key never leaks); the real cosign's, both
+ways, in tests/test_trust_cosign.py."""
 
 from __future__ import annotations
 
@@ -361,6 +362,37 @@ def test_attachments_are_cosigns_shape_and_each_failure_is_named(pair, tmp_path)
     attach._push(keyless, attach.sig_tag(digest), [layer])
     found = attach.check_signature(keyless, key.public, repo, digest)
     assert not found.ok and found.keyless == 1 and "cosign verify --certificate-identity" in found.problems[0]
+
+
+def test_a_statement_v0_1_as_cosign_attest_writes_it_is_read_and_named(pair):
+    """cosign 2.5's `attest` writes in-toto Statement v0.1 (tests/test_trust_cosign.py runs it): read like v1, and
+    verify names the difference; a missing predicate type names what the `.att` holds instead."""
+    from carry.image.inspect import trustcheck
+
+    key = keys.load_private(pair[0] / "carry.key", None)
+    store, digest = MemoryStore(), "sha256:" + "7c" * 32
+    statement = {
+        "_type": "https://in-toto.io/Statement/v0.1",
+        "subject": [{"name": "127.0.0.1:5055/x", "digest": {"sha256": "7c" * 32}}],
+        "predicateType": attach.CYCLONEDX,
+        "predicate": {"bomFormat": "CycloneDX"},
+    }
+    annotations = {attach.SIGNATURE_ANNOTATION: "", attach.PREDICATE_ANNOTATION: attach.CYCLONEDX}
+    envelope = signing.envelope(key, json.dumps(statement).encode())
+    attach._push(store, attach.att_tag(digest), [attach.Layer(attach.DSSE_ENVELOPE, envelope, annotations)])
+    read = attach.read_statements(store, key.public, digest, (attach.CYCLONEDX, attach.SLSA_PROVENANCE))
+    assert read.by_type[attach.CYCLONEDX] == statement
+    assert read.problems == (
+        f"provenance: no {attach.SLSA_PROVENANCE} attestation under {attach.att_tag(digest)} "
+        f"(it holds {attach.CYCLONEDX} only)",
+    )
+    assert trustcheck._other_statement_type(statement) == (
+        "; its statement is https://in-toto.io/Statement/v0.1 (carry's own are Statement v1)"
+    )
+    assert trustcheck._other_statement_type({"_type": signing.STATEMENT_TYPE}) == ""
+    unknown = signing.envelope(key, json.dumps({**statement, "_type": "https://in-toto.io/Statement/v9"}).encode())
+    with pytest.raises(ValueError, match="not an in-toto Statement"):
+        signing.open_envelope(unknown, key.public)
 
 
 # -- cosign's own key format ------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from carry import cli as build  # noqa: E402
+from carry.cli import main as build  # noqa: E402
 from carry.config import load as load_config  # noqa: E402
 
 WORKFLOW_DIR = ROOT / ".github" / "workflows"

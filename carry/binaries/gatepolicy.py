@@ -21,10 +21,14 @@ itself; `all` (the default) means every GPU. The first matching rule decides.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from carry.arch import ArchList, ComputeCapability, Variant
 from carry.util.errors import BadInput
 from carry.util.record import record
+
+if TYPE_CHECKING:
+    from carry.config import Config
 
 ALL = "all"
 RULE_KEYS = ("match", "gpus", "jit", "why")
@@ -94,6 +98,13 @@ class GatePolicy:
         arches = ArchList.parse(str(data.get("cuda_arches", "")))
         rules = parse_rules(data.get("rules") or [], where)
         return cls(arches, rules, str(data.get("source") or where) if rules else STRICT_SOURCE)
+
+
+def for_config(config: Config, arches: ArchList) -> GatePolicy:
+    """The gate's policy for a build of `config` promising `arches`: build.gate's rules (read here, every error
+    naming the entry and the form), else the strict rule."""
+    rules = parse_rules(config.build.gate, f"{config.path}: build.gate")
+    return GatePolicy(arches, rules, f"{config.path.name} build.gate") if rules else GatePolicy(arches)
 
 
 def parse_rules(value: object, where: str) -> tuple[GateRule, ...]:

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 
 from carry.util.errors import BadInput
+from carry.util.run import execute
 
 QUERY = ("name", "compute_cap", "driver_version")
 NO_GPU_HINT = "run it on a machine with an NVIDIA GPU and its driver (e.g. a GPU CI runner)"
@@ -35,13 +36,7 @@ def probe() -> Gpu | None:
     if smi is None:
         return None
     try:
-        result = subprocess.run(
-            [smi, f"--query-gpu={','.join(QUERY)}", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-        )
+        result = execute([smi, f"--query-gpu={','.join(QUERY)}", "--format=csv,noheader"], text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None
     rows = [[field.strip() for field in line.split(",")] for line in result.stdout.splitlines() if line.strip()]

@@ -23,7 +23,6 @@ import os
 import platform
 import shlex
 import shutil
-import signal
 import site
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from carry.config import Config, TestCommand
 from carry.gputest.gpu import Gpu
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
+from carry.util.run import NETWORK_S, PROBE_S, execute
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -49,6 +49,8 @@ FORMAT = 1
 SUFFIX = ".test.json"
 OUTPUT_TAIL_CHARS = 4000
 RUNTIME_ARGS_LABEL = "io.carry.runtime.docker-args"
+VENV_S = 300  # a venv without pip
+INSTALL_S = 1800  # pip installs the one wheel from its file (vLLM's is 400 MB)
 
 
 class ArtifactKind(enum.Enum):
@@ -366,23 +368,15 @@ def _now() -> str:
 
 def _make_venv(venv: Path) -> Path:
     """A venv with no packages of its own; the running Python's site-packages are added behind its own."""
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", str(venv)],
-        check=True,
-        capture_output=True,
-        stdin=subprocess.DEVNULL,
-    )
+    execute([sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=VENV_S).check_returncode()
     python = venv / "bin" / "python"
-    purelib = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    ).stdout.strip()
+    purelib = execute(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True, timeout=PROBE_S
+    )
+    purelib.check_returncode()
     parents = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
     lines = [f"import site; site.addsitedir({path!r})\n" for path in parents if Path(path).is_dir()]
-    (Path(purelib) / "_carry_parent_site.pth").write_text("".join(lines))
+    (Path(purelib.stdout.strip()) / "_carry_parent_site.pth").write_text("".join(lines))
     return venv
 
 
@@ -401,7 +395,7 @@ def _install(venv: Path, wheel: Path) -> None:
         "--quiet",
         str(wheel),
     ]
-    result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    result = execute(command, text=True, timeout=INSTALL_S)
     if result.returncode != 0:
         said = (result.stderr or result.stdout).strip().splitlines()
         raise Failed(
@@ -439,20 +433,11 @@ def _run(
     if executable is None:
         return CommandResult(command.text, 127, 0.0, f"carry: {argv[0]}: not found on PATH (the venv's bin first)")
     with open(log, "wb") as handle:
-        process = subprocess.Popen(
-            [executable, *argv[1:]],
-            cwd=cwd,
-            env=env,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
         try:
-            status: int | None = process.wait(timeout=timeout)
+            status: int | None = execute(
+                [executable, *argv[1:]], cwd=cwd, env=env, log=handle, timeout=timeout
+            ).returncode
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
             status = None
     duration = time.monotonic() - clock
     output = log.read_bytes()[-OUTPUT_TAIL_CHARS:].decode(errors="replace")
@@ -464,12 +449,10 @@ def _run(
 def _inspect_image(docker: str, ref: str) -> tuple[str, list[str]]:
     """The image's ID and the docker-run args its label asks for; pulled first when it is not here."""
     inspect = [docker, "image", "inspect", "--format", "{{.Id}} {{json .Config.Labels}}", ref]
-    result = subprocess.run(inspect, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    result = execute(inspect, text=True, timeout=PROBE_S)
     if result.returncode != 0:
-        pulled = subprocess.run(
-            [docker, "pull", "--quiet", ref], capture_output=True, text=True, stdin=subprocess.DEVNULL
-        )
-        result = subprocess.run(inspect, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        pulled = execute([docker, "pull", "--quiet", ref], text=True, timeout=NETWORK_S)
+        result = execute(inspect, text=True, timeout=PROBE_S)
         if result.returncode != 0:
             said = (pulled.stderr or result.stderr).strip().splitlines()
             raise BadInput(
@@ -537,12 +520,7 @@ def check_report(path: Path, docker: str | None = None) -> ReportCheck:
     docker = docker or shutil.which(os.environ.get("CARRY_DOCKER") or "docker")
     if docker is None:
         raise BadInput("checking an image's test report needs docker; install it or set $CARRY_DOCKER")
-    result = subprocess.run(
-        [docker, "image", "inspect", "--format", "{{.Id}}", artifact.name],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-    )
+    result = execute([docker, "image", "inspect", "--format", "{{.Id}}", artifact.name], text=True, timeout=PROBE_S)
     if result.returncode != 0:
         return ReportCheck(str(path), report, (f"image: {artifact.name} is not here; pull it first",))
     image_id = result.stdout.strip()

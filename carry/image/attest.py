@@ -1,7 +1,8 @@
 """The image family's side of signing (carry.trust): the facts of a pushed image, from what `image` resolved (the
 config, the series, the lock, the wheels, the base), handed to carry.trust.publish. The push paths call `Attester`
 once per pushed platform manifest and once per multi-platform index; commands.py makes it (with the key loaded
-before any work) and nothing else here knows about keys."""
+before any work) and nothing else here knows about keys. It is handed what the image installed (a lock's pins and
+their wheels, the distributions read back from a hermetic build) and imports no image family."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import datetime
 import hashlib
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from carry.config import Config, strip_credentials
 from carry.source.series import Series
@@ -23,11 +24,19 @@ from carry.util.progress import Progress
 from carry.util.record import record
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     import docker
 
-    from carry.image.locked.runtimelock import Lock
     from carry.platforms import Platform
     from carry.trust.attach import Registry
+
+    # What a hermetic Dockerfile build installed, read back from the engine's image (ref, platform) and matched to
+    # the wheels carry holds (the fixed one, the wheelhouse's): (distributions, "") or ((), why not). It is
+    # carry.image.inspect.hermetic.distributions, handed in by the Attester's maker.
+    ReadInstalled = Callable[
+        [docker.DockerClient, str, Platform, Wheel, dict[tuple[str, str], Wheel]], tuple[tuple[Wheel, ...], str]
+    ]
 
 
 def _stored_sha256(path: Path) -> str:
@@ -57,6 +66,26 @@ def _base_digest(base: dict) -> str:
     return digests[0] if digests else base.get("Id", "")
 
 
+class Pin(Protocol):
+    """One distribution a lock pins (carry.image.locked.runtimelock.Locked is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+
+class Lock(Protocol):
+    """What the facts read of a lock file (carry.image.locked.runtimelock.Lock is one): where it is and its pins."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def packages(self) -> Sequence[Pin]: ...
+
+
 @record(kw_only=True)
 class Installed:
     """A locked image's installed distributions: its `lock` and the wheel file of each package in it (`wheels`)."""
@@ -79,6 +108,7 @@ class Attester:
     )
     timings: publish.Timings = dataclasses.field(default_factory=publish.Timings)
     published: list[publish.Published] = dataclasses.field(default_factory=list)
+    read_installed: ReadInstalled = dataclasses.field(default=lambda *_: ((), "nothing read the image's files back"))
 
     def _config_source(self) -> Source:
         text = strip_credentials(self.config.path.read_text())
@@ -198,13 +228,6 @@ class Attester:
         }
 
 
-# -- a hermetic Dockerfile build: every installed wheel read back and matched to a file carry holds ---------------
-
-BUNDLED_WHEELS = ("/usr/share/python-wheels/",) + tuple(
-    f"{prefix}/lib/python3.{minor}/ensurepip/_bundled/" for prefix in ("/usr", "/usr/local") for minor in range(8, 16)
-)
-
-
 def wheel_index(directory: Path) -> dict[tuple[str, str], Wheel]:
     """(canonical name, version) -> the wheel file of a wheelhouse."""
     from carry.trust.facts import canonical
@@ -214,49 +237,3 @@ def wheel_index(directory: Path) -> dict[tuple[str, str], Wheel]:
         wheel = wheel_of(path)
         found[(canonical(wheel.name), wheel.version)] = wheel
     return found
-
-
-def hermetic_distributions(
-    client: docker.DockerClient, ref: str, platform: Platform, fixed: Wheel, wheelhouse: dict[tuple[str, str], Wheel]
-) -> tuple[tuple[Wheel, ...], str]:
-    """The distributions a hermetic Dockerfile build's runtime stage installed, read from the image's layers (the
-    local engine), each matched by name and version to the wheel it came from: the fixed wheel (exported from the
-    build stage), the wheelhouse (`--no-index --find-links`), or the wheels the base's Python bundles for venv's
-    ensurepip (read from the same layers). ((distributions, ""), or ((), why not) when one has no known wheel)."""
-    import posixpath
-
-    from carry.image.inspect import imagefs, installcheck
-    from carry.trust.facts import canonical
-
-    selection = imagefs.Selection(
-        prefixes=(f"{installcheck.VENV}/", *BUNDLED_WHEELS),
-        keep=lambda path: path.startswith(f"{installcheck.VENV}/lib/") and path.endswith(".dist-info/METADATA"),
-    )
-    files = imagefs.from_engine(client, ref, platform, selection)
-    bundled = {}
-    for path, node in files.nodes.items():
-        if node.kind == "file" and path.endswith(".whl") and path.startswith(BUNDLED_WHEELS):
-            try:
-                wheel = dataclasses.replace(wheel_of(Path(posixpath.basename(path)), node.sha256))
-            except Exception:  # packaging's InvalidWheelFilename: not a wheel's name
-                continue
-            bundled[(canonical(wheel.name), wheel.version)] = wheel
-    found: list[Wheel] = []
-    missing: list[str] = []
-    for path, node in sorted(files.nodes.items()):
-        directory, name = posixpath.split(path)
-        site = installcheck.SITE_RE.match(directory)
-        if name != "METADATA" or site is None or posixpath.dirname(directory) != site.group(0):
-            continue
-        headers = installcheck._headers(node.data or b"")
-        key = (canonical(headers.get("Name", "")), headers.get("Version", ""))
-        if key == (canonical(fixed.name), fixed.version):
-            continue
-        source = wheelhouse.get(key) or bundled.get(key)
-        if source is None:
-            missing.append(f"{headers.get('Name')} {headers.get('Version')}")
-        else:
-            found.append(Wheel(headers.get("Name", source.name), key[1], source.filename, source.sha256))
-    if missing:
-        return (), f"{', '.join(missing)} installed from no wheel carry holds (wheelhouse, base's bundled wheels)"
-    return tuple(found), ""

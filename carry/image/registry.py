@@ -12,7 +12,6 @@ import dataclasses
 import io
 import ipaddress
 import os
-import subprocess
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -23,16 +22,16 @@ import docker
 import docker.auth
 import docker.errors
 
+from carry.image import registryhttp
+from carry.image.registryhttp import PASSWORD_ENV, USER_ENV, registry_of
 from carry.platforms import Platform
 from carry.util import redact
 from carry.util.errors import BadInput, Failed
+from carry.util.run import execute
 
 if TYPE_CHECKING:
     from docker.models.containers import Container
     from docker.models.images import Image
-
-USER_ENV = "CARRY_REGISTRY_USER"
-PASSWORD_ENV = "CARRY_REGISTRY_PASSWORD"
 
 
 def client() -> docker.DockerClient:
@@ -44,18 +43,10 @@ def client() -> docker.DockerClient:
     return found
 
 
-def registry_of(image_name: str) -> str:
-    """The registry host of an image name (Docker Hub when the first part is not a host)."""
-    first, _, rest = image_name.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        return first
-    return "docker.io"
-
-
 @dataclasses.dataclass(frozen=True)
 class Login:
     """Credentials for one registry: `auth` for the SDK, `docker_config` (a DOCKER_CONFIG dir, None: the user's
-    own) for Docker CLI commands that talk to the registry themselves (`docker manifest`)."""
+    own) for Docker CLI commands that talk to the registry themselves (pulls, BuildKit's cache)."""
 
     registry: str
     auth: dict | None
@@ -71,38 +62,53 @@ class Login:
 @contextlib.contextmanager
 def credentials(image_name: str, docker_cli: str) -> Iterator[Login]:
     """The login for the image's registry: from the env via `docker login --password-stdin` into a private,
-    temporary DOCKER_CONFIG, or from the user's Docker config, or anonymous (no auth)."""
+    temporary DOCKER_CONFIG, or from the user's Docker config, or anonymous (no auth). The registry is asked first
+    (`probe`): one that cannot be reached or refuses the login is bad input naming CARRY_REGISTRY_USER and
+    CARRY_REGISTRY_PASSWORD."""
     registry = registry_of(image_name)
+    auth = _auth(registry)
+    _probe(image_name, auth)
     user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
     if not (user and password):
-        config = docker.auth.load_config()
-        yield Login(registry, docker.auth.resolve_authconfig(config, registry) or None, None)
+        yield Login(registry, auth, None)
         return
     with tempfile.TemporaryDirectory(prefix="carry-docker-config-") as config_dir:
         os.chmod(config_dir, 0o700)
-        login = subprocess.run(
+        login = execute(
             [docker_cli, "login", "--username", user, "--password-stdin", registry],
-            input=password,
+            stdin=password,
             text=True,
-            capture_output=True,
             env={**os.environ, "DOCKER_CONFIG": config_dir},
+            timeout=120,
         )
         if login.returncode != 0:
             reason = login.stderr.strip().splitlines()[-1] if login.stderr.strip() else "refused"
-            raise Failed(f"login to {registry} as {user} failed: {redact.secrets(reason, password)}")
+            raise BadInput(
+                f"docker login to {registry} as {user} failed ({redact.secrets(reason, password)}): check "
+                f"{USER_ENV} and {PASSWORD_ENV}"
+            )
         config = docker.auth.load_config(config_path=str(Path(config_dir) / "config.json"))
         yield Login(registry, docker.auth.resolve_authconfig(config, registry), config_dir)
 
 
-def push(found: docker.DockerClient, ref: str, login: Login) -> str:
-    """Push `ref`; return the digest the registry reports. Errors in the stream raise `Failed`."""
-    repository, tag = ref.rsplit(":", 1)
-    digest = ""
-    for event in found.api.push(repository, tag=tag, stream=True, decode=True, auth_config=login.auth):
-        if "error" in event:
-            raise Failed(f"push of {ref} refused: {event['error']}")
-        digest = event.get("aux", {}).get("Digest", digest)
-    return digest
+def probe(image_name: str) -> None:
+    """The image's registry asked (`GET /v2/`, registryhttp.Repository.probe) with the login `credentials` would
+    use, before any work of a command that pushes: bad input in one line when it cannot be reached or refuses the
+    login. Not Docker Hub's default name: its API lives on another host."""
+    _probe(image_name, _auth(registry_of(image_name)))
+
+
+def _probe(image_name: str, auth: dict | None) -> None:
+    if registry_of(image_name) != "docker.io":
+        registryhttp.Repository.of(registryhttp.repository_of(image_name), auth).probe()
+
+
+def _auth(registry: str) -> dict | None:
+    """$CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD, else the user's Docker config for `registry`, else None."""
+    user, password = os.environ.get(USER_ENV), os.environ.get(PASSWORD_ENV)
+    if user and password:
+        return {"username": user, "password": password}
+    return docker.auth.resolve_authconfig(docker.auth.load_config(), registry) or None
 
 
 def insecure(found: docker.DockerClient, registry: str) -> bool:

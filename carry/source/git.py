@@ -23,9 +23,8 @@ SAFE_ENV = {
     "GIT_COMMITTER_NAME": "carry",
     "GIT_COMMITTER_EMAIL": "carry@localhost",
 }
-# git's messages (apply's "Hunk #1 succeeded at ...", "error: patch failed: ...") are parsed: keep them untranslated.
-ENGLISH = {"LANGUAGE": "C", "LC_ALL": "C"}
 NETWORK_TIMEOUT_S = 600
+LOCAL_TIMEOUT_S = 3600  # a local git command (log -p of a long history, a repack): never forever
 # Answers git's `get` with the user and password carry keeps in the environment (see split_credentials).
 CREDENTIAL_HELPER = (
     '!f() { test "$1" = get && printf "username=%s\\npassword=%s\\n" "$CARRY_GIT_USERNAME" "$CARRY_GIT_PASSWORD"; }; f'
@@ -97,37 +96,30 @@ def _execute(
     data: bytes | None = None,
 ) -> tuple[int | None, str, str]:
     """(exit status, stdout, stderr) of one git run in `repo`, its messages in English (carry reads some); the
-    status is None when it ran past `timeout`: then git and whatever it started are killed. stdout loses its one
-    trailing newline when `strip`."""
+    status is None when it ran past `timeout` (LOCAL_TIMEOUT_S when None): then git and whatever it started are
+    killed. stdout loses its one trailing newline when `strip`."""
     import subprocess  # here: `check` of a series already checked on its base starts no git at all
 
-    full_env = {**os.environ, **ENGLISH, **SAFE_ENV, **(env or {})}
-    source = subprocess.PIPE if data is not None else subprocess.DEVNULL
-    with open(stdin, "rb") if stdin else contextlib.nullcontext(source) as handle:
-        try:
-            process = subprocess.Popen(
-                ["git", *args],
-                cwd=repo,
-                env=full_env,
-                stdin=handle,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=timeout is not None,
-            )
-        except OSError as exc:  # no git on PATH, or `repo` is gone
-            return 127, "", str(exc)
-        try:
-            out, err = process.communicate(data, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            import signal
+    from carry.util.run import execute
 
-            os.killpg(process.pid, signal.SIGKILL)
-            out, err = process.communicate()
-            return None, _text(out), _text(err)
-    text = _text(out)
+    full_env = {**os.environ, **SAFE_ENV, **(env or {})}
+    try:
+        done = execute(
+            ["git", *args],
+            timeout=LOCAL_TIMEOUT_S if timeout is None else timeout,
+            cwd=repo,
+            env=full_env,
+            stdin=data if data is not None else stdin,
+            english=True,  # git's messages (apply's "Hunk #1 succeeded at ...", "error: patch failed: ...") are parsed
+        )
+    except OSError as exc:  # no git on PATH, or `repo` is gone
+        return 127, "", str(exc)
+    except subprocess.TimeoutExpired as exc:
+        return None, _text(exc.output or b""), _text(exc.stderr or b"")
+    text = _text(done.stdout)
     if strip and text.endswith("\n"):
         text = text[:-1]
-    return process.returncode, text, _text(err)
+    return done.returncode, text, _text(done.stderr)
 
 
 def _text(data: bytes) -> str:
@@ -487,3 +479,37 @@ def ignored_in_tree(repo: Path, tree: str, paths: list[str]) -> set[str]:
     if status not in (0, 1):
         raise GitError(f"git check-ignore failed: {_headline(err) or f'exit status {status}'}", err.strip())
     return {name for name in out.split("\0") if name}
+
+
+def entries(repo: Path, tree: str, paths: tuple[str, ...]) -> dict[str, str]:
+    """Of `paths` (relative to the root of `tree`), those `tree` holds: path -> object id (a tree for a directory, a
+    blob for a file); a path it lacks is left out. One `git cat-file --batch-check` for all of them."""
+    if not paths:
+        return {}
+    out = run_input(
+        repo, ("cat-file", "--batch-check=%(objectname) %(objecttype)"), "".join(f"{tree}:{p}\n" for p in paths)
+    )
+    found = {}
+    for path, line in zip(paths, out.splitlines()):
+        fields = line.split()
+        if len(fields) == 2 and fields[1] in ("tree", "blob"):
+            found[path] = fields[0]
+    return found
+
+
+def export(repo: Path, tree: str, paths: tuple[str, ...], dest: Path) -> None:
+    """The files of `paths` in `tree` written under `dest` (git archive; no worktree, no index, the user's checkout
+    untouched)."""
+    import tarfile
+
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = dest / ".carry-export.tar"
+    try:
+        run(repo, "archive", "--format=tar", "-o", str(archive.absolute()), tree, "--", *paths)
+        with tarfile.open(archive) as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(dest, filter="data")
+            else:  # Python < 3.10.12: git's own archive of a tree, no links out of it
+                tar.extractall(dest)  # noqa: S202
+    finally:
+        archive.unlink(missing_ok=True)

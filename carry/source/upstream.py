@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -17,6 +18,7 @@ from carry.util.fsutil import atomic_write_text
 from carry.util.record import record
 
 PIN_REF = "refs/carry/pin"
+BUNDLE_REF = "refs/carry/bundle/"  # + a commit: the ref a bundle of that commit is made from, and names
 FIRST_PR_DEPTH = 1  # the PR head is usually the pin: then nothing more is fetched; else deepen x4
 MAX_PR_DEPTH = 4096
 FIRST_HISTORY_DEPTH = 64  # more history when the base and a ref must meet (why a patched file is gone); then x4
@@ -95,12 +97,13 @@ def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
 def _fetch(config: Config, cache: Cache, mirror: Path, with_pr: bool) -> FetchReport:
     pin = config.upstream.commit
     pr_wanted = with_pr and config.upstream.pr is not None
-    pr_head, notes = None, []
+    pr_head = None
+    notes: list[str] = []
     with cache.lock(mirror.name):
         git.clear_stale_locks(mirror)
         source, error = _fetch_pin(config, mirror)
         if error is None:
-            write_bundle(mirror, cache, pin)
+            write_bundle(mirror, cache, pin, notes.append, verify=True)
             if pr_wanted:
                 try:
                     pr_head = _fetch_pr_head(config, mirror)
@@ -329,22 +332,80 @@ def _fetch_pr_head(config: Config, mirror: Path) -> PrHead:
         depth *= 4
 
 
-def write_bundle(mirror: Path, cache: Cache, commit: str) -> Path:
-    """The cached bundle of the pin, written once through a temp file and a rename."""
+def write_bundle(
+    mirror: Path, cache: Cache, commit: str, say: Callable[[str], None] | None = None, *, verify: bool = False
+) -> Path:
+    """The cached bundle of `commit`, from the mirror (which has it): made once through a temp file and a rename,
+    from a ref of its own (refs/carry/bundle/<commit>, so it holds that commit whatever the mirror's pin is now:
+    two pins of one upstream share the mirror), its sha256 recorded beside it. One already there that does not
+    name `commit`, has no sha256 recorded (an older carry's) or, with `verify`, is not that sha256 is made again,
+    and `say` told why."""
+    from carry.util import integrity  # here: `check` and `version` never hash a bundle
+
     bundle = cache.bundle(commit)
-    if bundle.exists():
-        return bundle
-    bundle.parent.mkdir(parents=True, exist_ok=True)
-    tmp = bundle.with_name(f".{bundle.name}.{os.getpid()}.tmp")
-    try:
-        git.bundle_create(mirror, tmp, PIN_REF)
-        os.replace(tmp, bundle)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with cache.lock(f"bundle-{commit}"):
+        problem = _bundle_problem(mirror, bundle, commit, verify) if bundle.exists() else None
+        if bundle.exists() and problem is None:
+            return bundle
+        if problem is not None and say is not None:
+            say(problem)
+        integrity.discard(bundle)
+        bundle.parent.mkdir(parents=True, exist_ok=True)
+        ref = BUNDLE_REF + commit
+        git.update_ref(mirror, ref, commit)
+        tmp = bundle.with_name(f".{bundle.name}.{os.getpid()}.tmp")
+        try:
+            git.bundle_create(mirror, tmp, ref)
+            sha256 = integrity.file_sha256(tmp)
+            os.replace(tmp, bundle)
+            integrity.seal(bundle, sha256)
+        finally:
+            tmp.unlink(missing_ok=True)
     return bundle
 
 
+def _bundle_problem(mirror: Path, bundle: Path, commit: str, verify: bool) -> str | None:
+    """Why a cached bundle cannot serve `commit` (its heads, whether a sha256 is recorded, with `verify` that
+    sha256): one line, or None."""
+    from carry.util import integrity  # here: `check` and `version` never hash a bundle
+
+    again = "made again from the mirror"
+    try:
+        heads = git.bundle_heads(mirror, bundle)
+    except git.GitError:
+        heads = {}
+    if commit not in heads.values():
+        return f"{bundle}: does not hold commit {commit[:12]}; {again}"
+    if integrity.recorded(bundle) is None:
+        return f"{bundle}: no sha256 recorded beside it (an older carry's); {again}"
+    corrupt = integrity.check(bundle) if verify else None
+    return corrupt.line(f"removed; {again}") if corrupt is not None else None
+
+
+def copy_bundle(mirror: Path, cache: Cache, commit: str, dest_dir: Path, say: Callable[[str], None]) -> Path:
+    """The bundle of `commit` copied into `dest_dir` with its sha256 (a build context), hashed as it is copied: a
+    corrupt one is removed, said, and made again from the mirror."""
+    from carry.util import integrity  # here: `check` and `version` never hash a bundle
+
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        bundle = write_bundle(mirror, cache, commit, say)
+        dest = dest_dir / bundle.name
+        dest.unlink(missing_ok=True)
+        corrupt = integrity.copy_checked(bundle, dest)
+        if corrupt is None:
+            import shutil
+
+            shutil.copyfile(integrity.seal_path(bundle), integrity.seal_path(dest))
+            return dest
+        say(corrupt.line("removed; made again from the mirror"))
+        integrity.discard(bundle)
+    raise Failed(f"{cache.bundle(commit)}: corrupt again right after it was made; check the disk")
+
+
 def _restore_from_bundle(config: Config, cache: Cache, mirror: Path, error: git.GitError) -> str:
+    from carry.util import integrity  # here: `check` and `version` never hash a bundle
+
     pin = config.upstream.commit
     bundle = cache.bundle(pin)
     if not bundle.exists() and git.has_commit(mirror, pin):
@@ -359,10 +420,15 @@ def _restore_from_bundle(config: Config, cache: Cache, mirror: Path, error: git.
             f"and no bundle is cached at {bundle}; fetch once while online or check upstream.url"
         )
     if not git.has_commit(mirror, pin):
-        if pin not in git.bundle_heads(mirror, bundle).values():
+        # A bundle of an older carry has no sha256 beside it: git checks its pack's own checksum as it fetches.
+        corrupt = integrity.check(bundle) if integrity.recorded(bundle) else None
+        if corrupt is not None:
+            raise BadInput(corrupt.line("refused; delete it and fetch while online"))
+        head = next((name for name, sha in git.bundle_heads(mirror, bundle).items() if sha == pin), None)
+        if head is None:
             raise BadInput(f"{bundle}: does not hold commit {pin[:12]}; delete it and fetch while online")
         git.add_shallow(mirror, pin)
-        git.fetch(mirror, str(bundle), f"{PIN_REF}:{PIN_REF}")
+        git.fetch(mirror, str(bundle), f"{head}:{PIN_REF}")
     git.update_ref(mirror, PIN_REF, pin)
     url = public_url(config.upstream.url)
     return f"upstream {url} unreachable ({_reason(error)}); using cached bundle {bundle}"

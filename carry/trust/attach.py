@@ -158,21 +158,32 @@ def sign(store: Registry, key: SigningKey, repository: str, digest: str) -> Atta
 
 def attest(store: Registry, key: SigningKey, subject: str, digest: str, predicates: list[tuple[str, dict]]) -> Attached:
     """Signed DSSE envelopes of in-toto statements about `digest` (one per predicate type) under
-    `sha256-<hex>.att`; carry's earlier envelopes of the same types (signed with this key) are replaced."""
+    `sha256-<hex>.att`; carry's earlier envelopes of the same types (signed with this key) are replaced, unless each
+    says what the new one says but for the run's times (a rerun: nothing in the registry changes)."""
     tag = att_tag(digest)
     public = key.public
-    types = {predicate_type for predicate_type, _ in predicates}
-    kept = []
-    for layer in read_layers(store, tag):
-        if layer.annotations.get(PREDICATE_ANNOTATION) in types:
+    wanted = {kind: json.loads(signing.statement(subject, digest, kind, predicate)) for kind, predicate in predicates}
+    existing = read_layers(store, tag)
+    kept, same = [], set()
+    for layer in existing:
+        kind = layer.annotations.get(PREDICATE_ANNOTATION)
+        if kind in wanted:
             try:
-                _, ours = signing.open_envelope(layer.data, public)
+                statement, ours = signing.open_envelope(layer.data, public)
             except (ValueError, KeyError, TypeError):
-                ours = False
+                statement, ours = {}, False
             if ours:
+                if kind not in same and _timeless(statement) == _timeless(wanted[kind]):
+                    same.add(kind)
+                    kept.append(layer)
                 continue
         kept.append(layer)
+    if same == set(wanted) and len(kept) == len(existing):
+        found = store.get_manifest(tag)
+        return Attached("attestation", tag, _digest(found[1]) if found else "", len(existing), "already attested")
     for predicate_type, predicate in predicates:
+        if predicate_type in same:
+            continue
         body = signing.statement(subject, digest, predicate_type, predicate)
         kept.append(
             Layer(
@@ -182,6 +193,15 @@ def attest(store: Registry, key: SigningKey, subject: str, digest: str, predicat
             )
         )
     return Attached("attestation", tag, _push(store, tag, kept), len(kept), "pushed")
+
+
+def _timeless(statement: dict) -> dict:
+    """A statement without the times of the run that made it (SLSA's runDetails.metadata: startedOn, finishedOn)."""
+    copy = json.loads(json.dumps(statement))
+    run = (copy.get("predicate") or {}).get("runDetails")
+    if isinstance(run, dict):
+        run.pop("metadata", None)
+    return copy
 
 
 # -- reading back (verify) ----------------------------------------------------------------------------------------
@@ -265,6 +285,7 @@ def read_statements(store: Registry, key: PublicKey | None, digest: str, wanted:
             problems.append(f"{tag}: a {kind} statement is about {subjects}, not {digest}")
             continue
         found.setdefault(kind, statement)
+    held = sorted({*found, *unsigned})
     for kind in wanted:
         if kind in found:
             continue
@@ -274,7 +295,10 @@ def read_statements(store: Registry, key: PublicKey | None, digest: str, wanted:
                 f"signed with another key)"
             )
         else:
-            problems.append(f"{_name(kind)}: no {kind} attestation under {tag}")
+            problems.append(
+                f"{_name(kind)}: no {kind} attestation under {tag}"
+                + (f" (it holds {', '.join(held)} only)" if held else "")
+            )
     return Statements(found, tuple(problems), len(layers))
 
 

@@ -6,7 +6,8 @@
   check it with a `sigstoreSigned` policy; they accept exactly these fields.
 - **DSSE** (the `.att` attachment): an envelope `{"payloadType": "application/vnd.in-toto+json", "payload":
   base64(statement), "signatures": [{"keyid": "", "sig": base64(signature over PAE)}]}`, where PAE is
-  `DSSEv1 <len(type)> <type> <len(body)> <body>`; the statement is an in-toto Statement v1."""
+  `DSSEv1 <len(type)> <type> <len(body)> <body>`; the statement is an in-toto Statement v1. Read back, a Statement
+  v0.1 is accepted too: `cosign attest` (2.5) writes that type, with the same subject, predicateType and predicate."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from carry.trust.keys import PublicKey, SigningKey
 SIMPLE_SIGNING_TYPE = "cosign container image signature"
 IN_TOTO_PAYLOAD = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+STATEMENT_V01 = "https://in-toto.io/Statement/v0.1"  # what `cosign attest` writes
+READ_STATEMENT_TYPES = (STATEMENT_TYPE, STATEMENT_V01)
 
 
 def simple_signing_payload(repository: str, digest: str) -> bytes:
@@ -112,6 +115,6 @@ def open_envelope(data: bytes, key: PublicKey | None) -> tuple[dict, bool]:
     if payload_type != IN_TOTO_PAYLOAD:
         raise ValueError(f"payloadType {payload_type!r}, not {IN_TOTO_PAYLOAD}")
     found = json.loads(body)
-    if not isinstance(found, dict) or found.get("_type") != STATEMENT_TYPE:
-        raise ValueError("not an in-toto Statement v1")
+    if not isinstance(found, dict) or found.get("_type") not in READ_STATEMENT_TYPES:
+        raise ValueError("not an in-toto Statement (v1, or v0.1 as cosign attest writes it)")
     return found, good

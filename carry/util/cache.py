@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -68,3 +70,19 @@ class Cache:
         path = self.lock_path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         return filelock.FileLock(str(path), timeout=LOCK_TIMEOUT_S)
+
+    @contextlib.contextmanager
+    def held(self, name: str, say: Callable[[str], None]) -> Iterator[None]:
+        """The lock `name` held for the block; when another carry holds it, `say` is told that this run waits."""
+        import filelock
+
+        lock = self.lock(name)
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            say(f"waiting for another carry run, which holds the lock {lock.lock_file}")
+            lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()

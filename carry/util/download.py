@@ -6,9 +6,16 @@ carry/util/index.py), by a local path, or by an http(s) URL.
 
 The store lives in `$CARRY_DOWNLOADS`, default `$CARRY_CACHE/downloads` (`~/.cache/carry/downloads`): one
 directory per sha256 holding the file under its own name. A download goes to a `.part` file first, resumes it
-with an HTTP range request when a killed run left one, and is renamed into place only once its size and sha256
-match; a mismatch removes it and is reported, never used. A local path is hashed where it lies (once per
-size/mtime/inode, remembered beside the store) and not copied.
+with an HTTP range request when a killed run or a cut connection left one (a server that ignores the range sends
+it whole again), and is renamed into place only once its size and sha256 match; a mismatch removes it and is
+reported, never used (a resumed one is fetched once more from the start first).
+
+Every file is hashed once, as it is stored, and its stamp remembered beside the store (`checked/`: path, size,
+mtime_ns and inode, with the sha256): a stored file whose stamp still holds is not read again (the locked image's
+wheels are GBs), one whose stamp changed (anything wrote to it) is hashed again before it is used, and when its bytes
+are not its sha256 it is removed, said in one line, and downloaded again. A change that keeps size, mtime and inode
+(bit rot, or a writer that puts the mtime back) goes unnoticed until the file is read through a check of its own (a
+wheel's RECORD, git's pack checksum). A local path is hashed where it lies, remembered the same way, and not copied.
 """
 
 from __future__ import annotations
@@ -24,11 +31,11 @@ from typing import TYPE_CHECKING
 
 from carry.util.digest import sha256 as sha256_hasher
 from carry.util.errors import BadInput, Failed
-from carry.util.fsutil import atomic_write_text
+from carry.util.fsutil import atomic_write_text, ensure_room, is_no_space, no_space_line
 from carry.util.record import field, record
 
 if TYPE_CHECKING:
-    from carry.platforms import Platform
+    from carry.util.index import WheelPlatform
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
@@ -48,7 +55,7 @@ class Pinned:
     size: int | None = None
     requirement: str | None = None  # `project==version`: the configured index serves the file
     index: str | None = None  # an index to ask instead of pip's configured one (build.yaml's index:)
-    platform: Platform | None = None  # the platform of a wheel pinned by requirement alone
+    platform: WheelPlatform | None = None  # the platform of a wheel pinned by requirement alone
     where: str = field(default="", compare=False)  # what pinned it, for messages
 
     @classmethod
@@ -75,7 +82,7 @@ class Pinned:
         name: str = "",
         size: int | None = None,
         index: str | None = None,
-        platform: Platform | None = None,
+        platform: WheelPlatform | None = None,
     ) -> Pinned:
         """A file the package index serves: `project==version` (one exact version), its sha256, and either its file
         name (an sdist or a wheel of a release list) or the platform whose wheel pip picks."""
@@ -173,24 +180,63 @@ class Store:
     def path(self, pinned: Pinned, name: str | None = None) -> Path:
         return self.root / pinned.sha256 / (name or pinned.name)
 
-    def find(self, pinned: Pinned) -> Path | None:
-        """The file of that sha256 in the store already (under its pinned name, or its only file), or None."""
+    def find(self, pinned: Pinned, say: Callable[[str], None] | None = None) -> Path | None:
+        """The file of that sha256 in the store already (under its pinned name, or its only file) and intact, or
+        None (a corrupt one is removed, and `say` told)."""
         folder = self.root / pinned.sha256
         if pinned.name:
-            return folder / pinned.name if (folder / pinned.name).is_file() else None
-        found = [p for p in folder.iterdir() if p.is_file() and not p.name.endswith(".part")] if folder.is_dir() else []
-        return found[0] if len(found) == 1 else None
+            found = [folder / pinned.name] if (folder / pinned.name).is_file() else []
+        else:
+            found = (
+                [p for p in folder.iterdir() if p.is_file() and not p.name.endswith(".part")] if folder.is_dir() else []
+            )
+        if len(found) != 1:
+            return None
+        return found[0] if self.intact(found[0], pinned.sha256, say) else None
+
+    def intact(self, path: Path, sha256: str, say: Callable[[str], None] | None = None) -> bool:
+        """Whether the stored `path` is the file of `sha256`: its stamp as remembered, else hashed (and the stamp
+        remembered). A file that is not is removed, and `say` told: the caller downloads it again."""
+        if self._memo_says(path, sha256):
+            return True
+        found = sha256_of(path)
+        if found == sha256:
+            self._remember(path, sha256)
+            return True
+        from carry.util import integrity
+
+        path.unlink(missing_ok=True)
+        (say or _stderr)(integrity.Corrupt(path, found, sha256).line("removed; downloading it again"))
+        return False
+
+    def _memo(self, path: Path) -> tuple[Path, str]:
+        stat = path.stat()
+        key = f"{path.absolute()}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
+        return self.root / "checked" / f"{sha256_hasher(key.encode()).hexdigest()[:24]}.json", key
+
+    def _memo_says(self, path: Path, sha256: str) -> bool:
+        memo, key = self._memo(path)
+        try:
+            return bool(json.loads(memo.read_text()) == {"key": key, "sha256": sha256})
+        except (OSError, ValueError):
+            return False
+
+    def _remember(self, path: Path, sha256: str) -> None:
+        """The stamp of a file just hashed (size, mtime_ns, inode): a later hit need not read it again."""
+        memo, key = self._memo(path)
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(memo, json.dumps({"key": key, "sha256": sha256}))
 
     def get(self, pinned: Pinned, say: Callable[[str], None] | None = None) -> Path:
         """The checked file: a local path as it is, a URL or a pin by name from the store (fetched first when
         missing: a name from the package index pip is configured with, see carry/util/index.py)."""
         say = say or (lambda line: None)
         if pinned.requirement:
-            return self.find(pinned) or self._from_index(pinned, say)
+            return self.find(pinned, say) or self._from_index(pinned, say)
         if not pinned.is_url:
             return self._checked_local(pinned)
         target = self.path(pinned)
-        if target.is_file():
+        if target.is_file() and self.intact(target, pinned.sha256, say):
             return target
         return self._download(pinned, target, say)
 
@@ -235,6 +281,7 @@ class Store:
             target = self.path(pinned, got.name)
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(got, target)
+            self._remember(target, found)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         asked = index.configured(asked_index).describe()
@@ -249,11 +296,12 @@ class Store:
         its sha256: the first download of a file nothing pinned yet (trust on first use). A file of that sha256
         already there is kept and `part` removed."""
         target = self.root / sha256 / name
-        if target.is_file():
+        if target.is_file() and self.intact(target, sha256):
             part.unlink(missing_ok=True)
             return target
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(part, target)
+        self._remember(target, sha256)
         return target
 
     # --- local files ---------------------------------------------------------------------------------
@@ -262,62 +310,91 @@ class Store:
         path = pinned.local_path.absolute()
         if not path.is_file():
             raise BadInput(f"{path}: not found; give the path of {pinned.name}, or its http(s) URL")
-        stat = path.stat()
-        key = f"{path}:{stat.st_size}:{stat.st_mtime_ns}:{stat.st_ino}"
-        memo = self.root / "checked" / f"{sha256_hasher(key.encode()).hexdigest()[:24]}.json"
-        try:
-            if json.loads(memo.read_text()) == {"key": key, "sha256": pinned.sha256}:
-                return path
-        except (OSError, ValueError):
-            pass
+        if self._memo_says(path, pinned.sha256):
+            return path
         found = sha256_of(path)
         if found != pinned.sha256:
             raise BadInput(f"{path}: sha256 is {found}, not the pinned {pinned.sha256}; fix the sha256 or the file")
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(memo, json.dumps({"key": key, "sha256": pinned.sha256}))
+        self._remember(path, pinned.sha256)
         return path
 
     # --- downloads -----------------------------------------------------------------------------------
 
     def _download(self, pinned: Pinned, target: Path, say: Callable[[str], None]) -> Path:
+        """`pinned` into `target` through `target.part`: resumed where a part is there, retried (resumed) on a cut
+        connection, renamed into place only when its size and sha256 are the pinned ones. A part that resumed into
+        other bytes is discarded and fetched once more from the start."""
         target.parent.mkdir(parents=True, exist_ok=True)
         part = target.with_name(f"{target.name}.part")
         started = time.monotonic()
-        started_at = part.stat().st_size if part.exists() else 0
-        last_error: Exception | None = None
+        resumed: list[int] = []
+        for fresh in (False, True):
+            if fresh:
+                say(f"{pinned.name}: the resumed download is not the pinned file; downloading it again from the start")
+                part.unlink(missing_ok=True)
+            resumed += self._fetch_with_retries(pinned, part)
+            found = self._checked_part(pinned, part, last_try=fresh or not resumed)
+            if found is not None:
+                break
+        assert found is not None  # the last try raises instead
+        os.replace(part, target)
+        self._remember(target, found)
+        note = f", resumed at {', '.join(map(str, resumed))} bytes" if resumed else ""
+        say(
+            f"downloaded {pinned.name} from {_public(pinned.source)}: {target.stat().st_size / 1e6:.1f} MB in "
+            f"{time.monotonic() - started:.1f}s{note}, sha256 {found[:12]} ok"
+        )
+        return target
+
+    def _fetch_with_retries(self, pinned: Pinned, part: Path) -> list[int]:
+        """`pinned.source` appended to `part` (ATTEMPTS tries, each resuming what the last one got); the offsets it
+        resumed at. A full disk is not retried: one line naming the part and what it needs."""
+        import http.client
         import urllib.error
 
+        resumed: list[int] = []
+        last_error: Exception | None = None
         for attempt in range(ATTEMPTS):
+            have = part.stat().st_size if part.exists() else 0
             try:
+                if pinned.size is not None:
+                    ensure_room(part.parent, pinned.size - have, part.name)
+                if have:
+                    resumed.append(have)
                 _fetch_into(pinned.source, part)
-                last_error = None
-                break
-            except (urllib.error.URLError, OSError, TimeoutError) as exc:
+                return resumed
+            except OSError as exc:
+                if is_no_space(exc):
+                    needed = pinned.size - have if pinned.size is not None else None
+                    raise Failed(no_space_line(part, needed=needed, written=have)) from None
                 last_error = exc
-                time.sleep(min(2**attempt, 8))
-        if last_error is not None:
-            raise Failed(
-                f"{_public(pinned.source)}: download failed after {ATTEMPTS} attempts ({_reason(last_error)});"
-                f" {part.stat().st_size if part.exists() else 0} bytes kept in {part} for the next try"
-            )
+            except (urllib.error.URLError, http.client.HTTPException, TimeoutError) as exc:
+                last_error = exc
+            if attempt + 1 < ATTEMPTS:
+                time.sleep(min(2**attempt, 8))  # 1, 2, 4 s: then one line, the part kept to resume
+        raise Failed(
+            f"{_public(pinned.source)}: download failed after {ATTEMPTS} attempts ({_reason(last_error)});"
+            f" {part.stat().st_size if part.exists() else 0} bytes kept in {part} for the next try"
+        )
+
+    def _checked_part(self, pinned: Pinned, part: Path, last_try: bool) -> str | None:
+        """The part's sha256 when it is the pinned file; else None (to try again from the start), or on the last try
+        bad input naming the source, the part removed."""
         size = part.stat().st_size
         if pinned.size is not None and size != pinned.size:
+            if not last_try:
+                return None
             _discard(part)
             raise BadInput(f"{_public(pinned.source)}: {size} bytes, not the pinned {pinned.size}; fix the pin or URL")
         found = sha256_of(part)
-        if found != pinned.sha256:
-            _discard(part)
-            raise BadInput(
-                f"{_public(pinned.source)}: sha256 is {found}, not the pinned {pinned.sha256}; "
-                f"fix the sha256 or the URL"
-            )
-        os.replace(part, target)
-        resumed = f", resumed at {started_at} bytes" if started_at else ""
-        say(
-            f"downloaded {pinned.name} from {_public(pinned.source)}: {size / 1e6:.1f} MB in "
-            f"{time.monotonic() - started:.1f}s{resumed}, sha256 {found[:12]} ok"
+        if found == pinned.sha256:
+            return found
+        if not last_try:
+            return None
+        _discard(part)
+        raise BadInput(
+            f"{_public(pinned.source)}: sha256 is {found}, not the pinned {pinned.sha256}; fix the sha256 or the URL"
         )
-        return target
 
 
 def _fetch_into(url: str, part: Path) -> None:
@@ -335,9 +412,15 @@ def _fetch_into(url: str, part: Path) -> None:
             return
         raise
     with response:
-        resumed = have and response.status == 206
+        resumed = have and response.status == 206  # a 200 is the whole file: the server ignored the range
+        length = response.headers.get("Content-Length")
         with open(part, "ab" if resumed else "wb") as handle:
+            start = handle.tell()
             shutil.copyfileobj(response, handle, CHUNK)
+            got = handle.tell() - start
+    if length is not None and length.isdigit() and got < int(length):
+        # http.client ends a body cut short without an error: the next try resumes from what arrived
+        raise ConnectionError(f"the connection closed after {got} of {length} bytes")
 
 
 def _discard(part: Path) -> None:
@@ -350,11 +433,15 @@ def _discard(part: Path) -> None:
 
 
 def sha256_of(path: Path) -> str:
-    digest = sha256_hasher()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK * 4):
-            digest.update(chunk)
-    return digest.hexdigest()
+    from carry.util import integrity
+
+    return integrity.file_sha256(path)
+
+
+def _stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr)
 
 
 def _public(url: str) -> str:
@@ -363,5 +450,5 @@ def _public(url: str) -> str:
     return redact.address(url)
 
 
-def _reason(error: Exception) -> str:
+def _reason(error: Exception | None) -> str:
     return str(getattr(error, "reason", None) or error)

@@ -6,9 +6,16 @@ glob, shutil and tempfile are imported where they are used: `check` and `version
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
+
+from carry.util.errors import Failed
+
+# What a full filesystem (or a user's exhausted quota) says: as an errno, and in a tool's output (uv is Rust's).
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+NO_SPACE_SIGNS = ("No space left on device", "os error 28", "Disk quota exceeded")
 
 
 def owned_prefix(prefix: str) -> str:
@@ -60,6 +67,12 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         else:
             os.chmod(tmp, 0o644)
         os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if is_no_space(exc):  # the file keeps what it held; the line names it, not the temp file
+            raise Failed(no_space_line(path, needed=len(data))) from None
+        raise
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -91,3 +104,62 @@ def temp_dir(parent: Path, prefix: str) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def human_size(size: float) -> str:
+    """1.5 MB, 230 KB, 17 B (powers of 1000, as df -H and the registries count)."""
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{size:.1f} TB"
+
+
+def free_space(path: Path) -> int:
+    """Bytes free to this user on the filesystem that holds `path` (its nearest existing parent)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize
+
+
+def tree_size(path: Path) -> int:
+    """The bytes of the files under `path` (what a half-made directory had written when the disk filled)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+def no_space_line(path: Path, needed: int | None = None, written: int | None = None) -> str:
+    """One line for a full filesystem: the path that could not be written, what it needed (exactly where that is
+    known; else at least what was written before it filled), and what is free there."""
+    if needed is not None:
+        need = f"needs {human_size(needed)}"
+    elif written:
+        need = f"needs more than the {human_size(written)} written before it filled"
+    else:
+        need = "needs more space"
+    return (
+        f"{path}: no space left on device: {need}, {human_size(free_space(path))} free there; free some space "
+        f"(or point CARRY_CACHE / --out elsewhere) and run again"
+    )
+
+
+def is_no_space(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in NO_SPACE
+
+
+def says_no_space(text: str) -> bool:
+    """Whether a tool's output says it found the disk full."""
+    return any(sign in text for sign in NO_SPACE_SIGNS)
+
+
+def ensure_room(directory: Path, needed: int, what: str) -> None:
+    """Fail before writing `needed` bytes of `what` into `directory` when its filesystem has less free."""
+    if free_space(directory) < needed:
+        raise Failed(no_space_line(Path(directory) / what, needed))

@@ -16,21 +16,29 @@ import functools
 import html.parser
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import urllib.parse
 from pathlib import Path
+from typing import Protocol
 
-from carry.platforms import Platform
 from carry.util import redact
 from carry.util.errors import BadInput, Failed
+from carry.util.run import execute
 
 PIP_TIMEOUT_S = 1800
 # The glibc of the images carry builds (Debian 12: 2.36) down to manylinux2014: the wheels that run there.
 INDEX_KEYS = ("index-url", "extra-index-url")
 # The variables that change what `pip config list` says: its own, and where it finds its files.
 PIP_ENV = ("PIP_", "HOME", "XDG_CONFIG_")
+
+
+class WheelPlatform(Protocol):
+    """What pip's --platform list needs of a container platform (carry.platforms.Platform is one): its CPU as
+    `uname -m` says it, and its name (`linux/arm64`) for messages."""
+
+    @property
+    def machine(self) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,13 +65,7 @@ def pip_settings() -> dict[str, str]:
 
 @functools.cache
 def _pip_config_list(environ: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=120,
-    )
+    result = execute([sys.executable, "-m", "pip", "config", "list"], text=True, timeout=120)
     found = {}
     for line in result.stdout.splitlines():
         key, sep, value = line.partition("=")
@@ -278,7 +280,7 @@ def pip_download_command(requirements: Path, into: Path, python: str, tags: list
 
 
 def download_wheel(
-    requirement: str, sha256: str, platform: Platform, index: str | None, into: Path, where: str
+    requirement: str, sha256: str, platform: WheelPlatform, index: str | None, into: Path, where: str
 ) -> Path:
     """The one wheel pip picks for `requirement` on `platform`, downloaded by pip in hash-checking mode into the
     empty directory `into`; bad input (one line naming the requirement, the platform and the indexes asked) when
@@ -291,14 +293,7 @@ def download_wheel(
         argv = pip_download_command(pins, into, python, manylinux_tags(platform.machine))
         if index:
             argv += ["--index-url", index]
-        result = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            stdin=subprocess.DEVNULL,
-            timeout=PIP_TIMEOUT_S,
-            env={**os.environ, "PIP_NO_INPUT": "1"},
-        )
+        result = execute(argv, text=True, timeout=PIP_TIMEOUT_S, env={**os.environ, "PIP_NO_INPUT": "1"})
     wheels = sorted(into.glob("*.whl"))
     asked = f"{requirement} for {platform} (cp{python.replace('.', '')}, manylinux ≤ 2.36) on {indexes.describe()}"
     if result.returncode == 0 and len(wheels) == 1:

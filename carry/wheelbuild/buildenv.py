@@ -38,8 +38,9 @@ from carry.config import BuildEnvironment, public_url, strip_credentials
 from carry.platforms import Platform
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, CarryError, Failed
-from carry.util.fsutil import atomic_write_text
+from carry.util.fsutil import atomic_write_text, no_space_line, says_no_space, tree_size
 from carry.util.progress import Progress
+from carry.util.run import NETWORK_S, execute
 
 try:
     import tomllib
@@ -139,7 +140,7 @@ def find_uv() -> Uv:
     return Uv(path, version)
 
 
-def _uv_environ(extra: Mapping[str, str]) -> dict[str, str]:
+def uv_environ(extra: Mapping[str, str]) -> dict[str, str]:
     """The caller's environment for uv, without the variables that would change what it installs."""
     env = {
         name: value
@@ -303,7 +304,7 @@ class EnvSpec:
             indexes["UV_INDEX_URL"] = self.index_url
         if self.extra_index_urls:
             indexes["UV_EXTRA_INDEX_URL"] = " ".join(self.extra_index_urls)
-        return _uv_environ(indexes)
+        return uv_environ(indexes)
 
 
 def _interpreter(python: str) -> dict:
@@ -312,9 +313,7 @@ def _interpreter(python: str) -> dict:
         facts = _facts()
     else:
         try:
-            done = subprocess.run(
-                [python, "-I", "-c", FACTS_SCRIPT], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
-            )
+            done = execute([python, "-I", "-c", FACTS_SCRIPT], text=True, timeout=60)
         except OSError as exc:
             raise BadInput(f"python {python} cannot run ({exc.strerror}); give an existing interpreter") from None
         if done.returncode != 0:
@@ -445,8 +444,15 @@ def ensure(spec: EnvSpec, cache_root: Path, progress: Progress | None = None) ->
                 f"{spec.uv.version} in {root}",
             )
         _remove(root)  # a run killed half-way left it, without the marker
+        log = cache.logs / f"env-{root.name}.log"
         try:
-            made = _make(spec, root, cache.logs / f"env-{root.name}.log", start)
+            made = _make(spec, root, log, start)
+        except Failed as exc:
+            full = no_space_line(root, written=tree_size(root)) if says_no_space(str(exc)) else None
+            _remove(root)
+            if full is not None:
+                raise Failed(f"build environment: {full}; log: {log}") from None
+            raise
         except BaseException:
             _remove(root)
             raise
@@ -568,9 +574,7 @@ def _uv(spec: EnvSpec, args: list[str], env: dict[str, str], log: TextIO, log_pa
     log.write(f"$ uv {' '.join(args)}\n")
     log.flush()
     try:
-        done = subprocess.run(
-            command, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, cwd=log_path.parent
-        )
+        done = execute(command, env=env, text=True, cwd=log_path.parent, timeout=NETWORK_S)
     except OSError as exc:
         raise BadInput(f"uv at {spec.uv.path} cannot run ({exc.strerror}); reinstall it: pip install uv") from None
     log.write(strip_credentials(done.stdout + done.stderr))
@@ -632,15 +636,8 @@ def _name(requirement: str) -> str:
 def _installed(python: Path, env: dict[str, str]) -> dict[str, str]:
     """Every distribution installed in the env, read by the env's own interpreter (isolated mode)."""
     try:
-        done = subprocess.run(
-            [str(python), "-I", "-c", VERSIONS_SCRIPT],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            check=True,
-        )
+        done = execute([str(python), "-I", "-c", VERSIONS_SCRIPT], text=True, timeout=120, env=env)
+        done.check_returncode()
         pairs = json.loads(done.stdout)
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         raise Failed(f"build environment: its python {python} cannot list what is installed ({exc})") from None

@@ -29,6 +29,7 @@ from carry.util import redact
 from carry.util.errors import BadInput
 from carry.util.fsutil import write_private
 from carry.util.progress import Progress
+from carry.util.run import execute
 from carry.wheelbuild.toolchain import Launcher
 
 URL_ENV = "CARRY_REMOTE_CACHE_URL"
@@ -272,14 +273,11 @@ class CacheRun:
     def _sccache_counts(self) -> dict[str, int]:
         stats: dict = {}
         try:
-            out = subprocess.run(
-                [self.launcher.path, "--show-stats", "--stats-format=json"],
-                env=self.sccache_env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=True,
-            ).stdout
+            done = execute(
+                [self.launcher.path, "--show-stats", "--stats-format=json"], env=self.sccache_env, text=True, timeout=60
+            )
+            done.check_returncode()
+            out = done.stdout
             stats = json.loads(out).get("stats", {})
         except (OSError, subprocess.SubprocessError, ValueError):
             pass
@@ -472,20 +470,13 @@ def _sccache_server(
     try:
         yield CacheRun(launcher, env, remote, note, sccache_env=server_env)
     finally:
-        subprocess.run([launcher.path, "--stop-server"], env=server_env, capture_output=True, timeout=60)
+        execute([launcher.path, "--stop-server"], env=server_env, timeout=60)
 
 
 def _start_sccache(launcher: Launcher, env: dict[str, str]) -> str | None:
     """Start the server; None when it runs, else the first line of what it said."""
     try:
-        result = subprocess.run(
-            [launcher.path, "--start-server"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            stdin=subprocess.DEVNULL,
-        )
+        result = execute([launcher.path, "--start-server"], env=env, text=True, timeout=120)
     except (OSError, subprocess.SubprocessError) as exc:
         return _reason(exc)
     if result.returncode == 0:

@@ -45,6 +45,7 @@ from carry.binaries.buildinfo import FILENAME as BUILDINFO
 from carry.source import git
 from carry.util.cache import Cache
 from carry.util.fsutil import atomic_write_text
+from carry.wheelbuild import artifacts
 
 PART = "derive"  # $CARRY_CACHE/derive/<family>.json: the last PEP 517 build of each family
 MODES = ("100644", "100755")
@@ -151,6 +152,10 @@ def plan(
         return Derivation(None, {}, why)
     if not git.object_exists(mirror, base.tree):
         return Derivation(None, {}, f"the base's tree {base.tree[:12]} is not in the mirror")
+    corrupt = None if base.temporary else artifacts.check(base.wheel)  # a made base was checked as it was made
+    if corrupt is not None:
+        artifacts.discard(cache, base.key)
+        return Derivation(None, {}, f"the earlier build's wheel {corrupt.line('removed')}")
     status, out, err = git.run_status(mirror, "diff-tree", "-r", "-z", "--no-renames", base.tree, tree, strip=False)
     if status != 0:
         return Derivation(None, {}, f"git diff-tree {base.tree[:12]} {tree[:12]} failed: {err.strip()[:200]}")

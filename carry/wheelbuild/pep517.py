@@ -8,7 +8,6 @@ interpreter fewer per build. With isolation it runs
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
@@ -21,6 +20,8 @@ try:
     import tomllib
 except ImportError:  # Python 3.10: `build` depends on tomli there
     import tomli as tomllib  # type: ignore[no-redef]
+
+from carry.util.run import BUILD_S, execute
 
 LEGACY_BACKEND = "setuptools.build_meta:__legacy__"
 
@@ -38,14 +39,7 @@ def build_wheel(
     backend runs in `python` (the build environment's interpreter)."""
 
     def run(cmd: Sequence[str], cwd: str | Path | None = None, extra_environ: Mapping[str, str] | None = None) -> None:
-        status = subprocess.run(
-            cmd,
-            cwd=cwd,
-            env={**env, **(extra_environ or {})},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        ).returncode
+        status = execute(cmd, cwd=cwd, env={**env, **(extra_environ or {})}, log=log, timeout=BUILD_S).returncode
         if status:
             raise _StepFailed(status)
 

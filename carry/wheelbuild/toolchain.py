@@ -15,6 +15,7 @@ from pathlib import Path
 from carry.config import CompilerCache, RemoteCache
 from carry.util.errors import BadInput
 from carry.util.fsutil import atomic_write_text
+from carry.util.run import execute
 
 # What one compile job may take, times NVCC_THREADS; nvcc on vLLM's kernels peaks at a few GiB.
 MEMORY_PER_JOB_BYTES = 2 * 1024**3
@@ -53,7 +54,9 @@ class Toolchain:
 def _version_line(command: list[str], marker: str = "") -> str | None:
     """The first line of `command`'s output that contains `marker` (the first line when no marker)."""
     try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True).stdout
+        done = execute(command, text=True, timeout=60, english=True)  # its version line is read
+        done.check_returncode()
+        out = done.stdout
     except (OSError, subprocess.SubprocessError):
         return None
     return next((line.strip() for line in out.splitlines() if line.strip() and marker in line), None)

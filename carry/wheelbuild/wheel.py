@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,17 +31,17 @@ from carry.source.apply import CheckReport
 from carry.source.series import Series
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
-from carry.util.fsutil import atomic_write_text, owned_prefix, sweep_dead, temp_dir
+from carry.util.fsutil import no_space_line, says_no_space, temp_dir, tree_size
 from carry.util.logtail import tail
 from carry.util.progress import Progress
-from carry.wheelbuild import buildenv, compilecache, derive, pep517, toolchain, verify
+from carry.wheelbuild import artifacts, buildenv, compilecache, derive, pep517, toolchain, verify
+from carry.wheelbuild.artifacts import gate_report_path, publish
 
 if TYPE_CHECKING:
     from carry.arch import ArchList
     from carry.wheelbuild import precompiled
 
 ARCH_VARIABLES = ("TORCH_CUDA_ARCH_LIST", "CMAKE_CUDA_ARCHITECTURES")
-GATE_SUFFIX = ".gate.txt"
 # Bumped when what a build produces from the same inputs changes (2: the build dir is a git worktree, so
 # setuptools-scm's file finder sees the upstream's tracked package data).
 PRODUCER_FORMAT = 2
@@ -226,38 +225,52 @@ def build(
     out: Path,
     progress: Progress,
 ) -> WheelResult:
-    """Reuse the stored wheel for this plan's key, or produce and finish one; publish it into `out`."""
-    outcome = checks = None
-    with cache.lock(f"wheel-{the_plan.key}"):
-        cached = _cached_wheel(cache, the_plan.key)
-        if cached is None:
-            derivation = _derivation(config, cache, mirror, the_plan, progress)
-            if derivation is not None and derivation.possible and derivation.base is not None:
-                base = derivation.base
-                # a base from the cache is held while it is read; one made for this build (temporary) is its own
-                held = f"wheel-{base.key}" if not base.temporary and base.key != the_plan.key else None
-                try:
-                    with (
-                        cache.lock(held) if held else contextlib.nullcontext(),
-                        derived(cache, the_plan, derivation) as produced,
-                    ):
-                        cached, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
-                finally:
-                    if derivation.base.temporary:
-                        derivation.base.wheel.unlink(missing_ok=True)
-            else:
-                with cache.lock(f"build-{mirror.name}"), produce(config, cache, mirror, the_plan, progress) as produced:
-                    cached, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
-                    outcome = produced.cache
-                if derivation is not None:
-                    commit = git.tree_commit(mirror, the_plan.tree, the_plan.base)
-                    derive.remember(cache, the_plan.family, the_plan.tree, the_plan.key, commit, the_plan.lineage)
-            reused = False
+    """Reuse the stored wheel for this plan's key (checked by its sha256 as it is published), or produce and finish
+    one; publish it into `out`. A stored wheel that is not what was recorded is removed, said, and built again."""
+    with cache.held(f"wheel-{the_plan.key}", functools.partial(progress.phase, "cache")):
+        hit = _published_hit(cache, the_plan.key, out, progress)
+        if hit is not None:
+            return WheelResult(hit, True, the_plan)
+        outcome = None
+        derivation = _derivation(config, cache, mirror, the_plan, progress)
+        if derivation is not None and derivation.possible and derivation.base is not None:
+            base = derivation.base
+            # a base from the cache is held while it is read; one made for this build (temporary) is its own
+            held = f"wheel-{base.key}" if not base.temporary and base.key != the_plan.key else None
+            try:
+                with (
+                    cache.lock(held) if held else contextlib.nullcontext(),
+                    derived(cache, the_plan, derivation) as produced,
+                ):
+                    stored, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
+            finally:
+                if base.temporary:
+                    base.wheel.unlink(missing_ok=True)
         else:
-            reused = True
-            progress.phase("cache", f"hit {the_plan.key[:12]}: reusing {cached.name}")
-    published = publish(cached, out)
-    return WheelResult(published, reused, the_plan, outcome, checks)
+            with cache.lock(f"build-{mirror.name}"), produce(config, cache, mirror, the_plan, progress) as produced:
+                stored, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
+                outcome = produced.cache
+            if derivation is not None:
+                commit = git.tree_commit(mirror, the_plan.tree, the_plan.base)
+                derive.remember(cache, the_plan.family, the_plan.tree, the_plan.key, commit, the_plan.lineage)
+        published = publish(stored, out, sealed=True)
+    return WheelResult(published, False, the_plan, outcome, checks)
+
+
+def _published_hit(cache: Cache, key: str, out: Path, progress: Progress) -> Path | None:
+    """The stored wheel of `key` published into `out`, checked by its recorded sha256 as it is copied; None when
+    there is none, or when it was corrupt (then removed, and said in one line)."""
+    stored = artifacts.cached(cache, key)
+    if stored is None:
+        return None
+    try:
+        published = publish(stored, out, sealed=True)
+    except artifacts.CorruptEntry as exc:
+        artifacts.discard(cache, key)
+        progress.phase("cache", exc.corrupt.line("removed; building it again"))
+        return None
+    progress.phase("cache", f"hit {key[:12]}: reusing {stored.name} (sha256 as recorded)")
+    return published
 
 
 class Builder:
@@ -496,6 +509,9 @@ def _run_build(
             status = pep517.build_wheel(src, out, env, handle, False, str(environment.python))
         else:
             status = pep517.build_wheel(src, out, env, handle, True)
+    if status != 0 and says_no_space(log.read_text(errors="replace")):
+        written = tree_size(src) + tree_size(out)
+        raise Failed(f"the upstream build: {no_space_line(src, written=written)}; log: {log}")
     if status != 0:
         raise Failed(f"the upstream build failed (exit {status}); log: {log}\n{tail(log)}")
     wheels = list(out.glob("*.whl"))
@@ -555,7 +571,7 @@ def finish(
     info = make_info(config, report, series, the_plan, actual, checks)
     stamped = buildinfo.stamp(wheel, info, taken.tags if taken else None)
     progress.phase("stamp", f"{buildinfo.FILENAME} in {stamped.name} (version {actual})")
-    return _store(cache, the_plan.key, stamped, checks), checks
+    return artifacts.store(cache, the_plan.key, stamped, checks.full_lines()), checks
 
 
 def _check_version(actual: str, the_plan: WheelPlan) -> None:
@@ -617,37 +633,6 @@ def make_info(
     }
 
 
-def _cached_wheel(cache: Cache, key: str) -> Path | None:
-    directory = cache.artifacts / key
-    wheels = sorted(directory.glob("*.whl")) if directory.is_dir() else []
-    return wheels[0] if len(wheels) == 1 else None
-
-
-def gate_report_path(wheel: Path) -> Path:
-    """`<wheel>.gate.txt`, the full gate report beside a wheel."""
-    return wheel.with_name(wheel.name + GATE_SUFFIX)
-
-
-def write_gate_report(wheel: Path, checks: verify.Inspection) -> None:
-    """The checks in full (table, holdings, rules, tree check) into `<wheel>.gate.txt`."""
-    atomic_write_text(gate_report_path(wheel), "\n".join(checks.full_lines()) + "\n")
-
-
-def _store(cache: Cache, key: str, wheel: Path, checks: verify.Inspection) -> Path:
-    """Move the finished wheel (and its gate report) into the artifact cache with one directory rename."""
-    cache.artifacts.mkdir(parents=True, exist_ok=True)
-    sweep_dead(cache.artifacts, f".{key[:12]}-")
-    staging = Path(tempfile.mkdtemp(prefix=owned_prefix(f".{key[:12]}-"), dir=cache.artifacts))
-    shutil.move(str(wheel), staging / wheel.name)
-    os.chmod(staging / wheel.name, 0o644)
-    write_gate_report(staging / wheel.name, checks)
-    final = cache.artifacts / key
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(staging, final)
-    return final / wheel.name
-
-
 def refuse_another_artifact(
     out: Path, version: str, url: str, pin: str, tree: str, platform: Platform, precompiled_sha256: str | None
 ) -> None:
@@ -676,33 +661,3 @@ def refuse_another_artifact(
             f"{path} holds VERSION {version} for {what}, and this build is {mine}: one VERSION names one artifact; "
             f"run `{prog.command('version', 'bump')}` (or publish into another --out)"
         )
-
-
-def publish(wheel: Path, out: Path) -> Path:
-    """Put the wheel, then its gate report (when there is one), into `out` through temp names and renames: `out`
-    never holds a partial wheel, nor a report without its wheel. A hardlink of the stored file where `out` is on
-    the same filesystem (a 330 MB wheel is not copied again; one already published is left as it is), else a
-    copy."""
-    out.mkdir(parents=True, exist_ok=True)
-    report = gate_report_path(wheel)
-    published = _place(wheel, out / wheel.name)
-    if report.exists():
-        _place(report, out / report.name)
-    return published
-
-
-def _place(source: Path, dest: Path) -> Path:
-    if dest.exists() and os.path.samefile(source, dest):
-        return dest
-    sweep_dead(dest.parent, f".{dest.name}.")
-    tmp = Path(tempfile.mktemp(prefix=owned_prefix(f".{dest.name}."), suffix=".tmp", dir=dest.parent))
-    try:
-        try:
-            os.link(source, tmp)
-        except OSError:
-            shutil.copyfile(source, tmp)
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dest

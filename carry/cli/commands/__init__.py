@@ -1,1 +1,1 @@
-"""One module per command (or small family of commands); carry/cli/__init__.py loads each when it runs."""
+"""One module per command (or small family of commands); carry/cli/main.py loads each when it runs."""

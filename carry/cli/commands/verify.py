@@ -38,14 +38,15 @@ def verify(
     commit). Wheels: RECORD hashes, the CUDA arch gate, the CPU of their shared objects, the test report beside
     them if any. Images: every platform the tag holds is pulled, its labels compared, its Python run (emulated
     where foreign) to import the wheel, and the installed shared objects gated. A test report (*.test.json) is
-    checked against the artifact it names. With --key, an image's signature (cosign's simple signing), its SBOM
+    checked against the artifact it names, a suite report (*.suite.json) against the wheel beside it and the
+    selection in build.yaml. With --key, an image's signature (cosign's simple signing), its SBOM
     (against the distributions the layers install) and its provenance (against this repo) are checked too; without
     build.yaml, only what needs no repository. Exit 1 on a mismatch, naming the field."""
     from carry.gputest.testrun import names_a_wheel
 
     key = None
     if key_path is not None:
-        if artifact.endswith(".test.json") or names_a_wheel(artifact):
+        if artifact.endswith((".test.json", ".suite.json")) or names_a_wheel(artifact):
             raise click.UsageError("--key checks an image's signature; a wheel or test report has none")
         from carry.trust.keys import load_public
 
@@ -56,6 +57,16 @@ def verify(
         only = trustcheck.verify_without_checkout(artifact, key, parse_platform(platform), "docker")
         click.echo("\n".join(line for result in only for line in result.lines()))
         sys.exit(0 if all(result.ok for result in only) else 1)
+    if artifact.endswith(".suite.json"):
+        from carry.gputest import upstreamsuite
+
+        path = Path(artifact)
+        if obj.config_path.exists():
+            checked = obj.session().verify_suite_report(path)
+        else:
+            checked = upstreamsuite.check_report(path, upstreamsuite.Expected())
+        click.echo("\n".join(checked.lines()))
+        sys.exit(0 if checked.ok else 1)
     if artifact.endswith(".test.json"):
         from carry.gputest import testrun
 

@@ -13,9 +13,11 @@ import ipaddress
 import os
 import shlex
 import shutil
-import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import yaml
 
 try:
     import tomllib
@@ -24,6 +26,7 @@ except ImportError:  # Python 3.10: `build` depends on tomli there
 
 import carry
 from carry.config import Config, strip_credentials
+from carry.image.vocabulary import ENTRYPOINT, docker_binary
 from carry.platforms import Emulation, Platform
 from carry.source import upstream
 from carry.util.cache import Cache
@@ -31,9 +34,9 @@ from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import write_private
 from carry.util.logtail import tail
 from carry.util.progress import Progress
+from carry.util.run import BUILD_S, NETWORK_S, PROBE_S, execute
 
 DOCKERFILE = Path(carry.__file__).resolve().parent / "resources" / "Dockerfile"  # the top-level Dockerfile links here
-ENTRYPOINT = Path(carry.__file__).resolve().parent / "image_files" / "entrypoint.sh"
 # What carry itself needs inside the build stage (the docker SDK is only used on the host).
 CARRY_REQUIREMENTS = (
     "click",
@@ -48,6 +51,9 @@ CARRY_REQUIREMENTS = (
     "isal",
 )
 SECRET_ID = "carry_env"
+# The image settings the build stage's `wheel` reads (each platform's arches, the bases); the rest of image (name,
+# tags, labels, env, entrypoint, ...) is left out of its build.yaml, so that changing it re-runs no build stage.
+STAGE_IMAGE_KEYS = ("platforms", "base_image", "runtime_image", "build_args", "lock", "runtime_python")
 # What BuildKit and pip say when a base image cannot be pulled, or the build stage's pip cannot reach the index.
 BASE_PULL_FAILED = ("failed to resolve source metadata", "pull access denied", "failed to create LLB definition")
 INDEX_UNREACHABLE = (
@@ -75,15 +81,6 @@ class Builder:
     buildx: bool
 
 
-def docker_binary(config: Config) -> str:
-    """`$CARRY_DOCKER`, else image.docker from build.yaml; it must exist."""
-    name = os.environ.get("CARRY_DOCKER") or config.image.docker
-    found = shutil.which(name)
-    if found is None:
-        raise BadInput(f"docker binary {name!r} not found; install Docker or set image.docker / $CARRY_DOCKER")
-    return found
-
-
 def resolve_builder(config: Config, platforms: tuple[Platform, ...]) -> Builder:
     """The Docker CLI to build with, checked before any work, and every platform must run natively or emulated.
 
@@ -96,7 +93,7 @@ def resolve_builder(config: Config, platforms: tuple[Platform, ...]) -> Builder:
     named = os.environ.get("CARRY_DOCKER") or (config.image.docker if config.image.docker != "docker" else None)
     candidates = [docker_binary(config)] if named else _all_on_path("docker") or [docker_binary(config)]
     for docker in candidates:
-        if subprocess.run([docker, "buildx", "version"], capture_output=True).returncode == 0:
+        if execute([docker, "buildx", "version"], timeout=PROBE_S).returncode == 0:
             return Builder(docker, True)
         if _client_major(docker) < FIRST_CLI_NEEDING_BUILDX:
             return Builder(docker, False)
@@ -120,7 +117,7 @@ def _all_on_path(name: str) -> list[str]:
 
 def _client_major(docker: str) -> int:
     """The Docker CLI's major version, from `docker --version` (`Docker version 28.2.2, build ...`)."""
-    words = subprocess.run([docker, "--version"], capture_output=True, text=True).stdout.split()
+    words = execute([docker, "--version"], text=True, timeout=PROBE_S).stdout.split()
     version = words[2] if len(words) > 2 and words[:2] == ["Docker", "version"] else "0"
     return int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
 
@@ -152,15 +149,16 @@ def assemble_context(
     context: Path,
     requirements: list[str],
     platforms: tuple[Platform, ...] = (),
+    say: Callable[[str], None] | None = None,
 ) -> None:
     """carry (the build stage runs it as `python -m carry`), the config with VERSION and patches, a bundle of the
-    pinned commit, and the precompiled wheels of `platforms` (build.precompiled), so that the build stage needs
-    no network for them."""
+    pinned commit (checked by its sha256 as it is copied; `say` hears of one made again), and the precompiled wheels
+    of `platforms` (build.precompiled), so that the build stage needs no network for them."""
     project = context / "project"
     project.mkdir(parents=True)
     shutil.copy2(config.version_file, project / _inside(config, config.version_file))
     # The build stage fetches nothing (it has the bundle): a user:token in upstream.url stays out of its layers.
-    (project / _inside(config, config.path)).write_text(strip_credentials(config.path.read_text()))
+    (project / _inside(config, config.path)).write_text(stage_config(strip_credentials(config.path.read_text())))
     # DROPPED.md stays out: the host checked it against the pin (the stage has only the pin's bundle to tell by).
     shutil.copytree(
         config.patches_dir, project / _inside(config, config.patches_dir), ignore=shutil.ignore_patterns("DROPPED.md")
@@ -171,16 +169,30 @@ def assemble_context(
     env_lines = "".join(f"{name}={shlex.quote(value)}\n" for name, value in sorted(config.image.env.items()))
     (context / "runtime.env").write_text(env_lines)
     (context / "requirements.txt").write_text("".join(f"{r}\n" for r in requirements))
-    bundle = upstream.write_bundle(mirror, cache, config.upstream.commit)
-    (context / "cache" / "bundles").mkdir(parents=True)
-    shutil.copy2(bundle, context / "cache" / "bundles" / bundle.name)
+    upstream.copy_bundle(mirror, cache, config.upstream.commit, context / "cache" / "bundles", say or _stderr)
     _precompiled_wheels(config, cache, platforms, context / "cache" / "downloads")
     (context / "wheelhouse").mkdir()
 
 
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def stage_config(text: str) -> str:
+    """build.yaml as the build stage gets it: the image section without what names, tags, labels or runs the image
+    (only STAGE_IMAGE_KEYS stay), so that a change to those is no input of the build stage (its BuildKit cache)."""
+    data = yaml.safe_load(text) or {}
+    image = data.get("image")
+    if isinstance(image, dict):
+        data["image"] = {key: value for key, value in image.items() if key in STAGE_IMAGE_KEYS}
+    return yaml.safe_dump(data, sort_keys=False)
+
+
 def _precompiled_wheels(config: Config, cache: Cache, platforms: tuple[Platform, ...], store_dir: Path) -> None:
     """The checked precompiled wheel of each platform, laid out as a download store the build stage reads
-    ($CARRY_DOWNLOADS): hardlinked where it can be, copied otherwise."""
+    ($CARRY_DOWNLOADS): hardlinked where it can be, copied otherwise. The one hard link out of the store carry
+    makes, on purpose: the context is carry's own scratch, read by BuildKit and removed after the build, never
+    published, and a 330 MB copy per platform would buy nothing (docs/reliability.md)."""
     from carry.util.download import Store
 
     settings = config.build.precompiled
@@ -228,9 +240,13 @@ def hermetic_wheelhouse(
 
 def fill_wheelhouse(cache: Cache, requirements: list[str], given: Path | None, dest: Path, platform: Platform) -> None:
     """Wheels for a --network=none build stage on `platform`: from --wheelhouse, or downloaded once per platform
-    into the cache (for this Python's version; the base image's Python must match it)."""
-    if given is None:
-        given = cache.root / "wheelhouse" / platform.tag
+    into the cache (for this Python's version; the base image's Python must match it), under a lock: a second run
+    at once waits, then copies whole wheels only."""
+    if given is not None:
+        _copy_wheels(given, dest)
+        return
+    given = cache.root / "wheelhouse" / platform.tag
+    with cache.lock(f"wheelhouse-{platform.tag}"):
         given.mkdir(parents=True, exist_ok=True)
         command = [
             sys.executable,
@@ -245,13 +261,17 @@ def fill_wheelhouse(cache: Cache, requirements: list[str], given: Path | None, d
             *_target_flags(platform),
             *requirements,
         ]
-        result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        result = execute(command, text=True, timeout=NETWORK_S)
         if result.returncode != 0:
             raise Failed(
                 f"pip download of {platform} wheels for the wheelhouse failed: "
                 f"{result.stderr.strip().splitlines()[-1:]}; pass --wheelhouse DIR with the wheels"
             )
-    for wheel in given.glob("*.whl"):
+        _copy_wheels(given, dest)
+
+
+def _copy_wheels(source: Path, dest: Path) -> None:
+    for wheel in source.glob("*.whl"):
         shutil.copy2(wheel, dest / wheel.name)
 
 
@@ -390,12 +410,11 @@ class StageBuild:
         with open(log, "ab") as handle:
             handle.write(f"== {self.stage} for {self.platform}\n".encode())
             handle.flush()
-            status = subprocess.run(
+            status = execute(
                 self.command(builder, secret, context),
                 env={**(env or os.environ), "DOCKER_BUILDKIT": "1"},
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+                log=handle,
+                timeout=BUILD_S,
             ).returncode
         with open(log, "rb") as handle:
             handle.seek(start)

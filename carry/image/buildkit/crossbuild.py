@@ -6,6 +6,7 @@ platform tag, the CPU of every shared object, the arch gate for the platform's a
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,8 +21,8 @@ from carry.util.fsutil import temp_dir
 from carry.util.progress import Progress
 from carry.util.record import record
 from carry.wheelbuild import verify
+from carry.wheelbuild.artifacts import publish, write_gate_report
 from carry.wheelbuild.verify import Expected
-from carry.wheelbuild.wheel import publish, write_gate_report
 
 if TYPE_CHECKING:
     from carry.binaries.gate import GateReport
@@ -64,7 +65,8 @@ def build(
     log.unlink(missing_ok=True)
     with temp_dir(cache.scratch, "crosswheel-") as scratch:
         context = scratch / "context"
-        container.assemble_context(config, cache, mirror, context, requirements, (platform,))
+        say = functools.partial(progress.phase, "context")
+        container.assemble_context(config, cache, mirror, context, requirements, (platform,), say)
         if hermetic:
             container.hermetic_wheelhouse(
                 config, cache, (platform,), requirements, wheelhouse, context / "wheelhouse", progress
@@ -82,7 +84,7 @@ def build(
         wheel = _single_wheel(exported, log)
         progress.phase("gate", f"{wheel.name}: {platform.machine} code for arches {arches}")
         report = _check(wheel, platform, policy, expected, progress)
-        write_gate_report(wheel, report)
+        write_gate_report(wheel, report.full_lines())
         published = publish(wheel, out)
     return CrossWheel(published, platform, report)
 

@@ -1,6 +1,6 @@
 """The container image: one BuildKit build per platform (carry.image.buildkit.container), tags and labels from
-VERSION and the series, push through the Docker SDK, and multi-platform tags (carry.image.buildkit.manifest);
-carry.image.inspect.imageverify checks what a tag holds.
+VERSION and the series, each platform pushed from the engine by digest (carry.image.buildkit.enginepush), then the
+manifest lists and the tags (carry.image.pushorder); carry.image.inspect.imageverify checks what a tag holds.
 
 One platform (the config lists at most one): its image gets every tag. Several: each platform's image is tagged
 `<VERSION>-<arch>` and every shared tag (VERSION, the templates, --tag) becomes, on push, a manifest list of all
@@ -12,14 +12,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from carry.arch import ArchList
 from carry.config import TAG_RE, Config, public_url
-from carry.image.buildkit import container, layercache, manifest
+from carry.image import pushorder
+from carry.image.buildkit import container, enginepush, layercache
 from carry.image.buildkit.container import Builder, StageBuild
+from carry.image.vocabulary import LABEL_PREFIX, WHEEL_LABEL, ImagePlan, PlatformImage, own_tag
 from carry.platforms import Platform
 from carry.source.apply import CheckReport
 from carry.source.series import Series
@@ -35,9 +39,7 @@ if TYPE_CHECKING:
 
     from carry.image.attest import Attester, Wheel
     from carry.image.registry import Login
-
-LABEL_PREFIX = "io.carry"
-WHEEL_LABEL = f"{LABEL_PREFIX}.wheel"  # the distribution name of the wheel installed in the image
+    from carry.image.registryhttp import Repository
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,32 +57,6 @@ class ImageOptions:
         for tag in self.extra_tags:
             if not TAG_RE.fullmatch(tag):
                 raise BadInput(f"--tag {tag!r} is not a valid tag; use letters, digits, '_', '.', '-' (at most 128)")
-
-
-@dataclasses.dataclass(frozen=True)
-class PlatformImage:
-    """One platform's image: what it is built from and the local tags it gets."""
-
-    platform: Platform
-    arches: ArchList
-    refs: tuple[str, ...]
-    labels: dict[str, str]
-    build_args: dict[str, str]
-
-
-@dataclasses.dataclass(frozen=True)
-class ImagePlan:
-    images: tuple[PlatformImage, ...]
-    shared: tuple[str, ...]  # tags that name every platform (manifest lists); empty with one platform
-    complete: bool  # every platform the config lists is built in this run, so the shared tags can be made
-    tree: str
-    version: str
-    named: bool = True  # the labels name the wheel's distribution; False: the build stage's wheel tells it
-
-    def with_distribution(self, name: str) -> ImagePlan:
-        """The plan with `name` in every image's io.carry.wheel label."""
-        images = tuple(dataclasses.replace(image, labels={**image.labels, WHEEL_LABEL: name}) for image in self.images)
-        return dataclasses.replace(self, images=images, named=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,23 +113,39 @@ def platforms_to_build(config: Config, options: ImageOptions) -> tuple[Platform,
     return options.platforms or configured or (Platform.native(),)
 
 
-def own_tag(version: str, platform: Platform) -> str:
-    """The tag of one platform's image when a tag holds several: `20260906.1-arm64`."""
-    return f"{version}-{platform.tag}"
-
-
 @record(kw_only=True)
 class Subject:
     """What the images hold, resolved once: the patched tree (`report`) of `series`, VERSION, the wheel's
-    distribution name (`dist_name` None: the wheel the build stage makes names it, in `build`), the CUDA tag and the
-    upstream's own version (None: the build stage reads it)."""
+    distribution name (`dist_name` None: the wheel the build stage makes names it, in `build`), the CUDA tag, the
+    upstream's own version (None: the build stage reads it) and when the image was made (`created`, RFC 3339 UTC,
+    from `created_at`: never the clock, so that a rerun gives the same image)."""
 
     report: CheckReport
     series: Series
     version: str
     dist_name: str | None
     cuda: str
+    created: str
     upstream_version: str | None = None
+
+
+def created_at(mirror: Path, commit: str, environ: Mapping[str, str]) -> str:
+    """The image's `created` (org.opencontainers.image.created, the locked image's config): $SOURCE_DATE_EPOCH when
+    set, else the pinned commit's committer date; the same for the same pin, on every machine and every rerun."""
+    from carry.source import git
+
+    epoch = environ.get("SOURCE_DATE_EPOCH", "").strip()
+    if epoch:
+        if not epoch.isdigit():
+            raise BadInput(f"SOURCE_DATE_EPOCH={epoch!r} is not a count of seconds since 1970; unset it or fix it")
+        seconds = int(epoch)
+    else:
+        try:
+            seconds = int(git.run(mirror, "show", "-s", "--format=%ct", commit))
+        except (git.GitError, ValueError) as exc:
+            raise Failed(f"the committer date of {commit[:12]} is not readable in {mirror}: {exc}") from None
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def plan(config: Config, subject: Subject, arches: dict[Platform, ArchList], options: ImageOptions) -> ImagePlan:
@@ -198,7 +190,7 @@ def _labels(config: Config, subject: Subject, arches: ArchList, platform: Platfo
         "org.opencontainers.image.version": version,
         "org.opencontainers.image.revision": report.base,
         "org.opencontainers.image.source": public_url(config.upstream.url),
-        "org.opencontainers.image.created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "org.opencontainers.image.created": subject.created,
         f"{LABEL_PREFIX}.version": version,
         f"{LABEL_PREFIX}.upstream.url": public_url(config.upstream.url),
         f"{LABEL_PREFIX}.upstream.pr": str(config.upstream.pr or ""),
@@ -299,24 +291,42 @@ def build(
         notes = []
         if options.push:
             assert login is not None  # needs_login: the push's credentials were made before the builds
-            for image in the_plan.images:
-                for ref in image.refs:
-                    progress.phase("push", f"{ref} ({image.platform})")
-                    pushed[ref] = registry.push(client, ref, login)
-                if attester is not None:
-                    _attest(attester, config, client, login, image, pushed[image.refs[0]], hermetic.get(image.platform))
-            if the_plan.shared and the_plan.complete:
-                sources = {image.platform: image.refs[0] for image in the_plan.images}
-                for ref in the_plan.shared:
-                    progress.phase("manifest", f"{ref} -> {', '.join(sources.values())}")
-                    pushed[ref] = manifest.join(client, builder, login, ref, sources)
-                if attester is not None:
-                    _attest_index(attester, config, login, set(pushed[ref] for ref in the_plan.shared))
+            pushed = _push(config, cache, the_plan, client, login, progress, attester, hermetic)
     if the_plan.shared and not (options.push and the_plan.complete):
         notes.append(_shared_tags_note(config, the_plan, options))
     if options.push and attester is not None:
         notes += attester.notes()
     return ImageResult(the_plan, ids, pushed, tuple(notes), attester if options.push else None)
+
+
+def _push(
+    config: Config,
+    cache: Cache,
+    the_plan: ImagePlan,
+    client: docker.DockerClient,
+    login: Login,
+    progress: Progress,
+    attester: Attester | None,
+    hermetic: dict,
+) -> dict[str, str]:
+    """Each platform's image from the engine to the registry by digest (enginepush), signed and attested; then the
+    list and the tags, in carry.image.pushorder's order. ref -> digest."""
+    from carry.image import registryhttp
+    from carry.image.layerpush import Digests
+
+    repo = registryhttp.Repository.of(config.image.name, login.auth, lambda line: progress.phase("retry", line))
+    digests = Digests(cache.root / "image-layers")
+    manifests = []
+    for image in the_plan.images:
+        progress.phase("push", f"{image.refs[0]} ({image.platform})")
+        manifest = enginepush.push(repo, client, image.refs[0], image.platform, image.refs, digests, progress)
+        pushorder.put_platform(repo, manifest)
+        manifests.append(manifest)
+        if attester is not None:
+            _attest(attester, config, client, repo, image, manifest.digest, hermetic.get(image.platform))
+    shared = the_plan.shared if the_plan.complete else ()
+    sign = (lambda digest: attester.index(repo, digest)) if attester is not None else None
+    return pushorder.finish(repo, manifests, shared, sign, progress)
 
 
 def _assemble(
@@ -330,7 +340,8 @@ def _assemble(
 ) -> None:
     """The build context in `context`: project, carry, the bundle; with --hermetic the wheelhouse too."""
     platforms = tuple(i.platform for i in the_plan.images)
-    container.assemble_context(config, cache, inputs.mirror, context, inputs.requirements, platforms)
+    say = functools.partial(progress.phase, "context")
+    container.assemble_context(config, cache, inputs.mirror, context, inputs.requirements, platforms, say)
     if options.hermetic:
         container.hermetic_wheelhouse(
             config, cache, platforms, inputs.requirements, options.wheelhouse, context / "wheelhouse", progress
@@ -356,7 +367,7 @@ def _attest(
     attester: Attester,
     config: Config,
     client: docker.DockerClient,
-    login: Login,
+    repo: Repository,
     image: PlatformImage,
     digest: str,
     hermetic: tuple[Wheel | None, dict[tuple[str, str], Wheel]] | None = None,
@@ -364,8 +375,7 @@ def _attest(
     """A Dockerfile-built platform image's signature and provenance (carry.image.attest); with --hermetic its SBOM
     too, every installed distribution matched to the wheel it came from. Without, pip resolved the wheels inside
     BuildKit, and carry knows no hash for an SBOM."""
-    from carry.image import registryhttp
-    from carry.image.attest import Wheel, hermetic_distributions
+    from carry.image.attest import Wheel
 
     base_ref = config.target(image.platform).runtime_image or config.image.runtime_image or ""
     try:
@@ -386,18 +396,11 @@ def _attest(
             import time
 
             begun = time.monotonic()
-            distributions, why = hermetic_distributions(client, image.refs[0], image.platform, fixed, hermetic[1])
+            distributions, why = attester.read_installed(client, image.refs[0], image.platform, fixed, hermetic[1])
             attester.timings.facts += time.monotonic() - begun
     facts = attester.facts(image.platform, image.labels, fixed, None, base_ref, base, no_sbom=why)
     facts = dataclasses.replace(facts, distributions=distributions)
-    attester.platform(registryhttp.Repository.of(config.image.name, login.auth), facts, digest, locked=False)
-
-
-def _attest_index(attester: Attester, config: Config, login: Login, digests: set[str]) -> None:
-    from carry.image import registryhttp
-
-    for digest in sorted(digests):
-        attester.index(registryhttp.Repository.of(config.image.name, login.auth), digest)
+    attester.platform(repo, facts, digest, locked=False)
 
 
 def _built_distribution(
@@ -446,23 +449,21 @@ def join_pushed(
     attester: Attester | None = None,
 ) -> dict[str, str]:
     """Make every shared tag a manifest list of the platforms' own images, which must be in the registry; with
-    `attester` (carry.image.attest), sign each list."""
-    from carry.image import registry
+    `attester` (carry.image.attest), sign the list before any tag names it (carry.image.pushorder)."""
+    from carry.image import registry, registryhttp
 
-    client = registry.client()
     sources = {platform: f"{config.image.name}:{own_tag(version, platform)}" for platform in platforms}
-    joined = {}
     with registry.credentials(config.image.name, builder.docker) as login:
+        repo = registryhttp.Repository.of(config.image.name, login.auth, lambda line: progress.phase("retry", line))
+        manifests = []
         for platform, ref in sources.items():
-            found = registry.remote_platforms(client, ref, login)
-            if found is None or platform not in found[1]:
+            found = pushorder.pushed_platform(repo, pushorder.tag_of(ref), platform)
+            if found is None:
                 raise Failed(
                     f"{ref} is not in the registry for {platform}; push it first "
                     f"(`{prog.command('image', '--platform', str(platform), '--push')}`)"
                 )
-        for ref in shared:
-            progress.phase("manifest", f"{ref} -> {', '.join(sources.values())}")
-            joined[ref] = manifest.join(client, builder, login, ref, sources)
-        if attester is not None:
-            _attest_index(attester, config, login, set(joined.values()))
-    return joined
+            manifests.append(found)
+        progress.phase("manifest", f"{', '.join(shared)} -> {', '.join(sources.values())}")
+        sign = (lambda digest: attester.index(repo, digest)) if attester is not None else None
+        return pushorder.finish(repo, manifests, shared, sign, progress)

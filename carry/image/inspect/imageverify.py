@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 
 from carry.arch import ArchList
 from carry.config import Config
-from carry.image.buildkit import container
-from carry.image.buildkit.image import LABEL_PREFIX, WHEEL_LABEL, own_tag
+from carry.image.vocabulary import LABEL_PREFIX, WHEEL_LABEL, docker_binary, own_tag
 from carry.platforms import Platform
 from carry.util import prog
 from carry.util.errors import BadInput, Failed
@@ -73,7 +72,7 @@ def verify_image(request: Request, config: Config, expected: Expected, scratch: 
     from carry.image import registry
 
     client = registry.client()
-    docker_cli = container.docker_binary(config)
+    docker_cli = docker_binary(config)
     if getattr(config.image, "lock", None):
         return verify_locked(client, docker_cli, request, config, expected)
     ref, platform, arches, local, key = request.ref, request.platform, request.arches, request.local, request.key
@@ -173,7 +172,7 @@ def _trust_dockerfile(
 
     if remote is None:
         return [], ["signature: the image is only in the local engine; a signature lives in a registry"]
-    repository = trustcheck.repository_of(ref)
+    repository = registryhttp.repository_of(ref)
     with registry.credentials(ref, docker_cli) as login:
         insecure = registry.insecure(client, registry.registry_of(ref))
         files = imagefs.from_registry(ref, platform, trustcheck.dist_info_selection(), login.auth, insecure)
@@ -332,7 +331,7 @@ def _trust_locked(
         return [], ["signature: the image is only in the local engine; a signature lives in a registry"]
     key, patches = request.key, request.patches
     assert key is not None  # verify_locked asks for trust only with a key
-    repository = trustcheck.repository_of(request.ref)
+    repository = registryhttp.repository_of(request.ref)
     store = registryhttp.Repository.of(repository, login.auth)
     dists = installcheck.installed(files.nodes, content.site, [])
     wanted = trustcheck.Expected(

@@ -40,15 +40,6 @@ class Expected:
     lock: tuple[str, str] | None  # (file name, sha256)
 
 
-def repository_of(ref: str) -> str:
-    """`host/name` of a reference (tag and digest dropped): the identity a signature names."""
-    name = ref.split("@", 1)[0]
-    head, _, tail = name.rpartition("/")
-    if ":" in tail:
-        tail = tail.split(":", 1)[0]
-    return f"{head}/{tail}" if head else tail
-
-
 @record(kw_only=True)
 class Manifest:
     """One platform manifest checked: `repository@digest`, the image of `platform`, with its config's `labels`."""
@@ -98,6 +89,7 @@ def check_platform(
             proven.append(
                 f"SBOM: signed, CycloneDX 1.6, {len(listed)} components = the {len(installed)} distributions the "
                 f"layers install; the fixed package's pedigree carries {patches} patch(es)"
+                + _other_statement_type(statements.by_type[attach.CYCLONEDX])
             )
     predicate = statements.by_type.get(attach.SLSA_PROVENANCE, {}).get("predicate")
     if predicate is not None:
@@ -125,6 +117,14 @@ def check_platform(
                 )
     proven.append(f"trust checks: {time.monotonic() - started:.1f} s")
     return proven, problems
+
+
+def _other_statement_type(statement: dict) -> str:
+    """What differs from carry's own statements: another in-toto Statement version (`cosign attest` writes v0.1)."""
+    from carry.trust import signing
+
+    found = statement.get("_type")
+    return "" if found == signing.STATEMENT_TYPE else f"; its statement is {found} (carry's own are Statement v1)"
 
 
 def check_index(store: attach.Registry, key: PublicKey, repository: str, digest: str) -> tuple[list[str], list[str]]:
@@ -213,7 +213,7 @@ def verify_without_checkout(
     from carry.image import registry, registryhttp
     from carry.image.inspect import imagefs
 
-    repository = repository_of(ref)
+    repository = registryhttp.repository_of(ref)
     client = registry.client()
     results = []
     with registry.credentials(ref, docker_cli) as login:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import email.parser
+import functools
 import hashlib
 import json
-import os
 import re
 import shlex
-import subprocess
 import time
 import zipfile
 from collections.abc import Callable, Iterable
@@ -20,10 +19,11 @@ from typing import TYPE_CHECKING
 
 from carry.binaries.wheelzip import record_hash
 from carry.config import Config
-from carry.image.buildkit.container import ENTRYPOINT
+from carry.image import gzlayer
 from carry.image.locked import ocilayer, runtimelock, wheelinstall
 from carry.image.locked.ocilayer import Item
 from carry.image.locked.wheelinstall import Entry, Installed, Venv
+from carry.image.vocabulary import ENTRYPOINT
 from carry.platforms import Platform
 from carry.util import prog
 from carry.util.cache import Cache
@@ -32,6 +32,7 @@ from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import temp_dir
 from carry.util.index import manylinux_tags, pip_download_command
 from carry.util.progress import Progress
+from carry.util.run import NETWORK_S, execute
 
 if TYPE_CHECKING:
     import docker
@@ -72,7 +73,7 @@ class LayerPlan:
         for the others every item (path, kind, mode, size, RECORD hash, link), and the compressor."""
         if self.recipe:
             return self.recipe
-        digest = hashlib.sha256(json.dumps(ocilayer.gzip_key(), sort_keys=True).encode())
+        digest = hashlib.sha256(json.dumps(gzlayer.gzip_key(), sort_keys=True).encode())
         for item in self.items:
             digest.update(
                 f"{item.path}\0{item.kind}\0{item.mode:o}\0{item.size}\0"
@@ -91,7 +92,7 @@ def group_key(lock: runtimelock.Lock, group: str, venv: Venv) -> str:
     path two wheels install is kept in one layer: _merge looks across layers), the layer, the venv it installs
     into, the grouping rules and the compressor. The wheels are the lock's by sha256, so the bytes follow."""
     material = {
-        **ocilayer.gzip_key(),
+        **gzlayer.gzip_key(),
         "recipe": RECIPE_FORMAT,
         "layer": group,
         "venv": [venv.prefix, venv.python],
@@ -148,8 +149,9 @@ def fetch_wheels(
     in `added`)."""
     found: dict[str, Path] = {}
     missing = []
+    say = functools.partial(progress.phase, "download")
     for package in lock.packages:
-        path = _stored(store, package, lock.platform.machine)
+        path = _stored(store, package, lock.platform.machine, say)
         if path is None:
             missing.append(package)
         else:
@@ -166,14 +168,11 @@ def fetch_wheels(
             )
             _pip_download(lock, requirements, directory / "files")
             for path in sorted((directory / "files").iterdir()):
-                sha = sha256_of(path)
-                target = store.root / sha / path.name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(path, target)
+                target = store.adopt(path, path.name, sha256_of(path))
                 if added is not None:
                     added.append(target)
         for package in missing:
-            path = _stored(store, package, lock.platform.machine)
+            path = _stored(store, package, lock.platform.machine, say)
             if path is None:
                 raise Failed(
                     f"{lock.path}: {package.name}=={package.version}: pip downloaded no wheel with the "
@@ -195,15 +194,15 @@ def sha256_in_store(path: Path) -> str:
     return name if re.fullmatch(r"[0-9a-f]{64}", name) else sha256_of(path)
 
 
-def _stored(store: Store, package: runtimelock.Locked, machine: str) -> Path | None:
+def _stored(store: Store, package: runtimelock.Locked, machine: str, say: Callable[[str], None]) -> Path | None:
     """The stored wheel of a locked package for this CPU (a lock may list every file of a version: another
-    CPU's wheel of the same pin is not this platform's)."""
+    CPU's wheel of the same pin is not this platform's), intact (a corrupt one is removed, said, and missing)."""
     for value in package.hashes:
         sha = value.split(":", 1)[1]
         directory = store.root / sha
         if directory.is_dir():
             wheels = [p for p in directory.iterdir() if p.suffix == ".whl" and _installs_on(p.name, machine)]
-            if wheels:
+            if wheels and store.intact(wheels[0], sha, say):
                 return wheels[0]
     return None
 
@@ -224,7 +223,7 @@ def pip_platforms(target: str) -> list[str]:
 def _pip_download(lock: runtimelock.Lock, requirements: Path, into: Path) -> None:
     python = ".".join(lock.python.split(".")[:2])
     command = pip_download_command(requirements, into, python, pip_platforms(lock.target))
-    result = subprocess.run(command, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    result = execute(command, text=True, timeout=NETWORK_S)
     if result.returncode != 0:
         raise Failed(_pip_failure(lock, result.stdout + result.stderr))
 

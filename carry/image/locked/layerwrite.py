@@ -5,23 +5,21 @@ into the local engine with `docker load`."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import tarfile
 import time
-from collections.abc import Iterable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from carry.config import Config
+from carry.image.gzlayer import Written, compressed, prefetched
+from carry.image.layerpush import Digests, EngineImage, LayerOutcome, push_config, push_engine_layers
 from carry.image.locked import ocilayer
 from carry.image.locked.engineimage import Kept
 from carry.image.locked.layerplan import PREFIX, LayerPlan, PlatformPlan
-from carry.image.locked.ocilayer import Written
 from carry.platforms import Platform
 from carry.util.errors import Failed
-from carry.util.fsutil import atomic_write_text
 from carry.util.progress import Progress
 
 if TYPE_CHECKING:
@@ -67,52 +65,6 @@ def image_config(config: Config, plan: PlatformPlan, diff_ids: list[str], labels
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-# -- remembered digests ----------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Digests:
-    """Layer digests remembered by their key ($CARRY_CACHE/image-layers/<key>.json)."""
-
-    root: Path
-
-    def get(self, key: str) -> Written | None:
-        try:
-            return Written(**json.loads((self.root / f"{key}.json").read_text()))
-        except (OSError, ValueError, TypeError):
-            return None
-
-    def put(self, key: str, written: Written) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(self.root / f"{key}.json", json.dumps(written.to_json()))
-
-
-@dataclasses.dataclass(frozen=True)
-class LayerOutcome:
-    name: str
-    written: Written
-    action: str  # pushed | already exists | mounted | loaded | in the engine
-    files: int = 0
-    key: str = ""  # what the layer is made of (LayerPlan.key; base layers: _base_key)
-    source: str = ""  # where a layer not written was known from: "" (this machine), "recorded by REF", "from REPO"
-    why: str = ""  # why a pushed layer was written (nothing reusable, and what was found instead)
-
-    def line(self, platform: Platform) -> str:
-        tail = f"  ({self.source})" if self.source else f"  (written: {self.why})" if self.why else ""
-        return (
-            f"{self.name:<13} {str(platform):<12} {size_text(self.written.size):>9} compressed "
-            f"{size_text(self.written.installed):>9} installed {self.files:>6} files  {self.action:<14} "
-            f"{self.written.digest[:19]}{tail}"
-        )
-
-
-def size_text(value: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if value >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{value} B"
-
-
 # -- writing: push over the registry API, or `docker load` ----------------------------------------------------
 
 
@@ -150,27 +102,8 @@ def push_platform(
         outcomes.append(_push_layer(repo, layer, reuse, progress, plan.platform))
     diff_ids = [o.written.diff_id for o in outcomes]
     body = image_config(config, plan, diff_ids, labels)
-    config_digest = f"sha256:{hashlib.sha256(body).hexdigest()}"
-    config_action = "pushed" if repo.upload_bytes(body, config_digest) else "already exists"
-    manifest = json.dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": registryhttp_types()[0],
-            "config": {"mediaType": registryhttp_types()[1], "size": len(body), "digest": config_digest},
-            "layers": [
-                {"mediaType": registryhttp_types()[2], "size": o.written.size, "digest": o.written.digest}
-                for o in outcomes
-            ],
-        },
-        separators=(",", ":"),
-    ).encode()
+    manifest, config_action = push_config(repo, body, outcomes)
     return manifest, f"sha256:{hashlib.sha256(manifest).hexdigest()}", outcomes, config_action
-
-
-def registryhttp_types() -> tuple[str, str, str]:
-    from carry.image import registryhttp
-
-    return registryhttp.DOCKER_MANIFEST, registryhttp.DOCKER_CONFIG, registryhttp.DOCKER_LAYER
 
 
 def _push_layer(
@@ -187,12 +120,13 @@ def _push_layer(
     why = reuse.why(platform, layer.name, layer.key)
     started = time.monotonic()
     box: dict[str, Written] = {}
-    chunks = ocilayer.prefetched(
-        ocilayer.compressed(
-            ocilayer.prefetched(ocilayer.stream(layer.items)), lambda w: box.update(w=w), layer.installed
+
+    def stream() -> Iterator[bytes]:  # made again for each attempt (registryhttp.Repository.upload)
+        return prefetched(
+            compressed(prefetched(ocilayer.stream(layer.items)), lambda w: box.update(w=w), layer.installed)
         )
-    )
-    repo.upload(chunks, lambda: box["w"].digest)
+
+    repo.upload(stream, lambda: box["w"].digest, f"layer {layer.name} ({platform})")
     written = box["w"]
     reuse.digests.put(layer.key, written)
     outcome = LayerOutcome(layer.name, written, "pushed", layer.files, layer.key, why=why)
@@ -200,90 +134,26 @@ def _push_layer(
     return outcome
 
 
-def _keep(box: dict, written: Written) -> None:
-    box["w"] = written
-
-
-def _kept_digest(box: dict) -> str:
-    return box["w"].digest
-
-
-def base_key(diff_id: str) -> str:
-    """A base layer's key: its diff_id (what it holds) and the compressor."""
-    return hashlib.sha256(json.dumps({**ocilayer.gzip_key(), "base": diff_id}, sort_keys=True).encode()).hexdigest()
-
-
 def _push_base(
     repo: Repository, client: docker.DockerClient, plan: PlatformPlan, reuse: Reuse, progress: Progress
 ) -> list[LayerOutcome]:
-    """The base image's layers, as the engine holds them (`docker save`'s uncompressed tars), compressed and
-    pushed the same way; known by diff_id (this machine's memory or the previous image's record), so a rerun only
-    asks the registry."""
-    diff_ids = list(plan.base.get("RootFS", {}).get("Layers") or [])
-    found: dict[str, LayerOutcome] = {}
-    for diff_id in diff_ids:
-        known = reuse.find(plan.platform, "base", base_key(diff_id))
-        if known is not None:
-            found[diff_id] = LayerOutcome("base", known.written, known.action, 0, base_key(diff_id), known.source)
-    if len(found) < len(diff_ids):
-        if not plan.base.get("Id"):
-            missing = next(d for d in diff_ids if d not in found)
-            raise Failed(
-                f"{plan.base_ref}: the registry no longer holds its layer {missing[:19]}… and the engine has no copy "
-                f"of the base to push it from; run the command again (the base is then made here)"
-            )
-        saved = client.api.get_image(plan.base["Id"])
-        with tarfile.open(fileobj=_ChunkReader(saved), mode="r|") as archive:  # type: ignore[call-overload]
-            for member in archive:
-                if not member.isfile() or not (member.name.endswith("layer.tar") or member.name.startswith("blobs/")):
-                    continue
-                if member.name.startswith("blobs/") and f"sha256:{member.name.rsplit('/', 1)[1]}" not in diff_ids:
-                    continue
-                handle = archive.extractfile(member)
-                box: dict[str, Written] = {}
-                chunks = ocilayer.compressed(
-                    iter(functools.partial(handle.read, ocilayer.CHUNK), b""),
-                    functools.partial(_keep, box),
-                    member.size,
-                )
-                repo.upload(chunks, functools.partial(_kept_digest, box))
-                written = box["w"]
-                if written.diff_id in diff_ids and written.diff_id not in found:
-                    reuse.digests.put(base_key(written.diff_id), written)
-                    why = reuse.why(plan.platform, "base", base_key(written.diff_id))
-                    found[written.diff_id] = LayerOutcome(
-                        "base", written, "pushed", 0, base_key(written.diff_id), why=why
-                    )
-    missing = [d for d in diff_ids if d not in found]
-    if missing:
-        raise Failed(
-            f"{plan.base_ref}: `docker save` gave no layer for {missing[0]}; the engine's copy of the base "
-            f"image is incomplete"
-        )
-    outcomes = [found[d] for d in diff_ids]
-    for outcome in outcomes:
-        progress.phase("layer", outcome.line(plan.platform))
-    return outcomes
+    """The base image's layers, as the engine holds them, pushed unless the registry has them (this machine's
+    remembered digests or the previous image's record, `reuse`)."""
 
+    def known(key: str) -> LayerOutcome | None:
+        found = reuse.find(plan.platform, "base", key)
+        return None if found is None else LayerOutcome("base", found.written, found.action, 0, key, found.source)
 
-class _ChunkReader:
-    """A read()-able file over an iterator of byte chunks (the engine's `docker save` stream)."""
-
-    def __init__(self, chunks: Iterable[bytes]):
-        self._chunks = iter(chunks)
-        self._buffer = b""
-
-    def read(self, size: int = -1) -> bytes:
-        while size < 0 or len(self._buffer) < size:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                break
-            self._buffer += chunk
-        if size < 0:
-            data, self._buffer = self._buffer, b""
-        else:
-            data, self._buffer = self._buffer[:size], self._buffer[size:]
-        return data
+    image = EngineImage(plan.base, plan.base_ref, plan.platform)
+    return push_engine_layers(
+        repo,
+        client,
+        image,
+        reuse.digests,
+        progress,
+        known=known,
+        why=lambda key: reuse.why(plan.platform, "base", key),
+    )[0]
 
 
 def load_platform(

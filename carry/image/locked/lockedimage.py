@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from carry.config import Config
+from carry.image import pushorder
+from carry.image.layerpush import Digests, LayerOutcome, size_text
 from carry.image.locked import engineimage, runtimelock
 from carry.image.locked.layerplan import (
     PlatformPlan,
@@ -43,14 +44,7 @@ from carry.image.locked.layerplan import (
     requires_dist,
     runtime_base,
 )
-from carry.image.locked.layerwrite import (
-    Digests,
-    LayerOutcome,
-    PlatformOutcome,
-    load_platform,
-    push_platform,
-    size_text,
-)
+from carry.image.locked.layerwrite import PlatformOutcome, load_platform, push_platform
 from carry.image.locked.smoketest import smoke, smoke_pushed
 from carry.platforms import Platform
 from carry.util.cache import Cache
@@ -63,10 +57,10 @@ if TYPE_CHECKING:
     import docker
 
     from carry.image.attest import Attester
-    from carry.image.buildkit.image import ImagePlan, PlatformImage
     from carry.image.locked.registrycache import Facts, Reuse
     from carry.image.registry import Login
     from carry.image.registryhttp import Repository
+    from carry.image.vocabulary import ImagePlan, PlatformImage
     from carry.trust.keys import SigningKey
 
 
@@ -303,16 +297,15 @@ def _push_all(
 
     attester = delivery.attester
     with registry.credentials(config.image.name, config.image.docker) as login:
-        repo = registryhttp.Repository.of(config.image.name, login.auth)
+        repo = registryhttp.Repository.of(config.image.name, login.auth, lambda line: progress.phase("retry", line))
         previous = delivery.previous or {}
         reuse = registrycache.Reuse(repo, digests, previous)
         plans: dict[Platform, PlatformPlan] = {}
         fetched: dict[Platform, dict[str, Path]] = {}
         outcomes: list[PlatformOutcome] = []
-        pushed: dict[str, str] = {}
-        manifests = {}
+        manifests: list[pushorder.Manifest] = []
         added: list[Path] = []
-        trust_sent = 0  # bytes of the signatures and attestations (with a key)
+        trust = _TrustBytes(repo)  # the signatures and attestations (with a key), counted apart
         for image in the_plan.images:
             started = time.monotonic()
             plan, fetched[image.platform] = _plan(job, image.platform, reuse, added)
@@ -320,14 +313,12 @@ def _push_all(
             progress.phase("push", f"{image.platform} -> {', '.join(image.refs)}")
             labels = prepared.labels(image.platform, image.labels)
             body, digest, layers, config_action = push_platform(repo, client, plan, reuse, labels, config, progress)
-            for ref in image.refs:
-                repo.put_manifest(ref.rsplit(":", 1)[1], body, registryhttp.DOCKER_MANIFEST)
-                pushed[ref] = digest
-            manifests[image.platform] = (body, digest)
+            manifest = pushorder.Manifest(image.platform, body, registryhttp.DOCKER_MANIFEST, image.refs)
+            pushorder.put_platform(repo, manifest)  # by digest: the tags move last (pushorder)
+            manifests.append(manifest)
             if attester is not None:
-                before = repo.sent
-                _attest(attester, repo, image, plan, digest, fixed_wheels, prepared, fetched)
-                trust_sent += repo.sent - before
+                with trust:
+                    _attest(attester, repo, image, plan, digest, fixed_wheels, prepared, fetched)
             outcomes.append(
                 PlatformOutcome(
                     image.platform, image.refs, digest, tuple(layers), config_action, time.monotonic() - started
@@ -337,10 +328,11 @@ def _push_all(
                 _discard(added, image.platform, progress)
         duplicates = tuple(d for p in plans.values() for d in p.duplicates)
         notes = _layer_notes(plans, duplicates)
-        if the_plan.shared and the_plan.complete:
-            trust_sent += _push_index(repo, the_plan, manifests, pushed, attester, progress)
-        elif the_plan.shared:
+        if the_plan.shared and not the_plan.complete:
             notes.append("shared tags left as they were: not every platform of image.platforms was built")
+        shared = the_plan.shared if the_plan.complete else ()
+        sign = (lambda index: trust.during(attester.index, repo, index)) if attester is not None else None
+        pushed = pushorder.finish(repo, manifests, shared, sign, progress)
         if delivery.smoke:
             outcomes = _smoke_all(job, outcomes, plans, login, delivery, reuse)
         key = attester.key if attester is not None else None
@@ -348,53 +340,28 @@ def _push_all(
         others = {id(p.repo): p.repo for p in previous.values() if p.repo is not None and p.repo is not repo}
         sent = repo.sent + sum(other.sent for other in others.values())
         received = repo.received + sum(other.received for other in others.values())
-        outcomes = [dataclasses.replace(o, sent=sent, received=received, trust_sent=trust_sent) for o in outcomes]
+        outcomes = [dataclasses.replace(o, sent=sent, received=received, trust_sent=trust.sent) for o in outcomes]
     if attester is not None:
         notes += attester.notes()
     return LockedImageResult(tuple(outcomes), pushed, the_plan.shared, tuple(notes), duplicates, attester)
 
 
-def _push_index(
-    repo: Repository,
-    the_plan: ImagePlan,
-    manifests: dict,
-    pushed: dict[str, str],
-    attester: Attester | None,
-    progress: Progress,
-) -> int:
-    """The shared tags: one manifest list of every platform's manifest (signed with a key); the bytes the signature
-    took."""
-    from carry.image import registryhttp
+class _TrustBytes:
+    """The bytes `repo` sent while signing and attesting (`with` it, or `during(fn, ...)`)."""
 
-    index = json.dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": registryhttp.DOCKER_LIST,
-            "manifests": [
-                {
-                    "mediaType": registryhttp.DOCKER_MANIFEST,
-                    "size": len(body),
-                    "digest": digest,
-                    "platform": {
-                        "architecture": p.architecture,
-                        "os": p.os,
-                        **({"variant": p.variant} if p.variant else {}),
-                    },
-                }
-                for p, (body, digest) in manifests.items()
-            ],
-        },
-        separators=(",", ":"),
-    ).encode()
-    index_digest = f"sha256:{hashlib.sha256(index).hexdigest()}"
-    for ref in the_plan.shared:
-        progress.phase("manifest", f"{ref} -> {', '.join(str(p) for p in manifests)}")
-        repo.put_manifest(ref.rsplit(":", 1)[1], index, registryhttp.DOCKER_LIST)
-        pushed[ref] = index_digest
-    before = repo.sent
-    if attester is not None:
-        attester.index(repo, index_digest)
-    return repo.sent - before
+    def __init__(self, repo: Repository):
+        self.repo, self.sent, self._before = repo, 0, 0
+
+    def __enter__(self) -> _TrustBytes:
+        self._before = self.repo.sent
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sent += self.repo.sent - self._before
+
+    def during(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self:
+            return fn(*args)
 
 
 def _smoke_all(

@@ -28,22 +28,15 @@ import hashlib
 import json
 from typing import TYPE_CHECKING
 
-from carry.image.locked.ocilayer import Item, Written
+from carry.image.gzlayer import Written
+from carry.image.locked.ocilayer import Item
 from carry.platforms import Platform
 from carry.util.errors import Failed
 
 if TYPE_CHECKING:
-    from typing import Protocol
-
+    from carry.image.layerpush import Digests
     from carry.image.registryhttp import Repository
     from carry.trust.keys import PublicKey, SigningKey
-
-    class Digests(Protocol):
-        """This machine's remembered layer digests (carry.image.locked.layerwrite.Digests)."""
-
-        def get(self, key: str) -> Written | None: ...
-
-        def put(self, key: str, written: Written) -> None: ...
 
 
 FORMAT = 1

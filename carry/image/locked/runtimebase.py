@@ -35,6 +35,7 @@ from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
 from carry.util.record import record
+from carry.util.run import BUILD_S, execute
 
 RESOURCES = Path(carry.__file__).resolve().parent / "resources"
 DEFAULT_METHOD = "apt"
@@ -227,9 +228,7 @@ def _registry_digest(ref: str, inspected: dict) -> str | None:
 
 def _docker(docker: str, args: list[str], timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(
-            [docker, *args], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout, env=env
-        )
+        return execute([docker, *args], text=True, timeout=timeout, env=env)
     except OSError as exc:
         raise BadInput(f"docker {docker} cannot run ({exc.strerror}); install Docker or set image.docker") from None
 
@@ -417,12 +416,8 @@ def _build(
             for name, value in sorted(labels.items()):
                 command += ["--label", f"{name}={value}"]
             with open(log, "wb") as handle:
-                status = subprocess.run(
-                    [*command, str(context)],
-                    env={**os.environ, "DOCKER_BUILDKIT": "1"},
-                    stdout=handle,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
+                status = execute(
+                    [*command, str(context)], env={**os.environ, "DOCKER_BUILDKIT": "1"}, log=handle, timeout=BUILD_S
                 ).returncode
         if status != 0:
             raise Failed(

@@ -25,7 +25,6 @@ import dataclasses
 import email.parser
 import hashlib
 import re
-import subprocess
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -37,6 +36,7 @@ from carry.platforms import Platform
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, CarryError, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
+from carry.util.run import NETWORK_S, execute
 
 if TYPE_CHECKING:
     from carry.image.locked.runtimebase import RuntimeBase
@@ -528,14 +528,7 @@ def resolve(
         if upgrade:
             args.append("--upgrade")
         try:
-            done = subprocess.run(
-                [uv.path, *args],
-                cwd=cwd or work,
-                env=index.environ,
-                capture_output=True,
-                text=True,
-                stdin=subprocess.DEVNULL,
-            )
+            done = execute([uv.path, *args], cwd=cwd or work, env=index.environ, text=True, timeout=NETWORK_S)
         except OSError as exc:
             raise BadInput(f"uv at {uv.path} cannot run ({exc.strerror}); reinstall it: pip install uv") from None
         if done.returncode != 0:
@@ -574,9 +567,7 @@ def _installable(
     ]
     # uv's cache has just been refreshed for exactly these pins: read it offline, online only if that fails
     for mode in (["--offline"], []):
-        done = subprocess.run(
-            [uv, *args, *mode], cwd=cwd, env=index.environ, capture_output=True, text=True, stdin=subprocess.DEVNULL
-        )
+        done = execute([uv, *args, *mode], cwd=cwd, env=index.environ, text=True, timeout=NETWORK_S)
         if done.returncode == 0:
             break
     if done.returncode != 0:

@@ -1,0 +1,45 @@
+"""A Dockerfile-built platform image pushed from the Docker engine over the registry's HTTP API
+(carry.image.registryhttp), not with `docker push`, which cannot push an image without moving a tag (the order a
+push keeps is carry.image.pushorder's):
+
+- the layers are `docker save`'s tars, gzip-compressed by isal as the locked image's base layers are
+  (carry.image.layerpush.push_engine_layers) and remembered by diff_id in `$CARRY_CACHE/image-layers/`, so
+  that a rerun only asks the registry (HEAD) and sends nothing;
+- the config is the engine's own bytes (those its image ID hashes), kept there too;
+- the manifest is a Docker v2 manifest of both: the same image gives the same manifest, so the same digest.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from carry.image import pushorder, registryhttp
+from carry.image.layerpush import Digests, EngineImage, push_config, push_engine_layers
+from carry.platforms import Platform
+from carry.util.errors import Failed
+from carry.util.progress import Progress
+
+if TYPE_CHECKING:
+    import docker
+
+
+def push(
+    repo: registryhttp.Repository,
+    client: docker.DockerClient,
+    ref: str,
+    platform: Platform,
+    refs: tuple[str, ...],
+    digests: Digests,
+    progress: Progress,
+) -> pushorder.Manifest:
+    """The engine's image `ref` (built for `platform`): its layers and config pushed unless the registry has them;
+    its manifest returned (PUT by the caller, by digest, then under `refs`)."""
+    try:
+        inspect = client.api.inspect_image(ref)
+    except Exception as exc:  # docker.errors.ImageNotFound: the build tagged it a moment ago
+        raise Failed(f"{ref}: not in the Docker engine after its build ({exc})") from None
+    layers, config = push_engine_layers(repo, client, EngineImage(inspect, ref, platform), digests, progress, True)
+    assert config is not None  # want_config: pushed or failed
+    body, action = push_config(repo, config, layers)
+    progress.phase("push", f"{platform}: {len(layers)} layers, config {action}")
+    return pushorder.Manifest(platform, body, registryhttp.DOCKER_MANIFEST, refs)
