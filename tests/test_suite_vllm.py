@@ -56,7 +56,10 @@ def project(tmp_path_factory, vllm_history, fixed_wheels):
     built = fixed_wheels.wheels["linux/amd64"]
     wheel = root / "dist" / Path(built).name
     os.link(built, wheel)
-    return {"root": root, "config": config, "env": {"CARRY_CACHE": str(cache)}, "wheel": wheel}
+    yield {"root": root, "config": config, "env": {"CARRY_CACHE": str(cache)}, "wheel": wheel}
+    # the environments (CUDA torch and vLLM's requirements: 14 GB) go when the module ends, not with the session:
+    # the locked vLLM image's peak comes later in the same run
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
