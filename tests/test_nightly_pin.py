@@ -97,7 +97,7 @@ def replica(tmp_path_factory):
         yield Replica(repo, sha, wheels, server, work)
     finally:
         server.stop()
-        for part in ("wheels", "index", "store", "history-cache"):
+        for part in ("wheels", "index", "store", "history-cache", "cache"):  # the wheels' builds: gigabytes
             shutil.rmtree(work / part, ignore_errors=True)
 
 

@@ -155,7 +155,8 @@ def partial_smoke(
     layers it reads: the base's (the engine's own), venv and the wheel's layers, loaded here from what carry wrote
     (the same bytes as pushed: docker load checks each against its diff_id), then removed. The pushed image is not
     pulled: holding another CPU's 9 GB image would prove nothing this check reads."""
-    from carry.image.locked.layerwrite import Digests, load_platform
+    from carry.image.layerpush import Digests
+    from carry.image.locked.layerwrite import load_platform
 
     layers = tuple(layer for layer in plan.layers if layer.name in PARTIAL_LAYERS and layer.planned)
     if len(layers) != len({layer.name for layer in plan.layers if layer.name in PARTIAL_LAYERS}):
