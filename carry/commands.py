@@ -441,7 +441,13 @@ class Session:
         platforms = image.platforms_to_build(self.config, options)
         self.require_pins(platforms)
         client = registry.client()
-        previous = self.previous_images(platforms, options, attester, progress) if options.push else {}
+        previous: dict = {}
+
+        def known_bases() -> dict:
+            """The previous images (read from the registry after the locks are checked) and the bases they name."""
+            previous.update(self.previous_images(platforms, options, attester, progress) if options.push else {})
+            return {p: f.record.base for p, f in previous.items() if f.record is not None and f.record.base}
+
         prepared = lockedimage.prepare(
             self.config,
             self.cache,
@@ -449,7 +455,7 @@ class Session:
             client,
             lambda line: progress.phase("download", line),
             lambda line: progress.phase("base", line),
-            {p: found.record.base for p, found in previous.items() if found.record is not None and found.record.base},
+            known_bases,
         )
         checked = self._checked(progress)
         arches = {platform: self.arches(arch, platform) for platform in platforms}

@@ -191,7 +191,7 @@ def test_a_fresh_runner_ships_a_patch_change_from_the_registry_alone(project, co
     assert result.err.count("derive: from VERSION 20261201.1's wheel, rebuilt from") == 2, result.err[-3000:]
     assert "version 0.33.0+carry.20261201.1 -> 0.33.0+carry.20261201.2" in result.err
     # no locked wheel downloaded: the store holds the two release wheels it started with
-    assert sorted(p.name for p in store.glob("*/*")) == sorted([realvllm.WHEEL_ARM, realvllm.WHEEL_X86])
+    assert sorted(p.name for p in store.glob("*/*.whl")) == sorted([realvllm.WHEEL_ARM, realvllm.WHEEL_X86])
     before = {p["platform"]: p for p in cold[0]["platforms"]}
     for platform in PLATFORMS:
         layers = found[platform]["layers"]

@@ -54,7 +54,8 @@ class Digests:
 
         path.unlink(missing_ok=True)
         if say is not None:
-            say(integrity.Corrupt(path, found, recorded, why).line("removed; the layer is written again"))
+            what = "removed; not used (the layer is written again, or taken from the registry's record)"
+            say(integrity.Corrupt(path, found, recorded, why).line(what))
         return None
 
     def put(self, key: str, written: Written) -> None:

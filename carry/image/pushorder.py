@@ -2,7 +2,8 @@
 killed anywhere leaves no tag on an incomplete or mixed image (docs/reliability.md, "Registry and push"):
 
 1. each platform's blobs and config, then its manifest PUT by digest: no tag names it yet;
-2. its signature and attestations (cosign's `sha256-<hex>.sig` / `.att`, by digest too);
+2. its signature and attestations (cosign's `sha256-<hex>.sig` / `.att`, by digest too); a locked image's smoke
+   test (pulled by digest) and its record (`sha256-<hex>.cache`, carry.image.locked.registrycache);
 3. with every platform there, the manifest list PUT by digest, and its signature;
 4. only then the tags, each one PUT: every platform's own (`<VERSION>-<arch>`; with one platform, every tag), then
    the shared ones (VERSION, the templates, --tag), each naming the list.

@@ -163,7 +163,7 @@ def prepare(
     client: docker.DockerClient,
     say: Callable[[str], None],
     say_base: Callable[[str], None] = lambda line: None,
-    known: dict | None = None,
+    known: Callable[[], dict] | None = None,
 ) -> Prepared:
     """Locks read, the runtime bases resolved (pulled, derived where they have no python3) and the locks checked
     against the release wheel's Requires-Dist and the base: before any work."""
@@ -182,7 +182,8 @@ def prepare(
         release = releases[platform] = release_wheel(config, cache, platform, say)
         if release is not None:  # a changed Requires-Dist is known before any base is pulled or derived
             runtimelock.check_requires(locks[platform], requires_dist(release))
-    facts = runtimelock.bases(config, platforms, cache, say_base, known)
+    # `known()`: the bases the previous images' records name (the registry read only once the locks hold)
+    facts = runtimelock.bases(config, platforms, cache, say_base, known() if known is not None else None)
     for platform in platforms:
         resolved = facts[platform].base
         assert resolved is not None  # runtimelock.bases resolves every platform's base
@@ -299,17 +300,21 @@ def _push_all(
     with registry.credentials(config.image.name, config.image.docker) as login:
         repo = registryhttp.Repository.of(config.image.name, login.auth, lambda line: progress.phase("retry", line))
         previous = delivery.previous or {}
-        reuse = registrycache.Reuse(repo, digests, previous)
+        reuse = registrycache.Reuse(repo, digests, previous, lambda line: progress.phase("layer", line))
         plans: dict[Platform, PlatformPlan] = {}
         fetched: dict[Platform, dict[str, Path]] = {}
         outcomes: list[PlatformOutcome] = []
         manifests: list[pushorder.Manifest] = []
         added: list[Path] = []
         trust = _TrustBytes(repo)  # the signatures and attestations (with a key), counted apart
+        if not delivery.discard_wheels:  # every lock's wheels checked before anything is sent
+            for image in the_plan.images:
+                plans[image.platform], fetched[image.platform] = _plan(job, image.platform, reuse, added)
         for image in the_plan.images:
             started = time.monotonic()
-            plan, fetched[image.platform] = _plan(job, image.platform, reuse, added)
-            plans[image.platform] = plan
+            if image.platform not in plans:  # --discard-wheels: one platform's wheels on disk at a time
+                plans[image.platform], fetched[image.platform] = _plan(job, image.platform, reuse, added)
+            plan = plans[image.platform]
             progress.phase("push", f"{image.platform} -> {', '.join(image.refs)}")
             labels = prepared.labels(image.platform, image.labels)
             body, digest, layers, config_action = push_platform(repo, client, plan, reuse, labels, config, progress)
@@ -330,13 +335,15 @@ def _push_all(
         notes = _layer_notes(plans, duplicates)
         if the_plan.shared and not the_plan.complete:
             notes.append("shared tags left as they were: not every platform of image.platforms was built")
-        shared = the_plan.shared if the_plan.complete else ()
-        sign = (lambda index: trust.during(attester.index, repo, index)) if attester is not None else None
-        pushed = pushorder.finish(repo, manifests, shared, sign, progress)
+        # the smoke test (of the images by digest) and each record before any tag moves: a tag names only an image
+        # that passed, with its record beside it (pushorder)
         if delivery.smoke:
             outcomes = _smoke_all(job, outcomes, plans, login, delivery, reuse)
         key = attester.key if attester is not None else None
         outcomes = [_record(job, repo, outcome, plans[outcome.platform], reuse, key) for outcome in outcomes]
+        shared = the_plan.shared if the_plan.complete else ()
+        sign = (lambda index: trust.during(attester.index, repo, index)) if attester is not None else None
+        pushed = pushorder.finish(repo, manifests, shared, sign, progress)
         others = {id(p.repo): p.repo for p in previous.values() if p.repo is not None and p.repo is not repo}
         sent = repo.sent + sum(other.sent for other in others.values())
         received = repo.received + sum(other.received for other in others.values())
