@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -75,6 +76,11 @@ def lock_wheels(app: App, platforms: tuple[Platform, ...], out: Path, progress: 
             wheels[platform] = built.path
     pure = next((w for w in wheels.values() if producer.serves_every_platform(w.name)), None)
     for platform in platforms:
-        if platform not in wheels:
-            wheels[platform] = pure or wheel.platform_wheel(app, platform, None, out, progress).path
+        if platform in wheels:
+            continue
+        kind = producer.choose(dataclasses.replace(facts[platform], made_here=pure.name if pure else None))
+        if kind is producer.Kind.PURE and pure is not None:
+            wheels[platform] = pure
+        else:  # the platform's build stage
+            wheels[platform] = wheel.platform_wheel(app, platform, None, out, progress).path
     return {platform: wheels[platform] for platform in platforms}

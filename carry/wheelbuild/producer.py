@@ -55,6 +55,11 @@ def serves_every_platform(name: str) -> bool:
     return name.endswith("-none-any.whl")
 
 
+def takes_precompiled(kind: Kind) -> bool:
+    """Whether a producer of this kind takes the compiled code from build.precompiled's wheel."""
+    return kind in (Kind.PRECOMPILED, Kind.DERIVED)
+
+
 def choose(facts: Facts) -> Kind:
     """The producer of one platform's wheel: here (derived, precompiled or from source), else this machine's wheel
     where it is pure Python, else the platform's build stage."""

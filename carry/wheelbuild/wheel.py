@@ -34,7 +34,7 @@ from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import no_space_line, says_no_space, temp_dir, tree_size
 from carry.util.logtail import tail
 from carry.util.progress import Progress
-from carry.wheelbuild import artifacts, buildenv, compilecache, derive, pep517, toolchain, verify
+from carry.wheelbuild import artifacts, buildenv, compilecache, derive, pep517, producer, toolchain, verify
 from carry.wheelbuild.artifacts import gate_report_path, publish
 
 if TYPE_CHECKING:
@@ -233,7 +233,17 @@ def build(
             return WheelResult(hit, True, the_plan)
         outcome = None
         derivation = _derivation(config, cache, mirror, the_plan, progress)
-        if derivation is not None and derivation.possible and derivation.base is not None:
+        derivable = derivation is not None and derivation.possible and derivation.base is not None
+        kind = producer.choose(
+            producer.Facts(
+                platform=the_plan.platform,
+                native=Platform.native(),
+                precompiled=the_plan.precompiled is not None,
+                derivable=derivable,
+            )
+        )
+        if kind is producer.Kind.DERIVED:
+            assert derivation is not None and derivation.base is not None  # derivable
             base = derivation.base
             # a base from the cache is held while it is read; one made for this build (temporary) is its own
             held = f"wheel-{base.key}" if not base.temporary and base.key != the_plan.key else None
@@ -313,7 +323,9 @@ class Builder:
     ) -> Builder:
         target = platform or Platform.native()
         pin = None
-        if not from_source and config.build.precompiled is not None:
+        wanted = not from_source and config.build.precompiled is not None
+        kind = producer.choose(producer.Facts(platform=target, native=Platform.native(), precompiled=wanted))
+        if producer.takes_precompiled(kind):
             from carry.wheelbuild import precompiled
 
             pin = precompiled.pin(config, cache, target, _say)
@@ -338,7 +350,8 @@ class Builder:
             )
         progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: tree {tree[:12]}")
         taken = None
-        if self.pin is not None:
+        facts = producer.Facts(platform=self.platform, native=Platform.native(), precompiled=self.pin is not None)
+        if self.pin is not None and producer.takes_precompiled(producer.choose(facts)):
             from carry.wheelbuild import precompiled
 
             taken = precompiled.prove(self.config, self.cache, mirror, self.pin, tree, patches)
