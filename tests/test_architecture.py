@@ -624,12 +624,13 @@ def test_the_size_finders_see_a_big_class_and_a_long_function(tmp_path):
 
 
 def protocols(path: Path) -> list[str]:
-    """The classes of the file that derive from typing.Protocol (`Protocol` or `typing.Protocol`)."""
+    """The classes of the file that derive from typing.Protocol (`Protocol`, `typing.Protocol`, `Protocol[T]`)."""
     tree = ast.parse(path.read_text(), str(path))
     return [
         node.name
         for node in ast.walk(tree)
-        if isinstance(node, ast.ClassDef) and any(ast.unparse(base).endswith("Protocol") for base in node.bases)
+        if isinstance(node, ast.ClassDef)
+        and any(ast.unparse(base).split("[")[0].endswith("Protocol") for base in node.bases)
     ]
 
 

@@ -6,13 +6,19 @@ wheel), by one placement rule (`here`). Everything that picks a way to make a wh
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from typing import TYPE_CHECKING, Protocol
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from carry.util.record import record
 
 if TYPE_CHECKING:
     from carry.platforms import Platform
+    from carry.wheelbuild import compilecache
+
+Job = TypeVar("Job", contravariant=True)  # what the producers of one caller are handed (wheel.Job in wheelbuild)
 
 
 class Kind(enum.Enum):
@@ -36,11 +42,22 @@ class Facts:
     staged: bool = False  # the command names the platform's build stage (`wheel --platform P`), even this CPU's
 
 
-class Producer(Protocol):
-    """A way one platform's wheel is made, as `choose` names it: what the caller that runs it reports."""
+@dataclasses.dataclass(frozen=True)
+class Produced:
+    """A wheel some producer made in scratch space, not yet checked, with its log and what the compiler cache
+    did (None where nothing compiled)."""
 
-    @property
-    def kind(self) -> Kind: ...
+    wheel: Path
+    log: Path
+    scratch: Path
+    cache: compilecache.CacheOutcome | None = None
+
+
+class Producer(Protocol[Job]):
+    """A way a wheel is made, as `choose` names it: handed the job, it makes the wheel in scratch space, yields it
+    while the caller finishes it (gate, tree check, stamp, store), and cleans up after (wheel.PRODUCERS)."""
+
+    def __call__(self, job: Job, /) -> AbstractContextManager[Produced]: ...
 
 
 def here(facts: Facts) -> bool:
