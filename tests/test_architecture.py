@@ -34,6 +34,7 @@ RULES: dict[str, set[str]] = {
     "verdicts": {"util", "source"},
     "gputest": {"util", "source", "binaries", "wheelbuild", "image", "verdicts"},
     "trust": {"util"},
+    "app": {"util", "source", "binaries", "wheelbuild", "image", "verdicts", "gputest", "trust"},
 }
 # The top-level modules every room above them may use besides its rules (not util/, and not one another unless
 # RULES says so): the typed, resolved options everything is handed.
@@ -244,8 +245,8 @@ def test_carry_has_no_import_cycle():
 def test_the_graph_sees_carry_s_real_imports():
     edges = carry_graph()
     assert len(edges) > 40, sorted(edges)
-    commands = next(name for name in edges if name.endswith("commands") and not name.startswith("cli."))  # Session's
-    assert len(edges[commands]) > 10, edges[commands]  # its imports are inside functions: they count
+    reached = set().union(*(edges[name] for name in edges if room(name, edges) == "app"))  # the application layer's
+    assert len(reached) > 10, reached  # its imports are inside functions: they count
 
 
 def test_no_loop_between_rooms():
@@ -561,3 +562,91 @@ def test_each_family_of_image_is_a_room_of_its_own(tmp_path):
     assert rule_breaks(edges) == [
         "image.attest -> image.inspect.imagefs (image may import ['binaries', 'source', 'trust', 'util', 'wheelbuild'])"
     ]
+
+
+# --- sizes: no class over 15 methods in the command layer, no function over 100 lines anywhere ----------------
+
+COMMAND_LAYER = ("app", "cli")  # carry/app/ and carry/cli/: what each command is, over the families
+MAX_METHODS = 15
+MAX_FUNCTION_LINES = 100
+
+
+def big_classes(path: Path, limit: int = MAX_METHODS) -> list[str]:
+    """`line: Name (n methods)` for each class of the file with more than `limit` methods (functions in its body)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            methods = [b for b in node.body if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            if len(methods) > limit:
+                found.append(f"{node.lineno}: {node.name} ({len(methods)} methods)")
+    return found
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """`line: name (n lines)` for each function (or method) of the file longer than `limit` lines, decorators
+    left out, its docstring counted."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if lines > limit:
+                found.append(f"{node.lineno}: {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_class_of_the_command_layer_has_over_15_methods():
+    found = [
+        f"{path.relative_to(ROOT)}:{hit}"
+        for module, path in modules(ROOT).items()
+        if module.split(".")[0] in COMMAND_LAYER
+        for hit in big_classes(path)
+    ]
+    assert not found, f"over {MAX_METHODS} methods in the command layer (split it by command): " + "; ".join(found)
+
+
+def test_no_function_in_carry_is_over_100_lines():
+    found = [f"{path.relative_to(ROOT)}:{hit}" for path in modules(ROOT).values() for hit in long_functions(path)]
+    assert not found, f"over {MAX_FUNCTION_LINES} lines (split it into its steps): " + "; ".join(found)
+
+
+def test_the_size_finders_see_a_big_class_and_a_long_function(tmp_path):
+    path = tmp_path / "module.py"
+    body = "".join(f"    def m{i}(self):\n        pass\n" for i in range(16))
+    path.write_text("class Big:\n" + body + "\n\ndef long():\n" + "    x = 1\n" * 100 + "\n\nclass Small:\n    pass\n")
+    assert big_classes(path) == ["1: Big (16 methods)"]
+    assert long_functions(path) == ["36: long (101 lines)"]
+    assert big_classes(path, 16) == [] and long_functions(path, 101) == []
+
+
+# --- one backend seam: the Producer Protocol and its `choose` ----------------------------------------------------
+
+
+def protocols(path: Path) -> list[str]:
+    """The classes of the file that derive from typing.Protocol (`Protocol`, `typing.Protocol`, `Protocol[T]`)."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        and any(ast.unparse(base).split("[")[0].endswith("Protocol") for base in node.bases)
+    ]
+
+
+def _top_functions(path: Path) -> set[str]:
+    return {node.name for node in ast.parse(path.read_text()).body if isinstance(node, ast.FunctionDef)}
+
+
+def test_one_producer_protocol_with_choose_and_its_callers():
+    """Exactly one Protocol for the ways a wheel is made (`Producer`, in wheelbuild/), its module the one with a
+    `choose`; the places that pick a producer ask it."""
+    found = {module: protocols(path) for module, path in modules(ROOT).items()}
+    producers = [f"{module}.{name}" for module, names in found.items() for name in names if "Producer" in name]
+    assert producers == ["wheelbuild.producer.Producer"], producers
+    choosers = [module for module, path in modules(ROOT).items() if "choose" in _top_functions(path)]
+    assert "wheelbuild.producer" in choosers
+    assert not [m for m in choosers if m != "wheelbuild.producer" and m.startswith("wheelbuild")], choosers
+    edges = carry_graph()
+    for caller in ("app.wheel", "app.locked", "app.lock", "wheelbuild.wheel"):
+        assert "wheelbuild.producer" in edges[caller], f"{caller} picks a producer without wheelbuild/producer"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from wheel.wheelfile import WheelFile
 
-from carry.commands import Session
+from carry.app import App
 from carry.config import TestCommand
 from carry.gputest import gpu, prove, testrun
 from carry.source import apply, upstream
@@ -43,9 +43,9 @@ def demo_project(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def demo_session(tmp_path, monkeypatch) -> Session:
+def demo_session(tmp_path, monkeypatch) -> App:
     monkeypatch.setenv("CARRY_CACHE", str(tmp_path / "cache"))
-    return Session.open(DEMO / "build.yaml")
+    return App.open(DEMO / "build.yaml")
 
 
 def test_prefixes_of_the_demo_series_apply_in_order_each_to_its_own_tree(demo_session, tmp_path):

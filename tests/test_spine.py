@@ -321,7 +321,7 @@ def _tree_with(upstream: Upstream, base: str, patches: Path) -> str:
 # before (a CI rerun). Every module here is paid by every check a CI job or a maintainer runs (bench/vllmbench.py:
 # <= 1.5x the click+yaml start-up): add one only when the command uses it, never for a command it does not run.
 _CONFIG_LOADS = {
-    *("carry", "carry.cli", "carry.cli.main", "carry.cli.common", "carry.cli.commands", "carry.commands"),
+    *("carry", "carry.cli", "carry.cli.main", "carry.cli.common", "carry.cli.commands", "carry.app"),
     "carry.config",
     *("carry.arch", "carry.platforms", "carry.util", "carry.util.errors", "carry.util.record"),
     *("carry.util.digest", "carry.util.cache", "carry.util.fsutil", "carry.util.download"),

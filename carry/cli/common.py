@@ -11,7 +11,7 @@ import click
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from carry.commands import Session
+    from carry.app import App
     from carry.platforms import Platform
 
 # The path types, made once: each click.Path asks gettext for its name when made (a few locale files looked up)
@@ -26,10 +26,11 @@ class Context:
     def __init__(self, config_path: Path):
         self.config_path = config_path
 
-    def session(self) -> Session:
-        from carry.commands import Session
+    def app(self) -> App:
+        """The application context of the config (carry/app/): loaded now, each of its facts when first asked."""
+        from carry.app import App
 
-        return Session.open(self.config_path)
+        return App.open(self.config_path)
 
 
 def echo_notes(notes: Iterable[str]) -> None:

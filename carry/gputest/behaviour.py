@@ -117,7 +117,7 @@ def run_without(
     The modes, cheapest first:
     - every test runs in the source tree (build.tests `against: tree`): nothing is built; the tree is checked out
       into a stable scratch directory (only changed files rewritten) and each command runs there;
-    - otherwise a wheel is built by the configured builder (`builder_for`, the command's `Session.wheel_builder`:
+    - otherwise a wheel is built by the configured builder (`builder_for`, the command's `App.builder`:
       the upstream's own PEP 517 build, Python-only when build.cuda_arches is []; cached by tree like every build)
       and the tests run through testrun in a fresh venv (tree tests in a checkout beside it); with
       build.precompiled (vLLM's precompiled mode) nothing is compiled when REF still has the compiled inputs of the

@@ -34,7 +34,7 @@ from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import no_space_line, says_no_space, temp_dir, tree_size
 from carry.util.logtail import tail
 from carry.util.progress import Progress
-from carry.wheelbuild import artifacts, buildenv, compilecache, derive, pep517, toolchain, verify
+from carry.wheelbuild import artifacts, buildenv, compilecache, derive, pep517, producer, toolchain, verify
 from carry.wheelbuild.artifacts import gate_report_path, publish
 
 if TYPE_CHECKING:
@@ -231,28 +231,20 @@ def build(
         hit = _published_hit(cache, the_plan.key, out, progress)
         if hit is not None:
             return WheelResult(hit, True, the_plan)
-        outcome = None
         derivation = _derivation(config, cache, mirror, the_plan, progress)
-        if derivation is not None and derivation.possible and derivation.base is not None:
-            base = derivation.base
-            # a base from the cache is held while it is read; one made for this build (temporary) is its own
-            held = f"wheel-{base.key}" if not base.temporary and base.key != the_plan.key else None
-            try:
-                with (
-                    cache.lock(held) if held else contextlib.nullcontext(),
-                    derived(cache, the_plan, derivation) as produced,
-                ):
-                    stored, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
-            finally:
-                if base.temporary:
-                    base.wheel.unlink(missing_ok=True)
-        else:
-            with cache.lock(f"build-{mirror.name}"), produce(config, cache, mirror, the_plan, progress) as produced:
-                stored, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
-                outcome = produced.cache
-            if derivation is not None:
-                commit = git.tree_commit(mirror, the_plan.tree, the_plan.base)
-                derive.remember(cache, the_plan.family, the_plan.tree, the_plan.key, commit, the_plan.lineage)
+        derivable = derivation is not None and derivation.possible and derivation.base is not None
+        kind = producer.choose(
+            producer.Facts(
+                platform=the_plan.platform,
+                native=Platform.native(),
+                precompiled=the_plan.precompiled is not None,
+                derivable=derivable,
+            )
+        )
+        job = Job(config, cache, mirror, the_plan, progress, derivation)
+        with PRODUCERS[kind](job) as produced:
+            stored, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
+            outcome = produced.cache
         published = publish(stored, out, sealed=True)
     return WheelResult(published, False, the_plan, outcome, checks)
 
@@ -313,7 +305,9 @@ class Builder:
     ) -> Builder:
         target = platform or Platform.native()
         pin = None
-        if not from_source and config.build.precompiled is not None:
+        wanted = not from_source and config.build.precompiled is not None
+        kind = producer.choose(producer.Facts(platform=target, native=Platform.native(), precompiled=wanted))
+        if producer.takes_precompiled(kind):
             from carry.wheelbuild import precompiled
 
             pin = precompiled.pin(config, cache, target, _say)
@@ -338,7 +332,8 @@ class Builder:
             )
         progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: tree {tree[:12]}")
         taken = None
-        if self.pin is not None:
+        facts = producer.Facts(platform=self.platform, native=Platform.native(), precompiled=self.pin is not None)
+        if self.pin is not None and producer.takes_precompiled(producer.choose(facts)):
             from carry.wheelbuild import precompiled
 
             taken = precompiled.prove(self.config, self.cache, mirror, self.pin, tree, patches)
@@ -373,18 +368,65 @@ def _say(line: str) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Produced:
-    """A wheel some producer made in scratch space, not yet checked, with its log and what the compiler cache
-    did (None where nothing compiled)."""
+class Job:
+    """One wheel to produce, what every producer is handed: the plan, where its tree is, and the derivation planned
+    for it (None: not in precompiled mode)."""
 
-    wheel: Path
-    log: Path
-    scratch: Path
-    cache: compilecache.CacheOutcome | None = None
+    config: Config
+    cache: Cache
+    mirror: Path
+    plan: WheelPlan
+    progress: Progress
+    derivation: derive.Derivation | None = None
 
 
 @contextlib.contextmanager
-def produce(config: Config, cache: Cache, mirror: Path, the_plan: WheelPlan, progress: Progress) -> Iterator[Produced]:
+def _upstream_build(job: Job) -> Iterator[producer.Produced]:
+    """The upstream's PEP 517 build (compiling, or with the precompiled code), the build dir held; once finished, the
+    tree remembered as its family's last build, for a derivation to start from."""
+    with (
+        job.cache.lock(f"build-{job.mirror.name}"),
+        produce(job.config, job.cache, job.mirror, job.plan, job.progress) as made,
+    ):
+        yield made
+    if job.derivation is not None:
+        the_plan = job.plan
+        commit = git.tree_commit(job.mirror, the_plan.tree, the_plan.base)
+        derive.remember(job.cache, the_plan.family, the_plan.tree, the_plan.key, commit, the_plan.lineage)
+
+
+@contextlib.contextmanager
+def _derivation_of(job: Job) -> Iterator[producer.Produced]:
+    """The family's last PEP 517 build with the changed members replaced; a base from the cache is held while it
+    is read, one made for this build (temporary) is its own and removed after."""
+    derivation = job.derivation
+    assert derivation is not None and derivation.base is not None  # choose said DERIVED: derivable
+    base = derivation.base
+    held = f"wheel-{base.key}" if not base.temporary and base.key != job.plan.key else None
+    try:
+        with (
+            job.cache.lock(held) if held else contextlib.nullcontext(),
+            derived(job.cache, job.plan, derivation) as made,
+        ):
+            yield made
+    finally:
+        if base.temporary:
+            base.wheel.unlink(missing_ok=True)
+
+
+# The producers wheelbuild runs itself, by the kind producer.choose names (the build stage is image/buildkit's
+# crossbuild, and a pure-Python wheel for another platform is this machine's own: carry/app/ runs those).
+PRODUCERS: dict[producer.Kind, producer.Producer[Job]] = {
+    producer.Kind.SOURCE: _upstream_build,
+    producer.Kind.PRECOMPILED: _upstream_build,
+    producer.Kind.DERIVED: _derivation_of,
+}
+
+
+@contextlib.contextmanager
+def produce(
+    config: Config, cache: Cache, mirror: Path, the_plan: WheelPlan, progress: Progress
+) -> Iterator[producer.Produced]:
     """The upstream's PEP 517 build of the plan's tree in the stable build dir, cleaned of every earlier
     build's output first (objects under build.keep survive, for incremental builds)."""
     build_dir = cache.builds / mirror.name.removesuffix(".git")
@@ -409,7 +451,7 @@ def produce(config: Config, cache: Cache, mirror: Path, the_plan: WheelPlan, pro
         if outcome is not None:
             recorded.phase("cache", outcome.line())
             append_log(log, recorded.lines[-1:])
-        yield Produced(built, log, scratch, outcome)
+        yield producer.Produced(built, log, scratch, outcome)
 
 
 def _derivation(
@@ -426,7 +468,7 @@ def _derivation(
 
 
 @contextlib.contextmanager
-def derived(cache: Cache, the_plan: WheelPlan, derivation: derive.Derivation) -> Iterator[Produced]:
+def derived(cache: Cache, the_plan: WheelPlan, derivation: derive.Derivation) -> Iterator[producer.Produced]:
     """The derived wheel in scratch space, with a log naming its base and every member replaced."""
     log = cache.logs / f"wheel-{the_plan.key[:16]}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -435,7 +477,7 @@ def derived(cache: Cache, the_plan: WheelPlan, derivation: derive.Derivation) ->
         (scratch / "out").mkdir()
         wheel = derive.write(derivation, scratch / "out")
         log.write_text("".join(f"carry: {line}\n" for line in lines))
-        yield Produced(wheel, log, scratch)
+        yield producer.Produced(wheel, log, scratch)
 
 
 def _build_line(the_plan: WheelPlan, log: Path) -> str:
@@ -530,7 +572,7 @@ def finish(
     report: CheckReport,
     series: Series,
     the_plan: WheelPlan,
-    produced: Produced,
+    produced: producer.Produced,
     progress: Progress,
 ) -> tuple[Path, verify.Inspection]:
     """The shared finish of every producer: gate and tree check (printed, in full when they fail, and logged),

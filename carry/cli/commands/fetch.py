@@ -14,6 +14,8 @@ from carry.cli.common import Context, echo_notes
 @click.pass_obj
 def fetch(obj: Context, update_pin: bool) -> None:
     """Fetch the pinned commit (and the PR head) into the cache mirror; print the base commit."""
-    result = obj.session().fetch(update_pin=update_pin)
+    from carry.app import source
+
+    result = source.fetch(obj.app(), source.FetchRequest(update_pin=update_pin))
     echo_notes(result.notes)
     click.echo(result.base)

@@ -34,9 +34,12 @@ def gate_command(
     can run each shared object, by build.yaml's gate policy when --config exists, else the strict rule (every
     arch by cubin), and the CPU of every .so. Prints the coverage table (in full on failure). Exit 0 when it
     passes, 1 when it does not."""
-    from carry.commands import gate
+    from carry.app.gate import GateRequest, gate
 
-    report = gate(obj.config_path, targets, arch, parse_platform(platform), strict)
+    asked = GateRequest(
+        config_path=obj.config_path, targets=targets, arch=arch, platform=parse_platform(platform), strict=strict
+    )
+    report = gate(asked)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

@@ -35,9 +35,10 @@ def test_command(obj: Context, artifact: str, out: Path, timeout: float) -> None
     """Run build.tests against a wheel (installed into a fresh venv) or an image (docker run --gpus all) on this
     machine's GPU; write the JSON report beside the wheel (<wheel>.test.json). Exit 1 if a test fails, 2 without
     a GPU."""
+    from carry.app import gputest
     from carry.gputest import testrun
 
-    result = obj.session().test(artifact, out, timeout, Progress())
+    result = gputest.run_tests(obj.app(), gputest.TestRequest(artifact=artifact, out=out, timeout=timeout), Progress())
     click.echo("\n".join(testrun.summary(result.report, result.path)))
     sys.exit(0 if result.report.passed else 1)
 
@@ -65,8 +66,10 @@ def prove_command(obj: Context, arch: str | None, out: Path, jobs: int | None, t
     """Build the wheel of every prefix of the series (base, base+0001 and on; cached like every build), run
     build.tests on each on this GPU, and print which patch flips which test from FAIL to PASS. Exit 1 unless the
     whole series passes, 2 without a GPU."""
+    from carry.app import gputest
     from carry.gputest import prove
 
-    result = obj.session().prove(arch, out, jobs, timeout, Progress())
+    asked = gputest.ProveRequest(arch=arch, out=out, jobs=jobs, timeout=timeout)
+    result = gputest.prove_series(obj.app(), asked, Progress())
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else prove.table(result))
     sys.exit(0 if result.passed else 1)

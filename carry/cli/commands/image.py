@@ -96,22 +96,25 @@ def image_command(  # noqa: PLR0913 (a click command: its parameters are its fla
     """Build the image with BuildKit, one build per platform (the build stage runs `build.py wheel`), tag it
     from VERSION, label it with its provenance, and optionally push; with several platforms each is tagged
     VERSION-ARCH and, on push, every shared tag becomes a manifest list of them all."""
+    from carry.app import image as app
+    from carry.app import imaging
     from carry.image.buildkit.image import ImageOptions
     from carry.image.buildkit.layercache import CacheSpec
 
     caches = tuple(CacheSpec.parse(s, False) for s in cache_from) + tuple(CacheSpec.parse(s, True) for s in cache_to)
     progress = Progress()
     options = ImageOptions(push, tags, tuple(parse_platform(p) for p in platforms), hermetic, wheelhouse, caches)
-    session = obj.session()
-    if session.config.image.lock:
-        smoking = "off" if no_smoke else smoke
-        locked = session.locked_image(options, arch, smoking, progress, discard_wheels)
-        echo_notes(locked.notes)
-        click.echo(json.dumps(locked.to_json(), indent=2) if as_json else "\n".join(locked.lines()))
+    asked = imaging.ImageRequest(
+        options=options, arch=arch, smoke="off" if no_smoke else smoke, discard_wheels=discard_wheels
+    )
+    outcome = app.image_command(obj.app(), asked, progress)
+    if outcome.locked is not None:
+        echo_notes(outcome.locked.notes)
+        click.echo(json.dumps(outcome.locked.to_json(), indent=2) if as_json else "\n".join(outcome.locked.lines()))
         return
-    result = session.image(options, arch, progress)
-    echo_notes(result.notes)
-    click.echo("\n".join(result.lines()))
+    assert outcome.built is not None
+    echo_notes(outcome.built.notes)
+    click.echo("\n".join(outcome.built.lines()))
 
 
 @click.command("manifest")
@@ -127,6 +130,8 @@ def image_command(  # noqa: PLR0913 (a click command: its parameters are its fla
 def manifest_command(obj: Context, platforms: tuple[str, ...], tags: tuple[str, ...]) -> None:
     """Make every shared tag (VERSION, the templates, --tag) a manifest list of the platforms' VERSION-ARCH
     images, which separate runs (one per platform) pushed; checked against the registry afterwards."""
-    progress = Progress()
-    joined = obj.session().manifest(tuple(parse_platform(p) for p in platforms), tags, progress)
+    from carry.app import image as app
+
+    asked = app.ManifestRequest(platforms=tuple(parse_platform(p) for p in platforms), extra_tags=tags)
+    joined = app.manifest(obj.app(), asked, Progress())
     click.echo("\n".join(f"{ref}  {digest}" for ref, digest in joined.items()))

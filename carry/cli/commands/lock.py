@@ -29,7 +29,10 @@ def lock_command(obj: Context, platforms: tuple[str, ...], check_only: bool, upg
     build.yaml (image.lock). A rerun with nothing changed rewrites no byte."""
     if check_only and upgrade:
         raise click.UsageError("--check writes nothing; leave out --upgrade")
-    result = obj.session().lock(tuple(parse_platform(p) for p in platforms), check_only, upgrade, Progress())
+    from carry.app import lock
+
+    asked = lock.LockRequest(platforms=tuple(parse_platform(p) for p in platforms), check=check_only, upgrade=upgrade)
+    result = lock.lock(obj.app(), asked, Progress())
     if check_only:
         for platform, stale in result.stale:
             click.echo(stale or f"{platform}: fresh")

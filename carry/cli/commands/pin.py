@@ -24,7 +24,9 @@ def pin_command(obj: Context, check_only: bool) -> None:
     (max_walk); download and hash it (trust on first use: the index gives no hashes), prove its commit from its
     version, and write build.precompiled.wheels in place. Never another variant's or platform's wheel: exit 1 naming
     every commit refused, and why."""
-    result = obj.session().pin(check_only, Progress())
+    from carry.app import wheel
+
+    result = wheel.pin(obj.app(), check_only, Progress())
     echo_notes(result.notes())
     if check_only:
         click.echo("\n".join(result.check_lines()))

@@ -28,9 +28,10 @@ def suite_command(obj: Context, wheel: Path, against: Path | None, rerun: bool, 
     wheel and on the wheel it was made from, each in an environment of its own, no network, no GPU, and compare per
     test id: regressed (passed before, fails now), fixed, failed both (the upstream's own), only one side; write the
     report beside the wheel (<wheel>.suite.json). Exit 1 when a test regressed."""
+    from carry.app import gputest
     from carry.gputest import upstreamsuite
 
-    outcome = obj.session().suite(wheel, against, rerun, Progress())
+    outcome = gputest.suite(obj.app(), gputest.SuiteRequest(wheel=wheel, against=against, rerun=rerun), Progress())
     if as_json:
         click.echo(json.dumps(outcome.report, indent=1))
     else:

@@ -42,7 +42,9 @@ def status(obj: Context, against: tuple[str, ...], as_json: bool, fail_on: str |
     from carry.verdicts import verdicts
 
     failing = verdicts.Verdict.parse_list(fail_on, "--fail-on") if fail_on is not None else frozenset()
-    result = obj.session().status(against, test, Progress() if test else None)
+    from carry.app import verdicts as app
+
+    result = app.status(obj.app(), app.StatusRequest(against=against, test=test), Progress() if test else None)
     echo_notes(result.notes)
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else verdicts.table(result))
     sys.exit(1 if failing & result.occurred else 0)
@@ -66,7 +68,10 @@ def drop_command(obj: Context, name: str, against: str | None, force: bool, test
     """Remove a patch REF needs no more (MERGED-*, DELETED-UPSTREAM, PR-ONLY, FIXED-UPSTREAM), move the pin to the
     commit that merged it (with upstream.pr: the PR head, which must hold it), carry the rest of the series over
     there, bump VERSION once and log it in patches/DROPPED.md; on a conflict nothing changes (exit 1)."""
-    result = obj.session().drop(name, against, force, test, onto)
+    from carry.app import verdicts as app
+
+    asked = app.DropRequest(name=name, against=against, force=force, test=test, onto=onto)
+    result = app.drop_patch(obj.app(), asked)
     echo_notes(result.notes)
     click.echo("\n".join(result.lines()))
 
@@ -89,6 +94,8 @@ def refresh(obj: Context, onto: str | None, test: bool) -> None:
     """Rebase the series onto a new upstream base (3-way merge, following upstream's renames), move the pin,
     rewrite the patches that moved and bump VERSION (when anything changed); on a conflict change nothing and exit 1,
     naming `drop` for the patches REF needs no more."""
-    result = obj.session().refresh(onto, test)
+    from carry.app import verdicts as app
+
+    result = app.refresh_series(obj.app(), app.RefreshRequest(onto=onto, test=test))
     echo_notes(result.notes)
     click.echo("\n".join(result.lines()))

@@ -42,39 +42,18 @@ def verify(
     selection in build.yaml. With --key, an image's signature (cosign's simple signing), its SBOM
     (against the distributions the layers install) and its provenance (against this repo) are checked too; without
     build.yaml, only what needs no repository. Exit 1 on a mismatch, naming the field."""
-    from carry.gputest.testrun import names_a_wheel
+    from carry.app.verify import VerifyRequest, verify_artifact
 
-    key = None
-    if key_path is not None:
-        if artifact.endswith((".test.json", ".suite.json")) or names_a_wheel(artifact):
-            raise click.UsageError("--key checks an image's signature; a wheel or test report has none")
-        from carry.trust.keys import load_public
-
-        key = load_public(key_path)
-    if key is not None and not obj.config_path.exists():
-        from carry.image.inspect import trustcheck
-
-        only = trustcheck.verify_without_checkout(artifact, key, parse_platform(platform), "docker")
-        click.echo("\n".join(line for result in only for line in result.lines()))
-        sys.exit(0 if all(result.ok for result in only) else 1)
-    if artifact.endswith(".suite.json"):
-        from carry.gputest import upstreamsuite
-
-        path = Path(artifact)
-        if obj.config_path.exists():
-            checked = obj.session().verify_suite_report(path)
-        else:
-            checked = upstreamsuite.check_report(path, upstreamsuite.Expected())
-        click.echo("\n".join(checked.lines()))
-        sys.exit(0 if checked.ok else 1)
-    if artifact.endswith(".test.json"):
-        from carry.gputest import testrun
-
-        result = testrun.check_report(Path(artifact))
-        click.echo("\n".join(result.lines()))
-        sys.exit(0 if result.ok else 1)
-    results = obj.session().verify(artifact, parse_platform(platform), arch, key, local)
-    click.echo("\n".join(line for result in results for line in result.lines()))
-    if key is None and not names_a_wheel(artifact):  # said after the results: bad input stays one line
-        click.echo("carry: note: the image's signature was not checked (pass --key PUB to check it)", err=True)
-    sys.exit(0 if all(result.ok for result in results) else 1)
+    asked = VerifyRequest(
+        config_path=obj.config_path,
+        artifact=artifact,
+        arch=arch,
+        platform=parse_platform(platform),
+        key_path=key_path,
+        local=local,
+    )
+    outcome = verify_artifact(asked)
+    click.echo("\n".join(line for result in outcome.results for line in result.lines()))
+    if outcome.note is not None:
+        click.echo(f"carry: {outcome.note}", err=True)
+    sys.exit(0 if outcome.ok else 1)

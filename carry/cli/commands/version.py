@@ -12,7 +12,7 @@ from carry.cli.common import Context
 def version(ctx: click.Context) -> None:
     """Print VERSION (YYYYMMDD.N)."""
     if ctx.invoked_subcommand is None:
-        from carry.commands import read_version
+        from carry.app import read_version
 
         click.echo(read_version(ctx.obj.config_path))
 
@@ -21,6 +21,6 @@ def version(ctx: click.Context) -> None:
 @click.pass_obj
 def version_bump(obj: Context) -> None:
     """Write today's UTC date with .1, or .N+1 when VERSION already holds today."""
-    from carry.commands import bump_version
+    from carry.app import bump_version
 
     click.echo(bump_version(obj.config_path))

@@ -70,22 +70,21 @@ def wheel_command(  # noqa: PLR0913 (a click command: its parameters are its fla
     """Build the patched tree into a wheel for the CUDA arches (or, with build.precompiled, take the compiled code
     from the upstream's own wheel, proven to match the source), gate it, check it holds exactly the patched tree,
     stamp provenance; reuse when unchanged."""
-    target = parse_platform(platform)
-    session = obj.session()
-    here = target is None or (not from_source and session.precompiled_for(target))
-    if here and (hermetic or wheelhouse):
-        raise click.UsageError("--hermetic and --wheelhouse go with --platform (a build in a container)")
-    if not here and (jobs is not None or as_json):
-        raise click.UsageError("--jobs and --json apply to builds on this machine; the build stage picks its jobs")
-    if not from_source:
-        session.require_pins((target,) if target else ())
-    progress = Progress()
-    if not here:
-        assert target is not None  # not here: a --platform was given
-        built = session.platform_wheel(target, arch, out, hermetic, wheelhouse, progress)
-        progress.phase("done", f"{built.platform} wheel, gate passed for {built.gate.archlist}")
-        click.echo(built.path)
+    from carry.app import wheel
+
+    asked = wheel.WheelRequest(
+        arch=arch,
+        out=out,
+        jobs=jobs,
+        platform=parse_platform(platform),
+        hermetic=hermetic,
+        wheelhouse=wheelhouse,
+        from_source=from_source,
+        as_json=as_json,
+    )
+    outcome = wheel.wheel_command(obj.app(), asked, Progress())
+    if outcome.staged is not None:
+        click.echo(outcome.staged.path)
         return
-    result = session.wheel(arch, out, jobs, progress, target, from_source, one_artifact=True)
-    progress.phase("done", "reused from cache" if result.reused else "built")
-    click.echo(json.dumps(result.to_json(), indent=2) if as_json else result.path)
+    assert outcome.made is not None
+    click.echo(json.dumps(outcome.made.to_json(), indent=2) if as_json else outcome.made.path)

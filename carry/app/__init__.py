@@ -1,0 +1,180 @@
+"""The application layer: `App`, the context every command is handed (the config, the cache, and VERSION, the
+series, its check on the pin and the toolchain, each computed once, when first asked), and one module per family
+of commands (source, wheel, image, locked, lock, verdicts, verify, gputest, gate), each entry taking `App` and its
+command's frozen request record.
+
+This `__init__` is the context itself, not a re-export: `check` and `version` load it and nothing else of app/
+(tests/test_spine.py). Modules that only some commands need are imported inside those commands.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from carry import config
+from carry.arch import ArchList, given
+from carry.util.cache import Cache
+from carry.util.errors import BadInput
+from carry.util.record import record
+
+if TYPE_CHECKING:
+    from carry.binaries.gatepolicy import GatePolicy
+    from carry.platforms import Platform
+    from carry.source import apply, series
+    from carry.wheelbuild import toolchain, verify
+    from carry.wheelbuild.wheel import Builder
+
+
+def read_version(config_path: Path) -> str:
+    from carry import version
+
+    return str(version.read(_version_file(config_path)))
+
+
+def bump_version(config_path: Path) -> str:
+    from carry import version
+
+    return str(version.bump(_version_file(config_path)))
+
+
+def _version_file(config_path: Path) -> Path:
+    """VERSION's path: from the config when it loads, else beside it (so `version` works on a broken config)."""
+    if config_path.exists():
+        return config.load(config_path).version_file
+    return config_path.absolute().parent / "VERSION"
+
+
+@record
+class CheckResult:
+    report: apply.CheckReport
+    notes: tuple[str, ...]
+    series: series.Series
+    mirror: Path
+
+
+class App:
+    """What every command shares, each fact computed once and only when first asked: the config, the cache,
+    VERSION, the series, the series checked on the pin (one apply per command, whoever asks), the toolchain."""
+
+    def __init__(self, loaded: config.Config, cache: Cache):
+        self.config, self.cache = loaded, cache
+        self._version: str | None = None
+        self._series: series.Series | None = None
+        self._checked: CheckResult | None = None
+        self._tools: toolchain.Toolchain | None = None
+
+    @classmethod
+    def open(cls, config_path: Path) -> App:
+        return cls(config.load(config_path), Cache.from_env())
+
+    def version(self) -> str:
+        if self._version is None:
+            from carry import version
+
+            self._version = str(version.read(self.config.version_file))
+        return self._version
+
+    def series(self) -> series.Series:
+        if self._series is None:
+            from carry.source import series
+
+            self._series = series.load(self.config.patches_dir)
+        return self._series
+
+    def check(self, against: str | None = None) -> CheckResult:
+        """The series applied onto the pin (once a command: the answer is kept) or onto `against` (each time)."""
+        if against is None and self._checked is not None:
+            return self._checked
+        from carry.source import apply, upstream
+
+        patches = self.series()
+        mirror, notes = upstream.ensure_base(self.config, self.cache)
+        base = self.config.upstream.commit
+        if against:
+            base, more = upstream.resolve_ref(self.config, self.cache, against)
+            notes += more
+        checked = CheckResult(apply.check(mirror, base, patches, self.cache.scratch), notes, patches, mirror)
+        if against is None:
+            self._checked = checked
+        return checked
+
+    def toolchain(self) -> toolchain.Toolchain:
+        """nvcc and the host compiler as this machine has them (no compiler cache): probed once a command."""
+        if self._tools is None:
+            import os
+
+            from carry.config import CompilerCache
+            from carry.wheelbuild import toolchain
+
+            self._tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
+        return self._tools
+
+    def arches(self, arch: str | None, platform: Platform | None = None) -> ArchList:
+        """--arch, else the platform's own cuda_arches, else build.cuda_arches (config.build_arches)."""
+        return self.config.build_arches(given(arch), platform)
+
+    def policy(self, arch: str | None, platform: Platform | None = None) -> GatePolicy:
+        """The gate policy of a build: its arches (as `arches` resolves them) and build.gate's rules."""
+        from carry.binaries import gatepolicy
+
+        return gatepolicy.for_config(self.config, self.arches(arch, platform))
+
+    def expected(self, checked: CheckResult | None = None) -> verify.Expected:
+        """What an artifact built from this repo now must say about itself; with the `checked` series, also the
+        patched tree (so that a wheel's files can be compared with it) and the precompiled pins."""
+        from carry.wheelbuild import verify
+
+        if checked is None:
+            return verify.Expected(self.version(), self.series().hash, self.config.upstream.commit)
+        settings = self.config.build.precompiled
+        pins = {str(w.platform): w.pinned.sha256 for w in settings.wheels} if settings else {}
+        return verify.Expected(
+            self.version(),
+            checked.series.hash,
+            self.config.upstream.commit,
+            checked.report.tree,
+            checked.mirror,
+            self.config.build.generated,
+            pins,
+        )
+
+    def require_pins(self, platforms: tuple[Platform, ...]) -> None:
+        """With build.precompiled.nightly, a build for each of `platforms` (none: this machine's) needs the pin
+        `carry pin` writes: bad input before any work, never a silent build from source."""
+        settings = self.config.build.precompiled
+        if settings is None or settings.nightly is None:
+            return
+        from carry.platforms import Platform
+
+        missing = [str(p) for p in platforms or (Platform.native(),) if settings.wheel_for(p) is None]
+        if missing:
+            raise BadInput(
+                f"{self.config.path}: build.precompiled.wheels has no pin for {', '.join(missing)}: run `carry pin` "
+                f"(it finds them through build.precompiled.nightly) and commit build.yaml, or build from source "
+                f"(wheel --from-source)"
+            )
+
+    def builder(
+        self, arch: str | None, jobs: int | None, platform: Platform | None = None, from_source: bool = False
+    ) -> Builder:
+        """What every build of this command shares, resolved now (wheel.Builder); calling it builds one checked
+        tree."""
+        from carry.wheelbuild import wheel
+
+        return wheel.Builder.resolve(
+            self.config, self.cache, self.policy(arch, platform), jobs, self.version(), platform, from_source
+        )
+
+    def repin(self, commit: str, tree: str | None = None) -> list[str]:
+        """What every command that moves upstream.commit runs before it writes it: the precompiled pins of `commit`
+        found and written as `pin` does (pins.repin: nothing without build.precompiled.nightly; a failure changes
+        nothing). `tree` is the patched tree on `commit` where the caller has it."""
+        settings = self.config.build.precompiled
+        if settings is None or settings.nightly is None:
+            return []
+        from carry.util.progress import Progress
+        from carry.wheelbuild import pins
+
+        progress = Progress()
+        return pins.repin(self.config, self.cache, commit, lambda line: progress.phase("download", line), tree)

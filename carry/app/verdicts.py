@@ -1,0 +1,79 @@
+"""`status`, `drop` and `refresh`: what upstream did with each carried patch, and acting on it; with --test, the
+patches' tests judge too (carry/gputest/behaviour.py), on wheels built as this command builds them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from carry.util.record import record
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from carry.app import App
+    from carry.source.series import Series
+    from carry.util.progress import Progress
+    from carry.verdicts import drop, refresh, verdicts
+    from carry.wheelbuild.wheel import Builder
+
+
+@record(kw_only=True)
+class StatusRequest:
+    against: tuple[str, ...] = ()
+    test: bool = False
+
+
+@record(kw_only=True)
+class DropRequest:
+    name: str
+    against: str | None = None
+    force: bool = False
+    test: bool = False
+    onto: str | None = None
+
+
+@record(kw_only=True)
+class RefreshRequest:
+    onto: str | None = None
+    test: bool = False
+
+
+def status(app: App, request: StatusRequest, progress: Progress | None = None) -> verdicts.StatusReport:
+    """A verdict per patch against each ref (default: upstream.main, and the PR head when pr is set); with
+    `test`, each patch's test is run on the ref without it too (carry/gputest/behaviour.py)."""
+    from carry.verdicts import verdicts
+
+    patches = app.series()
+    report = verdicts.status(app.config, app.cache, patches, request.against, trees=request.test)
+    if not request.test:
+        return report
+    from carry.gputest import behaviour
+
+    return behaviour.judge(app.config, app.cache, _builder_for(app), report, patches, progress)
+
+
+def drop_patch(app: App, request: DropRequest) -> drop.Dropped:
+    from carry.verdicts import drop
+
+    asked = drop.Request(name=request.name, against=request.against, force=request.force, onto=request.onto)
+    return drop.drop(app.config, app.cache, app.series(), asked, judge=_judge(app, request.test), repin=app.repin)
+
+
+def refresh_series(app: App, request: RefreshRequest) -> refresh.Refreshed:
+    from carry.verdicts import refresh
+
+    return refresh.refresh(app.config, app.cache, app.series(), request.onto, _judge(app, request.test), app.repin)
+
+
+def _judge(app: App, test: bool) -> Callable[[verdicts.StatusReport, Series], verdicts.StatusReport] | None:
+    """With `test`, what drop and refresh call to judge a status report by the patches' tests too."""
+    if not test:
+        return None
+    from carry.gputest import behaviour
+
+    return lambda report, patches: behaviour.judge(app.config, app.cache, _builder_for(app), report, patches)
+
+
+def _builder_for(app: App) -> Callable[[bool], Builder]:
+    """The configured build of a tree, from source when asked: what `status --test` builds REF with."""
+    return lambda from_source: app.builder(None, None, from_source=from_source)

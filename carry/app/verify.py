@@ -1,0 +1,115 @@
+"""`verify`: a wheel, an image, a test report or a suite report against this repository (or, with --key and no
+build.yaml, an image against only what needs no repository); which of these the artifact is, decided here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from carry.app import App
+from carry.arch import given
+from carry.util.errors import BadInput
+from carry.util.record import record
+
+if TYPE_CHECKING:
+    from carry.platforms import Platform
+    from carry.trust.keys import PublicKey
+    from carry.wheelbuild import verify
+
+
+@record(kw_only=True)
+class VerifyRequest:
+    config_path: Path
+    artifact: str
+    arch: str | None = None
+    platform: Platform | None = None
+    key_path: Path | None = None
+    local: bool = False
+
+
+@record
+class VerifyOutcome:
+    """Each result's lines (each has `lines()` and `ok`), and a note for stderr said after them (None: none)."""
+
+    results: tuple[Any, ...]
+    note: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(result.ok for result in self.results)
+
+
+def verify_artifact(request: VerifyRequest) -> VerifyOutcome:
+    """By what the artifact is: a suite report, a test report, a wheel file or an image reference."""
+    from carry.gputest.testrun import names_a_wheel
+
+    artifact = request.artifact
+    key = None
+    if request.key_path is not None:
+        if artifact.endswith((".test.json", ".suite.json")) or names_a_wheel(artifact):
+            raise BadInput("--key checks an image's signature; a wheel or test report has none; see --help")
+        from carry.trust.keys import load_public
+
+        key = load_public(request.key_path)
+    has_config = request.config_path.exists()
+    if key is not None and not has_config:
+        from carry.image.inspect import trustcheck
+
+        return VerifyOutcome(tuple(trustcheck.verify_without_checkout(artifact, key, request.platform, "docker")))
+    if artifact.endswith(".suite.json"):
+        from carry.gputest import upstreamsuite
+
+        if has_config:
+            return VerifyOutcome((suite_report(App.open(request.config_path), Path(artifact)),))
+        return VerifyOutcome((upstreamsuite.check_report(Path(artifact), upstreamsuite.Expected()),))
+    if artifact.endswith(".test.json"):
+        from carry.gputest import testrun
+
+        return VerifyOutcome((testrun.check_report(Path(artifact)),))
+    results = verify_built(App.open(request.config_path), request, key)
+    note = None
+    if key is None and not names_a_wheel(artifact):  # said after the results: bad input stays one line
+        note = "note: the image's signature was not checked (pass --key PUB to check it)"
+    return VerifyOutcome(results, note)
+
+
+def suite_report(app: App, path: Path) -> Any:
+    """A suite report against the wheel beside it and this repository now (selection, patched tree, pins)."""
+    from carry.gputest import upstreamsuite
+
+    return upstreamsuite.check_report(path, upstreamsuite.expected_of(app.config, app.check().report.tree))
+
+
+def verify_built(app: App, request: VerifyRequest, key: PublicKey | None) -> tuple[verify.Verification, ...]:
+    """A wheel file (and the test report beside it), or every platform (or the one asked) of an image
+    reference; with `key` (a loaded public key) the image's signature, SBOM and provenance too."""
+    from carry.gputest import testrun
+    from carry.wheelbuild import verify
+
+    artifact, platform, arch = request.artifact, request.platform, request.arch
+    if not testrun.names_a_wheel(artifact):
+        from carry.image.inspect import imageverify
+
+        patches = tuple((p.name, p.sha256) for p in app.series().patches) if key is not None else ()
+        asked = imageverify.Request(
+            ref=artifact, platform=platform, arches=given(arch), local=request.local, key=key, patches=patches
+        )
+        return imageverify.verify_image(asked, app.config, app.expected(), app.cache.scratch)
+    if request.local:
+        raise BadInput("--local is for image references; a wheel is always the file given")
+    if platform is not None:
+        raise BadInput("--platform is for image tags; a wheel's platform is in its file name")
+    path = Path(artifact)
+    if not path.is_file():
+        from carry.util import prog
+
+        raise BadInput(
+            f"{artifact}: no such wheel file; give the path `{prog.command('wheel')}` printed "
+            f"(dist/NAME-VERSION-TAGS.whl)"
+        )
+    from carry.gputest import upstreamsuite
+
+    checked = app.check()
+    result = testrun.with_test_report(path, verify.verify_wheel(path, app.expected(checked), given(arch)))
+    suite = upstreamsuite.expected_of(app.config, checked.report.tree)
+    return (upstreamsuite.with_suite_report(path, result, suite),)
