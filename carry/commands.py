@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from carry.source import apply, series
     from carry.source.series import Series
     from carry.trust.keys import PublicKey
-    from carry.util.progress import Progress
     from carry.verdicts import drop, refresh, verdicts
     from carry.wheelbuild import pins, verify, wheel
     from carry.wheelbuild.wheel import Builder
@@ -177,7 +176,6 @@ class Session:
         arch: str | None,
         out: Path,
         jobs: int | None,
-        progress: Progress,
         platform: Platform | None = None,
         from_source: bool = False,
         one_artifact: bool = False,
@@ -188,11 +186,11 @@ class Session:
             self.require_pins((platform,) if platform else ())
         builder = self.wheel_builder(arch, jobs, platform, from_source)
         checked = self.check()
-        self._dropped_are_in_the_pin(checked, progress)
+        self._dropped_are_in_the_pin(checked)
         if one_artifact:
             pin = builder.pin.wheel.pinned.sha256 if builder.pin else None
             self._one_artifact(checked, out, builder.platform, pin)
-        return builder(checked.mirror, checked.report, checked.series, out, progress)
+        return builder(checked.mirror, checked.report, checked.series, out)
 
     def require_pins(self, platforms: tuple[Platform, ...]) -> None:
         """With build.precompiled.nightly, a build for each of `platforms` (none: this machine's) needs the pin
@@ -210,7 +208,7 @@ class Session:
                 f"(wheel --from-source)"
             )
 
-    def pin(self, check: bool, progress: Progress) -> pins.Pinned:
+    def pin(self, check: bool) -> pins.Pinned:
         """The precompiled wheels of the merge-base of upstream.commit and main, found on build.precompiled.nightly's
         per-commit index (walking back where needed), downloaded, proven and, unless `check`, written."""
         from carry.wheelbuild import nightly, pins
@@ -219,11 +217,7 @@ class Session:
         checked = self.check()
         if checked.report.tree is None:
             raise Failed("the series does not apply; run `check` for details")
-
-        def say(line: str) -> None:
-            progress.phase("download", line)
-
-        return pins.pin(self.config, self.cache, checked.mirror, checked.report.tree, say, check)
+        return pins.pin(self.config, self.cache, checked.mirror, checked.report.tree, check)
 
     def repin(self, commit: str, tree: str | None = None) -> list[str]:
         """What every command that moves upstream.commit runs before it writes it: the precompiled pins of `commit`
@@ -232,11 +226,9 @@ class Session:
         settings = self.config.build.precompiled
         if settings is None or settings.nightly is None:
             return []
-        from carry.util.progress import Progress
         from carry.wheelbuild import pins
 
-        progress = Progress()
-        return pins.repin(self.config, self.cache, commit, lambda line: progress.phase("download", line), tree)
+        return pins.repin(self.config, self.cache, commit, tree)
 
     def precompiled_for(self, platform: Platform) -> bool:
         """Whether build.precompiled has a wheel for `platform` (then a build for it runs here, nothing compiled)."""
@@ -262,7 +254,7 @@ class Session:
             )
         return self.config.build.tests
 
-    def test(self, artifact: str, out: Path, timeout: float, progress: Progress) -> TestOutcome:
+    def test(self, artifact: str, out: Path, timeout: float) -> TestOutcome:
         """Run build.tests against a wheel or an image on this GPU (testrun.run_artifact)."""
         from carry.gputest import gpu, testrun
 
@@ -273,12 +265,10 @@ class Session:
                 f"tree), none against a wheel or image; `status --test` and `prove` run those"
             )
         found = gpu.require("test", commands)
-        report, path = testrun.run_artifact(
-            artifact, self.config, commands, found, self.cache.scratch, out, timeout, progress
-        )
+        report, path = testrun.run_artifact(artifact, self.config, commands, found, self.cache.scratch, out, timeout)
         return TestOutcome(report, path)
 
-    def suite(self, wheel: Path, against: Path | None, rerun: bool, progress: Progress) -> upstreamsuite.Outcome:
+    def suite(self, wheel: Path, against: Path | None, rerun: bool) -> upstreamsuite.Outcome:
         """The upstream's own tests (build.upstream_tests) on `wheel` and on `against` (default: build.precompiled's
         wheel for its platform), compared per test id (carry/gputest/upstreamsuite.py)."""
         from carry.gputest import upstreamsuite
@@ -312,7 +302,7 @@ class Session:
             against_source=source,
             rerun=rerun,
         )
-        return upstreamsuite.run(inputs, progress)
+        return upstreamsuite.run(inputs)
 
     @staticmethod
     def _runs_here(wheel: Path, what: str) -> Platform:
@@ -335,7 +325,7 @@ class Session:
 
         return upstreamsuite.check_report(path, upstreamsuite.expected_of(self.config, self.check().report.tree))
 
-    def prove(self, arch: str | None, out: Path, jobs: int | None, timeout: float, progress: Progress) -> prove.Proof:
+    def prove(self, arch: str | None, out: Path, jobs: int | None, timeout: float) -> prove.Proof:
         """base and each prefix of the series built and tested (prove.run); the GPU and the tests are checked
         before anything is resolved or built."""
         from carry.gputest import gpu, prove
@@ -344,7 +334,7 @@ class Session:
         found = gpu.require("prove", commands)
         builder = self.wheel_builder(arch, jobs)
         suite = prove.Suite(commands=commands, gpu=found, timeout=timeout)
-        return prove.run(self.config, self.cache, self.series(), builder, suite, out, progress)
+        return prove.run(self.config, self.cache, self.series(), builder, suite, out)
 
     def platform_wheel(
         self,
@@ -353,14 +343,13 @@ class Session:
         out: Path,
         hermetic: bool,
         wheelhouse: Path | None,
-        progress: Progress,
     ) -> crossbuild.CrossWheel:
         """check -> context -> that platform's build stage (emulated where foreign) -> checked wheel in `out`."""
         from carry.image.buildkit import container, crossbuild
 
         policy = self.policy(arch, platform)
         builder = container.resolve_builder(self.config, (platform,))
-        checked = self._checked(progress)
+        checked = self._checked()
         self._one_artifact(checked, out, platform, None)
         requirements = container.build_requirements(self._upstream_pyproject(checked))
         target = crossbuild.Target(
@@ -371,18 +360,18 @@ class Session:
             requirements=requirements,
             hermetic=hermetic,
             wheelhouse=wheelhouse,
-            upstream_version=self._upstream_version(checked, progress),
+            upstream_version=self._upstream_version(checked),
         )
-        return crossbuild.build(self.config, self.cache, checked.mirror, target, builder, out, progress)
+        return crossbuild.build(self.config, self.cache, checked.mirror, target, builder, out)
 
-    def image(self, options: image.ImageOptions, arch: str | None, progress: Progress) -> image.ImageResult:
+    def image(self, options: image.ImageOptions, arch: str | None) -> image.ImageResult:
         """check -> context (carry + config + bundle) -> a BuildKit build per platform -> tags and labels -> push
         -> shared tags as manifest lists."""
         from carry.config import CompilerCache
         from carry.image.buildkit import container, image
         from carry.wheelbuild import toolchain
 
-        attester = self.attester(options.push, progress)
+        attester = self.attester(options.push)
         self.registry_answers(options.push)
         platforms = image.platforms_to_build(self.config, options)
         self.require_pins(platforms)
@@ -390,7 +379,7 @@ class Session:
         builder = container.resolve_builder(self.config, platforms)
         image.check_options(self.config, builder, options)
         current = self.version()
-        checked = self._checked(progress)
+        checked = self._checked()
         pyproject = self._upstream_pyproject(checked)
         tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
         subject = image.Subject(
@@ -400,16 +389,16 @@ class Session:
             dist_name=container.distribution_name(self.config, pyproject),
             cuda=image.cuda_tag(tools.nvcc_version),
             created=image.created_at(checked.mirror, checked.report.base, os.environ),
-            upstream_version=self._upstream_version(checked, progress),
+            upstream_version=self._upstream_version(checked),
         )
         plan = image.plan(self.config, subject, arches, options)
         inputs = image.Sources(mirror=checked.mirror, requirements=container.build_requirements(pyproject))
         # One image build of a tree at a time per cache (its log, its context): a second run waits, and says so.
-        with self.cache.held(f"image-{plan.tree[:12]}", lambda line: progress.phase("image", line)):
-            return image.build(self.config, self.cache, inputs, plan, options, builder, progress, attester)
+        with self.cache.held(f"image-{plan.tree[:12]}", "image"):
+            return image.build(self.config, self.cache, inputs, plan, options, builder, attester)
 
     def locked_image(
-        self, options: ImageOptions, arch: str | None, smoke: str, progress: Progress, discard_wheels: bool = False
+        self, options: ImageOptions, arch: str | None, smoke: str, discard_wheels: bool = False
     ) -> lockedimage.LockedImageResult:
         """image.lock set: locks read and checked (before any work) -> with --push, each platform's previous image
         in the registry and its record -> check -> each platform's fixed wheel here (native or precompiled) -> carry
@@ -436,22 +425,20 @@ class Session:
                 f"{self.config.path}: --cache-from IMAGE and --discard-wheels are for a push (the registry keeps the "
                 f"layers): add --push"
             )
-        attester = self.attester(options.push, progress)
+        attester = self.attester(options.push)
         self.registry_answers(options.push)
         platforms = image.platforms_to_build(self.config, options)
         self.require_pins(platforms)
         client = registry.client()
-        previous = self.previous_images(platforms, options, attester, progress) if options.push else {}
+        previous = self.previous_images(platforms, options, attester) if options.push else {}
         prepared = lockedimage.prepare(
             self.config,
             self.cache,
             platforms,
             client,
-            lambda line: progress.phase("download", line),
-            lambda line: progress.phase("base", line),
             {p: found.record.base for p, found in previous.items() if found.record is not None and found.record.base},
         )
-        checked = self._checked(progress)
+        checked = self._checked()
         arches = {platform: self.arches(arch, platform) for platform in platforms}
         tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
         cuda = image.cuda_tag(tools.nvcc_version) if any("{cuda}" in t for t in self.config.image.tags) else "none"
@@ -470,8 +457,8 @@ class Session:
 
             for platform in platforms:
                 venv = layerplan.venv_of(prepared.locks[platform])
-                offers[platform] = imagewheel.offer(previous.get(platform), venv, self.cache.scratch, progress)
-        wheels = self.image_wheels(platforms, arch, progress, offers)
+                offers[platform] = imagewheel.offer(previous.get(platform), venv, self.cache.scratch)
+        wheels = self.image_wheels(platforms, arch, offers)
         if not plan.named:  # the distribution name from the wheel itself (its file name)
             plan = plan.with_distribution(next(iter(wheels.values())).name.split("-", 1)[0])
         delivery = lockedimage.Delivery(
@@ -482,11 +469,11 @@ class Session:
             previous=previous,
             discard_wheels=discard_wheels,
         )
-        with self.cache.held(f"image-{plan.tree[:12]}", lambda line: progress.phase("image", line)):
-            return lockedimage.build(self.config, self.cache, prepared, plan, wheels, delivery, client, progress)
+        with self.cache.held(f"image-{plan.tree[:12]}", "image"):
+            return lockedimage.build(self.config, self.cache, prepared, plan, wheels, delivery, client)
 
     def previous_images(
-        self, platforms: tuple[Platform, ...], options: ImageOptions, attester: Attester | None, progress: Progress
+        self, platforms: tuple[Platform, ...], options: ImageOptions, attester: Attester | None
     ) -> dict:
         """Each platform's previous image in the registry and its record (registrycache.find): at --cache-from's refs
         ({arch}, {version} filled), else this VERSION's own tags (a rerun) and image.tags (`latest`: the VERSION
@@ -495,6 +482,7 @@ class Session:
         from carry.image import registry, registryhttp
         from carry.image.buildkit import image
         from carry.image.locked import registrycache
+        from carry.util import reporter
         from carry.wheelbuild import toolchain
 
         name, version = self.config.image.name, self.version()
@@ -516,10 +504,10 @@ class Session:
                     refs = (*own, *tags)
                 refs = registrycache.candidates(refs, name)
                 found[platform] = registrycache.find(repo, name, platform, refs, key)
-                progress.phase("cache", found[platform].line())
+                reporter.phase("cache", found[platform].line())
         return found
 
-    def attester(self, push: bool, progress: Progress, dist: Path = Path("dist")) -> Attester | None:
+    def attester(self, push: bool, dist: Path = Path("dist")) -> Attester | None:
         """With --push, what signs and attests the pushed images (carry.image.attest), the key of
         $CARRY_SIGNING_KEY loaded now: a bad key or passphrase is bad input before any work."""
         if not push:
@@ -537,7 +525,6 @@ class Session:
             self.version(),
             __version__,
             dist,
-            progress,
             read_installed=hermetic.distributions,
         )
 
@@ -549,14 +536,13 @@ class Session:
 
             registry.probe(self.config.image.name)
 
-    def image_wheels(
-        self, platforms: tuple[Platform, ...], arch: str | None, progress: Progress, offers: dict | None = None
-    ) -> dict:
+    def image_wheels(self, platforms: tuple[Platform, ...], arch: str | None, offers: dict | None = None) -> dict:
         """The fixed wheel of each platform of a locked image, in dist/: made here for this machine's CPU and for
         each platform with a precompiled wheel; for another, this machine's own when it is pure Python (as `lock`
         takes it: a `py3-none-any` wheel installs anywhere), never a wheel of this CPU's code. `offers`: per
         platform, a base a derivation may start from when this machine has none (wheel.Builder.offer)."""
         from carry.platforms import Platform
+        from carry.util import reporter
 
         native = Platform.native()
         here = [p for p in platforms if p is native or self.precompiled_for(p)]
@@ -568,10 +554,10 @@ class Session:
             builder = self.wheel_builder(arch, None, platform)
             builder.offer = (offers or {}).get(platform)
             checked = self.check()
-            self._dropped_are_in_the_pin(checked, progress)
-            made = builder(checked.mirror, checked.report, checked.series, Path("dist"), progress)
+            self._dropped_are_in_the_pin(checked)
+            made = builder(checked.mirror, checked.report, checked.series, Path("dist"))
             built[platform] = made.path
-            progress.phase("wheel", f"{platform}: {made.path.name}{' (reused)' if made.reused else ''}")
+            reporter.phase("wheel", f"{platform}: {made.path.name}{' (reused)' if made.reused else ''}")
         for platform in platforms:
             if platform not in built:
                 if not built[native].name.endswith("-none-any.whl"):
@@ -580,12 +566,10 @@ class Session:
                         f"build.precompiled.wheels.{platform}"
                     )
                 built[platform] = built[native]
-                progress.phase("wheel", f"{platform}: {built[native].name} (pure Python, made on {native})")
+                reporter.phase("wheel", f"{platform}: {built[native].name} (pure Python, made on {native})")
         return {platform: built[platform] for platform in platforms}
 
-    def manifest(
-        self, platforms: tuple[Platform, ...], extra_tags: tuple[str, ...], progress: Progress
-    ) -> dict[str, str]:
+    def manifest(self, platforms: tuple[Platform, ...], extra_tags: tuple[str, ...]) -> dict[str, str]:
         """Every shared tag -> a manifest list of the platforms' `<VERSION>-<arch>` images already pushed."""
         from carry.config import CompilerCache
         from carry.image.buildkit import container, image
@@ -601,33 +585,32 @@ class Session:
         tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
         shared = image.render_tags(self.config, self.version(), self.series(), image.cuda_tag(tools.nvcc_version))
         refs = tuple(dict.fromkeys(f"{self.config.image.name}:{tag}" for tag in shared + extra_tags))
-        attester = self.attester(True, progress)
+        attester = self.attester(True)
         self.registry_answers(True)  # after every check of the input: bad input never waits on the network
         builder = container.resolve_builder(self.config, ())
-        return image.join_pushed(self.config, self.version(), refs, chosen, builder, progress, attester)
+        return image.join_pushed(self.config, self.version(), refs, chosen, builder, attester)
 
-    def lock(self, platforms: tuple[Platform, ...], check: bool, upgrade: bool, progress: Progress) -> LockResult:
+    def lock(self, platforms: tuple[Platform, ...], check: bool, upgrade: bool) -> LockResult:
         """The runtime lock of each platform (image.platforms, or those given): the base image's facts first (bad
         input before any work), then the fixed wheel as `wheel` makes it, then uv; with `check`, only whether each
         lock is fresh."""
         from carry.image.locked import runtimelock
+        from carry.util import reporter
         from carry.util.fsutil import temp_dir
 
         chosen = runtimelock.platforms_to_lock(self.config, platforms)
         self.require_pins(chosen)
-        facts = runtimelock.bases(self.config, chosen, self.cache, lambda line: progress.phase("base", line))
+        facts = runtimelock.bases(self.config, chosen, self.cache)
         with temp_dir(self.cache.scratch, "lock-wheels-") as out:
-            wheels = self.lock_wheels(chosen, out, progress)
+            wheels = self.lock_wheels(chosen, out)
             if check:
                 return LockResult((), runtimelock.check(self.config, facts, wheels), "")
             index = runtimelock.choose_index(os.environ, self.config.root)
-            progress.phase("index", index.source)
-            outcomes = runtimelock.lock(
-                self.config, self.cache, facts, wheels, index, upgrade, lambda line: progress.phase("resolve", line)
-            )
+            reporter.phase("index", index.source)
+            outcomes = runtimelock.lock(self.config, self.cache, facts, wheels, index, upgrade)
         return LockResult(outcomes, (), index.source)
 
-    def lock_wheels(self, platforms: tuple[Platform, ...], out: Path, progress: Progress) -> dict[Platform, Path]:
+    def lock_wheels(self, platforms: tuple[Platform, ...], out: Path) -> dict[Platform, Path]:
         """The fixed wheel of each platform, made as `wheel` makes it (cached by content): here where it can be
         (this machine's CPU, or build.precompiled's wheel for the platform), else this machine's own wheel when it
         is pure Python (`py3-none-any` installs anywhere), else in that platform's build stage."""
@@ -641,24 +624,24 @@ class Session:
         if here:
             checked = self.check()
             for platform in here:
-                built = self.wheel_builder(None, None, platform)(
-                    checked.mirror, checked.report, checked.series, out, progress
-                )
+                built = self.wheel_builder(None, None, platform)(checked.mirror, checked.report, checked.series, out)
                 wheels[platform] = built.path
         pure = next((w for w in wheels.values() if w.name.endswith("-none-any.whl")), None)
         for platform in platforms:
             if platform not in wheels:
-                wheels[platform] = pure or self.platform_wheel(platform, None, out, False, None, progress).path
+                wheels[platform] = pure or self.platform_wheel(platform, None, out, False, None).path
         return {platform: wheels[platform] for platform in platforms}
 
-    def _checked(self, progress: Progress) -> CheckResult:
+    def _checked(self) -> CheckResult:
+        from carry.util import reporter
+
         checked = self.check()
-        progress.phase(
+        reporter.phase(
             "check",
             f"{len(checked.series.patches)} patch(es) on {checked.report.base[:12]}: "
             f"tree {checked.report.patched_tree()[:12]}",
         )
-        self._dropped_are_in_the_pin(checked, progress)
+        self._dropped_are_in_the_pin(checked)
         return checked
 
     def _one_artifact(self, checked: CheckResult, out: Path, platform: Platform, precompiled: str | None) -> None:
@@ -676,22 +659,25 @@ class Session:
             precompiled,
         )
 
-    def _dropped_are_in_the_pin(self, checked: CheckResult, progress: Progress) -> None:
+    def _dropped_are_in_the_pin(self, checked: CheckResult) -> None:
         """Bad input when patches/DROPPED.md says upstream merged a dropped patch at a commit the pin lacks."""
+        from carry.util import reporter
         from carry.verdicts import droplog
 
         for note in droplog.check_pin(self.config, self.cache, checked.mirror, self.config.patches_dir):
-            progress.phase("dropped", note)
+            reporter.phase("dropped", note)
 
-    def _upstream_version(self, checked: CheckResult, progress: Progress) -> str | None:
+    def _upstream_version(self, checked: CheckResult) -> str | None:
         """The upstream's own version for a build stage to put in front of +carry.VERSION (None: build.wheel_version
         says the version), found here, where upstream's tags are (carry/source/upstreamversion.py)."""
+        from carry.util import reporter
+
         if self.config.build.wheel_version is not None:
             return None
         from carry.source import upstreamversion
 
         found = upstreamversion.resolve(self.config, self.cache, checked.mirror, checked.report.patched_tree())
-        progress.phase(
+        reporter.phase(
             "version", f"upstream {found.version} ({found.source}): the wheel is {found.version}+carry.{self.version()}"
         )
         return found.version
@@ -744,9 +730,7 @@ class Session:
         suite = upstreamsuite.expected_of(self.config, checked.report.tree)
         return (upstreamsuite.with_suite_report(path, result, suite),)
 
-    def status(
-        self, against: tuple[str, ...] = (), test: bool = False, progress: Progress | None = None
-    ) -> verdicts.StatusReport:
+    def status(self, against: tuple[str, ...] = (), test: bool = False) -> verdicts.StatusReport:
         """A verdict per patch against each ref (default: upstream.main, and the PR head when pr is set); with
         `test`, each patch's test is run on the ref without it too (carry/gputest/behaviour.py)."""
         from carry.verdicts import verdicts
@@ -757,7 +741,7 @@ class Session:
             return report
         from carry.gputest import behaviour
 
-        return behaviour.judge(self.config, self.cache, self._builder_for, report, patches, progress)
+        return behaviour.judge(self.config, self.cache, self._builder_for, report, patches)
 
     def drop(
         self, name: str, against: str | None, force: bool, test: bool = False, onto: str | None = None

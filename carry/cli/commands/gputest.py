@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 from carry.cli.common import A_DIR, Context
-from carry.util.progress import Progress
 
 TEST_TIMEOUT_S = 900  # seconds one command of build.tests may run (`test`, `prove`)
 
@@ -37,7 +36,7 @@ def test_command(obj: Context, artifact: str, out: Path, timeout: float) -> None
     a GPU."""
     from carry.gputest import testrun
 
-    result = obj.session().test(artifact, out, timeout, Progress())
+    result = obj.session().test(artifact, out, timeout)
     click.echo("\n".join(testrun.summary(result.report, result.path)))
     sys.exit(0 if result.report.passed else 1)
 
@@ -67,6 +66,6 @@ def prove_command(obj: Context, arch: str | None, out: Path, jobs: int | None, t
     whole series passes, 2 without a GPU."""
     from carry.gputest import prove
 
-    result = obj.session().prove(arch, out, jobs, timeout, Progress())
+    result = obj.session().prove(arch, out, jobs, timeout)
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else prove.table(result))
     sys.exit(0 if result.passed else 1)

@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from carry.cli.common import AN_EXISTING_DIR, Context, echo_notes, parse_platform
-from carry.util.progress import Progress
 
 
 @click.command("image")
@@ -100,16 +99,15 @@ def image_command(  # noqa: PLR0913 (a click command: its parameters are its fla
     from carry.image.buildkit.layercache import CacheSpec
 
     caches = tuple(CacheSpec.parse(s, False) for s in cache_from) + tuple(CacheSpec.parse(s, True) for s in cache_to)
-    progress = Progress()
     options = ImageOptions(push, tags, tuple(parse_platform(p) for p in platforms), hermetic, wheelhouse, caches)
     session = obj.session()
     if session.config.image.lock:
         smoking = "off" if no_smoke else smoke
-        locked = session.locked_image(options, arch, smoking, progress, discard_wheels)
+        locked = session.locked_image(options, arch, smoking, discard_wheels)
         echo_notes(locked.notes)
         click.echo(json.dumps(locked.to_json(), indent=2) if as_json else "\n".join(locked.lines()))
         return
-    result = session.image(options, arch, progress)
+    result = session.image(options, arch)
     echo_notes(result.notes)
     click.echo("\n".join(result.lines()))
 
@@ -127,6 +125,5 @@ def image_command(  # noqa: PLR0913 (a click command: its parameters are its fla
 def manifest_command(obj: Context, platforms: tuple[str, ...], tags: tuple[str, ...]) -> None:
     """Make every shared tag (VERSION, the templates, --tag) a manifest list of the platforms' VERSION-ARCH
     images, which separate runs (one per platform) pushed; checked against the registry afterwards."""
-    progress = Progress()
-    joined = obj.session().manifest(tuple(parse_platform(p) for p in platforms), tags, progress)
+    joined = obj.session().manifest(tuple(parse_platform(p) for p in platforms), tags)
     click.echo("\n".join(f"{ref}  {digest}" for ref, digest in joined.items()))

@@ -7,7 +7,6 @@ import sys
 import click
 
 from carry.cli.common import Context, parse_platform
-from carry.util.progress import Progress
 
 
 @click.command("lock")
@@ -29,7 +28,7 @@ def lock_command(obj: Context, platforms: tuple[str, ...], check_only: bool, upg
     build.yaml (image.lock). A rerun with nothing changed rewrites no byte."""
     if check_only and upgrade:
         raise click.UsageError("--check writes nothing; leave out --upgrade")
-    result = obj.session().lock(tuple(parse_platform(p) for p in platforms), check_only, upgrade, Progress())
+    result = obj.session().lock(tuple(parse_platform(p) for p in platforms), check_only, upgrade)
     if check_only:
         for platform, stale in result.stale:
             click.echo(stale or f"{platform}: fresh")

@@ -7,7 +7,6 @@ import sys
 import click
 
 from carry.cli.common import Context, echo_notes
-from carry.util.progress import Progress
 
 
 @click.command("pin")
@@ -24,7 +23,7 @@ def pin_command(obj: Context, check_only: bool) -> None:
     (max_walk); download and hash it (trust on first use: the index gives no hashes), prove its commit from its
     version, and write build.precompiled.wheels in place. Never another variant's or platform's wheel: exit 1 naming
     every commit refused, and why."""
-    result = obj.session().pin(check_only, Progress())
+    result = obj.session().pin(check_only)
     echo_notes(result.notes())
     if check_only:
         click.echo("\n".join(result.check_lines()))

@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 from carry.cli.common import A_FILE, Context
-from carry.util.progress import Progress
 
 
 @click.command("suite")
@@ -30,7 +29,7 @@ def suite_command(obj: Context, wheel: Path, against: Path | None, rerun: bool, 
     report beside the wheel (<wheel>.suite.json). Exit 1 when a test regressed."""
     from carry.gputest import upstreamsuite
 
-    outcome = obj.session().suite(wheel, against, rerun, Progress())
+    outcome = obj.session().suite(wheel, against, rerun)
     if as_json:
         click.echo(json.dumps(outcome.report, indent=1))
     else:

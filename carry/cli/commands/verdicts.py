@@ -8,7 +8,6 @@ import sys
 import click
 
 from carry.cli.common import Context, echo_notes
-from carry.util.progress import Progress
 
 
 @click.command()
@@ -42,7 +41,7 @@ def status(obj: Context, against: tuple[str, ...], as_json: bool, fail_on: str |
     from carry.verdicts import verdicts
 
     failing = verdicts.Verdict.parse_list(fail_on, "--fail-on") if fail_on is not None else frozenset()
-    result = obj.session().status(against, test, Progress() if test else None)
+    result = obj.session().status(against, test)
     echo_notes(result.notes)
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else verdicts.table(result))
     sys.exit(1 if failing & result.occurred else 0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from carry.cli.common import A_DIR, AN_EXISTING_DIR, Context, parse_platform
-from carry.util.progress import Progress
+from carry.util import reporter
 
 
 @click.command("wheel")
@@ -79,13 +79,12 @@ def wheel_command(  # noqa: PLR0913 (a click command: its parameters are its fla
         raise click.UsageError("--jobs and --json apply to builds on this machine; the build stage picks its jobs")
     if not from_source:
         session.require_pins((target,) if target else ())
-    progress = Progress()
     if not here:
         assert target is not None  # not here: a --platform was given
-        built = session.platform_wheel(target, arch, out, hermetic, wheelhouse, progress)
-        progress.phase("done", f"{built.platform} wheel, gate passed for {built.gate.archlist}")
+        built = session.platform_wheel(target, arch, out, hermetic, wheelhouse)
+        reporter.phase("done", f"{built.platform} wheel, gate passed for {built.gate.archlist}")
         click.echo(built.path)
         return
-    result = session.wheel(arch, out, jobs, progress, target, from_source, one_artifact=True)
-    progress.phase("done", "reused from cache" if result.reused else "built")
+    result = session.wheel(arch, out, jobs, target, from_source, one_artifact=True)
+    reporter.phase("done", "reused from cache" if result.reused else "built")
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else result.path)
