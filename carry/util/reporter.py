@@ -63,6 +63,25 @@ class Reporter:
         return made
 
 
+class Relay(Reporter):
+    """A reporter for a script outside carry that prints in its own words: each phase's detail and each note handed
+    to `line` (examples/*/make_upstream.py: `make_upstream: downloaded ...`)."""
+
+    def __init__(self, line: Callable[[str], None]) -> None:
+        super().__init__()
+        self._line = line
+
+    def phase(self, name: str, detail: str = "") -> None:
+        for kept in self.heard:
+            kept.append(f"{name}: {detail}")
+        self._line(detail)
+
+    def note(self, line: str) -> None:
+        for kept in self.heard:
+            kept.append(line)
+        self._line(line)
+
+
 class Holding(Reporter):
     """A reporter whose phase lines wait until `release` (then printed, and every later one as it comes); those
     never released are dropped (a failure's one line stays alone)."""
