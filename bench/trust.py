@@ -188,7 +188,6 @@ def measure_offline() -> dict:
     from carry.trust import keys
     from carry.util.cache import Cache
     from carry.util.download import Store
-    from carry.util.progress import Progress
 
     class Memory:
         def __init__(self):
@@ -230,9 +229,7 @@ def measure_offline() -> dict:
                 raise SystemExit(f"bench: no fixed vLLM wheel for {platform} in {cache.root}/artifacts")
             chosen = config.build.precompiled.wheel_for(platform)
             release = store.find(chosen.pinned) if chosen else None
-            attester = Attester(
-                key, config, series.load(config.patches_dir), version, "bench", Path(tmp) / "dist", Progress(quiet=True)
-            )
+            attester = Attester(key, config, series.load(config.patches_dir), version, "bench", Path(tmp) / "dist")
             started = time.perf_counter()
             facts = attester.facts(
                 platform,

@@ -429,6 +429,62 @@ def test_a_direct_start_or_an_untimed_run_is_found(tmp_path, text, direct, untim
     assert process_calls(path) == (direct, untimed)
 
 
+# --- one output channel -----------------------------------------------------------------------------------------
+
+# carry prints its progress through carry.util.reporter (a context variable), never through a stream or callback
+# handed down: no function takes one of these parameters, and Progress (the line writer) is made only there.
+OUTPUT_PARAMETERS = {"progress", "say"}
+REPORTER = "util.reporter"
+
+
+def output_parameters(path: Path) -> list[str]:
+    """`line: function(parameter)` for every function or lambda of one file that takes a progress or say."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            arguments = node.args
+            every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs, arguments.vararg, arguments.kwarg]
+            name = getattr(node, "name", "lambda")
+            found += [f"{node.lineno}: {name}({a.arg})" for a in every if a is not None and a.arg in OUTPUT_PARAMETERS]
+    return found
+
+
+def progress_made(path: Path) -> list[str]:
+    """`line` of every `Progress(...)` call in one file."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [
+        str(node.lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and ast.unparse(node.func).rsplit(".", 1)[-1] == "Progress"
+    ]
+
+
+def test_no_function_takes_a_progress_or_say():
+    found = [f"{path.relative_to(ROOT)}:{hit}" for path in modules(ROOT).values() for hit in output_parameters(path)]
+    assert not found, "call carry.util.reporter (phase, note, warn) instead of passing output down: " + "; ".join(found)
+
+
+def test_progress_is_made_only_by_the_reporter():
+    made = {module: lines for module, path in modules(ROOT).items() if (lines := progress_made(path))}
+    assert set(made) == {REPORTER}, made
+
+
+@pytest.mark.parametrize(
+    "text, found",
+    [
+        ("def f(a, progress):\n    pass\n", ["1: f(progress)"]),
+        ("def f(a, *, say=None):\n    pass\n", ["1: f(say)"]),
+        ("class C:\n    async def f(self, progress=None):\n        pass\n", ["2: f(progress)"]),
+        ("g = lambda say: say\n", ["1: lambda(say)"]),
+        ("def f(a, progressed, saying):\n    pass\n", []),
+    ],
+)
+def test_a_progress_or_say_parameter_is_found(tmp_path, text, found):
+    path = tmp_path / "module.py"
+    path.write_text(text)
+    assert output_parameters(path) == found
+
+
 # --- the finder on a package written here ---------------------------------------------------------------------
 
 

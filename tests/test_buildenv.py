@@ -26,8 +26,8 @@ from carry import config
 from carry.config import BuildEnvironment
 from carry.platforms import Platform
 from carry.source import releases
+from carry.util import reporter
 from carry.util.errors import BadInput, Failed
-from carry.util.progress import Progress
 from carry.wheelbuild import buildenv
 from helpers import ROOT, assert_bad_input, carry, write_config
 
@@ -192,7 +192,7 @@ def test_vllm_env_has_cuda_torch_and_the_setuptools_vllm_asks_for(vllm_env, vllm
 def test_same_spec_is_reused(vllm_env, vllm_spec, cache_root):
     marker = vllm_env.root / buildenv.MARKER
     before = marker.stat().st_mtime_ns, (vllm_env.root / "bin" / "python").lstat().st_ino
-    again = buildenv.ensure(vllm_spec, cache_root, Progress(quiet=True))
+    again = buildenv.ensure(vllm_spec, cache_root)
     assert again.reused and again.root == vllm_env.root and again.versions == vllm_env.versions
     assert (marker.stat().st_mtime_ns, (again.root / "bin" / "python").lstat().st_ino) == before
     assert again.seconds < 1.0, again.seconds  # a sanity bound; bench/buildenv.py measures it
@@ -217,7 +217,8 @@ def test_uv_cache_on_another_filesystem_is_said(tmp_path, monkeypatch):
     monkeypatch.setenv("UV_CACHE_DIR", str(uv_cache))
     lines = io.StringIO()
     try:
-        made = buildenv.ensure(buildenv.EnvSpec.resolve(["six"]), tmp_path / "cache", Progress(lines))
+        with reporter.using(reporter.Reporter(lines)):
+            made = buildenv.ensure(buildenv.EnvSpec.resolve(["six"]), tmp_path / "cache")
     finally:
         shutil.rmtree(uv_cache, ignore_errors=True)
     assert made.copied and "copied from uv's cache" in made.describe()

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import faultindex
-from carry.util import integrity
+from carry.util import integrity, reporter
 from helpers import ROOT, Upstream, carry, git, write_config
 
 PYPROJECT = """[build-system]
@@ -266,11 +266,11 @@ def test_the_build_context_gets_a_whole_bundle_of_this_pin(tmp_path, upstream):
     ]
 
     flip(bundle, at=0.9)
-    said: list[str] = []
     context = tmp_path / "context"
-    container.assemble_context(loaded, cache, mirror, context, [], (), said.append)
+    with reporter.recording() as said:
+        container.assemble_context(loaded, cache, mirror, context, [], ())
     (line,) = said
-    assert line.startswith(f"{bundle}: sha256 ") and line.endswith(
+    assert line.startswith(f"context: {bundle}: sha256 ") and line.endswith(
         "a corrupt cache entry, removed; made again from the mirror"
     )
     copied = context / "cache" / "bundles" / bundle.name
@@ -280,9 +280,9 @@ def test_the_build_context_gets_a_whole_bundle_of_this_pin(tmp_path, upstream):
     git(mirror, "fetch", "-q", "--depth=1", str(upstream.path), older)  # the other pin, as its project fetched it
     git(mirror, "update-ref", "refs/carry/pin", older)  # the mirror's last pin is the older one
     git(mirror, "bundle", "create", str(bundle), "refs/carry/pin")  # an older carry's bundle of it, under this name
-    said.clear()
     shutil.rmtree(context)
-    container.assemble_context(loaded, cache, mirror, context, [], (), said.append)
+    with reporter.recording() as said:
+        container.assemble_context(loaded, cache, mirror, context, [], ())
     assert said == [f"{bundle}: does not hold commit {project.pin[:12]}; made again from the mirror"]
     assert sha256(copied) == whole
 

@@ -171,7 +171,6 @@ def test_bad_remote_cache_url_stops_image_before_any_work(tmp_path):
 def test_the_build_stage_gets_the_compile_cache_in_its_secret(tmp_path, monkeypatch, url, hermetic, network, handed):
     from carry.config import load
     from carry.image.buildkit import container
-    from carry.util.progress import Progress
 
     shutil.copytree(ROOT / "examples" / "demo", tmp_path / "demo")
     config_path = tmp_path / "demo" / "build.yaml"
@@ -180,7 +179,7 @@ def test_the_build_stage_gets_the_compile_cache_in_its_secret(tmp_path, monkeypa
     config_path.write_text(text.replace(line, "  compiler_cache: ccache\n  remote_cache: redis://cache.example:6379/1"))
     monkeypatch.setenv("CARRY_REMOTE_CACHE_URL", url)
     monkeypatch.setenv("CARRY_REMOTE_CACHE_PASSWORD", "pw-" + os.urandom(4).hex())
-    access = container.stage_access(load(config_path), tmp_path, hermetic, Progress(quiet=True))
+    access = container.stage_access(load(config_path), tmp_path, hermetic)
     assert access.network == network
     text = access.secret.read_text()
     assert handed in text.splitlines() and oct(access.secret.stat().st_mode & 0o777) == "0o600"

@@ -16,7 +16,6 @@ from carry.image import gzlayer, layerpush
 from carry.image.locked import layerplan, layerwrite, ocilayer, runtimelock, smoketest, wheelinstall
 from carry.platforms import Platform
 from carry.util.download import Store
-from carry.util.progress import Progress
 from lib.wheels import make_wheel
 
 pytestmark = pytest.mark.docker
@@ -129,7 +128,7 @@ def test_loaded_into_the_engine_and_run(wheels, tmp_path, platform):
         lock = runtimelock.Lock(
             lock.path, target, lock.python, "aarch64-manylinux_2_36", "base", "", "", "", lock.packages
         )
-    found = layerplan.fetch_wheels(lock, wheels.store, Progress(quiet=True), tmp_path)
+    found = layerplan.fetch_wheels(lock, wheels.store, tmp_path)
     plan = layerplan.plan_platform(CONFIG, target, lock, found, wheels.fixed, wheels.release, base_ref, base)
     ref = f"carry-test/issue-24-image-layers:{target.tag}-{tmp_path.name[-12:].lower()}"
     image_id, layers = layerwrite.load_platform(
@@ -139,7 +138,6 @@ def test_loaded_into_the_engine_and_run(wheels, tmp_path, platform):
         {"io.carry.test": "yes"},
         CONFIG,
         (ref,),
-        Progress(quiet=True),
     )
     try:
         assert [layer.name for layer in layers][-6:] == [

@@ -16,6 +16,7 @@ import pytest
 
 import realvllm
 from carry.binaries import wheelzip
+from carry.util import reporter
 from helpers import ROOT, assert_bad_input, carry
 from lib.vllm import WHEELS, example_project
 
@@ -339,16 +340,18 @@ def test_a_pin_by_name_resolves_the_file_the_url_pin_did(tmp_path):
     pinned = loaded.build.precompiled.wheel_for(Platform.LINUX_AMD64).pinned
     assert pinned.requirement == "vllm==0.33.0" and not pinned.source and not pinned.name
     released = realvllm.pinned(realvllm.WHEEL_X86).pinned
-    store, said = Store(tmp_path / "store"), []
+    store = Store(tmp_path / "store")
     try:
-        got = store.get(pinned, said.append)
+        with reporter.recording() as said:
+            got = store.get(pinned)
         assert got.name == realvllm.WHEEL_X86 == released.name
         assert got.stat().st_size == released.size and sha256_of(got) == released.sha256 == pinned.sha256
         assert got == store.root / released.sha256 / released.name
         assert len(said) == 1 and "(vllm==0.33.0 for linux/amd64) with pip from" in said[0]
         assert "sha256 4b6bdec4" in said[0]
-        again = []
-        assert store.get(pinned, again.append) == got and again == []
+        with reporter.recording() as again:
+            assert store.get(pinned) == got
+        assert again == []
         # no pip scratch dir left: the file under its sha256, and its stamp (checked/) from the one hash made
         assert sorted(p.name for p in store.root.iterdir()) == sorted([released.sha256, "checked"])
         assert len(list((store.root / "checked").iterdir())) == 1
@@ -379,9 +382,9 @@ def test_a_pin_names_its_index(tmp_path, local_index, history):
     from carry.util.download import Pinned, Store
 
     pinned = Pinned.by_name("vllm==0.33.0", SHA_X86, "test", index=local_index, platform=Platform.LINUX_AMD64)
-    said = []
     try:
-        got = Store(tmp_path / "store").get(pinned, said.append)
+        with reporter.recording() as said:
+            got = Store(tmp_path / "store").get(pinned)
         assert got.name == realvllm.WHEEL_X86 and local_index in said[0]
     finally:
         shutil.rmtree(tmp_path / "store", ignore_errors=True)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from carry.config import CompilerCache, RemoteCache
+from carry.util import reporter
 from carry.util.errors import BadInput
-from carry.util.progress import Progress
 from carry.wheelbuild import compilecache, toolchain
 from cuda_tools import counting_cuda_home
 from helpers import BUILD_PY, ROOT, assert_bad_input, carry, write_config
@@ -91,12 +91,10 @@ def test_a_password_with_url_characters_reaches_ccache_through_a_private_file(tm
     src.mkdir()
     scratch.mkdir()
     (src / "t.c").write_text("int seven(void) { return 7; }\n")
-    progress = Progress(stream=io.StringIO())
+    said = io.StringIO()
     environ = {**os.environ, "CARRY_REMOTE_CACHE_PASSWORD": password}
-    with private_redis(tmp_path / "redis", password=password) as (redis, _):
-        with compilecache.run(
-            launcher, remote(redis.url(0)), tmp_path / "cache", src, scratch, environ, progress
-        ) as started:
+    with private_redis(tmp_path / "redis", password=password) as (redis, _), reporter.using(reporter.Reporter(said)):
+        with compilecache.run(launcher, remote(redis.url(0)), tmp_path / "cache", src, scratch, environ) as started:
             private = Path(started.env["CCACHE_CONFIGPATH"])
             assert private.stat().st_mode & 0o777 == 0o600
             assert password not in json.dumps(started.env)
@@ -107,7 +105,7 @@ def test_a_password_with_url_characters_reaches_ccache_through_a_private_file(tm
         stored = redis.keys(0)
     assert (outcome.compiles, outcome.misses, outcome.remote_errors) == (1, 1, 0), outcome
     assert stored > 1, "ccache wrote its result to redis (beside carry's probe key)"
-    assert password not in progress.stream.getvalue()
+    assert password not in said.getvalue()
 
 
 # the launcher --------------------------------------------------------------------------------------------------

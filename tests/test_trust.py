@@ -454,7 +454,6 @@ def pushed_demo(tmp_path, pair):
     from carry.image.locked import runtimelock
     from carry.platforms import Platform
     from carry.source import series
-    from carry.util.progress import Progress
 
     project = tmp_path / "demo"
     shutil.copytree(ROOT / "examples" / "demo", project, ignore=shutil.ignore_patterns("upstream", "*.bundle"))
@@ -483,9 +482,7 @@ def pushed_demo(tmp_path, pair):
     fixed = wheel(project / "dist", "pledemo", "0.3.0+carry.20261130.1")
     release = wheel(tmp_path / "release", "pledemo", "0.3.0")
     key = keys.load_private(pair[0] / "carry.key", None)
-    attester = Attester(
-        key, config, series.load(config.patches_dir), "20261130.1", "0.1.0", project / "dist", Progress(quiet=True)
-    )
+    attester = Attester(key, config, series.load(config.patches_dir), "20261130.1", "0.1.0", project / "dist")
     labels = {
         "io.carry.upstream.url": "https://git.example/pledemo.git",
         "io.carry.upstream.commit": config.upstream.commit,

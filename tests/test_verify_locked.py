@@ -835,7 +835,6 @@ def signed(setup):
     from carry.image.attest import Attester, Installed, wheel_of
     from carry.source import series
     from carry.trust import keys
-    from carry.util.progress import Progress
 
     for tool in ("skopeo", "openssl"):
         if shutil.which(tool) is None:
@@ -856,9 +855,7 @@ def signed(setup):
     config = load(setup["project"] / "build.yaml")
     project = setup["project"]
     key = keys.load_private(work / "ours" / "carry.key", None)
-    attester = Attester(
-        key, config, series.load(config.patches_dir), VERSION, "0.1.0", project / "dist", Progress(quiet=True)
-    )
+    attester = Attester(key, config, series.load(config.patches_dir), VERSION, "0.1.0", project / "dist")
     client = dockerenv.docker_client()
     lock = dataclasses.replace(setup["lock"], path=project / "runtime-lock" / "linux-amd64.txt")
     with downloads_at(setup["store"]):

@@ -173,8 +173,6 @@ class App:
         settings = self.config.build.precompiled
         if settings is None or settings.nightly is None:
             return []
-        from carry.util.progress import Progress
         from carry.wheelbuild import pins
 
-        progress = Progress()
-        return pins.repin(self.config, self.cache, commit, lambda line: progress.phase("download", line), tree)
+        return pins.repin(self.config, self.cache, commit, tree)

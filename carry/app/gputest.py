@@ -14,7 +14,6 @@ if TYPE_CHECKING:
     from carry.config import TestCommand
     from carry.gputest import prove, testrun, upstreamsuite
     from carry.platforms import Platform
-    from carry.util.progress import Progress
 
 
 @record(kw_only=True)
@@ -56,7 +55,7 @@ def _tests(app: App) -> tuple[TestCommand, ...]:
     return app.config.build.tests
 
 
-def run_tests(app: App, request: TestRequest, progress: Progress) -> TestOutcome:
+def run_tests(app: App, request: TestRequest) -> TestOutcome:
     """Run build.tests against a wheel or an image on this GPU (testrun.run_artifact)."""
     from carry.gputest import gpu, testrun
 
@@ -68,12 +67,12 @@ def run_tests(app: App, request: TestRequest, progress: Progress) -> TestOutcome
         )
     found = gpu.require("test", commands)
     report, path = testrun.run_artifact(
-        request.artifact, app.config, commands, found, app.cache.scratch, request.out, request.timeout, progress
+        request.artifact, app.config, commands, found, app.cache.scratch, request.out, request.timeout
     )
     return TestOutcome(report, path)
 
 
-def prove_series(app: App, request: ProveRequest, progress: Progress) -> prove.Proof:
+def prove_series(app: App, request: ProveRequest) -> prove.Proof:
     """base and each prefix of the series built and tested (prove.run); the GPU and the tests are checked
     before anything is resolved or built."""
     from carry.gputest import gpu, prove
@@ -82,10 +81,10 @@ def prove_series(app: App, request: ProveRequest, progress: Progress) -> prove.P
     found = gpu.require("prove", commands)
     builder = app.builder(request.arch, request.jobs)
     suite = prove.Suite(commands=commands, gpu=found, timeout=request.timeout)
-    return prove.run(app.config, app.cache, app.series(), builder, suite, request.out, progress)
+    return prove.run(app.config, app.cache, app.series(), builder, suite, request.out)
 
 
-def suite(app: App, request: SuiteRequest, progress: Progress) -> upstreamsuite.Outcome:
+def suite(app: App, request: SuiteRequest) -> upstreamsuite.Outcome:
     """The upstream's own tests (build.upstream_tests) on `wheel` and on `against` (default: build.precompiled's
     wheel for its platform), compared per test id (carry/gputest/upstreamsuite.py)."""
     from carry.gputest import upstreamsuite
@@ -120,7 +119,7 @@ def suite(app: App, request: SuiteRequest, progress: Progress) -> upstreamsuite.
         against_source=source,
         rerun=request.rerun,
     )
-    return upstreamsuite.run(inputs, progress)
+    return upstreamsuite.run(inputs)
 
 
 def _runs_here(wheel: Path, what: str) -> Platform:

@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from carry.image.buildkit.image import ImageOptions
     from carry.image.locked import lockedimage
     from carry.platforms import Platform
-    from carry.util.progress import Progress
 
 
 @record
@@ -33,29 +32,29 @@ class ManifestRequest:
     extra_tags: tuple[str, ...] = ()
 
 
-def image_command(app: App, request: ImageRequest, progress: Progress) -> ImageOutcome:
+def image_command(app: App, request: ImageRequest) -> ImageOutcome:
     """With image.lock, the locked image carry writes itself; else a BuildKit build per platform."""
     if app.config.image.lock:
         from carry.app import locked
 
-        return ImageOutcome(locked=locked.locked_image(app, request, progress))
-    return ImageOutcome(built=buildkit_image(app, request.options, request.arch, progress))
+        return ImageOutcome(locked=locked.locked_image(app, request))
+    return ImageOutcome(built=buildkit_image(app, request.options, request.arch))
 
 
-def buildkit_image(app: App, options: ImageOptions, arch: str | None, progress: Progress) -> image.ImageResult:
+def buildkit_image(app: App, options: ImageOptions, arch: str | None) -> image.ImageResult:
     """check -> context (carry + config + bundle) -> a BuildKit build per platform -> tags and labels -> push
     -> shared tags as manifest lists."""
     from carry.app import imaging, wheel
     from carry.image.buildkit import container, image
 
-    attester = imaging.attester_for(app, options.push, progress)
+    attester = imaging.attester_for(app, options.push)
     imaging.registry_answers(app, options.push)
     platforms = image.platforms_to_build(app.config, options)
     app.require_pins(platforms)
     arches = {platform: app.arches(arch, platform) for platform in platforms}
     builder = container.resolve_builder(app.config, platforms)
     image.check_options(app.config, builder, options)
-    checked = wheel.checked_said(app, progress)
+    checked = wheel.checked_said(app)
     pyproject = wheel.upstream_pyproject(checked)
     subject = image.Subject(
         report=checked.report,
@@ -64,16 +63,16 @@ def buildkit_image(app: App, options: ImageOptions, arch: str | None, progress: 
         dist_name=container.distribution_name(app.config, pyproject),
         cuda=imaging.cuda_tag(app),
         created=image.created_at(checked.mirror, checked.report.base, os.environ),
-        upstream_version=wheel.upstream_version(app, checked, progress),
+        upstream_version=wheel.upstream_version(app, checked),
     )
     plan = image.plan(app.config, subject, arches, options)
     inputs = image.Sources(mirror=checked.mirror, requirements=container.build_requirements(pyproject))
     # One image build of a tree at a time per cache (its log, its context): a second run waits, and says so.
-    with app.cache.held(f"image-{plan.tree[:12]}", lambda line: progress.phase("image", line)):
-        return image.build(app.config, app.cache, inputs, plan, options, builder, progress, attester)
+    with app.cache.held(f"image-{plan.tree[:12]}", "image"):
+        return image.build(app.config, app.cache, inputs, plan, options, builder, attester)
 
 
-def manifest(app: App, request: ManifestRequest, progress: Progress) -> dict[str, str]:
+def manifest(app: App, request: ManifestRequest) -> dict[str, str]:
     """Every shared tag -> a manifest list of the platforms' `<VERSION>-<arch>` images already pushed."""
     from carry.app import imaging
     from carry.image.buildkit import container, image
@@ -87,7 +86,7 @@ def manifest(app: App, request: ManifestRequest, progress: Progress) -> dict[str
         )
     shared = image.render_tags(app.config, app.version(), app.series(), imaging.cuda_tag(app))
     refs = tuple(dict.fromkeys(f"{app.config.image.name}:{tag}" for tag in shared + request.extra_tags))
-    attester = imaging.attester_for(app, True, progress)
+    attester = imaging.attester_for(app, True)
     imaging.registry_answers(app, True)  # after every check of the input: bad input never waits on the network
     builder = container.resolve_builder(app.config, ())
-    return image.join_pushed(app.config, app.version(), refs, chosen, builder, progress, attester)
+    return image.join_pushed(app.config, app.version(), refs, chosen, builder, attester)

@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from carry.app import App
     from carry.image.attest import Attester
     from carry.image.buildkit.image import ImageOptions
-    from carry.util.progress import Progress
 
 
 @record(kw_only=True)
@@ -31,7 +30,7 @@ def cuda_tag(app: App, needed: bool = True) -> str:
     return image.cuda_tag(app.toolchain().nvcc_version) if needed else "none"
 
 
-def attester_for(app: App, push: bool, progress: Progress, dist: Path = Path("dist")) -> Attester | None:
+def attester_for(app: App, push: bool, dist: Path = Path("dist")) -> Attester | None:
     """With --push, what signs and attests the pushed images (carry.image.attest), the key of
     $CARRY_SIGNING_KEY loaded now: a bad key or passphrase is bad input before any work."""
     if not push:
@@ -49,7 +48,6 @@ def attester_for(app: App, push: bool, progress: Progress, dist: Path = Path("di
         app.version(),
         __version__,
         dist,
-        progress,
         read_installed=hermetic.distributions,
     )
 

@@ -7,13 +7,13 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from carry.util import reporter
 from carry.util.record import record
 
 if TYPE_CHECKING:
     from carry.app import App
     from carry.image.locked import runtimelock
     from carry.platforms import Platform
-    from carry.util.progress import Progress
 
 
 @record(kw_only=True)
@@ -32,7 +32,7 @@ class LockResult:
     index: str
 
 
-def lock(app: App, request: LockRequest, progress: Progress) -> LockResult:
+def lock(app: App, request: LockRequest) -> LockResult:
     """The runtime lock of each platform (image.platforms, or those given): the base image's facts first (bad
     input before any work), then the fixed wheel as `wheel` makes it, then uv; with `check`, only whether each
     lock is fresh."""
@@ -41,20 +41,18 @@ def lock(app: App, request: LockRequest, progress: Progress) -> LockResult:
 
     chosen = runtimelock.platforms_to_lock(app.config, request.platforms)
     app.require_pins(chosen)
-    facts = runtimelock.bases(app.config, chosen, app.cache, lambda line: progress.phase("base", line))
+    facts = runtimelock.bases(app.config, chosen, app.cache)
     with temp_dir(app.cache.scratch, "lock-wheels-") as out:
-        wheels = lock_wheels(app, chosen, out, progress)
+        wheels = lock_wheels(app, chosen, out)
         if request.check:
             return LockResult((), runtimelock.check(app.config, facts, wheels), "")
         index = runtimelock.choose_index(os.environ, app.config.root)
-        progress.phase("index", index.source)
-        outcomes = runtimelock.lock(
-            app.config, app.cache, facts, wheels, index, request.upgrade, lambda line: progress.phase("resolve", line)
-        )
+        reporter.phase("index", index.source)
+        outcomes = runtimelock.lock(app.config, app.cache, facts, wheels, index, request.upgrade)
     return LockResult(outcomes, (), index.source)
 
 
-def lock_wheels(app: App, platforms: tuple[Platform, ...], out: Path, progress: Progress) -> dict[Platform, Path]:
+def lock_wheels(app: App, platforms: tuple[Platform, ...], out: Path) -> dict[Platform, Path]:
     """The fixed wheel of each platform, made as `wheel` makes it (cached by content), where the placement rule
     says (producer.choose): here (this machine's CPU, or build.precompiled's wheel for the platform), else this
     machine's own wheel when it is pure Python (`py3-none-any` installs anywhere), else in that platform's build
@@ -72,7 +70,7 @@ def lock_wheels(app: App, platforms: tuple[Platform, ...], out: Path, progress: 
     if here:
         checked = app.check()
         for platform in here:
-            built = app.builder(None, None, platform)(checked.mirror, checked.report, checked.series, out, progress)
+            built = app.builder(None, None, platform)(checked.mirror, checked.report, checked.series, out)
             wheels[platform] = built.path
     pure = next((w for w in wheels.values() if producer.serves_every_platform(w.name)), None)
     for platform in platforms:
@@ -82,5 +80,5 @@ def lock_wheels(app: App, platforms: tuple[Platform, ...], out: Path, progress: 
         if kind is producer.Kind.PURE and pure is not None:
             wheels[platform] = pure
         else:  # the platform's build stage
-            wheels[platform] = wheel.platform_wheel(app, platform, None, out, progress).path
+            wheels[platform] = wheel.platform_wheel(app, platform, None, out).path
     return {platform: wheels[platform] for platform in platforms}

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from carry.util import reporter
 from carry.util.errors import BadInput, Failed
 
 if TYPE_CHECKING:
@@ -17,7 +18,6 @@ if TYPE_CHECKING:
     from carry.image.buildkit.image import ImageOptions
     from carry.image.locked import lockedimage
     from carry.platforms import Platform
-    from carry.util.progress import Progress
 
 
 def _refuse_what_does_not_apply(app: App, options: ImageOptions, discard_wheels: bool) -> None:
@@ -38,7 +38,7 @@ def _refuse_what_does_not_apply(app: App, options: ImageOptions, discard_wheels:
         )
 
 
-def locked_image(app: App, request: ImageRequest, progress: Progress) -> lockedimage.LockedImageResult:
+def locked_image(app: App, request: ImageRequest) -> lockedimage.LockedImageResult:
     """image.lock set: locks read and checked (before any work) -> with --push, each platform's previous image
     in the registry and its record -> check -> each platform's fixed wheel here (native or precompiled) -> carry
     writes the layers (lockedimage), reusing what the registry has -> push or load -> smoke test -> record."""
@@ -49,22 +49,20 @@ def locked_image(app: App, request: ImageRequest, progress: Progress) -> lockedi
 
     options = request.options
     _refuse_what_does_not_apply(app, options, request.discard_wheels)
-    attester = imaging.attester_for(app, options.push, progress)
+    attester = imaging.attester_for(app, options.push)
     imaging.registry_answers(app, options.push)
     platforms = image.platforms_to_build(app.config, options)
     app.require_pins(platforms)
     client = registry.client()
-    previous = previous_images(app, platforms, options, attester, progress) if options.push else {}
-    prepared = lockedimage.prepare(
-        app.config,
-        app.cache,
-        platforms,
-        client,
-        lambda line: progress.phase("download", line),
-        lambda line: progress.phase("base", line),
-        {p: found.record.base for p, found in previous.items() if found.record is not None and found.record.base},
-    )
-    checked = wheel.checked_said(app, progress)
+    previous: dict = {}
+
+    def known_bases() -> dict:
+        """The previous images (read from the registry after the locks are checked) and the bases they name."""
+        previous.update(previous_images(app, platforms, options, attester) if options.push else {})
+        return {p: f.record.base for p, f in previous.items() if f.record is not None and f.record.base}
+
+    prepared = lockedimage.prepare(app.config, app.cache, platforms, client, known_bases)
+    checked = wheel.checked_said(app)
     arches = {platform: app.arches(request.arch, platform) for platform in platforms}
     subject = image.Subject(
         report=checked.report,
@@ -75,8 +73,8 @@ def locked_image(app: App, request: ImageRequest, progress: Progress) -> lockedi
         created=image.created_at(checked.mirror, checked.report.base, os.environ),
     )
     plan = image.plan(app.config, subject, arches, options)
-    offers = _offers(app, platforms, prepared, previous, progress) if options.push else {}
-    wheels = image_wheels(app, platforms, request.arch, progress, offers)
+    offers = _offers(app, platforms, prepared, previous) if options.push else {}
+    wheels = image_wheels(app, platforms, request.arch, offers)
     if not plan.named:  # the distribution name from the wheel itself (its file name)
         plan = plan.with_distribution(next(iter(wheels.values())).name.split("-", 1)[0])
     delivery = lockedimage.Delivery(
@@ -87,28 +85,24 @@ def locked_image(app: App, request: ImageRequest, progress: Progress) -> lockedi
         previous=previous,
         discard_wheels=request.discard_wheels,
     )
-    with app.cache.held(f"image-{plan.tree[:12]}", lambda line: progress.phase("image", line)):
-        return lockedimage.build(app.config, app.cache, prepared, plan, wheels, delivery, client, progress)
+    with app.cache.held(f"image-{plan.tree[:12]}", "image"):
+        return lockedimage.build(app.config, app.cache, prepared, plan, wheels, delivery, client)
 
 
-def _offers(
-    app: App, platforms: tuple[Platform, ...], prepared: lockedimage.Prepared, previous: dict, progress: Progress
-) -> dict:
+def _offers(app: App, platforms: tuple[Platform, ...], prepared: lockedimage.Prepared, previous: dict) -> dict:
     """Per platform, a base a derivation may start from when this machine has none: VERSION N's fixed wheel
     rebuilt from its pushed image (wheel.Builder.offer)."""
     from carry.image.locked import imagewheel, layerplan
 
     return {
         platform: imagewheel.offer(
-            previous.get(platform), layerplan.venv_of(prepared.locks[platform]), app.cache.scratch, progress
+            previous.get(platform), layerplan.venv_of(prepared.locks[platform]), app.cache.scratch
         )
         for platform in platforms
     }
 
 
-def image_wheels(
-    app: App, platforms: tuple[Platform, ...], arch: str | None, progress: Progress, offers: dict | None = None
-) -> dict:
+def image_wheels(app: App, platforms: tuple[Platform, ...], arch: str | None, offers: dict | None = None) -> dict:
     """The fixed wheel of each platform of a locked image, in dist/: made here where the placement rule says
     (producer.here: this machine's CPU, or a platform with a precompiled wheel); for another, this machine's own
     when it is pure Python (as `lock` takes it: a `py3-none-any` wheel installs anywhere), never a wheel of this
@@ -128,10 +122,10 @@ def image_wheels(
         builder = app.builder(arch, None, platform)
         builder.offer = (offers or {}).get(platform)
         checked = app.check()
-        wheel.dropped_are_in_the_pin(app, checked, progress)
-        made = builder(checked.mirror, checked.report, checked.series, Path("dist"), progress)
+        wheel.dropped_are_in_the_pin(app, checked)
+        made = builder(checked.mirror, checked.report, checked.series, Path("dist"))
         built[platform] = made.path
-        progress.phase("wheel", f"{platform}: {made.path.name}{' (reused)' if made.reused else ''}")
+        reporter.phase("wheel", f"{platform}: {made.path.name}{' (reused)' if made.reused else ''}")
     for platform in platforms:
         if platform in built:
             continue
@@ -142,12 +136,12 @@ def image_wheels(
                 f"build.precompiled.wheels.{platform}"
             )
         built[platform] = built[native]
-        progress.phase("wheel", f"{platform}: {mine} (pure Python, made on {native})")
+        reporter.phase("wheel", f"{platform}: {mine} (pure Python, made on {native})")
     return {platform: built[platform] for platform in platforms}
 
 
 def previous_images(
-    app: App, platforms: tuple[Platform, ...], options: ImageOptions, attester: Attester | None, progress: Progress
+    app: App, platforms: tuple[Platform, ...], options: ImageOptions, attester: Attester | None
 ) -> dict:
     """Each platform's previous image in the registry and its record (registrycache.find): at --cache-from's refs
     ({arch}, {version} filled), else this VERSION's own tags (a rerun) and image.tags (`latest`: the VERSION
@@ -173,5 +167,5 @@ def previous_images(
                 refs = (*own, *tags)
             refs = registrycache.candidates(refs, name)
             found[platform] = registrycache.find(repo, name, platform, refs, key)
-            progress.phase("cache", found[platform].line())
+            reporter.phase("cache", found[platform].line())
     return found

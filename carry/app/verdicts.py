@@ -12,7 +12,6 @@ if TYPE_CHECKING:
 
     from carry.app import App
     from carry.source.series import Series
-    from carry.util.progress import Progress
     from carry.verdicts import drop, refresh, verdicts
     from carry.wheelbuild.wheel import Builder
 
@@ -38,7 +37,7 @@ class RefreshRequest:
     test: bool = False
 
 
-def status(app: App, request: StatusRequest, progress: Progress | None = None) -> verdicts.StatusReport:
+def status(app: App, request: StatusRequest) -> verdicts.StatusReport:
     """A verdict per patch against each ref (default: upstream.main, and the PR head when pr is set); with
     `test`, each patch's test is run on the ref without it too (carry/gputest/behaviour.py)."""
     from carry.verdicts import verdicts
@@ -49,7 +48,7 @@ def status(app: App, request: StatusRequest, progress: Progress | None = None) -
         return report
     from carry.gputest import behaviour
 
-    return behaviour.judge(app.config, app.cache, _builder_for(app), report, patches, progress)
+    return behaviour.judge(app.config, app.cache, _builder_for(app), report, patches)
 
 
 def drop_patch(app: App, request: DropRequest) -> drop.Dropped:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from carry.util import reporter
 from carry.util.errors import BadInput, Failed
 from carry.util.record import record
 
@@ -14,7 +15,6 @@ if TYPE_CHECKING:
     from carry.app import App, CheckResult
     from carry.image.buildkit import crossbuild
     from carry.platforms import Platform
-    from carry.util.progress import Progress
     from carry.wheelbuild import pins, producer, wheel
 
 
@@ -38,7 +38,7 @@ class WheelOutcome:
     staged: crossbuild.CrossWheel | None = None
 
 
-def wheel_command(app: App, request: WheelRequest, progress: Progress) -> WheelOutcome:
+def wheel_command(app: App, request: WheelRequest) -> WheelOutcome:
     """Here (this machine's CPU, or build.precompiled's wheel for --platform) or in --platform's build stage, as
     the placement rule says; the flags that go with the other place are bad input."""
     from carry.wheelbuild import producer
@@ -53,11 +53,11 @@ def wheel_command(app: App, request: WheelRequest, progress: Progress) -> WheelO
         app.require_pins((target,) if target else ())
     if not here:
         assert target is not None  # not here: a --platform was given
-        staged = platform_wheel(app, target, request.arch, request.out, progress, request.hermetic, request.wheelhouse)
-        progress.phase("done", f"{staged.platform} wheel, gate passed for {staged.gate.archlist}")
+        staged = platform_wheel(app, target, request.arch, request.out, request.hermetic, request.wheelhouse)
+        reporter.phase("done", f"{staged.platform} wheel, gate passed for {staged.gate.archlist}")
         return WheelOutcome(staged=staged)
-    made = wheel_here(app, request, progress)
-    progress.phase("done", "reused from cache" if made.reused else "built")
+    made = wheel_here(app, request)
+    reporter.phase("done", "reused from cache" if made.reused else "built")
     return WheelOutcome(made=made)
 
 
@@ -74,15 +74,15 @@ def _facts(app: App, platform: Platform, from_source: bool) -> producer.Facts:
     )
 
 
-def wheel_here(app: App, request: WheelRequest, progress: Progress) -> wheel.WheelResult:
+def wheel_here(app: App, request: WheelRequest) -> wheel.WheelResult:
     """check -> (precompiled: prove the binaries match) -> plan -> reuse or build the wheel -> publish; refused
     when `out` holds another wheel under this VERSION."""
     builder = app.builder(request.arch, request.jobs, request.platform, request.from_source)
     checked = app.check()
-    dropped_are_in_the_pin(app, checked, progress)
+    dropped_are_in_the_pin(app, checked)
     pin = builder.pin.wheel.pinned.sha256 if builder.pin else None
     one_artifact(app, checked, request.out, builder.platform, pin)
-    return builder(checked.mirror, checked.report, checked.series, request.out, progress)
+    return builder(checked.mirror, checked.report, checked.series, request.out)
 
 
 def precompiled_for(app: App, platform: Platform) -> bool:
@@ -96,7 +96,6 @@ def platform_wheel(
     platform: Platform,
     arch: str | None,
     out: Path,
-    progress: Progress,
     hermetic: bool = False,
     wheelhouse: Path | None = None,
 ) -> crossbuild.CrossWheel:
@@ -105,7 +104,7 @@ def platform_wheel(
 
     policy = app.policy(arch, platform)
     builder = container.resolve_builder(app.config, (platform,))
-    checked = checked_said(app, progress)
+    checked = checked_said(app)
     one_artifact(app, checked, out, platform, None)
     requirements = container.build_requirements(upstream_pyproject(checked))
     target = crossbuild.Target(
@@ -116,12 +115,12 @@ def platform_wheel(
         requirements=requirements,
         hermetic=hermetic,
         wheelhouse=wheelhouse,
-        upstream_version=upstream_version(app, checked, progress),
+        upstream_version=upstream_version(app, checked),
     )
-    return crossbuild.build(app.config, app.cache, checked.mirror, target, builder, out, progress)
+    return crossbuild.build(app.config, app.cache, checked.mirror, target, builder, out)
 
 
-def pin(app: App, check: bool, progress: Progress) -> pins.Pinned:
+def pin(app: App, check: bool) -> pins.Pinned:
     """The precompiled wheels of the merge-base of upstream.commit and main, found on build.precompiled.nightly's
     per-commit index (walking back where needed), downloaded, proven and, unless `check`, written."""
     from carry.wheelbuild import nightly, pins
@@ -131,21 +130,18 @@ def pin(app: App, check: bool, progress: Progress) -> pins.Pinned:
     if checked.report.tree is None:
         raise Failed("the series does not apply; run `check` for details")
 
-    def say(line: str) -> None:
-        progress.phase("download", line)
-
-    return pins.pin(app.config, app.cache, checked.mirror, checked.report.tree, say, check)
+    return pins.pin(app.config, app.cache, checked.mirror, checked.report.tree, check)
 
 
-def checked_said(app: App, progress: Progress) -> CheckResult:
+def checked_said(app: App) -> CheckResult:
     """The series checked on the pin, said in one line, and the dropped patches checked against the pin."""
     checked = app.check()
-    progress.phase(
+    reporter.phase(
         "check",
         f"{len(checked.series.patches)} patch(es) on {checked.report.base[:12]}: "
         f"tree {checked.report.patched_tree()[:12]}",
     )
-    dropped_are_in_the_pin(app, checked, progress)
+    dropped_are_in_the_pin(app, checked)
     return checked
 
 
@@ -165,15 +161,15 @@ def one_artifact(app: App, checked: CheckResult, out: Path, platform: Platform, 
     )
 
 
-def dropped_are_in_the_pin(app: App, checked: CheckResult, progress: Progress) -> None:
+def dropped_are_in_the_pin(app: App, checked: CheckResult) -> None:
     """Bad input when patches/DROPPED.md says upstream merged a dropped patch at a commit the pin lacks."""
     from carry.verdicts import droplog
 
     for note in droplog.check_pin(app.config, app.cache, checked.mirror, app.config.patches_dir):
-        progress.phase("dropped", note)
+        reporter.phase("dropped", note)
 
 
-def upstream_version(app: App, checked: CheckResult, progress: Progress) -> str | None:
+def upstream_version(app: App, checked: CheckResult) -> str | None:
     """The upstream's own version for a build stage to put in front of +carry.VERSION (None: build.wheel_version
     says the version), found here, where upstream's tags are (carry/source/upstreamversion.py)."""
     if app.config.build.wheel_version is not None:
@@ -181,7 +177,7 @@ def upstream_version(app: App, checked: CheckResult, progress: Progress) -> str 
     from carry.source import upstreamversion
 
     found = upstreamversion.resolve(app.config, app.cache, checked.mirror, checked.report.patched_tree())
-    progress.phase(
+    reporter.phase(
         "version", f"upstream {found.version} ({found.source}): the wheel is {found.version}+carry.{app.version()}"
     )
     return found.version

@@ -138,6 +138,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+# The commands whose start tests/test_spine.py holds to what they use: they print no phase line, and install no
+# reporter (the process's default would answer)
+LOADS_LITTLE = frozenset({"check", "version"})
+
+
 class LazyGroup(click.Group):
     """A group whose commands live in carry.cli.commands.<module>, imported when one is looked up to run."""
 
@@ -181,6 +186,11 @@ def cli(ctx: click.Context, config_path: Path) -> None:
     (default ~/.cache/carry).
     """
     ctx.obj = Context(config_path)
+    if ctx.invoked_subcommand not in LOADS_LITTLE:
+        from carry.util import reporter  # here: `check` and `version` load nothing more (tests/test_spine.py)
+
+        # the one output channel, for the whole command: its clock starts now (docs/architecture.md)
+        ctx.with_resource(reporter.using(reporter.Reporter()))
 
 
 def main() -> None:

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 from carry.config import Config, TestCommand
 from carry.gputest import gpu
 from carry.source.series import Patch, Series
+from carry.util import reporter
 from carry.util.errors import CarryError
-from carry.util.progress import Progress
 from carry.util.record import record
 
 if TYPE_CHECKING:
@@ -107,7 +107,6 @@ def run_without(
     mirror: Path,
     target: Without,
     found: gpu.Gpu | None,
-    progress: Progress | None = None,
     timeout: float = TEST_TIMEOUT_S,
 ) -> Behaviour:
     """Build REF with `target.series` applied in the cheapest correct mode, run the patch's `target.tests` on it, and
@@ -141,12 +140,12 @@ def run_without(
         with testrun.tree_checkout(cache, mirror, report.tree, any(t.tree for t in tests)) as checkout:
             if wheel_tests:
                 with temp_dir(cache.scratch, "behaviour-") as work:
-                    built = _build(builder_for, mirror, report, series, work / "dist", progress or Progress(quiet=True))
+                    built = _build(builder_for, mirror, report, series, work / "dist")
                     results = testrun.run_on_wheel(
-                        built.path, tests, found or gpu.NONE, cache.scratch, timeout, progress, checkout, project
+                        built.path, tests, found or gpu.NONE, cache.scratch, timeout, checkout, project
                     ).results
             else:
-                results = testrun.run_in_tree(checkout, tests, cache.scratch, timeout, progress, project)
+                results = testrun.run_in_tree(checkout, tests, cache.scratch, timeout, project)
     except CarryError as exc:
         return Behaviour(Outcome.ERROR, texts, "", mode, (f"REF without the patch could not be tested: {exc}",))
     lines = tuple(_line(result) for result in results)
@@ -154,18 +153,16 @@ def run_without(
     return Behaviour(outcome, texts, "", mode, lines)
 
 
-def _build(
-    builder_for: BuilderFor, mirror: Path, report: CheckReport, series: Series, out: Path, progress: Progress
-) -> WheelResult:
+def _build(builder_for: BuilderFor, mirror: Path, report: CheckReport, series: Series, out: Path) -> WheelResult:
     """The wheel of REF without the patch, the cheapest correct way: precompiled where build.precompiled has a
     wheel whose compiled inputs REF still has, else the configured build (Python-only with cuda_arches [])."""
     from carry.wheelbuild.precompiled import InputsDiffer
 
     try:
-        return builder_for(False)(mirror, report, series, out, progress)
+        return builder_for(False)(mirror, report, series, out)
     except InputsDiffer as differ:
-        progress.phase("precompiled", f"not usable on REF ({differ}); building from source")
-        return builder_for(True)(mirror, report, series, out, progress)
+        reporter.phase("precompiled", f"not usable on REF ({differ}); building from source")
+        return builder_for(True)(mirror, report, series, out)
 
 
 def _line(result: CommandResult) -> str:
@@ -179,7 +176,6 @@ def judge(
     builder_for: BuilderFor,
     report: StatusReport,
     series: Series,
-    progress: Progress | None = None,
     timeout: float = TEST_TIMEOUT_S,
 ) -> StatusReport:
     """`report` with each patch that has a test judged by it too, against every ref of the report."""
@@ -210,7 +206,7 @@ def judge(
             if probed is None:
                 probed = (gpu.probe(),)  # once per judgement: nvidia-smi is slow where no GPU answers
             target = Without(commit=ref_report.commit, series=earlier, tree=verdict.before, tests=tests)
-            found = run_without(cache, config.root, builder_for, mirror, target, probed[0], progress, timeout)
+            found = run_without(cache, config.root, builder_for, mirror, target, probed[0], timeout)
             built_on = tuple(f"{v.patch.name} {v.verdict.value}" for v in ref_report.verdicts[:index])
             found = dataclasses.replace(found, source=source, earlier=built_on)
             if found.outcome is Outcome.NEEDS_GPU:

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 from carry.gputest.gpu import Gpu
 from carry.gputest.testrun import TestReport
 from carry.source.series import Patch, Series
+from carry.util import reporter
 from carry.util.errors import Failed
 from carry.util.record import record
 
 if TYPE_CHECKING:
     from carry.config import Config, TestCommand
     from carry.util.cache import Cache
-    from carry.util.progress import Progress
     from carry.wheelbuild.wheel import Builder
 
 
@@ -161,9 +161,7 @@ class Suite:
     timeout: float
 
 
-def run(
-    config: Config, cache: Cache, series: Series, builder: Builder, suite: Suite, out: Path, progress: Progress
-) -> Proof:
+def run(config: Config, cache: Cache, series: Series, builder: Builder, suite: Suite, out: Path) -> Proof:
     """Every prefix checked first (the whole series must apply), then each built into out/prove/<prefix>/ and
     tested; each report is written beside its wheel and what the proof learned beside the patches."""
     from carry.gputest import learned, testrun
@@ -180,12 +178,10 @@ def run(
         raise Failed(f"the series does not apply ({', '.join(failed)} failed); run `check` for details")
     steps = []
     for prefix, report in checked:
-        progress.phase("prove", prefix.label)
-        built = builder(mirror, report, prefix.series, out / "prove" / prefix.label, progress)
+        reporter.phase("prove", prefix.label)
+        built = builder(mirror, report, prefix.series, out / "prove" / prefix.label)
         with testrun.tree_checkout(cache, mirror, report.tree, any(c.tree for c in commands)) as tree:
-            tested = testrun.run_on_wheel(
-                built.path, commands, gpu, cache.scratch, timeout, progress, tree, config.root
-            )
+            tested = testrun.run_on_wheel(built.path, commands, gpu, cache.scratch, timeout, tree, config.root)
         path = testrun.write(tested, testrun.wheel_report_path(built.path))
         steps.append(Step(prefix, built.path, path, tested, built.reused))
     proof = Proof(gpu, tuple(steps))

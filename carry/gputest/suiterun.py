@@ -148,7 +148,10 @@ def deps_env(
     spec = buildenv.EnvSpec.resolve(
         (*requires_dist, *extra), indexes, where="the wheel's Requires-Dist and build.upstream_tests.requires"
     )
-    return buildenv.ensure(spec, cache.root)
+    from carry.util import reporter
+
+    with reporter.silenced():  # the suite's own lines say which environment it uses
+        return buildenv.ensure(spec, cache.root)
 
 
 def wheel_env(wheel: Path, digest: str, deps: buildenv.BuildEnv, cache: Cache) -> WheelEnv:
@@ -427,15 +430,17 @@ def stop(started: Started) -> None:
     started.process.kill()
 
 
-def finish(started: Started, progress: Any = None, label: str = "") -> Side:
-    """Wait for the run (killed past SIDE_LIMIT_S) and read it back per test id; `progress` (phase(name, detail))
+def finish(started: Started, label: str = "") -> Side:
+    """Wait for the run (killed past SIDE_LIMIT_S) and read it back per test id; with a `label`, a `suite` line
     says how it went."""
     status = started.process.wait()
     stop(started)  # past the limit; or what a test left running in the background
     seconds = time.monotonic() - started.clock
     side = read_events(started, status, seconds)
-    if progress is not None:
-        progress.phase("suite", f"{label}: {side.describe()}")
+    if label:
+        from carry.util import reporter
+
+        reporter.phase("suite", f"{label}: {side.describe()}")
     return side
 
 

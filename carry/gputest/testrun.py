@@ -34,6 +34,7 @@ import carry
 from carry.binaries import buildinfo
 from carry.config import Config, TestCommand
 from carry.gputest.gpu import Gpu
+from carry.util import reporter
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
 from carry.util.run import NETWORK_S, PROBE_S, execute
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from carry.util.cache import Cache
-    from carry.util.progress import Progress
     from carry.wheelbuild.verify import Verification
 
 FORMAT = 1
@@ -215,7 +215,6 @@ def run_on_wheel(
     gpu: Gpu,
     scratch: Path,
     timeout: float,
-    progress: Progress | None = None,
     tree: Path | None = None,
     project: Path | None = None,
 ) -> TestReport:
@@ -230,7 +229,7 @@ def run_on_wheel(
         venv = _make_venv(work / "venv")
         _install(venv, wheel)
         env = _venv_env(venv)
-        results = tuple(_run_one(command, env, work, tree, project, timeout, progress) for command in commands)
+        results = tuple(_run_one(command, env, work, tree, project, timeout) for command in commands)
     return TestReport(artifact, gpu, platform.python_version(), started, time.monotonic() - clock, provenance, results)
 
 
@@ -247,18 +246,17 @@ def run_artifact(
     scratch: Path,
     out: Path,
     timeout: float,
-    progress: Progress | None = None,
 ) -> tuple[TestReport, Path]:
     """Run commands against a wheel (fresh venv) or an image (docker run --gpus all, with the config's docker);
     the report is written beside the wheel, or into `out` keyed by the image's ID. Returns the report and where it
     was written."""
     if names_a_wheel(artifact):
         wheel = Path(artifact)
-        report = run_on_wheel(wheel, commands, gpu, scratch, timeout, progress)
+        report = run_on_wheel(wheel, commands, gpu, scratch, timeout)
         return report, write(report, wheel_report_path(wheel))
     from carry.image.buildkit import container
 
-    report = run_on_image(artifact, commands, gpu, container.docker_binary(config), scratch, timeout, progress)
+    report = run_on_image(artifact, commands, gpu, container.docker_binary(config), scratch, timeout)
     return report, write(report, image_report_path(out, report.artifact.digest))
 
 
@@ -267,14 +265,13 @@ def run_in_tree(
     commands: tuple[TestCommand, ...],
     scratch: Path,
     timeout: float,
-    progress: Progress | None = None,
     project: Path | None = None,
 ) -> tuple[CommandResult, ...]:
     """Run commands that read the upstream's sources in `tree` (a checkout; their working directory), with no wheel
     and no PYTHONPATH. In their arguments `{tree}` is that checkout and `{project}` the directory of build.yaml (a
     project's own check scripts live there); CARRY_TREE and CARRY_PROJECT say the same."""
     with temp_dir(scratch, "test-") as work:
-        return tuple(_run_one(command, _plain_env(), work, tree, project, timeout, progress) for command in commands)
+        return tuple(_run_one(command, _plain_env(), work, tree, project, timeout) for command in commands)
 
 
 def checkout(repo: Path, tree: str, dest: Path) -> Path:
@@ -304,10 +301,9 @@ def _run_one(
     tree: Path | None,
     project: Path | None,
     timeout: float,
-    progress: Progress | None,
 ) -> CommandResult:
     if not command.tree:
-        return _run(command, command.argv, env, work, timeout, progress)
+        return _run(command, command.argv, env, work, timeout)
     if tree is None:
         return CommandResult(
             command.text, 127, 0.0, "carry: this command runs in the source tree, and none was checked out for it"
@@ -315,7 +311,7 @@ def _run_one(
     places = {"{tree}": str(tree), "{project}": str(project or tree)}
     argv = [_fill(arg, places) for arg in command.argv]
     env = {**_plain_env(), "CARRY_TREE": places["{tree}"], "CARRY_PROJECT": places["{project}"]}
-    return _run(command, argv, env, work, timeout, progress, cwd=tree)
+    return _run(command, argv, env, work, timeout, cwd=tree)
 
 
 def _fill(arg: str, places: dict[str, str]) -> str:
@@ -339,7 +335,6 @@ def run_on_image(
     docker: str,
     scratch: Path,
     timeout: float,
-    progress: Progress | None = None,
 ) -> TestReport:
     """Run every command in the image with `docker run --rm --gpus all` (plus the image's runtime args label)."""
     image_id, runtime_args = _inspect_image(docker, ref)
@@ -355,7 +350,6 @@ def run_on_image(
                 dict(os.environ),
                 work,
                 timeout,
-                progress,
             )
             for command in commands
         )
@@ -417,7 +411,6 @@ def _run(
     env: dict[str, str],
     work: Path,
     timeout: float,
-    progress: Progress | None,
     cwd: Path | None = None,
 ) -> CommandResult:
     """Run one command in a fresh empty directory (or `cwd`); its output goes to a file, its tail into the
@@ -426,8 +419,7 @@ def _run(
     run_dir, log = work / f"run-{index}", work / f"output-{index}.log"
     run_dir.mkdir()
     cwd = cwd or run_dir
-    if progress is not None:
-        progress.phase("test", command.text)
+    reporter.phase("test", command.text)
     executable = shutil.which(argv[0], path=env.get("PATH"))
     clock = time.monotonic()
     if executable is None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import carry
 from carry.gputest import suiterun
 from carry.gputest.suiterun import FAIL, PASS, Side, Subject
+from carry.util import reporter
 from carry.util.digest import sha256
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
@@ -34,7 +35,6 @@ from carry.util.record import record
 if TYPE_CHECKING:
     from carry.config import Config, UpstreamTests
     from carry.util.cache import Cache
-    from carry.util.progress import Progress
     from carry.wheelbuild.verify import Verification
 
 FORMAT = 1
@@ -88,15 +88,21 @@ def dist_name(wheel: Path) -> str:
 # --- the run --------------------------------------------------------------------------------------------------------
 
 
-def run(inputs: Inputs, progress: Progress) -> Outcome:
+def run(inputs: Inputs) -> Outcome:
     """Check out the tests, make both environments, run both sides (the comparison side from the cache when it
-    ran before), compare and write the report beside the fixed wheel."""
+    ran before), compare and write the report beside the fixed wheel. What is said is held until the selection is
+    known to be good: bad input after a run began is still one line."""
+    with reporter.holding() as held:
+        assert isinstance(held, reporter.Holding)
+        return _run(inputs, held)
+
+
+def _run(inputs: Inputs, held: reporter.Holding) -> Outcome:
     from carry.image.locked.runtimelock import wheel_metadata
 
     tests = selection_of(inputs.config)
     where = f"{inputs.config.path}: build.upstream_tests"
     clock = time.monotonic()
-    held = Held(progress, holding=True)  # bad input after a run began is still one line
     if dist_name(inputs.wheel) != dist_name(inputs.against):
         raise BadInput(
             f"{inputs.wheel.name} and {inputs.against.name} are different distributions; compare a wheel with the "
@@ -104,7 +110,7 @@ def run(inputs: Inputs, progress: Progress) -> Outcome:
         )
     _same_tree(inputs)
     tree = suiterun.test_tree(inputs.cache, inputs.mirror, inputs.tree, tests, where)
-    held.phase("suite", f"tests of {inputs.tree[:12]}: {tree.describe()}")
+    reporter.phase("suite", f"tests of {inputs.tree[:12]}: {tree.describe()}")
     env_clock = time.monotonic()
     subjects = {}
     for label, wheel in (("against", inputs.against), ("fixed", inputs.wheel)):
@@ -115,7 +121,7 @@ def run(inputs: Inputs, progress: Progress) -> Outcome:
         subjects[label] = Subject(wheel=wheel, digest=digest, dist=dist_name(wheel), modules=modules, env=env)
         how = f"reused {deps.seconds:.2f} s" if deps.reused else f"made in {deps.seconds:.1f} s"
         own = f"reused {env.seconds:.2f} s" if env.reused else f"made in {env.seconds:.1f} s"
-        held.phase(
+        reporter.phase(
             "suite",
             f"{label}: {wheel.name}: deps env {deps.short} ({len(deps.packages)} packages, {how}), its own venv "
             f"{env.root.name[:8]} ({own})",
@@ -182,7 +188,7 @@ def _run_sides(
     tree: suiterun.TestTree,
     subjects: dict[str, Subject],
     cached: Side | None,
-    progress: Held,
+    held: reporter.Holding,
 ) -> dict[str, Side]:
     """Both sides at once (the comparison side only when it is not cached), each in a scratch dir of its own. What
     is printed is held until the comparison side has collected (a selection it cannot run is bad input: one line);
@@ -193,41 +199,22 @@ def _run_sides(
         started: dict[str, suiterun.Started] = {}
         try:
             for label in labels:
-                progress.phase("suite", f"{label}: running {subjects[label].wheel.name}")
+                reporter.phase("suite", f"{label}: running {subjects[label].wheel.name}")
                 started[label] = suiterun.start(subjects[label], tests, tree, work / label)
             if cached is None:
                 collected = suiterun.wait_for_collection(started["against"])
                 if started["against"].process.poll() is not None:
                     _judge_against(suiterun.finish(started["against"]), tests, where)
-                progress.release()
-                progress.phase("suite", f"against: collected {collected} test(s)")
-            sides = {label: suiterun.finish(started[label], progress, label) for label in labels}
+                held.release()
+                reporter.phase("suite", f"against: collected {collected} test(s)")
+            sides = {label: suiterun.finish(started[label], label) for label in labels}
         finally:
             for run in started.values():
                 suiterun.stop(run)
     if cached is not None:
-        progress.phase("suite", f"against: {cached.describe()} (cached)")
+        reporter.phase("suite", f"against: {cached.describe()} (cached)")
         sides["against"] = cached
     return sides
-
-
-class Held:
-    """Progress whose lines are held back until `release` (then printed, and every later one as it comes)."""
-
-    def __init__(self, progress: Progress, holding: bool):
-        self.progress = progress
-        self.held: list[tuple[str, str]] | None = [] if holding else None
-
-    def phase(self, name: str, detail: str = "") -> None:
-        if self.held is None:
-            self.progress.phase(name, detail)
-        else:
-            self.held.append((name, detail))
-
-    def release(self) -> None:
-        held, self.held = self.held or [], None
-        for name, detail in held:
-            self.progress.phase(name, detail)
 
 
 def _judge_against(side: Side, tests: UpstreamTests, where: str) -> None:

@@ -20,7 +20,7 @@ from carry.trust.facts import CarriedPatch, ImageFacts, Source, Wheel
 
 __all__ = ["Attester", "Installed", "Wheel", "wheel_of"]
 from carry.trust.keys import SigningKey
-from carry.util.progress import Progress
+from carry.util import reporter
 from carry.util.record import record
 
 if TYPE_CHECKING:
@@ -102,7 +102,6 @@ class Attester:
     version: str
     carry_version: str
     dist: Path
-    progress: Progress
     started: str = dataclasses.field(
         default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     )
@@ -195,18 +194,18 @@ class Attester:
 
     def platform(self, store: Registry, facts: ImageFacts, digest: str, locked: bool) -> publish.Published:
         if self.key is not None and not self.published:
-            self.progress.phase("sign", f"with the key {self.key.public.fingerprint[:19]}… ($CARRY_SIGNING_KEY)")
+            reporter.phase("sign", f"with the key {self.key.public.fingerprint[:19]}… ($CARRY_SIGNING_KEY)")
         done = publish.platform(store, self.key, facts, digest, self.dist, locked, self.started, self.timings)
         self.published.append(done)
         for line in (*done.lines(), *([done.note] if done.note else [])):
-            self.progress.phase("trust", line)
+            reporter.phase("trust", line)
         return done
 
     def index(self, store: Registry, digest: str) -> publish.Published:
         done = publish.index(store, self.key, self.config.image.name, digest, self.timings)
         self.published.append(done)
         for line in done.lines():
-            self.progress.phase("trust", line)
+            reporter.phase("trust", line)
         return done
 
     def lines(self) -> list[str]:

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 from carry.image.gzlayer import CHUNK, Written, compressed, gzip_key
 from carry.platforms import Platform
+from carry.util import reporter
 from carry.util.errors import Failed
 from carry.util.fsutil import atomic_write_bytes, atomic_write_text
-from carry.util.progress import Progress
 
 if TYPE_CHECKING:
     import docker
@@ -35,7 +35,8 @@ class Digests:
 
     root: Path
 
-    def get(self, key: str, say: Callable[[str], None] | None = None) -> Written | None:
+    def get(self, key: str, said: bool = False) -> Written | None:
+        """The entry of `key`, or None; a corrupt one is removed (and, when `said`, a `layer` line says so)."""
         path = self.root / f"{key}.json"
         try:
             text = path.read_text()
@@ -53,9 +54,9 @@ class Digests:
         from carry.util import integrity
 
         path.unlink(missing_ok=True)
-        if say is not None:
+        if said:
             what = "removed; not used (the layer is written again, or taken from the registry's record)"
-            say(integrity.Corrupt(path, found, recorded, why).line(what))
+            reporter.phase("layer", integrity.Corrupt(path, found, recorded, why).line(what))
         return None
 
     def put(self, key: str, written: Written) -> None:
@@ -151,7 +152,6 @@ def push_engine_layers(
     client: docker.DockerClient,
     image: EngineImage,
     digests: Digests,
-    progress: Progress,
     want_config: bool = False,
     known: Callable[[str], LayerOutcome | None] | None = None,
     why: Callable[[str], str] = lambda key: "",
@@ -169,7 +169,7 @@ def push_engine_layers(
         if known is not None:
             outcome = known(key)
         else:
-            remembered = digests.get(key, functools.partial(progress.phase, "layer"))
+            remembered = digests.get(key, said=True)
             has = remembered is not None and remembered.digest and repo.has_blob(remembered.digest)
             outcome = LayerOutcome("base", remembered, "already exists", 0, key) if has and remembered else None
         if outcome is not None:
@@ -208,7 +208,7 @@ def push_engine_layers(
         raise Failed(f"{image.ref}: `docker save` gave no image config for {image.hex[:12]}")
     outcomes = [found[d] for d in diff_ids]
     for outcome in outcomes:
-        progress.phase("layer", outcome.line(image.platform))
+        reporter.phase("layer", outcome.line(image.platform))
     return outcomes, config
 
 

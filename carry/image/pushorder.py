@@ -21,7 +21,7 @@ from collections.abc import Callable
 from carry.image import registryhttp
 from carry.image.registryhttp import Repository
 from carry.platforms import Platform
-from carry.util.progress import Progress
+from carry.util import reporter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +63,6 @@ def finish(
     manifests: list[Manifest],
     shared: tuple[str, ...],
     sign_index: Callable[[str], object] | None,
-    progress: Progress,
 ) -> dict[str, str]:
     """Steps 3 and 4 (each platform's manifest and signatures are in the registry): with `shared` tags, the list by
     digest and `sign_index(digest)`; then every platform's own tags, then the shared tags. ref -> digest."""
@@ -73,17 +72,17 @@ def finish(
     everything = ", ".join(str(m.platform) for m in manifests)
     if shared:
         put(repo, index_digest, index, registryhttp.DOCKER_LIST)
-        progress.phase("manifest", f"list {index_digest[:19]} of {everything}")
+        reporter.phase("manifest", f"list {index_digest[:19]} of {everything}")
         if sign_index is not None:
             sign_index(index_digest)
     for manifest in manifests:
         for ref in manifest.refs:
             moved = put(repo, tag_of(ref), manifest.body, manifest.media_type)
-            progress.phase("tag", f"{ref} {'->' if moved else 'names'} {manifest.digest[:19]} ({manifest.platform})")
+            reporter.phase("tag", f"{ref} {'->' if moved else 'names'} {manifest.digest[:19]} ({manifest.platform})")
             pushed[ref] = manifest.digest
     for ref in shared:
         moved = put(repo, tag_of(ref), index, registryhttp.DOCKER_LIST)
-        progress.phase("tag", f"{ref} {'->' if moved else 'names'} {index_digest[:19]} ({everything})")
+        reporter.phase("tag", f"{ref} {'->' if moved else 'names'} {index_digest[:19]} ({everything})")
         pushed[ref] = index_digest
     return pushed
 

@@ -128,28 +128,28 @@ def _reason(exc: BaseException) -> str:
 
 @dataclasses.dataclass
 class Repository:
-    """One repository of one registry (`host/name`), with the login's username and password (or none). `say`
-    hears each retry (a progress line)."""
+    """One repository of one registry (`host/name`), with the login's username and password (or none). Each retry
+    is said (a `retry` line) when `retries_said`."""
 
     host: str
     name: str
     username: str | None = None
     password: str | None = None
-    say: Callable[[str], None] | None = None
+    retries_said: bool = False
     read_timeout: float = TIMEOUT_S
     _token: str | None = None
     sent: int = 0  # bytes of the bodies sent (blobs, manifests): what a push cost
     received: int = 0  # bytes of the bodies read (manifests, configs, blobs)
 
     @classmethod
-    def of(cls, image_name: str, auth: dict | None, say: Callable[[str], None] | None = None) -> Repository:
+    def of(cls, image_name: str, auth: dict | None, retries_said: bool = False) -> Repository:
         host = registry_of(image_name)
         name = image_name[len(host) + 1 :] if image_name.startswith(host + "/") else image_name
         if host == "docker.io" and "/" not in name:
             name = f"library/{name}"
         auth = auth or {}  # the Docker config's own keys, or a credential helper's (docker.auth)
         user, password = auth.get("username") or auth.get("Username"), auth.get("password") or auth.get("Password")
-        return cls(host, name, user, password, say)
+        return cls(host, name, user, password, retries_said)
 
     @property
     def scheme(self) -> str:
@@ -261,15 +261,19 @@ class Repository:
 
     def _wait(self, fault: Transient, what: str, attempt: int) -> None:
         delay = fault.retry_after if fault.retry_after is not None else BACKOFF_S[attempt - 1]
-        if self.say is not None:
-            self.say(f"registry {self.host}: {what} {fault}; attempt {attempt + 1} of {ATTEMPTS} in {delay:.1f}s")
+        if self.retries_said:
+            from carry.util import reporter
+
+            reporter.phase(
+                "retry", f"registry {self.host}: {what} {fault}; attempt {attempt + 1} of {ATTEMPTS} in {delay:.1f}s"
+            )
         time.sleep(delay)
 
     def probe(self) -> None:
         """`GET /v2/` with the login, before any work: a registry that cannot be reached (refused, unknown, no
         answer within CONNECT_TIMEOUT_S), or that refuses the login, is bad input in one line; one that answers
         408, 429 or 5xx to every attempt is a failure."""
-        quick = dataclasses.replace(self, say=None, read_timeout=CONNECT_TIMEOUT_S)
+        quick = dataclasses.replace(self, retries_said=False, read_timeout=CONNECT_TIMEOUT_S)
         started = time.monotonic()
         for attempt in range(1, ATTEMPTS + 1):
             try:

@@ -5,7 +5,7 @@ written in the list."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
@@ -64,7 +64,7 @@ def store() -> Store:
     return Store.from_env(Cache.from_env().root)
 
 
-def fetch(path: Path, names: Iterable[str] = (), say: Callable[[str], None] | None = None) -> list[Path]:
+def fetch(path: Path, names: Iterable[str] = ()) -> list[Path]:
     """The local paths of the named releases (all of them by default), downloaded first where missing."""
     releases = load(path)
     wanted = list(names) or [release.name for release in releases]
@@ -73,7 +73,7 @@ def fetch(path: Path, names: Iterable[str] = (), say: Callable[[str], None] | No
     if unknown:
         raise BadInput(f"{path}: no release named {unknown[0]!r}; it lists {', '.join(by_name)}")
     where = store()
-    return [where.get(by_name[name].pinned, say) for name in wanted]
+    return [where.get(by_name[name].pinned) for name in wanted]
 
 
 def find(path: Path, version: str, kind: str, platform: str | None = None) -> Release:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -103,7 +102,7 @@ def _fetch(config: Config, cache: Cache, mirror: Path, with_pr: bool) -> FetchRe
         git.clear_stale_locks(mirror)
         source, error = _fetch_pin(config, mirror)
         if error is None:
-            write_bundle(mirror, cache, pin, notes.append, verify=True)
+            write_bundle(mirror, cache, pin, verify=True)
             if pr_wanted:
                 try:
                     pr_head = _fetch_pr_head(config, mirror)
@@ -332,23 +331,21 @@ def _fetch_pr_head(config: Config, mirror: Path) -> PrHead:
         depth *= 4
 
 
-def write_bundle(
-    mirror: Path, cache: Cache, commit: str, say: Callable[[str], None] | None = None, *, verify: bool = False
-) -> Path:
+def write_bundle(mirror: Path, cache: Cache, commit: str, *, verify: bool = False) -> Path:
     """The cached bundle of `commit`, from the mirror (which has it): made once through a temp file and a rename,
     from a ref of its own (refs/carry/bundle/<commit>, so it holds that commit whatever the mirror's pin is now:
     two pins of one upstream share the mirror), its sha256 recorded beside it. One already there that does not
     name `commit`, has no sha256 recorded (an older carry's) or, with `verify`, is not that sha256 is made again,
-    and `say` told why."""
-    from carry.util import integrity  # here: `check` and `version` never hash a bundle
+    and a note says why."""
+    from carry.util import integrity, reporter  # here: `check` and `version` never hash a bundle
 
     bundle = cache.bundle(commit)
     with cache.lock(f"bundle-{commit}"):
         problem = _bundle_problem(mirror, bundle, commit, verify) if bundle.exists() else None
         if bundle.exists() and problem is None:
             return bundle
-        if problem is not None and say is not None:
-            say(problem)
+        if problem is not None:
+            reporter.note(problem)
         integrity.discard(bundle)
         bundle.parent.mkdir(parents=True, exist_ok=True)
         ref = BUNDLE_REF + commit
@@ -382,14 +379,14 @@ def _bundle_problem(mirror: Path, bundle: Path, commit: str, verify: bool) -> st
     return corrupt.line(f"removed; {again}") if corrupt is not None else None
 
 
-def copy_bundle(mirror: Path, cache: Cache, commit: str, dest_dir: Path, say: Callable[[str], None]) -> Path:
+def copy_bundle(mirror: Path, cache: Cache, commit: str, dest_dir: Path) -> Path:
     """The bundle of `commit` copied into `dest_dir` with its sha256 (a build context), hashed as it is copied: a
-    corrupt one is removed, said, and made again from the mirror."""
-    from carry.util import integrity  # here: `check` and `version` never hash a bundle
+    corrupt one is removed, said (a `context` line), and made again from the mirror."""
+    from carry.util import integrity, reporter  # here: `check` and `version` never hash a bundle
 
     dest_dir.mkdir(parents=True, exist_ok=True)
     for _ in range(2):
-        bundle = write_bundle(mirror, cache, commit, say)
+        bundle = write_bundle(mirror, cache, commit)
         dest = dest_dir / bundle.name
         dest.unlink(missing_ok=True)
         corrupt = integrity.copy_checked(bundle, dest)
@@ -398,7 +395,7 @@ def copy_bundle(mirror: Path, cache: Cache, commit: str, dest_dir: Path, say: Ca
 
             shutil.copyfile(integrity.seal_path(bundle), integrity.seal_path(dest))
             return dest
-        say(corrupt.line("removed; made again from the mirror"))
+        reporter.phase("context", corrupt.line("removed; made again from the mirror"))
         integrity.discard(bundle)
     raise Failed(f"{cache.bundle(commit)}: corrupt again right after it was made; check the disk")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,15 +72,17 @@ class Cache:
         return filelock.FileLock(str(path), timeout=LOCK_TIMEOUT_S)
 
     @contextlib.contextmanager
-    def held(self, name: str, say: Callable[[str], None]) -> Iterator[None]:
-        """The lock `name` held for the block; when another carry holds it, `say` is told that this run waits."""
+    def held(self, name: str, phase: str) -> Iterator[None]:
+        """The lock `name` held for the block; when another carry holds it, a `phase` line says that this run waits."""
         import filelock
 
         lock = self.lock(name)
         try:
             lock.acquire(timeout=0)
         except filelock.Timeout:
-            say(f"waiting for another carry run, which holds the lock {lock.lock_file}")
+            from carry.util import reporter
+
+            reporter.phase(phase, f"waiting for another carry run, which holds the lock {lock.lock_file}")
             lock.acquire()
         try:
             yield

@@ -25,7 +25,6 @@ import os
 import re
 import time
 import urllib.parse
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -180,9 +179,9 @@ class Store:
     def path(self, pinned: Pinned, name: str | None = None) -> Path:
         return self.root / pinned.sha256 / (name or pinned.name)
 
-    def find(self, pinned: Pinned, say: Callable[[str], None] | None = None) -> Path | None:
+    def find(self, pinned: Pinned) -> Path | None:
         """The file of that sha256 in the store already (under its pinned name, or its only file) and intact, or
-        None (a corrupt one is removed, and `say` told)."""
+        None (a corrupt one is removed, and said)."""
         folder = self.root / pinned.sha256
         if pinned.name:
             found = [folder / pinned.name] if (folder / pinned.name).is_file() else []
@@ -192,21 +191,21 @@ class Store:
             )
         if len(found) != 1:
             return None
-        return found[0] if self.intact(found[0], pinned.sha256, say) else None
+        return found[0] if self.intact(found[0], pinned.sha256) else None
 
-    def intact(self, path: Path, sha256: str, say: Callable[[str], None] | None = None) -> bool:
+    def intact(self, path: Path, sha256: str) -> bool:
         """Whether the stored `path` is the file of `sha256`: its stamp as remembered, else hashed (and the stamp
-        remembered). A file that is not is removed, and `say` told: the caller downloads it again."""
+        remembered). A file that is not is removed, and said (a `download` line): the caller downloads it again."""
         if self._memo_says(path, sha256):
             return True
         found = sha256_of(path)
         if found == sha256:
             self._remember(path, sha256)
             return True
-        from carry.util import integrity
+        from carry.util import integrity, reporter
 
         path.unlink(missing_ok=True)
-        (say or _stderr)(integrity.Corrupt(path, found, sha256).line("removed; downloading it again"))
+        reporter.phase("download", integrity.Corrupt(path, found, sha256).line("removed; downloading it again"))
         return False
 
     def _memo(self, path: Path) -> tuple[Path, str]:
@@ -227,23 +226,23 @@ class Store:
         memo.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(memo, json.dumps({"key": key, "sha256": sha256}))
 
-    def get(self, pinned: Pinned, say: Callable[[str], None] | None = None) -> Path:
+    def get(self, pinned: Pinned) -> Path:
         """The checked file: a local path as it is, a URL or a pin by name from the store (fetched first when
-        missing: a name from the package index pip is configured with, see carry/util/index.py)."""
-        say = say or (lambda line: None)
+        missing: a name from the package index pip is configured with, see carry/util/index.py), each download said
+        (a `download` line)."""
         if pinned.requirement:
-            return self.find(pinned, say) or self._from_index(pinned, say)
+            return self.find(pinned) or self._from_index(pinned)
         if not pinned.is_url:
             return self._checked_local(pinned)
         target = self.path(pinned)
-        if target.is_file() and self.intact(target, pinned.sha256, say):
+        if target.is_file() and self.intact(target, pinned.sha256):
             return target
-        return self._download(pinned, target, say)
+        return self._download(pinned, target)
 
     # --- by name, from the package index ---------------------------------------------------------------------
 
-    def _from_index(self, pinned: Pinned, say: Callable[[str], None]) -> Path:
-        from carry.util import index
+    def _from_index(self, pinned: Pinned) -> Path:
+        from carry.util import index, reporter
 
         requirement, project = pinned.requirement, pinned.project
         if requirement is None or project is None:  # by_name pins only `project==version`
@@ -260,7 +259,7 @@ class Store:
                 )
             import dataclasses
 
-            return self._download(dataclasses.replace(pinned, source=url), self.path(pinned), say)
+            return self._download(dataclasses.replace(pinned, source=url), self.path(pinned))
         if pinned.platform is None:
             raise BadInput(f"{where}: {pinned.requirement} needs a file name or a platform to pick a wheel by")
         import shutil
@@ -285,9 +284,10 @@ class Store:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         asked = index.configured(asked_index).describe()
-        say(
+        reporter.phase(
+            "download",
             f"downloaded {target.name} ({pinned.requirement} for {pinned.platform}) with pip from {asked}: "
-            f"{target.stat().st_size / 1e6:.1f} MB in {time.monotonic() - started:.1f}s, sha256 {found[:12]} ok"
+            f"{target.stat().st_size / 1e6:.1f} MB in {time.monotonic() - started:.1f}s, sha256 {found[:12]} ok",
         )
         return target
 
@@ -320,17 +320,22 @@ class Store:
 
     # --- downloads -----------------------------------------------------------------------------------
 
-    def _download(self, pinned: Pinned, target: Path, say: Callable[[str], None]) -> Path:
+    def _download(self, pinned: Pinned, target: Path) -> Path:
         """`pinned` into `target` through `target.part`: resumed where a part is there, retried (resumed) on a cut
         connection, renamed into place only when its size and sha256 are the pinned ones. A part that resumed into
         other bytes is discarded and fetched once more from the start."""
+        from carry.util import reporter
+
         target.parent.mkdir(parents=True, exist_ok=True)
         part = target.with_name(f"{target.name}.part")
         started = time.monotonic()
         resumed: list[int] = []
         for fresh in (False, True):
             if fresh:
-                say(f"{pinned.name}: the resumed download is not the pinned file; downloading it again from the start")
+                reporter.phase(
+                    "download",
+                    f"{pinned.name}: the resumed download is not the pinned file; downloading it again from the start",
+                )
                 part.unlink(missing_ok=True)
             resumed += self._fetch_with_retries(pinned, part)
             found = self._checked_part(pinned, part, last_try=fresh or not resumed)
@@ -340,9 +345,10 @@ class Store:
         os.replace(part, target)
         self._remember(target, found)
         note = f", resumed at {', '.join(map(str, resumed))} bytes" if resumed else ""
-        say(
+        reporter.phase(
+            "download",
             f"downloaded {pinned.name} from {_public(pinned.source)}: {target.stat().st_size / 1e6:.1f} MB in "
-            f"{time.monotonic() - started:.1f}s{note}, sha256 {found[:12]} ok"
+            f"{time.monotonic() - started:.1f}s{note}, sha256 {found[:12]} ok",
         )
         return target
 
@@ -436,12 +442,6 @@ def sha256_of(path: Path) -> str:
     from carry.util import integrity
 
     return integrity.file_sha256(path)
-
-
-def _stderr(line: str) -> None:
-    import sys
-
-    print(line, file=sys.stderr)
 
 
 def _public(url: str) -> str:

@@ -36,10 +36,10 @@ from packaging.utils import canonicalize_name
 
 from carry.config import BuildEnvironment, public_url, strip_credentials
 from carry.platforms import Platform
+from carry.util import reporter
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, CarryError, Failed
 from carry.util.fsutil import atomic_write_text, no_space_line, says_no_space, tree_size
-from carry.util.progress import Progress
 from carry.util.run import NETWORK_S, execute
 
 try:
@@ -418,7 +418,7 @@ def env_dir(cache_root: Path, spec: EnvSpec) -> Path:
     return Path(cache_root).absolute() / ENVS_DIR / spec.key[:32]
 
 
-def ensure(spec: EnvSpec, cache_root: Path, progress: Progress | None = None) -> BuildEnv:
+def ensure(spec: EnvSpec, cache_root: Path) -> BuildEnv:
     """The build environment for `spec`: the one in the cache when it is complete, else made now."""
     start = time.monotonic()
     native = Platform.from_machine(host.machine())
@@ -437,12 +437,10 @@ def ensure(spec: EnvSpec, cache_root: Path, progress: Progress | None = None) ->
         found = _complete(root, spec, start)  # made by another run while this one waited
         if found is not None:
             return found
-        if progress is not None:
-            progress.phase(
-                "env",
-                f"making {spec.key[:8]} from {len(spec.requirements)} requirement(s) with uv "
-                f"{spec.uv.version} in {root}",
-            )
+        reporter.phase(
+            "env",
+            f"making {spec.key[:8]} from {len(spec.requirements)} requirement(s) with uv {spec.uv.version} in {root}",
+        )
         _remove(root)  # a run killed half-way left it, without the marker
         log = cache.logs / f"env-{root.name}.log"
         try:
@@ -456,8 +454,8 @@ def ensure(spec: EnvSpec, cache_root: Path, progress: Progress | None = None) ->
         except BaseException:
             _remove(root)
             raise
-    if made.copied and progress is not None:
-        progress.phase(
+    if made.copied:
+        reporter.phase(
             "env",
             "uv copied every file instead of hardlinking it: its cache is on another filesystem "
             "than $CARRY_CACHE; set UV_CACHE_DIR to a directory on the same one to save the disk",

@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from carry.config import CompilerCache, Config, RemoteCache, RemoteScheme
-from carry.util import redact
+from carry.util import redact, reporter
 from carry.util.errors import BadInput
 from carry.util.fsutil import write_private
-from carry.util.progress import Progress
 from carry.util.run import execute
 from carry.wheelbuild.toolchain import Launcher
 
@@ -383,7 +382,6 @@ def run(
     src: Path,
     scratch: Path,
     environ: Mapping[str, str],
-    progress: Progress,
 ) -> Iterator[CacheRun | None]:
     """Set the launcher up for one build in `src`: yields its settings (None without a launcher); the `remote`
     backend (from `remote_setting`) is probed first and left out, with one progress line saying why, when it
@@ -391,7 +389,7 @@ def run(
     credentials = Credentials.from_env(environ)
     if launcher is None:
         if remote is not None:
-            progress.phase("remote cache", f"{remote} not used: no compiler cache (ccache or sccache) on PATH")
+            reporter.phase("remote cache", f"{remote} not used: no compiler cache (ccache or sccache) on PATH")
         yield None
         return
     note = None
@@ -403,13 +401,13 @@ def run(
         if not reachability.usable:
             note = reachability.reason
     if note is not None:
-        progress.phase(
+        reporter.phase(
             "remote cache", f"{remote} not used: {note}; building with the local {launcher.kind.value} cache"
         )
         remote = None
     if launcher.kind is CompilerCache.CCACHE:
         if remote is not None:
-            progress.phase("remote cache", f"{remote} via ccache: {reachability.reason}")
+            reporter.phase("remote cache", f"{remote} via ccache: {reachability.reason}")
         launcher_dir = Path(environ.get("CCACHE_DIR") or cache_root / "ccache")
         remote_url = _ccache_remote_url(remote, credentials, reachability.read_only) if remote else None
         env = _ccache_env(launcher_dir, src, scratch, remote_url)
@@ -417,13 +415,13 @@ def run(
         return
     with _sccache_server(launcher, cache_root, src, scratch, environ, remote, credentials) as started:
         if started.remote_note is not None:
-            progress.phase(
+            reporter.phase(
                 "remote cache",
                 f"{remote} not used: sccache could not use it ({started.remote_note}); "
                 f"building with the local sccache cache",
             )
         elif remote is not None:
-            progress.phase("remote cache", f"{remote} via sccache: {reachability.reason}")
+            reporter.phase("remote cache", f"{remote} via sccache: {reachability.reason}")
         yield started if note is None else dataclasses.replace(started, remote_note=note)
 
 

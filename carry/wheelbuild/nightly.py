@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -249,12 +249,10 @@ class Stopped(Failed):
     """A download stopped because another one failed."""
 
 
-def download(
-    entry: Entry, store: Store, say: Callable[[str], None], stop: threading.Event | None = None
-) -> tuple[Path, str]:
+def download(entry: Entry, store: Store, stop: threading.Event | None = None) -> tuple[Path, str]:
     """`entry`'s wheel in the download store and its sha256, hashed as it streams; Failed, keeping nothing, for a
     404 (a listed wheel that is not there) or a body shorter than the length the server announced (`stop` set:
-    Stopped, keeping nothing)."""
+    Stopped, keeping nothing); the download said (a `download` line)."""
     import http.client
     import urllib.error
     import urllib.request
@@ -295,8 +293,11 @@ def download(
         path = store.adopt(part, entry.filename, sha)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    say(
+    from carry.util import reporter
+
+    reporter.phase(
+        "download",
         f"downloaded {entry.filename} from {indexes.public(entry.url)}: {size / 1e6:.1f} MB in "
-        f"{time.monotonic() - started:.1f}s, sha256 {sha[:12]}"
+        f"{time.monotonic() - started:.1f}s, sha256 {sha[:12]}",
     )
     return path, sha

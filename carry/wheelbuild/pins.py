@@ -218,23 +218,20 @@ def pin(
     cache: Cache,
     mirror: Path,
     tree: str,
-    say: Callable[[str], None],
     check: bool = False,
     commit: str | None = None,
 ) -> Pinned:
     """Discover (for `commit`, default upstream.commit, whose patched tree is `tree`), download and prove each
     platform's wheel; then, unless `check`, write the pins (refusing a file whose sha256 changed on the server)."""
     found = discover(config, cache, mirror, commit or config.upstream.commit, tree)
-    fetched = fetch(config, cache, found, say, refuse_changed=not check)
+    fetched = fetch(config, cache, found, refuse_changed=not check)
     if check:
         return Pinned(found, fetched, False)
     written = write(config.path, {f.platform: f.fields() for f in fetched})
     return Pinned(found, fetched, written)
 
 
-def repin(
-    config: Config, cache: Cache, new_commit: str, say: Callable[[str], None], tree: str | None = None
-) -> list[str]:
+def repin(config: Config, cache: Cache, new_commit: str, tree: str | None = None) -> list[str]:
     """What every command that moves upstream.commit runs first: the pins of `new_commit` (its patched tree `tree`,
     else the series applied on it) found and written, as `pin` does; the lines to show. Nothing without
     build.precompiled.nightly. On a failure nothing is written and the pin must not move."""
@@ -250,7 +247,7 @@ def repin(
                 f"there; nothing was changed: see `check --against {new_commit}`"
             )
         tree = report.tree
-    result = pin(config, cache, mirror, tree, say, commit=new_commit)
+    result = pin(config, cache, mirror, tree, commit=new_commit)
     return [*result.notes(), *result.lines(config.path)]
 
 
@@ -428,14 +425,14 @@ def _failure(
 # --- download and proof ------------------------------------------------------------------------------------------
 
 
-def fetch(
-    config: Config, cache: Cache, discovery: Discovery, say: Callable[[str], None], refuse_changed: bool = True
-) -> tuple[Fetched, ...]:
+def fetch(config: Config, cache: Cache, discovery: Discovery, refuse_changed: bool = True) -> tuple[Fetched, ...]:
     """Each found wheel downloaded into the store (all at once; when one fails, the others stop and keep nothing)
     and hashed; a file whose sha256 changed since it was pinned is refused (`refuse_changed`) before anything else;
     then its commit is proven from its own version."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
+
+    from carry.util import reporter
 
     store = Store.from_env(cache.root)
     settings = config.build.precompiled
@@ -443,7 +440,7 @@ def fetch(
 
     def one(found: Found) -> Fetched:
         try:
-            path, sha = nightly.download(found.entry, store, say, stop)
+            path, sha = nightly.download(found.entry, store, stop)
             before = settings.wheel_for(found.platform) if settings is not None else None
             fetched = Fetched(found, path, sha, "", before)
             if refuse_changed and fetched.tampered:
@@ -454,7 +451,7 @@ def fetch(
             raise
 
     with ThreadPoolExecutor(len(discovery.found) or 1) as pool:
-        futures = [pool.submit(one, found) for found in discovery.found]
+        futures = [pool.submit(reporter.carried(one), found) for found in discovery.found]
     failed = [exc for f in futures if (exc := f.exception()) is not None]
     if failed:
         raise next((e for e in failed if not isinstance(e, nightly.Stopped)), failed[0])

@@ -35,7 +35,7 @@ from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    pass
 
 
 class InputsDiffer(Failed):
@@ -171,7 +171,7 @@ class Pin:
     claim: Claim
 
 
-def pin(config: Config, cache: Cache, platform: Platform, say: Callable[[str], None] | None = None) -> Pin | None:
+def pin(config: Config, cache: Cache, platform: Platform) -> Pin | None:
     """The checked precompiled wheel for `platform` (None when build.precompiled has none): downloaded once into the
     store, its sha256 the pinned one and its tags this platform's (else bad input), every member as RECORD says."""
     settings = config.build.precompiled
@@ -185,7 +185,7 @@ def pin(config: Config, cache: Cache, platform: Platform, say: Callable[[str], N
         return None
     where = f"{config.path}: build.precompiled.wheels.{platform}"
     claimed = claim(chosen, where)
-    path = Store.from_env(cache.root).get(chosen.pinned, say)
+    path = Store.from_env(cache.root).get(chosen.pinned)
     tags, requires, members, version = _read(path)
     if Platform.from_wheel_tag(tags[0].rsplit("-", 1)[-1]) is not platform:
         raise BadInput(f"{where} is {path.name}, tagged {tags[0]}: not a wheel for {platform}")

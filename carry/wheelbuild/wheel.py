@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import json
 import os
@@ -29,11 +28,11 @@ from carry.platforms import Platform
 from carry.source import git
 from carry.source.apply import CheckReport
 from carry.source.series import Series
+from carry.util import reporter
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import no_space_line, says_no_space, temp_dir, tree_size
 from carry.util.logtail import tail
-from carry.util.progress import Progress
 from carry.wheelbuild import artifacts, buildenv, compilecache, derive, pep517, producer, toolchain, verify
 from carry.wheelbuild.artifacts import gate_report_path, publish
 
@@ -59,8 +58,8 @@ class EnvPlan:
     def key(self) -> str:
         return self.provided.key if self.provided else self.spec.key
 
-    def ensure(self, cache: Cache, progress: Progress) -> buildenv.BuildEnv:
-        return self.provided or buildenv.ensure(self.spec, cache.root, progress)
+    def ensure(self, cache: Cache) -> buildenv.BuildEnv:
+        return self.provided or buildenv.ensure(self.spec, cache.root)
 
 
 def env_plan(config: Config, mirror: Path, tree: str) -> EnvPlan | None:
@@ -223,15 +222,14 @@ def build(
     series: Series,
     the_plan: WheelPlan,
     out: Path,
-    progress: Progress,
 ) -> WheelResult:
     """Reuse the stored wheel for this plan's key (checked by its sha256 as it is published), or produce and finish
     one; publish it into `out`. A stored wheel that is not what was recorded is removed, said, and built again."""
-    with cache.held(f"wheel-{the_plan.key}", functools.partial(progress.phase, "cache")):
-        hit = _published_hit(cache, the_plan.key, out, progress)
+    with cache.held(f"wheel-{the_plan.key}", "cache"):
+        hit = _published_hit(cache, the_plan.key, out)
         if hit is not None:
             return WheelResult(hit, True, the_plan)
-        derivation = _derivation(config, cache, mirror, the_plan, progress)
+        derivation = _derivation(config, cache, mirror, the_plan)
         derivable = derivation is not None and derivation.possible and derivation.base is not None
         kind = producer.choose(
             producer.Facts(
@@ -241,15 +239,15 @@ def build(
                 derivable=derivable,
             )
         )
-        job = Job(config, cache, mirror, the_plan, progress, derivation)
+        job = Job(config, cache, mirror, the_plan, derivation)
         with PRODUCERS[kind](job) as produced:
-            stored, checks = finish(config, cache, mirror, report, series, the_plan, produced, progress)
+            stored, checks = finish(config, cache, mirror, report, series, the_plan, produced)
             outcome = produced.cache
         published = publish(stored, out, sealed=True)
     return WheelResult(published, False, the_plan, outcome, checks)
 
 
-def _published_hit(cache: Cache, key: str, out: Path, progress: Progress) -> Path | None:
+def _published_hit(cache: Cache, key: str, out: Path) -> Path | None:
     """The stored wheel of `key` published into `out`, checked by its recorded sha256 as it is copied; None when
     there is none, or when it was corrupt (then removed, and said in one line)."""
     stored = artifacts.cached(cache, key)
@@ -259,9 +257,9 @@ def _published_hit(cache: Cache, key: str, out: Path, progress: Progress) -> Pat
         published = publish(stored, out, sealed=True)
     except artifacts.CorruptEntry as exc:
         artifacts.discard(cache, key)
-        progress.phase("cache", exc.corrupt.line("removed; building it again"))
+        reporter.phase("cache", exc.corrupt.line("removed; building it again"))
         return None
-    progress.phase("cache", f"hit {key[:12]}: reusing {stored.name} (sha256 as recorded)")
+    reporter.phase("cache", f"hit {key[:12]}: reusing {stored.name} (sha256 as recorded)")
     return published
 
 
@@ -310,7 +308,7 @@ class Builder:
         if producer.takes_precompiled(kind):
             from carry.wheelbuild import precompiled
 
-            pin = precompiled.pin(config, cache, target, _say)
+            pin = precompiled.pin(config, cache, target)
         return cls(
             config,
             cache,
@@ -322,30 +320,28 @@ class Builder:
             compilecache.remote_setting(config, os.environ),
         )
 
-    def __call__(
-        self, mirror: Path, report: CheckReport, patches: Series, out: Path, progress: Progress
-    ) -> WheelResult:
+    def __call__(self, mirror: Path, report: CheckReport, patches: Series, out: Path) -> WheelResult:
         tree = report.patched_tree()
         if self._tools is None:
             self._tools = toolchain.probe(
                 {**os.environ, **self.config.build.env}, self.config.build.compiler_cache, self.cache.root, self.remote
             )
-        progress.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: tree {tree[:12]}")
+        reporter.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: tree {tree[:12]}")
         taken = None
         facts = producer.Facts(platform=self.platform, native=Platform.native(), precompiled=self.pin is not None)
         if self.pin is not None and producer.takes_precompiled(producer.choose(facts)):
             from carry.wheelbuild import precompiled
 
             taken = precompiled.prove(self.config, self.cache, mirror, self.pin, tree, patches)
-            progress.phase("precompiled", taken.line())
+            reporter.phase("precompiled", taken.line())
         environment = env_plan(self.config, mirror, tree)
-        the_plan = plan(self, report, self._tools, environment, taken, self._wheel_version(mirror, tree, progress))
+        the_plan = plan(self, report, self._tools, environment, taken, self._wheel_version(mirror, tree))
         if self.offer is not None:
             offer, made = self.offer, the_plan
             the_plan = dataclasses.replace(the_plan, offered=lambda: offer(made, mirror, patches))
-        return build(self.config, self.cache, mirror, report, patches, the_plan, out, progress)
+        return build(self.config, self.cache, mirror, report, patches, the_plan, out)
 
-    def _wheel_version(self, mirror: Path, tree: str, progress: Progress) -> str:
+    def _wheel_version(self, mirror: Path, tree: str) -> str:
         """build.wheel_version, else the upstream's own version with carry's label, found once and said."""
         if self._template is None:
             from carry.source import upstreamversion
@@ -353,15 +349,8 @@ class Builder:
             found = upstreamversion.resolve(self.config, self.cache, mirror, tree)
             self._template = found.template()
             wheel_version = self._template.format(version=self.version)
-            progress.phase("version", f"upstream {found.version} ({found.source}): the wheel is {wheel_version}")
+            reporter.phase("version", f"upstream {found.version} ({found.source}): the wheel is {wheel_version}")
         return self._template
-
-
-def _say(line: str) -> None:
-    """A line of what was done before a build's progress starts (a precompiled wheel downloaded)."""
-    import sys
-
-    print(f"carry: {line}", file=sys.stderr, flush=True)
 
 
 # --- producing --------------------------------------------------------------------------------------------
@@ -376,7 +365,6 @@ class Job:
     cache: Cache
     mirror: Path
     plan: WheelPlan
-    progress: Progress
     derivation: derive.Derivation | None = None
 
 
@@ -386,7 +374,7 @@ def _upstream_build(job: Job) -> Iterator[producer.Produced]:
     tree remembered as its family's last build, for a derivation to start from."""
     with (
         job.cache.lock(f"build-{job.mirror.name}"),
-        produce(job.config, job.cache, job.mirror, job.plan, job.progress) as made,
+        produce(job.config, job.cache, job.mirror, job.plan) as made,
     ):
         yield made
     if job.derivation is not None:
@@ -424,46 +412,42 @@ PRODUCERS: dict[producer.Kind, producer.Producer[Job]] = {
 
 
 @contextlib.contextmanager
-def produce(
-    config: Config, cache: Cache, mirror: Path, the_plan: WheelPlan, progress: Progress
-) -> Iterator[producer.Produced]:
+def produce(config: Config, cache: Cache, mirror: Path, the_plan: WheelPlan) -> Iterator[producer.Produced]:
     """The upstream's PEP 517 build of the plan's tree in the stable build dir, cleaned of every earlier
     build's output first (objects under build.keep survive, for incremental builds)."""
     build_dir = cache.builds / mirror.name.removesuffix(".git")
     src = build_dir / "src"
     removed = git.checkout_tree(mirror, the_plan.tree, the_plan.base, src, config.build.keep)
     kept = f", kept {', '.join(config.build.keep)}" if config.build.keep else ""
-    progress.phase(
+    reporter.phase(
         "materialize", f"tree {the_plan.tree[:12]} -> {src} (removed {len(removed)} earlier build output(s){kept})"
     )
     log = cache.logs / f"wheel-{the_plan.key[:16]}.log"
-    environment = the_plan.environment.ensure(cache, progress) if the_plan.environment else None
+    environment = the_plan.environment.ensure(cache) if the_plan.environment else None
     if environment is not None:
-        progress.phase("env", environment.describe())
+        reporter.phase("env", environment.describe())
     with temp_dir(cache.scratch, "wheel-") as scratch:
-        recorded = _Recorder(progress)
-        with compilecache.run(
-            the_plan.tools.launcher, the_plan.remote, cache.root, src, scratch, os.environ, recorded
-        ) as launcher:
-            recorded.phase("build", _build_line(the_plan, log))
-            built = _run_build(config, src, scratch / "out", the_plan, log, launcher, recorded, environment)
-            outcome = launcher.outcome() if launcher else None
-        if outcome is not None:
-            recorded.phase("cache", outcome.line())
-            append_log(log, recorded.lines[-1:])
+        with reporter.recording() as said:  # what the build log begins with
+            with compilecache.run(
+                the_plan.tools.launcher, the_plan.remote, cache.root, src, scratch, os.environ
+            ) as launcher:
+                reporter.phase("build", _build_line(the_plan, log))
+                built = _run_build(config, src, scratch / "out", the_plan, log, launcher, said, environment)
+                outcome = launcher.outcome() if launcher else None
+            if outcome is not None:
+                reporter.phase("cache", outcome.line())
+                append_log(log, said[-1:])
         yield producer.Produced(built, log, scratch, outcome)
 
 
-def _derivation(
-    config: Config, cache: Cache, mirror: Path, the_plan: WheelPlan, progress: Progress
-) -> derive.Derivation | None:
+def _derivation(config: Config, cache: Cache, mirror: Path, the_plan: WheelPlan) -> derive.Derivation | None:
     """In precompiled mode: whether this wheel derives from the family's last PEP 517 build (said either way)."""
     if the_plan.precompiled is None:
         return None
     generated = tuple(g.glob for g in config.build.generated)
     target = (the_plan.lineage, the_plan.version)
     derivation = derive.plan(cache, mirror, the_plan.family, the_plan.tree, generated, target, the_plan.offered)
-    progress.phase("derive", derivation.line())
+    reporter.phase("derive", derivation.line())
     return derivation
 
 
@@ -495,19 +479,6 @@ def _build_line(the_plan: WheelPlan, log: Path) -> str:
     )
 
 
-class _Recorder(Progress):
-    """Progress that also keeps the lines it printed, for the build log."""
-
-    def __init__(self, progress: Progress):
-        super().__init__(progress.stream, progress.quiet)
-        self.start = progress.start
-        self.lines: list[str] = []
-
-    def phase(self, name: str, detail: str = "") -> None:
-        self.lines.append(f"{name}: {detail}")
-        super().phase(name, detail)
-
-
 def append_log(log: Path, lines: list[str]) -> None:
     with open(log, "a") as handle:
         handle.writelines(f"carry: {line}\n" for line in lines)
@@ -520,7 +491,7 @@ def _run_build(
     the_plan: WheelPlan,
     log: Path,
     launcher: compilecache.CacheRun | None,
-    recorded: _Recorder,
+    said: list[str],
     environment: buildenv.BuildEnv | None,
 ) -> Path:
     """Run the upstream build with the plan's variables and the launcher's settings; the caller's own secrets
@@ -540,7 +511,7 @@ def _run_build(
         env = environment.environ(env)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "wb") as handle:
-        handle.writelines(f"carry: {line}\n".encode() for line in recorded.lines)
+        handle.writelines(f"carry: {line}\n".encode() for line in said)
         handle.write(b"environment carry sets for the build:\n")
         for name in sorted({**the_plan.env, **launcher_env}):
             handle.write(f"  {name}={env[name]}\n".encode())
@@ -573,13 +544,12 @@ def finish(
     series: Series,
     the_plan: WheelPlan,
     produced: producer.Produced,
-    progress: Progress,
 ) -> tuple[Path, verify.Inspection]:
     """The shared finish of every producer: gate and tree check (printed, in full when they fail, and logged),
     version, buildinfo stamp, store in the artifact cache with the gate report beside the wheel."""
     wheel = produced.wheel
     taken = the_plan.precompiled
-    progress.phase("gate", f"checking {wheel.name}")
+    reporter.phase("gate", f"checking {wheel.name}")
     tagged = verify.wheel_platform(wheel)
     if taken is None and tagged not in (None, the_plan.platform):
         raise Failed(f"{wheel.name} is tagged for {tagged}, but this build is for {the_plan.platform}")
@@ -602,7 +572,7 @@ def finish(
         )
     shown = checks.lines() if checks.ok else checks.full_lines()
     for line in shown:
-        progress.phase("gate", line)
+        reporter.phase("gate", line)
     append_log(produced.log, checks.full_lines())
     if not checks.ok:
         raise Failed(
@@ -612,7 +582,7 @@ def finish(
     _check_version(actual, the_plan)
     info = make_info(config, report, series, the_plan, actual, checks)
     stamped = buildinfo.stamp(wheel, info, taken.tags if taken else None)
-    progress.phase("stamp", f"{buildinfo.FILENAME} in {stamped.name} (version {actual})")
+    reporter.phase("stamp", f"{buildinfo.FILENAME} in {stamped.name} (version {actual})")
     return artifacts.store(cache, the_plan.key, stamped, checks.full_lines()), checks
 
 

@@ -36,6 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from carry.source import releases  # noqa: E402
+from carry.util import reporter  # noqa: E402
 from carry.util.cache import Cache  # noqa: E402
 from carry.util.errors import CarryError  # noqa: E402
 
@@ -113,7 +114,8 @@ def stream(paths: dict[str, Path]):
 def build(say=lambda line: None) -> tuple[Path, dict[str, str]]:
     """The repository (built when missing or stale) and ref -> commit."""
     repo = target()
-    paths = dict(zip(VERSIONS, releases.fetch(RELEASES, [f"pluggy-{v}.tar.gz" for v in VERSIONS], say)))
+    with reporter.using(reporter.Relay(say)):
+        paths = dict(zip(VERSIONS, releases.fetch(RELEASES, [f"pluggy-{v}.tar.gz" for v in VERSIONS])))
     pins = {r.version: r.pinned.sha256 for r in releases.load(RELEASES)}
     key = hashlib.sha256(json.dumps({"format": FORMAT, "sdists": pins}, sort_keys=True).encode()).hexdigest()
     stamp = repo / "carry-make-upstream.json"

@@ -15,13 +15,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from carry.source import releases  # noqa: E402
+from carry.util import reporter  # noqa: E402
 from carry.util.errors import CarryError  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
     try:
-        for path in releases.fetch(Path(__file__).with_name("releases.yaml"), argv,
-                                   say=lambda line: print(f"fetch: {line}", file=sys.stderr, flush=True)):
+        with reporter.using(reporter.Relay(lambda line: print(f"fetch: {line}", file=sys.stderr, flush=True))):
+            paths = releases.fetch(Path(__file__).with_name("releases.yaml"), argv)
+        for path in paths:
             print(path)
     except CarryError as exc:
         print(f"fetch: error: {exc}", file=sys.stderr)

@@ -49,6 +49,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
 
 from carry.source import releases  # noqa: E402
+from carry.util import reporter  # noqa: E402
 from carry.util.cache import Cache  # noqa: E402
 from carry.util.errors import CarryError  # noqa: E402
 
@@ -129,7 +130,8 @@ def git(repo: Path, *args: str, input: bytes | None = None) -> str:
 def sdists(say) -> dict[str, Path]:
     """version -> the pinned sdist's local path (downloaded into the store when missing)."""
     names = [releases.find(RELEASES, version, "sdist").name for version in VERSIONS]
-    return dict(zip(VERSIONS, releases.fetch(RELEASES, names, say)))
+    with reporter.using(reporter.Relay(say)):
+        return dict(zip(VERSIONS, releases.fetch(RELEASES, names)))
 
 
 def inputs_key(paths: dict[str, Path]) -> str:

@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 from carry.cli.common import A_DIR, Context
-from carry.util.progress import Progress
 
 TEST_TIMEOUT_S = 900  # seconds one command of build.tests may run (`test`, `prove`)
 
@@ -38,7 +37,7 @@ def test_command(obj: Context, artifact: str, out: Path, timeout: float) -> None
     from carry.app import gputest
     from carry.gputest import testrun
 
-    result = gputest.run_tests(obj.app(), gputest.TestRequest(artifact=artifact, out=out, timeout=timeout), Progress())
+    result = gputest.run_tests(obj.app(), gputest.TestRequest(artifact=artifact, out=out, timeout=timeout))
     click.echo("\n".join(testrun.summary(result.report, result.path)))
     sys.exit(0 if result.report.passed else 1)
 
@@ -70,6 +69,6 @@ def prove_command(obj: Context, arch: str | None, out: Path, jobs: int | None, t
     from carry.gputest import prove
 
     asked = gputest.ProveRequest(arch=arch, out=out, jobs=jobs, timeout=timeout)
-    result = gputest.prove_series(obj.app(), asked, Progress())
+    result = gputest.prove_series(obj.app(), asked)
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else prove.table(result))
     sys.exit(0 if result.passed else 1)

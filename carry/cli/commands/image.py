@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from carry.cli.common import AN_EXISTING_DIR, Context, echo_notes, parse_platform
-from carry.util.progress import Progress
 
 
 @click.command("image")
@@ -102,12 +101,11 @@ def image_command(  # noqa: PLR0913 (a click command: its parameters are its fla
     from carry.image.buildkit.layercache import CacheSpec
 
     caches = tuple(CacheSpec.parse(s, False) for s in cache_from) + tuple(CacheSpec.parse(s, True) for s in cache_to)
-    progress = Progress()
     options = ImageOptions(push, tags, tuple(parse_platform(p) for p in platforms), hermetic, wheelhouse, caches)
     asked = imaging.ImageRequest(
         options=options, arch=arch, smoke="off" if no_smoke else smoke, discard_wheels=discard_wheels
     )
-    outcome = app.image_command(obj.app(), asked, progress)
+    outcome = app.image_command(obj.app(), asked)
     if outcome.locked is not None:
         echo_notes(outcome.locked.notes)
         click.echo(json.dumps(outcome.locked.to_json(), indent=2) if as_json else "\n".join(outcome.locked.lines()))
@@ -133,5 +131,5 @@ def manifest_command(obj: Context, platforms: tuple[str, ...], tags: tuple[str, 
     from carry.app import image as app
 
     asked = app.ManifestRequest(platforms=tuple(parse_platform(p) for p in platforms), extra_tags=tags)
-    joined = app.manifest(obj.app(), asked, Progress())
+    joined = app.manifest(obj.app(), asked)
     click.echo("\n".join(f"{ref}  {digest}" for ref, digest in joined.items()))

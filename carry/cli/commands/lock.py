@@ -7,7 +7,6 @@ import sys
 import click
 
 from carry.cli.common import Context, parse_platform
-from carry.util.progress import Progress
 
 
 @click.command("lock")
@@ -32,7 +31,7 @@ def lock_command(obj: Context, platforms: tuple[str, ...], check_only: bool, upg
     from carry.app import lock
 
     asked = lock.LockRequest(platforms=tuple(parse_platform(p) for p in platforms), check=check_only, upgrade=upgrade)
-    result = lock.lock(obj.app(), asked, Progress())
+    result = lock.lock(obj.app(), asked)
     if check_only:
         for platform, stale in result.stale:
             click.echo(stale or f"{platform}: fresh")

@@ -7,7 +7,6 @@ import sys
 import click
 
 from carry.cli.common import Context, echo_notes
-from carry.util.progress import Progress
 
 
 @click.command("pin")
@@ -26,7 +25,7 @@ def pin_command(obj: Context, check_only: bool) -> None:
     every commit refused, and why."""
     from carry.app import wheel
 
-    result = wheel.pin(obj.app(), check_only, Progress())
+    result = wheel.pin(obj.app(), check_only)
     echo_notes(result.notes())
     if check_only:
         click.echo("\n".join(result.check_lines()))

@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 from carry.cli.common import A_FILE, Context
-from carry.util.progress import Progress
 
 
 @click.command("suite")
@@ -31,7 +30,7 @@ def suite_command(obj: Context, wheel: Path, against: Path | None, rerun: bool, 
     from carry.app import gputest
     from carry.gputest import upstreamsuite
 
-    outcome = gputest.suite(obj.app(), gputest.SuiteRequest(wheel=wheel, against=against, rerun=rerun), Progress())
+    outcome = gputest.suite(obj.app(), gputest.SuiteRequest(wheel=wheel, against=against, rerun=rerun))
     if as_json:
         click.echo(json.dumps(outcome.report, indent=1))
     else:

@@ -8,7 +8,6 @@ import sys
 import click
 
 from carry.cli.common import Context, echo_notes
-from carry.util.progress import Progress
 
 
 @click.command()
@@ -44,7 +43,7 @@ def status(obj: Context, against: tuple[str, ...], as_json: bool, fail_on: str |
     failing = verdicts.Verdict.parse_list(fail_on, "--fail-on") if fail_on is not None else frozenset()
     from carry.app import verdicts as app
 
-    result = app.status(obj.app(), app.StatusRequest(against=against, test=test), Progress() if test else None)
+    result = app.status(obj.app(), app.StatusRequest(against=against, test=test))
     echo_notes(result.notes)
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else verdicts.table(result))
     sys.exit(1 if failing & result.occurred else 0)

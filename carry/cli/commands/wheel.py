@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from carry.cli.common import A_DIR, AN_EXISTING_DIR, Context, parse_platform
-from carry.util.progress import Progress
 
 
 @click.command("wheel")
@@ -82,7 +81,7 @@ def wheel_command(  # noqa: PLR0913 (a click command: its parameters are its fla
         from_source=from_source,
         as_json=as_json,
     )
-    outcome = wheel.wheel_command(obj.app(), asked, Progress())
+    outcome = wheel.wheel_command(obj.app(), asked)
     if outcome.staged is not None:
         click.echo(outcome.staged.path)
         return

@@ -14,7 +14,6 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -29,11 +28,11 @@ from carry.config import Config, strip_credentials
 from carry.image.vocabulary import ENTRYPOINT, docker_binary
 from carry.platforms import Emulation, Platform
 from carry.source import upstream
+from carry.util import reporter
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import write_private
 from carry.util.logtail import tail
-from carry.util.progress import Progress
 from carry.util.run import BUILD_S, NETWORK_S, PROBE_S, execute
 
 DOCKERFILE = Path(carry.__file__).resolve().parent / "resources" / "Dockerfile"  # the top-level Dockerfile links here
@@ -149,10 +148,9 @@ def assemble_context(
     context: Path,
     requirements: list[str],
     platforms: tuple[Platform, ...] = (),
-    say: Callable[[str], None] | None = None,
 ) -> None:
     """carry (the build stage runs it as `python -m carry`), the config with VERSION and patches, a bundle of the
-    pinned commit (checked by its sha256 as it is copied; `say` hears of one made again), and the precompiled wheels
+    pinned commit (checked by its sha256 as it is copied; one made again is said), and the precompiled wheels
     of `platforms` (build.precompiled), so that the build stage needs no network for them."""
     project = context / "project"
     project.mkdir(parents=True)
@@ -169,13 +167,9 @@ def assemble_context(
     env_lines = "".join(f"{name}={shlex.quote(value)}\n" for name, value in sorted(config.image.env.items()))
     (context / "runtime.env").write_text(env_lines)
     (context / "requirements.txt").write_text("".join(f"{r}\n" for r in requirements))
-    upstream.copy_bundle(mirror, cache, config.upstream.commit, context / "cache" / "bundles", say or _stderr)
+    upstream.copy_bundle(mirror, cache, config.upstream.commit, context / "cache" / "bundles")
     _precompiled_wheels(config, cache, platforms, context / "cache" / "downloads")
     (context / "wheelhouse").mkdir()
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr)
 
 
 def stage_config(text: str) -> str:
@@ -225,12 +219,11 @@ def hermetic_wheelhouse(
     requirements: list[str],
     given: Path | None,
     dest: Path,
-    progress: Progress,
 ) -> None:
     """The wheelhouse of a hermetic build: wheels for every platform the config lists and every one being built,
     the same set whatever is built now, so that `wheel --platform` and `image` share BuildKit's build stage."""
     platforms = tuple(dict.fromkeys([*(t.platform for t in config.image.platforms), *building]))
-    progress.phase(
+    reporter.phase(
         "wheelhouse",
         f"{len(requirements)} requirement(s) for {', '.join(map(str, platforms))}, for a --network=none build",
     )
@@ -308,7 +301,7 @@ class StageAccess:
     network: str | None  # none (hermetic), host (to reach a compile cache on loopback), None: the engine's own
 
 
-def stage_access(config: Config, scratch: Path, hermetic: bool, progress: Progress) -> StageAccess:
+def stage_access(config: Config, scratch: Path, hermetic: bool) -> StageAccess:
     """The secret file, with the shared compile cache (build.remote_cache or $CARRY_REMOTE_CACHE_URL) and its
     credentials for the build stage's `build.py wheel`, and the build's network. A hermetic build cannot reach
     the cache, so the stage is told to build without it; one on loopback needs the host's network."""
@@ -320,7 +313,7 @@ def stage_access(config: Config, scratch: Path, hermetic: bool, progress: Progre
     if remote is None and config.build.remote_cache is not None:
         extra[compilecache.URL_ENV] = "none"  # turned off here ($CARRY_REMOTE_CACHE_URL=none): off in the stage too
     elif remote is not None and hermetic:
-        progress.phase(
+        reporter.phase(
             "remote cache",
             f"{remote} not used in the build stage: a --hermetic build has no network; "
             f"it compiles with its own cache mount",
@@ -337,7 +330,7 @@ def stage_access(config: Config, scratch: Path, hermetic: bool, progress: Progre
         )
         if _loopback(remote.host):
             network = "host"
-        progress.phase(
+        reporter.phase(
             "remote cache",
             f"{remote} handed to the build stage as a BuildKit secret"
             + ("; on loopback, so the build uses the host's network" if network else ""),

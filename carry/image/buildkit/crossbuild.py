@@ -6,7 +6,6 @@ platform tag, the CPU of every shared object, the arch gate for the platform's a
 from __future__ import annotations
 
 import dataclasses
-import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,10 +14,10 @@ from carry.config import Config
 from carry.image.buildkit import container
 from carry.image.buildkit.container import Builder, StageBuild
 from carry.platforms import Platform
+from carry.util import reporter
 from carry.util.cache import Cache
 from carry.util.errors import Failed
 from carry.util.fsutil import temp_dir
-from carry.util.progress import Progress
 from carry.util.record import record
 from carry.wheelbuild import verify
 from carry.wheelbuild.artifacts import publish, write_gate_report
@@ -54,9 +53,7 @@ class Target:
     upstream_version: str | None = None
 
 
-def build(
-    config: Config, cache: Cache, mirror: Path, target: Target, builder: Builder, out: Path, progress: Progress
-) -> CrossWheel:
+def build(config: Config, cache: Cache, mirror: Path, target: Target, builder: Builder, out: Path) -> CrossWheel:
     """Build in `target.platform`'s build stage, check the exported wheel, publish it into `out` (atomically)."""
     tree, platform, policy, expected = target.tree, target.platform, target.policy, target.expected
     hermetic, wheelhouse, requirements = target.hermetic, target.wheelhouse, target.requirements
@@ -65,15 +62,12 @@ def build(
     log.unlink(missing_ok=True)
     with temp_dir(cache.scratch, "crosswheel-") as scratch:
         context = scratch / "context"
-        say = functools.partial(progress.phase, "context")
-        container.assemble_context(config, cache, mirror, context, requirements, (platform,), say)
+        container.assemble_context(config, cache, mirror, context, requirements, (platform,))
         if hermetic:
-            container.hermetic_wheelhouse(
-                config, cache, (platform,), requirements, wheelhouse, context / "wheelhouse", progress
-            )
-        progress.phase("build", f"build stage for {platform}{platform.where()}, arches {arches}; log {log}")
+            container.hermetic_wheelhouse(config, cache, (platform,), requirements, wheelhouse, context / "wheelhouse")
+        reporter.phase("build", f"build stage for {platform}{platform.where()}, arches {arches}; log {log}")
         exported = scratch / "exported"
-        access = container.stage_access(config, scratch, hermetic, progress)
+        access = container.stage_access(config, scratch, hermetic)
         StageBuild(
             platform,
             container.WHEEL_STAGE,
@@ -82,8 +76,8 @@ def build(
             output_dir=exported,
         ).run(builder, access.secret, context, log)
         wheel = _single_wheel(exported, log)
-        progress.phase("gate", f"{wheel.name}: {platform.machine} code for arches {arches}")
-        report = _check(wheel, platform, policy, expected, progress)
+        reporter.phase("gate", f"{wheel.name}: {platform.machine} code for arches {arches}")
+        report = _check(wheel, platform, policy, expected)
         write_gate_report(wheel, report.full_lines())
         published = publish(wheel, out)
     return CrossWheel(published, platform, report)
@@ -96,9 +90,7 @@ def _single_wheel(directory: Path, log: Path) -> Path:
     return wheels[0]
 
 
-def _check(
-    wheel: Path, platform: Platform, policy: GatePolicy, expected: Expected, progress: Progress
-) -> verify.Inspection:
+def _check(wheel: Path, platform: Platform, policy: GatePolicy, expected: Expected) -> verify.Inspection:
     """The wheel is what the build stage says it is: built on `platform`, for its CPU (tag and every `.so`),
     gated by `policy`, holding exactly the patched tree, from this repo's series; any problem fails the build,
     with the checks printed in full."""
@@ -109,7 +101,7 @@ def _check(
     checks = checked.checks
     assert checks is not None  # verify_wheel inspects every wheel (an image's verification may have no checks)
     for line in checks.lines() if checked.ok else checks.full_lines():
-        progress.phase("gate", line)
+        reporter.phase("gate", line)
     if checked.info.get("platform") != str(platform):
         raise Failed(f"{wheel.name} says it was built on {checked.info.get('platform')}, not {platform}")
     if checked.mismatches:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 from carry.image import pushorder, registryhttp
 from carry.image.layerpush import Digests, EngineImage, push_config, push_engine_layers
 from carry.platforms import Platform
+from carry.util import reporter
 from carry.util.errors import Failed
-from carry.util.progress import Progress
 
 if TYPE_CHECKING:
     import docker
@@ -30,7 +30,6 @@ def push(
     platform: Platform,
     refs: tuple[str, ...],
     digests: Digests,
-    progress: Progress,
 ) -> pushorder.Manifest:
     """The engine's image `ref` (built for `platform`): its layers and config pushed unless the registry has them;
     its manifest returned (PUT by the caller, by digest, then under `refs`)."""
@@ -38,8 +37,8 @@ def push(
         inspect = client.api.inspect_image(ref)
     except Exception as exc:  # docker.errors.ImageNotFound: the build tagged it a moment ago
         raise Failed(f"{ref}: not in the Docker engine after its build ({exc})") from None
-    layers, config = push_engine_layers(repo, client, EngineImage(inspect, ref, platform), digests, progress, True)
+    layers, config = push_engine_layers(repo, client, EngineImage(inspect, ref, platform), digests, True)
     assert config is not None  # want_config: pushed or failed
     body, action = push_config(repo, config, layers)
-    progress.phase("push", f"{platform}: {len(layers)} layers, config {action}")
+    reporter.phase("push", f"{platform}: {len(layers)} layers, config {action}")
     return pushorder.Manifest(platform, body, registryhttp.DOCKER_MANIFEST, refs)

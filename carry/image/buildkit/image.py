@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,11 +26,10 @@ from carry.image.vocabulary import LABEL_PREFIX, WHEEL_LABEL, ImagePlan, Platfor
 from carry.platforms import Platform
 from carry.source.apply import CheckReport
 from carry.source.series import Series
-from carry.util import prog
+from carry.util import prog, reporter
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import temp_dir
-from carry.util.progress import Progress
 from carry.util.record import record
 
 if TYPE_CHECKING:
@@ -236,7 +234,6 @@ def build(
     the_plan: ImagePlan,
     options: ImageOptions,
     builder: Builder,
-    progress: Progress,
     attester: Attester | None = None,
 ) -> ImageResult:
     """Build every platform's image, then push each and join the shared tags into manifest lists. The registry
@@ -250,16 +247,14 @@ def build(
     with registry.credentials(config.image.name, builder.docker) if needs_login else contextlib.nullcontext() as login:
         with temp_dir(cache.scratch, "image-") as scratch:
             context = scratch / "context"
-            progress.phase("context", f"project, carry, bundle of {config.upstream.commit[:12]}")
-            _assemble(config, cache, inputs, the_plan, options, context, progress)
-            access = container.stage_access(config, scratch, options.hermetic, progress)
+            reporter.phase("context", f"project, carry, bundle of {config.upstream.commit[:12]}")
+            _assemble(config, cache, inputs, the_plan, options, context)
+            access = container.stage_access(config, scratch, options.hermetic)
             if not the_plan.named:
-                the_plan = the_plan.with_distribution(
-                    _built_distribution(the_plan, builder, access, context, log, progress)
-                )
+                the_plan = the_plan.with_distribution(_built_distribution(the_plan, builder, access, context, log))
             hermetic: dict = {}
             for image in the_plan.images:
-                progress.phase(
+                reporter.phase(
                     "build",
                     f"{image.platform}{image.platform.where()}, arches {image.arches} -> "
                     f"{', '.join(image.refs)}; log {log}",
@@ -282,7 +277,7 @@ def build(
                 )
                 if options.cache:
                     for note in layercache.outcome(output, caching.sources):
-                        progress.phase("layer cache", f"{image.platform}: {note}")
+                        reporter.phase("layer cache", f"{image.platform}: {note}")
                 if attester is not None and options.hermetic:
                     hermetic[image.platform] = _hermetic_inputs(image, access, builder, context, log, scratch)
         client = registry.client()
@@ -291,7 +286,7 @@ def build(
         notes = []
         if options.push:
             assert login is not None  # needs_login: the push's credentials were made before the builds
-            pushed = _push(config, cache, the_plan, client, login, progress, attester, hermetic)
+            pushed = _push(config, cache, the_plan, client, login, attester, hermetic)
     if the_plan.shared and not (options.push and the_plan.complete):
         notes.append(_shared_tags_note(config, the_plan, options))
     if options.push and attester is not None:
@@ -305,7 +300,6 @@ def _push(
     the_plan: ImagePlan,
     client: docker.DockerClient,
     login: Login,
-    progress: Progress,
     attester: Attester | None,
     hermetic: dict,
 ) -> dict[str, str]:
@@ -314,19 +308,19 @@ def _push(
     from carry.image import registryhttp
     from carry.image.layerpush import Digests
 
-    repo = registryhttp.Repository.of(config.image.name, login.auth, lambda line: progress.phase("retry", line))
+    repo = registryhttp.Repository.of(config.image.name, login.auth, retries_said=True)
     digests = Digests(cache.root / "image-layers")
     manifests = []
     for image in the_plan.images:
-        progress.phase("push", f"{image.refs[0]} ({image.platform})")
-        manifest = enginepush.push(repo, client, image.refs[0], image.platform, image.refs, digests, progress)
+        reporter.phase("push", f"{image.refs[0]} ({image.platform})")
+        manifest = enginepush.push(repo, client, image.refs[0], image.platform, image.refs, digests)
         pushorder.put_platform(repo, manifest)
         manifests.append(manifest)
         if attester is not None:
             _attest(attester, config, client, repo, image, manifest.digest, hermetic.get(image.platform))
     shared = the_plan.shared if the_plan.complete else ()
     sign = (lambda digest: attester.index(repo, digest)) if attester is not None else None
-    return pushorder.finish(repo, manifests, shared, sign, progress)
+    return pushorder.finish(repo, manifests, shared, sign)
 
 
 def _assemble(
@@ -336,15 +330,13 @@ def _assemble(
     the_plan: ImagePlan,
     options: ImageOptions,
     context: Path,
-    progress: Progress,
 ) -> None:
     """The build context in `context`: project, carry, the bundle; with --hermetic the wheelhouse too."""
     platforms = tuple(i.platform for i in the_plan.images)
-    say = functools.partial(progress.phase, "context")
-    container.assemble_context(config, cache, inputs.mirror, context, inputs.requirements, platforms, say)
+    container.assemble_context(config, cache, inputs.mirror, context, inputs.requirements, platforms)
     if options.hermetic:
         container.hermetic_wheelhouse(
-            config, cache, platforms, inputs.requirements, options.wheelhouse, context / "wheelhouse", progress
+            config, cache, platforms, inputs.requirements, options.wheelhouse, context / "wheelhouse"
         )
 
 
@@ -404,13 +396,13 @@ def _attest(
 
 
 def _built_distribution(
-    the_plan: ImagePlan, builder: Builder, access: container.StageAccess, context: Path, log: Path, progress: Progress
+    the_plan: ImagePlan, builder: Builder, access: container.StageAccess, context: Path, log: Path
 ) -> str:
     """The distribution name of the wheel the first platform's build stage makes (its `wheel` stage exported; the
     runtime stage then reuses that build from BuildKit's cache): for an upstream whose pyproject.toml names none."""
     image = the_plan.images[0]
     exported = context.parent / "exported"
-    progress.phase("wheel", f"{image.platform}: the build stage's wheel names the distribution (no [project] name)")
+    reporter.phase("wheel", f"{image.platform}: the build stage's wheel names the distribution (no [project] name)")
     StageBuild(image.platform, container.WHEEL_STAGE, image.build_args, access.network, output_dir=exported).run(
         builder, access.secret, context, log
     )
@@ -418,7 +410,7 @@ def _built_distribution(
     if len(wheels) != 1:
         raise Failed(f"the build stage exported {len(wheels)} wheels, expected 1; log: {log}")
     name = wheels[0].name.split("-", 1)[0]
-    progress.phase("wheel", f"{wheels[0].name}: {WHEEL_LABEL}={name}")
+    reporter.phase("wheel", f"{wheels[0].name}: {WHEEL_LABEL}={name}")
     return name
 
 
@@ -445,7 +437,6 @@ def join_pushed(
     shared: tuple[str, ...],
     platforms: tuple[Platform, ...],
     builder: Builder,
-    progress: Progress,
     attester: Attester | None = None,
 ) -> dict[str, str]:
     """Make every shared tag a manifest list of the platforms' own images, which must be in the registry; with
@@ -454,7 +445,7 @@ def join_pushed(
 
     sources = {platform: f"{config.image.name}:{own_tag(version, platform)}" for platform in platforms}
     with registry.credentials(config.image.name, builder.docker) as login:
-        repo = registryhttp.Repository.of(config.image.name, login.auth, lambda line: progress.phase("retry", line))
+        repo = registryhttp.Repository.of(config.image.name, login.auth, retries_said=True)
         manifests = []
         for platform, ref in sources.items():
             found = pushorder.pushed_platform(repo, pushorder.tag_of(ref), platform)
@@ -464,6 +455,6 @@ def join_pushed(
                     f"(`{prog.command('image', '--platform', str(platform), '--push')}`)"
                 )
             manifests.append(found)
-        progress.phase("manifest", f"{', '.join(shared)} -> {', '.join(sources.values())}")
+        reporter.phase("manifest", f"{', '.join(shared)} -> {', '.join(sources.values())}")
         sign = (lambda digest: attester.index(repo, digest)) if attester is not None else None
-        return pushorder.finish(repo, manifests, shared, sign, progress)
+        return pushorder.finish(repo, manifests, shared, sign)

@@ -35,8 +35,8 @@ from carry.image.locked import wheelinstall
 from carry.image.locked.wheelinstall import Venv
 from carry.source import apply, git
 from carry.source.series import Series
+from carry.util import reporter
 from carry.util.errors import Failed
-from carry.util.progress import Progress
 from carry.wheelbuild import derive
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ INSTALLER_FILES = ("INSTALLER", "RECORD", "REQUESTED", "direct_url.json")
 
 
 def offer(
-    previous: Previous | None, venv: Venv, scratch: Path, progress: Progress
+    previous: Previous | None, venv: Venv, scratch: Path
 ) -> Callable[[WheelPlan, Path, Series], tuple[derive.Base | None, str]]:
     """What a wheel build calls when this machine has no base: VERSION N's wheel rebuilt from `previous` (or None and
     why)."""
@@ -57,7 +57,7 @@ def offer(
         if previous is None or previous.record is None:
             return None, "no earlier build here, and no previous image with a record in the registry"
         try:
-            return rebuild(previous, the_plan, mirror, series, venv, scratch, progress)
+            return rebuild(previous, the_plan, mirror, series, venv, scratch)
         except (Failed, OSError, ValueError, KeyError, zipfile.BadZipFile, tarfile.TarError) as exc:
             return None, f"VERSION N's wheel could not be rebuilt from {previous.ref} ({exc})"
 
@@ -71,7 +71,6 @@ def rebuild(
     series: Series,
     venv: Venv,
     scratch: Path,
-    progress: Progress,
 ) -> tuple[derive.Base | None, str]:
     started = time.monotonic()
     ref = previous.ref
@@ -101,7 +100,7 @@ def rebuild(
         wheel.unlink(missing_ok=True)
         return None, f"the wheel rebuilt from {ref} does not install as VERSION {stamped.get('version')} did"
     commit = git.tree_commit(mirror, tree, str((stamped.get("upstream") or {}).get("commit")))
-    progress.phase(
+    reporter.phase(
         "derive",
         f"VERSION {stamped.get('version')}'s {wheel.name} rebuilt from {ref} ({entry.size:,} bytes of its "
         f"{FIXED_LAYER} layer read, and {release.name}) in {time.monotonic() - started:.1f}s; it installs as that "

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import email.parser
-import functools
 import hashlib
 import json
 import re
 import shlex
 import time
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,13 +24,12 @@ from carry.image.locked.ocilayer import Item
 from carry.image.locked.wheelinstall import Entry, Installed, Venv
 from carry.image.vocabulary import ENTRYPOINT
 from carry.platforms import Platform
-from carry.util import prog
+from carry.util import prog, reporter
 from carry.util.cache import Cache
 from carry.util.download import Store, sha256_of
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import temp_dir
 from carry.util.index import manylinux_tags, pip_download_command
-from carry.util.progress import Progress
 from carry.util.run import NETWORK_S, execute
 
 if TYPE_CHECKING:
@@ -113,10 +111,10 @@ class PlatformPlan:
     duplicates: tuple[str, ...]  # paths two layers both write (stored twice)
 
 
-def release_wheel(config: Config, cache: Cache, platform: Platform, say: Callable[[str], None]) -> Path | None:
+def release_wheel(config: Config, cache: Cache, platform: Platform) -> Path | None:
     from carry.wheelbuild import precompiled
 
-    pin = precompiled.pin(config, cache, platform, say)
+    pin = precompiled.pin(config, cache, platform)
     return pin.path if pin else None
 
 
@@ -142,23 +140,22 @@ def runtime_base(base: RuntimeBase, client: docker.DockerClient) -> tuple[str, d
 
 
 def fetch_wheels(
-    lock: runtimelock.Lock, store: Store, progress: Progress, scratch: Path, added: list[Path] | None = None
+    lock: runtimelock.Lock, store: Store, scratch: Path, added: list[Path] | None = None
 ) -> dict[str, Path]:
     """Every locked wheel in the download store, sha256-checked against the lock: those missing downloaded once
     with pip (the user's index settings; no cache of pip's own), each file stored once by its sha256 (and listed
     in `added`)."""
     found: dict[str, Path] = {}
     missing = []
-    say = functools.partial(progress.phase, "download")
     for package in lock.packages:
-        path = _stored(store, package, lock.platform.machine, say)
+        path = _stored(store, package, lock.platform.machine)
         if path is None:
             missing.append(package)
         else:
             found[package.name] = path
     if missing:
         started = time.monotonic()
-        progress.phase(
+        reporter.phase(
             "download", f"{lock.platform}: {len(missing)} of {len(lock.packages)} locked wheel(s) into {store.root}"
         )
         with temp_dir(scratch, "wheels-") as directory:
@@ -172,7 +169,7 @@ def fetch_wheels(
                 if added is not None:
                     added.append(target)
         for package in missing:
-            path = _stored(store, package, lock.platform.machine, say)
+            path = _stored(store, package, lock.platform.machine)
             if path is None:
                 raise Failed(
                     f"{lock.path}: {package.name}=={package.version}: pip downloaded no wheel with the "
@@ -180,7 +177,7 @@ def fetch_wheels(
                 )
             found[package.name] = path
         total = sum(found[p.name].stat().st_size for p in missing)
-        progress.phase(
+        reporter.phase(
             "download",
             f"{lock.platform}: {len(missing)} wheel(s), {total / 1e9:.2f} GB in "
             f"{time.monotonic() - started:.0f}s, sha256 as locked",
@@ -194,7 +191,7 @@ def sha256_in_store(path: Path) -> str:
     return name if re.fullmatch(r"[0-9a-f]{64}", name) else sha256_of(path)
 
 
-def _stored(store: Store, package: runtimelock.Locked, machine: str, say: Callable[[str], None]) -> Path | None:
+def _stored(store: Store, package: runtimelock.Locked, machine: str) -> Path | None:
     """The stored wheel of a locked package for this CPU (a lock may list every file of a version: another
     CPU's wheel of the same pin is not this platform's), intact (a corrupt one is removed, said, and missing)."""
     for value in package.hashes:
@@ -202,7 +199,7 @@ def _stored(store: Store, package: runtimelock.Locked, machine: str, say: Callab
         directory = store.root / sha
         if directory.is_dir():
             wheels = [p for p in directory.iterdir() if p.suffix == ".whl" and _installs_on(p.name, machine)]
-            if wheels and store.intact(wheels[0], sha, say):
+            if wheels and store.intact(wheels[0], sha):
                 return wheels[0]
     return None
 

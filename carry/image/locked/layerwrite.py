@@ -19,8 +19,8 @@ from carry.image.locked import ocilayer
 from carry.image.locked.engineimage import Kept
 from carry.image.locked.layerplan import PREFIX, LayerPlan, PlatformPlan
 from carry.platforms import Platform
+from carry.util import reporter
 from carry.util.errors import Failed
-from carry.util.progress import Progress
 
 if TYPE_CHECKING:
     import docker
@@ -92,28 +92,25 @@ def push_platform(
     reuse: Reuse,
     labels: dict[str, str],
     config: Config,
-    progress: Progress,
 ) -> tuple[bytes, str, list[LayerOutcome], str]:
     """Every layer (base ones included) and the config pushed unless the registry has them (`reuse`: this machine's
     remembered digests, the previous image's record; each with its blob there); the manifest returned (bytes,
     digest) for the caller to tag."""
-    outcomes = _push_base(repo, client, plan, reuse, progress)
+    outcomes = _push_base(repo, client, plan, reuse)
     for layer in plan.layers:
-        outcomes.append(_push_layer(repo, layer, reuse, progress, plan.platform))
+        outcomes.append(_push_layer(repo, layer, reuse, plan.platform))
     diff_ids = [o.written.diff_id for o in outcomes]
     body = image_config(config, plan, diff_ids, labels)
     manifest, config_action = push_config(repo, body, outcomes)
     return manifest, f"sha256:{hashlib.sha256(manifest).hexdigest()}", outcomes, config_action
 
 
-def _push_layer(
-    repo: Repository, layer: LayerPlan, reuse: Reuse, progress: Progress, platform: Platform
-) -> LayerOutcome:
+def _push_layer(repo: Repository, layer: LayerPlan, reuse: Reuse, platform: Platform) -> LayerOutcome:
     found = reuse.find(platform, layer.name, layer.key)
     if found is not None:
         files = layer.files if layer.planned else found.files
         outcome = LayerOutcome(layer.name, found.written, found.action, files, layer.key, found.source)
-        progress.phase("layer", outcome.line(platform))
+        reporter.phase("layer", outcome.line(platform))
         return outcome
     if not layer.planned:
         raise Failed(f"layer {layer.name} of {platform} was not planned, and the registry has none of its key")
@@ -130,13 +127,11 @@ def _push_layer(
     written = box["w"]
     reuse.digests.put(layer.key, written)
     outcome = LayerOutcome(layer.name, written, "pushed", layer.files, layer.key, why=why)
-    progress.phase("layer", f"{outcome.line(platform)}  {time.monotonic() - started:.1f}s")
+    reporter.phase("layer", f"{outcome.line(platform)}  {time.monotonic() - started:.1f}s")
     return outcome
 
 
-def _push_base(
-    repo: Repository, client: docker.DockerClient, plan: PlatformPlan, reuse: Reuse, progress: Progress
-) -> list[LayerOutcome]:
+def _push_base(repo: Repository, client: docker.DockerClient, plan: PlatformPlan, reuse: Reuse) -> list[LayerOutcome]:
     """The base image's layers, as the engine holds them, pushed unless the registry has them (this machine's
     remembered digests or the previous image's record, `reuse`)."""
 
@@ -150,7 +145,6 @@ def _push_base(
         client,
         image,
         reuse.digests,
-        progress,
         known=known,
         why=lambda key: reuse.why(plan.platform, "base", key),
     )[0]
@@ -163,7 +157,6 @@ def load_platform(
     labels: dict[str, str],
     config: Config,
     refs: tuple[str, ...],
-    progress: Progress,
 ) -> tuple[str, list[LayerOutcome]]:
     """The image into the local engine: one `docker load` of a docker-archive streamed from the layers
     (uncompressed; the base's layers are the engine's own already and are not sent)."""
@@ -208,9 +201,9 @@ def load_platform(
         raise Failed(f"docker load of the {plan.platform} image failed: {text.strip()[-300:]}")
     for layer, written in zip(plan.layers, done):
         outcomes.append(LayerOutcome(layer.name, written, "loaded", layer.files))
-        progress.phase("layer", outcomes[-1].line(plan.platform))
+        reporter.phase("layer", outcomes[-1].line(plan.platform))
     image_id = client.api.inspect_image(refs[0])["Id"]
-    progress.phase("load", f"{plan.platform}: {image_id[:19]} in {time.monotonic() - started:.1f}s")
+    reporter.phase("load", f"{plan.platform}: {image_id[:19]} in {time.monotonic() - started:.1f}s")
     return image_id, outcomes
 
 

@@ -47,10 +47,10 @@ from carry.image.locked.layerplan import (
 from carry.image.locked.layerwrite import PlatformOutcome, load_platform, push_platform
 from carry.image.locked.smoketest import smoke, smoke_pushed
 from carry.platforms import Platform
+from carry.util import reporter
 from carry.util.cache import Cache
 from carry.util.download import Store
 from carry.util.errors import BadInput, Failed
-from carry.util.progress import Progress
 from carry.util.record import record
 
 if TYPE_CHECKING:
@@ -161,8 +161,6 @@ def prepare(
     cache: Cache,
     platforms: tuple[Platform, ...],
     client: docker.DockerClient,
-    say: Callable[[str], None],
-    say_base: Callable[[str], None] = lambda line: None,
     known: Callable[[], dict] | None = None,
 ) -> Prepared:
     """Locks read, the runtime bases resolved (pulled, derived where they have no python3) and the locks checked
@@ -179,11 +177,11 @@ def prepare(
                 f"here for every platform)"
             )
     for platform in platforms:
-        release = releases[platform] = release_wheel(config, cache, platform, say)
+        release = releases[platform] = release_wheel(config, cache, platform)
         if release is not None:  # a changed Requires-Dist is known before any base is pulled or derived
             runtimelock.check_requires(locks[platform], requires_dist(release))
     # `known()`: the bases the previous images' records name (the registry read only once the locks hold)
-    facts = runtimelock.bases(config, platforms, cache, say_base, known() if known is not None else None)
+    facts = runtimelock.bases(config, platforms, cache, known() if known is not None else None)
     for platform in platforms:
         resolved = facts[platform].base
         assert resolved is not None  # runtimelock.bases resolves every platform's base
@@ -216,14 +214,13 @@ def build(
     fixed_wheels: dict[Platform, Path],
     delivery: Delivery,
     client: docker.DockerClient,
-    progress: Progress,
 ) -> LockedImageResult:
     """Download, plan, write and push (or load) every platform's image; then the shared tags and the smoke test.
     With --push, `delivery.attester` (carry.image.attest) writes each platform's SBOM and signs and attests what was
     pushed, and each platform's record goes beside it (registrycache)."""
     digests = Digests(cache.root / "image-layers")
     if delivery.push:
-        return _push_all(config, cache, prepared, the_plan, fixed_wheels, delivery, client, progress)
+        return _push_all(config, cache, prepared, the_plan, fixed_wheels, delivery, client)
     job = _Job(
         config=config,
         cache=cache,
@@ -231,7 +228,6 @@ def build(
         the_plan=the_plan,
         fixed_wheels=fixed_wheels,
         client=client,
-        progress=progress,
     )
     plans, _ = _plan_all(job, None)
     duplicates = tuple(d for p in plans.values() for d in p.duplicates)
@@ -241,10 +237,10 @@ def build(
         started = time.monotonic()
         labels = prepared.labels(image.platform, image.labels)
         before = engineimage.named(client, image.refs)
-        image_id, layers = load_platform(client, plans[image.platform], digests, labels, config, image.refs, progress)
+        image_id, layers = load_platform(client, plans[image.platform], digests, labels, config, image.refs)
         text = None
         if delivery.smoke:
-            progress.phase("smoke", f"{image.refs[0]} ({image.platform})")
+            reporter.phase("smoke", f"{image.refs[0]} ({image.platform})")
             text = smoke(client, image.refs[0], plans[image.platform], image.platform is Platform.native())
         kept = engineimage.keep(client, image_id, image.refs, image.platform, the_plan.version, before)
         outcomes.append(
@@ -270,7 +266,6 @@ class _Job:
     the_plan: ImagePlan
     fixed_wheels: dict
     client: Any  # docker.DockerClient
-    progress: Progress
 
 
 def _push_all(
@@ -281,7 +276,6 @@ def _push_all(
     fixed_wheels: dict[Platform, Path],
     delivery: Delivery,
     client: docker.DockerClient,
-    progress: Progress,
 ) -> LockedImageResult:
     job = _Job(
         config=config,
@@ -290,7 +284,6 @@ def _push_all(
         the_plan=the_plan,
         fixed_wheels=fixed_wheels,
         client=client,
-        progress=progress,
     )
     digests = Digests(cache.root / "image-layers")
     from carry.image import registry, registryhttp
@@ -298,9 +291,9 @@ def _push_all(
 
     attester = delivery.attester
     with registry.credentials(config.image.name, config.image.docker) as login:
-        repo = registryhttp.Repository.of(config.image.name, login.auth, lambda line: progress.phase("retry", line))
+        repo = registryhttp.Repository.of(config.image.name, login.auth, retries_said=True)
         previous = delivery.previous or {}
-        reuse = registrycache.Reuse(repo, digests, previous, lambda line: progress.phase("layer", line))
+        reuse = registrycache.Reuse(repo, digests, previous)
         plans: dict[Platform, PlatformPlan] = {}
         fetched: dict[Platform, dict[str, Path]] = {}
         outcomes: list[PlatformOutcome] = []
@@ -315,9 +308,9 @@ def _push_all(
             if image.platform not in plans:  # --discard-wheels: one platform's wheels on disk at a time
                 plans[image.platform], fetched[image.platform] = _plan(job, image.platform, reuse, added)
             plan = plans[image.platform]
-            progress.phase("push", f"{image.platform} -> {', '.join(image.refs)}")
+            reporter.phase("push", f"{image.platform} -> {', '.join(image.refs)}")
             labels = prepared.labels(image.platform, image.labels)
-            body, digest, layers, config_action = push_platform(repo, client, plan, reuse, labels, config, progress)
+            body, digest, layers, config_action = push_platform(repo, client, plan, reuse, labels, config)
             manifest = pushorder.Manifest(image.platform, body, registryhttp.DOCKER_MANIFEST, image.refs)
             pushorder.put_platform(repo, manifest)  # by digest: the tags move last (pushorder)
             manifests.append(manifest)
@@ -330,7 +323,7 @@ def _push_all(
                 )
             )
             if delivery.discard_wheels:
-                _discard(added, image.platform, progress)
+                _discard(added, image.platform)
         duplicates = tuple(d for p in plans.values() for d in p.duplicates)
         notes = _layer_notes(plans, duplicates)
         if the_plan.shared and not the_plan.complete:
@@ -343,7 +336,7 @@ def _push_all(
         outcomes = [_record(job, repo, outcome, plans[outcome.platform], reuse, key) for outcome in outcomes]
         shared = the_plan.shared if the_plan.complete else ()
         sign = (lambda index: trust.during(attester.index, repo, index)) if attester is not None else None
-        pushed = pushorder.finish(repo, manifests, shared, sign, progress)
+        pushed = pushorder.finish(repo, manifests, shared, sign)
         others = {id(p.repo): p.repo for p in previous.values() if p.repo is not None and p.repo is not repo}
         sent = repo.sent + sum(other.sent for other in others.values())
         received = repo.received + sum(other.received for other in others.values())
@@ -383,7 +376,7 @@ def _smoke_all(
     files checked against the image where the previous image's result holds for the rest."""
     from carry.image.locked import smoketest
 
-    client, progress = job.client, job.progress
+    client = job.client
     previous = delivery.previous or {}
     light: list[PlatformOutcome] = []
     full: list[PlatformOutcome] = []
@@ -393,18 +386,18 @@ def _smoke_all(
         choice = smoketest.choose(
             delivery.smoke_mode, outcome, plans[outcome.platform], previous.get(outcome.platform), holds
         )
-        progress.phase("smoke", f"{outcome.platform}: {choice.mode} ({choice.why})")
+        reporter.phase("smoke", f"{outcome.platform}: {choice.mode} ({choice.why})")
         (light if choice.mode == smoketest.LIGHT else full).append(outcome)
     done = {}
     if full:
-        for outcome in smoke_pushed(client, job.config, full, plans, login, progress, job.the_plan.version):
+        for outcome in smoke_pushed(client, job.config, full, plans, login, job.the_plan.version):
             done[outcome.platform] = dataclasses.replace(
                 outcome, smoke_record=smoketest.full_record(outcome, outcome.smoke or "")
             )
     for outcome in light:
         facts = [found for _, found, _ in _layer_facts(outcome, plans[outcome.platform], reuse) if found is not None]
         text, made = smoketest.light(client, plans[outcome.platform], outcome, previous[outcome.platform], facts)
-        progress.phase("smoke", text)
+        reporter.phase("smoke", text)
         done[outcome.platform] = dataclasses.replace(outcome, smoke=text, smoke_record=made)
     return [done[outcome.platform] for outcome in outcomes]
 
@@ -476,7 +469,7 @@ def _record(
         outcome.smoke_record,
     )
     attached = registrycache.push_record(repo, made, facts, key, job.config.image.name)
-    job.progress.phase("record", attached.line(outcome.platform))
+    reporter.phase("record", attached.line(outcome.platform))
     return dataclasses.replace(outcome, record=attached)
 
 
@@ -510,10 +503,10 @@ def _plan(
         plan, fetched = shallow, _sbom_wheels(lock, store, known)
         why = "their layers are in the registry: no wheel read"
     else:
-        fetched = fetch_wheels(lock, store, job.progress, cache.scratch, added)
+        fetched = fetch_wheels(lock, store, cache.scratch, added)
         plan = plan_platform(config, platform, lock, fetched, *inputs)
         why = f"{len(lock.packages)} locked wheel(s) read"
-    job.progress.phase(
+    reporter.phase(
         "plan",
         f"{platform}: {why} + {fixed_wheels[platform].name}: "
         + ", ".join(f"{layer.name} {layer.files} files" for layer in plan.layers if layer.planned)
@@ -522,7 +515,7 @@ def _plan(
     return plan, fetched
 
 
-def _discard(added: list[Path], platform: Platform, progress: Progress) -> None:
+def _discard(added: list[Path], platform: Platform) -> None:
     """--discard-wheels: the locked wheels this run downloaded for `platform`, removed once its layers are pushed
     (nothing here reads them again: a CI runner's disk holds one platform's wheels at a time)."""
     import shutil
@@ -532,7 +525,7 @@ def _discard(added: list[Path], platform: Platform, progress: Progress) -> None:
         total += path.stat().st_size if path.exists() else 0
         shutil.rmtree(path.parent, ignore_errors=True)
     if added:
-        progress.phase(
+        reporter.phase(
             "download", f"{platform}: {len(added)} wheel(s) this run downloaded, {total / 1e9:.2f} GB, removed"
         )
     added.clear()

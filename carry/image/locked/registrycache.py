@@ -26,7 +26,6 @@ import dataclasses
 import gzip
 import hashlib
 import json
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from carry.image import pushorder
@@ -389,14 +388,8 @@ class Reuse:
     """Which layers the target repository already has, asked once per key: this machine's remembered digests first
     (`digests`), then the previous image's record; each only with its blob there at its size."""
 
-    def __init__(
-        self,
-        repo: Repository,
-        digests: Digests,
-        previous: dict[Platform, Previous],
-        say: Callable[[str], None] | None = None,
-    ):
-        self.repo, self.digests, self.previous, self.say = repo, digests, previous, say
+    def __init__(self, repo: Repository, digests: Digests, previous: dict[Platform, Previous]):
+        self.repo, self.digests, self.previous = repo, digests, previous
         self._found: dict[tuple[Platform, str], Found | None] = {}
         self._why: dict[tuple[Platform, str], str] = {}
 
@@ -417,7 +410,7 @@ class Reuse:
     def _look(self, platform: Platform, name: str, key: str) -> Found | None:
         previous = self.previous.get(platform)
         entry = self.entry(platform, key)
-        known = self.digests.get(key, self.say)  # a corrupt entry is removed, and said
+        known = self.digests.get(key, said=True)  # a corrupt entry is removed, and said
         if known is not None and known.digest and self.repo.blob_size(known.digest) == known.size:
             return Found(known, "already exists", "", entry, entry.files if entry else 0)
         if previous is None or previous.record is None:

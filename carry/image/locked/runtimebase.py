@@ -25,12 +25,12 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import carry
 from carry.config import Config
 from carry.platforms import Platform
+from carry.util import reporter
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
@@ -114,9 +114,7 @@ def runtime_image(config: Config, platform: Platform) -> str:
     return ref
 
 
-def resolve(
-    config: Config, platform: Platform, cache: Cache, say: Callable[[str], None], known: dict | None = None
-) -> RuntimeBase:
+def resolve(config: Config, platform: Platform, cache: Cache, known: dict | None = None) -> RuntimeBase:
     """The platform's runtime base: the runtime image (pulled when the engine lacks it), checked for the platform,
     used as it is when it has python3 (or image.runtime_python is off), else derived (auto, or a method named);
     not derived again when `known` (a previous image's record of its base, in the registry) shows the same recipe
@@ -125,7 +123,7 @@ def resolve(
 
     ref = runtime_image(config, platform)
     docker = container.docker_binary(config)
-    source = _local_or_pulled(docker, config, ref, platform, say)
+    source = _local_or_pulled(docker, config, ref, platform)
     found = "/".join(filter(None, (source.get("Os"), source.get("Architecture"), source.get("Variant"))))
     if Platform.parse(found, f"runtime image {ref}") is not platform:
         raise BadInput(
@@ -173,7 +171,7 @@ def resolve(
                 line,
                 known,
             )
-    return derive(config, cache, docker, image, method, why, say)
+    return derive(config, cache, docker, image, method, why)
 
 
 def _derived_labels(ref: str, content: str, python: str, registry_digest: str | None) -> dict[str, str]:
@@ -244,7 +242,7 @@ def inspect(docker: str, ref: str) -> dict | None:
         return None
 
 
-def _local_or_pulled(docker: str, config: Config, ref: str, platform: Platform, say: Callable[[str], None]) -> dict:
+def _local_or_pulled(docker: str, config: Config, ref: str, platform: Platform) -> dict:
     """The runtime image from the local engine, else pulled for the platform (by digest when `ref` pins one), with
     the push credentials only when it lives in image.name's registry, else the user's own Docker login."""
     found = inspect(docker, ref)
@@ -266,7 +264,8 @@ def _local_or_pulled(docker: str, config: Config, ref: str, platform: Platform, 
             f"runtime image {ref} (for {platform}) is not in the Docker engine, and pulling it failed ({reason}); "
             f"build, load or pull it"
         )
-    say(f"{platform}: pulled {ref}{' by digest' if '@sha256:' in ref else ''} in {time.monotonic() - started:.0f}s")
+    how = " by digest" if "@sha256:" in ref else ""
+    reporter.phase("base", f"{platform}: pulled {ref}{how} in {time.monotonic() - started:.0f}s")
     return found
 
 
@@ -337,7 +336,6 @@ def derive(
     image: SourceImage,
     method: str,
     why: str,
-    say: Callable[[str], None],
 ) -> RuntimeBase:
     """The derived base of `image` by `method`: the local image made earlier, else one BuildKit build (once per
     machine and key; a concurrent carry waits for it), said when it starts. `why`: why the base is derived."""
@@ -350,9 +348,10 @@ def derive(
         made = _matching(docker, tag, labels)
         seconds = None
         if made is None:
-            say(
+            reporter.phase(
+                "base",
                 f"{platform}: {ref} {why}: deriving a base with the distribution's {PACKAGES[method]} by {method}"
-                f"{' under QEMU' if platform is not Platform.native() else ''}, once"
+                f"{' under QEMU' if platform is not Platform.native() else ''}, once",
             )
             seconds = _build(config, cache, docker, platform, source, method, tag, labels)
             made = _matching(docker, tag, labels)

@@ -300,7 +300,11 @@ def require_fresh(config: Config, platform: Platform, wheel: Path, cache: Cache 
     """The lock of `platform`, checked against `wheel` (its Requires-Dist) and the runtime base as it is now
     (base_facts): read, then check_fresh; bad input when it is missing, garbled or stale."""
     current = read(config, platform)
-    check_fresh(current, requires_dist=requires_dist_of(wheel), base=base_facts(config, platform, cache))
+    from carry.util import reporter
+
+    with reporter.silenced():  # the base's own lines are the lock's and the image's, not a check's
+        base = base_facts(config, platform, cache)
+    check_fresh(current, requires_dist=requires_dist_of(wheel), base=base)
     return current
 
 
@@ -357,15 +361,14 @@ def base_facts(
     config: Config,
     platform: Platform,
     cache: Cache | None = None,
-    say: Callable[[str], None] | None = None,
     known: dict | None = None,
 ) -> BaseFacts:
     """The runtime base's Python version and glibc, read by running its own python3 (carry.image.locked.runtimebase:
     pulled where missing, derived where it has no python3, or as `known` records it), and what names it: the
-    runtime image's content digest and where its Python comes from."""
+    runtime image's content digest and where its Python comes from; what it pulled or derived said (`base` lines)."""
     from carry.image.locked import runtimebase
 
-    base = runtimebase.resolve(config, platform, cache or Cache.from_env(), say or (lambda line: None), known)
+    base = runtimebase.resolve(config, platform, cache or Cache.from_env(), known)
     return BaseFacts(base.python_version, base.glibc, base.content, base.ref, base.python, base)
 
 
@@ -373,7 +376,6 @@ def bases(
     config: Config,
     platforms: Sequence[Platform],
     cache: Cache,
-    say: Callable[[str], None],
     known: dict | None = None,
 ) -> dict[Platform, BaseFacts]:
     """base_facts of every platform, at the same time (a derivation under QEMU beside a native one), then each
@@ -381,13 +383,15 @@ def bases(
     `known`: per platform, the base a previous image in the registry records (runtimebase.resolve)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    known = known or {}
+    from carry.util import reporter
+
+    known, each = known or {}, reporter.carried(base_facts)
     with ThreadPoolExecutor(max_workers=max(1, len(platforms))) as pool:
-        futures = [pool.submit(base_facts, config, platform, cache, say, known.get(platform)) for platform in platforms]
+        futures = [pool.submit(each, config, platform, cache, known.get(platform)) for platform in platforms]
     found = {platform: future.result() for platform, future in zip(platforms, futures)}
     for facts in found.values():
         assert facts.base is not None  # base_facts records the base it resolved
-        say(facts.base.note)
+        reporter.phase("base", facts.base.note)
     return found
 
 
@@ -643,22 +647,26 @@ def lock(
     wheels: Mapping[Platform, Path],
     index: Index,
     upgrade: bool = False,
-    say: Callable[[str], None] = lambda line: None,
 ) -> tuple[Outcome, ...]:
     """Resolve every platform (at once: uv waits mostly on the index), then write the files that changed (nothing
-    is written unless all resolved)."""
+    is written unless all resolved); each platform's resolution said (a `resolve` line)."""
     from concurrent.futures import ThreadPoolExecutor
+
+    from carry.util import reporter
 
     def one(platform: Platform) -> tuple[Platform, Path, str]:
         found = facts[platform]
         requires, dist = wheel_metadata(wheels[platform])
         path = lock_path(config, platform)
         body = resolve(dist, platform, found, index, cache.scratch, _previous_body(path), upgrade, config.root)
-        say(f"{platform}: resolved {len(dist)} Requires-Dist line(s) of {requires} for {found.target(platform)}")
+        reporter.phase(
+            "resolve",
+            f"{platform}: resolved {len(dist)} Requires-Dist line(s) of {requires} for {found.target(platform)}",
+        )
         return platform, path, render(platform, found, requires_digest(dist), requires, body)
 
     with ThreadPoolExecutor(max_workers=max(1, len(facts))) as pool:
-        made = list(pool.map(one, facts))  # in order; the first failure is raised
+        made = list(pool.map(reporter.carried(one), facts))  # in order; the first failure is raised
     outcomes = []
     for platform, path, text in made:
         written = not path.is_file() or path.read_text() != text

@@ -27,8 +27,8 @@ from carry.image.locked import engineimage
 from carry.image.locked.layerplan import PREFIX, PlatformPlan
 from carry.image.locked.layerwrite import PlatformOutcome
 from carry.platforms import Platform
+from carry.util import reporter
 from carry.util.errors import Failed
-from carry.util.progress import Progress
 
 if TYPE_CHECKING:
     import docker
@@ -120,7 +120,6 @@ def smoke_pushed(
     outcomes: list[PlatformOutcome],
     plans: dict,
     login: Login,
-    progress: Progress,
     version: str,
 ) -> list[PlatformOutcome]:
     """Every pushed platform pulled back and smoke-tested at the same time, each on its own engine connection: one
@@ -135,21 +134,21 @@ def smoke_pushed(
         engine = client if len(outcomes) == 1 else registry.client()
         try:
             if outcome.platform is not Platform.native() and plan.base.get("Id"):
-                return partial_smoke(engine, config, outcome, plan, progress)
-            return pull_and_smoke(engine, config, outcome, plan, login, progress, version)
+                return partial_smoke(engine, config, outcome, plan)
+            return pull_and_smoke(engine, config, outcome, plan, login, version)
         finally:
             if engine is not client:
                 engine.close()
 
     with ThreadPoolExecutor(max_workers=max(1, len(outcomes))) as pool:
-        return list(pool.map(one, outcomes))
+        return list(pool.map(reporter.carried(one), outcomes))
 
 
 PARTIAL_LAYERS = ("venv", "vllm-release", "vllm-fixed")
 
 
 def partial_smoke(
-    client: docker.DockerClient, config: Config, outcome: PlatformOutcome, plan: PlatformPlan, progress: Progress
+    client: docker.DockerClient, config: Config, outcome: PlatformOutcome, plan: PlatformPlan
 ) -> PlatformOutcome:
     """Another CPU's smoke test (under QEMU: the image's Python with the standard library, nothing of torch) on the
     layers it reads: the base's (the engine's own), venv and the wheel's layers, loaded here from what carry wrote
@@ -163,8 +162,8 @@ def partial_smoke(
         raise Failed(f"smoke test of {outcome.platform}: its wheel's layers were not planned here")
     ref = f"carry-smoke/{outcome.platform.tag}:{outcome.digest.split(':', 1)[1][:16]}"
     subset = dataclasses.replace(plan, layers=layers)
-    progress.phase("smoke", f"{outcome.platform}: the base, venv and wheel layers loaded as {ref}")
-    load_platform(client, subset, Digests(Path("/nonexistent")), {}, config, (ref,), progress)
+    reporter.phase("smoke", f"{outcome.platform}: the base, venv and wheel layers loaded as {ref}")
+    load_platform(client, subset, Digests(Path("/nonexistent")), {}, config, (ref,))
     try:
         text = smoke(client, ref, plan, False)
     finally:
@@ -178,24 +177,23 @@ def pull_and_smoke(
     outcome: PlatformOutcome,
     plan: PlatformPlan,
     login: Login,
-    progress: Progress,
     version: str,
 ) -> PlatformOutcome:
     """Pull the pushed manifest back for its platform (the engine fetches only the layers it does not hold), run the
     smoke test on it, and keep it tagged as the Dockerfile path tags, the engine tidied
     (carry.image.locked.engineimage); an image that fails is removed."""
     ref = f"{config.image.name}@{outcome.digest}"
-    progress.phase("pull", f"{ref} ({outcome.platform})")
+    reporter.phase("pull", f"{ref} ({outcome.platform})")
     before = engineimage.named(client, outcome.refs)
     layers = [(layer.written.digest, layer.written.size) for layer in outcome.layers]
     pulled = engineimage.pull(client, ref, outcome.platform, login.auth, layers)
-    progress.phase(
+    reporter.phase(
         "pull",
         f"{outcome.platform}: {pulled.fetched} of {pulled.layers} layer(s), {engineimage.size_text(pulled.size)} "
         f"in {pulled.seconds:.1f}s",
     )
     try:
-        progress.phase("smoke", f"{ref} ({outcome.platform})")
+        reporter.phase("smoke", f"{ref} ({outcome.platform})")
         text = smoke(client, ref, plan, outcome.platform is Platform.native())
     except BaseException:
         engineimage.forget_pulled(client, ref)

@@ -1,0 +1,194 @@
+"""carry's one output channel: the reporter that every module prints its progress through.
+
+A module calls `reporter.phase(name, detail)` (a line `[  12.3s] name: detail` on stderr), `reporter.note(line)`
+or `reporter.warn(line)` (`carry: ...` on stderr); none of them takes a stream or a callback. Which reporter answers is
+held in a context variable: the command line installs one per command (carry/cli/main.py), a test or a bench that
+calls library functions installs its own with `using(Reporter(...))`, `silenced()` keeps a block quiet and
+`recording()` also keeps what a block said. Where nothing was installed, a default one prints to stderr.
+
+A context variable is not inherited by a new thread: work handed to a pool goes through `carried(fn)`, which runs
+`fn` in a copy of the submitting thread's context (the same reporter, its clock, its recordings).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from typing import TextIO, TypeVar
+
+from carry.util.progress import Progress
+
+T = TypeVar("T")
+
+
+class Reporter:
+    """Phase lines with the time since the reporter began, notes and warnings; `heard` are the recordings that
+    also keep each line said (`name: detail`, a note as it is), what follows `carry: ` in a log."""
+
+    def __init__(self, stream: TextIO | None = None, quiet: bool = False) -> None:
+        self._lines = Progress(stream, quiet)
+        self.heard: tuple[list[str], ...] = ()
+
+    @property
+    def quiet(self) -> bool:
+        return self._lines.quiet
+
+    def elapsed(self) -> float:
+        return self._lines.elapsed()
+
+    def phase(self, name: str, detail: str = "") -> None:
+        for kept in self.heard:
+            kept.append(f"{name}: {detail}")
+        self._lines.phase(name, detail)
+
+    def note(self, line: str) -> None:
+        for kept in self.heard:
+            kept.append(line)
+        if not self.quiet:
+            print(f"carry: {line}", file=self._lines.stream, flush=True)
+
+    def warn(self, line: str) -> None:
+        self.note(f"warning: {line}")
+
+    def bar(self, name: str, total: float, unit: str = "") -> Bar:
+        """A hook for long work of a known size: `advance(n)` as it goes; a phase line at each quarter done."""
+        return Bar(self, name, total, unit)
+
+    def child(self, *, quiet: bool | None = None, keep: list[str] | None = None) -> Reporter:
+        """The same clock and stream, quiet or not, and one recording more."""
+        made = Reporter(self._lines.stream, self.quiet if quiet is None else quiet)
+        made._lines.start = self._lines.start
+        made.heard = (*self.heard, keep) if keep is not None else self.heard
+        return made
+
+
+class Relay(Reporter):
+    """A reporter for a script outside carry that prints in its own words: each phase's detail and each note handed
+    to `line` (examples/*/make_upstream.py: `make_upstream: downloaded ...`)."""
+
+    def __init__(self, line: Callable[[str], None]) -> None:
+        super().__init__()
+        self._line = line
+
+    def phase(self, name: str, detail: str = "") -> None:
+        for kept in self.heard:
+            kept.append(f"{name}: {detail}")
+        self._line(detail)
+
+    def note(self, line: str) -> None:
+        for kept in self.heard:
+            kept.append(line)
+        self._line(line)
+
+
+class Holding(Reporter):
+    """A reporter whose phase lines wait until `release` (then printed, and every later one as it comes); those
+    never released are dropped (a failure's one line stays alone)."""
+
+    def __init__(self, parent: Reporter) -> None:
+        super().__init__(parent._lines.stream, parent.quiet)
+        self._lines.start = parent._lines.start
+        self.heard = parent.heard
+        self.waiting: list[tuple[str, str]] | None = []
+
+    def phase(self, name: str, detail: str = "") -> None:
+        if self.waiting is None:
+            super().phase(name, detail)
+        else:
+            self.waiting.append((name, detail))
+
+    def release(self) -> None:
+        waiting, self.waiting = self.waiting or [], None
+        for name, detail in waiting:
+            super().phase(name, detail)
+
+
+class Bar:
+    """Progress of long work: a phase line `name: 50% of 1.2 GB` each time another quarter is done."""
+
+    STEPS = 4
+
+    def __init__(self, owner: Reporter, name: str, total: float, unit: str) -> None:
+        self.owner, self.name, self.total, self.unit = owner, name, total, unit
+        self.done = 0.0
+        self._shown = 0
+
+    def advance(self, amount: float) -> None:
+        self.done += amount
+        if self.total <= 0:
+            return
+        step = min(self.STEPS, int(self.done / self.total * self.STEPS))
+        if step > self._shown:
+            self._shown = step
+            self.owner.phase(self.name, f"{step * 100 // self.STEPS}% of {self.total:g}{self.unit}")
+
+
+_CURRENT: contextvars.ContextVar[Reporter] = contextvars.ContextVar("carry_reporter")
+_default: list[Reporter] = []
+
+
+def current() -> Reporter:
+    """The reporter of this context; where none was installed, the process's default (stderr, not quiet)."""
+    found = _CURRENT.get(None)
+    if found is not None:
+        return found
+    if not _default:
+        _default.append(Reporter())
+    return _default[0]
+
+
+@contextlib.contextmanager
+def using(installed: Reporter) -> Iterator[Reporter]:
+    """`installed` answers for the block (and for the work it hands on through `carried`)."""
+    token = _CURRENT.set(installed)
+    try:
+        yield installed
+    finally:
+        _CURRENT.reset(token)
+
+
+def silenced() -> contextlib.AbstractContextManager[Reporter]:
+    """Nothing printed in the block (recordings still keep their lines)."""
+    return using(current().child(quiet=True))
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[str]]:
+    """The block's lines (`name: detail`; notes as they are) kept in the list it yields, and printed as before."""
+    kept: list[str] = []
+    with using(current().child(keep=kept)):
+        yield kept
+
+
+def holding() -> contextlib.AbstractContextManager[Reporter]:
+    """The block's phase lines held back until the yielded reporter's `release()` (a Holding)."""
+    return using(Holding(current()))
+
+
+def carried(fn: Callable[..., T]) -> Callable[..., T]:
+    """`fn` to run in another thread with this context's reporter (each call in its own copy of the context)."""
+    context = contextvars.copy_context()
+
+    def run(*args: object, **kwargs: object) -> T:
+        return context.copy().run(fn, *args, **kwargs)
+
+    return run
+
+
+def phase(name: str, detail: str = "") -> None:
+    current().phase(name, detail)
+
+
+def note(line: str) -> None:
+    current().note(line)
+
+
+def warn(line: str) -> None:
+    current().warn(line)
+
+
+def stderr_line(line: str) -> None:
+    """A bare line on the reporter's stream (no phase): what a few messages printed before there was a reporter."""
+    if not current().quiet:
+        print(line, file=current()._lines.stream, flush=True)
