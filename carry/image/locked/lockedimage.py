@@ -219,8 +219,6 @@ def build(
     With --push, `delivery.attester` (carry.image.attest) writes each platform's SBOM and signs and attests what was
     pushed, and each platform's record goes beside it (registrycache)."""
     digests = Digests(cache.root / "image-layers")
-    if delivery.push:
-        return _push_all(config, cache, prepared, the_plan, fixed_wheels, delivery, client)
     job = _Job(
         config=config,
         cache=cache,
@@ -229,6 +227,8 @@ def build(
         fixed_wheels=fixed_wheels,
         client=client,
     )
+    if delivery.push:
+        return _push_all(job, delivery)
     plans, _ = _plan_all(job, None)
     duplicates = tuple(d for p in plans.values() for d in p.duplicates)
     notes = _layer_notes(plans, duplicates)
@@ -268,23 +268,10 @@ class _Job:
     client: Any  # docker.DockerClient
 
 
-def _push_all(
-    config: Config,
-    cache: Cache,
-    prepared: Prepared,
-    the_plan: ImagePlan,
-    fixed_wheels: dict[Platform, Path],
-    delivery: Delivery,
-    client: docker.DockerClient,
-) -> LockedImageResult:
-    job = _Job(
-        config=config,
-        cache=cache,
-        prepared=prepared,
-        the_plan=the_plan,
-        fixed_wheels=fixed_wheels,
-        client=client,
-    )
+def _push_all(job: _Job, delivery: Delivery) -> LockedImageResult:
+    """The push of every platform's image (pushorder), its smoke test and record, then the tags."""
+    config, cache, prepared, the_plan = job.config, job.cache, job.prepared, job.the_plan
+    fixed_wheels, client = job.fixed_wheels, job.client
     digests = Digests(cache.root / "image-layers")
     from carry.image import registry, registryhttp
     from carry.image.locked import registrycache
