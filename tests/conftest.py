@@ -10,7 +10,7 @@ to use them). The helpers behind them are in tests/lib/.
 - `second_engine`: a second, empty dockerd with the four base images (tests/secondengine.py); call `.empty()` first.
 
 With pytest-xdist, a session fixture runs once per worker: the ones made on disk go through lib.shared.once (one
-worker makes, the others wait and read), and every test that pushes to the registry, uses the shared redis or the
+worker makes, the others wait and read), and every test that pushes to the registry, uses the
 second engine, or times what it runs is in one worker group (`SERIAL_MODULES`, for `--dist loadgroup`).
 
 No test writes into the user's carry cache: CARRY_CACHE defaults to a directory of this run (a test sets its own as
@@ -28,8 +28,8 @@ import pytest
 from lib import shared
 
 # xdist groups (--dist loadgroup): every test of these modules runs in one worker, one after another: what pushes to
-# the registry (a removed repository's blobs are deleted: a push beside it could lose one), uses the shared redis or
-# the second engine, holds the disk peak of the vLLM image, or compares the times of what it runs (test_verify_vllm,
+# the registry (a removed repository's blobs are deleted: a push beside it could lose one), uses the second engine,
+# holds the disk peak of the vLLM image, or compares the times of what it runs (test_verify_vllm,
 # test_verify_locked). Every other test may run beside them, Docker builds and runs included (the engine takes them
 # side by side; no test prunes the main engine).
 SERIAL = "engine"
@@ -42,7 +42,6 @@ SERIAL_MODULES = {
     "test_image_cache",
     "test_locked_image",
     "test_registry",
-    "test_remote_cache",
     "test_runtime_base",
     "test_secrets",
     "test_trust_cosign",

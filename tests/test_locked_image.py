@@ -4,14 +4,16 @@ Python-only patch change that ships one small layer; a tampered lock and a stale
 
 One cold build is shared by the run (tests/conftest.py `cold_vllm`, read by tests/test_verify_vllm.py too; the
 lock reuses the run's fixed wheels, `fixed_wheels`; the released wheels come from the machine's download store);
-every image, registry repository and blob it made is removed afterwards."""
+every image, registry repository and blob it made is removed afterwards. A fresh runner on this real image (empty
+cache and store, the second engine, a Python-only change as VERSION N+1) is measured by bench/freshrunner.py, which
+checks what a test would (no PEP 517 build, only the release wheels downloaded, the warm runner's same digests,
+`verify --key`); CI's fresh-runner tests run on a small stand-in (tests/test_fresh_runner.py) for time."""
 
 from __future__ import annotations
 
 import gzip
 import io
 import json
-import os
 import shutil
 import tarfile
 import uuid
@@ -155,89 +157,6 @@ def test_the_layers_are_what_pip_installs(project, cold, registry):
     venv = _members(registry.blob(name, layers["venv"]["digest"]))
     assert venv["opt/venv/bin/python"][0].linkname == "/usr/bin/python3"
     assert b"include-system-site-packages = false" in venv["opt/venv/pyvenv.cfg"][1]
-
-
-@pytest.mark.late  # it pushes VERSION N+1 under the shared tags (latest): after every reader of the cold image
-def test_a_fresh_runner_ships_a_patch_change_from_the_registry_alone(project, cold, registry, second_engine):
-    """A fresh runner (an empty carry cache, a download store with only the two release wheels, the second Docker
-    engine) takes a Python-only patch change as VERSION N+1: both fixed wheels derive from VERSION N's rebuilt from
-    its image (no PEP 517 build), the runtime lock's wheels are neither downloaded nor read, only vllm-fixed is
-    pushed, the smoke test checks the changed files without a pull, and the signed record verifies. This machine's
-    warm N+1 writes the same vllm-fixed layers (same digests); verify --key passes on the fresh runner's image."""
-    config, env, name, root = project
-    fresh = root / "fresh-runner"
-    shutil.copytree(config.parent, fresh, ignore=shutil.ignore_patterns("dist", "patchwork"))
-    (fresh / "patches" / "0003-logger-say-carried.patch").write_text(
-        _patch_adding_a_line(root).replace("Subject: [PATCH] version: say it is carried", "Subject: [PATCH] say it")
-    )
-    (fresh / "VERSION").write_text("20261201.2\n")
-    store = root / "fresh-downloads"
-    for path in Path(realvllm.download_store()).glob("*/vllm-0.33.0-*.whl"):  # as if downloaded: not the test's point
-        (store / path.parent.name).mkdir(parents=True, exist_ok=True)
-        os.link(path, store / path.parent.name / path.name)
-    second_engine.empty()
-    fresh_env = {
-        **env,
-        "CARRY_CACHE": str(root / "fresh-cache"),
-        "CARRY_DOWNLOADS": str(store),
-        "DOCKER_HOST": second_engine.host,
-    }
-    result = carry(
-        "--config", str(fresh / "build.yaml"), "image", "--push", "--json", cwd=fresh, env=fresh_env, timeout=1500
-    )
-    assert result.code == 0, result.err[-4000:]
-    found = {p["platform"]: p for p in json.loads(result.out)["platforms"]}
-    assert "build: PEP 517" not in result.err
-    assert result.err.count("derive: from VERSION 20261201.1's wheel, rebuilt from") == 2, result.err[-3000:]
-    assert "version 0.33.0+carry.20261201.1 -> 0.33.0+carry.20261201.2" in result.err
-    # no locked wheel downloaded: the store holds the two release wheels it started with
-    assert sorted(p.name for p in store.glob("*/*.whl")) == sorted([realvllm.WHEEL_ARM, realvllm.WHEEL_X86])
-    before = {p["platform"]: p for p in cold[0]["platforms"]}
-    for platform in PLATFORMS:
-        layers = found[platform]["layers"]
-        assert [layer["action"] for layer in layers] == ["already exists"] * (len(layers) - 1) + ["pushed"], layers
-        assert [layer["digest"] for layer in layers[:-1]] == [
-            layer["digest"] for layer in before[platform]["layers"][:-1]
-        ]
-        assert found[platform]["smoke_record"]["how"] == "light" and found[platform]["engine"] is None
-        assert "light: " in found[platform]["smoke"] and "import(s) resolved" in found[platform]["smoke"]
-        assert found[platform]["record"]["signed"]
-    # another fresh runner, nothing changed: VERSION N+1's wheel from its own image, every layer already there
-    second_engine.empty()
-    again_env = {**fresh_env, "CARRY_CACHE": str(root / "fresh-cache-2")}
-    same = carry(
-        "--config", str(fresh / "build.yaml"), "image", "--push", "--json", cwd=fresh, env=again_env, timeout=1500
-    )
-    assert same.code == 0, same.err[-4000:]
-    assert same.err.count("derive: from VERSION 20261201.2's wheel, rebuilt from") == 2, same.err[-3000:]
-    for outcome in json.loads(same.out)["platforms"]:
-        assert {layer["action"] for layer in outcome["layers"]} == {"already exists"}, outcome["layers"]
-    # verify --key on what the fresh runner pushed (before the warm runner's push moves the tags)
-    verified = carry(
-        "--config",
-        str(fresh / "build.yaml"),
-        "verify",
-        f"{name}:20261201.2",
-        "--platform",
-        "linux/arm64",
-        "--key",
-        str(root / "keys" / "carry.pub"),
-        cwd=fresh,
-        env=fresh_env,
-        timeout=1200,
-    )
-    assert verified.code == 0, verified.out[-3000:] + verified.err[-2000:]
-    # the warm machine's N+1 (its own derivation from its PEP 517 builds): the same layers, byte for byte
-    warm = root / "warm-runner"
-    shutil.copytree(fresh, warm, ignore=shutil.ignore_patterns("dist"))
-    again = carry(
-        "--config", str(warm / "build.yaml"), "image", "--push", "--json", "--no-smoke", cwd=warm, env=env, timeout=1500
-    )
-    assert again.code == 0, again.err[-3000:]
-    for outcome in json.loads(again.out)["platforms"]:
-        assert [layer["digest"] for layer in outcome["layers"]] == [
-            layer["digest"] for layer in found[outcome["platform"]]["layers"]
-        ]
 
 
 @pytest.mark.late  # it pushes the changed image under the shared tags: after every reader of the cold image

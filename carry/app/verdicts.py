@@ -69,8 +69,13 @@ def _judge(app: App, test: bool) -> Callable[[verdicts.StatusReport, Series], ve
     if not test:
         return None
     from carry.gputest import behaviour
+    from carry.util import reporter
 
-    return lambda report, patches: behaviour.judge(app.config, app.cache, _builder_for(app), report, patches)
+    def judge(report: verdicts.StatusReport, patches: Series) -> verdicts.StatusReport:
+        with reporter.silenced():  # drop and refresh say their result in one line; the tests' phases are not said
+            return behaviour.judge(app.config, app.cache, _builder_for(app), report, patches)
+
+    return judge
 
 
 def _builder_for(app: App) -> Callable[[bool], Builder]:
