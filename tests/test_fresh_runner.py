@@ -149,7 +149,7 @@ def test_an_entry_whose_digest_is_not_its_layer_is_not_shipped(project):
     """The latest image's record rewritten: its deps entry names the venv layer's blob (which the registry has, at
     that size). The run does not ship that blob as deps: the entry is not the image's layer at its position."""
     registry = repo(project)
-    digest = registrycache._digest(registry.get_manifest("latest")[1])
+    digest = registryhttp.digest_of(registry.get_manifest("latest")[1])
     artifact = json.loads(registry.get_manifest(registrycache.cache_tag(digest))[1])
     record = registrycache.Record.from_bytes(registry.get_blob(artifact["config"]["digest"]))
     venv = next(entry for entry in record.entries if entry.name == "venv")
@@ -176,9 +176,9 @@ def test_an_entry_whose_digest_is_not_its_layer_is_not_shipped(project):
 def test_an_image_without_a_record_is_one_line_and_a_full_build(project):
     registry = repo(project)
     body = registry.get_manifest("latest")[1]
-    digest = registrycache._digest(body)
+    digest = registryhttp.digest_of(body)
     cache = registry.get_manifest(registrycache.cache_tag(digest))
-    registry.delete_manifest(registrycache._digest(cache[1]))
+    registry.delete_manifest(registryhttp.digest_of(cache[1]))
     env = fresh(project, "older")
     found = push(project["config"], env)
     (platform,) = found["platforms"]

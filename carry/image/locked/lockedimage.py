@@ -26,7 +26,6 @@ carry.image.locked.smoketest (the smoke test, the pushed image pulled back and k
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -423,13 +422,14 @@ def _record(
 ) -> PlatformOutcome:
     """The platform's record beside its pushed manifest (registrycache.push_record): after the smoke test, so that a
     record says the image passed it (or that none ran)."""
+    from carry.image import registryhttp
     from carry.image.locked import registrycache
 
     facts: dict[str, bytes] = {}
     by_key: dict[str, str] = {}
     for layer, _, blob in _layer_facts(outcome, plan, reuse):
         if blob is not None:
-            digest = f"sha256:{hashlib.sha256(blob).hexdigest()}"
+            digest = registryhttp.digest_of(blob)
             facts[digest], by_key[layer.key] = blob, digest
     entries = tuple(
         registrycache.Entry(

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import hashlib
 import json
 from typing import TYPE_CHECKING
 
 from carry.image import pushorder
 from carry.image.gzlayer import Written
 from carry.image.locked.ocilayer import Item
+from carry.image.registryhttp import digest_of
 from carry.platforms import Platform
 from carry.util.errors import Failed
 
@@ -50,10 +50,6 @@ OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 def cache_tag(digest: str) -> str:
     """`sha256-<hex>.cache`: the record of the platform manifest `digest`."""
     return digest.replace(":", "-", 1) + SUFFIX
-
-
-def _digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 # -- the record ------------------------------------------------------------------------------------------------
@@ -209,9 +205,9 @@ class Previous:
             return None
         if entry.facts not in self._blobs:
             data = self.repo.get_blob(entry.facts)
-            if _digest(data) != entry.facts:
+            if digest_of(data) != entry.facts:
                 raise Failed(
-                    f"{self.ref}: the facts of layer {entry.name} hash to {_digest(data)[:19]}…, not "
+                    f"{self.ref}: the facts of layer {entry.name} hash to {digest_of(data)[:19]}…, not "
                     f"{entry.facts[:19]}…"
                 )
             self._blobs[entry.facts] = data
@@ -260,7 +256,7 @@ def find(
             continue
         media, body = found
         manifest = json.loads(body)
-        digest = _digest(body) if "@" not in ref else reference
+        digest = digest_of(body) if "@" not in ref else reference
         if media in (registryhttp.DOCKER_LIST, registryhttp.OCI_INDEX) or "manifests" in manifest:
             entry = next((m for m in manifest.get("manifests") or [] if _platform_of(m) == str(platform)), None)
             if entry is None:
@@ -318,7 +314,7 @@ def _read_record(previous: Previous, manifest: dict, key: PublicKey | None, imag
     try:
         artifact = json.loads(found[1])
         data = repo.get_blob(artifact["config"]["digest"])
-        if _digest(data) != artifact["config"]["digest"]:
+        if digest_of(data) != artifact["config"]["digest"]:
             raise ValueError("its bytes do not hash to its digest")
         record = Record.from_bytes(data)
     except (ValueError, KeyError, TypeError) as exc:
@@ -327,7 +323,7 @@ def _read_record(previous: Previous, manifest: dict, key: PublicKey | None, imag
     if key is not None:
         from carry.trust import attach
 
-        checked = attach.check_signature(repo, key, image_name, _digest(found[1]))
+        checked = attach.check_signature(repo, key, image_name, digest_of(found[1]))
         if not checked.ok:
             previous.note = (
                 f"{ref}: its record is not signed with this key ({checked.problems[0]}): every layer is written"
@@ -476,7 +472,7 @@ def push_record(
     for digest, data in sorted(facts.items()):
         repo.upload_bytes(data, digest)
     body = record.to_bytes()
-    repo.upload_bytes(body, _digest(body))
+    repo.upload_bytes(body, digest_of(body))
     descriptors = [
         {"mediaType": FACTS_MEDIA, "size": len(facts[entry.facts]), "digest": entry.facts}
         for entry in record.entries
@@ -487,7 +483,7 @@ def push_record(
         {
             "schemaVersion": 2,
             "mediaType": OCI_MANIFEST,
-            "config": {"mediaType": RECORD_MEDIA, "size": len(body), "digest": _digest(body)},
+            "config": {"mediaType": RECORD_MEDIA, "size": len(body), "digest": digest_of(body)},
             "layers": unique,
             "annotations": {"io.carry.cache.subject": record.subject},
         },
@@ -499,6 +495,6 @@ def push_record(
     if key is not None:
         from carry.trust import attach
 
-        attach.sign(repo, key, image_name, _digest(manifest))
+        attach.sign(repo, key, image_name, digest_of(manifest))
         signed = True
-    return Attached(tag, _digest(manifest), repo.sent - before, signed)
+    return Attached(tag, digest_of(manifest), repo.sent - before, signed)
