@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
 import pytest
 
+from carry.app import App
 from carry.platforms import Platform
 from carry.wheelbuild import producer
 from carry.wheelbuild.producer import Facts, Kind
+from cuda_tools import counting_cuda_home
+from helpers import ROOT
 
 AMD64, ARM64 = Platform.parse("linux/amd64", "test"), Platform.parse("linux/arm64", "test")
 
@@ -38,3 +42,23 @@ def test_a_pure_wheel_made_here_never_replaces_a_build_here():
     facts = Facts(platform=AMD64, native=AMD64, made_here="pkg-1.0-py3-none-any.whl")
     assert producer.choose(facts) is Kind.SOURCE
     assert producer.choose(dataclasses.replace(facts, platform=ARM64)) is Kind.PURE
+
+
+def test_every_platform_s_builder_of_a_command_compiles_with_one_probe(tmp_path, monkeypatch):
+    """The App probes nvcc and the host compiler once a command (the `{cuda}` tag and each platform's builder ask
+    the same probe); a later command on the same machine reads the probe back without running nvcc."""
+    calls = tmp_path / "nvcc-calls.log"
+    monkeypatch.setenv("CUDA_HOME", str(counting_cuda_home(tmp_path, calls)))
+    monkeypatch.setenv("CARRY_CACHE", str(tmp_path / "cache"))
+    project = tmp_path / "demo"
+    shutil.copytree(ROOT / "examples" / "demo", project, ignore=shutil.ignore_patterns("*.bundle"))
+    app = App.open(project / "build.yaml")
+    builders = [app.builder(None, None, platform) for platform in (AMD64, ARM64)]
+    assert builders[0].tools is builders[1].tools
+    tools = builders[0].tools()
+    assert builders[1].tools() is tools and app.toolchain().nvcc_version == tools.nvcc_version
+    assert tools.nvcc_version and "release 13" in tools.nvcc_version, tools
+    assert calls.read_text().splitlines() == ["--version"]
+    again = App.open(project / "build.yaml")
+    assert again.builder(None, None, ARM64).tools() == tools
+    assert calls.read_text().splitlines() == ["--version"]

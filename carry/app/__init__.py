@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from carry.platforms import Platform
     from carry.source import apply, series
     from carry.wheelbuild import toolchain, verify
+    from carry.wheelbuild.toolchain import BuildTools
     from carry.wheelbuild.wheel import Builder
 
 
@@ -63,6 +64,7 @@ class App:
         self._series: series.Series | None = None
         self._checked: CheckResult | None = None
         self._tools: toolchain.Toolchain | None = None
+        self._build_tools: BuildTools | None = None
 
     @classmethod
     def open(cls, config_path: Path) -> App:
@@ -100,15 +102,32 @@ class App:
         return checked
 
     def toolchain(self) -> toolchain.Toolchain:
-        """nvcc and the host compiler as this machine has them (no compiler cache): probed once a command."""
+        """nvcc and the host compiler as the build's environment (build.env over this process's) finds them:
+        probed once a command, for the `{cuda}` tag and every build."""
         if self._tools is None:
             import os
 
-            from carry.config import CompilerCache
             from carry.wheelbuild import toolchain
 
-            self._tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)
+            self._tools = toolchain.probe({**os.environ, **self.config.build.env}, self.cache.root)
         return self._tools
+
+    def build_tools(self) -> BuildTools:
+        """What every build of this command compiles with: `toolchain` and build.compiler_cache (with the remote
+        cache, resolved now: a bad $CARRY_REMOTE_CACHE_URL is bad input before any work), shared by every
+        platform's builder."""
+        if self._build_tools is None:
+            import os
+
+            from carry.wheelbuild import compilecache, toolchain
+
+            self._build_tools = toolchain.BuildTools(
+                self.toolchain,
+                self.config.build.compiler_cache,
+                {**os.environ, **self.config.build.env},
+                compilecache.remote_setting(self.config, os.environ),
+            )
+        return self._build_tools
 
     def arches(self, arch: str | None, platform: Platform | None = None) -> ArchList:
         """--arch, else the platform's own cuda_arches, else build.cuda_arches (config.build_arches)."""
@@ -163,7 +182,14 @@ class App:
         from carry.wheelbuild import wheel
 
         return wheel.Builder.resolve(
-            self.config, self.cache, self.policy(arch, platform), jobs, self.version(), platform, from_source
+            self.config,
+            self.cache,
+            self.policy(arch, platform),
+            jobs,
+            self.version(),
+            platform,
+            from_source,
+            self.build_tools(),
         )
 
     def repin(self, commit: str, tree: str | None = None) -> list[str]:

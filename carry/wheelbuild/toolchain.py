@@ -10,6 +10,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from carry.config import CompilerCache, RemoteCache
@@ -91,11 +92,11 @@ def find_launcher(cache: CompilerCache, env: dict[str, str], remote: RemoteCache
     return Launcher(cache, found, auto=False)
 
 
-def probe(env: dict[str, str], cache: CompilerCache, memo_dir: Path, remote: RemoteCache | None = None) -> Toolchain:
-    """Probe the tools once per set of binaries: the answer is kept under `memo_dir`, keyed by their stat."""
+def probe(env: dict[str, str], memo_dir: Path) -> Toolchain:
+    """Probe the compilers once per set of binaries: the answer is kept under `memo_dir`, keyed by their stat. No
+    compiler cache (`with_launcher` adds the build's)."""
     nvcc = find_nvcc(env)
     compiler = env.get("CXX") or "c++"
-    launcher = find_launcher(cache, env, remote)
     memo = memo_dir / f"toolchain-{_binaries_key(nvcc, compiler)}.json"
     try:
         versions = json.loads(memo.read_text())
@@ -112,8 +113,27 @@ def probe(env: dict[str, str], cache: CompilerCache, memo_dir: Path, remote: Rem
         compiler=versions["compiler"],
         python=f"{platform.python_implementation()} {platform.python_version()} ({sys.implementation.cache_tag})",
         machine=platform.machine(),
-        launcher=launcher,
+        launcher=None,
     )
+
+
+class BuildTools:
+    """The tools every build of one command compiles with: the compilers probed once (`probe`, handed in: the
+    command's one probe) and the build's compiler cache, found at the first build (after the caller's check,
+    which reports an unusable remote cache first) and kept for every platform's build after it."""
+
+    def __init__(
+        self, probed: Callable[[], Toolchain], cache: CompilerCache, env: dict[str, str], remote: RemoteCache | None
+    ) -> None:
+        self._probed, self._cache, self._env, self.remote = probed, cache, env, remote
+        self._found: Toolchain | None = None
+
+    def __call__(self) -> Toolchain:
+        """The compilers with the launcher (find_launcher: an explicit compiler cache that is missing is bad input)."""
+        if self._found is None:
+            launcher = find_launcher(self._cache, self._env, self.remote)
+            self._found = dataclasses.replace(self._probed(), launcher=launcher)
+        return self._found
 
 
 def _binaries_key(*commands: str | None) -> str:

@@ -141,7 +141,7 @@ def plan(
         builder.version,
         builder.policy,
         builder.job_plan,
-        builder.remote,
+        builder.tools.remote,
     )
     tree = report.patched_tree()
     wheel_version = (template or config.build.wheel_version or "0+carry.{version}").format(version=version)
@@ -265,11 +265,11 @@ def _published_hit(cache: Cache, key: str, out: Path) -> Path | None:
 
 class Builder:
     """What every build of one command shares, resolved once and before any work: the gate policy, the compile
-    jobs, VERSION, the remote compile cache and, unless building from source, the precompiled wheel for the
-    platform (checked: a wrong pin is bad input before anything is written); the toolchain is probed at the
-    first build (after the caller's check, which reports an unusable cache first). Calling it picks the
-    producer for one checked tree (precompiled when its compiled inputs are proven, else the source build),
-    plans and builds."""
+    jobs, VERSION, the tools (`toolchain.BuildTools`: the command's one probe and its compiler cache, found at the
+    first build, after the caller's check, which reports an unusable cache first) and, unless building from
+    source, the precompiled wheel for the platform (checked: a wrong pin is bad input before anything is written).
+    Calling it picks the producer for one checked tree (precompiled when its compiled inputs are proven, else the
+    source build), plans and builds."""
 
     def __init__(
         self,
@@ -280,11 +280,10 @@ class Builder:
         version: str,
         platform: Platform,
         pin: precompiled.Pin | None,
-        remote: RemoteCache | None,
+        tools: toolchain.BuildTools,
     ):
         self.config, self.cache, self.policy, self.job_plan = config, cache, policy, job_plan
-        self.version, self.platform, self.pin, self.remote = version, platform, pin, remote
-        self._tools: toolchain.Toolchain | None = None
+        self.version, self.platform, self.pin, self.tools = version, platform, pin, tools
         self._template: str | None = config.build.wheel_version
         # a base to derive from when this machine has none: given the plan, the mirror and the series (a fresh
         # runner's: VERSION N's fixed wheel rebuilt from its image, carry.image.locked.imagewheel)
@@ -300,6 +299,7 @@ class Builder:
         version: str,
         platform: Platform | None,
         from_source: bool,
+        tools: toolchain.BuildTools,
     ) -> Builder:
         target = platform or Platform.native()
         pin = None
@@ -317,15 +317,12 @@ class Builder:
             version,
             target,
             pin,
-            compilecache.remote_setting(config, os.environ),
+            tools,
         )
 
     def __call__(self, mirror: Path, report: CheckReport, patches: Series, out: Path) -> WheelResult:
         tree = report.patched_tree()
-        if self._tools is None:
-            self._tools = toolchain.probe(
-                {**os.environ, **self.config.build.env}, self.config.build.compiler_cache, self.cache.root, self.remote
-            )
+        tools = self.tools()
         reporter.phase("check", f"{len(patches.patches)} patch(es) on {report.base[:12]}: tree {tree[:12]}")
         taken = None
         facts = producer.Facts(platform=self.platform, native=Platform.native(), precompiled=self.pin is not None)
@@ -335,7 +332,7 @@ class Builder:
             taken = precompiled.prove(self.config, self.cache, mirror, self.pin, tree, patches)
             reporter.phase("precompiled", taken.line())
         environment = env_plan(self.config, mirror, tree)
-        the_plan = plan(self, report, self._tools, environment, taken, self._wheel_version(mirror, tree))
+        the_plan = plan(self, report, tools, environment, taken, self._wheel_version(mirror, tree))
         if self.offer is not None:
             offer, made = self.offer, the_plan
             the_plan = dataclasses.replace(the_plan, offered=lambda: offer(made, mirror, patches))
