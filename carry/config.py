@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from carry.platforms import Platform
-    from carry.util.download import Pinned
+    from carry.util.pinned import Pinned
 
 SHA_RE = re.compile(r"^[0-9a-f]{40}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -219,7 +219,7 @@ class PrecompiledWheel:
 class Nightly:
     """build.precompiled.nightly: where `carry pin` finds the precompiled wheels. `index` is the root of a per-commit
     wheel index in vLLM's layout (`{index}/{commit}/[{variant}/]{project}/`), as written: it may hold `${NAME}`,
-    taken from the environment when it is used (util/index.expand); `variant` None reads the default variant's
+    taken from the environment when it is used (util/indexurl.expand); `variant` None reads the default variant's
     pages; `max_walk` is how many commits of main's first-parent history may be tried, the merge-base included."""
 
     index: str
@@ -729,7 +729,7 @@ def _precompiled(build: _Section) -> Precompiled | None:
     if not build.has("precompiled"):
         return None
     from carry.platforms import Platform
-    from carry.util import download
+    from carry.util.pinned import Pinned
 
     section = build.section("precompiled", PRECOMPILED_KEYS)
     where = f"{build.path}: build.precompiled"
@@ -772,7 +772,7 @@ def _precompiled(build: _Section) -> Precompiled | None:
         if own.has("index") and not own.has("requirement"):
             raise BadInput(f"{here}: index is for a wheel pinned by requirement; give requirement: 'NAME==VERSION'")
         if own.has("requirement"):
-            pinned = download.Pinned.by_name(
+            pinned = Pinned.by_name(
                 own.string("requirement", required=True),
                 own.data.get("sha256"),
                 here,
@@ -781,7 +781,7 @@ def _precompiled(build: _Section) -> Precompiled | None:
             )
         else:
             source = own.string("url") or str(_relative(build.path, own.string("path", required=True)))
-            pinned = download.Pinned.parse(source, own.data.get("sha256"), here)
+            pinned = Pinned.parse(source, own.data.get("sha256"), here)
             if not pinned.name.endswith(".whl"):
                 raise BadInput(f"{here}: {pinned.name} is not a wheel (.whl)")
         wheels.append(PrecompiledWheel(platform, pinned, own.string("ref")))
@@ -797,7 +797,7 @@ def _nightly(precompiled: _Section) -> Nightly | None:
     """build.precompiled.nightly: {index: URL or ${NAME}, variant: NAME, max_walk: N}."""
     if "nightly" not in precompiled.data:
         return None
-    from carry.util import index
+    from carry.util import indexurl
 
     section = precompiled.section("nightly", NIGHTLY_KEYS)
     where = f"{section.path}: build.precompiled.nightly"
@@ -806,7 +806,7 @@ def _nightly(precompiled: _Section) -> Nightly | None:
             f"{where}.index is required: the root URL of the per-commit wheel index (its wheels of commit C are "
             f"under {{index}}/C/), or ${{NAME}} to take it from the environment"
         )
-    template = index.check_template(section.string("index", required=True), f"{where}.index").rstrip("/")
+    template = indexurl.check_template(section.string("index", required=True), f"{where}.index").rstrip("/")
     variant = section.string("variant")
     if variant is not None and (not VARIANT_RE.match(variant) or variant in (".", "..")):
         raise BadInput(

@@ -11,7 +11,7 @@ import yaml
 
 from carry import config as configuration
 from carry.platforms import Platform
-from carry.util import index
+from carry.util import indexurl
 from carry.util.errors import BadInput
 from carry.wheelbuild import nightly, pins
 
@@ -74,14 +74,14 @@ def test_without_nightly_the_wheels_stay_required(tmp_path):
 
 def test_an_index_from_the_environment(monkeypatch):
     monkeypatch.setenv("VLLM_NIGHTLY_INDEX", "https://user:token@wheels.example/root")
-    assert index.expand("${VLLM_NIGHTLY_INDEX}/abc/", "w") == "https://user:token@wheels.example/root/abc/"
+    assert indexurl.expand("${VLLM_NIGHTLY_INDEX}/abc/", "w") == "https://user:token@wheels.example/root/abc/"
     monkeypatch.setenv("VLLM_NIGHTLY_INDEX", "not a url")
     with pytest.raises(BadInput, match="is not an index URL"):
-        index.expand("${VLLM_NIGHTLY_INDEX}", "w")
+        indexurl.expand("${VLLM_NIGHTLY_INDEX}", "w")
     monkeypatch.delenv("VLLM_NIGHTLY_INDEX")
     with pytest.raises(BadInput, match=r"but \$VLLM_NIGHTLY_INDEX is not set; export VLLM_NIGHTLY_INDEX="):
-        index.expand("${VLLM_NIGHTLY_INDEX}", "w")
-    assert index.expand("https://plain/", "w") == "https://plain/"
+        indexurl.expand("${VLLM_NIGHTLY_INDEX}", "w")
+    assert indexurl.expand("https://plain/", "w") == "https://plain/"
 
 
 @pytest.mark.parametrize(

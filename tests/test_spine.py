@@ -324,10 +324,11 @@ _CONFIG_LOADS = {
     *("carry", "carry.cli", "carry.cli.main", "carry.cli.common", "carry.cli.commands", "carry.app"),
     "carry.config",
     *("carry.arch", "carry.platforms", "carry.util", "carry.util.errors", "carry.util.record"),
-    *("carry.util.digest", "carry.util.cache", "carry.util.fsutil", "carry.util.download"),
+    *("carry.util.digest", "carry.util.cache", "carry.util.fsutil", "carry.util.pinned"),
     # the standard library's, beyond what click and yaml load
     *("json", "json.decoder", "json.encoder", "json.scanner", "_json", "locale", "_locale", "shlex", "_sha256"),
-    *("_sha2", "pathlib", "fnmatch", "ntpath", "urllib", "urllib.parse", "ipaddress", "gc"),
+    *("_sha2", "gc"),
+    *("pathlib", "fnmatch", "ntpath", "urllib", "urllib.parse", "ipaddress"),  # pathlib and what it imports
 }
 LIGHT_COMMANDS_LOAD = {
     "check": {*_CONFIG_LOADS, "carry.source", "carry.source.git", "carry.source.series", "carry.source.apply"}
@@ -338,6 +339,7 @@ LIGHT_COMMANDS_LOAD = {
 NEVER = (
     *("carry.image", "carry.wheelbuild", "carry.verdicts", "carry.gputest", "carry.binaries"),
     *("carry.binaries.fatbin", "carry.binaries.sharedobjects", "carry.util.index", "carry.source.releases"),
+    "carry.util.download",
     *("docker", "elftools", "certifi", "ssl", "http", "urllib.request", "socket", "hashlib", "subprocess"),
     *("filelock", "packaging", "dataclasses", "shutil", "tempfile", "logging", "email"),
 )
