@@ -957,20 +957,30 @@ def _test(entry: Any, where: str, gpu: bool = True) -> TestCommand:
 
 def test_argv(entry: Any, where: str) -> tuple[list[str], str]:
     """A command as a string (split like a shell would) or a list of arguments: (argv, the command as text)."""
+    argv = command_argv(entry, where)
+    if isinstance(entry, str):
+        return argv, entry.strip()
     import shlex
 
+    return argv, shlex.join(entry)
+
+
+def command_argv(entry: Any, where: str) -> list[str]:
+    """A command as a string (split like a shell would: shlex, imported only then) or a list of arguments."""
     if isinstance(entry, str):
+        import shlex
+
         try:
-            argv, text = shlex.split(entry), entry.strip()
+            argv = shlex.split(entry)
         except ValueError as exc:
             raise BadInput(f"{where} {entry!r} does not parse ({exc}); close the quote or use a list") from None
     elif isinstance(entry, list) and all(isinstance(arg, str) for arg in entry):
-        argv, text = list(entry), shlex.join(entry)
+        argv = list(entry)
     else:
         raise BadInput(f"{where} must be a string or a list of strings, got {entry!r}")
     if not argv or not argv[0].strip():
         raise BadInput(f"{where} is empty; give the command to run, e.g. 'python -m pkg.check'")
-    return argv, text
+    return argv
 
 
 def _check_wheel_version(section: _Section, template: str) -> None:
@@ -1061,8 +1071,7 @@ def _exec_form(section: _Section, key: str, empty: bool = False) -> tuple[str, .
         return None
     if isinstance(value, list) and not value and empty:
         return ()
-    argv, _ = test_argv(value, f"{section.path}: image.{key}")
-    return tuple(argv)
+    return tuple(command_argv(value, f"{section.path}: image.{key}"))
 
 
 PLATFORM_KEYS = ("cuda_arches", "base_image", "runtime_image", "runtime_python")

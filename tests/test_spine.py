@@ -324,9 +324,9 @@ _CONFIG_LOADS = {
     *("carry", "carry.cli", "carry.cli.main", "carry.cli.common", "carry.cli.commands", "carry.app"),
     "carry.config",
     *("carry.arch", "carry.platforms", "carry.util", "carry.util.errors", "carry.util.record"),
-    *("carry.util.digest", "carry.util.cache", "carry.util.fsutil", "carry.util.pinned"),
+    *("carry.util.digest", "carry.util.cache", "carry.util.pinned"),
     # the standard library's, beyond what click and yaml load
-    *("json", "json.decoder", "json.encoder", "json.scanner", "_json", "locale", "_locale", "shlex", "_sha256"),
+    *("json", "json.decoder", "json.encoder", "json.scanner", "_json", "locale", "_locale", "_sha256"),
     *("_sha2", "gc"),
     *("pathlib", "fnmatch", "ntpath", "urllib", "urllib.parse", "ipaddress"),  # pathlib and what it imports
 }
