@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from carry import config as configuration
+from carry.config.build import Nightly
 from carry.platforms import Platform
 from carry.util import indexurl
 from carry.util.errors import BadInput
@@ -42,9 +43,9 @@ def load(tmp_path: Path, text: str):
 def test_a_nightly_block_without_wheels_loads_with_its_defaults(tmp_path):
     loaded = load(tmp_path, HEAD + "    nightly:\n      index: ${VLLM_NIGHTLY_INDEX}/\n" + TAIL)
     settings = loaded.build.precompiled
-    assert settings.wheels == () and settings.nightly == configuration.Nightly("${VLLM_NIGHTLY_INDEX}", None, 50)
+    assert settings.wheels == () and settings.nightly == Nightly("${VLLM_NIGHTLY_INDEX}", None, 50)
     loaded = load(tmp_path, HEAD + "    nightly: {index: 'https://wheels.example/', variant: cu130, max_walk: 3}\n")
-    assert loaded.build.precompiled.nightly == configuration.Nightly("https://wheels.example", "cu130", 3)
+    assert loaded.build.precompiled.nightly == Nightly("https://wheels.example", "cu130", 3)
 
 
 @pytest.mark.parametrize(

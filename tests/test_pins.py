@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from carry.config import PrecompiledWheel
+from carry.config.build import PrecompiledWheel
 from carry.platforms import Platform
 from carry.source import releases
 from carry.util.errors import BadInput

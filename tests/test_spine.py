@@ -322,7 +322,7 @@ def _tree_with(upstream: Upstream, base: str, patches: Path) -> str:
 # <= 1.5x the click+yaml start-up): add one only when the command uses it, never for a command it does not run.
 _CONFIG_LOADS = {
     *("carry", "carry.cli", "carry.cli.main", "carry.cli.common", "carry.cli.commands", "carry.app"),
-    "carry.config",
+    *("carry.config", "carry.config.build", "carry.config.reader"),
     *("carry.arch", "carry.platforms", "carry.util", "carry.util.errors", "carry.util.record"),
     *("carry.util.digest", "carry.util.cache", "carry.util.pinned"),
     # the standard library's, beyond what click and yaml load

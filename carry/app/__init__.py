@@ -104,7 +104,7 @@ class App:
         if self._tools is None:
             import os
 
-            from carry.config import CompilerCache
+            from carry.config.build import CompilerCache
             from carry.wheelbuild import toolchain
 
             self._tools = toolchain.probe(dict(os.environ), CompilerCache.NONE, self.cache.root)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from carry.config import SHA_RE, Config, public_url
+from carry.config import SHA_RE, Config
+from carry.config.reader import public_url
 from carry.source import git
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed

@@ -30,7 +30,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from carry.config import Config, Nightly
+from carry.config import Config
+from carry.config.build import Nightly
 from carry.platforms import Platform
 from carry.util import index as indexes
 from carry.util import indexurl

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from carry.config import CompilerCache, RemoteCache
+from carry.config.build import CompilerCache, RemoteCache
 from carry.util.errors import BadInput
 from carry.util.fsutil import atomic_write_text
 from carry.util.run import execute
