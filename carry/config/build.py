@@ -650,15 +650,31 @@ def _check_wheel_version(section: Section, template: str) -> None:
 
 
 def release_and_local(version: str) -> bool:
-    """Whether `version` is a release and a local label in their plainest form (`0.33.0+carry.20260101.1`): then it
-    is a PEP 440 version with a local label, told without packaging (its import and its pattern's compile would cost
-    every command that loads build.yaml more than the rest of the file); other forms are for packaging to judge."""
-    release, plus, local = version.partition("+")
+    """Whether `version` is a public version and a local label in their canonical forms (`0.33.0+carry.20260101.1`,
+    `0.23.0.dev0+carry.20260101.1`): then it is a PEP 440 version with a local label, told without packaging (its
+    import and its pattern's compile would cost every command that loads build.yaml more than the rest of the file);
+    other forms are for packaging to judge."""
+    public, plus, local = version.partition("+")
     return (
         bool(plus)
-        and _dotted(release, str.isdigit)
+        and _canonical_public(public)
         and _dotted(local, lambda part: part.isalnum() and part.islower() or part.isdigit())
     )
+
+
+def _canonical_public(version: str) -> bool:
+    """Whether `version` is `N(.N)*[{a|b|rc}N][.postN][.devN]`, each N ASCII digits: PEP 440's canonical form of a
+    public version without an epoch."""
+    parts = version.split(".")
+    for segment in ("dev", "post"):  # from the end: .postN.devN
+        if len(parts) > 1 and parts[-1].startswith(segment) and _dotted(parts[-1][len(segment) :], str.isdigit):
+            parts.pop()
+    for label in ("rc", "a", "b"):  # a pre-release is written onto the release's last number: 1.0rc1
+        number, found, pre = parts[-1].partition(label)
+        if found and _dotted(number, str.isdigit) and _dotted(pre, str.isdigit):
+            parts[-1] = number
+            break
+    return all(_dotted(part, str.isdigit) for part in parts)
 
 
 def _dotted(text: str, each: Callable[[str], bool]) -> bool:
