@@ -29,7 +29,7 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def started(directory: Path) -> Iterator[Redis]:
-    from carry.config import RemoteCache
+    from carry.config.build import RemoteCache
     from carry.wheelbuild import compilecache
 
     if shutil.which("redis-server") is None:

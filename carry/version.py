@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 from carry.util.errors import BadInput
-from carry.util.fsutil import atomic_write_text
 from carry.util.record import record
 
 VERSION_RE = re.compile(r"(\d{4})(\d{2})(\d{2})\.([1-9]\d*)")
@@ -72,5 +71,7 @@ def bump(path: Path) -> Version:
 
 
 def write(path: Path, new: Version) -> Version:
+    from carry.util.fsutil import atomic_write_text  # here, not on `version`'s path: only a bump writes
+
     atomic_write_text(path, f"{new}\n")
     return new

@@ -15,8 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from carry.config import Config, load  # noqa: E402
+from carry.config.reader import public_url  # noqa: E402
 from carry.util.cache import Cache  # noqa: E402
-from carry.config import Config, load, public_url  # noqa: E402
 from carry.util.errors import CarryError  # noqa: E402
 
 QUERIES = {

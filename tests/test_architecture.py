@@ -269,8 +269,9 @@ def test_rooms_import_only_what_the_architecture_allows():
 
 
 def _docs_key(name: str) -> str:
-    """A room as docs/architecture.md's table names it: `image/locked/`, `config`."""
-    return name if name in SHARED else name.replace(".", "/") + "/"
+    """A room as docs/architecture.md's table names it: `image/locked/`, `config/` (a shared package), `arch` (a
+    shared module)."""
+    return name if name in SHARED and not (ROOT / PACKAGE / name).is_dir() else name.replace(".", "/") + "/"
 
 
 def _docs_rows() -> dict[str, list[str]]:
@@ -300,9 +301,9 @@ def test_the_modules_docs_architecture_lists_are_the_rooms_own():
     edges = carry_graph()
     rows = _docs_rows()
     for name in RULES:
-        if name in SHARED:
-            continue
         own = {module.rsplit(".", 1)[1] for module in edges if room(module, edges) == name and module != name}
+        if name in SHARED and not own:
+            continue  # a shared module, not a package: its row says what it holds
         listed = _listed(rows[_docs_key(name)][1])
         assert listed == own, f"{_docs_key(name)}: docs list {sorted(listed)}, the room holds {sorted(own)}"
 
@@ -591,6 +592,33 @@ def test_a_shared_module_importing_a_family_is_a_loop_and_a_break(tmp_path):
         "binaries -> config -> binaries (binaries.treecheck -> config; config -> binaries.gatepolicy)"
     ]
     assert rule_breaks(edges) == ["config -> binaries.gatepolicy (config may import ['arch', 'platforms', 'util'])"]
+
+
+def test_a_shared_package_is_one_room(tmp_path):
+    """A shared top-level room made a package (config/): its modules are the room `config`, held to its rules, and
+    a module of it importing the package's __init__ that imports it is a cycle."""
+    root = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "config/__init__.py": "from carry.config.build import Build\n",
+            "config/build.py": "from carry.config.reader import Section\nfrom carry.binaries.gate import check\n",
+            "config/reader.py": "from carry.util.errors import BadInput\n",
+            "config/image.py": "from carry.config import SHA_RE\n",
+            "util/__init__.py": "",
+            "util/errors.py": "",
+            "binaries/__init__.py": "",
+            "binaries/gate.py": "",
+        },
+    )
+    edges = graph(root)
+    assert {room(module, edges) for module in edges if module.startswith("config")} == {"config"}
+    assert cycles(edges) == []  # config/image.py imports the package, which does not import it
+    assert rule_breaks(edges) == ["config.build -> binaries.gate (config may import ['arch', 'platforms', 'util'])"]
+    (root / PACKAGE / "config" / "__init__.py").write_text(
+        "from carry.config.build import Build\nfrom carry.config import image\n"
+    )
+    assert cycles(graph(root)) == [["config", "config.image", "config"]]
 
 
 def test_each_family_of_image_is_a_room_of_its_own(tmp_path):

@@ -146,7 +146,7 @@ def test_measure_counts_child_cpu(tmp_path):
 def test_bench_redis_is_private_empty_and_demands_its_password(tmp_path):
     import shutil
 
-    from carry.config import RemoteCache
+    from carry.config.build import RemoteCache
     from carry.wheelbuild import compilecache
 
     if shutil.which("redis-server") is None:

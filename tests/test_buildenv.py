@@ -23,7 +23,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 from carry import config
-from carry.config import BuildEnvironment
+from carry.config.build import BuildEnvironment
 from carry.platforms import Platform
 from carry.source import releases
 from carry.util import reporter

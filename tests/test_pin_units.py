@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from carry import config as configuration
+from carry.config.build import Nightly
 from carry.platforms import Platform
-from carry.util import index
+from carry.util import indexurl
 from carry.util.errors import BadInput
 from carry.wheelbuild import nightly, pins
 
@@ -42,9 +43,9 @@ def load(tmp_path: Path, text: str):
 def test_a_nightly_block_without_wheels_loads_with_its_defaults(tmp_path):
     loaded = load(tmp_path, HEAD + "    nightly:\n      index: ${VLLM_NIGHTLY_INDEX}/\n" + TAIL)
     settings = loaded.build.precompiled
-    assert settings.wheels == () and settings.nightly == configuration.Nightly("${VLLM_NIGHTLY_INDEX}", None, 50)
+    assert settings.wheels == () and settings.nightly == Nightly("${VLLM_NIGHTLY_INDEX}", None, 50)
     loaded = load(tmp_path, HEAD + "    nightly: {index: 'https://wheels.example/', variant: cu130, max_walk: 3}\n")
-    assert loaded.build.precompiled.nightly == configuration.Nightly("https://wheels.example", "cu130", 3)
+    assert loaded.build.precompiled.nightly == Nightly("https://wheels.example", "cu130", 3)
 
 
 @pytest.mark.parametrize(
@@ -74,14 +75,14 @@ def test_without_nightly_the_wheels_stay_required(tmp_path):
 
 def test_an_index_from_the_environment(monkeypatch):
     monkeypatch.setenv("VLLM_NIGHTLY_INDEX", "https://user:token@wheels.example/root")
-    assert index.expand("${VLLM_NIGHTLY_INDEX}/abc/", "w") == "https://user:token@wheels.example/root/abc/"
+    assert indexurl.expand("${VLLM_NIGHTLY_INDEX}/abc/", "w") == "https://user:token@wheels.example/root/abc/"
     monkeypatch.setenv("VLLM_NIGHTLY_INDEX", "not a url")
     with pytest.raises(BadInput, match="is not an index URL"):
-        index.expand("${VLLM_NIGHTLY_INDEX}", "w")
+        indexurl.expand("${VLLM_NIGHTLY_INDEX}", "w")
     monkeypatch.delenv("VLLM_NIGHTLY_INDEX")
     with pytest.raises(BadInput, match=r"but \$VLLM_NIGHTLY_INDEX is not set; export VLLM_NIGHTLY_INDEX="):
-        index.expand("${VLLM_NIGHTLY_INDEX}", "w")
-    assert index.expand("https://plain/", "w") == "https://plain/"
+        indexurl.expand("${VLLM_NIGHTLY_INDEX}", "w")
+    assert indexurl.expand("https://plain/", "w") == "https://plain/"
 
 
 @pytest.mark.parametrize(

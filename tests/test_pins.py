@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from carry.config import PrecompiledWheel
+from carry.config.build import PrecompiledWheel
 from carry.platforms import Platform
 from carry.source import releases
-from carry.util.download import Pinned
 from carry.util.errors import BadInput
+from carry.util.pinned import Pinned
 from carry.wheelbuild import precompiled
 from helpers import ROOT
 

@@ -379,7 +379,8 @@ def local_index(tmp_path):
 def test_a_pin_names_its_index(tmp_path, local_index, history):
     """`index:` (vLLM's per-commit nightly index, a mirror): pip is told that index, and the wheel comes from it."""
     from carry.platforms import Platform
-    from carry.util.download import Pinned, Store
+    from carry.util.download import Store
+    from carry.util.pinned import Pinned
 
     pinned = Pinned.by_name("vllm==0.33.0", SHA_X86, "test", index=local_index, platform=Platform.LINUX_AMD64)
     try:

@@ -19,7 +19,7 @@ import pytest
 from wheel.wheelfile import WheelFile
 
 from carry.app import App
-from carry.config import TestCommand
+from carry.config.build import TestCommand
 from carry.gputest import gpu, prove, testrun
 from carry.source import apply, upstream
 from helpers import ROOT, assert_bad_input, carry

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from carry.config import CompilerCache, RemoteCache
+from carry.config.build import CompilerCache, RemoteCache
 from carry.util import reporter
 from carry.util.errors import BadInput
 from carry.wheelbuild import compilecache, toolchain

@@ -66,7 +66,7 @@ def recorder(directory: Path, name: str, real: str, log: Path) -> Path:
     ],
 )
 def test_public_url_drops_only_the_user_part(url, public):
-    from carry.config import public_url, strip_credentials
+    from carry.config.reader import public_url, strip_credentials
 
     assert public_url(url) == public
     assert strip_credentials(f"upstream:\n  url: {url}  # pinned\n") == f"upstream:\n  url: {public}  # pinned\n"

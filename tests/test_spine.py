@@ -317,27 +317,33 @@ def _tree_with(upstream: Upstream, base: str, patches: Path) -> str:
 
 
 # What `check` and `version` load beyond `import click, yaml`, on a build.yaml with examples/vllm's build: and image:
-# sections (arches, gate rules, precompiled pins, platforms, the lock), the mirror fetched and the series checked
-# before (a CI rerun). Every module here is paid by every check a CI job or a maintainer runs (bench/vllmbench.py:
-# <= 1.5x the click+yaml start-up): add one only when the command uses it, never for a command it does not run.
+# sections (arches, gate rules, precompiled pins, platforms, the lock) or the repository's own (its precompiled wheels
+# found by `carry pin` on a nightly index written as ${NAME}, a dev release as the wheel's version), the mirror fetched
+# and the series checked before (a CI rerun). Every module here is paid by every check a CI job or a maintainer runs
+# (bench/vllmbench.py: <= 1.5x the click+yaml start-up): add one only when the command uses it, never for a command it
+# does not run.
 _CONFIG_LOADS = {
     *("carry", "carry.cli", "carry.cli.main", "carry.cli.common", "carry.cli.commands", "carry.app"),
-    "carry.config",
+    *("carry.config", "carry.config.build", "carry.config.reader"),
     *("carry.arch", "carry.platforms", "carry.util", "carry.util.errors", "carry.util.record"),
-    *("carry.util.digest", "carry.util.cache", "carry.util.fsutil", "carry.util.download"),
+    *("carry.util.digest", "carry.util.cache", "carry.util.pinned"),
     # the standard library's, beyond what click and yaml load
-    *("json", "json.decoder", "json.encoder", "json.scanner", "_json", "locale", "_locale", "shlex", "_sha256"),
-    *("_sha2", "pathlib", "fnmatch", "ntpath", "urllib", "urllib.parse", "ipaddress", "gc"),
+    *("json", "json.decoder", "json.encoder", "json.scanner", "_json", "locale", "_locale", "_sha256"),
+    *("_sha2", "gc"),
+    *("pathlib", "fnmatch", "ntpath", "urllib", "urllib.parse", "ipaddress"),  # pathlib and what it imports
 }
 LIGHT_COMMANDS_LOAD = {
     "check": {*_CONFIG_LOADS, "carry.source", "carry.source.git", "carry.source.series", "carry.source.apply"}
     | {"carry.source.upstream", "carry.cli.commands.check"},
     "version": {*_CONFIG_LOADS, "carry.version", "carry.cli.commands.version"},
 }
+# What each build.yaml's build: and image: sections add: an index URL is checked (util/indexurl), never asked.
+CONFIG_SECTIONS_LOAD = {"examples/vllm/build.yaml": set(), "build.yaml": {"carry.util.indexurl"}}
 # Families neither command may load: network, ELF, Docker, builds, images, verdicts, GPU tests, OpenSSL, processes
 NEVER = (
     *("carry.image", "carry.wheelbuild", "carry.verdicts", "carry.gputest", "carry.binaries"),
     *("carry.binaries.fatbin", "carry.binaries.sharedobjects", "carry.util.index", "carry.source.releases"),
+    "carry.util.download",
     *("docker", "elftools", "certifi", "ssl", "http", "urllib.request", "socket", "hashlib", "subprocess"),
     *("filelock", "packaging", "dataclasses", "shutil", "tempfile", "logging", "email"),
 )
@@ -368,16 +374,17 @@ def _loaded(command: str, config: Path, env: dict) -> set[str]:
     return set(loaded)
 
 
+@pytest.mark.parametrize("source", sorted(CONFIG_SECTIONS_LOAD))
 @pytest.mark.parametrize("command", ["check", "version"])
-def test_check_and_version_load_only_what_they_use(project, command):
+def test_check_and_version_load_only_what_they_use(project, command, source):
     upstream, config, env = project
-    example = (ROOT / "examples" / "vllm" / "build.yaml").read_text()
+    example = (ROOT / source).read_text()
     config.write_text(config.read_text() + example[example.index("\nbuild:\n") + 1 :])
     patch_line(upstream, config.parent / "patches/0001-one.patch", "value_10 = 10\n", "value_10 = 100\n")
     assert run(config, env, "check").code == 0  # the mirror fetched, the answer kept: what a rerun reads back
     loaded = _loaded(command, config, env)
     assert "carry.config" in loaded and ("carry.source.apply" in loaded) == (command == "check")
-    grown = sorted(loaded - LIGHT_COMMANDS_LOAD[command])
+    grown = sorted(loaded - LIGHT_COMMANDS_LOAD[command] - CONFIG_SECTIONS_LOAD[source])
     assert not grown, f"`{command}` now loads {grown}: import them where they are used, not on {command}'s path"
     never = sorted(name for name in loaded if any(name == n or name.startswith(f"{n}.") for n in NEVER))
     assert not never, never

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from carry.config import Deselection, UpstreamTests
+from carry.config.build import Deselection, UpstreamTests
 from carry.gputest import pytestplugin, suiterun, upstreamsuite
 from helpers import Upstream, assert_bad_input, carry, write_config
 from lib.wheels import make_wheel

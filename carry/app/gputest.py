@@ -11,7 +11,7 @@ from carry.util.record import record
 
 if TYPE_CHECKING:
     from carry.app import App
-    from carry.config import TestCommand
+    from carry.config.build import TestCommand
     from carry.gputest import prove, testrun, upstreamsuite
     from carry.platforms import Platform
 

@@ -147,7 +147,7 @@ def checked_said(app: App) -> CheckResult:
 
 def one_artifact(app: App, checked: CheckResult, out: Path, platform: Platform, precompiled: str | None) -> None:
     """Bad input when `out` holds another artifact under this VERSION (wheel.refuse_another_artifact)."""
-    from carry.config import public_url
+    from carry.config.reader import public_url
     from carry.wheelbuild import wheel
 
     wheel.refuse_another_artifact(

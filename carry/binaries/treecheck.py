@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from carry.binaries.gatepolicy import glob_pattern
 from carry.binaries.sharedobjects import may_be_shared_object
 from carry.binaries.wheelzip import member_bytes
-from carry.config import Generated
+from carry.config.build import Generated
 from carry.source import git
 
 SHOWN_PROBLEMS = 20

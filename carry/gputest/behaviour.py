@@ -20,7 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from carry.config import Config, TestCommand
+from carry.config import Config
+from carry.config.build import TestCommand
 from carry.gputest import gpu
 from carry.source.series import Patch, Series
 from carry.util import reporter

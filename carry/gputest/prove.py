@@ -19,7 +19,8 @@ from carry.util.errors import Failed
 from carry.util.record import record
 
 if TYPE_CHECKING:
-    from carry.config import Config, TestCommand
+    from carry.config import Config
+    from carry.config.build import TestCommand
     from carry.util.cache import Cache
     from carry.wheelbuild.wheel import Builder
 

@@ -29,7 +29,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from carry.config import BuildEnvironment, UpstreamTests
+from carry.config.build import BuildEnvironment, UpstreamTests
 from carry.source import git
 from carry.util import run
 from carry.util.digest import sha256

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import carry
 from carry.binaries import buildinfo
-from carry.config import Config, TestCommand
+from carry.config import Config
+from carry.config.build import TestCommand
 from carry.gputest.gpu import Gpu
 from carry.util import reporter
 from carry.util.errors import BadInput, Failed

@@ -33,7 +33,8 @@ from carry.util.fsutil import atomic_write_text, temp_dir
 from carry.util.record import record
 
 if TYPE_CHECKING:
-    from carry.config import Config, UpstreamTests
+    from carry.config import Config
+    from carry.config.build import UpstreamTests
     from carry.util.cache import Cache
     from carry.wheelbuild.verify import Verification
 

@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from carry.config import Config, strip_credentials
+from carry.config import Config
+from carry.config.reader import strip_credentials
 from carry.source.series import Series
 from carry.trust import publish
 from carry.trust.facts import CarriedPatch, ImageFacts, Source, Wheel

@@ -12,8 +12,9 @@ import yaml
 
 from carry.platforms import Platform
 from carry.util.cache import Cache
-from carry.util.download import Pinned, Store
+from carry.util.download import Store
 from carry.util.errors import BadInput
+from carry.util.pinned import Pinned
 
 KINDS = ("sdist", "wheel")
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import yaml
 
-from carry.config import SHA_RE, Config, public_url
+from carry.config import SHA_RE, Config
+from carry.config.reader import public_url
 from carry.source import git
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
-from carry.util.fsutil import atomic_write_text
 from carry.util.record import record
 
 PIN_REF = "refs/carry/pin"
@@ -285,6 +285,8 @@ def update_pin(config: Config, new_commit: str) -> None:
 
     Every move of the pin goes through here (`fetch --update-pin`, `refresh`, `drop`): what must follow a new pin
     is done here. The callers bump VERSION (a new pin is a new artifact)."""
+    from carry.util.fsutil import atomic_write_text  # here, not on `check`'s path: only a moved pin writes
+
     text = config.path.read_text()
     node = yaml.compose(text)
     for key, value in node.value:

@@ -16,7 +16,8 @@ import os
 import re
 from pathlib import Path
 
-from carry.config import Config, public_url
+from carry.config import Config
+from carry.config.reader import public_url
 from carry.source import git
 from carry.util.cache import Cache
 from carry.util.errors import BadInput

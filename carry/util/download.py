@@ -1,8 +1,8 @@
 """Files pinned by sha256 (an upstream's released wheels and sdists), downloaded once into a content-addressed
 store and checked before anyone reads them.
 
-A file is pinned by name (`vllm==0.33.0` and its sha256; the package index the user configured serves it, see
-carry/util/index.py), by a local path, or by an http(s) URL.
+A file is pinned (carry/util/pinned.py) by name (`vllm==0.33.0` and its sha256; the package index the user
+configured serves it, see carry/util/index.py), by a local path, or by an http(s) URL.
 
 The store lives in `$CARRY_DOWNLOADS`, default `$CARRY_CACHE/downloads` (`~/.cache/carry/downloads`): one
 directory per sha256 holding the file under its own name. A download goes to a `.part` file first, resumes it
@@ -22,150 +22,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
-import urllib.parse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from carry.util.digest import sha256 as sha256_hasher
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, ensure_room, is_no_space, no_space_line
-from carry.util.record import field, record
+from carry.util.pinned import Pinned
+from carry.util.record import record
 
-if TYPE_CHECKING:
-    from carry.util.index import WheelPlatform
-
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 CHUNK = 1 << 20
 TIMEOUT_S = 60
 ATTEMPTS = 4
-
-
-@record
-class Pinned:
-    """A file known by its sha256: where to get it (an http(s) URL, a local path, or by requirement from the
-    package index: `source` is then empty), its name (empty until the index names a wheel pinned by requirement
-    and platform) and size."""
-
-    source: str
-    sha256: str
-    name: str
-    size: int | None = None
-    requirement: str | None = None  # `project==version`: the configured index serves the file
-    index: str | None = None  # an index to ask instead of pip's configured one (build.yaml's index:)
-    platform: WheelPlatform | None = None  # the platform of a wheel pinned by requirement alone
-    where: str = field(default="", compare=False)  # what pinned it, for messages
-
-    @classmethod
-    def parse(cls, source: str, sha256: str | None, where: str, size: int | None = None) -> Pinned:
-        sha = _sha(sha256, where)
-        text = str(source or "").strip()
-        if not text:
-            raise BadInput(f"{where}: no file given; set a path or an http(s) URL")
-        scheme = urllib.parse.urlsplit(text).scheme.lower()
-        if "://" in text and scheme not in ("http", "https", "file"):
-            raise BadInput(f"{where}: {text!r} has scheme {scheme!r}; use an http(s) URL or a local path")
-        name = Path(urllib.parse.unquote(urllib.parse.urlsplit(text).path)).name
-        if not name or name in (".", ".."):
-            raise BadInput(f"{where}: {text!r} names no file; give the URL or path of the file itself")
-        return cls(text, sha, name, size, where=where)
-
-    @classmethod
-    def by_name(
-        cls,
-        requirement: str,
-        sha256: str | None,
-        where: str,
-        *,
-        name: str = "",
-        size: int | None = None,
-        index: str | None = None,
-        platform: WheelPlatform | None = None,
-    ) -> Pinned:
-        """A file the package index serves: `project==version` (one exact version), its sha256, and either its file
-        name (an sdist or a wheel of a release list) or the platform whose wheel pip picks."""
-        sha = _sha(sha256, where)
-        text = str(requirement or "").strip()
-        if _exact_version(text) is None:
-            raise BadInput(
-                f"{where}: requirement {requirement!r} names no single version; pin one, e.g. 'vllm==0.33.0'"
-            )
-        if index is not None and "${" in index:  # ${NAME}: the environment's, when pip is asked (_from_index)
-            from carry.util.index import URL_SCHEMES, check_template
-
-            check_template(index, f"{where}: index", URL_SCHEMES)
-        elif index is not None:
-            scheme = urllib.parse.urlsplit(index).scheme.lower()
-            if scheme not in ("http", "https", "file"):
-                raise BadInput(
-                    f"{where}: index {index!r} is not an index URL; give a simple-API index "
-                    f"(https://HOST/PATH or file:///PATH), or leave it out to use pip's own"
-                )
-        return cls("", sha, name, size, text, index, platform, where)
-
-    @property
-    def version(self) -> str | None:
-        """The version the pin names: its requirement's, else the one in its file name."""
-        exact = _exact_version(self.requirement) if self.requirement else None
-        if exact is not None:
-            return exact[1]
-        parts = self.name.split("-")
-        return parts[1] if len(parts) > 1 else None
-
-    @property
-    def project(self) -> str | None:
-        exact = _exact_version(self.requirement) if self.requirement else None
-        return exact[0] if exact is not None else None
-
-    @property
-    def is_url(self) -> bool:
-        return urllib.parse.urlsplit(self.source).scheme.lower() in ("http", "https")
-
-    @property
-    def local_path(self) -> Path:
-        parts = urllib.parse.urlsplit(self.source)
-        return Path(urllib.parse.unquote(parts.path)) if parts.scheme.lower() == "file" else Path(self.source)
-
-    def short(self) -> str:
-        return f"{self.name or self.requirement} (sha256 {self.sha256[:8]}…)"
-
-
-def _sha(sha256: str | None, where: str) -> str:
-    sha = str(sha256 or "").strip().lower()
-    if not SHA256_RE.match(sha):
-        raise BadInput(f"{where}: sha256 {sha256!r} is not 64 hex digits; give the file's sha256 (sha256sum FILE)")
-    return sha
-
-
-# `project==version` as a pin is written: read without packaging's requirement parser, whose import (markers, tags,
-# subprocess, logging) every command that loads a build.yaml with pins would pay; other forms go through it.
-PLAIN_PIN_RE = re.compile(r"\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*==\s*([0-9A-Za-z!+._-]+)\s*")
-
-
-def _exact_version(requirement: str) -> tuple[str, str] | None:
-    """(project, version) of `project==version`; None for anything that is not one exact version."""
-    plain = PLAIN_PIN_RE.fullmatch(requirement)
-    if plain and all(part.isascii() and part.isdigit() for part in plain.group(2).split(".")):
-        return plain.group(1), plain.group(2)  # a plain release (0.33.0): a PEP 440 version, told without packaging
-    if plain:
-        from packaging.version import InvalidVersion, Version
-
-        try:
-            Version(plain.group(2))
-        except InvalidVersion:
-            return None
-        return plain.group(1), plain.group(2)
-    from packaging.requirements import InvalidRequirement, Requirement
-
-    try:
-        parsed = Requirement(requirement)
-    except InvalidRequirement:
-        return None
-    specs = list(parsed.specifier)
-    if len(specs) != 1 or specs[0].operator not in ("==", "===") or "*" in specs[0].version or parsed.url:
-        return None
-    return parsed.name, specs[0].version
 
 
 @record
@@ -242,7 +110,7 @@ class Store:
     # --- by name, from the package index ---------------------------------------------------------------------
 
     def _from_index(self, pinned: Pinned) -> Path:
-        from carry.util import index, reporter
+        from carry.util import index, indexurl, reporter
 
         requirement, project = pinned.requirement, pinned.project
         if requirement is None or project is None:  # by_name pins only `project==version`
@@ -265,7 +133,7 @@ class Store:
         import shutil
         import tempfile
 
-        asked_index = index.expand(pinned.index, f"{where}: index", index.URL_SCHEMES) if pinned.index else None
+        asked_index = indexurl.expand(pinned.index, f"{where}: index", indexurl.URL_SCHEMES) if pinned.index else None
         self.root.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         scratch = Path(tempfile.mkdtemp(prefix=".pip-", dir=self.root))

@@ -108,46 +108,6 @@ def configured(index: str | None = None) -> Indexes:
     return Indexes((pip_default_index(), *extra), "pip's default index and configuration")
 
 
-# --- an index URL written as ${NAME} --------------------------------------------------------------------------
-
-ENV_REF_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-URL_SCHEMES = ("http", "https", "file")
-
-
-def check_template(template: str, where: str, schemes: tuple[str, ...] = ("http", "https")) -> str:
-    """An index URL as build.yaml writes it: a URL of `schemes`, or one holding ${NAME} (the environment's, at
-    use); bad input naming `where` for a stray '$' or another form."""
-    if "$" in ENV_REF_RE.sub("", template):
-        raise BadInput(f"{where} is {template!r}: a '$' outside ${{NAME}}; write the variable as ${{NAME}}")
-    if ENV_REF_RE.search(template):
-        return template
-    return _check_url(template, where, schemes)
-
-
-def expand(template: str, where: str, schemes: tuple[str, ...] = ("http", "https")) -> str:
-    """The index URL `template` names now: every ${NAME} replaced by that environment variable (bad input naming
-    the first one unset or empty), the result a URL of `schemes`."""
-    for name in ENV_REF_RE.findall(template):
-        if not os.environ.get(name):
-            raise BadInput(
-                f"{where} is {template!r}, but ${name} is not set; export {name}=<the index URL> (CI sets it from "
-                f"its configuration), or write the URL"
-            )
-    if not ENV_REF_RE.search(template):
-        return template
-    return _check_url(ENV_REF_RE.sub(lambda m: os.environ[m.group(1)], template), f"{where} (from {template})", schemes)
-
-
-def _check_url(url: str, where: str, schemes: tuple[str, ...]) -> str:
-    parts = urllib.parse.urlsplit(url.strip())
-    if parts.scheme.lower() not in schemes or not (parts.netloc or parts.scheme.lower() == "file"):
-        raise BadInput(
-            f"{where}: {public(url)!r} is not an index URL; give {' or '.join(f'{s}://' for s in schemes)}HOST/PATH, "
-            f"or ${{NAME}} to take it from the environment"
-        )
-    return url.strip()
-
-
 # --- a file by its name, from the simple-API page ----------------------------------------------------------------
 
 

@@ -18,7 +18,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from carry.config import Config, public_url
+from carry.config import Config
+from carry.config.reader import public_url
 from carry.source import git, upstream
 from carry.util.cache import Cache
 from carry.util.errors import BadInput

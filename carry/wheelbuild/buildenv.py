@@ -34,7 +34,8 @@ from typing import TextIO
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from carry.config import BuildEnvironment, public_url, strip_credentials
+from carry.config.build import BuildEnvironment
+from carry.config.reader import public_url, strip_credentials
 from carry.platforms import Platform
 from carry.util import reporter
 from carry.util.cache import Cache

@@ -24,7 +24,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-from carry.config import CompilerCache, Config, RemoteCache, RemoteScheme
+from carry.config import Config
+from carry.config.build import CompilerCache, RemoteCache, RemoteScheme
 from carry.util import redact, reporter
 from carry.util.errors import BadInput
 from carry.util.fsutil import write_private

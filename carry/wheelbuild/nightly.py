@@ -30,9 +30,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from carry.config import Config, Nightly
+from carry.config import Config
+from carry.config.build import Nightly
 from carry.platforms import Platform
 from carry.util import index as indexes
+from carry.util import indexurl
 from carry.util.download import Store
 from carry.util.errors import BadInput, Failed
 
@@ -128,7 +130,7 @@ class Index:
                 f"{where} is not set; `carry pin` finds the precompiled wheels on a per-commit wheel index: add "
                 f"build.precompiled.nightly: {{index: URL or ${{NAME}}, variant: NAME}}"
             )
-        url = indexes.expand(nightly.index, f"{where}.index").rstrip("/")
+        url = indexurl.expand(nightly.index, f"{where}.index").rstrip("/")
         return cls(nightly.index, url, nightly.variant, nightly.max_walk, where)
 
     @property

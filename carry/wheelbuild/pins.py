@@ -29,7 +29,8 @@ from pathlib import Path
 
 import yaml
 
-from carry.config import Config, PrecompiledWheel
+from carry.config import Config
+from carry.config.build import PrecompiledWheel
 from carry.platforms import Platform
 from carry.source import apply, git, series, upstream
 from carry.util.cache import Cache

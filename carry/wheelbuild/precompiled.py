@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 
 from carry.binaries import wheelzip
 from carry.binaries.sharedobjects import may_be_shared_object
-from carry.config import Config, PrecompiledWheel
+from carry.config import Config
+from carry.config.build import PrecompiledWheel
 from carry.platforms import Platform
 from carry.source import git, upstream
 from carry.source.series import Series

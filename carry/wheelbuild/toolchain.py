@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from carry.config import CompilerCache, RemoteCache
+from carry.config.build import CompilerCache, RemoteCache
 from carry.util.errors import BadInput
 from carry.util.fsutil import atomic_write_text
 from carry.util.run import execute

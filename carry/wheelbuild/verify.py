@@ -13,7 +13,7 @@ from carry.arch import ArchList
 from carry.binaries import buildinfo, gate, treecheck
 from carry.binaries import sharedobjects as binaries
 from carry.binaries.gatepolicy import GatePolicy
-from carry.config import Generated
+from carry.config.build import Generated
 from carry.platforms import Platform
 from carry.util.errors import Failed
 

@@ -23,7 +23,9 @@ from packaging.version import InvalidVersion, Version
 import carry
 from carry.binaries import buildinfo
 from carry.binaries.gatepolicy import GatePolicy
-from carry.config import Config, RemoteCache, public_url
+from carry.config import Config
+from carry.config.build import RemoteCache
+from carry.config.reader import public_url
 from carry.platforms import Platform
 from carry.source import git
 from carry.source.apply import CheckReport

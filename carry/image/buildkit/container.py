@@ -24,7 +24,8 @@ except ImportError:  # Python 3.10: `build` depends on tomli there
     import tomli as tomllib  # type: ignore[no-redef]
 
 import carry
-from carry.config import Config, strip_credentials
+from carry.config import Config
+from carry.config.reader import strip_credentials
 from carry.image.vocabulary import ENTRYPOINT, docker_binary
 from carry.platforms import Emulation, Platform
 from carry.source import upstream

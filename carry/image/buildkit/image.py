@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from carry.arch import ArchList
-from carry.config import TAG_RE, Config, public_url
+from carry.config import TAG_RE, Config
+from carry.config.reader import public_url
 from carry.image import pushorder
 from carry.image.buildkit import container, enginepush, layercache
 from carry.image.buildkit.container import Builder, StageBuild

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from carry.binaries import wheelzip
-from carry.config import Config, public_url, strip_credentials
+from carry.config import Config
+from carry.config.reader import public_url, strip_credentials
 from carry.platforms import Platform
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, CarryError, Failed

@@ -1,15 +1,17 @@
-"""build.yaml, read once with YAML's safe loader and resolved into frozen records (carry/util/record.py)."""
+"""build.yaml's `build:` section, resolved once into frozen records: the CUDA arches, the variables and version of the
+build, the compiler cache (local or remote), the tests, what the build generates and keeps, the environment it is
+built in, its precompiled wheels (and where `carry pin` finds them) and the upstream's own test suite. build.gate is
+kept as written (carry/binaries/gatepolicy.py reads it)."""
 
 from __future__ import annotations
 
 import enum
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from carry.arch import ArchList
+from carry.config.reader import ENV_NAME_RE, Section, env_names, strip_credentials, test_argv, without_secrets
 from carry.util.errors import BadInput
 from carry.util.record import field as record_field
 from carry.util.record import record
@@ -18,20 +20,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from carry.platforms import Platform
-    from carry.util.download import Pinned
-
-SHA_RE = re.compile(r"^[0-9a-f]{40}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SCP_LIKE_RE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^:]")
-ALLOWED_SCHEMES = ("https", "ssh", "git", "file")
-DEFAULT_IMAGE_TAGS = ("{version}",)
-TAG_FIELDS = ("version", "base_short", "cuda", "series_short")
-TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-# libyaml's safe loader where PyYAML was built with it (its wheels are): the same documents, a tenth of the time
-SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-# image.runtime_python: how a runtime image without python3 gets one (carry.image.locked.runtimebase).
-RUNTIME_PYTHON_METHODS = ("apt",)
-RUNTIME_PYTHON_VALUES = ("auto", *RUNTIME_PYTHON_METHODS, "off")
+    from carry.util.pinned import Pinned
 
 
 class CompilerCache(enum.Enum):
@@ -69,15 +58,6 @@ class RemoteScheme(enum.Enum):
         return (CompilerCache.SCCACHE,)
 
 
-def _without_secrets(url: str) -> str:
-    """A URL for an error message: scheme, host and path only; no user, password, query or fragment."""
-    if not url.strip().partition("://")[2]:
-        return "(not a URL)" if "@" in url or "?" in url else url.strip()
-    from carry.util import redact
-
-    return redact.address(url.strip())
-
-
 REMOTE_FORMS = "redis://HOST[:PORT][/DB], rediss://…, http(s)://HOST[:PORT][/PATH], s3://BUCKET[/PREFIX] or gha"
 
 
@@ -98,7 +78,7 @@ class RemoteCache:
             return cls(RemoteScheme.GHA, "")
         import urllib.parse
 
-        shown = _without_secrets(text)
+        shown = without_secrets(text)
         try:
             parts = urllib.parse.urlsplit(text.strip())
             port = parts.port
@@ -151,18 +131,6 @@ class RemoteCache:
             f"{where} {self}: {launcher.value} cannot use {self.scheme.value} storage; "
             f"set build.compiler_cache to {usable}"
         )
-
-
-@record
-class Upstream:
-    url: str
-    pr: int | None
-    commit: str
-    main: str
-
-    @property
-    def pr_ref(self) -> str | None:
-        return f"refs/pull/{self.pr}/head" if self.pr is not None else None
 
 
 @record
@@ -219,7 +187,7 @@ class PrecompiledWheel:
 class Nightly:
     """build.precompiled.nightly: where `carry pin` finds the precompiled wheels. `index` is the root of a per-commit
     wheel index in vLLM's layout (`{index}/{commit}/[{variant}/]{project}/`), as written: it may hold `${NAME}`,
-    taken from the environment when it is used (util/index.expand); `variant` None reads the default variant's
+    taken from the environment when it is used (util/indexurl.expand); `variant` None reads the default variant's
     pages; `max_walk` is how many commits of main's first-parent history may be tried, the merge-base included."""
 
     index: str
@@ -311,264 +279,6 @@ class Build:
     upstream_tests: UpstreamTests | None = None  # None: `suite` has no selection to run
 
 
-@record
-class PlatformTarget:
-    """A platform to build for, with what it sets for itself (None: the build's and image's own settings)."""
-
-    platform: Platform
-    cuda_arches: ArchList | None = None
-    base_image: str | None = None
-    runtime_image: str | None = None
-    runtime_python: str | None = None  # auto | apt | off (RUNTIME_PYTHON_VALUES); None: image.runtime_python
-
-
-@record
-class Image:
-    name: str
-    tags: tuple[str, ...]
-    platforms: tuple[PlatformTarget, ...]
-    base_image: str | None
-    runtime_image: str | None
-    build_args: dict[str, str]
-    labels: dict[str, str]
-    env: dict[str, str]
-    secret_env: tuple[str, ...]
-    docker: str
-    lock: Path | None = None  # image.lock: the runtime lock's directory (beside build.yaml); None: not locked
-    entrypoint: tuple[str, ...] | None = None  # image.entrypoint, exec form; None: the base's
-    cmd: tuple[str, ...] | None = None  # image.cmd, exec form (may be empty); None: the base's
-    runtime_python: str = "auto"  # a runtime image without python3: auto (derive one), apt (always), off (never)
-
-
-@record
-class Config:
-    path: Path
-    upstream: Upstream
-    patches_dir: Path
-    version_file: Path
-    build: Build
-    image: Image
-
-    @property
-    def root(self) -> Path:
-        return self.path.parent
-
-    def target(self, platform: Platform) -> PlatformTarget:
-        """image.platforms' entry for `platform`, or one that sets nothing of its own."""
-        return next((t for t in self.image.platforms if t.platform is platform), PlatformTarget(platform))
-
-    def runtime_python(self, platform: Platform) -> str:
-        """How `platform`'s runtime image gets its python3: its own image.platforms setting, else image's."""
-        return self.target(platform).runtime_python or self.image.runtime_python
-
-    def arches_for(self, platform: Platform | None) -> ArchList | None:
-        """The CUDA arches a build for `platform` asks for: its own, else build.cuda_arches (None: not set)."""
-        own = self.target(platform).cuda_arches if platform is not None else None
-        return own if own is not None else self.build.cuda_arches
-
-    def build_arches(self, given: ArchList | None, platform: Platform | None = None) -> ArchList:
-        """The arches a build promises: `given` (--arch), else the platform's own cuda_arches, else
-        build.cuda_arches; the empty list (`none`, `[]`) builds a wheel with no CUDA code."""
-        if given is not None:
-            return given
-        configured = self.arches_for(platform)
-        if configured is None:
-            raise BadInput(
-                f"{self.path}: build.cuda_arches is not set; set it (e.g. '9.0,12.1', or [] for a "
-                f"Python-only wheel) or pass --arch"
-            )
-        return configured
-
-
-class _Section:
-    """Typed access to one mapping of build.yaml; every error names the key, the file and the form wanted."""
-
-    def __init__(self, data: Any, prefix: str, path: Path, allowed: tuple[str, ...]):
-        self.prefix = prefix
-        self.path = path
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise BadInput(f"{path}: {prefix or 'the file'} must be a mapping of keys, got {type(data).__name__}")
-        unknown = sorted(str(k) for k in data if k not in allowed)
-        if unknown:
-            raise BadInput(f"{path}: unknown key {self._key(unknown[0])}; allowed keys here: {', '.join(allowed)}")
-        self.data = data
-
-    def _key(self, key: str) -> str:
-        return f"{self.prefix}.{key}" if self.prefix else key
-
-    def fail(self, key: str, form: str) -> BadInput:
-        return BadInput(f"{self.path}: {self._key(key)} must be {form}, got {self.data.get(key)!r}")
-
-    def has(self, key: str) -> bool:
-        return self.data.get(key) is not None
-
-    def section(self, key: str, allowed: tuple[str, ...]) -> _Section:
-        return _Section(self.data.get(key), self._key(key), self.path, allowed)
-
-    @overload
-    def string(self, key: str, default: str) -> str: ...
-    @overload
-    def string(self, key: str, *, required: Literal[True]) -> str: ...
-    @overload
-    def string(self, key: str) -> str | None: ...
-    def string(self, key: str, default: str | None = None, required: bool = False) -> str | None:
-        value = self.data.get(key)
-        if value is None:  # `key:` with no value is the key left out: the default (has() reads it so too)
-            value = default
-        if value is None:
-            if required:
-                raise BadInput(f"{self.path}: {self._key(key)} is required (a string)")
-            return None
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(key, "a non-empty string")
-        return value
-
-    def integer(self, key: str) -> int | None:
-        value = self.data.get(key)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise self.fail(key, "a positive integer")
-        return value
-
-    def boolean(self, key: str, default: bool) -> bool:
-        value = self.data.get(key, default)
-        if not isinstance(value, bool):
-            raise self.fail(key, "true or false")
-        return value
-
-    def strings(self, key: str, default: tuple[str, ...] = ()) -> tuple[str, ...]:
-        value = self.data.get(key)
-        if value is None:
-            return default
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-            raise self.fail(key, "a list of non-empty strings")
-        return tuple(value)
-
-    def env(self, key: str) -> dict[str, str]:
-        value = self.data.get(key) or {}
-        if not isinstance(value, dict):
-            raise self.fail(key, "a mapping of NAME: value")
-        result = {}
-        for name, item in value.items():
-            if not isinstance(name, str) or not ENV_NAME_RE.match(name):
-                raise BadInput(f"{self.path}: {self._key(key)} has an invalid name {name!r}; use NAME: value")
-            if isinstance(item, bool) or not isinstance(item, (str, int, float)):
-                raise BadInput(f"{self.path}: {self._key(key)}.{name} must be a string or number, got {item!r}")
-            result[name] = str(item)
-        return result
-
-
-def check_url(url: str, path: Path) -> str:
-    """Accept only https, ssh, git and file URLs, scp-like ssh and local paths (repos or bundles)."""
-    if url.startswith("-"):
-        raise BadInput(f"{path}: upstream.url {public_url(url)!r} starts with '-'; give a URL or a path")
-    if "::" in url.split("/", 1)[0]:
-        raise BadInput(
-            f"{path}: upstream.url {public_url(url)!r} uses a git remote helper transport; "
-            f"use one of {', '.join(ALLOWED_SCHEMES)} or a local path"
-        )
-    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", url)
-    if scheme:
-        if scheme.group(1).lower() not in ALLOWED_SCHEMES:
-            raise BadInput(
-                f"{path}: upstream.url scheme {scheme.group(1)!r} is not allowed; "
-                f"use one of {', '.join(ALLOWED_SCHEMES)} or a local path"
-            )
-        return url
-    if SCP_LIKE_RE.match(url):
-        return url
-    resolved = Path(url) if Path(url).is_absolute() else (path.parent / url)
-    return str(resolved.resolve())
-
-
-def public_url(url: str) -> str:
-    """The URL without any user:password part, safe for logs, labels and buildinfo."""
-    from carry.util import redact
-
-    return redact.credentials(url)
-
-
-def strip_credentials(text: str) -> str:
-    """`text` (e.g. build.yaml) with the user:password part removed from every URL in it."""
-    from carry.util import redact
-
-    return redact.credentials(text)
-
-
-def check_image_name(name: str, path: Path) -> str:
-    """A docker repository name: optional registry host[:port], lowercase path components."""
-    # one component at a time: the same language as the whole name's pattern
-    # ^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$, whose compile alone cost
-    # every command that loads build.yaml 1-3 ms
-    first, *rest = name.split("/")
-    component = r"[a-z0-9]+(?:[._-][a-z0-9]+)*"
-    valid = all(re.fullmatch(component, part) for part in rest) and bool(
-        re.fullmatch(component, first) or (rest and re.fullmatch(r"[a-z0-9.-]+(?::[0-9]+)?", first))
-    )
-    if not valid:
-        raise BadInput(
-            f"{path}: image.name {name!r} is not a valid image name; use lowercase letters, digits, "
-            f"'.', '_', '-' and '/', e.g. registry.example:5000/team/vllm-gb10"
-        )
-    return name
-
-
-def check_tag_template(template: str, path: Path) -> str:
-    """A tag template may use only the known fields and must render to a valid tag."""
-    if template in DEFAULT_IMAGE_TAGS:
-        return template  # valid
-    for field in re.findall(r"{([^{}]*)}", template):
-        if field not in TAG_FIELDS:
-            raise BadInput(
-                f"{path}: image.tags template {template!r} uses unknown field {{{field}}}; "
-                f"allowed: {', '.join('{' + f + '}' for f in TAG_FIELDS)}"
-            )
-    try:
-        sample = template.format(version="20260101.1", base_short="0" * 12, cuda="130", series_short="0" * 12)
-    except ValueError as exc:
-        raise BadInput(
-            f"{path}: image.tags template {template!r} is malformed ({exc}); write fields as {{version}}"
-        ) from None
-    if not TAG_RE.fullmatch(sample):
-        raise BadInput(
-            f"{path}: image.tags template {template!r} does not render to a valid tag "
-            f"(letters, digits, '_', '.', '-'; at most 128; not starting with '.' or '-')"
-        )
-    return template
-
-
-def load(path: Path) -> Config:
-    """Read and validate build.yaml."""
-    path = Path(path).absolute()
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise BadInput(f"{path}: config file not found; pass --config PATH to an existing build.yaml") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{path}: cannot read config ({exc}); check the file") from None
-    try:
-        data = yaml.load(text, Loader=SAFE_LOADER)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise BadInput(f"{path}: YAML syntax error{where}: {problem}; fix the file") from None
-    top = _Section(data, "", path, ("upstream", "patches", "version_file", "build", "image"))
-    return Config(
-        path=path,
-        upstream=_upstream(top.section("upstream", ("url", "pr", "commit", "main")), path),
-        patches_dir=path.parent / top.section("patches", ("dir",)).string("dir", "patches"),
-        version_file=path.parent / top.string("version_file", "VERSION"),
-        build=_build(top.section("build", BUILD_KEYS)),
-        image=_image(top.section("image", IMAGE_KEYS), path),
-    )
-
-
 BUILD_KEYS = (
     "cuda_arches",
     "env",
@@ -592,48 +302,14 @@ PRECOMPILED_KEYS = ("env", "clear", "inputs", "nightly", "wheels")
 PRECOMPILED_WHEEL_KEYS = ("requirement", "index", "path", "url", "sha256", "ref")
 ENVIRONMENT_KEYS = ("requires", "index_url", "extra_index_urls")
 INDEX_FORM = "an index URL: https://HOST/PATH (user:password@ allowed), http://… or file:///PATH"
-IMAGE_KEYS = (
-    "name",
-    "tags",
-    "platforms",
-    "base_image",
-    "runtime_image",
-    "build_args",
-    "labels",
-    "env",
-    "secret_env",
-    "docker",
-    "lock",
-    "entrypoint",
-    "cmd",
-    "runtime_python",
-)
 
 
-def _upstream(section: _Section, path: Path) -> Upstream:
-    if not section.data:
-        raise BadInput(f"{path}: the upstream section is required (url, commit, optional pr and main)")
-    commit = section.data.get("commit")
-    if isinstance(commit, (int, float)) and not isinstance(commit, bool):
-        raise BadInput(
-            f"{path}: upstream.commit was read as the number {commit!r}: YAML reads an all-digit SHA as a number; "
-            f"quote it, e.g. commit: '0123456789…' (the full 40-hex SHA)"
-        )
-    if not isinstance(commit, str) or not SHA_RE.match(commit):
-        raise section.fail("commit", "a full 40-hex commit SHA (git rev-parse <commit>)")
-    return Upstream(
-        url=check_url(section.string("url", required=True), path),
-        pr=section.integer("pr"),
-        commit=commit,
-        main=section.string("main", "main"),
-    )
-
-
-def _build(section: _Section) -> Build:
+def read_build(section: Section) -> Build:
+    """The `build:` section, each key read into its record (a key left out: its default)."""
     arches = section.data.get("cuda_arches")
     if arches is not None and not isinstance(arches, (str, list)):
         raise section.fail("cuda_arches", "a string like '9.0,12.1', a list of arches, or [] for no CUDA code")
-    version_env = _env_names(section, "version_env")
+    version_env = env_names(section, "version_env")
     wheel_version = section.string("wheel_version")
     if wheel_version is not None:
         if "{version}" not in wheel_version:
@@ -680,7 +356,7 @@ def _tree_path(where: str, value: Any, ids: bool = False) -> str:
     return text
 
 
-def _upstream_tests(build: _Section) -> UpstreamTests | None:
+def _upstream_tests(build: Section) -> UpstreamTests | None:
     """build.upstream_tests: {paths: [...], marker: EXPR, deselect: {path or id: why}, requires: [...], timeout: S,
     workers: N, env: {NAME: value}, checkout: [...]}."""
     if not build.has("upstream_tests"):
@@ -715,7 +391,7 @@ def _upstream_tests(build: _Section) -> UpstreamTests | None:
     )
 
 
-def _distribution(section: _Section) -> str | None:
+def _distribution(section: Section) -> str | None:
     """build.distribution: the upstream's distribution name (a wheel's NAME, PEP 508 form)."""
     name = section.string("distribution")
     if name is not None and not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
@@ -723,13 +399,13 @@ def _distribution(section: _Section) -> str | None:
     return name
 
 
-def _precompiled(build: _Section) -> Precompiled | None:
+def _precompiled(build: Section) -> Precompiled | None:
     """build.precompiled: env (with {wheel}), clear (prefixes), inputs (glob: why), wheels (platform: requirement
     with an optional index, or path, or url; sha256; ref)."""
     if not build.has("precompiled"):
         return None
     from carry.platforms import Platform
-    from carry.util import download
+    from carry.util.pinned import Pinned
 
     section = build.section("precompiled", PRECOMPILED_KEYS)
     where = f"{build.path}: build.precompiled"
@@ -761,7 +437,7 @@ def _precompiled(build: _Section) -> Precompiled | None:
     wheels = []
     for name, settings in value.items():
         platform = Platform.parse(str(name), f"{where}.wheels")
-        own = _Section(settings, f"build.precompiled.wheels.{name}", build.path, PRECOMPILED_WHEEL_KEYS)
+        own = Section(settings, f"build.precompiled.wheels.{name}", build.path, PRECOMPILED_WHEEL_KEYS)
         here = f"{where}.wheels.{name}"
         if sum(own.has(key) for key in ("requirement", "path", "url")) != 1:
             raise BadInput(
@@ -772,7 +448,7 @@ def _precompiled(build: _Section) -> Precompiled | None:
         if own.has("index") and not own.has("requirement"):
             raise BadInput(f"{here}: index is for a wheel pinned by requirement; give requirement: 'NAME==VERSION'")
         if own.has("requirement"):
-            pinned = download.Pinned.by_name(
+            pinned = Pinned.by_name(
                 own.string("requirement", required=True),
                 own.data.get("sha256"),
                 here,
@@ -781,7 +457,7 @@ def _precompiled(build: _Section) -> Precompiled | None:
             )
         else:
             source = own.string("url") or str(_relative(build.path, own.string("path", required=True)))
-            pinned = download.Pinned.parse(source, own.data.get("sha256"), here)
+            pinned = Pinned.parse(source, own.data.get("sha256"), here)
             if not pinned.name.endswith(".whl"):
                 raise BadInput(f"{here}: {pinned.name} is not a wheel (.whl)")
         wheels.append(PrecompiledWheel(platform, pinned, own.string("ref")))
@@ -793,11 +469,11 @@ DEFAULT_MAX_WALK = 50
 VARIANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-def _nightly(precompiled: _Section) -> Nightly | None:
+def _nightly(precompiled: Section) -> Nightly | None:
     """build.precompiled.nightly: {index: URL or ${NAME}, variant: NAME, max_walk: N}."""
     if "nightly" not in precompiled.data:
         return None
-    from carry.util import index
+    from carry.util import indexurl
 
     section = precompiled.section("nightly", NIGHTLY_KEYS)
     where = f"{section.path}: build.precompiled.nightly"
@@ -806,7 +482,7 @@ def _nightly(precompiled: _Section) -> Nightly | None:
             f"{where}.index is required: the root URL of the per-commit wheel index (its wheels of commit C are "
             f"under {{index}}/C/), or ${{NAME}} to take it from the environment"
         )
-    template = index.check_template(section.string("index", required=True), f"{where}.index").rstrip("/")
+    template = indexurl.check_template(section.string("index", required=True), f"{where}.index").rstrip("/")
     variant = section.string("variant")
     if variant is not None and (not VARIANT_RE.match(variant) or variant in (".", "..")):
         raise BadInput(
@@ -820,12 +496,12 @@ def _relative(config_path: Path, path: str) -> Path:
     return Path(path) if Path(path).is_absolute() else config_path.parent / path
 
 
-def _globs_with_reasons(section: _Section, key: str, reason: str) -> tuple[Generated, ...]:
+def _globs_with_reasons(section: Section, key: str, reason: str) -> tuple[Generated, ...]:
     """A mapping of path glob to why, e.g. build.generated or build.precompiled.inputs."""
     value = section.data.get(key)
     if value is None:
         return ()
-    where = f"{section.path}: {section._key(key)}"
+    where = f"{section.path}: {section.key(key)}"
     if not isinstance(value, dict):
         raise BadInput(f"{where} must be a mapping of path glob to {reason}, e.g. {{'pkg/_version.py': '…'}}")
     found = []
@@ -838,12 +514,12 @@ def _globs_with_reasons(section: _Section, key: str, reason: str) -> tuple[Gener
     return tuple(found)
 
 
-def _generated(section: _Section) -> tuple[Generated, ...]:
+def _generated(section: Section) -> tuple[Generated, ...]:
     """build.generated: a mapping of wheel-path glob to why the build writes it."""
     return _globs_with_reasons(section, "generated", "which build step writes it")
 
 
-def _keep(section: _Section) -> tuple[str, ...]:
+def _keep(section: Section) -> tuple[str, ...]:
     """build.keep: build-dir paths (globs) that survive between builds, e.g. setuptools' object dirs."""
     keep = section.strings("keep", DEFAULT_KEEP)
     for glob in keep:
@@ -856,7 +532,7 @@ def _keep(section: _Section) -> tuple[str, ...]:
     return keep
 
 
-def _environment(build: _Section, isolation: bool) -> BuildEnvironment:
+def _environment(build: Section, isolation: bool) -> BuildEnvironment:
     """build.environment: requirements carry adds to the upstream's build requires, and the indexes uv uses."""
     if not build.has("environment"):
         return BuildEnvironment()
@@ -892,10 +568,10 @@ def _environment(build: _Section, isolation: bool) -> BuildEnvironment:
     )
 
 
-def _index_url(section: _Section, key: str, url: str) -> str:
+def _index_url(section: Section, key: str, url: str) -> str:
     import urllib.parse
 
-    shown = _without_secrets(url)
+    shown = without_secrets(url)
     try:
         parts = urllib.parse.urlsplit(url)
         _ = parts.port  # a bad port raises ValueError
@@ -913,7 +589,7 @@ def _index_url(section: _Section, key: str, url: str) -> str:
     return url
 
 
-def _tests(section: _Section, gpu: bool = True) -> tuple[TestCommand, ...]:
+def _tests(section: Section, gpu: bool = True) -> tuple[TestCommand, ...]:
     """build.tests: a list of commands, each a string split like a shell would (no shell runs it), a list of
     arguments, or a mapping {run: <either>, gpu: true|false, against: wheel|tree}; `gpu` is the default."""
     value = section.data.get("tests")
@@ -955,25 +631,7 @@ def _test(entry: Any, where: str, gpu: bool = True) -> TestCommand:
     return TestCommand(tuple(argv), text, gpu, tree)
 
 
-def test_argv(entry: Any, where: str) -> tuple[list[str], str]:
-    """A command as a string (split like a shell would) or a list of arguments: (argv, the command as text)."""
-    import shlex
-
-    if isinstance(entry, str):
-        try:
-            argv, text = shlex.split(entry), entry.strip()
-        except ValueError as exc:
-            raise BadInput(f"{where} {entry!r} does not parse ({exc}); close the quote or use a list") from None
-    elif isinstance(entry, list) and all(isinstance(arg, str) for arg in entry):
-        argv, text = list(entry), shlex.join(entry)
-    else:
-        raise BadInput(f"{where} must be a string or a list of strings, got {entry!r}")
-    if not argv or not argv[0].strip():
-        raise BadInput(f"{where} is empty; give the command to run, e.g. 'python -m pkg.check'")
-    return argv, text
-
-
-def _check_wheel_version(section: _Section, template: str) -> None:
+def _check_wheel_version(section: Section, template: str) -> None:
     """Whatever VERSION holds, the template must render to a PEP 440 version with a local label."""
     try:
         rendered = template.format(version="20260101.1")
@@ -992,129 +650,32 @@ def _check_wheel_version(section: _Section, template: str) -> None:
 
 
 def release_and_local(version: str) -> bool:
-    """Whether `version` is a release and a local label in their plainest form (`0.33.0+carry.20260101.1`): then it
-    is a PEP 440 version with a local label, told without packaging (its import and its pattern's compile would cost
-    every command that loads build.yaml more than the rest of the file); other forms are for packaging to judge."""
-    release, plus, local = version.partition("+")
+    """Whether `version` is a public version and a local label in their canonical forms (`0.33.0+carry.20260101.1`,
+    `0.23.0.dev0+carry.20260101.1`): then it is a PEP 440 version with a local label, told without packaging (its
+    import and its pattern's compile would cost every command that loads build.yaml more than the rest of the file);
+    other forms are for packaging to judge."""
+    public, plus, local = version.partition("+")
     return (
         bool(plus)
-        and _dotted(release, str.isdigit)
+        and _canonical_public(public)
         and _dotted(local, lambda part: part.isalnum() and part.islower() or part.isdigit())
     )
 
 
+def _canonical_public(version: str) -> bool:
+    """Whether `version` is `N(.N)*[{a|b|rc}N][.postN][.devN]`, each N ASCII digits: PEP 440's canonical form of a
+    public version without an epoch."""
+    parts = version.split(".")
+    for segment in ("dev", "post"):  # from the end: .postN.devN
+        if len(parts) > 1 and parts[-1].startswith(segment) and _dotted(parts[-1][len(segment) :], str.isdigit):
+            parts.pop()
+    for label in ("rc", "a", "b"):  # a pre-release is written onto the release's last number: 1.0rc1
+        number, found, pre = parts[-1].partition(label)
+        if found and _dotted(number, str.isdigit) and _dotted(pre, str.isdigit):
+            parts[-1] = number
+            break
+    return all(_dotted(part, str.isdigit) for part in parts)
+
+
 def _dotted(text: str, each: Callable[[str], bool]) -> bool:
     return all(part.isascii() and part and each(part) for part in text.split("."))
-
-
-def _image(section: _Section, path: Path) -> Image:
-    name = section.string("name", "carry")
-    return Image(
-        name=check_image_name(name, path),
-        tags=tuple(check_tag_template(t, path) for t in section.strings("tags", DEFAULT_IMAGE_TAGS)),
-        platforms=_platforms(section),
-        base_image=section.string("base_image"),
-        runtime_image=section.string("runtime_image"),
-        build_args=section.env("build_args"),
-        labels=_labels(section),
-        env=section.env("env"),
-        secret_env=_env_names(section, "secret_env"),
-        docker=section.string("docker", "docker"),
-        lock=_lock_dir(section, path),
-        entrypoint=_exec_form(section, "entrypoint"),
-        cmd=_exec_form(section, "cmd", empty=True),
-        runtime_python=_runtime_python(section) or "auto",
-    )
-
-
-def _runtime_python(section: _Section) -> str | None:
-    """image.runtime_python (or image.platforms.<p>.runtime_python): auto, a method (apt) or off."""
-    value = section.data.get("runtime_python")
-    if value is None:
-        return None
-    if value is False:
-        value = "off"  # YAML 1.1 reads a bare `off` as false
-    if value not in RUNTIME_PYTHON_VALUES:
-        raise section.fail(
-            "runtime_python",
-            "auto (derive a base with python3 when the runtime image has none), apt (always derive it with the "
-            "image's own apt) or off (never)",
-        )
-    return value
-
-
-def _lock_dir(section: _Section, path: Path) -> Path | None:
-    """image.lock: a directory beside build.yaml (relative, inside the config's directory) for the runtime lock."""
-    name = section.string("lock")
-    if name is None:
-        return None
-    parts = Path(name).parts
-    if Path(name).is_absolute() or ".." in parts or not parts:
-        raise section.fail("lock", "a directory relative to the config's directory, e.g. runtime-lock")
-    return path.parent / name
-
-
-def _exec_form(section: _Section, key: str, empty: bool = False) -> tuple[str, ...] | None:
-    """image.entrypoint / image.cmd: a list of arguments (exec form), or a string split like a shell would."""
-    value = section.data.get(key)
-    if value is None:
-        return None
-    if isinstance(value, list) and not value and empty:
-        return ()
-    argv, _ = test_argv(value, f"{section.path}: image.{key}")
-    return tuple(argv)
-
-
-PLATFORM_KEYS = ("cuda_arches", "base_image", "runtime_image", "runtime_python")
-
-
-def _platforms(section: _Section) -> tuple[PlatformTarget, ...]:
-    """A list of platforms, or a mapping of platform to what it sets for itself (PLATFORM_KEYS)."""
-    value = section.data.get("platforms")
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        value = [value]
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        value = {v: None for v in value}
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise section.fail(
-            "platforms",
-            "a list of platforms such as [linux/amd64, linux/arm64], or a mapping of "
-            "platform to its own cuda_arches, base_image, runtime_image, runtime_python",
-        )
-    from carry.platforms import Platform
-
-    targets: list[PlatformTarget] = []
-    for name, settings in value.items():
-        platform = Platform.parse(name, f"{section.path}: image.platforms")
-        if any(t.platform is platform for t in targets):
-            raise BadInput(f"{section.path}: image.platforms names {platform} twice; keep one entry")
-        own = _Section(settings, f"image.platforms.{name}", section.path, PLATFORM_KEYS)
-        arches = own.data.get("cuda_arches")
-        if arches is not None and not isinstance(arches, (str, list)):
-            raise own.fail("cuda_arches", "a string like '12.1' or a list of arches")
-        targets.append(
-            PlatformTarget(
-                platform=platform,
-                cuda_arches=ArchList.parse(arches) if arches is not None else None,
-                base_image=own.string("base_image"),
-                runtime_image=own.string("runtime_image"),
-                runtime_python=_runtime_python(own),
-            )
-        )
-    return tuple(targets)
-
-
-def _env_names(section: _Section, key: str) -> tuple[str, ...]:
-    names = section.strings(key)
-    if not all(ENV_NAME_RE.match(name) for name in names):
-        raise section.fail(key, "a list of environment variable names")
-    return names
-
-
-def _labels(section: _Section) -> dict[str, str]:
-    value = section.data.get("labels") or {}
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
-        raise section.fail("labels", "a mapping of label: string")
-    return dict(value)
