@@ -257,7 +257,7 @@ def test_the_build_context_gets_a_whole_bundle_of_this_pin(tmp_path, upstream):
     upstream.commit("release 2", {"minifault/two.py": "TWO = 2\n"})
     project = Project(tmp_path, upstream)  # pinned at the newer commit
     loaded, cache = configuration.load(project.config), Cache(project.cache)
-    mirror, _ = source.ensure_base(loaded, cache)
+    mirror = source.ensure_base(loaded, cache)
     bundle = source.write_bundle(mirror, cache, project.pin)
     whole = sha256(bundle)
     assert git(tmp_path, "bundle", "list-heads", str(bundle)).split() == [
