@@ -257,7 +257,7 @@ def test_the_build_context_gets_a_whole_bundle_of_this_pin(tmp_path, upstream):
     upstream.commit("release 2", {"minifault/two.py": "TWO = 2\n"})
     project = Project(tmp_path, upstream)  # pinned at the newer commit
     loaded, cache = configuration.load(project.config), Cache(project.cache)
-    mirror, _ = source.ensure_base(loaded, cache)
+    mirror = source.ensure_base(loaded, cache)
     bundle = source.write_bundle(mirror, cache, project.pin)
     whole = sha256(bundle)
     assert git(tmp_path, "bundle", "list-heads", str(bundle)).split() == [
@@ -404,6 +404,41 @@ def test_a_flipped_byte_in_a_stored_download_is_noticed_and_downloaded_again(tmp
     assert [name for name, _, _ in index.requests[asked:]] == [SDISTS[1]]
     assert sha256(target) == target.parent.name
     assert first.stdout == healed.stdout  # the same history: the same refs
+
+
+def test_a_big_download_says_each_quarter_once_and_a_resumed_one_counts_from_where_it_resumed(tmp_path):
+    """The download store's bar over loopback, its minimum lowered to 1 MB for a 4 MB file: a `download` line at each
+    quarter; cut at half and resumed, each quarter still once (the resumed part counts from where it resumed); a
+    file below the minimum, and the 4 MB one under the default minimum (64 MB), say only their one line at the end."""
+    from carry.util import download
+
+    data = bytes(range(250)) * 16_000  # 4.0 MB
+    served = faultindex.Index({"big.bin": data, "cut.bin": data, "small.bin": data[:500_000]})
+    served.faults["cut.bin"] = "cut-once"  # half of it, then the connection closes: resumed at half
+    try:
+
+        def fetched(name: str, payload: bytes, store: download.Store, size: int | None = None) -> list[str]:
+            digest = hashlib.sha256(payload).hexdigest()
+            pinned = download.Pinned.parse(f"{served.url}/files/{name}", digest, "test", size)
+            with reporter.recording() as said:
+                assert sha256(store.get(pinned)) == digest
+            assert [line for line in said if line.startswith(f"download: downloaded {name} ")], said
+            return [line for line in said if "% of " in line]
+
+        lowered = download.Store(tmp_path / "downloads", bar_from=1_000_000)
+        quarters = [f"download: {p}% of 4.0 MB big.bin" for p in (25, 50, 75, 100)]
+        assert fetched("big.bin", data, lowered) == quarters  # the size from Content-Length
+        resumed = fetched("cut.bin", data, lowered, size=len(data))  # the size from the pin
+        assert resumed == [line.replace("big.bin", "cut.bin") for line in quarters]
+        assert [(range_, status) for name, range_, status in served.requests if name == "cut.bin"] == [
+            (None, 200),
+            (f"bytes={len(data) // 2}-", 206),
+        ]
+        assert fetched("small.bin", data[:500_000], lowered) == []
+        assert download.Store(tmp_path / "default").bar_from is None and reporter.BAR_FROM_BYTES == 64_000_000
+        assert fetched("big.bin", data, download.Store(tmp_path / "default")) == []
+    finally:
+        served.close()
 
 
 def test_a_full_download_store_names_the_file_and_the_rerun_after_freeing_succeeds(tmp_path, index, sdists):

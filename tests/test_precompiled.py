@@ -317,7 +317,7 @@ def test_the_build_context_carries_the_precompiled_wheel(tmp_path, history):
     project = make_project(tmp_path / "vllm", history)
     os.environ.setdefault("CARRY_DOWNLOADS", realvllm.download_store())
     loaded, cache = configuration.load(project), Cache(tmp_path / "cache")
-    mirror, _ = upstream.ensure_base(loaded, cache)
+    mirror = upstream.ensure_base(loaded, cache)
     context = tmp_path / "context"
     container.assemble_context(loaded, cache, mirror, context, [], (Platform.LINUX_ARM64,))
     pinned = realvllm.pinned(realvllm.WHEEL_ARM).pinned

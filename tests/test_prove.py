@@ -50,7 +50,7 @@ def demo_session(tmp_path, monkeypatch) -> App:
 
 def test_prefixes_of_the_demo_series_apply_in_order_each_to_its_own_tree(demo_session, tmp_path):
     series = demo_session.series()
-    mirror, _ = upstream.ensure_base(demo_session.config, demo_session.cache)
+    mirror = upstream.ensure_base(demo_session.config, demo_session.cache)
     base = demo_session.config.upstream.commit
     found = prove.prefixes(series)
     assert [p.label for p in found] == ["base", "base+0001", "base+0001+0002"]

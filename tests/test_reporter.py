@@ -99,3 +99,14 @@ def test_a_bar_says_each_quarter_once():
             bar.advance(100)
         reporter.current().bar("download", 0).advance(5)  # no size known: nothing said
     assert _lines(stream) == [f"download: {p}% of 1000 B" for p in (25, 50, 75, 100)]
+
+
+def test_a_bar_below_its_minimum_says_nothing_and_a_resumed_one_only_what_is_left():
+    stream = io.StringIO()
+    with reporter.using(reporter.Reporter(stream)):
+        small = reporter.bar("download", 999, " B", minimum=1000)
+        small.advance(999)
+        resumed = reporter.bar("download", 1000, minimum=1000, done=600, shown="1.0 kB a.whl")
+        for _ in range(4):
+            resumed.advance(100)
+    assert _lines(stream) == ["download: 75% of 1.0 kB a.whl", "download: 100% of 1.0 kB a.whl"]

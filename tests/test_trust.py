@@ -20,6 +20,7 @@ import pytest
 
 from carry.trust import attach, keys, provenance, sbom, signing
 from carry.trust.facts import CarriedPatch, ImageFacts, Source, Wheel
+from carry.util import reporter
 from helpers import ROOT, assert_bad_input, carry
 
 PASSWORD = "pass-" + os.urandom(6).hex()
@@ -500,11 +501,13 @@ def pushed_demo(tmp_path, pair):
     )
     store_ = MemoryStore()
     digest = "sha256:" + "5e" * 32
-    published = attester.platform(store_, facts, digest, locked=True)
-    attester.index(store_, "sha256:" + "1d" * 32)
+    with reporter.recording() as said:
+        published = attester.platform(store_, facts, digest, locked=True)
+        attester.index(store_, "sha256:" + "1d" * 32)
     installed = [("alpha", "1.0"), ("beta-pkg", "2.1"), ("pledemo", "0.3.0+carry.20261130.1")]
     return {
         "attester": attester,
+        "said": said,
         "published": published,
         "store": store_,
         "digest": digest,
@@ -548,7 +551,7 @@ def test_what_push_attaches_verify_proves(pushed_demo):
     lines = pushed_demo["attester"].lines()
     assert any(line.startswith("sbom       linux/amd64:") for line in lines)
     assert sum(".sig  sha256:" in line for line in lines) == 2  # the platform manifest and the index
-    assert pushed_demo["attester"].notes() == ()
+    assert [line for line in pushed_demo["said"] if not line.startswith(("sign: ", "trust: "))] == []  # no note
     timings = pushed_demo["attester"].timings
     assert timings.sbom > 0 and timings.signatures > 0 and timings.total < 30
     proven, problems = check(pushed_demo)
@@ -602,5 +605,11 @@ def test_without_a_key_nothing_is_attached_and_image_says_so(pushed_demo, tmp_pa
         store, None, pushed_demo["facts"], "sha256:" + "ee" * 32, tmp_path, True, "t", publish.Timings()
     )
     assert done.attached == () and store.manifests == {} and done.sbom_path.exists()
-    attester = dataclasses.replace(pushed_demo["attester"], key=None, published=[done])
-    assert attester.notes() == ("not signed, nothing attached: set $CARRY_SIGNING_KEY to a key (`carry keygen DIR`)",)
+    attester = dataclasses.replace(pushed_demo["attester"], key=None, published=[], dist=tmp_path)
+    with reporter.recording() as said:  # two platforms published: the note is said once, with the first
+        for digest in ("sha256:" + "ee" * 32, "sha256:" + "ef" * 32):
+            attester.platform(store, pushed_demo["facts"], digest, locked=True)
+    assert store.manifests == {}
+    assert [line for line in said if not line.startswith("trust: ")] == [
+        "not signed, nothing attached: set $CARRY_SIGNING_KEY to a key (`carry keygen DIR`)"
+    ]

@@ -17,7 +17,7 @@ PYPROJECT = '[build-system]\nrequires = ["setuptools"]\n\n[project]\nname = "tin
 def resolve(tmp_path, upstream: Upstream, pin: str):
     config = configuration.load(write_config(tmp_path / "project", str(upstream.path), pin))
     cache = Cache(tmp_path / "cache")
-    mirror, _ = carry_upstream.ensure_base(config, cache)
+    mirror = carry_upstream.ensure_base(config, cache)
     return upstreamversion.resolve(config, cache, mirror, carry_git.run(mirror, "rev-parse", f"{pin}^{{tree}}"))
 
 

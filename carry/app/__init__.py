@@ -49,7 +49,6 @@ def _version_file(config_path: Path) -> Path:
 @record
 class CheckResult:
     report: apply.CheckReport
-    notes: tuple[str, ...]
     series: series.Series
     mirror: Path
 
@@ -91,12 +90,9 @@ class App:
         from carry.source import apply, upstream
 
         patches = self.series()
-        mirror, notes = upstream.ensure_base(self.config, self.cache)
-        base = self.config.upstream.commit
-        if against:
-            base, more = upstream.resolve_ref(self.config, self.cache, against)
-            notes += more
-        checked = CheckResult(apply.check(mirror, base, patches, self.cache.scratch), notes, patches, mirror)
+        mirror = upstream.ensure_base(self.config, self.cache)
+        base = upstream.resolve_ref(self.config, self.cache, against) if against else self.config.upstream.commit
+        checked = CheckResult(apply.check(mirror, base, patches, self.cache.scratch), patches, mirror)
         if against is None:
             self._checked = checked
         return checked
@@ -192,13 +188,13 @@ class App:
             self.build_tools(),
         )
 
-    def repin(self, commit: str, tree: str | None = None) -> list[str]:
+    def repin(self, commit: str, tree: str | None = None) -> None:
         """What every command that moves upstream.commit runs before it writes it: the precompiled pins of `commit`
-        found and written as `pin` does (pins.repin: nothing without build.precompiled.nightly; a failure changes
-        nothing). `tree` is the patched tree on `commit` where the caller has it."""
+        found and written as `pin` does, and said (pins.repin: nothing without build.precompiled.nightly; a failure
+        changes nothing). `tree` is the patched tree on `commit` where the caller has it."""
         settings = self.config.build.precompiled
         if settings is None or settings.nightly is None:
-            return []
+            return
         from carry.wheelbuild import pins
 
-        return pins.repin(self.config, self.cache, commit, tree)
+        pins.repin(self.config, self.cache, commit, tree)

@@ -55,24 +55,31 @@ def drop_patch(app: App, request: DropRequest) -> drop.Dropped:
     from carry.verdicts import drop
 
     asked = drop.Request(name=request.name, against=request.against, force=request.force, onto=request.onto)
-    return drop.drop(app.config, app.cache, app.series(), asked, judge=_judge(app, request.test), repin=app.repin)
+    judge = _judge(app, request.test, notes=True)
+    return drop.drop(app.config, app.cache, app.series(), asked, judge=judge, repin=app.repin)
 
 
 def refresh_series(app: App, request: RefreshRequest) -> refresh.Refreshed:
     from carry.verdicts import refresh
 
-    return refresh.refresh(app.config, app.cache, app.series(), request.onto, _judge(app, request.test), app.repin)
+    judge = _judge(app, request.test, notes=False)
+    return refresh.refresh(app.config, app.cache, app.series(), request.onto, judge, app.repin)
 
 
-def _judge(app: App, test: bool) -> Callable[[verdicts.StatusReport, Series], verdicts.StatusReport] | None:
-    """With `test`, what drop and refresh call to judge a status report by the patches' tests too."""
+def _judge(
+    app: App, test: bool, notes: bool
+) -> Callable[[verdicts.StatusReport, Series], verdicts.StatusReport] | None:
+    """With `test`, what drop and refresh call to judge a status report by the patches' tests too. Drop and refresh
+    say their result in one line: the tests' phases are not said (held, never released); the judge's notes (a patch
+    judged by its text alone) are, for `drop` (`notes`), not for refresh, which judges only to name in its one
+    failure line the patches `drop` takes."""
     if not test:
         return None
     from carry.gputest import behaviour
     from carry.util import reporter
 
     def judge(report: verdicts.StatusReport, patches: Series) -> verdicts.StatusReport:
-        with reporter.silenced():  # drop and refresh say their result in one line; the tests' phases are not said
+        with reporter.holding() if notes else reporter.silenced():
             return behaviour.judge(app.config, app.cache, _builder_for(app), report, patches)
 
     return judge

@@ -29,10 +29,9 @@ class VerifyRequest:
 
 @record
 class VerifyOutcome:
-    """Each result's lines (each has `lines()` and `ok`), and a note for stderr said after them (None: none)."""
+    """Each result's lines (each has `lines()` and `ok`)."""
 
     results: tuple[Any, ...]
-    note: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -67,10 +66,11 @@ def verify_artifact(request: VerifyRequest) -> VerifyOutcome:
 
         return VerifyOutcome((testrun.check_report(Path(artifact)),))
     results = verify_built(App.open(request.config_path), request, key)
-    note = None
-    if key is None and not names_a_wheel(artifact):  # said after the results: bad input stays one line
-        note = "note: the image's signature was not checked (pass --key PUB to check it)"
-    return VerifyOutcome(results, note)
+    if key is None and not names_a_wheel(artifact):  # said once verified: bad input stays one line
+        from carry.util import reporter
+
+        reporter.note("note: the image's signature was not checked (pass --key PUB to check it)")
+    return VerifyOutcome(results)
 
 
 def suite_report(app: App, path: Path) -> Any:

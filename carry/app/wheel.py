@@ -165,8 +165,7 @@ def dropped_are_in_the_pin(app: App, checked: CheckResult) -> None:
     """Bad input when patches/DROPPED.md says upstream merged a dropped patch at a commit the pin lacks."""
     from carry.verdicts import droplog
 
-    for note in droplog.check_pin(app.config, app.cache, checked.mirror, app.config.patches_dir):
-        reporter.phase("dropped", note)
+    droplog.check_pin(app.config, app.cache, checked.mirror, app.config.patches_dir)
 
 
 def upstream_version(app: App, checked: CheckResult) -> str | None:

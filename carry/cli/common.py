@@ -1,5 +1,5 @@
 """What every command module of carry/cli/commands/ shares: the Context object the group hands each command, the
-path types, --platform parsing and printing notes."""
+path types and --platform parsing."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ from typing import TYPE_CHECKING, overload
 import click
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
-
     from carry.app import App
     from carry.platforms import Platform
 
@@ -31,11 +29,6 @@ class Context:
         from carry.app import App
 
         return App.open(self.config_path)
-
-
-def echo_notes(notes: Iterable[str]) -> None:
-    for note in notes:
-        click.echo(f"carry: {note}", err=True)
 
 
 @overload

@@ -179,14 +179,14 @@ def judge(
     series: Series,
     timeout: float = TEST_TIMEOUT_S,
 ) -> StatusReport:
-    """`report` with each patch that has a test judged by it too, against every ref of the report."""
+    """`report` with each patch that has a test judged by it too, against every ref of the report; a note for each
+    patch judged by its text alone (no test, or one that needs a GPU here)."""
     from carry.gputest import learned
     from carry.source import upstream
     from carry.verdicts.verdicts import RefReport
 
-    mirror, _ = upstream.ensure_base(config, cache)
+    mirror = upstream.ensure_base(config, cache)
     known = learned.load(series.directory)
-    notes = list(report.notes)
     refs = []
     probed: tuple[gpu.Gpu | None] | None = None
     for ref_report in report.reports:
@@ -194,7 +194,7 @@ def judge(
         for index, verdict in enumerate(ref_report.verdicts):
             chosen = tests_for(config, verdict.patch, known)
             if chosen is None:
-                notes.append(
+                reporter.note(
                     f"{verdict.patch.name}: no Carry-Test trailer and nothing learned by prove; judged by "
                     f"its text against {ref_report.ref}"
                 )
@@ -211,10 +211,10 @@ def judge(
             built_on = tuple(f"{v.patch.name} {v.verdict.value}" for v in ref_report.verdicts[:index])
             found = dataclasses.replace(found, source=source, earlier=built_on)
             if found.outcome is Outcome.NEEDS_GPU:
-                notes.append(f"{verdict.patch.name}: {found.lines[0]}")
+                reporter.note(f"{verdict.patch.name}: {found.lines[0]}")
             verdicts.append(combine(verdict, found))
         refs.append(RefReport(ref_report.ref, ref_report.commit, tuple(verdicts)))
-    return dataclasses.replace(report, reports=tuple(refs), notes=tuple(notes))
+    return dataclasses.replace(report, reports=tuple(refs))
 
 
 def combine(verdict: PatchVerdict, behaviour: Behaviour) -> PatchVerdict:

@@ -169,7 +169,7 @@ def run(config: Config, cache: Cache, series: Series, builder: Builder, suite: S
     from carry.source import apply, upstream
 
     commands, gpu, timeout = suite.commands, suite.gpu, suite.timeout
-    mirror, _ = upstream.ensure_base(config, cache)
+    mirror = upstream.ensure_base(config, cache)
     checked = [
         (prefix, apply.check(mirror, config.upstream.commit, prefix.series, cache.scratch))
         for prefix in prefixes(series)

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     ]
 
 
+UNSIGNED = "not signed, nothing attached: set $CARRY_SIGNING_KEY to a key (`carry keygen DIR`)"
+
+
 def _stored_sha256(path: Path) -> str:
     """A wheel in the download store: its directory is its sha256 (fetch_wheels and the store check it when they
     put it there); anywhere else it is read."""
@@ -194,12 +197,19 @@ class Attester:
         )
 
     def platform(self, store: Registry, facts: ImageFacts, digest: str, locked: bool) -> publish.Published:
-        if self.key is not None and not self.published:
+        """One platform's manifest published (its SBOM; signed and attested with a key), each line said; a note
+        says why it has no SBOM, and, the first time, that nothing is signed without a key."""
+        first = not self.published
+        if self.key is not None and first:
             reporter.phase("sign", f"with the key {self.key.public.fingerprint[:19]}… ($CARRY_SIGNING_KEY)")
         done = publish.platform(store, self.key, facts, digest, self.dist, locked, self.started, self.timings)
         self.published.append(done)
-        for line in (*done.lines(), *([done.note] if done.note else [])):
+        for line in done.lines():
             reporter.phase("trust", line)
+        if done.note:
+            reporter.note(done.note)
+        if self.key is None and first:
+            reporter.note(UNSIGNED)
         return done
 
     def index(self, store: Registry, digest: str) -> publish.Published:
@@ -211,13 +221,6 @@ class Attester:
 
     def lines(self) -> list[str]:
         return [line for done in self.published for line in done.lines()]
-
-    def notes(self) -> tuple[str, ...]:
-        """For stderr: why a platform has no SBOM, and that nothing was signed without a key."""
-        found = [done.note for done in self.published if done.note]
-        if self.key is None and self.published:
-            found.append("not signed, nothing attached: set $CARRY_SIGNING_KEY to a key (`carry keygen DIR`)")
-        return tuple(found)
 
     def to_json(self) -> dict:
         return {

@@ -59,7 +59,6 @@ class FetchReport:
     base: str
     mirror: Path
     source: Source
-    notes: tuple[str, ...] = ()
     pr_head: PrHead | None = None
 
 
@@ -72,7 +71,8 @@ def mirror_for(config: Config, cache: Cache) -> Path:
 
 
 def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
-    """Fetch the pin (and the PR head); fall back to the cached bundle when upstream can't give the pin.
+    """Fetch the pin (and the PR head); fall back to the cached bundle when upstream can't give the pin (a note says
+    so, and one says when the PR head could not be fetched).
 
     When nothing can be fetched and the mirror was new, everything this call created is removed again.
     """
@@ -97,7 +97,6 @@ def _fetch(config: Config, cache: Cache, mirror: Path, with_pr: bool) -> FetchRe
     pin = config.upstream.commit
     pr_wanted = with_pr and config.upstream.pr is not None
     pr_head = None
-    notes: list[str] = []
     with cache.lock(mirror.name):
         git.clear_stale_locks(mirror)
         source, error = _fetch_pin(config, mirror)
@@ -107,11 +106,18 @@ def _fetch(config: Config, cache: Cache, mirror: Path, with_pr: bool) -> FetchRe
                 try:
                     pr_head = _fetch_pr_head(config, mirror)
                 except git.GitError as exc:
-                    notes.append(_pr_unchecked(config, source, exc))
+                    _note(_pr_unchecked(config, source, exc))
         else:
             note = _restore_from_bundle(config, cache, mirror, error)
-            notes.append(f"{note}; the PR head was not checked" if pr_wanted else note)
-    return FetchReport(base=pin, mirror=mirror, source=source, notes=tuple(notes), pr_head=pr_head)
+            _note(f"{note}; the PR head was not checked" if pr_wanted else note)
+    return FetchReport(base=pin, mirror=mirror, source=source, pr_head=pr_head)
+
+
+def _note(line: str) -> None:
+    """A note of the fallbacks (upstream unreachable, the cache used instead), said as it happens."""
+    from carry.util import reporter  # here: `check` and `version` load it only when they have something to say
+
+    reporter.note(line)
 
 
 def _pr_unchecked(config: Config, source: Source, error: git.GitError) -> str:
@@ -125,16 +131,15 @@ def _pr_unchecked(config: Config, source: Source, error: git.GitError) -> str:
     return f"upstream {url} did not give {ref} ({_reason(error)}); the PR head was not checked"
 
 
-def ensure_base(config: Config, cache: Cache) -> tuple[Path, tuple[str, ...]]:
-    """The mirror holding the pinned commit, fetching only when it is not there yet."""
+def ensure_base(config: Config, cache: Cache) -> Path:
+    """The mirror holding the pinned commit, fetching only when it is not there yet (a fallback said in a note)."""
     mirror = cache.mirror(config.upstream.url)
     if (mirror / "HEAD").exists() and (
         _pinned(mirror) == config.upstream.commit or git.has_commit(mirror, config.upstream.commit)
     ):
         cache.ensure_writable()
-        return mirror, ()
-    report = fetch(config, cache, with_pr=False)
-    return report.mirror, report.notes
+        return mirror
+    return fetch(config, cache, with_pr=False).mirror
 
 
 def _pinned(mirror: Path) -> str | None:
@@ -145,7 +150,7 @@ def _pinned(mirror: Path) -> str | None:
         return None
 
 
-def resolve_ref(config: Config, cache: Cache, ref: str) -> tuple[str, tuple[str, ...]]:
+def resolve_ref(config: Config, cache: Cache, ref: str) -> str:
     """The commit an upstream ref names now, fetching it when possible: a tag (`v0.33.0`), a branch (`main`), a
     full name (`refs/pull/N/head`) or a commit SHA, older or newer than the pin.
 
@@ -154,7 +159,7 @@ def resolve_ref(config: Config, cache: Cache, ref: str) -> tuple[str, tuple[str,
     """
     mirror = mirror_for(config, cache)
     if SHA_RE.match(ref):
-        return _resolve_sha(config, cache, mirror, ref), ()
+        return _resolve_sha(config, cache, mirror, ref)
     names = candidates(ref)
     with cache.lock(mirror.name):
         git.clear_stale_locks(mirror)
@@ -178,8 +183,9 @@ def resolve_ref(config: Config, cache: Cache, ref: str) -> tuple[str, tuple[str,
                     f"unknown ref {ref!r}: upstream {public_url(config.upstream.url)} cannot give it "
                     f"({_reason(exc)}); check the ref name or the network"
                 ) from None
-            return known[1], (f"upstream unreachable ({_reason(exc)}); using the cached {known[0]} {known[1][:12]}",)
-    return _fetched(mirror, local), ()
+            _note(f"upstream unreachable ({_reason(exc)}); using the cached {known[0]} {known[1][:12]}")
+            return known[1]
+    return _fetched(mirror, local)
 
 
 def _fetched(mirror: Path, local: str) -> str:
@@ -231,14 +237,13 @@ def _fetch_ref(config: Config, mirror: Path, refspec: str) -> None:
         git.fetch(mirror, config.upstream.url, refspec, depth=1)
 
 
-def merge_base(
-    config: Config, cache: Cache, mirror: Path, base: str, commit: str
-) -> tuple[str | None, tuple[str, ...]]:
+def merge_base(config: Config, cache: Cache, mirror: Path, base: str, commit: str) -> tuple[str | None, str]:
     """The merge base of the pinned base and `commit`, deepening a shallow mirror's history of both (x4 each time,
-    up to MAX_HISTORY_DEPTH commits) until they meet; None with a note when they don't."""
+    up to MAX_HISTORY_DEPTH commits) until they meet; None with why not (one line, evidence for the caller, which
+    says it as a note where a user should hear it) when they don't, else ""."""
     found = git.merge_base(mirror, base, commit)
     if found or not git.shallow_commits(mirror):
-        return found, ()
+        return found, ""
     depth = FIRST_HISTORY_DEPTH
     with cache.lock(mirror.name):
         git.clear_stale_locks(mirror)
@@ -250,16 +255,15 @@ def merge_base(
             except git.GitError as exc:
                 return None, (
                     f"upstream {public_url(config.upstream.url)} gave no more history of {base[:12]} and "
-                    f"{commit[:12]} ({_reason(exc)}); their merge base is not known",
+                    f"{commit[:12]} ({_reason(exc)}); their merge base is not known"
                 )
             git.settle_shallow(mirror)
             found = git.merge_base(mirror, base, commit)
             if found is None and (depth >= MAX_HISTORY_DEPTH or not git.shallow_commits(mirror)):
-                return None, (
-                    f"{base[:12]} and {commit[:12]} share no commit in the {depth} commits of history before each",
-                )
+                shared = f"share no commit in the {depth} commits of history before each"
+                return None, f"{base[:12]} and {commit[:12]} {shared}"
             depth *= 4
-    return found, ()
+    return found, ""
 
 
 def first_parents(config: Config, cache: Cache, mirror: Path, start: str, count: int) -> tuple[str, ...]:

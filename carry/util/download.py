@@ -8,7 +8,9 @@ The store lives in `$CARRY_DOWNLOADS`, default `$CARRY_CACHE/downloads` (`~/.cac
 directory per sha256 holding the file under its own name. A download goes to a `.part` file first, resumes it
 with an HTTP range request when a killed run or a cut connection left one (a server that ignores the range sends
 it whole again), and is renamed into place only once its size and sha256 match; a mismatch removes it and is
-reported, never used (a resumed one is fetched once more from the start first).
+reported, never used (a resumed one is fetched once more from the start first). A download of `Store.bar_from`
+bytes or more (default carry.util.reporter.BAR_FROM_BYTES; its size from the pin, else Content-Length) says how far
+it got at each quarter (a `download` line; a resumed one counts from where it resumed).
 
 Every file is hashed once, as it is stored, and its stamp remembered beside the store (`checked/`: path, size,
 mtime_ns and inode, with the sha256): a stored file whose stamp still holds is not read again (the locked image's
@@ -39,6 +41,7 @@ ATTEMPTS = 4
 @record
 class Store:
     root: Path
+    bar_from: int | None = None  # bytes: the smallest download whose quarters are said (None: BAR_FROM_BYTES)
 
     @classmethod
     def from_env(cls, cache_root: Path) -> Store:
@@ -235,7 +238,7 @@ class Store:
                     ensure_room(part.parent, pinned.size - have, part.name)
                 if have:
                     resumed.append(have)
-                _fetch_into(pinned.source, part)
+                _fetch_into(pinned.source, part, pinned.size, self.bar_from)
                 return resumed
             except OSError as exc:
                 if is_no_space(exc):
@@ -271,11 +274,14 @@ class Store:
         )
 
 
-def _fetch_into(url: str, part: Path) -> None:
-    """Append the rest of `url` to `part` (a range request when it has bytes already)."""
-    import shutil
+def _fetch_into(url: str, part: Path, size: int | None, bar_from: int | None) -> None:
+    """Append the rest of `url` to `part` (a range request when it has bytes already); the file's `size` (else
+    Content-Length tells) of `bar_from` bytes or more says each quarter done, counted from where it resumed."""
     import urllib.error
     import urllib.request
+
+    from carry.util import reporter
+    from carry.util.fsutil import human_size
 
     have = part.stat().st_size if part.exists() else 0
     request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
@@ -288,9 +294,16 @@ def _fetch_into(url: str, part: Path) -> None:
     with response:
         resumed = have and response.status == 206  # a 200 is the whole file: the server ignored the range
         length = response.headers.get("Content-Length")
+        before = have if resumed else 0
+        total = size or (before + int(length) if length is not None and length.isdigit() else 0)
+        name = Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path)).name
+        least = reporter.BAR_FROM_BYTES if bar_from is None else bar_from
+        bar = reporter.bar("download", total, minimum=least, done=before, shown=f"{human_size(total)} {name}")
         with open(part, "ab" if resumed else "wb") as handle:
             start = handle.tell()
-            shutil.copyfileobj(response, handle, CHUNK)
+            while chunk := response.read(CHUNK):
+                handle.write(chunk)
+                bar.advance(len(chunk))
             got = handle.tell() - start
     if length is not None and length.isdigit() and got < int(length):
         # http.client ends a body cut short without an error: the next try resumes from what arrived

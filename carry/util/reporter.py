@@ -1,10 +1,12 @@
 """carry's one output channel: the reporter that every module prints its progress through.
 
 A module calls `reporter.phase(name, detail)` (a line `[  12.3s] name: detail` on stderr), `reporter.note(line)`
-or `reporter.warn(line)` (`carry: ...` on stderr); none of them takes a stream or a callback. Which reporter answers is
-held in a context variable: the command line installs one per command (carry/cli/main.py), a test or a bench that
-calls library functions installs its own with `using(Reporter(...))`, `silenced()` keeps a block quiet and
-`recording()` also keeps what a block said. Where nothing was installed, a default one prints to stderr.
+or `reporter.warn(line)` (`carry: ...` on stderr) where what it says arises, and `reporter.bar(name, total, ...)` for
+long work of a known size (a phase line at each quarter; nothing below its minimum); none of them takes a stream or
+a callback, and nothing returns lines for a caller to print. Which reporter answers is held in a context variable:
+the command line installs one per command (carry/cli/main.py), a test or a bench that calls library functions
+installs its own with `using(Reporter(...))`, `silenced()` keeps a block quiet and `recording()` also keeps what a
+block said. Where nothing was installed, a default one prints to stderr.
 
 A context variable is not inherited by a new thread: work handed to a pool goes through `carried(fn)`, which runs
 `fn` in a copy of the submitting thread's context (the same reporter, its clock, its recordings).
@@ -20,6 +22,10 @@ from typing import TextIO, TypeVar
 from carry.util.progress import Progress
 
 T = TypeVar("T")
+
+# The bytes from which moving data is long work that says each quarter (a download, a layer written): below it a
+# user waits seconds, and the work's one line at its end is enough (what the tests of small files read).
+BAR_FROM_BYTES = 64 * 1000 * 1000
 
 
 class Reporter:
@@ -51,9 +57,14 @@ class Reporter:
     def warn(self, line: str) -> None:
         self.note(f"warning: {line}")
 
-    def bar(self, name: str, total: float, unit: str = "") -> Bar:
-        """A hook for long work of a known size: `advance(n)` as it goes; a phase line at each quarter done."""
-        return Bar(self, name, total, unit)
+    def bar(
+        self, name: str, total: float, unit: str = "", *, minimum: float = 0, done: float = 0, shown: str = ""
+    ) -> Bar:
+        """A hook for long work of a known size: `advance(n)` as it goes; a phase line at each quarter done. Work
+        smaller than `minimum` says nothing (small work grows no lines); `done` is what was done before it began (a
+        resumed download: the quarters it passed are not said again); `shown` is the total in words (default
+        `{total:g}{unit}`)."""
+        return Bar(self, name, total if total >= minimum else 0, unit, done, shown)
 
     def child(self, *, quiet: bool | None = None, keep: list[str] | None = None) -> Reporter:
         """The same clock and stream, quiet or not, and one recording more."""
@@ -105,23 +116,29 @@ class Holding(Reporter):
 
 
 class Bar:
-    """Progress of long work: a phase line `name: 50% of 1.2 GB` each time another quarter is done."""
+    """Progress of long work: a phase line `name: 50% of 1.2 GB` each time another quarter is done; none where the
+    total is 0 (not known, or below the bar's minimum). It holds the reporter it was made by: work in another
+    thread may advance it."""
 
     STEPS = 4
 
-    def __init__(self, owner: Reporter, name: str, total: float, unit: str) -> None:
+    def __init__(self, owner: Reporter, name: str, total: float, unit: str, done: float = 0, shown: str = "") -> None:
         self.owner, self.name, self.total, self.unit = owner, name, total, unit
-        self.done = 0.0
-        self._shown = 0
+        self.shown = shown or f"{total:g}{unit}"
+        self.done = float(done)
+        self._shown = self._step()
+
+    def _step(self) -> int:
+        return min(self.STEPS, int(self.done / self.total * self.STEPS)) if self.total > 0 else 0
 
     def advance(self, amount: float) -> None:
         self.done += amount
         if self.total <= 0:
             return
-        step = min(self.STEPS, int(self.done / self.total * self.STEPS))
+        step = self._step()
         if step > self._shown:
             self._shown = step
-            self.owner.phase(self.name, f"{step * 100 // self.STEPS}% of {self.total:g}{self.unit}")
+            self.owner.phase(self.name, f"{step * 100 // self.STEPS}% of {self.shown}")
 
 
 _CURRENT: contextvars.ContextVar[Reporter] = contextvars.ContextVar("carry_reporter")
@@ -186,6 +203,11 @@ def note(line: str) -> None:
 
 def warn(line: str) -> None:
     current().warn(line)
+
+
+def bar(name: str, total: float, unit: str = "", *, minimum: float = 0, done: float = 0, shown: str = "") -> Bar:
+    """The current reporter's bar (see Reporter.bar)."""
+    return current().bar(name, total, unit, minimum=minimum, done=done, shown=shown)
 
 
 def stderr_line(line: str) -> None:

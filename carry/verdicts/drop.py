@@ -20,7 +20,7 @@ from carry import version
 from carry.config import Config
 from carry.source import upstream
 from carry.source.series import Series
-from carry.util import prog
+from carry.util import prog, reporter
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
 from carry.util.record import record
@@ -34,7 +34,6 @@ class Dropped:
     version: str
     line: str
     carried: refresh.Carried
-    notes: tuple[str, ...]
 
     def lines(self) -> list[str]:
         return [self.line, *self.carried.lines(), f"VERSION {self.version}"]
@@ -89,14 +88,13 @@ def drop(
             f"{verdicts.Verdict.droppable_names()} (FIXED-UPSTREAM comes from --test): keep the patch, or pass "
             f"--force to drop it anyway"
         )
-    mirror, more = upstream.ensure_base(config, cache)
-    notes = [*report.notes, *more]
+    mirror = upstream.ensure_base(config, cache)
     # Where upstream has what the patch did: the commit status named, else REF's own. The pin must come to hold it
     # (now for a merged patch; a refresh later for the others, until which `wheel` refuses; droplog.check_pin).
     needs = None if forced else (found.commit or report.reports[0].commit)
     merged = found.verdict.merged
     move = _Move(name=patch.name, ref=ref, needs=needs, merged=merged, onto=onto)
-    target = _new_pin(config, cache, mirror, move, notes)
+    target = _new_pin(config, cache, mirror, move)
     try:
         carried = refresh.carry_over(config, cache, mirror, series, target, leave_out=patch.name)
     except refresh.Conflict as conflict:
@@ -106,7 +104,7 @@ def drop(
             f"there, where {ref} has {patch.name}; nothing was changed; rebase {conflict.patch.name} onto "
             f"{target[:12]} by hand, then drop again"
         ) from None
-    notes += refresh.moved_pins(carried, repin)
+    refresh.moved_pins(carried, repin)
     bumped = str(version.following(config.version_file))
     what = f"{found.verdict.value} against {ref}" + ("; forced with --force, not merged upstream" if forced else "")
     line = droplog.log_line(patch.name, what, needs or found.commit, bumped, target if carried.moved else None)
@@ -115,17 +113,17 @@ def drop(
         needs is not None
         and not carried.moved
         and target != needs
-        and not _contains(config, cache, mirror, target, needs, notes)
+        and not _contains(config, cache, mirror, target, needs)
     ):
-        notes.append(
+        reporter.note(
             f"the pin stays at {target[:12]}, which lacks {needs[:12]} ({ref}): a build from it would miss what "
             f"{patch.name} did, so `wheel` and `image` refuse it until `{prog.command('refresh', '--onto', ref)}` "
             f"moves the pin"
         )
-    return Dropped(patch.name, found, bumped, line, carried, tuple(notes))
+    return Dropped(patch.name, found, bumped, line, carried)
 
 
-def _new_pin(config: Config, cache: Cache, mirror: Path, move: _Move, notes: list[str]) -> str:
+def _new_pin(config: Config, cache: Cache, mirror: Path, move: _Move) -> str:
     """Where the pin goes: `onto`, else for a merged patch the PR head (upstream.pr set) or the commit that merged
     it (`needs`), which the new pin must hold; else (not merged, or forced) it stays. Never back to a commit the pin
     already holds."""
@@ -133,14 +131,12 @@ def _new_pin(config: Config, cache: Cache, mirror: Path, move: _Move, notes: lis
     pin = config.upstream.commit
     merged_at = needs if move.merged else None
     if onto is not None:
-        target, more = upstream.resolve_ref(config, cache, onto)
-        notes.extend(more)
+        target = upstream.resolve_ref(config, cache, onto)
         merged_at = needs
     elif merged_at is None:
         return pin
     elif config.upstream.pr is not None:
         fetched = upstream.fetch(config, cache)
-        notes.extend(fetched.notes)
         if fetched.pr_head is None:
             raise Failed(
                 f"{name}: upstream.pr is set, so the pin stays on PR #{config.upstream.pr}, but its head could not be "
@@ -149,9 +145,9 @@ def _new_pin(config: Config, cache: Cache, mirror: Path, move: _Move, notes: lis
         target = fetched.pr_head.sha
     else:
         target = merged_at
-    if target != pin and _contains(config, cache, mirror, pin, target, notes):
+    if target != pin and _contains(config, cache, mirror, pin, target):
         target = pin  # the pin is newer already: it stays
-    if merged_at is not None and not _contains(config, cache, mirror, target, merged_at, notes):
+    if merged_at is not None and not _contains(config, cache, mirror, target, merged_at):
         if onto is not None:
             raise Failed(
                 f"{onto} ({target[:12]}) does not contain {merged_at[:12]}, where {ref} has {name}: a wheel of it "
@@ -166,10 +162,12 @@ def _new_pin(config: Config, cache: Cache, mirror: Path, move: _Move, notes: lis
     return target
 
 
-def _contains(config: Config, cache: Cache, mirror: Path, commit: str, ancestor: str, notes: list[str]) -> bool:
-    """Whether `commit` holds `ancestor` in its history (a shallow mirror is deepened to tell)."""
+def _contains(config: Config, cache: Cache, mirror: Path, commit: str, ancestor: str) -> bool:
+    """Whether `commit` holds `ancestor` in its history (a shallow mirror is deepened to tell; a note says when it
+    cannot be)."""
     if commit == ancestor:
         return True
-    found, more = upstream.merge_base(config, cache, mirror, commit, ancestor)
-    notes.extend(more)
+    found, unknown = upstream.merge_base(config, cache, mirror, commit, ancestor)
+    if unknown:
+        reporter.note(unknown)
     return found == ancestor

@@ -63,14 +63,14 @@ def held_entries(path: Path) -> list[Entry]:
     return found
 
 
-def check_pin(config: Config, cache: Cache, mirror: Path, patches_dir: Path) -> tuple[str, ...]:
+def check_pin(config: Config, cache: Cache, mirror: Path, patches_dir: Path) -> None:
     """Bad input when DROPPED.md says a patch was dropped because upstream has what it did at a commit the pin does
-    not contain (the build would ship its bug again); notes for the commits nobody can tell about (offline)."""
+    not contain (the build would ship its bug again); a `dropped` line for each commit nobody can tell about
+    (offline)."""
     from carry.source import git, upstream
-    from carry.util import prog
+    from carry.util import prog, reporter
 
     pin = config.upstream.commit
-    notes = []
     for entry in held_entries(patches_dir / LOG_NAME):
         if entry.commit == pin or (git.has_commit(mirror, entry.commit) and git.is_ancestor(mirror, entry.commit, pin)):
             continue
@@ -78,9 +78,10 @@ def check_pin(config: Config, cache: Cache, mirror: Path, patches_dir: Path) -> 
             try:
                 upstream.resolve_ref(config, cache, entry.commit)
             except BadInput:
-                notes.append(
+                reporter.phase(
+                    "dropped",
                     f"{LOG_NAME} says upstream has {entry.name} at {entry.commit[:12]}, which upstream cannot "
-                    f"give now: not checked that the pin holds it"
+                    f"give now: not checked that the pin holds it",
                 )
                 continue
         found, _ = upstream.merge_base(config, cache, mirror, pin, entry.commit)
@@ -91,4 +92,3 @@ def check_pin(config: Config, cache: Cache, mirror: Path, patches_dir: Path) -> 
             f"{entry.commit[:12]}, which the pin {pin[:12]} does not contain: this build would ship its bug again; "
             f"move the pin there with `{prog.command('refresh', '--onto', entry.commit)}`"
         )
-    return tuple(notes)

@@ -46,17 +46,16 @@ class Absence:
 
 class History:
     """The history between the pinned base and one REF in the mirror; the merge base is looked up (and a shallow
-    mirror deepened, through `deepen`) only when a question needs it."""
+    mirror deepened, through `deepen`: the merge base, or None and why not) only when a question needs it, and a
+    note says when it cannot be found."""
 
-    def __init__(
-        self, mirror: Path, base: str, ref: str, commit: str, deepen: Callable[[], tuple[str | None, tuple[str, ...]]]
-    ):
+    def __init__(self, mirror: Path, base: str, ref: str, commit: str, deepen: Callable[[], tuple[str | None, str]]):
         self.mirror = mirror
         self.base = base
         self.ref = ref
         self.commit = commit
         self._deepen = deepen
-        self._merge_base: tuple[str | None, tuple[str, ...]] | None = None
+        self._merge_base: tuple[str | None, str] | None = None
         self._renames: dict[tuple[str, str], dict[str, str]] = {}
         self._added: dict[str, list[str]] = {}
         self._absences: dict[str, Absence] = {}
@@ -66,13 +65,17 @@ class History:
         return self._lookup()[0]
 
     @property
-    def notes(self) -> tuple[str, ...]:
-        """What could not be found out (no common history fetched), once, when it was asked."""
-        return self._merge_base[1] if self._merge_base else ()
+    def unknown(self) -> str:
+        """Why the merge base could not be found out (no common history fetched), once it was asked; else ""."""
+        return self._merge_base[1] if self._merge_base else ""
 
-    def _lookup(self) -> tuple[str | None, tuple[str, ...]]:
+    def _lookup(self) -> tuple[str | None, str]:
         if self._merge_base is None:
             self._merge_base = self._deepen()
+            if self._merge_base[1]:
+                from carry.util import reporter
+
+                reporter.note(self._merge_base[1])
         return self._merge_base
 
     def moved(self, path: str) -> str | None:
@@ -98,7 +101,7 @@ class History:
     def _absence(self, path: str) -> Absence:
         merge_base = self.merge_base
         if merge_base is None:
-            why = "; ".join(self.notes) or "the base and REF share no history"
+            why = self.unknown or "the base and REF share no history"
             return Absence(
                 path,
                 Gone.UNKNOWN,

@@ -21,6 +21,7 @@ from pathlib import Path
 from carry.config import Config
 from carry.config.reader import public_url
 from carry.source import git, upstream
+from carry.util import reporter
 from carry.util.cache import Cache
 from carry.util.errors import BadInput
 
@@ -51,7 +52,6 @@ class PrState:
     where: str  # the API URL asked, or what git compared
     merge_commit: str | None = None
     detail: str = ""
-    notes: tuple[str, ...] = ()
 
     def describe(self) -> str:
         words = {State.CLOSED: "closed without being merged", State.MERGED: "merged"}.get(self.state, self.state.value)
@@ -87,22 +87,25 @@ def github_repo(url: str, forced: bool) -> tuple[str, str] | None:
 
 
 def find(config: Config, cache: Cache, mirror: Path, resolve: Callable[[str], str]) -> PrState | None:
-    """The PR's state, from the API where it answers, else from git; None without upstream.pr."""
+    """The PR's state, from the API where it answers, else from git (a note says why the API's answer was not
+    used); None without upstream.pr."""
     number = config.upstream.pr
     if number is None:
         return None
-    answer, notes = from_github(config.upstream.url, number)
+    answer, why = from_github(config.upstream.url, number)
     if answer is not None:
         return answer
-    found = from_git(config, cache, mirror, resolve)
-    return dataclasses.replace(found, notes=notes + found.notes)
+    if why:
+        reporter.note(why)
+    return from_git(config, cache, mirror, resolve)
 
 
-def from_github(url: str, number: int) -> tuple[PrState | None, tuple[str, ...]]:
+def from_github(url: str, number: int) -> tuple[PrState | None, str]:
+    """The PR's state from the API; else None and why not ("": no API is asked for this upstream)."""
     base = os.environ.get(API_ENV, "").strip().rstrip("/")
     repo = github_repo(url, forced=bool(base))
     if repo is None:
-        return None, ()
+        return None, ""
     api = f"{base or API_DEFAULT}/repos/{repo[0]}/{repo[1]}/pulls/{number}"
     shown = public_url(api)
     import urllib.error
@@ -116,26 +119,26 @@ def from_github(url: str, number: int) -> tuple[PrState | None, tuple[str, ...]]
         with urllib.request.urlopen(urllib.request.Request(api, headers=headers), timeout=TIMEOUT_S) as response:
             data = json.loads(response.read().decode())
     except urllib.error.HTTPError as exc:
-        return None, (f"the GitHub API answered {exc.code} {exc.reason} for {shown}; the PR state is from git",)
+        return None, f"the GitHub API answered {exc.code} {exc.reason} for {shown}; the PR state is from git"
     except (urllib.error.URLError, OSError, TimeoutError) as exc:
         reason = getattr(exc, "reason", None) or exc
-        return None, (f"the GitHub API {shown} could not be reached ({reason}); the PR state is from git",)
+        return None, f"the GitHub API {shown} could not be reached ({reason}); the PR state is from git"
     except ValueError:
-        return None, (f"the GitHub API {shown} did not answer JSON; the PR state is from git",)
+        return None, f"the GitHub API {shown} did not answer JSON; the PR state is from git"
     return _from_answer(number, data, shown)
 
 
-def _from_answer(number: int, data: object, shown: str) -> tuple[PrState | None, tuple[str, ...]]:
+def _from_answer(number: int, data: object, shown: str) -> tuple[PrState | None, str]:
     if not isinstance(data, dict) or data.get("state") not in ("open", "closed"):
-        return None, (f"the GitHub API {shown} answered no PR state; the PR state is from git",)
+        return None, f"the GitHub API {shown} answered no PR state; the PR state is from git"
     merged = bool(data.get("merged")) or bool(data.get("merged_at"))
     if merged:
         when = f"merged at {data['merged_at']}" if data.get("merged_at") else ""
-        return PrState(number, State.MERGED, "github", shown, data.get("merge_commit_sha") or None, when), ()
+        return PrState(number, State.MERGED, "github", shown, data.get("merge_commit_sha") or None, when), ""
     if data["state"] == "closed":
         when = f"closed at {data['closed_at']}" if data.get("closed_at") else ""
-        return PrState(number, State.CLOSED, "github", shown, None, when), ()
-    return PrState(number, State.OPEN, "github", shown), ()
+        return PrState(number, State.CLOSED, "github", shown, None, when), ""
+    return PrState(number, State.OPEN, "github", shown), ""
 
 
 def from_git(config: Config, cache: Cache, mirror: Path, resolve: Callable[[str], str]) -> PrState:
@@ -148,7 +151,9 @@ def from_git(config: Config, cache: Cache, mirror: Path, resolve: Callable[[str]
         head, main_commit = resolve(pr_ref), resolve(main)
     except Exception as exc:  # BadInput or GitError: a ref upstream cannot give
         return PrState(number, State.UNKNOWN, "git", where, detail=str(exc))
-    merge_base, notes = upstream.merge_base(config, cache, mirror, head, main_commit)
+    merge_base, unknown = upstream.merge_base(config, cache, mirror, head, main_commit)
+    if unknown:
+        reporter.note(unknown)
     if merge_base == head:
         return PrState(
             number,
@@ -157,12 +162,9 @@ def from_git(config: Config, cache: Cache, mirror: Path, resolve: Callable[[str]
             where,
             _merge_commit(mirror, head, main_commit),
             f"its head {head[:12]} is in {main}",
-            notes,
         )
     if merge_base is None:
-        return PrState(
-            number, State.UNKNOWN, "git", where, detail="its head and main share no fetched history", notes=notes
-        )
+        return PrState(number, State.UNKNOWN, "git", where, detail="its head and main share no fetched history")
     squash = _same_change(mirror, merge_base, head, main_commit)
     if squash is not None:
         return PrState(
@@ -172,7 +174,6 @@ def from_git(config: Config, cache: Cache, mirror: Path, resolve: Callable[[str]
             where,
             squash,
             f"{squash[:12]} on {main} has the PR's whole change (same patch-id)",
-            notes,
         )
     return PrState(
         number,
@@ -181,7 +182,6 @@ def from_git(config: Config, cache: Cache, mirror: Path, resolve: Callable[[str]
         where,
         detail=f"its head {head[:12]} is not in {main} and no commit there has its change; git cannot "
         f"tell an open PR from a closed one",
-        notes=notes,
     )
 
 

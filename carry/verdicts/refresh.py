@@ -55,13 +55,12 @@ class Carried:
 class Refreshed:
     carried: Carried
     version: str | None  # VERSION after the refresh; None when nothing changed (VERSION neither)
-    notes: tuple[str, ...]
 
     def lines(self) -> list[str]:
         return self.carried.lines() + ([f"VERSION {self.version}"] if self.version else [])
 
 
-Repin = Callable[[str, str], list[str]]
+Repin = Callable[[str, str], None]
 
 
 def refresh(
@@ -76,16 +75,16 @@ def refresh(
     the patches REF needs no more (`drop` is their way out; `judge` adds the verdict by their tests). Before the pin
     moves, `repin(new_base, tree)` moves what follows it (the precompiled pins) and says what it did; when it fails,
     nothing changes."""
-    mirror, notes = upstream.ensure_base(config, cache)
+    mirror = upstream.ensure_base(config, cache)
     ref = onto or config.upstream.main
-    new_base, more = upstream.resolve_ref(config, cache, ref)
+    new_base = upstream.resolve_ref(config, cache, ref)
     try:
         carried = carry_over(config, cache, mirror, patches, new_base)
     except Conflict as conflict:
         raise Failed(_conflict_message(config, cache, patches, ref, new_base, conflict, judge)) from None
-    more = (*more, *moved_pins(carried, repin))
+    moved_pins(carried, repin)
     bumped = write(config, patches, carried, f"empty after refresh onto {ref} {new_base[:12]} (already upstream)")
-    return Refreshed(carried, bumped, (*notes, *more))
+    return Refreshed(carried, bumped)
 
 
 def carry_over(
@@ -107,12 +106,11 @@ def carry_over(
     return Carried(pin, new_base, changed, emptied, unchanged, tree)
 
 
-def moved_pins(carried: Carried, repin: Repin | None) -> tuple[str, ...]:
+def moved_pins(carried: Carried, repin: Repin | None) -> None:
     """When the pin moves: `repin` (the precompiled pins found for the new base and its patched tree, written or
-    refused before anything else is), and what it said."""
-    if repin is None or not carried.moved:
-        return ()
-    return tuple(repin(carried.new_base, carried.tree))
+    refused before anything else is; it says what it did)."""
+    if repin is not None and carried.moved:
+        repin(carried.new_base, carried.tree)
 
 
 def _rebase(

@@ -506,7 +506,6 @@ def drop_command(name: str, ref: str) -> str:
 class StatusReport:
     base: str
     reports: tuple[RefReport, ...]
-    notes: tuple[str, ...]
     pr: PrState | None = None
 
     @property
@@ -531,15 +530,12 @@ def status(
 ) -> StatusReport:
     """Verdicts for the series against each ref (default: `default_refs`), every ref resolved before any work;
     with the PR's own state when upstream.pr is set and `with_pr`; `trees` for `--test` (see assess)."""
-    mirror, base_notes = upstream.ensure_base(config, cache)
-    notes = list(base_notes)
+    mirror = upstream.ensure_base(config, cache)
     resolved: dict[str, str] = {}
 
     def resolve(ref: str) -> str:
         if ref not in resolved:
-            commit, more = upstream.resolve_ref(config, cache, ref)
-            resolved[ref] = commit
-            notes.extend(more)
+            resolved[ref] = upstream.resolve_ref(config, cache, ref)
         return resolved[ref]
 
     for ref in dict.fromkeys(refs or default_refs(config)):
@@ -552,12 +548,9 @@ def status(
             mirror, base, ref, commit, functools.partial(upstream.merge_base, config, cache, mirror, base, commit)
         )
         reports.append(assess(mirror, history, series, cache.scratch, trees))
-        notes.extend(history.notes)
     pr = None
     if with_pr and config.upstream.pr is not None:
         from carry.verdicts import prstate
 
         pr = prstate.find(config, cache, mirror, resolve)
-        if pr is not None:  # (find answers whenever upstream.pr is set)
-            notes.extend(pr.notes)
-    return StatusReport(base, tuple(reports), tuple(notes), pr)
+    return StatusReport(base, tuple(reports), pr)

@@ -254,10 +254,14 @@ class Stopped(Failed):
 def download(entry: Entry, store: Store, stop: threading.Event | None = None) -> tuple[Path, str]:
     """`entry`'s wheel in the download store and its sha256, hashed as it streams; Failed, keeping nothing, for a
     404 (a listed wheel that is not there) or a body shorter than the length the server announced (`stop` set:
-    Stopped, keeping nothing); the download said (a `download` line)."""
+    Stopped, keeping nothing); the download said (a `download` line; one at each quarter of a big one, as the
+    store's own)."""
     import http.client
     import urllib.error
     import urllib.request
+
+    from carry.util import reporter
+    from carry.util.fsutil import human_size
 
     store.root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".nightly-", dir=store.root))
@@ -274,6 +278,10 @@ def download(entry: Entry, store: Store, stop: threading.Event | None = None) ->
             raise Failed(f"{indexes.public(entry.url)}: download failed ({getattr(exc, 'reason', exc)})") from None
         with response, open(part, "wb") as handle:
             announced = response.headers.get("Content-Length")
+            total = int(announced) if announced is not None and announced.isdigit() else 0
+            shown = f"{human_size(total)} {entry.filename}"
+            least = reporter.BAR_FROM_BYTES if store.bar_from is None else store.bar_from
+            bar = reporter.bar("download", total, minimum=least, shown=shown)
             try:
                 while chunk := response.read(CHUNK):
                     if stop is not None and stop.is_set():
@@ -281,6 +289,7 @@ def download(entry: Entry, store: Store, stop: threading.Event | None = None) ->
                     digest.update(chunk)
                     handle.write(chunk)
                     size += len(chunk)
+                    bar.advance(len(chunk))
             except (OSError, http.client.HTTPException) as exc:  # a chunked body cut short: IncompleteRead
                 raise Failed(
                     f"{indexes.public(entry.url)}: the download broke off after {size} bytes ({exc}); nothing was "
@@ -295,8 +304,6 @@ def download(entry: Entry, store: Store, stop: threading.Event | None = None) ->
         path = store.adopt(part, entry.filename, sha)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    from carry.util import reporter
-
     reporter.phase(
         "download",
         f"downloaded {entry.filename} from {indexes.public(entry.url)}: {size / 1e6:.1f} MB in "

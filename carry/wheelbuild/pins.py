@@ -33,6 +33,7 @@ from carry.config import Config
 from carry.config.build import PrecompiledWheel
 from carry.platforms import Platform
 from carry.source import apply, git, series, upstream
+from carry.util import reporter
 from carry.util.cache import Cache
 from carry.util.download import Store
 from carry.util.errors import BadInput, Failed
@@ -85,7 +86,6 @@ class Discovery:
     commit: str
     base: str
     found: tuple[Found, ...]
-    notes: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,22 +185,6 @@ class Pinned:
     def fresh(self) -> bool:
         return all(f.stale() is None for f in self.fetched)
 
-    def notes(self) -> list[str]:
-        notes = list(self.discovery.notes)
-        commits = {f.found.commit for f in self.fetched}
-        if len(commits) > 1:
-            where = ", ".join(f"{f.platform} at {f.found.commit[:12]}" for f in self.fetched)
-            notes.append(
-                f"the platforms' wheels come from different commits ({where}); each is proven against the patched "
-                f"tree when it is built (compiled inputs identical, then the tree check)"
-            )
-        if any(not f.unchanged for f in self.fetched):
-            notes.append(
-                "trust on first use: the index gives no hashes, so each new sha256 is that of the file downloaded "
-                "now; every later download is checked against it (the download store, pip's hash-checking mode)"
-            )
-        return notes
-
     def lines(self, path: Path) -> list[str]:
         done = f"wrote build.precompiled.wheels in {path}" if self.written else f"{path}: pins unchanged"
         return [*(f.line() for f in self.fetched), done]
@@ -226,19 +210,35 @@ def pin(
     platform's wheel; then, unless `check`, write the pins (refusing a file whose sha256 changed on the server)."""
     found = discover(config, cache, mirror, commit or config.upstream.commit, tree)
     fetched = fetch(config, cache, found, refuse_changed=not check)
+    _say_trust(fetched)
     if check:
         return Pinned(found, fetched, False)
     written = write(config.path, {f.platform: f.fields() for f in fetched})
     return Pinned(found, fetched, written)
 
 
-def repin(config: Config, cache: Cache, new_commit: str, tree: str | None = None) -> list[str]:
+def _say_trust(fetched: tuple[Fetched, ...]) -> None:
+    """The notes on what was fetched: wheels of several commits, and trust on first use of a new sha256."""
+    if len({f.found.commit for f in fetched}) > 1:
+        where = ", ".join(f"{f.platform} at {f.found.commit[:12]}" for f in fetched)
+        reporter.note(
+            f"the platforms' wheels come from different commits ({where}); each is proven against the patched "
+            f"tree when it is built (compiled inputs identical, then the tree check)"
+        )
+    if any(not f.unchanged for f in fetched):
+        reporter.note(
+            "trust on first use: the index gives no hashes, so each new sha256 is that of the file downloaded "
+            "now; every later download is checked against it (the download store, pip's hash-checking mode)"
+        )
+
+
+def repin(config: Config, cache: Cache, new_commit: str, tree: str | None = None) -> None:
     """What every command that moves upstream.commit runs first: the pins of `new_commit` (its patched tree `tree`,
-    else the series applied on it) found and written, as `pin` does; the lines to show. Nothing without
+    else the series applied on it) found and written, as `pin` does, each line said in a note. Nothing without
     build.precompiled.nightly. On a failure nothing is written and the pin must not move."""
     settings = config.build.precompiled
     if settings is None or settings.nightly is None:
-        return []
+        return
     mirror = upstream.mirror_for(config, cache)
     if tree is None:
         report = apply.check(mirror, new_commit, series.load(config.patches_dir), cache.scratch)
@@ -249,7 +249,8 @@ def repin(config: Config, cache: Cache, new_commit: str, tree: str | None = None
             )
         tree = report.tree
     result = pin(config, cache, mirror, tree, commit=new_commit)
-    return [*result.notes(), *result.lines(config.path)]
+    for line in result.lines(config.path):
+        reporter.note(line)
 
 
 # --- discovery ---------------------------------------------------------------------------------------------------
@@ -260,12 +261,12 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
     history with the tree's compiled inputs; Failed, one line naming every platform without one, the variant and
     the commits tried with why each was refused."""
     index = nightly.Index.of(config)
-    main, notes = upstream.resolve_ref(config, cache, config.upstream.main)
-    base, more = upstream.merge_base(config, cache, mirror, commit, main)
+    main = upstream.resolve_ref(config, cache, config.upstream.main)
+    base, unknown = upstream.merge_base(config, cache, mirror, commit, main)
     if base is None:
         raise Failed(
             f"upstream.commit {commit[:12]} and {config.upstream.main} {main[:12]} have no merge base "
-            f"({'; '.join(more) or 'unrelated histories'}); the precompiled wheels are found at their merge-base"
+            f"({unknown or 'unrelated histories'}); the precompiled wheels are found at their merge-base"
         )
     history = upstream.first_parents(config, cache, mirror, base, index.max_walk)
     project = _project(mirror, tree)
@@ -283,7 +284,7 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
             tags[release] = (f"v{release}", None)
             for name in (f"v{release}", release):
                 try:
-                    tags[release] = (name, upstream.resolve_ref(config, cache, f"refs/tags/{name}")[0])
+                    tags[release] = (name, upstream.resolve_ref(config, cache, f"refs/tags/{name}"))
                     break
                 except BadInput:
                     continue
@@ -324,7 +325,7 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
     _require_every(wanted, found, refused, lambda why, named: _failure(named, index, base, len(history), why))
     for each in found.values():
         index.check_page(each.commit, each.entry)
-    return Discovery(commit, base, tuple(found[platform] for platform in wanted), (*notes, *more))
+    return Discovery(commit, base, tuple(found[platform] for platform in wanted))
 
 
 def _require_every(

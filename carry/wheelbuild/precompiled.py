@@ -317,8 +317,7 @@ def _commit(config: Config, cache: Cache, mirror: Path, ref: str) -> str:
         found = git.resolve(mirror, candidate)
         if found:
             return found
-    commit, _ = upstream.resolve_ref(config, cache, ref)
-    return commit
+    return upstream.resolve_ref(config, cache, ref)
 
 
 def changed_inputs(mirror: Path, commit: str, tree: str, inputs: tuple[str, ...]) -> list[str]:

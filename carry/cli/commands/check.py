@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from carry.cli.common import Context, echo_notes
+from carry.cli.common import Context
 
 if TYPE_CHECKING:
     from carry.source import apply
@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 def check(obj: Context, against: str | None, as_json: bool) -> None:
     """Apply the series in order onto the pinned base (or REF) in a private index; exit 1 if any fails."""
     result = obj.app().check(against)
-    echo_notes(result.notes)
     click.echo(json.dumps(result.report.to_json(), indent=2) if as_json else check_table(result.report))
     sys.exit(0 if result.report.ok else 1)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from carry.cli.common import Context, echo_notes
+from carry.cli.common import Context
 
 
 @click.command()
@@ -17,5 +17,4 @@ def fetch(obj: Context, update_pin: bool) -> None:
     from carry.app import source
 
     result = source.fetch(obj.app(), source.FetchRequest(update_pin=update_pin))
-    echo_notes(result.notes)
     click.echo(result.base)

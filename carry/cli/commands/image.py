@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from carry.cli.common import AN_EXISTING_DIR, Context, echo_notes, parse_platform
+from carry.cli.common import AN_EXISTING_DIR, Context, parse_platform
 
 
 @click.command("image")
@@ -107,11 +107,9 @@ def image_command(  # noqa: PLR0913 (a click command: its parameters are its fla
     )
     outcome = app.image_command(obj.app(), asked)
     if outcome.locked is not None:
-        echo_notes(outcome.locked.notes)
         click.echo(json.dumps(outcome.locked.to_json(), indent=2) if as_json else "\n".join(outcome.locked.lines()))
         return
     assert outcome.built is not None
-    echo_notes(outcome.built.notes)
     click.echo("\n".join(outcome.built.lines()))
 
 

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from carry.cli.common import Context, echo_notes
+from carry.cli.common import Context
 
 
 @click.command("pin")
@@ -26,7 +26,6 @@ def pin_command(obj: Context, check_only: bool) -> None:
     from carry.app import wheel
 
     result = wheel.pin(obj.app(), check_only)
-    echo_notes(result.notes())
     if check_only:
         click.echo("\n".join(result.check_lines()))
         sys.exit(0 if result.fresh else 1)

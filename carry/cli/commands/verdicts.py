@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from carry.cli.common import Context, echo_notes
+from carry.cli.common import Context
 
 
 @click.command()
@@ -44,7 +44,6 @@ def status(obj: Context, against: tuple[str, ...], as_json: bool, fail_on: str |
     from carry.app import verdicts as app
 
     result = app.status(obj.app(), app.StatusRequest(against=against, test=test))
-    echo_notes(result.notes)
     click.echo(json.dumps(result.to_json(), indent=2) if as_json else verdicts.table(result))
     sys.exit(1 if failing & result.occurred else 0)
 
@@ -71,7 +70,6 @@ def drop_command(obj: Context, name: str, against: str | None, force: bool, test
 
     asked = app.DropRequest(name=name, against=against, force=force, test=test, onto=onto)
     result = app.drop_patch(obj.app(), asked)
-    echo_notes(result.notes)
     click.echo("\n".join(result.lines()))
 
 
@@ -96,5 +94,4 @@ def refresh(obj: Context, onto: str | None, test: bool) -> None:
     from carry.app import verdicts as app
 
     result = app.refresh_series(obj.app(), app.RefreshRequest(onto=onto, test=test))
-    echo_notes(result.notes)
     click.echo("\n".join(result.lines()))

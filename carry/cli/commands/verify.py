@@ -54,6 +54,4 @@ def verify(
     )
     outcome = verify_artifact(asked)
     click.echo("\n".join(line for result in outcome.results for line in result.lines()))
-    if outcome.note is not None:
-        click.echo(f"carry: {outcome.note}", err=True)
     sys.exit(0 if outcome.ok else 1)

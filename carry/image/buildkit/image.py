@@ -63,7 +63,6 @@ class ImageResult:
     plan: ImagePlan
     image_ids: dict[Platform, str]
     pushed: dict[str, str]  # ref -> digest
-    notes: tuple[str, ...]
     trust: Any = None  # carry.image.attest.Attester: the signatures and attestations pushed
 
     def lines(self) -> list[str]:
@@ -284,15 +283,12 @@ def build(
         client = registry.client()
         ids = {image.platform: client.images.get(image.refs[0]).id for image in the_plan.images}
         pushed: dict[str, str] = {}
-        notes = []
         if options.push:
             assert login is not None  # needs_login: the push's credentials were made before the builds
             pushed = _push(config, cache, the_plan, client, login, attester, hermetic)
     if the_plan.shared and not (options.push and the_plan.complete):
-        notes.append(_shared_tags_note(config, the_plan, options))
-    if options.push and attester is not None:
-        notes += attester.notes()
-    return ImageResult(the_plan, ids, pushed, tuple(notes), attester if options.push else None)
+        reporter.note(_shared_tags_note(config, the_plan, options))
+    return ImageResult(the_plan, ids, pushed, attester if options.push else None)
 
 
 def _push(

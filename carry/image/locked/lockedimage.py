@@ -71,7 +71,6 @@ class LockedImageResult:
     platforms: tuple[PlatformOutcome, ...]
     pushed: dict[str, str]  # ref -> digest
     shared: tuple[str, ...]
-    notes: tuple[str, ...]
     duplicates: tuple[str, ...]
     trust: Any = None  # carry.image.attest.Attester: the SBOMs, signatures and attestations pushed
 
@@ -230,7 +229,7 @@ def build(
         return _push_all(job, delivery)
     plans, _ = _plan_all(job, None)
     duplicates = tuple(d for p in plans.values() for d in p.duplicates)
-    notes = _layer_notes(plans, duplicates)
+    _say_layers(plans, duplicates)
     outcomes: list[PlatformOutcome] = []
     for image in the_plan.images:
         started = time.monotonic()
@@ -248,11 +247,11 @@ def build(
             )
         )
     if the_plan.shared:
-        notes.append(
+        reporter.note(
             "shared tags are made on --push: a registry holds one tag for several platforms, the "
             "local image store does not"
         )
-    return LockedImageResult(tuple(outcomes), {}, the_plan.shared, tuple(notes), duplicates, None)
+    return LockedImageResult(tuple(outcomes), {}, the_plan.shared, duplicates, None)
 
 
 @record(kw_only=True)
@@ -311,9 +310,9 @@ def _push_all(job: _Job, delivery: Delivery) -> LockedImageResult:
             if delivery.discard_wheels:
                 _discard(added, image.platform)
         duplicates = tuple(d for p in plans.values() for d in p.duplicates)
-        notes = _layer_notes(plans, duplicates)
+        _say_layers(plans, duplicates)
         if the_plan.shared and not the_plan.complete:
-            notes.append("shared tags left as they were: not every platform of image.platforms was built")
+            reporter.note("shared tags left as they were: not every platform of image.platforms was built")
         # the smoke test (of the images by digest) and each record before any tag moves: a tag names only an image
         # that passed, with its record beside it (pushorder)
         if delivery.smoke:
@@ -327,9 +326,7 @@ def _push_all(job: _Job, delivery: Delivery) -> LockedImageResult:
         sent = repo.sent + sum(other.sent for other in others.values())
         received = repo.received + sum(other.received for other in others.values())
         outcomes = [dataclasses.replace(o, sent=sent, received=received, trust_sent=trust.sent) for o in outcomes]
-    if attester is not None:
-        notes += attester.notes()
-    return LockedImageResult(tuple(outcomes), pushed, the_plan.shared, tuple(notes), duplicates, attester)
+    return LockedImageResult(tuple(outcomes), pushed, the_plan.shared, duplicates, attester)
 
 
 class _TrustBytes:
@@ -551,20 +548,18 @@ def _sbom_wheels(lock: runtimelock.Lock, store: Store, recorded: dict[str, tuple
     return wheels
 
 
-def _layer_notes(plans: dict[Platform, PlatformPlan], duplicates: tuple[str, ...]) -> list[str]:
-    """What the layer plans kept once: files stored in two layers, paths two locked wheels install."""
-    notes: list[str] = []
+def _say_layers(plans: dict[Platform, PlatformPlan], duplicates: tuple[str, ...]) -> None:
+    """Notes on what the layer plans kept once: files stored in two layers, paths two locked wheels install."""
     if duplicates:
-        notes.append(f"{len(duplicates)} file(s) stored in two layers: {', '.join(duplicates[:3])}")
+        reporter.note(f"{len(duplicates)} file(s) stored in two layers: {', '.join(duplicates[:3])}")
     for platform, plan in plans.items():
         for layer in plan.layers:
             if layer.overwritten:
-                notes.append(
+                reporter.note(
                     f"{platform} {layer.name}: {len(layer.overwritten)} path(s) installed by two locked "
                     f"wheels, kept once (the wheel named like the path's package, else the later by "
                     f"name), e.g. {layer.overwritten[0]}"
                 )
-    return notes
 
 
 def _attest(
