@@ -12,11 +12,9 @@ import gc
 import importlib
 import sys
 from gettext import gettext
-from pathlib import Path
 
 import click
 
-from carry.cli.common import A_FILE, Context
 from carry.util.errors import CarryError
 
 # name -> (module in carry.cli.commands, attribute, short help: the first sentence of the command's docstring, what
@@ -172,20 +170,24 @@ class LazyGroup(click.Group):
 @click.option(
     "--config",
     "config_path",
-    type=A_FILE,
+    type=click.Path(dir_okay=False),  # a str: pathlib (and cli.common) load only once a command runs, not for --help
     default="build.yaml",
     show_default=True,
     help="The build.yaml to use; VERSION and patches/ are found relative to it.",
 )
 @click.pass_context
-def cli(ctx: click.Context, config_path: Path) -> None:
+def cli(ctx: click.Context, config_path: str) -> None:
     """carry: fetch an upstream PR at a pinned commit, prove the patch series applies in order,
     and build a versioned wheel and container image from the patched tree.
 
     The cache (mirrors, bundles, build dirs, artifacts, logs) lives in $CARRY_CACHE
     (default ~/.cache/carry).
     """
-    ctx.obj = Context(config_path)
+    from pathlib import Path
+
+    from carry.cli.common import Context
+
+    ctx.obj = Context(Path(config_path))
     if ctx.invoked_subcommand not in LOADS_LITTLE:
         from carry.util import reporter  # here: `check` and `version` load nothing more (tests/test_spine.py)
 
@@ -206,6 +208,8 @@ def main() -> None:
         click.echo(f"carry: error: {exc}", err=True)
         sys.exit(exc.exit_code)
     except OSError as exc:
+        from pathlib import Path
+
         from carry.util import fsutil
 
         if not fsutil.is_no_space(exc):
