@@ -17,6 +17,11 @@ from carry.gputest import pytestplugin, suiterun, upstreamsuite
 from helpers import Upstream, assert_bad_input, carry, write_config
 from lib.wheels import make_wheel
 
+# one worker, in this file's order: the module's cache makes the environments and the release side once, and the
+# fixing series reads back the release side the sabotaged one ran (under --dist loadgroup a test of another worker
+# found its own cache empty)
+pytestmark = pytest.mark.xdist_group("suite")
+
 PACKAGE = """\
 def dedup(items):
     return list(dict.fromkeys(items))
