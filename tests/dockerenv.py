@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,11 +100,15 @@ def remove_repository(name: str) -> None:
         shutil.rmtree(root / "blobs" / "sha256" / digest[:2] / digest, ignore_errors=True)
 
 
-def forget(name: str) -> None:
-    """What a test pushed under `name`: its local images (any tag) and its repository in the test registry."""
+def forget(name: str, made: Iterable[str] = ()) -> None:
+    """What a test pushed under `name`: its local images (any tag; and the ids in `made`, images of it that a later
+    push left without a tag) and its repository in the test registry."""
+    import docker
+
     client = docker_client()
-    for image in client.images.list(name=name):
-        client.images.remove(image.id, force=True)
+    for image_id in {image.id for image in client.images.list(name=name)} | set(made):
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            client.images.remove(image_id, force=True)
     remove_repository(name)
 
 

@@ -66,6 +66,8 @@ def push(signed: dict, key: Path | None, password: str | None, which: str) -> Pu
     for platform in PLATFORMS:
         argv += ["--platform", platform]
     result = carry(*argv, env=env, cwd=project, timeout=3000)
+    # each push moves the tags to its own images: the earlier ones keep no tag, so forget() would not find them
+    signed["made"].update(image.id for image in dockerenv.docker_client().images.list(name=name))
     assert result.code == 0, result.out + result.err
     rows = {line.split("  ")[0]: line.split("  ")[1:] for line in result.out.splitlines() if line.startswith(name)}
     digests = {p: rows[f"{name}:{version}-{p.split('/')[1]}"][0] for p in PLATFORMS}
@@ -86,6 +88,7 @@ def signed(tmp_path_factory):
         "base": base,
         "project": project,
         "name": name,
+        "made": set(),  # every local image a push made (the third push's tags leave the first two untagged)
         "version": (project / "VERSION").read_text().strip(),
         "run_env": {
             "CARRY_CACHE": str(base / "cache"),
@@ -121,7 +124,7 @@ def signed(tmp_path_factory):
             )
             yield found
         finally:
-            dockerenv.forget(name)
+            dockerenv.forget(name, found["made"])
 
 
 def by_cosign(found: dict, cosign: cosign_tool.Cosign, unsigned: Pushed, key: Path) -> dict[str, cosign_tool.Ran]:
