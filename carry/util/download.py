@@ -26,12 +26,16 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from carry.util.digest import sha256 as sha256_hasher
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, ensure_room, is_no_space, no_space_line
 from carry.util.pinned import Pinned
 from carry.util.record import record
+
+if TYPE_CHECKING:
+    from carry.util import reporter
 
 CHUNK = 1 << 20
 TIMEOUT_S = 60
@@ -46,6 +50,15 @@ class Store:
     @classmethod
     def from_env(cls, cache_root: Path) -> Store:
         return cls(Path(os.environ.get("CARRY_DOWNLOADS") or cache_root / "downloads").absolute())
+
+    def bar(self, total: int, name: str, done: int = 0) -> reporter.Bar:
+        """The `download` bar of a file of `total` bytes (`done` of them there before): each quarter said from
+        `bar_from` bytes on (reporter.BAR_FROM_BYTES unless set)."""
+        from carry.util import reporter
+        from carry.util.fsutil import human_size
+
+        least = reporter.BAR_FROM_BYTES if self.bar_from is None else self.bar_from
+        return reporter.bar("download", total, minimum=least, done=done, shown=f"{human_size(total)} {name}")
 
     def path(self, pinned: Pinned, name: str | None = None) -> Path:
         return self.root / pinned.sha256 / (name or pinned.name)
@@ -238,7 +251,7 @@ class Store:
                     ensure_room(part.parent, pinned.size - have, part.name)
                 if have:
                     resumed.append(have)
-                _fetch_into(pinned.source, part, pinned.size, self.bar_from)
+                _fetch_into(pinned.source, part, pinned.size, self)
                 return resumed
             except OSError as exc:
                 if is_no_space(exc):
@@ -274,14 +287,11 @@ class Store:
         )
 
 
-def _fetch_into(url: str, part: Path, size: int | None, bar_from: int | None) -> None:
+def _fetch_into(url: str, part: Path, size: int | None, store: Store) -> None:
     """Append the rest of `url` to `part` (a range request when it has bytes already); the file's `size` (else
-    Content-Length tells) of `bar_from` bytes or more says each quarter done, counted from where it resumed."""
+    Content-Length tells) goes to the store's bar, counted from where it resumed."""
     import urllib.error
     import urllib.request
-
-    from carry.util import reporter
-    from carry.util.fsutil import human_size
 
     have = part.stat().st_size if part.exists() else 0
     request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
@@ -297,8 +307,7 @@ def _fetch_into(url: str, part: Path, size: int | None, bar_from: int | None) ->
         before = have if resumed else 0
         total = size or (before + int(length) if length is not None and length.isdigit() else 0)
         name = Path(urllib.parse.unquote(urllib.parse.urlsplit(url).path)).name
-        least = reporter.BAR_FROM_BYTES if bar_from is None else bar_from
-        bar = reporter.bar("download", total, minimum=least, done=before, shown=f"{human_size(total)} {name}")
+        bar = store.bar(total, name, done=before)
         with open(part, "ab" if resumed else "wb") as handle:
             start = handle.tell()
             while chunk := response.read(CHUNK):

@@ -261,7 +261,6 @@ def download(entry: Entry, store: Store, stop: threading.Event | None = None) ->
     import urllib.request
 
     from carry.util import reporter
-    from carry.util.fsutil import human_size
 
     store.root.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".nightly-", dir=store.root))
@@ -279,9 +278,7 @@ def download(entry: Entry, store: Store, stop: threading.Event | None = None) ->
         with response, open(part, "wb") as handle:
             announced = response.headers.get("Content-Length")
             total = int(announced) if announced is not None and announced.isdigit() else 0
-            shown = f"{human_size(total)} {entry.filename}"
-            least = reporter.BAR_FROM_BYTES if store.bar_from is None else store.bar_from
-            bar = reporter.bar("download", total, minimum=least, shown=shown)
+            bar = store.bar(total, entry.filename)
             try:
                 while chunk := response.read(CHUNK):
                     if stop is not None and stop.is_set():
