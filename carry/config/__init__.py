@@ -64,6 +64,9 @@ class Image:
     entrypoint: tuple[str, ...] | None = None  # image.entrypoint, exec form; None: the base's
     cmd: tuple[str, ...] | None = None  # image.cmd, exec form (may be empty); None: the base's
     runtime_python: str = "auto"  # a runtime image without python3: auto (derive one), apt (always), off (never)
+    # image.runtime_packages: the distribution's packages the runtime needs besides python3 (e.g. g++ and
+    # python3-dev for a runtime that compiles: Triton, FlashInfer's JIT); carry derives a base with them
+    runtime_packages: tuple[str, ...] = ()
 
 
 @record
@@ -205,7 +208,10 @@ IMAGE_KEYS = (
     "entrypoint",
     "cmd",
     "runtime_python",
+    "runtime_packages",
 )
+# a Debian package name (policy 5.6.1), optionally with an architecture qualifier: nothing a shell would read
+PACKAGE_RE = re.compile(r"[a-z0-9][a-z0-9+.-]+(:[a-z0-9]+)?")
 
 
 def _image(section: Section, path: Path) -> Image:
@@ -225,6 +231,7 @@ def _image(section: Section, path: Path) -> Image:
         entrypoint=_exec_form(section, "entrypoint"),
         cmd=_exec_form(section, "cmd", empty=True),
         runtime_python=_runtime_python(section) or "auto",
+        runtime_packages=_runtime_packages(section),
     )
 
 
@@ -284,6 +291,14 @@ def _runtime_python(section: Section) -> str | None:
             "image's own apt) or off (never)",
         )
     return value
+
+
+def _runtime_packages(section: Section) -> tuple[str, ...]:
+    """image.runtime_packages: distribution package names, installed by the derived base's own package manager."""
+    names = section.strings("runtime_packages")
+    if not all(PACKAGE_RE.fullmatch(name) for name in names):
+        raise section.fail("runtime_packages", "a list of the distribution's package names, e.g. [g++, python3-dev]")
+    return tuple(dict.fromkeys(names))
 
 
 def _lock_dir(section: Section, path: Path) -> Path | None:

@@ -109,6 +109,17 @@ class PlatformPlan:
     fixed: Installed
     patched: dict[str, str]  # installed path of each file L6 changes or adds outside the dist-info -> sha256 hex
     duplicates: tuple[str, ...]  # paths two layers both write (stored twice)
+    compilers: tuple[str, ...] = ()  # what the runtime compiles with (run_time_compilers): "cc", "nvcc"
+
+
+# Locked wheels that compile at run time, and with what: Triton builds its driver with the C compiler against Python.h
+# at the first GPU use; NVIDIA's pip nvcc means a JIT (FlashInfer's) compiles CUDA with the lock's CUDA_HOME.
+COMPILES = {"triton": "cc", "nvidia-cuda-nvcc": "nvcc"}
+
+
+def run_time_compilers(lock: runtimelock.Lock) -> tuple[str, ...]:
+    names = {p.name for p in lock.packages}
+    return tuple(dict.fromkeys(tool for name, tool in COMPILES.items() if name in names))
 
 
 def release_wheel(config: Config, cache: Cache, platform: Platform) -> Path | None:
@@ -286,7 +297,9 @@ def plan_platform(
     else:
         layers.append(_layer("vllm-fixed", list(fixed.entries)))
         patched = {e.path: e.sha256_hex for e in fixed.entries if not e.path.startswith(fixed.dist_info + "/")}
-    return PlatformPlan(platform, base_ref, base, tuple(layers), fixed, patched, _duplicates(layers))
+    return PlatformPlan(
+        platform, base_ref, base, tuple(layers), fixed, patched, _duplicates(layers), run_time_compilers(lock)
+    )
 
 
 def _layer(name: str, entries: list[Entry], extra: Iterable[Item] = (), overwritten: tuple[str, ...] = ()) -> LayerPlan:

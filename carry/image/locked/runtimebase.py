@@ -2,13 +2,14 @@
 (NVIDIA's CUDA runtime images), a base with Python that carry derives from it (image.runtime_python).
 
     runtime_image (the local engine's, else pulled: by digest where pinned) -> its content digest
-      -> its own python3 (auto, off)  or  derived: the distribution's python3 + python3-venv by the image's own apt
-         (auto when it has none, apt always) -> python3 run once in the base: Python version, glibc (memo by image ID)
+      -> its own python3 (auto, off)  or  derived: the distribution's python3 + python3-venv (+ image.runtime_packages)
+         by the image's own apt (auto when it has no python3 or packages are named, apt always)
+      -> python3 run once in the base: Python version, glibc (memo by image ID)
 
 Deriving is one BuildKit build of carry/resources/runtime-python.<method>.Dockerfile FROM the runtime image, for
 that platform (its package scripts run under QEMU for another CPU: minutes, once; nothing else of the target CPU
 runs), kept as the local image `carry-derived/python:<arch>-<key>`, the key a hash of the source's content digest
-and the recipe's hash: a second run, or another config on the same image, reuses it.
+and the recipe's hash (the packages named included): a second run, or another config on the same image, reuses it.
 
 What names a base, in the lock and the image's labels, is the source's *content digest* -- its layers' diff_ids
 and its run-time config (Env, Entrypoint, Cmd, User, WorkingDir, Labels), without creation times -- and, when
@@ -39,7 +40,7 @@ from carry.util.run import BUILD_S, execute
 
 RESOURCES = Path(carry.__file__).resolve().parent / "resources"
 DEFAULT_METHOD = "apt"
-PACKAGES = {"apt": "python3 python3-venv"}  # what each method installs (said in its lines; the recipe holds it)
+PACKAGES = {"apt": "python3 python3-venv"}  # what each method always installs (said in its lines; the recipe holds it)
 DERIVED_REPO = "carry-derived/python"  # the derived bases, tagged <arch>-<key>
 SOURCE_REPO = "carry-derived/source"  # a runtime image's tag while a derivation builds FROM it
 OWN = "own"  # base-python of a runtime image with its own python3
@@ -133,6 +134,14 @@ def resolve(config: Config, platform: Platform, cache: Cache, known: dict | None
     content = content_digest(source)
     registry_digest = _registry_digest(ref, source)
     mode = config.runtime_python(platform)
+    packages = config.image.runtime_packages
+    if packages and mode == "off":
+        raise BadInput(
+            f"{config.path}: image.runtime_packages ({' '.join(packages)}) needs a derived base, but "
+            f"image.runtime_python is off for {platform}; set it to auto or apt, or remove runtime_packages"
+        )
+    if mode == "auto" and packages:
+        mode = DEFAULT_METHOD  # the runtime needs more than the image's own python3
     if mode in ("auto", "off"):
         facts = python_facts(docker, cache, source["Id"], platform, ref)
         if facts is not None:
@@ -146,10 +155,12 @@ def resolve(config: Config, platform: Platform, cache: Cache, known: dict | None
                 f"auto (carry derives a base with the distribution's python3) or name an image with python3"
             )
         method, why = DEFAULT_METHOD, "has no python3"
+    elif config.runtime_python(platform) == "auto":
+        method, why = mode, f"needs {' '.join(packages)} (image.runtime_packages)"
     else:
         method, why = mode, f"image.runtime_python is {mode}"
     image = SourceImage(platform=platform, ref=ref, inspected=source, content=content, registry_digest=registry_digest)
-    python = f"{method} {recipe_hash(method)}"
+    python = f"{method} {recipe_hash(method, packages)}"
     if known and (known.get("content"), known.get("python")) == (content, python):
         tag = derived_tag(content, python, platform)
         if _matching(docker, tag, _derived_labels(ref, content, python, registry_digest)) is None:
@@ -171,7 +182,7 @@ def resolve(config: Config, platform: Platform, cache: Cache, known: dict | None
                 line,
                 known,
             )
-    return derive(config, cache, docker, image, method, why)
+    return derive(config, cache, docker, image, method, why, packages)
 
 
 def _derived_labels(ref: str, content: str, python: str, registry_digest: str | None) -> dict[str, str]:
@@ -200,10 +211,13 @@ def recipe_path(method: str) -> Path:
     return RESOURCES / f"runtime-python.{method}.Dockerfile"
 
 
-def recipe_hash(method: str) -> str:
-    """sha256 of a method's recipe: its Dockerfile's instructions, comments and blank lines aside."""
+def recipe_hash(method: str, packages: tuple[str, ...] = ()) -> str:
+    """sha256 of a method's recipe: its Dockerfile's instructions, comments and blank lines aside, and the packages
+    named besides (image.runtime_packages, in order: none leaves the recipe's own hash)."""
     lines = [line.rstrip() for line in recipe_path(method).read_text().splitlines()]
     kept = "\n".join(line for line in lines if line.strip() and not line.lstrip().startswith("#"))
+    if packages:
+        kept += "\nPACKAGES=" + " ".join(packages)
     return "sha256:" + hashlib.sha256(kept.encode()).hexdigest()
 
 
@@ -336,12 +350,15 @@ def derive(
     image: SourceImage,
     method: str,
     why: str,
+    packages: tuple[str, ...] = (),
 ) -> RuntimeBase:
-    """The derived base of `image` by `method`: the local image made earlier, else one BuildKit build (once per
-    machine and key; a concurrent carry waits for it), said when it starts. `why`: why the base is derived."""
+    """The derived base of `image` by `method` with `packages` besides python3: the local image made earlier, else
+    one BuildKit build (once per machine and key; a concurrent carry waits for it), said when it starts. `why`: why
+    the base is derived."""
     platform, ref, source = image.platform, image.ref, image.inspected
     content, registry_digest = image.content, image.registry_digest
-    python = f"{method} {recipe_hash(method)}"
+    python = f"{method} {recipe_hash(method, packages)}"
+    installs = " ".join((PACKAGES[method], *packages))
     tag = derived_tag(content, python, platform)
     labels = _derived_labels(ref, content, python, registry_digest)
     with cache.lock(f"runtime-python-{tag.rsplit(':', 1)[1]}"):
@@ -350,10 +367,10 @@ def derive(
         if made is None:
             reporter.phase(
                 "base",
-                f"{platform}: {ref} {why}: deriving a base with the distribution's {PACKAGES[method]} by {method}"
+                f"{platform}: {ref} {why}: deriving a base with the distribution's {installs} by {method}"
                 f"{' under QEMU' if platform is not Platform.native() else ''}, once",
             )
-            seconds = _build(config, cache, docker, platform, source, method, tag, labels)
+            seconds = _build(config, cache, docker, platform, source, (method, packages), tag, labels)
             made = _matching(docker, tag, labels)
             if made is None:
                 raise Failed(f"deriving {tag} from {ref} ({platform}) left no image with its labels")
@@ -362,7 +379,7 @@ def derive(
         raise Failed(f"{tag}, derived from {ref} by {method}, has no python3 either; log: {_log(cache, tag)}")
     done = f"in {seconds:.0f}s; log {_log(cache, tag)}" if seconds is not None else "made earlier"
     line = (
-        f"{platform}: {ref} ({content[:19]}…) {why}: base {tag}, it + {PACKAGES[method]} by {method}: python3 "
+        f"{platform}: {ref} ({content[:19]}…) {why}: base {tag}, it + {installs} by {method}: python3 "
         f"{facts['python']}, glibc {facts['libc']} ({done})"
     )
     return RuntimeBase(
@@ -388,13 +405,15 @@ def _build(
     docker: str,
     platform: Platform,
     source: dict,
-    method: str,
+    recipe: tuple[str, tuple[str, ...]],
     tag: str,
     labels: dict[str, str],
 ) -> float:
-    """One BuildKit build of the method's recipe FROM a private tag of the source image, for `platform` (QEMU for
-    another CPU), with the network (the image's own package sources) and without BuildKit's cache (a derivation
-    runs the recipe: the distribution's packages as they are now); returns its seconds."""
+    """One BuildKit build of the method's recipe (`recipe`: the method and the packages named) FROM a private tag of
+    the source image, for `platform` (QEMU for another CPU), with the network (the image's own package sources) and
+    without BuildKit's cache (a derivation runs the recipe: the distribution's packages as they are now); returns
+    its seconds."""
+    method, packages = recipe
     from carry.image.buildkit import container
     from carry.util.logtail import tail
 
@@ -411,7 +430,8 @@ def _build(
             (context / "Dockerfile").write_bytes(recipe_path(method).read_bytes())
             command = [builder.docker, *(["buildx", "build", "--load"] if builder.buildx else ["build", "--force-rm"])]
             command += ["--progress=plain", "--no-cache", "--platform", str(platform)]
-            command += ["--build-arg", f"SOURCE={source_tag}", "--tag", tag, "--file", str(context / "Dockerfile")]
+            command += ["--build-arg", f"SOURCE={source_tag}", "--build-arg", f"PACKAGES={' '.join(packages)}"]
+            command += ["--tag", tag, "--file", str(context / "Dockerfile")]
             for name, value in sorted(labels.items()):
                 command += ["--label", f"{name}={value}"]
             with open(log, "wb") as handle:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from carry.binaries import wheelzip
 from carry.config import Config
 from carry.config.reader import public_url, strip_credentials
+from carry.image.locked import cudatoolkit
 from carry.platforms import Platform
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, CarryError, Failed
@@ -212,6 +213,10 @@ def parse(
         header.update({"base": base or header["base"], "base-content": f"image ID {image_id}", "base-python": "own"})
     elif not re.fullmatch(r"sha256:[0-9a-f]{64}", header["base-content"]):
         raise garbled(f"base-content {header['base-content']!r} is not sha256:<hex>")
+    packages = _packages(lines[1 + len(keys) :], garbled)
+    toolkit = cudatoolkit.mismatch({p.name: p.version for p in packages})
+    if toolkit is not None:
+        raise BadInput(f"{_shown(path, Path.cwd())}: {toolkit.line()}; relock: `{relock}`")
     return Lock(
         path,
         platform,
@@ -221,7 +226,7 @@ def parse(
         header["base-content"],
         header["requires-dist"],
         header["requires"],
-        _packages(lines[1 + len(keys) :], garbled),
+        packages,
         config_path,
         header["base-python"],
     )
@@ -502,7 +507,8 @@ def resolve(
 ) -> str:
     """The lock body: uv pip compile of `requires` for the base's Python and glibc, wheels only, every pin hashed.
     The previous lock's pins are uv's preferences (kept while they still fit), unless `upgrade`. uv runs in `cwd`
-    (the config's directory), where it finds a project's own uv.toml as choose_index does."""
+    (the config's directory), where it finds a project's own uv.toml as choose_index does. A resolution whose CUDA
+    toolkit wheels are of several releases (cudatoolkit) is made again with them held to the runtime's, and said."""
     from carry.wheelbuild.buildenv import find_uv
 
     uv = find_uv()
@@ -532,14 +538,47 @@ def resolve(
         ]
         if upgrade:
             args.append("--upgrade")
-        try:
-            done = execute([uv.path, *args], cwd=cwd or work, env=index.environ, text=True, timeout=NETWORK_S)
-        except OSError as exc:
-            raise BadInput(f"uv at {uv.path} cannot run ({exc.strerror}); reinstall it: pip install uv") from None
-        if done.returncode != 0:
-            raise _failure(platform, facts, done.stderr, index)
-        body = out.read_text()
+        body = _compile(uv.path, args, cwd or work, platform, facts, index, out)
+        pins = _pins(body)
+        toolkit = cudatoolkit.mismatch(pins)
+        if toolkit is not None:
+            held = work / "cuda-toolkit.txt"
+            held.write_text("".join(f"{line}\n" for line in cudatoolkit.constraints(pins, toolkit)))
+            try:
+                body = _compile(uv.path, [*args, "--constraint", str(held)], cwd or work, platform, facts, index, out)
+            except BadInput as exc:
+                raise BadInput(f"{exc}; {toolkit.line()}") from None
+            from carry.util import reporter
+
+            moved = _pins(body)
+            reporter.note(
+                f"{platform}: CUDA toolkit held to {toolkit.release} ({toolkit.anchor[0]} {toolkit.anchor[1]}, "
+                f"torch's): " + ", ".join(f"{n} {v} -> {moved.get(n, 'gone')}" for n, v in toolkit.others)
+            )
         return narrow(body, _installable(uv.path, out, work, cwd or work, platform, facts, index))
+
+
+def _compile(uv: str, args: list[str], cwd: Path, platform: Platform, facts: BaseFacts, index: Index, out: Path) -> str:
+    """One `uv pip compile` (args as resolve makes them): the body it wrote, or its failure in one line."""
+    try:
+        done = execute([uv, *args], cwd=cwd, env=index.environ, text=True, timeout=NETWORK_S)
+    except OSError as exc:
+        raise BadInput(f"uv at {uv} cannot run ({exc.strerror}); reinstall it: pip install uv") from None
+    if done.returncode != 0:
+        raise _failure(platform, facts, done.stderr, index)
+    return out.read_text()
+
+
+def _pins(body: str) -> dict[str, str]:
+    """canonical name -> version of uv's requirements output."""
+    from packaging.utils import canonicalize_name
+
+    found: dict[str, str] = {}
+    for line in body.splitlines():
+        match = PIN_RE.match(line.strip())
+        if match:
+            found[canonicalize_name(match.group(1))] = match.group(3)
+    return found
 
 
 def _installable(

@@ -53,8 +53,60 @@ for p in want["scripts"]:
 if want["import"]:
     module = __import__(want["import"])
     out["imported"] = module.__version__
+"""
+# The run-time compilers' checks (want["cc"], want["nvcc"] -> out["cc"], out["nvcc"]), printing `out`: the end of
+# SMOKE, and on their own (after `want` and `out` are set) on any image (tests/test_smoke_compilers.py).
+COMPILERS = r"""
+import os, shutil, subprocess, sysconfig, tempfile
+def run(argv, cwd):
+    try:
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=600)
+    except OSError as exc:
+        return f"{argv[0]}: {exc.strerror}"
+    lines = [l for l in (done.stdout + done.stderr).splitlines() if l.strip()]
+    errors = [l.strip() for l in lines if "error" in l] or lines[-1:] or [f"exit {done.returncode}"]
+    return "" if done.returncode == 0 else errors[0]
+work = tempfile.mkdtemp()
+if want["cc"]:  # what Triton does at the first GPU use: its driver.c, built by cc against Python.h, then imported
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    include = sysconfig.get_paths()["include"]
+    out["cc"] = {"cc": cc, "include": include}
+    if cc is None:
+        out["cc"]["error"] = "no C compiler (cc, gcc) on PATH"
+    elif not os.path.isfile(os.path.join(include, "Python.h")):
+        out["cc"]["error"] = f"no {include}/Python.h"
+    else:
+        open(work + "/carry_cc.c", "w").write(
+            "#include <Python.h>\nstatic struct PyModuleDef m = {PyModuleDef_HEAD_INIT, \"carry_cc\", 0, -1, 0};\n"
+            "PyMODINIT_FUNC PyInit_carry_cc(void) { return PyModule_Create(&m); }\n")
+        so = "carry_cc" + sysconfig.get_config_var("EXT_SUFFIX")
+        error = run([cc, "-O1", "-shared", "-fPIC", "-I" + include, "carry_cc.c", "-o", so], work)
+        if not error:
+            sys.path.insert(0, work)
+            __import__("carry_cc")
+        out["cc"]["error"] = error
+        out["cc"]["version"] = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+if want["nvcc"]:  # what FlashInfer's JIT does: CUDA_HOME's nvcc on CUDA code that includes the CCCL headers
+    home = os.environ.get("CUDA_HOME", "")
+    nvcc = os.path.join(home, "bin", "nvcc")
+    out["nvcc"] = {"home": home}
+    if not home or not os.access(nvcc, os.X_OK):
+        out["nvcc"]["error"] = f"no nvcc in CUDA_HOME ({home or 'not set'})"
+    else:
+        open(work + "/carry_cccl.cu", "w").write(
+            "#include <cuda_runtime.h>\n#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cuda/std/cstdint>\n"
+            "#include <cub/block/block_reduce.cuh>\n__global__ void k(float* o) {\n"
+            "  using R = cub::BlockReduce<float, 128>; __shared__ typename R::TempStorage t;\n"
+            "  float v = R(t).Sum(o[threadIdx.x]); if (threadIdx.x == 0) o[0] = v; }\n")
+        flags = ["-isystem", home + "/include"] + (["-isystem", home + "/include/cccl"]
+                                                  if os.path.isdir(home + "/include/cccl") else [])
+        out["nvcc"]["error"] = run([nvcc, "-c", "-std=c++17", "-gencode", "arch=compute_90,code=sm_90", *flags,
+                                    "carry_cccl.cu", "-o", "carry_cccl.o"], work)
+        out["nvcc"]["version"] = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip()
+shutil.rmtree(work, ignore_errors=True)
 print(json.dumps(out))
 """
+SMOKE += COMPILERS
 
 
 def smoke(client: docker.DockerClient, image_ref: str, plan: PlatformPlan, native: bool) -> str:
@@ -68,6 +120,10 @@ def smoke(client: docker.DockerClient, image_ref: str, plan: PlatformPlan, nativ
         "scripts": list(plan.fixed.scripts),
         "interpreter": f"{PREFIX}/bin/python",
         "import": plan.fixed.name.replace("-", "_") if native else "",
+        "cc": "cc" in plan.compilers,
+        # nvcc runs natively only: another CPU's check loads no NVIDIA layer, and the lock holds its toolkit to one
+        # release for every platform (runtimelock, cudatoolkit)
+        "nvcc": "nvcc" in plan.compilers and native,
     }
     container = client.containers.create(
         image_ref,
@@ -101,6 +157,7 @@ def smoke(client: docker.DockerClient, image_ref: str, plan: PlatformPlan, nativ
         problems.append(f"console scripts with another interpreter: {found['bad_scripts']}")
     if native and found.get("imported") != plan.fixed.version:
         problems.append(f"import {want['import']} gave version {found.get('imported')}")
+    problems += compiler_problems(found)
     if problems:
         raise Failed(f"smoke test of {image_ref} ({plan.platform}): " + "; ".join(problems))
     what = (
@@ -111,7 +168,39 @@ def smoke(client: docker.DockerClient, image_ref: str, plan: PlatformPlan, nativ
     return (
         f"{plan.platform}: {what}; {len(files)} patched file(s) byte-equal to the fixed wheel; "
         f"{len(plan.fixed.scripts)} script(s) on #!{PREFIX}/bin/python; Python {found['python']}"
+        + compilers_text(found, plan)
     )
+
+
+def compiler_problems(found: dict) -> list[str]:
+    """What the run-time compilers' checks found missing, each naming the fix."""
+    problems = []
+    cc = found.get("cc") or {}
+    if cc.get("error"):
+        problems.append(
+            f"Triton cannot build its driver: {cc['error']}; add g++, libc6-dev and python3-dev to "
+            f"image.runtime_packages (a C compiler and the Python headers)"
+        )
+    nvcc = found.get("nvcc") or {}
+    if nvcc.get("error"):
+        problems.append(
+            f"a JIT cannot compile CUDA with CUDA_HOME {nvcc.get('home') or '(not set)'}: {nvcc['error'][:300]}; the "
+            f"lock's CUDA toolkit wheels must be one release (relock) and the image needs g++ (image.runtime_packages)"
+        )
+    return problems
+
+
+def compilers_text(found: dict, plan: PlatformPlan) -> str:
+    """`; run-time compilers: ...` for what was checked, '' when the lock compiles nothing at run time."""
+    said = []
+    if found.get("cc"):
+        said.append(f"cc ({found['cc'].get('version', '?')}) built and imported a Python.h extension")
+    if found.get("nvcc"):
+        release = found["nvcc"].get("version", "").rsplit("release ", 1)[-1].split(",")[0]
+        said.append(f"CUDA_HOME's nvcc {release} compiled CUDA with the CCCL headers (sm_90)")
+    elif "nvcc" in plan.compilers:
+        said.append("nvcc not run under QEMU (the lock holds the same one-release toolkit)")
+    return f"; run-time compilers: {', '.join(said)}" if said else ""
 
 
 def smoke_pushed(
@@ -324,11 +413,13 @@ def light(
         f" ({python['where']}), {count} top-level import(s) resolved among the image's {len(modules):,} modules and "
         f"its Python's standard library; the previous image's smoke test ({smoke.get('proof')}) holds for "
         f"{unchanged} unchanged layer(s)"
+        + (f"; run-time compilers as it proved them: {smoke['compilers']}" if smoke.get("compilers") else "")
     )
     record = {
         "platform": str(outcome.platform),
         "how": LIGHT,
         "proof": smoke.get("proof"),
+        "compilers": smoke.get("compilers", ""),
         "root": smoke.get("root"),
         "layers": [layer.key for layer in outcome.layers],
     }
@@ -342,6 +433,7 @@ def full_record(outcome: PlatformOutcome, text: str) -> dict:
         "platform": str(outcome.platform),
         "how": FULL,
         "proof": proof,
+        "compilers": text.partition("; run-time compilers: ")[2],
         "root": outcome.digest,
         "layers": [layer.key for layer in outcome.layers],
     }
