@@ -25,7 +25,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -37,6 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 N, N1 = "20261201.1", "20261201.2"
 
 import secondengine  # noqa: E402
+from diskwatch import DiskWatch, size_of  # noqa: E402
 
 
 def carry(config: Path, env: dict, *args: str, cwd: Path | None = None, timeout: float = 3600) -> tuple:
@@ -53,49 +53,6 @@ def carry(config: Path, env: dict, *args: str, cwd: Path | None = None, timeout:
     if done.returncode != 0:
         raise SystemExit(f"bench: {' '.join(args)} exited {done.returncode}\n{done.stderr[-4000:]}")
     return done, time.monotonic() - started
-
-
-def size_of(path: Path) -> int:
-    """Bytes on disk under `path` (each inode once)."""
-    total, seen = 0, set()
-    for directory, _, files in os.walk(path):
-        for name in files:
-            try:
-                stat = os.lstat(os.path.join(directory, name))
-            except OSError:
-                continue
-            if stat.st_ino not in seen:
-                seen.add(stat.st_ino)
-                total += stat.st_blocks * 512
-    return total
-
-
-class DiskWatch:
-    """The largest drop of free space on the filesystem of `path` while it runs, less what `remote` (the registry's
-    storage: remote for a CI runner) grew by meanwhile; sampled every second."""
-
-    def __init__(self, path: Path, remote: Path):
-        self.path, self.remote, self._stop = path, remote, threading.Event()
-        self.start_free, self.start_remote = shutil.disk_usage(path).free, size_of(remote)
-        self.peak = 0
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _sample(self) -> None:
-        used = self.start_free - shutil.disk_usage(self.path).free
-        self.peak = max(self.peak, used - (size_of(self.remote) - self.start_remote))
-
-    def _run(self) -> None:
-        while not self._stop.wait(1.0):
-            self._sample()
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
 
 
 def _patch(work: Path, history: Path) -> str:
@@ -128,7 +85,7 @@ def _runner(work: Path, base: dict, engine: secondengine.Engine | None = None) -
 
 
 def _fresh_run(project: Path, env: dict, root: Path, remote: Path) -> dict:
-    with DiskWatch(root, remote) as disk:
+    with DiskWatch(root, remote=remote) as disk:
         done, seconds = carry(project / "build.yaml", env, "image", "--push", "--json", cwd=project)
     found = json.loads(done.stdout)
     mirrors = Path(env["CARRY_CACHE"]) / "mirrors"
@@ -174,7 +131,7 @@ def measure_all(work: Path) -> dict:
 
         # runner A: VERSION N cold
         env_a = _runner(work / "runner-a", base_env)
-        with DiskWatch(work, remote) as disk:
+        with DiskWatch(work, remote=remote) as disk:
             done, seconds = carry(config, env_a, "image", "--push", "--json", "--discard-wheels", cwd=project_a)
         result["cold"] = {
             "seconds": seconds,

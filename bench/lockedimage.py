@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 import zlib
@@ -28,6 +27,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from diskwatch import DiskWatch  # noqa: E402
 
 VLLM_GH200_GB = 6.93  # vLLM's docs: the arm64 image built natively on GH200
 QEMU_SAMPLE = ("idna", "packaging", "filelock", "jinja2", "numpy", "regex", "pyyaml", "pillow", "scipy")
@@ -42,31 +43,6 @@ def carry(config: Path, env: dict, *args: str, timeout: float = 3000) -> subproc
         timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
-
-
-class DiskWatch:
-    """The lowest free space on the filesystem of `path` while it runs (sampled every 0.5 s)."""
-
-    def __init__(self, path: Path):
-        self.path, self.low, self._stop = path, shutil.disk_usage(path).free, threading.Event()
-        self.start_free = self.low
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            self.low = min(self.low, shutil.disk_usage(self.path).free)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    @property
-    def peak(self) -> int:
-        return self.start_free - self.low
 
 
 def compression(sample_wheel: Path, limit: int = 400 << 20) -> dict:
@@ -191,7 +167,7 @@ def measure_all(work: Path) -> dict:
         # PEP 517 build, every layer written and pushed, both platforms pulled back, smoke-tested and kept); only
         # the download store and uv's cache are warm
         env = {**env, "CARRY_CACHE": str(work / "cold-cache")}
-        with DiskWatch(Path(realvllm.download_store())) as disk:
+        with DiskWatch(Path(realvllm.download_store()), every=0.5) as disk:
             started = time.monotonic()
             cold = carry(config, env, "image", "--push", "--json")
             cold_s = time.monotonic() - started

@@ -20,6 +20,7 @@ may add to that store, never take from it: the run fails naming what went (pytes
 
 from __future__ import annotations
 
+import heapq
 import os
 from pathlib import Path
 
@@ -182,6 +183,7 @@ def second_engine():
 # Seconds per module (setups, calls and teardowns of its tests), printed after the slowest tests: what each module
 # costs against its budget (docs/testing.md). Under pytest-xdist the reports reach the controller, which prints it.
 _MODULE_SECONDS: dict[str, float] = {}
+_SETUP_SECONDS: list[tuple[float, str]] = []  # (seconds, test) of every setup: its 10 slowest printed before it
 _STORE_BEFORE: dict[str, set[str]] = {}
 
 
@@ -217,12 +219,17 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_runtest_logreport(report):
     module = report.nodeid.split("::", 1)[0]
     _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + getattr(report, "duration", 0.0)
+    if report.when == "setup":
+        _SETUP_SECONDS.append((getattr(report, "duration", 0.0), report.nodeid))
 
 
 @pytest.hookimpl(trylast=True)  # after the slowest tests
 def pytest_terminal_summary(terminalreporter, config):
     if os.environ.get("PYTEST_XDIST_WORKER") or not _MODULE_SECONDS:
         return
+    terminalreporter.write_sep("=", "10 slowest setups")
+    for seconds, test in heapq.nlargest(10, _SETUP_SECONDS):
+        terminalreporter.write_line(f"{seconds:8.1f}s {test}")
     terminalreporter.write_sep("=", "seconds per module (budgets: docs/testing.md)")
     for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda pair: -pair[1]):
         if seconds >= 1:

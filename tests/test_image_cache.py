@@ -1,13 +1,13 @@
 """The image's layer cache across Docker engines, and the shared compile cache inside the image's build stage.
 
-Runner A (the main engine) builds the demo image --hermetic and pushes it with BuildKit's inline cache
-(--cache-to inline), the remote compile cache configured but out of reach of a --network=none build. A second
-engine (tests/secondengine.py: its own dockerd, data root and containerd, only the base images, no build cache)
-rebuilds the same VERSION with --cache-from inline: the build stage's step comes from the registry, nothing
-compiles. Then that engine builds without --hermetic with a redis on loopback: the build stage gets the URL and
-password as a BuildKit secret over the host's network, and ccache in the stage writes to redis. No password in
-any argv, log, label, layer or buildinfo. The flags that buildx would get are checked as command lines (no buildx
-here).
+Runner A (the main engine) builds the demo image --hermetic, cold (a VERSION of the run's), and pushes it with
+BuildKit's inline cache (--cache-to inline), the remote compile cache configured but out of reach of a
+--network=none build. A second engine (tests/secondengine.py: its own dockerd, data root and containerd, only the
+base images, no build cache) rebuilds the same VERSION with --cache-from inline: the build stage's step comes from
+the registry, nothing compiles. Then that engine builds without --hermetic with a redis on loopback: the build stage
+gets the URL and password as a BuildKit secret over the host's network, and ccache in the stage writes to redis. No
+password in any argv, log, label, layer or buildinfo. The flags that buildx would get are checked as command lines
+(no buildx here).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import http.server
 import json
 import os
 import re
+import secrets
 import shutil
 import threading
 import urllib.request
@@ -210,6 +211,10 @@ def setup(tmp_path_factory):
     base = tmp_path_factory.mktemp("image-cache")
     project = base / "demo"
     shutil.copytree(ROOT / "examples" / "demo", project)
+    # A VERSION of this run's: project/VERSION is in the build stage's context, so its steps from `COPY project` on
+    # miss BuildKit's cache (warm from earlier runs and this run's other demo builds) and runner A compiles.
+    version = project / "VERSION"
+    version.write_text(f"{version.read_text().split('.')[0]}.{secrets.randbelow(10**9) + 1}\n")
     config = project / "build.yaml"
     name = f"{env.registry}/carry-cache-{os.urandom(3).hex()}"
     dockerenv.set_image_section(

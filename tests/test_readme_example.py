@@ -115,11 +115,17 @@ def test_readme_carry_your_own_patch_reaches_an_image_and_drops_the_merged_patch
     bin_dir.mkdir()
     (bin_dir / "carry").write_text(f'#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -m carry "$@"\n')
     (bin_dir / "carry").chmod(0o755)
+    # No login but the one README's steps make (carry's own, in a private DOCKER_CONFIG): a Docker config of the
+    # test's, with a config.json that holds none. Without that file docker-py (carry's credentials) falls back to
+    # ~/.docker/config.json, and a login the machine holds there would let `verify IMAGE` read the registry.
+    docker_config = tmp_path / "docker-config"
+    docker_config.mkdir()
+    (docker_config / "config.json").write_text('{"auths": {}}\n')
     env = {
         **os.environ,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "CARRY_CACHE": str(tmp_path / "cache"),
-        "DOCKER_CONFIG": str(tmp_path / "docker-config"),  # no login but the one README's steps make
+        "DOCKER_CONFIG": str(docker_config),
     }
     for variable in ("CARRY_REGISTRY_USER", "CARRY_REGISTRY_PASSWORD"):
         env.pop(variable, None)
@@ -193,6 +199,8 @@ def test_readme_carry_your_own_patch_reaches_an_image_and_drops_the_merged_patch
             ), offline.stderr[-3000:]
 
         # Without a login, verify cannot read the registry: bad input naming the login, though the image is local.
+        no_login = json.loads((docker_config / "config.json").read_text())
+        assert not any(no_login.get(key) for key in ("auths", "credsStore", "credHelpers")), no_login
         anonymous = carry("verify", ref)
         assert anonymous.returncode == 2, anonymous.stdout + anonymous.stderr
         assert len(anonymous.stderr.strip().splitlines()) == 1 and "Traceback" not in anonymous.stderr
