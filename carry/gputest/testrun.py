@@ -50,6 +50,7 @@ FORMAT = 1
 SUFFIX = ".test.json"
 OUTPUT_TAIL_CHARS = 4000
 RUNTIME_ARGS_LABEL = "io.carry.runtime.docker-args"
+IMAGE_PROJECT = "/carry/project"  # where `test IMAGE` mounts the project's directory (read-only)
 VENV_S = 300  # a venv without pip
 INSTALL_S = 1800  # pip installs the one wheel from its file (vLLM's is 400 MB)
 
@@ -253,11 +254,11 @@ def run_artifact(
     was written."""
     if names_a_wheel(artifact):
         wheel = Path(artifact)
-        report = run_on_wheel(wheel, commands, gpu, scratch, timeout)
+        report = run_on_wheel(wheel, commands, gpu, scratch, timeout, project=config.root)
         return report, write(report, wheel_report_path(wheel))
     from carry.image.buildkit import container
 
-    report = run_on_image(artifact, commands, gpu, container.docker_binary(config), scratch, timeout)
+    report = run_on_image(artifact, commands, gpu, container.docker_binary(config), scratch, timeout, config.root)
     return report, write(report, image_report_path(out, report.artifact.digest))
 
 
@@ -303,8 +304,10 @@ def _run_one(
     project: Path | None,
     timeout: float,
 ) -> CommandResult:
-    if not command.tree:
-        return _run(command, command.argv, env, work, timeout)
+    if not command.tree:  # `{project}`: the directory of build.yaml (a project's own test scripts live there)
+        return _run(
+            command, [_fill(arg, {"{project}": str(project or work)}) for arg in command.argv], env, work, timeout
+        )
     if tree is None:
         return CommandResult(
             command.text, 127, 0.0, "carry: this command runs in the source tree, and none was checked out for it"
@@ -336,18 +339,27 @@ def run_on_image(
     docker: str,
     scratch: Path,
     timeout: float,
+    project: Path | None = None,
 ) -> TestReport:
-    """Run every command in the image with `docker run --rm --gpus all` (plus the image's runtime args label)."""
+    """Run every command in the image with `docker run --rm --gpus all` (plus the image's runtime args label), its
+    first word as the entrypoint (an image's own, e.g. `vllm serve`, would take the command as arguments), the
+    project's directory (build.yaml's) mounted read-only at IMAGE_PROJECT for `{project}` in its arguments."""
     image_id, runtime_args = _inspect_image(docker, ref)
     if "--gpus" not in " ".join(runtime_args):
         runtime_args = ["--gpus", "all", *runtime_args]
+    if project is not None:
+        runtime_args += ["--volume", f"{project.resolve()}:{IMAGE_PROJECT}:ro"]
     artifact = Artifact(ArtifactKind.IMAGE, ref, image_id)
     started, clock = _now(), time.monotonic()
     with temp_dir(scratch, "test-") as work:
         results = tuple(
             _run(
                 command,
-                [docker, "run", "--rm", *runtime_args, image_id, *command.argv],
+                [
+                    docker,
+                    *("run", "--rm", *runtime_args, "--entrypoint", command.argv[0], image_id),
+                    *(_fill(arg, {"{project}": IMAGE_PROJECT}) for arg in command.argv[1:]),
+                ],
                 dict(os.environ),
                 work,
                 timeout,
