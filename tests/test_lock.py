@@ -242,7 +242,11 @@ def test_vllm_example_lock_is_committed_and_fresh(tmp_path, vllm_history, fixed_
     tests/conftest.py `fixed_wheels`, in a copy of their cache): `lock` in a copy of the example on the run's vLLM
     history keeps every pin and hash of the committed files. The base is named by its content digest (its layers and
     run-time config), which is the committed one wherever .ci/base-images.sh built the same image (a reproducible
-    build from the same Debian packages): then nothing is rewritten at all."""
+    build from the same Debian packages): then nothing is rewritten at all. The base is derived with
+    image.runtime_packages (g++, libc6-dev, python3-dev: what vLLM compiles with at run time), and the CUDA toolkit
+    wheels that make the image's CUDA_HOME are one release, torch's 13.0 (issue 47)."""
+    from carry.image.locked import runtimebase
+
     dockerenv.require()
     example = ROOT / "examples" / "vllm"
     copy = tmp_path / "vllm"
@@ -254,7 +258,8 @@ def test_vllm_example_lock_is_committed_and_fresh(tmp_path, vllm_history, fixed_
         committed = (example / "runtime-lock" / f"linux-{arch}.txt").read_text()
         made = (copy / "runtime-lock" / f"linux-{arch}.txt").read_text()
         content = content_digest(f"carry-local/runtime-base:{arch}")
-        assert f"# base: carry-local/runtime-base:{arch}\n# base-content: {content}\n# base-python: own\n" in made
+        python = f"apt {runtimebase.recipe_hash('apt', ('g++', 'libc6-dev', 'python3-dev'))}"
+        assert f"# base: carry-local/runtime-base:{arch}\n# base-content: {content}\n# base-python: {python}\n" in made
         same_base = f"# base-content: {content}\n" in committed
         assert (made == committed) == same_base
         assert [x for x in made.splitlines() if not x.startswith("# base-content:")] == [
@@ -262,11 +267,18 @@ def test_vllm_example_lock_is_committed_and_fresh(tmp_path, vllm_history, fixed_
         ]
         line = f"linux/{arch}: 197 packages, python 3.11.2, target {machine}-manylinux_2_36"
         assert (
-            f"{line}, base carry-local/runtime-base:{arch} ({content[:19]}…, python own): "
+            f"{line}, base carry-local/runtime-base:{arch} ({content[:19]}…, python {python[:23]}…): "
             f"{'up to date' if same_base else f'wrote runtime-lock/linux-{arch}.txt'}" in done.out
         )
         assert f"# target: {machine}-manylinux_2_36" in committed and "# python: 3.11.2" in committed
-        assert "\ntorch==2.14.0 \\\n" in committed and "\nnvidia-cuda-nvcc==" in committed
+        assert "\ntorch==2.14.0 \\\n" in committed and "\nnvidia-cuda-runtime==13.0.96 \\\n" in committed
+        for toolkit in (
+            "nvidia-cuda-nvcc==13.0.",
+            "nvidia-cuda-crt==13.0.",
+            "nvidia-nvvm==13.0.",
+            "nvidia-cuda-cccl==13.0.",
+        ):
+            assert f"\n{toolkit}" in committed, toolkit
         assert "\nflashinfer-python==" in committed and "# requires: vllm==0.33.0+carry." in committed
         # one hash for torch: its wheel for this CPU and Python
         torch = committed.split("\ntorch==2.14.0 \\\n", 1)[1].split("\n")[0]
@@ -318,3 +330,45 @@ def test_image_lock_entrypoint_and_cmd_are_parsed_and_checked(tmp_path):
     ):
         path.write_text(base + bad)
         assert_bad_input(carry("--config", str(path), "lock"), needle)
+
+
+def test_a_lock_whose_cuda_toolkit_mixes_releases_is_refused(tmp_path, vllm_history):
+    """examples/vllm's first committed lock (tests/data/lock: humming-kernels' unpinned nvcc resolved to 13.5 beside
+    torch's runtime 13.0; FlashInfer's JIT failed on an H200): `lock --check` and `image` refuse it before any work,
+    one line naming the packages and versions, exit 2, nothing written."""
+    copy = tmp_path / "vllm"
+    config = example_project(copy, vllm_history["path"])
+    lock = copy / "runtime-lock" / "linux-amd64.txt"
+    lock.write_text((ROOT / "tests" / "data" / "lock" / "vllm-0.33.0-cuda-13.0-and-13.5.txt").read_text())
+    before = sorted(p.name for p in copy.rglob("*"))
+    env = {"CARRY_CACHE": str(tmp_path / "cache")}
+    for command in (("lock", "--check", "--platform", "linux/amd64"), ("image", "--platform", "linux/amd64")):
+        done = carry("--config", str(config), *command, env=env, timeout=300)
+        assert_bad_input(done)
+        line = done.err.strip()
+        assert "linux-amd64.txt: its CUDA toolkit is not one release: nvidia-cuda-runtime 13.0.96" in line, line
+        for named in ("nvidia-cuda-nvcc 13.5.37", "nvidia-cuda-crt 13.5.37", "nvidia-nvvm 13.5.37", "cccl 13.3.5.0.6"):
+            assert named in line, (named, line)
+        assert sorted(p.name for p in copy.rglob("*")) == before
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("*.whl"))
+
+
+def test_the_toolkit_is_held_to_the_runtimes_release():
+    """cudatoolkit: no nvcc, nothing to agree; nvcc of torch's release agrees; another release is named and held."""
+    from carry.image.locked import cudatoolkit
+
+    runtime = {"nvidia-cuda-runtime": "13.0.96", "nvidia-cublas": "13.1.0.3"}
+    assert cudatoolkit.mismatch(runtime) is None
+    assert cudatoolkit.mismatch({**runtime, "nvidia-cuda-nvcc": "13.0.88", "nvidia-cuda-cccl": "13.0.85"}) is None
+    pins = {**runtime, "nvidia-cuda-nvcc": "13.5.37", "nvidia-nvvm": "13.5.37", "nvidia-cuda-cccl": "13.0.85"}
+    found = cudatoolkit.mismatch(pins)
+    assert found is not None and found.release == "13.0"
+    assert found.others == (("nvidia-cuda-nvcc", "13.5.37"), ("nvidia-nvvm", "13.5.37"))
+    assert cudatoolkit.constraints(pins, found) == [
+        "nvidia-cuda-cccl==13.0.*",
+        "nvidia-cuda-nvcc==13.0.*",
+        "nvidia-cuda-runtime==13.0.*",
+        "nvidia-nvvm==13.0.*",
+    ]
+    cu12 = {"nvidia-cuda-runtime-cu12": "12.8.90", "nvidia-cuda-nvcc-cu12": "12.9.86"}
+    assert cudatoolkit.mismatch(cu12).others == (("nvidia-cuda-nvcc-cu12", "12.9.86"),)

@@ -41,6 +41,10 @@ def lock(app: App, request: LockRequest) -> LockResult:
 
     chosen = runtimelock.platforms_to_lock(app.config, request.platforms)
     app.require_pins(chosen)
+    if request.check:  # a garbled lock, or one whose CUDA toolkit mixes releases: bad input before any work
+        for platform in chosen:
+            if runtimelock.lock_path(app.config, platform).exists():
+                runtimelock.read(app.config, platform)
     facts = runtimelock.bases(app.config, chosen, app.cache)
     with temp_dir(app.cache.scratch, "lock-wheels-") as out:
         wheels = lock_wheels(app, chosen, out)
