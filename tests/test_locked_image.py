@@ -81,6 +81,12 @@ def test_both_platforms_pushed_layered_and_smoke_tested(project, cold, registry)
     for outcome in by_platform.values():
         assert "patched file(s) byte-equal to the fixed wheel" in outcome["smoke"]
         assert "#!/opt/venv/bin/python" in outcome["smoke"]
+        # what vLLM compiles at run time (issue 47): Triton's C extension on both CPUs (the base derived with
+        # image.runtime_packages), CUDA_HOME's nvcc on CCCL code natively; recorded for the fresh runner's light path
+        assert "; run-time compilers: cc (cc (Debian 12" in outcome["smoke"], outcome["smoke"]
+        assert "built and imported a Python.h extension" in outcome["smoke_record"]["compilers"]
+    assert "CUDA_HOME's nvcc 13.0 compiled CUDA with the CCCL headers (sm_90)" in by_platform["linux/amd64"]["smoke"]
+    assert "nvcc not run under QEMU" in by_platform["linux/arm64"]["smoke"]
     # this CPU's smoke-tested image stays in the engine, tagged as the Dockerfile path tags; the other CPU's check
     # ran on its base, venv and wheel layers loaded here, and nothing of it is kept (no 9 GB pull)
     client = dockerenv.docker_client()
