@@ -131,6 +131,8 @@ def test_argv(entry: Any, where: str) -> tuple[list[str], str]:
     argv = command_argv(entry, where)
     if isinstance(entry, str):
         return argv, entry.strip()
+    if all(re.fullmatch(r"[\w@%+=:,./{}-]+", arg) for arg in argv):
+        return argv, " ".join(argv)  # what shlex.join writes for these, without loading shlex on check's path
     import shlex
 
     return argv, shlex.join(entry)
