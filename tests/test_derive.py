@@ -119,8 +119,12 @@ def test_the_same_tree_again_derives_with_nothing_replaced(setup):
 @pytest.mark.parametrize(
     "edits, executable, reason",
     [
-        ({"pkg/b.py": b"B = 1\n"}, ("pkg/tool.sh",), "pkg/b.py added"),
-        ({"pkg/a.py": None}, ("pkg/tool.sh",), "pkg/a.py removed"),
+        ({"pkg/b.txt": b"data\n"}, ("pkg/tool.sh",), "pkg/b.txt added (only a Python module added or removed"),
+        ({"pkg/tool.sh": None}, (), "pkg/tool.sh removed (only a Python module"),
+        ({"pkg/sub/m.py": b"M = 1\n"}, ("pkg/tool.sh",), "pkg/sub/m.py added, in a directory the base tree does not"),
+        ({"tests/test_b.py": b"def test(): pass\n"}, ("pkg/tool.sh",), "tests/test_b.py added, in a directory whose"),
+        ({"tests/test_a.py": None}, ("pkg/tool.sh",), "tests/test_a.py removed, in a directory whose modules"),
+        ({"pkg/_version.py": b"v = 2\n"}, ("pkg/tool.sh",), "pkg/_version.py added, and the build writes it"),
         ({"setup.py": b"setup(name='x')\n"}, ("pkg/tool.sh",), "setup.py changed, and the wheel does not carry it"),
         ({"tests/test_a.py": b"x = 1\n"}, ("pkg/tool.sh",), "tests/test_a.py changed, and the wheel does not"),
         ({}, (), "pkg/tool.sh changed mode (100755 -> 100644)"),
@@ -131,6 +135,45 @@ def test_anything_but_a_carried_file_changed_in_place_runs_the_build(setup, edit
     derivation = derive.plan(cache, upstream.repo, "fam", changed(upstream, edits, executable), ())
     assert not derivation.possible and reason in derivation.reason, derivation.reason
     assert derivation.line().endswith("; the upstream's build runs")
+
+
+def test_a_module_added_removed_or_renamed_in_a_shipped_package_derives(setup, tmp_path):
+    """A .py file added where the wheel ships its package is added, one the wheel carries removed, a rename is both;
+    the wheel then holds every module of those packages, as the upstream's build would ship them."""
+    upstream, cache, _ = setup
+    cases = {
+        "added": ({"pkg/b.py": b"B = 1\n"}, {"pkg/b.py": b"B = 1\n"}),
+        "removed": ({"pkg/a.py": None}, {"pkg/a.py": None}),
+        "renamed": ({"pkg/a.py": None, "pkg/c.py": b"A = 1\n"}, {"pkg/a.py": None, "pkg/c.py": b"A = 1\n"}),
+    }
+    for name, (edits, replaced) in cases.items():
+        derivation = derive.plan(cache, upstream.repo, "fam", changed(upstream, edits), ())
+        assert derivation.possible and derivation.replaced == replaced, (name, derivation.reason)
+        out = tmp_path / name
+        out.mkdir()
+        with zipfile.ZipFile(derive.write(derivation, out)) as archive:
+            names = set(archive.namelist())
+            rows = dict(line.split(",", 1) for line in archive.read(f"{INFO}/RECORD").decode().splitlines())
+        for path, data in replaced.items():
+            assert (path in names) == (data is not None) and (path in rows) == (data is not None), (name, path)
+            if data is not None:
+                assert rows[path] == f"{record_hash(data)},{len(data)}"
+        assert {"pkg/__init__.py", "pkg/_C.so"} <= names
+
+
+def test_a_module_the_wheel_lacks_in_a_changed_package_runs_the_build(tmp_path):
+    """A package the base wheel ships only in part (a module the build left out): adding a module there cannot
+    say what the build would ship, so the build runs, naming the module the wheel lacks."""
+    upstream = Upstream(tmp_path)
+    cache = Cache(tmp_path / "cache")
+    tree = upstream.tree({**TREE, "pkg/left_out.py": b"X = 1\n"}, executable=("pkg/tool.sh",))
+    commit = git.tree_commit(upstream.repo, tree, None)
+    base_wheel(cache.artifacts / "k0" / "pkg-1.0-cp311-cp311-linux_x86_64.whl", TREE, commit)
+    derive.remember(cache, "fam", tree, "k0", commit)
+    new = upstream.tree({**TREE, "pkg/left_out.py": b"X = 1\n", "pkg/b.py": b"B = 1\n"}, ("pkg/tool.sh",))
+    derivation = derive.plan(cache, upstream.repo, "fam", new, ())
+    assert not derivation.possible
+    assert "pkg/left_out.py is in a package the wheel ships, but not in the wheel" in derivation.reason
 
 
 def test_a_file_the_build_writes_is_never_replaced(setup):

@@ -5,8 +5,11 @@ compiled members of the precompiled wheel into a wheel (vLLM: about 70 s a platf
 840 MB). When the plan differs from an earlier PEP 517 build only in its tree (same precompiled wheel, build
 environment, version, arches, toolchain: the plan's `family`), and every file that differs between the two trees
 is a file that wheel carries byte for byte from its tree (same path, same mode, changed in place), the new wheel
-is that wheel with those members replaced: every other member keeps its compressed bytes. Anything else (a file
-added, removed or renamed, a build file, a file the wheel does not carry as it is in the tree, a file the build
+is that wheel with those members replaced: every other member keeps its compressed bytes. A Python module added
+where the wheel carries its package (a package or namespace directory whose modules the wheel holds as in the base
+tree) is added, and one the wheel carries removed (a rename is both); then every module of those packages in the new
+tree must be in the wheel, as the upstream's build would ship it. Anything else (another kind of file added or
+removed, a new package, a build file, a file the wheel does not carry as it is in the tree, a file the build
 writes) and the upstream's build runs; the line says why.
 
 The finish is the same for both: the tree check proves every file of the wheel against the new tree and the
@@ -35,6 +38,7 @@ import csv
 import dataclasses
 import fnmatch
 import json
+import posixpath
 import re
 import zipfile
 from collections.abc import Callable
@@ -178,17 +182,9 @@ def plan(
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as exc:
         return Derivation(None, {}, f"the earlier build's wheel {base.wheel.name} cannot be read ({exc})")
     hashes = {row[0]: row[1] for row in csv.reader(record.splitlines()) if len(row) >= 2}
-    replaced: dict[str, bytes | None] = {}
-    fields = out.split("\0")
-    for meta, path in zip(fields[0::2], fields[1::2]):
-        old_mode, new_mode, old_blob, new_blob, change = meta.lstrip(":").split()
-        why = _not_in_place(path, change, old_mode, new_mode, generated)
-        if why:
-            return Derivation(base, {}, why)
-        old = _blob(mirror, old_blob)
-        if hashes.get(path) != wheelzip.record_hash(old):
-            return Derivation(base, {}, f"{path} changed, and the wheel does not carry it as it is in the tree")
-        replaced[path] = _blob(mirror, new_blob)
+    replaced, why = _replacements(mirror, base.tree, tree, out, hashes, (*generated, *written))
+    if why:
+        return Derivation(base, {}, why)
     if versioned is not None:
         return dataclasses.replace(versioned, base=base, replaced={**versioned.replaced, **replaced})
     return Derivation(base, replaced)
@@ -240,6 +236,77 @@ def _reversion(
             return Derivation(None, {}, f"{member} names the version {old}")
     changes[f"{dist_info_as}/{BUILDINFO}"] = None
     return Derivation(None, changes, "", dist_info_as, new, old, tuple(rewritten))
+
+
+def _replacements(
+    mirror: Path, base_tree: str, tree: str, diff: str, hashes: dict[str, str], generated: tuple[str, ...]
+) -> tuple[dict[str, bytes | None], str]:
+    """The members to replace, add (bytes) or remove (None) for `diff` (git diff-tree -z of the base tree and
+    `tree`), or why the upstream's build must run. `generated`: build.generated's globs and what the base's build
+    wrote (paths)."""
+    replaced: dict[str, bytes | None] = {}
+    packages: set[str] = set()  # the packages a module was added to or removed from
+    fields = diff.split("\0")
+    for meta, path in zip(fields[0::2], fields[1::2]):
+        old_mode, new_mode, old_blob, new_blob, change = meta.lstrip(":").split()
+        what = {"A": "added", "D": "removed"}.get(change)
+        if what and any(fnmatch.fnmatchcase(path, glob) for glob in generated):
+            return {}, f"{path} {what}, and the build writes it (build.generated)"
+        if what:
+            why = _module_change(mirror, base_tree, path, change, new_mode if change == "A" else old_mode, hashes)
+            if why:
+                return {}, why
+            replaced[path] = _blob(mirror, new_blob) if change == "A" else None
+            packages.add(posixpath.dirname(path))
+            continue
+        why = _not_in_place(path, change, old_mode, new_mode, generated)
+        if why:
+            return {}, why
+        if hashes.get(path) != wheelzip.record_hash(_blob(mirror, old_blob)):
+            return {}, f"{path} changed, and the wheel does not carry it as it is in the tree"
+        replaced[path] = _blob(mirror, new_blob)
+    members = {*hashes, *replaced} - {path for path, data in replaced.items() if data is None}
+    missing = _not_shipped(mirror, tree, packages, members)
+    if missing:
+        return {}, f"{missing} is in a package the wheel ships, but not in the wheel"
+    return replaced, ""
+
+
+def _module_change(mirror: Path, tree: str, path: str, change: str, mode: str, hashes: dict[str, str]) -> str:
+    """Why a file added to or removed from the tree (`change` A or D) is not a module the wheel takes the same way,
+    or '': a .py file (mode 644) in a directory of the base tree whose modules the wheel carries byte for byte (its
+    __init__.py, else its first module: the upstream's build ships that package's modules); a removed one the wheel
+    carries as it was."""
+    what = "added" if change == "A" else "removed"
+    if not path.endswith(".py") or mode != "100644":
+        return f"{path} {what} (only a Python module added or removed is derived)"
+    directory = posixpath.dirname(path)
+    status, listed, _ = git.run_status(mirror, "ls-tree", "-z", f"{tree}:{directory}", strip=False)
+    if status != 0:
+        return f"{path} {what}, in a directory the base tree does not have (a new package)"
+    modules = {}
+    for entry in filter(None, listed.split("\0")):
+        meta, _, name = entry.partition("\t")
+        if name.endswith(".py") and meta.split()[:2] == ["100644", "blob"]:
+            modules[f"{directory}/{name}" if directory else name] = meta.split()[2]
+    shown = sorted(modules, key=lambda m: (not m.endswith("/__init__.py"), m))
+    carried = [m for m in shown[:1] if m != path and hashes.get(m) == wheelzip.record_hash(_blob(mirror, modules[m]))]
+    if not carried:
+        return f"{path} {what}, in a directory whose modules the wheel does not carry as they are in the tree"
+    if change == "D" and hashes.get(path) != wheelzip.record_hash(_blob(mirror, modules.get(path, ""))):
+        return f"{path} removed, and the wheel does not carry it as it was in the tree"
+    return ""
+
+
+def _not_shipped(mirror: Path, tree: str, packages: set[str], members: set[str]) -> str:
+    """The first module of `packages` in `tree` that `members` (the derived wheel's) lacks, or ''."""
+    for directory in sorted(packages):
+        status, listed, _ = git.run_status(mirror, "ls-tree", "-z", "--name-only", f"{tree}:{directory}", strip=False)
+        for name in sorted(filter(None, listed.split("\0"))) if status == 0 else ():
+            module = f"{directory}/{name}" if directory else name
+            if name.endswith(".py") and module not in members:
+                return module
+    return ""
 
 
 def _not_in_place(path: str, change: str, old_mode: str, new_mode: str, generated: tuple[str, ...]) -> str:
