@@ -20,8 +20,14 @@ PLATFORMS = ("linux/amd64", "linux/arm64")
 
 
 def image_section(env: dockerenv.DockerEnv, name: str) -> str:
+    """examples/vllm's image on the test bases and registry: its runtime packages (what vLLM compiles with at run
+    time), lock, entrypoint and CUDA_HOME as the example has them."""
+    import yaml
+
+    packages = yaml.safe_load((EXAMPLE / "build.yaml").read_text())["image"]["runtime_packages"]
     return (
-        f'image:\n  name: {name}\n  tags: ["{{version}}", latest]\n  platforms:\n'
+        f'image:\n  name: {name}\n  tags: ["{{version}}", latest]\n  runtime_packages: {json.dumps(packages)}\n'
+        "  platforms:\n"
         f'    linux/amd64: {{runtime_image: "{env.runtime_base}"}}\n'
         f'    linux/arm64: {{runtime_image: "{env.runtime_base_arm64}"}}\n'
         f"  lock: runtime-lock\n  entrypoint: [vllm, serve]\n"

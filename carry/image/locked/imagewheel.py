@@ -9,14 +9,18 @@ the release wheel has unchanged keep their compressed bytes. Only the fixed laye
 against the record's digest and diff_id. What is rebuilt must install exactly as VERSION N's did: the RECORD that
 installing it writes is compared, byte for byte, with the one in the layer.
 
-The derivation needs VERSION N's tree in the mirror: its series (names and sha256 in its buildinfo) must be in this
-run's patches/ (a patch added since is fine; one edited since is not there), applied onto its pin; the tree must
-come out as the buildinfo names it. Then derive's own checks run (the same lineage: build environment, toolchain,
-arches, precompiled wheel; Python-only changes in place), and the finish proves the result (tree check, gate).
+The derivation needs VERSION N's tree in the mirror: its series (names and sha256 in its buildinfo), each patch
+taken from this run's patches/ when it is there unchanged, else from the copy VERSION N's record carries (the
+patch files are kilobytes: `recorded_series`; a patch edited or dropped since), applied onto its pin; the tree
+must come out as the buildinfo names it. Each patch is held to the sha256 the buildinfo names, whichever copy.
+Then derive's own checks run (the same lineage: build environment, toolchain, arches, precompiled wheel;
+Python-only changes, modules added or removed in shipped packages), and the finish proves the result (tree check,
+gate).
 """
 
 from __future__ import annotations
 
+import base64
 import csv
 import gzip
 import hashlib
@@ -34,7 +38,7 @@ from carry.binaries import wheelzip
 from carry.image.locked import wheelinstall
 from carry.image.locked.wheelinstall import Venv
 from carry.source import apply, git
-from carry.source.series import Series
+from carry.source.series import Series, parse_patch
 from carry.util import reporter
 from carry.util.errors import Failed
 from carry.wheelbuild import derive
@@ -86,7 +90,8 @@ def rebuild(
     problem = _same_lineage(stamped, the_plan)
     if problem:
         return None, f"{ref}'s wheel ({stamped.get('version')}): {problem}"
-    tree, why = _tree(stamped, mirror, series, scratch)
+    recorded = (previous.record.wheel if previous.record is not None else None) or {}
+    tree, why = _tree(stamped, mirror, series, scratch, recorded.get("patches") or [])
     if tree is None:
         return None, why
     release = the_plan.precompiled.path
@@ -160,9 +165,29 @@ def _same_lineage(stamped: dict, the_plan: WheelPlan) -> str:
     return ""
 
 
-def _tree(stamped: dict, mirror: Path, series: Series, scratch: Path) -> tuple[str | None, str]:
-    """VERSION N's tree in the mirror: there already, else its series (found in this run's patches/ by name and
-    sha256) applied onto its pin, giving the tree its buildinfo names."""
+def recorded_series(wheel: Path, directory: Path) -> list[dict]:
+    """What a locked image's record carries of the fixed wheel's series, for a later run whose patches/ has changed:
+    each patch of the wheel's buildinfo, by name, sha256 and its bytes (base64) read from `directory` (the series'
+    own); a patch not there as the buildinfo names it is left out (the later run then says it cannot be made)."""
+    with zipfile.ZipFile(wheel) as archive:
+        stamped = json.loads(archive.read(f"{wheelzip.dist_info(archive)}/carry-buildinfo.json"))
+    found = []
+    for patch in (stamped.get("series") or {}).get("patches") or []:
+        try:
+            data = (directory / str(patch.get("name"))).read_bytes()
+        except OSError:
+            continue
+        if hashlib.sha256(data).hexdigest() == patch.get("sha256"):
+            found.append({"name": patch["name"], "sha256": patch["sha256"], "data": base64.b64encode(data).decode()})
+    return found
+
+
+def _tree(
+    stamped: dict, mirror: Path, series: Series, scratch: Path, recorded: list[dict] | None = None
+) -> tuple[str | None, str]:
+    """VERSION N's tree in the mirror: there already, else its series (each patch found in this run's patches/ by
+    name and sha256, else in `recorded`, the copies VERSION N's record carries) applied onto its pin, giving the tree
+    its buildinfo names."""
     tree = str(stamped.get("tree"))
     if git.object_exists(mirror, tree):
         return tree, ""
@@ -171,11 +196,19 @@ def _tree(stamped: dict, mirror: Path, series: Series, scratch: Path) -> tuple[s
         return None, f"VERSION {stamped.get('version')}'s pin {pin[:12]} is not in the mirror"
     mine = {(p.name, p.sha256): p for p in series.patches}
     theirs = (stamped.get("series") or {}).get("patches") or []
+    copies = scratch / f"recorded-series-{str(stamped.get('tree'))[:12]}"
+    for entry in recorded or []:
+        data = base64.b64decode(str(entry.get("data")))
+        key = (str(entry.get("name")), hashlib.sha256(data).hexdigest())
+        if key not in mine and key[1] == entry.get("sha256") and "/" not in key[0] and key[0].endswith(".patch"):
+            copies.mkdir(parents=True, exist_ok=True)
+            (copies / key[0]).write_bytes(data)
+            mine[key] = parse_patch(copies / key[0], int(key[0].split("-", 1)[0]))
     missing = [p["name"] for p in theirs if (p.get("name"), p.get("sha256")) not in mine]
     if missing:
         return None, (
-            f"VERSION {stamped.get('version')}'s patch {missing[0]} is not in {series.directory} as it was (edited "
-            f"or removed since), so its tree cannot be made here"
+            f"VERSION {stamped.get('version')}'s patch {missing[0]} is neither in {series.directory} as it was "
+            f"(edited or removed since) nor in its record, so its tree cannot be made here"
         )
     subset = Series(series.directory, tuple(mine[(p["name"], p["sha256"])] for p in theirs))
     report = apply.check(mirror, pin, subset, scratch)

@@ -420,7 +420,7 @@ def _record(
     """The platform's record beside its pushed manifest (registrycache.push_record): after the smoke test, so that a
     record says the image passed it (or that none ran)."""
     from carry.image import registryhttp
-    from carry.image.locked import registrycache
+    from carry.image.locked import imagewheel, registrycache
 
     facts: dict[str, bytes] = {}
     by_key: dict[str, str] = {}
@@ -449,7 +449,10 @@ def _record(
         str(outcome.platform),
         entries,
         base,
-        {"file": job.fixed_wheels[outcome.platform].name},
+        {
+            "file": job.fixed_wheels[outcome.platform].name,
+            "patches": imagewheel.recorded_series(job.fixed_wheels[outcome.platform], job.config.patches_dir),
+        },
         outcome.smoke_record,
     )
     attached = registrycache.push_record(repo, made, facts, key, job.config.image.name)
