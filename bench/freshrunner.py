@@ -4,11 +4,13 @@ platforms, every figure from one run:
 - runner A builds and pushes VERSION N cold: an empty carry cache, an empty download store (every locked wheel
   downloaded from the index), `image --push --discard-wheels` (as a CI runner that starts empty runs it), signed;
 - `verify IMAGE` of VERSION N (both platforms) on runner A: the yardstick of the no-change run;
-- a fresh runner (an empty carry cache, an empty download store, the second Docker engine of tests/secondengine.py
-  with only the base images) takes a Python-only patch change as VERSION N+1 and runs `image --push` on the default
-  path; then `verify IMAGE --key` of what it pushed;
-- runner A, warm, makes the same VERSION N+1: its layers must be the fresh runner's, byte for byte;
-- another fresh runner with no change at all (VERSION N+1 again).
+- four fresh runners (each an empty carry cache, an empty download store, the second Docker engine of
+  tests/secondengine.py with only the base images), each taking one change from VERSION N (`--cache-from NAME:N`) as
+  its own VERSION and running `image --push` on the default path, then `verify IMAGE --key` of what it pushed (issue
+  49): (a) a Python-only patch added, (b) a carried patch edited in place, (c) a new patch that adds a Python module,
+  (d) a patch dropped from the series;
+- after each, runner A, warm, makes the same VERSION: its layers must be the fresh runner's, byte for byte;
+- another fresh runner with no change at all (case a's VERSION again).
 
 Measured: seconds (whole processes); bytes downloaded (what the download store received, the registry bodies carry
 read, the mirror's objects); bytes pushed (every body carry sent to the registry) against the layers written; peak
@@ -33,7 +35,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-N, N1 = "20261201.1", "20261201.2"
+N = "20261201.1"
+# The fresh runners' changes, each from VERSION N as its own VERSION (issue 49)
+CASES = {
+    "a": ("20261201.2", "a Python-only patch added (a comment in vllm/logger.py)"),
+    "b": ("20261201.3", "a carried patch edited in place (0002: same name, new content)"),
+    "c": ("20261201.4", "a new patch that adds a Python module (vllm/carry_probe.py)"),
+    "d": ("20261201.5", "a patch dropped from the series (0002)"),
+}
 
 import secondengine  # noqa: E402
 from diskwatch import DiskWatch, size_of  # noqa: E402
@@ -55,22 +64,64 @@ def carry(config: Path, env: dict, *args: str, cwd: Path | None = None, timeout:
     return done, time.monotonic() - started
 
 
-def _patch(work: Path, history: Path) -> str:
-    """A Python-only patch: a comment line added to vllm/logger.py (no patch of the series touches it)."""
-    scratch = work / "patchwork"
-    subprocess.run(["git", "clone", "-q", "--no-checkout", str(history), str(scratch)], check=True)
+HEADER = "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: carry bench <bench@carry>\n"
+
+
+def _diff(work: Path, history: Path, change) -> str:
+    """`git diff` of `change(checkout)` made on v0.33.0 in a scratch clone of the history (staged: new files too)."""
     import realvllm
 
-    subprocess.run(["git", "-C", str(scratch), "checkout", "-q", realvllm.V0_33_0, "--", "vllm/logger.py"], check=True)
-    target = scratch / "vllm" / "logger.py"
-    target.write_text(target.read_text() + "# carried by carry\n")
+    scratch = work / "patchwork"
+    subprocess.run(["git", "clone", "-q", str(history), str(scratch)], check=True)
+    subprocess.run(["git", "-C", str(scratch), "checkout", "-q", realvllm.V0_33_0], check=True)
+    change(scratch)
+    subprocess.run(["git", "-C", str(scratch), "add", "-A"], check=True)
     diff = subprocess.run(
-        ["git", "-C", str(scratch), "diff", "--", "vllm/logger.py"], capture_output=True, text=True, check=True
+        ["git", "-C", str(scratch), "diff", "--cached"], capture_output=True, text=True, check=True
     ).stdout
     shutil.rmtree(scratch)
+    return diff
+
+
+def _patch(work: Path, history: Path) -> str:
+    """(a) A Python-only patch: a comment line added to vllm/logger.py (no patch of the series touches it)."""
+
+    def change(tree: Path) -> None:
+        target = tree / "vllm" / "logger.py"
+        target.write_text(target.read_text() + "# carried by carry\n")
+
     return (
-        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: carry bench <bench@carry>\n"
-        "Subject: [PATCH] logger: say it is carried\n\nUpstream-Status: Inappropriate [bench]\n---\n" + diff
+        HEADER
+        + "Subject: [PATCH] logger: say it is carried\n\nUpstream-Status: Inappropriate [bench]\n---\n"
+        + _diff(work, history, change)
+    )
+
+
+def _edited(work: Path, history: Path, patch: Path) -> str:
+    """(b) `patch` edited in place: its own change, plus a comment line at the end of the file it changes; its
+    message as it was."""
+    text = patch.read_text()
+    header, _, _ = text.partition("diff --git ")
+    target = text.split("diff --git a/", 1)[1].split(" ", 1)[0]
+
+    def change(tree: Path) -> None:
+        subprocess.run(["git", "-C", str(tree), "apply", str(patch)], check=True)
+        path = tree / target
+        path.write_text(path.read_text() + "# carried by carry: the fix, refined\n")
+
+    return header + _diff(work, history, change)
+
+
+def _module(work: Path, history: Path) -> str:
+    """(c) A new patch that adds a Python module to a package vLLM's wheel ships."""
+
+    def change(tree: Path) -> None:
+        (tree / "vllm" / "carry_probe.py").write_text('"""Carried by carry: a module a patch adds."""\n\nPROBE = 1\n')
+
+    return (
+        HEADER
+        + "Subject: [PATCH] vllm: add carry_probe\n\nUpstream-Status: Inappropriate [bench]\n---\n"
+        + _diff(work, history, change)
     )
 
 
@@ -84,9 +135,9 @@ def _runner(work: Path, base: dict, engine: secondengine.Engine | None = None) -
     return env
 
 
-def _fresh_run(project: Path, env: dict, root: Path, remote: Path) -> dict:
+def _fresh_run(project: Path, env: dict, root: Path, remote: Path, *args: str) -> dict:
     with DiskWatch(root, remote=remote) as disk:
-        done, seconds = carry(project / "build.yaml", env, "image", "--push", "--json", cwd=project)
+        done, seconds = carry(project / "build.yaml", env, "image", "--push", "--json", *args, cwd=project)
     found = json.loads(done.stdout)
     mirrors = Path(env["CARRY_CACHE"]) / "mirrors"
     mirror = sum(size_of(path / "objects") for path in mirrors.glob("*.git")) if mirrors.is_dir() else 0
@@ -142,31 +193,45 @@ def measure_all(work: Path) -> dict:
         _, result["verify_s"] = carry(config, env_a, "verify", f"{name}:{N}", cwd=project_a)
         _keep(result)
 
-        # the fresh runner: a Python-only patch change as VERSION N+1
-        project_b = work / "b"
-        shutil.copytree(project_a, project_b, ignore=shutil.ignore_patterns("dist"))
-        (project_b / "patches" / "0003-logger-say-carried.patch").write_text(_patch(work, history))
-        (project_b / "VERSION").write_text(f"{N1}\n")
+        # fresh runners, each from VERSION N (--cache-from) with its own change, as its own VERSION; then runner A,
+        # warm, makes the same VERSION: its layers must be the fresh runner's, byte for byte
+        edited = project_a / "patches" / sorted(p.name for p in (project_a / "patches").glob("0002-*.patch"))[0]
+        changes = {
+            "a": {"0003-logger-say-carried.patch": _patch(work, history)},
+            "b": {edited.name: _edited(work, history, edited)},
+            "c": {"0003-vllm-add-carry-probe.patch": _module(work, history)},
+            "d": {edited.name: None},
+        }
         bases = (services.runtime_base, services.runtime_base_arm64)
         with secondengine.started(bases, services.docker_host) as engine:
-            env_b = _runner(work / "runner-b", base_env, engine)
-            result["fresh"] = _fresh_run(project_b, env_b, work, remote)
-            _keep(result)
-            verified, seconds = carry(
-                project_b / "build.yaml", env_b, "verify", f"{name}:{N1}", "--key", str(work / "keys" / "carry.pub"),
-                cwd=project_b,
-            )  # fmt: skip
-            result["fresh_verify"] = {"seconds": seconds, "out": verified.stdout[-3000:]}
-            # runner A, warm: the same VERSION N+1
-            project_w = work / "w"
-            shutil.copytree(project_b, project_w, ignore=shutil.ignore_patterns("dist"))
-            done, seconds = carry(project_w / "build.yaml", env_a, "image", "--push", "--json", cwd=project_w)
-            result["warm"] = {"seconds": seconds, "result": json.loads(done.stdout)}
-            _keep(result)
-            # a fresh runner with no change at all
-            project_c = work / "c"
-            shutil.copytree(project_b, project_c, ignore=shutil.ignore_patterns("dist"))
-            env_c = _runner(work / "runner-c", base_env, engine)
+            for case, files in changes.items():
+                version = CASES[case][0]
+                project = work / case
+                shutil.copytree(project_a, project, ignore=shutil.ignore_patterns("dist"))
+                for patch_name, text in files.items():
+                    if text is None:
+                        (project / "patches" / patch_name).unlink()
+                    else:
+                        (project / "patches" / patch_name).write_text(text)
+                (project / "VERSION").write_text(f"{version}\n")
+                env = _runner(work / f"runner-{case}", base_env, engine)
+                fresh = _fresh_run(project, env, work, remote, "--cache-from", f"{name}:{N}")
+                verified, seconds = carry(
+                    project / "build.yaml", env, "verify", f"{name}:{version}", "--key",
+                    str(work / "keys" / "carry.pub"), cwd=project,
+                )  # fmt: skip
+                fresh["verify"] = {"seconds": seconds, "out": verified.stdout[-3000:]}
+                project_w = work / f"{case}-warm"
+                shutil.copytree(project, project_w, ignore=shutil.ignore_patterns("dist"))
+                done, seconds = carry(project_w / "build.yaml", env_a, "image", "--push", "--json", cwd=project_w)
+                fresh["warm"] = {"seconds": seconds, "result": json.loads(done.stdout), "err": done.stderr[-3000:]}
+                result.setdefault("cases", {})[case] = fresh
+                _keep(result)
+                shutil.rmtree(work / f"runner-{case}", ignore_errors=True)
+            # a fresh runner with no change at all (case a's VERSION again)
+            env_c = _runner(work / "runner-nochange", base_env, engine)
+            project_c = work / "nochange"
+            shutil.copytree(work / "a", project_c, ignore=shutil.ignore_patterns("dist"))
             result["nochange"] = _fresh_run(project_c, env_c, work, remote)
             engine.empty()
     finally:
@@ -181,7 +246,7 @@ def _pushed_layers(found: dict) -> int:
 
 def report(result: dict) -> list[tuple[str, str, str, bool]]:
     rows = []
-    cold, fresh, nochange = result["cold"], result["fresh"], result["nochange"]
+    cold, nochange = result["cold"], result["nochange"]
     gb = 1e9
     rows.append(
         (
@@ -192,97 +257,12 @@ def report(result: dict) -> list[tuple[str, str, str, bool]]:
         )
     )
     rows.append(("runner A: `verify IMAGE` of VERSION N, both platforms", f"{result['verify_s']:.1f} s", "", True))
-    share = fresh["seconds"] / cold["seconds"]
-    pep517 = fresh["err"].count("build: PEP 517")
-    derived = fresh["err"].count("derive: from VERSION")
-    rows.append(
-        (
-            "fresh runner: Python-only patch change, VERSION N+1, `image --push` (default path)",
-            f"{fresh['seconds']:.1f} s = {share:.1%} of A's cold; {pep517} PEP 517 build(s), {derived} fixed wheel(s) "
-            f"derived from VERSION N's rebuilt from its image",
-            "<= 10% of A's cold",
-            share <= 0.10,
-        )
-    )
-    platforms = fresh["result"]["platforms"]
-    received = platforms[-1]["registry"]["received"]
-    downloaded = fresh["store"] + received + fresh["mirror"]
-    ratio = downloaded / result["release_bytes"]
-    rows.append(
-        (
-            "  bytes downloaded",
-            f"{downloaded / 1e6:,.1f} MB (download store {fresh['store'] / 1e6:,.1f} MB, registry "
-            f"{received / 1e6:,.2f} MB, mirror {fresh['mirror'] / 1e6:,.1f} MB) = {ratio:.3f}x the two release "
-            f"wheels ({result['release_bytes'] / 1e6:,.1f} MB)",
-            "<= 1.1x",
-            ratio <= 1.1,
-        )
-    )
-    registry = platforms[-1]["registry"]
-    trust = registry.get("trust", 0)
-    sent, changed = registry["sent"] - trust, _pushed_layers(fresh["result"])
-    written = [
-        f"{p['platform']} {layer['name']}" for p in platforms for layer in p["layers"] if layer["action"] == "pushed"
-    ]
-    rows.append(
-        (
-            "  bytes pushed: the image (layers, configs, manifests, records)",
-            f"{sent:,} B = {sent / changed:.3f}x the layers written ({changed:,} B: {', '.join(written)})",
-            "<= 1.1x",
-            sent <= 1.1 * changed,
-        )
-    )
-    rows.append(
-        (
-            "  bytes pushed besides, with $CARRY_SIGNING_KEY: signatures and attestations (SBOM, provenance)",
-            f"{trust:,} B; everything sent {registry['sent']:,} B = {registry['sent'] / changed:.3f}x the layers "
-            f"written (each platform's SBOM, its 198 distributions, is signed anew for each VERSION)",
-            "",
-            True,
-        )
-    )
-    smokes = [p["smoke_record"]["how"] if p.get("smoke_record") else "none" for p in platforms]
-    rows.append(
-        (
-            "  smoke test",
-            "; ".join(p["smoke"] or "" for p in platforms)[:600],
-            "light, nothing pulled",
-            all(s == "light" for s in smokes) and all(p["engine"] is None for p in platforms),
-        )
-    )
-    rows.append(
-        (
-            "  peak disk",
-            f"{fresh['peak_disk'] / gb:.2f} GB",
-            "<= 3 GB",
-            fresh["peak_disk"] <= 3e9,
-        )
-    )
-    ok = "verified" in result["fresh_verify"]["out"] and "NOT verified" not in result["fresh_verify"]["out"]
-    rows.append(
-        (
-            "  `verify IMAGE --key` of VERSION N+1, both platforms",
-            f"{result['fresh_verify']['seconds']:.1f} s",
-            "passes",
-            ok,
-        )
-    )
-    same = all(
-        [layer["digest"] for layer in w["layers"]] == [layer["digest"] for layer in f["layers"]]
-        for w, f in zip(result["warm"]["result"]["platforms"], platforms)
-    )
-    rows.append(
-        (
-            "  its layers against runner A's warm VERSION N+1",
-            f"warm run {result['warm']['seconds']:.1f} s; every layer digest {'the same' if same else 'NOT the same'}",
-            "byte-identical",
-            same,
-        )
-    )
+    for case, fresh in result["cases"].items():
+        rows += _case_rows(case, fresh, cold, result["release_bytes"])
     ratio = nochange["seconds"] / result["verify_s"]
     rows.append(
         (
-            "fresh runner, no change at all (VERSION N+1 again)",
+            "fresh runner, no change at all (case a's VERSION again)",
             f"{nochange['seconds']:.1f} s = {ratio:.2f}x `verify IMAGE` ({result['verify_s']:.1f} s); layers written: "
             f"{_pushed_layers(nochange['result'])} B",
             "<= 1.5x verify IMAGE",
@@ -295,6 +275,86 @@ def report(result: dict) -> list[tuple[str, str, str, bool]]:
             f"{cold['peak_disk'] / gb:.2f} GB",
             "<= 14 GB",
             cold["peak_disk"] <= 14e9,
+        )
+    )
+    return rows
+
+
+def _case_rows(case: str, fresh: dict, cold: dict, release_bytes: int) -> list[tuple[str, str, str, bool]]:
+    """One fresh runner's change: time, downloads, pushes, smoke test, disk, verify --key, the warm machine's
+    layers."""
+    version, what = CASES[case]
+    share = fresh["seconds"] / cold["seconds"]
+    pep517 = fresh["err"].count("build: PEP 517")
+    derived = fresh["err"].count("derive: from VERSION")
+    envs = fresh["err"].count("env: making")
+    rows = [
+        (
+            f"({case}) fresh runner, {what}, VERSION {version}, `image --push`",
+            f"{fresh['seconds']:.1f} s = {share:.1%} of A's cold; {pep517} PEP 517 build(s), {envs} build "
+            f"environment(s) made, {derived} fixed wheel(s) derived from VERSION N's rebuilt from its image",
+            "<= 10% of A's cold, no PEP 517 build",
+            share <= 0.10 and pep517 == 0,
+        )
+    ]
+    platforms = fresh["result"]["platforms"]
+    registry = platforms[-1]["registry"]
+    downloaded = fresh["store"] + registry["received"] + fresh["mirror"]
+    ratio = downloaded / release_bytes
+    rows.append(
+        (
+            "  bytes downloaded",
+            f"{downloaded / 1e6:,.1f} MB (download store {fresh['store'] / 1e6:,.1f} MB, registry "
+            f"{registry['received'] / 1e6:,.2f} MB, mirror {fresh['mirror'] / 1e6:,.1f} MB) = {ratio:.3f}x the two "
+            f"release wheels ({release_bytes / 1e6:,.1f} MB)",
+            "<= 1.1x",
+            ratio <= 1.1,
+        )
+    )
+    trust = registry.get("trust", 0)
+    sent, changed = registry["sent"] - trust, _pushed_layers(fresh["result"])
+    written = [
+        f"{p['platform']} {layer['name']}" for p in platforms for layer in p["layers"] if layer["action"] == "pushed"
+    ]
+    rows.append(
+        (
+            "  bytes pushed: the image (layers, configs, manifests, records), signatures and attestations besides",
+            f"{sent:,} B = {sent / max(changed, 1):.3f}x the layers written ({changed:,} B: {', '.join(written)}); "
+            f"{trust:,} B signed and attested",
+            "only the fixed layer written",
+            all(w.endswith("vllm-fixed") for w in written) and sent <= 1.1 * max(changed, 1) + 200_000,
+        )
+    )
+    smokes = [p["smoke_record"]["how"] if p.get("smoke_record") else "none" for p in platforms]
+    rows.append(
+        (
+            "  smoke test",
+            "; ".join(p["smoke"] or "" for p in platforms)[:600],
+            "light, nothing pulled",
+            all(s == "light" for s in smokes) and all(p["engine"] is None for p in platforms),
+        )
+    )
+    rows.append(("  peak disk", f"{fresh['peak_disk'] / 1e9:.2f} GB", "<= 3 GB", fresh["peak_disk"] <= 3e9))
+    out = fresh["verify"]["out"]
+    rows.append(
+        (
+            f"  `verify IMAGE --key` of VERSION {version}, both platforms",
+            f"{fresh['verify']['seconds']:.1f} s",
+            "passes",
+            "verified" in out and "NOT verified" not in out,
+        )
+    )
+    warm = fresh["warm"]["result"]["platforms"]
+    same = all(
+        [layer["digest"] for layer in w["layers"]] == [layer["digest"] for layer in f["layers"]]
+        for w, f in zip(warm, platforms)
+    )
+    rows.append(
+        (
+            "  its layers against runner A's warm run of the same VERSION",
+            f"warm run {fresh['warm']['seconds']:.1f} s; every layer digest {'the same' if same else 'NOT the same'}",
+            "byte-identical",
+            same,
         )
     )
     return rows
