@@ -64,67 +64,6 @@ def carry(config: Path, env: dict, *args: str, cwd: Path | None = None, timeout:
     return done, time.monotonic() - started
 
 
-HEADER = "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: carry bench <bench@carry>\n"
-
-
-def _diff(work: Path, history: Path, change) -> str:
-    """`git diff` of `change(checkout)` made on v0.33.0 in a scratch clone of the history (staged: new files too)."""
-    import realvllm
-
-    scratch = work / "patchwork"
-    subprocess.run(["git", "clone", "-q", str(history), str(scratch)], check=True)
-    subprocess.run(["git", "-C", str(scratch), "checkout", "-q", realvllm.V0_33_0], check=True)
-    change(scratch)
-    subprocess.run(["git", "-C", str(scratch), "add", "-A"], check=True)
-    diff = subprocess.run(
-        ["git", "-C", str(scratch), "diff", "--cached"], capture_output=True, text=True, check=True
-    ).stdout
-    shutil.rmtree(scratch)
-    return diff
-
-
-def _patch(work: Path, history: Path) -> str:
-    """(a) A Python-only patch: a comment line added to vllm/logger.py (no patch of the series touches it)."""
-
-    def change(tree: Path) -> None:
-        target = tree / "vllm" / "logger.py"
-        target.write_text(target.read_text() + "# carried by carry\n")
-
-    return (
-        HEADER
-        + "Subject: [PATCH] logger: say it is carried\n\nUpstream-Status: Inappropriate [bench]\n---\n"
-        + _diff(work, history, change)
-    )
-
-
-def _edited(work: Path, history: Path, patch: Path) -> str:
-    """(b) `patch` edited in place: its own change, plus a comment line at the end of the file it changes; its
-    message as it was."""
-    text = patch.read_text()
-    header, _, _ = text.partition("diff --git ")
-    target = text.split("diff --git a/", 1)[1].split(" ", 1)[0]
-
-    def change(tree: Path) -> None:
-        subprocess.run(["git", "-C", str(tree), "apply", str(patch)], check=True)
-        path = tree / target
-        path.write_text(path.read_text() + "# carried by carry: the fix, refined\n")
-
-    return header + _diff(work, history, change)
-
-
-def _module(work: Path, history: Path) -> str:
-    """(c) A new patch that adds a Python module to a package vLLM's wheel ships."""
-
-    def change(tree: Path) -> None:
-        (tree / "vllm" / "carry_probe.py").write_text('"""Carried by carry: a module a patch adds."""\n\nPROBE = 1\n')
-
-    return (
-        HEADER
-        + "Subject: [PATCH] vllm: add carry_probe\n\nUpstream-Status: Inappropriate [bench]\n---\n"
-        + _diff(work, history, change)
-    )
-
-
 def _runner(work: Path, base: dict, engine: secondengine.Engine | None = None) -> dict:
     """A runner's environment: its own empty carry cache and download store (and the second engine, emptied)."""
     (work / "downloads").mkdir(parents=True)
@@ -160,6 +99,7 @@ def _keep(result: dict) -> None:
 def measure_all(work: Path) -> dict:
     import dockerenv
     import realvllm
+    from lib import vllmpatches
     from lib.lockedvllm import make_project
 
     services = dockerenv.load()
@@ -197,9 +137,9 @@ def measure_all(work: Path) -> dict:
         # warm, makes the same VERSION: its layers must be the fresh runner's, byte for byte
         edited = project_a / "patches" / sorted(p.name for p in (project_a / "patches").glob("0002-*.patch"))[0]
         changes = {
-            "a": {"0003-logger-say-carried.patch": _patch(work, history)},
-            "b": {edited.name: _edited(work, history, edited)},
-            "c": {"0003-vllm-add-carry-probe.patch": _module(work, history)},
+            "a": {"0003-logger-say-carried.patch": vllmpatches.adding_a_line(history, "vllm/logger.py", "logger")},
+            "b": {edited.name: vllmpatches.edited(history, edited)},
+            "c": {"0003-vllm-add-carry-probe.patch": vllmpatches.adding_a_module(history)},
             "d": {edited.name: None},
         }
         bases = (services.runtime_base, services.runtime_base_arm64)

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 import dockerenv
-import realvllm
 from carry.image import registryhttp
 from carry.image.locked import registrycache
 from helpers import assert_bad_input, carry
@@ -191,6 +190,54 @@ def test_a_python_only_patch_change_pushes_one_small_layer(project, cold, regist
         patch.unlink()
 
 
+@pytest.mark.late  # it pushes under the shared tags (latest): after every reader of the cold image
+@pytest.mark.parametrize("case", ["edited", "module", "dropped"])
+def test_a_fresh_runner_derives_an_edited_a_module_adding_and_a_dropped_patch(project, cold, registry, case, tmp_path):
+    """Issue 49, counted: from the cold VERSION N, with an empty carry cache, (b) the series' 0002 edited in place,
+    (c) a new patch that adds a Python module, (d) 0002 dropped: the fixed wheel derives from VERSION N's, rebuilt
+    from its image (its tree made from the patches its record carries), no build environment is made and no PEP 517
+    build runs, and only the fixed layer is written."""
+    from lib import vllmpatches
+
+    config, env, name, root = project
+    changed = tmp_path / "project"
+    shutil.copytree(config.parent, changed, ignore=shutil.ignore_patterns("dist"))
+    patches = changed / "patches"
+    second = next(patches.glob("0002-*.patch"))
+    history = _history_path(root)
+    version = {"edited": "20261201.3", "module": "20261201.4", "dropped": "20261201.5"}[case]
+    if case == "edited":
+        second.write_text(vllmpatches.edited(history, second))
+    elif case == "module":
+        (patches / "0003-vllm-add-carry-probe.patch").write_text(vllmpatches.adding_a_module(history))
+    else:
+        second.unlink()
+    (changed / "VERSION").write_text(version + "\n")
+    fresh = {**env, "CARRY_CACHE": str(tmp_path / "cache")}
+    result = carry(
+        "--config", str(changed / "build.yaml"), "image", "--push", "--json", "--no-smoke", "--cache-from",
+        f"{name}:20261201.1", env=fresh, timeout=1500,
+    )  # fmt: skip
+    assert result.code == 0, result.err[-3000:]
+    assert "build: PEP 517" not in result.err and "env: making" not in result.err, result.err[-3000:]
+    assert result.err.count("derive: from VERSION 20261201.1's wheel, rebuilt from") == 2, result.err[-3000:]
+    before = {p["platform"]: p for p in cold[0]["platforms"]}
+    for outcome in json.loads(result.out)["platforms"]:
+        layers = outcome["layers"]
+        assert [layer["action"] for layer in layers] == ["already exists"] * (len(layers) - 1) + ["pushed"]
+        assert [x["digest"] for x in layers[:-1]] == [x["digest"] for x in before[outcome["platform"]]["layers"][:-1]]
+        members = _members(registry.blob(name, layers[-1]["digest"]))
+        site = "opt/venv/lib/python3.11/site-packages/"
+        cuda = members.get(site + "vllm/platforms/cuda.py")
+        if case == "edited":
+            assert cuda is not None and b"# carried by carry: the fix, refined" in cuda[1]
+        elif case == "module":
+            assert members[site + vllmpatches.MODULE][1].endswith(b"PROBE = 1\n") and cuda is not None
+        else:
+            assert cuda is None  # back to the release's: no longer in the fixed layer
+        assert (site + vllmpatches.MODULE in members) == (case == "module")
+
+
 def test_a_tampered_lock_fails_naming_the_package_nothing_pushed(project, registry, services):
     config, env, name, root = project
     tampered = root / "tampered"
@@ -247,23 +294,10 @@ def _one_hash(lines: list[str], at: int) -> list[str]:
 
 
 def _patch_adding_a_line(root: Path) -> str:
-    """A patch adding a comment line to vllm/version.py (Python only), made with git against the pinned tree."""
-    import subprocess
+    """A patch adding a comment line to vllm/logger.py (Python only), made with git against the pinned tree."""
+    from lib import vllmpatches
 
-    work = root / "patchwork"
-    subprocess.run(["git", "clone", "-q", "--no-checkout", str(_history_path(root)), str(work)], check=True)
-    subprocess.run(["git", "-C", str(work), "checkout", "-q", realvllm.V0_33_0, "--", PATCHED], check=True)
-    target = work / PATCHED
-    target.write_text(target.read_text() + "# carried by carry\n")
-    diff = subprocess.run(
-        ["git", "-C", str(work), "diff", "--", PATCHED], capture_output=True, text=True, check=True
-    ).stdout
-    shutil.rmtree(work)
-    return (
-        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\nFrom: carry tests "
-        "<tests@carry>\nSubject: [PATCH] version: say it is carried\n\nUpstream-Status: Inappropriate [test]\n"
-        "---\n" + diff
-    )
+    return vllmpatches.adding_a_line(_history_path(root), PATCHED, "version: say it is carried")
 
 
 def _history_path(root: Path) -> Path:
