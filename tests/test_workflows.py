@@ -510,7 +510,8 @@ def test_every_ci_script_is_reachable_from_a_workflow():
             if ref not in called:
                 called.add(ref)
                 frontier.append(ref)
-    mine = {f"ci/{p.name}" for p in CI_DIR.iterdir() if p.suffix in (".sh", ".py")} - {"ci/lib.sh"}
+    # gpu_offline.py runs by hand, here and on an offline GPU host no workflow reaches (docs/gpu-testing.md)
+    mine = {f"ci/{p.name}" for p in CI_DIR.iterdir() if p.suffix in (".sh", ".py")} - {"ci/lib.sh", "ci/gpu_offline.py"}
     assert mine <= called, f"not called from any workflow: {sorted(mine - called)}"
 
 
