@@ -433,7 +433,7 @@ def full_record(outcome: PlatformOutcome, text: str) -> dict:
         "platform": str(outcome.platform),
         "how": FULL,
         "proof": proof,
-        "compilers": text.partition("; run-time compilers: ")[2],
+        "compilers": text.partition("; run-time compilers: ")[2].split(" (on its base", 1)[0],
         "root": outcome.digest,
         "layers": [layer.key for layer in outcome.layers],
     }
