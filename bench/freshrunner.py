@@ -146,7 +146,7 @@ def measure_all(work: Path) -> dict:
         with secondengine.started(bases, services.docker_host) as engine:
             for case, files in changes.items():
                 version = CASES[case][0]
-                project = work / case
+                project = work / f"case-{case}"
                 shutil.copytree(project_a, project, ignore=shutil.ignore_patterns("dist"))
                 for patch_name, text in files.items():
                     if text is None:
@@ -161,7 +161,7 @@ def measure_all(work: Path) -> dict:
                     str(work / "keys" / "carry.pub"), cwd=project,
                 )  # fmt: skip
                 fresh["verify"] = {"seconds": seconds, "out": verified.stdout[-3000:]}
-                project_w = work / f"{case}-warm"
+                project_w = work / f"case-{case}-warm"
                 shutil.copytree(project, project_w, ignore=shutil.ignore_patterns("dist"))
                 done, seconds = carry(project_w / "build.yaml", env_a, "image", "--push", "--json", cwd=project_w)
                 fresh["warm"] = {"seconds": seconds, "result": json.loads(done.stdout), "err": done.stderr[-3000:]}
@@ -171,7 +171,7 @@ def measure_all(work: Path) -> dict:
             # a fresh runner with no change at all (case a's VERSION again)
             env_c = _runner(work / "runner-nochange", base_env, engine)
             project_c = work / "nochange"
-            shutil.copytree(work / "a", project_c, ignore=shutil.ignore_patterns("dist"))
+            shutil.copytree(work / "case-a", project_c, ignore=shutil.ignore_patterns("dist"))
             result["nochange"] = _fresh_run(project_c, env_c, work, remote)
             engine.empty()
     finally:
