@@ -154,7 +154,7 @@ def measure_all(work: Path) -> dict:
                     else:
                         (project / "patches" / patch_name).write_text(text)
                 (project / "VERSION").write_text(f"{version}\n")
-                env = _runner(work / f"runner-{case}", base_env, engine)
+                env = _runner(work / f"fresh-{case}", base_env, engine)
                 fresh = _fresh_run(project, env, work, remote, "--cache-from", f"{name}:{N}")
                 verified, seconds = carry(
                     project / "build.yaml", env, "verify", f"{name}:{version}", "--key",
@@ -167,7 +167,7 @@ def measure_all(work: Path) -> dict:
                 fresh["warm"] = {"seconds": seconds, "result": json.loads(done.stdout), "err": done.stderr[-3000:]}
                 result.setdefault("cases", {})[case] = fresh
                 _keep(result)
-                shutil.rmtree(work / f"runner-{case}", ignore_errors=True)
+                shutil.rmtree(work / f"fresh-{case}", ignore_errors=True)
             # a fresh runner with no change at all (case a's VERSION again)
             env_c = _runner(work / "runner-nochange", base_env, engine)
             project_c = work / "nochange"
