@@ -388,11 +388,16 @@ def derive(
 
 
 def _matching(docker: str, tag: str, labels: dict[str, str]) -> dict | None:
+    """The derived base at `tag` when its labels say it was made from the same content by the same recipe (and pinned
+    by the same registry digest); the name it was configured by is not compared: the same image named another way
+    (carry-local/runtime-base:amd64, carry-test/runtime-base:<tag>) would otherwise be derived again, leaving the
+    earlier one untagged."""
     found = inspect(docker, tag)
     if found is None:
         return None
     have = (found.get("Config") or {}).get("Labels") or {}
-    return found if all(have.get(key) == value for key, value in labels.items()) else None
+    compared = (LABEL_BASE, LABEL_PYTHON, LABEL_BASE_DIGEST)
+    return found if all(have.get(key) == labels.get(key) for key in compared) else None
 
 
 def _log(cache: Cache, tag: str) -> Path:
