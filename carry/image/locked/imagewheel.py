@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from carry.binaries import wheelzip
+from carry.binaries import buildinfo, wheelzip
 from carry.image.locked import wheelinstall
 from carry.image.locked.wheelinstall import Venv
 from carry.source import apply, git
@@ -169,8 +169,7 @@ def recorded_series(wheel: Path, directory: Path) -> list[dict]:
     """What a locked image's record carries of the fixed wheel's series, for a later run whose patches/ has changed:
     each patch of the wheel's buildinfo, by name, sha256 and its bytes (base64) read from `directory` (the series'
     own); a patch not there as the buildinfo names it is left out (the later run then says it cannot be made)."""
-    with zipfile.ZipFile(wheel) as archive:
-        stamped = json.loads(archive.read(f"{wheelzip.dist_info(archive)}/carry-buildinfo.json"))
+    stamped = buildinfo.peek(wheel) or {}
     found = []
     for patch in (stamped.get("series") or {}).get("patches") or []:
         try:

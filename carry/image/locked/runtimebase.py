@@ -140,9 +140,7 @@ def resolve(config: Config, platform: Platform, cache: Cache, known: dict | None
             f"{config.path}: image.runtime_packages ({' '.join(packages)}) needs a derived base, but "
             f"image.runtime_python is off for {platform}; set it to auto or apt, or remove runtime_packages"
         )
-    if mode == "auto" and packages:
-        mode = DEFAULT_METHOD  # the runtime needs more than the image's own python3
-    if mode in ("auto", "off"):
+    if mode in ("auto", "off") and not packages:
         facts = python_facts(docker, cache, source["Id"], platform, ref)
         if facts is not None:
             line = f"{platform}: {ref} ({content[:19]}…): its own python3 {facts['python']}, glibc {facts['libc']}"
@@ -155,8 +153,8 @@ def resolve(config: Config, platform: Platform, cache: Cache, known: dict | None
                 f"auto (carry derives a base with the distribution's python3) or name an image with python3"
             )
         method, why = DEFAULT_METHOD, "has no python3"
-    elif config.runtime_python(platform) == "auto":
-        method, why = mode, f"needs {' '.join(packages)} (image.runtime_packages)"
+    elif mode == "auto":  # the runtime needs more than the image's own python3
+        method, why = DEFAULT_METHOD, f"needs {' '.join(packages)} (image.runtime_packages)"
     else:
         method, why = mode, f"image.runtime_python is {mode}"
     image = SourceImage(platform=platform, ref=ref, inspected=source, content=content, registry_digest=registry_digest)

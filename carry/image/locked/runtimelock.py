@@ -570,15 +570,8 @@ def _compile(uv: str, args: list[str], cwd: Path, platform: Platform, facts: Bas
 
 
 def _pins(body: str) -> dict[str, str]:
-    """canonical name -> version of uv's requirements output."""
-    from packaging.utils import canonicalize_name
-
-    found: dict[str, str] = {}
-    for line in body.splitlines():
-        match = PIN_RE.match(line.strip())
-        if match:
-            found[canonicalize_name(match.group(1))] = match.group(3)
-    return found
+    """canonical name -> version of uv's requirements output (read as a lock's pins are)."""
+    return {p.name: p.version for p in _packages(body.splitlines(), lambda why: BadInput(f"uv wrote {why}"))}
 
 
 def _installable(
