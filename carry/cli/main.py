@@ -43,6 +43,14 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "fetch",
         "Fetch the pinned commit (and the PR head) into the cache mirror; print the base commit.",
     ),
+    "follow": (
+        "verdicts",
+        "follow_command",
+        "Take the project from its pin to upstream REF (default: upstream.follow) on the branch carry/follow/REF, one "
+        "commit per step: drop what REF merged, carry the rest over (replaying recorded resolutions), move the pins, "
+        "the lock and VERSION, build, compare the upstream's suite and prove; exit 1 when a human is needed (a "
+        "conflict, a regression), with the branch as far as it got; nothing changes on the current branch.",
+    ),
     "gate": (
         "gate",
         "gate_command",

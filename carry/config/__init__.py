@@ -31,6 +31,7 @@ class Upstream:
     pr: int | None
     commit: str
     main: str
+    follow: str | None = None  # what `follow` moves to: pr, main, or a release-tag pattern (v*); None: pr or main
 
     @property
     def pr_ref(self) -> str | None:
@@ -128,7 +129,7 @@ def load(path: Path) -> Config:
     top = Section(data, "", path, TOP_KEYS)
     return Config(
         path=path,
-        upstream=_upstream(top.section("upstream", ("url", "pr", "commit", "main")), path),
+        upstream=_upstream(top.section("upstream", ("url", "pr", "commit", "main", "follow")), path),
         patches_dir=path.parent / top.section("patches", ("dir",)).string("dir", "patches"),
         version_file=path.parent / top.string("version_file", "VERSION"),
         build=read_build(top.section("build", BUILD_KEYS)),
@@ -159,7 +160,16 @@ def _upstream(section: Section, path: Path) -> Upstream:
         pr=section.integer("pr"),
         commit=commit,
         main=section.string("main", "main"),
+        follow=_follow(section),
     )
+
+
+def _follow(section: Section) -> str | None:
+    """upstream.follow: `pr`, `main`, or a tag pattern with a `*` (`v*`: the newest release tag matching it)."""
+    value = section.string("follow")
+    if value is not None and value not in ("pr", "main") and ("*" not in value or value.startswith("-")):
+        raise section.fail("follow", "pr, main, or a release-tag pattern with a * (e.g. v*)")
+    return value
 
 
 def check_url(url: str, path: Path) -> str:

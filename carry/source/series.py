@@ -16,7 +16,7 @@ from carry.util.record import field, record
 
 PATCH_NAME_RE = re.compile(r"^(\d{4})-[A-Za-z0-9][A-Za-z0-9._+-]*\.patch$")
 PROVED_NAME = "PROVED.json"  # what `prove` learned: which patch makes which test pass (carry/gputest/learned.py)
-ALLOWED_EXTRA_FILES = ("DROPPED.md", "README.md", PROVED_NAME)
+ALLOWED_EXTRA_FILES = ("DROPPED.md", "README.md", PROVED_NAME, "resolutions")
 HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 TRAILER_KEYS = ("upstream-status", "forwarded", "carry-test")  # DEP-3 and carry's own, any case
 SYMLINK_MODE = "120000"

@@ -212,9 +212,12 @@ def manylinux_tags(machine: str, major: int = 2, minor: int = 36) -> list[str]:
     return tags + [f"{name}_{machine}" for m, name in legacy.items() if floor <= m <= minor]
 
 
-def pip_download_command(requirements: Path, into: Path, python: str, tags: list[str]) -> list[str]:
+def pip_download_command(
+    requirements: Path, into: Path, python: str, tags: list[str], hashed: bool = True
+) -> list[str]:
     """`pip download` of hash-pinned `requirements` (wheels only, no dependencies, no pip cache) for CPython
-    `python` (X.Y) on the platform `tags` into `into`, through the user's own pip configuration."""
+    `python` (X.Y) on the platform `tags` into `into`, through the user's own pip configuration; not `hashed`: a
+    release nothing pinned yet (its sha256 is then the file's, trust on first use)."""
     return [
         sys.executable,
         "-m",
@@ -222,7 +225,7 @@ def pip_download_command(requirements: Path, into: Path, python: str, tags: list
         "download",
         "--no-deps",
         "--only-binary=:all:",
-        "--require-hashes",
+        *(["--require-hashes"] if hashed else []),
         "--no-cache-dir",
         "--disable-pip-version-check",
         "--progress-bar",
@@ -240,17 +243,19 @@ def pip_download_command(requirements: Path, into: Path, python: str, tags: list
 
 
 def download_wheel(
-    requirement: str, sha256: str, platform: WheelPlatform, index: str | None, into: Path, where: str
+    requirement: str, sha256: str | None, platform: WheelPlatform, index: str | None, into: Path, where: str
 ) -> Path:
-    """The one wheel pip picks for `requirement` on `platform`, downloaded by pip in hash-checking mode into the
-    empty directory `into`; bad input (one line naming the requirement, the platform and the indexes asked) when
-    the index has no such version or no wheel of it for that platform, or serves other bytes."""
+    """The one wheel pip picks for `requirement` on `platform`, downloaded by pip in hash-checking mode (`sha256`
+    None: a release nothing pinned yet) into the empty directory `into`; bad input (one line naming the requirement,
+    the platform and the indexes asked) when the index has no such version or no wheel of it for that platform,
+    or serves other bytes."""
     indexes = configured(index)
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     with tempfile.TemporaryDirectory(prefix="carry-pip-") as scratch:
         pins = Path(scratch) / "requirements.txt"
-        pins.write_text(f"{requirement} --hash=sha256:{sha256}\n")
-        argv = pip_download_command(pins, into, python, manylinux_tags(platform.machine))
+        pins.write_text(f"{requirement} --hash=sha256:{sha256}\n" if sha256 else f"{requirement}\n")
+        tags = manylinux_tags(platform.machine)
+        argv = pip_download_command(pins, into, python, tags, hashed=sha256 is not None)
         if index:
             argv += ["--index-url", index]
         result = execute(argv, text=True, timeout=PIP_TIMEOUT_S, env={**os.environ, "PIP_NO_INPUT": "1"})

@@ -24,7 +24,7 @@ from carry.util import prog, reporter
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
 from carry.util.record import record
-from carry.verdicts import droplog, refresh, verdicts
+from carry.verdicts import droplog, rebase, refresh, verdicts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +97,7 @@ def drop(
     target = _new_pin(config, cache, mirror, move)
     try:
         carried = refresh.carry_over(config, cache, mirror, series, target, leave_out=patch.name)
-    except refresh.Conflict as conflict:
+    except rebase.Conflict as conflict:
         where = f"{onto} " if onto else ("the PR head " if config.upstream.pr is not None else "")
         raise Failed(
             f"{conflict.patch.name} conflicts with {where}{target[:12]} in {conflict.files}: the pin cannot move "

@@ -9,21 +9,16 @@ written (`write`, which `drop` uses too: a new pin or a changed series is a new 
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 from carry import version
 from carry.config import Config
-from carry.source import apply, git, series, upstream
+from carry.source import apply, series, upstream
 from carry.util.cache import Cache
 from carry.util.errors import Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
-from carry.verdicts import droplog
-
-# The rewritten files must not depend on the user's git configuration.
-CLEAN_ENV = {"GIT_CONFIG_GLOBAL": os.devnull}
-FORMAT_PATCH = ("format-patch", "-1", "--stdout", "--zero-commit", "--no-signature", "--full-index", "--no-color")
+from carry.verdicts import droplog, rebase
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +32,7 @@ class Carried:
     emptied: tuple[str, ...]
     unchanged: tuple[str, ...]
     tree: str
+    replays: tuple[rebase.Replay, ...] = ()
 
     @property
     def moved(self) -> bool:
@@ -48,7 +44,7 @@ class Carried:
         rows += [f"unchanged  {name}" for name in self.unchanged]
         logged = f"already upstream; removed and logged in {droplog.LOG_NAME}"
         rows += [f"emptied    {name}: {logged}" for name in self.emptied]
-        return rows
+        return rows + [replay.line() for replay in self.replays]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +76,7 @@ def refresh(
     new_base = upstream.resolve_ref(config, cache, ref)
     try:
         carried = carry_over(config, cache, mirror, patches, new_base)
-    except Conflict as conflict:
+    except rebase.Conflict as conflict:
         raise Failed(_conflict_message(config, cache, patches, ref, new_base, conflict, judge)) from None
     moved_pins(carried, repin)
     bumped = write(config, patches, carried, f"empty after refresh onto {ref} {new_base[:12]} (already upstream)")
@@ -91,7 +87,8 @@ def carry_over(
     config: Config, cache: Cache, mirror: Path, patches: series.Series, new_base: str, leave_out: str | None = None
 ) -> Carried:
     """The series (less `leave_out`, which upstream merged) moved onto `new_base`; Conflict names the first patch
-    that does not go there. Nothing is written."""
+    that does not go there (after replaying the recorded resolutions, carry/verdicts/rebase.py). Nothing is
+    written."""
     pin = config.upstream.commit
     kept = tuple(p for p in patches.patches if p.name != leave_out)
     exact = apply.check(mirror, new_base, series.Series(patches.directory, kept), cache.scratch)
@@ -99,11 +96,15 @@ def carry_over(
         # Every patch applies there as it is written (exact context, no offset): nothing to rewrite, and no worktree.
         return Carried(pin, new_base, {}, (), tuple(p.name for p in kept), str(exact.tree))
     with cache.lock(mirror.name), temp_dir(cache.scratch, "refresh-") as work:
-        texts, tree = _rebase(mirror, pin, new_base, patches, work, leave_out)
-        changed = {p.name: texts[p.name] for p in kept if texts[p.name] and _moved(p, texts[p.name], work)}
-    emptied = tuple(p.name for p in kept if texts[p.name] is None)
-    unchanged = tuple(p.name for p in kept if p.name not in changed and p.name not in emptied)
-    return Carried(pin, new_base, changed, emptied, unchanged, tree)
+        space = rebase.Workspace.open(mirror, pin, new_base, patches, work / "tree", (leave_out,) if leave_out else ())
+        space.advance(patches)
+        texts, tree = space.texts()
+        changed = {
+            name: text for name, text in texts.items() if text and substance_moved(patches.find(name), text, work)
+        }
+    emptied = tuple(name for name, text in texts.items() if text is None)
+    unchanged = tuple(name for name in texts if name not in changed and name not in emptied)
+    return Carried(pin, new_base, changed, emptied, unchanged, tree, tuple(space.replays))
 
 
 def moved_pins(carried: Carried, repin: Repin | None) -> None:
@@ -113,74 +114,13 @@ def moved_pins(carried: Carried, repin: Repin | None) -> None:
         repin(carried.new_base, carried.tree)
 
 
-def _rebase(
-    mirror: Path, pin: str, new_base: str, patches: series.Series, work: Path, leave_out: str | None = None
-) -> tuple[dict, str]:
-    """patch name -> its text on `new_base` (None when it became empty), and the patched tree there, via a temporary
-    worktree; every patch is committed on the pin (later ones may need an earlier one's context), `leave_out` is not
-    carried over."""
-    tree = work / "tree"
-    git.run(mirror, "worktree", "add", "--detach", "--quiet", str(tree), pin, env=CLEAN_ENV)
-    try:
-        commits = [_commit(tree, patch, pin) for patch in patches.patches]
-        git.run(tree, "checkout", "--detach", "--quiet", new_base, env=CLEAN_ENV)
-        texts: dict[str, str | None] = {}
-        for patch, commit in zip(patches.patches, commits):
-            if patch.name == leave_out:
-                continue
-            _cherry_pick(tree, patch, commit)
-            if git.run(tree, "rev-parse", "HEAD^{tree}") == git.run(tree, "rev-parse", "HEAD^^{tree}"):
-                texts[patch.name] = None
-            else:
-                texts[patch.name] = git.run(tree, *FORMAT_PATCH, "HEAD", env=CLEAN_ENV, strip=False)
-        return texts, git.run(tree, "rev-parse", "HEAD^{tree}")
-    finally:
-        git.run_status(mirror, "worktree", "remove", "--force", str(tree))
-        git.run_status(mirror, "worktree", "prune")
-
-
-def _commit(tree: Path, patch: series.Patch, pin: str) -> str:
-    """Commit the patch on top of the worktree's HEAD, keeping its author, date and message."""
-    if patch.author:
-        status, _, err = git.run_status(tree, "am", "--quiet", "--keep-cr", str(patch.path), env=CLEAN_ENV)
-        if status != 0:
-            git.run_status(tree, "am", "--abort", env=CLEAN_ENV)
-    else:
-        status, _, err = git.run_status(tree, "apply", "--index", str(patch.path), env=CLEAN_ENV)
-        if status == 0:
-            message = f"{patch.subject}\n\n{patch.description}" if patch.description else patch.subject
-            git.run(tree, "commit", "--quiet", "--no-verify", "-m", message, env=CLEAN_ENV)
-    if status != 0:
-        raise Failed(f"{patch.name} does not apply on the pin {pin[:12]}; run `check` and fix the series first")
-    return git.run(tree, "rev-parse", "HEAD")
-
-
-class Conflict(Exception):
-    """A patch that does not cherry-pick onto the new base, and the files it conflicts in."""
-
-    def __init__(self, patch: series.Patch, files: str):
-        super().__init__(patch.name)
-        self.patch = patch
-        self.files = files
-
-
-def _cherry_pick(tree: Path, patch: series.Patch, commit: str) -> None:
-    status, _, err = git.run_status(tree, "cherry-pick", "--keep-redundant-commits", commit, env=CLEAN_ENV)
-    if status == 0:
-        return
-    conflicted = git.run(tree, "diff", "--name-only", "--diff-filter=U").split("\n")
-    git.run_status(tree, "cherry-pick", "--abort", env=CLEAN_ENV)
-    files = ", ".join(name for name in conflicted if name) or (err.strip().splitlines() or ["?"])[-1]
-    raise Conflict(patch, files)
-
-
 def _conflict_message(
     config: Config,
     cache: Cache,
     patches: series.Series,
     ref: str,
     new_base: str,
-    conflict: Conflict,
+    conflict: rebase.Conflict,
     judge: Callable | None,
 ) -> str:
     """One line: the patch that conflicts, and the way out: `drop` for every patch REF needs no more (by the
@@ -204,7 +144,7 @@ def _conflict_message(
     )
 
 
-def _moved(patch: series.Patch, text: str, work: Path) -> bool:
+def substance_moved(patch: series.Patch, text: str, work: Path) -> bool:
     """Whether the new text differs from the file in substance: its diff, description or mail headers (when it has
     them); index lines and the diffstat are form only."""
     candidate = work / patch.name

@@ -253,6 +253,45 @@ def repin(config: Config, cache: Cache, new_commit: str, tree: str | None = None
         reporter.note(line)
 
 
+def follow_release(config: Config, cache: Cache, ref: str) -> list[str]:
+    """build.precompiled.wheels pinned by requirement to a release (`vllm==0.32.0`), moved to the release REF names
+    (a tag `v0.33.0` or `0.33.0`): each platform's wheel of that version as pip picks it from the index the pin
+    names (else pip's configured one), its sha256 the file's (trust on first use, as `pin`'s), kept in the download
+    store, and written with `ref: REF`. What was done, a line per platform; nothing written when REF names no
+    version or a wheel is missing."""
+    import re
+    import shutil
+    import tempfile
+
+    from carry.util import download, index
+
+    settings = config.build.precompiled
+    found = re.fullmatch(r"v?(\d+(?:\.\d+)*(?:\.post\d+)?)", ref.removeprefix("refs/tags/"))
+    wheels = [w for w in settings.wheels if w.pinned.project] if settings else []
+    if found is None or not wheels:
+        return [f"not moved: {ref} names no release version for build.precompiled.wheels' requirements"]
+    store = download.Store.from_env(cache.root)
+    pins, said = {}, []
+    for wheel in wheels:
+        requirement = f"{wheel.pinned.project}=={found.group(1)}"
+        if requirement == wheel.pinned.requirement and wheel.ref == ref:
+            said.append(f"{wheel.platform}: {requirement} already")
+            continue
+        store.root.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".pip-", dir=store.root))
+        try:
+            got = index.download_wheel(requirement, None, wheel.platform, wheel.pinned.index, scratch, str(ref))
+            sha = download.sha256_of(got)
+            kept = store.adopt(got, got.name, sha)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        pins[wheel.platform] = {"requirement": requirement, "sha256": sha, "ref": ref}
+        said.append(f"{wheel.platform}: {wheel.pinned.requirement} -> {requirement} ({kept.name}, sha256 {sha[:12]})")
+    if pins:
+        write(config.path, pins)
+    return said
+
+
 # --- discovery ---------------------------------------------------------------------------------------------------
 
 

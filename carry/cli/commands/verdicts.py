@@ -1,13 +1,14 @@
-"""`status`, `drop` and `refresh`: what upstream did with each patch, and acting on it."""
+"""`status`, `drop`, `refresh` and `follow`: what upstream did with each patch, and acting on it."""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
-from carry.cli.common import Context
+from carry.cli.common import A_FILE, Context
 
 
 @click.command()
@@ -95,3 +96,45 @@ def refresh(obj: Context, onto: str | None, test: bool) -> None:
 
     result = app.refresh_series(obj.app(), app.RefreshRequest(onto=onto, test=test))
     click.echo("\n".join(result.lines()))
+
+
+@click.command("follow")
+@click.argument("ref", required=False)
+@click.option(
+    "--continue",
+    "resume",
+    is_flag=True,
+    help="After resolving a conflict where the last run stopped: record the resolution and go on.",
+)
+@click.option("--push", metavar="REMOTE", help="Push the branch to this git remote (git's own credentials).")
+@click.option("--body", type=A_FILE, help="Write the report as the pull request's body (markdown) to this file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--test", "test", is_flag=True, help="Judge the patches by their tests too (status --test).")
+@click.option("--no-build", "no_build", is_flag=True, help="Stop after the lock: no wheel, suite or proof.")
+@click.pass_obj
+def follow_command(
+    obj: Context,
+    ref: str | None,
+    resume: bool,
+    push: str | None,
+    body: Path | None,
+    as_json: bool,
+    test: bool,
+    no_build: bool,
+) -> None:
+    """Take the project from its pin to upstream REF (default: upstream.follow) on the branch carry/follow/REF, one
+    commit per step: drop what REF merged, carry the rest over (replaying recorded resolutions), move the pins, the
+    lock and VERSION, build, compare the upstream's suite and prove; exit 1 when a human is needed (a conflict, a
+    regression), with the branch as far as it got; nothing changes on the current branch."""
+    from carry.app import follow
+    from carry.util.errors import BadInput
+    from carry.verdicts import followreport
+
+    if resume and ref:
+        raise BadInput("follow --continue takes no REF: it goes on with the run that stopped")
+    asked = follow.Request(ref=ref, resume=resume, push=push, test=test, build=not no_build)
+    report = follow.follow(obj.app(), asked)
+    if body is not None and not report.get("nothing"):
+        body.write_text(followreport.body(report))
+    click.echo(json.dumps(report, indent=1) if as_json else "\n".join(followreport.lines(report)))
+    sys.exit(report["exit"])

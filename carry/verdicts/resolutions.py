@@ -1,0 +1,89 @@
+"""Recorded conflict resolutions, in git rerere's own format, committed with the series:
+`patches/resolutions/<patch>/<id>/preimage` (the conflict as git showed it, its sides in a stable order) and
+`postimage` (the maintainer's resolution). `<id>` is rerere's hash of the conflict's text, so the entry answers the
+same conflict on any machine and any later upstream ref where it comes back; a conflict whose text differs has
+another id and is never resolved by it (carry/verdicts/rebase.py stops and names the entries that did not fit).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+from carry.util.errors import BadInput
+
+DIR_NAME = "resolutions"
+IMAGES = ("preimage", "postimage")
+REPLAYED_RE = re.compile(r"^(?:Resolved|Staged) '(.+)' using previous resolution\.$")
+
+
+def install(patches_dir: Path, git_dir: Path) -> None:
+    """Hand every recorded entry to rerere in `git_dir` (rr-cache/<id>/)."""
+    for entry in _entries(patches_dir):
+        target = git_dir / "rr-cache" / entry.name
+        target.mkdir(parents=True, exist_ok=True)
+        for image in entry.iterdir():
+            shutil.copyfile(image, target / image.name)
+
+
+def _entries(patches_dir: Path, name: str = "*") -> list[Path]:
+    return sorted(p for p in (patches_dir / DIR_NAME).glob(f"{name}/*") if (p / "postimage").is_file())
+
+
+def recorded_for(patches_dir: Path, name: str) -> tuple[str, ...]:
+    """The ids of the entries recorded for patch `name`."""
+    return tuple(p.name for p in _entries(patches_dir, name))
+
+
+def current(git_dir: Path) -> dict[str, str]:
+    """file -> rerere id of the conflict in progress (MERGE_RR: `<id>[.<variant>]<TAB><path><NUL>`)."""
+    try:
+        data = (git_dir / "MERGE_RR").read_bytes().decode("utf-8", errors="surrogateescape")
+    except FileNotFoundError:
+        return {}
+    found = {}
+    for item in data.split("\0"):
+        entry, _, path = item.partition("\t")
+        if path:
+            found[path] = entry.split(".")[0]
+    return found
+
+
+def replayed(stderr: str) -> list[str]:
+    """The files rerere resolved from a recorded entry, as git says it."""
+    return [m.group(1) for line in stderr.splitlines() if (m := REPLAYED_RE.match(line.strip()))]
+
+
+def record(git_dir: Path, merge_rr: dict[str, str], patches_dir: Path, name: str) -> list[Path]:
+    """Copy the entries rerere just recorded (pre- and postimage) for the conflict of patch `name` under
+    `patches_dir`/resolutions/`name`/; the paths written."""
+    written = []
+    for entry in sorted(set(merge_rr.values())):
+        source = git_dir / "rr-cache" / entry
+        if not (source / "postimage").is_file():
+            continue
+        target = patches_dir / DIR_NAME / name / entry
+        target.mkdir(parents=True, exist_ok=True)
+        for image in IMAGES:
+            shutil.copyfile(source / image, target / image)
+            written.append(target / image)
+    return written
+
+
+def forget(patches_dir: Path, name: str) -> bool:
+    """Remove the entries of a patch that left the series; whether there were any."""
+    found = patches_dir / DIR_NAME / name
+    if not found.is_dir():
+        return False
+    shutil.rmtree(found)
+    if not any((patches_dir / DIR_NAME).iterdir()):
+        (patches_dir / DIR_NAME).rmdir()
+    return True
+
+
+def unresolved(name: str, where: Path, shown: str) -> BadInput:
+    return BadInput(
+        f"{name}: conflict markers are still in {where} ({shown}); resolve them there, then run "
+        f"`follow --continue` again"
+    )
