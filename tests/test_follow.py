@@ -208,3 +208,64 @@ def test_follow_builds_the_wheel_and_says_no_gpu_answered(tmp_path):
     assert report["proofs"] == ["build.tests is empty: nothing to prove on a GPU"]
     assert [s["step"] for s in report["steps"]] == ["status", "drop", "rebase", "wheel"]
     shutil.rmtree(Path(report["home"]))
+
+
+def test_the_workflow_script_opens_one_pull_request_per_ref_and_updates_it(tmp_path):
+    """ci/follow.sh as the scheduled workflow runs it, against a local server keeping pull requests as GitHub's
+    API does: the conflict opens a draft, the maintainer's --continue makes it ready, a later run updates the same
+    one; the branch is on the remote each time, and the token is only ever a request header."""
+    import sys
+
+    from github_api import pull_requests
+    from helpers import ROOT
+
+    p, _ = four_patches(tmp_path)
+    repo = p.root / "project"
+    remote = tmp_path / "remote.git"
+    git(tmp_path, "init", "-q", "--bare", str(remote))
+    git(repo, "remote", "add", "origin", str(remote))
+    token = "ghs_follow_test_token_4242"
+    with pull_requests("acme/engine") as api:
+        env = {
+            **os.environ,
+            **p.env,
+            "CARRY_CONFIG": str(p.config),
+            "CARRY_FOLLOW_REF": "main",
+            "GITHUB_TOKEN": token,
+            "GITHUB_REPOSITORY": "acme/engine",
+            "GITHUB_API_URL": api.url,
+        }
+        first = subprocess.run(["bash", str(ROOT / "ci/follow.sh")], env=env, capture_output=True, text=True)
+        assert first.returncode == 0, first.stderr
+        assert "::warning::carry follow needs a human" in first.stdout and "opened #1 (draft)" in first.stdout
+        (pr,) = api.pulls.values()
+        assert pr["draft"] and pr["labels"] == ["carry-follow"] and pr["head"]["ref"] == "carry/follow/main"
+        assert "0004-bound.patch` | CONFLICT" in pr["body"] and pr["title"].endswith("needs a human")
+        assert git(remote, "rev-parse", "carry/follow/main") == git(repo, "rev-parse", "carry/follow/main")
+
+        workspace = Path(
+            json.loads((p.root / "cache/follow").glob("*/state.json").__next__().read_text())["conflict"]["workspace"]
+        )
+        engine = (workspace / "pkg/engine.py").read_text()
+        start, end = engine.index("<<<<<<<"), engine.index("\n", engine.index(">>>>>>>")) + 1
+        (workspace / "pkg/engine.py").write_text(engine[:start] + RESOLVED + engine[end:])
+        report, body = tmp_path / "report.json", tmp_path / "body.md"
+        done = follow(p, "--continue", "--no-build", "--push", "origin", "--body", str(body), "--json")
+        assert done.code == 0, done.err
+        report.write_text(done.out)
+        ready = subprocess.run(
+            [sys.executable, str(ROOT / "ci/follow_pr.py"), str(report), str(body)],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert ready.returncode == 0 and "updated #1 (ready for review)" in ready.stdout, ready.stderr
+        assert not api.pulls["1"]["draft"] and api.pulls["1"]["title"].endswith(": ready")
+        assert git(remote, "rev-parse", "carry/follow/main") == git(repo, "rev-parse", "carry/follow/main")
+
+        again = subprocess.run(["bash", str(ROOT / "ci/follow.sh")], env=env, capture_output=True, text=True)
+        assert again.returncode == 0 and "updated #1 (draft)" in again.stdout, again.stderr
+        assert list(api.pulls) == ["1"] and api.pulls["1"]["draft"]
+        for _, headers in api.requests:
+            assert headers["Authorization"] == f"Bearer {token}"
+        assert token not in first.stdout + first.stderr + again.stdout + again.stderr

@@ -351,7 +351,13 @@ def test_build_py_invocation_exists_in_cli(where, argv):
 
 
 def test_the_workflows_exist():
-    assert {p.name for p in WORKFLOWS} == {"pull-request.yml", "main.yml", "weekly.yml", "source-build.yml"}
+    assert {p.name for p in WORKFLOWS} == {
+        "pull-request.yml",
+        "main.yml",
+        "weekly.yml",
+        "source-build.yml",
+        "follow.yml",
+    }
 
 
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
@@ -465,6 +471,20 @@ def test_carry_cache_is_restored_after_carry_cache_is_set(path):
             assert step["restore-keys"].strip() and step["key"].startswith(step["restore-keys"].strip())
             setup = names.index("bash ci/runner-setup.sh")
             assert setup < index, f"{path.name}:{job_id}: CARRY_CACHE is exported by runner-setup.sh first"
+
+
+def test_follow_runs_on_a_schedule_and_by_hand_with_a_token_through_env():
+    """follow.yml: daily and by hand (a ref may be given), may push a branch and write pull requests; the token and
+    the ref reach ci/follow.sh only through env; checkout keeps its credentials for git's push (never argv)."""
+    workflow = load_workflow(WORKFLOW_DIR / "follow.yml")
+    assert workflow["permissions"] == {"contents": "write", "pull-requests": "write"}
+    assert len(workflow["on"]["schedule"]) == 1 and "ref" in workflow["on"]["workflow_dispatch"]["inputs"]
+    step = next(step for _, step in steps(workflow) if "ci/follow.sh" in step.get("run", ""))
+    assert step["env"]["GITHUB_TOKEN"] == "${{ secrets.GITHUB_TOKEN }}"
+    assert step["env"]["CARRY_FOLLOW_REF"] == "${{ inputs.ref }}"
+    checkout = next(step for _, step in steps(workflow) if step.get("uses", "").startswith("actions/checkout@"))
+    assert checkout["with"]["persist-credentials"] is True and checkout["with"]["fetch-depth"] == 0
+    assert '--push "$remote"' in (CI_DIR / "follow.sh").read_text()
 
 
 def test_weekly_report_gets_a_token_through_env():
