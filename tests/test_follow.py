@@ -269,3 +269,28 @@ def test_the_workflow_script_opens_one_pull_request_per_ref_and_updates_it(tmp_p
         for _, headers in api.requests:
             assert headers["Authorization"] == f"Bearer {token}"
         assert token not in first.stdout + first.stderr + again.stdout + again.stderr
+
+
+def test_a_pr_based_project_follows_the_pr_head_by_default(tmp_path):
+    """upstream.pr set, no REF: follow takes the PR head (upstream.follow's default), re-pins to it and carries the
+    series; run again at the new pin, nothing to do."""
+    p = project(tmp_path, pr=7)
+    p.upstream.publish_pr(7, p.pin)
+    git(p.root / "project", "init", "-q", "-b", "main")
+    git(p.root / "project", "add", "-A")
+    git(p.root / "project", "commit", "-q", "-m", "the project")
+    p.git("checkout", "-q", "-b", "pr-7")
+    head = p.commit("PR: document the engine", {"README": "engine, offloading PLE rows\n"})
+    p.git("checkout", "-q", "main")
+    p.upstream.publish_pr(7, head)
+    done = follow(p, "--no-build", "--json")
+    assert done.code == 0, done.err
+    report = json.loads(done.out)
+    assert (report["ref"], report["commit"], report["branch"]) == ("refs/pull/7/head", head, "carry/follow/pull-7-head")
+    # 0002 was written on the bare pin, so carried on top of 0001 its hunk's line numbers are rewritten
+    assert [e["fate"] for e in report["patches"]] == ["carried", "rewritten"]
+    repo = p.root / "project"
+    assert f"commit: {head}  # the pin" in branch_file(repo, "carry/follow/pull-7-head", "build.yaml")
+    git(repo, "merge", "-q", "--ff-only", "carry/follow/pull-7-head")
+    nothing = follow(p, "--no-build")
+    assert nothing.code == 0 and "is the pin" in nothing.err
