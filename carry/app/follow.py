@@ -144,6 +144,8 @@ def follow(app: App, request: Request) -> dict[str, Any]:
         _after_rebase(run, request)
     if request.push:
         _push(run, request.push)
+    # the branch checked out nowhere, so that the maintainer can check it out; --continue takes it up again
+    git.run(run.worktree, "checkout", "--quiet", "--detach")
     run.save()
     return run.report
 
@@ -169,7 +171,7 @@ def _start(loaded: configs.Config, cache: Cache, request: Request) -> Follow | N
         first = dirty.splitlines()[0].strip()
         raise BadInput(f"{project}: uncommitted changes ({first}, ...); commit or stash them, then follow again")
     head = git.run(repo, "rev-parse", "HEAD")
-    home = cache.root / "follow" / hashlib.sha256(str(repo).encode()).hexdigest()[:16]
+    home = _home(cache, repo)
     branch = BRANCH_PREFIX + re.sub(r"[^A-Za-z0-9._-]+", "-", ref.removeprefix("refs/")).strip("-.")
     _clear(repo, home)
     home.mkdir(parents=True)
@@ -229,6 +231,11 @@ def default_ref(loaded: configs.Config, cache: Cache) -> str:
     return max(releases, key=lambda t: [int(n) for n in re.findall(r"\d+", t)])
 
 
+def _home(cache: Cache, repo: Path) -> Path:
+    """Where the runs of `follow` for the project repository `repo` keep their worktree, workspace and state."""
+    return cache.root / "follow" / hashlib.sha256(str(repo).encode()).hexdigest()[:16]
+
+
 def _repository(config_path: Path) -> Path:
     status, out, _ = git.run_status(config_path.absolute().parent, "rev-parse", "--show-toplevel")
     if status != 0:
@@ -252,7 +259,8 @@ def _link_upstream(loaded: configs.Config, run: Follow) -> None:
     if not url.is_absolute() or not url.exists():
         return
     for entry in project.iterdir():
-        if entry.resolve() == url and entry.is_symlink():
+        ignored = git.run_status(run.repo, "check-ignore", "--quiet", "--", str(entry))[0] == 0
+        if entry.is_symlink() and entry.resolve() == url and ignored:
             target = run.config_path.parent / entry.name
             if not target.exists():
                 target.symlink_to(url)
@@ -421,7 +429,7 @@ def _stopped(run: Follow, conflict: rebase.Conflict) -> None:
 def _resume(loaded: configs.Config, cache: Cache) -> Follow:
     """`--continue`: the maintainer's resolution recorded, then the run takes up where it stopped."""
     repo = _repository(loaded.path)
-    home = cache.root / "follow" / hashlib.sha256(str(repo).encode()).hexdigest()[:16]
+    home = _home(cache, repo)
     try:
         report = json.loads((home / STATE).read_text())
     except (OSError, ValueError):
@@ -439,6 +447,7 @@ def _resume(loaded: configs.Config, cache: Cache) -> Follow:
     )
     started = time.monotonic()
     name, recorded = space.resume(run.config().patches_dir)
+    git.run(run.worktree, "checkout", "--quiet", report["branch"])  # detached when the run stopped
     state["done"] = space.done
     report["recorded"] += [str(p.relative_to(run.worktree)) for p in recorded]
     report["conflict"], report["exit"], report["needs"] = None, 0, []
