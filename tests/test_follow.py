@@ -294,3 +294,26 @@ def test_a_pr_based_project_follows_the_pr_head_by_default(tmp_path):
     git(repo, "merge", "-q", "--ff-only", "carry/follow/pull-7-head")
     nothing = follow(p, "--no-build")
     assert nothing.code == 0 and "is the pin" in nothing.err
+
+
+def test_drop_and_refresh_replay_a_recorded_resolution_too(tmp_path):
+    """The resolution follow recorded, committed on the project: the maintainer's own drop, drop, refresh replay it
+    (refresh says so) and write the same patch as follow did."""
+    p, _ = four_patches(tmp_path)
+    repo = p.root / "project"
+    stopped = follow(p, "main", "--no-build", "--json")
+    workspace = Path(json.loads(stopped.out)["conflict"]["workspace"])
+    engine = (workspace / "pkg/engine.py").read_text()
+    start, end = engine.index("<<<<<<<"), engine.index("\n", engine.index(">>>>>>>")) + 1
+    (workspace / "pkg/engine.py").write_text(engine[:start] + RESOLVED + engine[end:])
+    assert follow(p, "--continue", "--no-build").code == 0
+    git(repo, "checkout", "-q", "carry/follow/main", "--", "patches/resolutions")
+    git(repo, "commit", "-q", "-m", "record the resolution")
+    for name in ("0001", "0002"):
+        dropped = p.run("drop", name)
+        assert dropped.code == 0, dropped.err
+    refreshed = p.run("refresh", "--onto", "main")
+    assert refreshed.code == 0, refreshed.err
+    assert "replayed  0004-bound.patch: the recorded resolution" in refreshed.out
+    written = (p.patches / "0004-bound.patch").read_text()
+    assert written.rstrip("\n") == branch_file(repo, "carry/follow/main", "patches/0004-bound.patch")
