@@ -317,3 +317,18 @@ def test_drop_and_refresh_replay_a_recorded_resolution_too(tmp_path):
     assert "replayed  0004-bound.patch: the recorded resolution" in refreshed.out
     written = (p.patches / "0004-bound.patch").read_text()
     assert written.rstrip("\n") == branch_file(repo, "carry/follow/main", "patches/0004-bound.patch")
+
+
+def test_a_patch_whose_file_upstream_deleted_is_dropped_and_the_pin_moves(tmp_path):
+    p = project(tmp_path)
+    git(p.root / "project", "init", "-q", "-b", "main")
+    git(p.root / "project", "add", "-A")
+    git(p.root / "project", "commit", "-q", "-m", "the project")
+    gone = p.commit("Remove the engine", {"pkg/engine.py": None})
+    done = follow(p, "main", "--no-build", "--json")
+    assert done.code == 0, done.err
+    report = json.loads(done.out)
+    assert [(e["verdict"], e["fate"]) for e in report["patches"]] == [("DELETED-UPSTREAM", "dropped")] * 2
+    repo = p.root / "project"
+    assert f"commit: {gone}  # the pin" in branch_file(repo, "carry/follow/main", "build.yaml")
+    assert branch_file(repo, "carry/follow/main", "patches/DROPPED.md").count("DELETED-UPSTREAM against main") == 2
