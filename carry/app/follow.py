@@ -333,14 +333,7 @@ def _carry_series(run: Follow) -> None:
         mirror = upstream.ensure_base(loaded, run.cache)
         space = rebase.Workspace.open(mirror, run.report["pin"], run.report["commit"], patches, run.home / "upstream")
     else:
-        space = rebase.Workspace(
-            Path(state["path"]),
-            loaded.patches_dir,
-            run.report["commit"],
-            state["names"],
-            state["commits"],
-            state["done"],
-        )
+        space = _workspace(run, state, loaded.patches_dir)
     run.report["workspace"] = {
         "path": str(space.path),
         "names": space.names,
@@ -426,6 +419,13 @@ def _stopped(run: Follow, conflict: rebase.Conflict) -> None:
     run.step("rebase", time.monotonic(), [run.report["needs"][-1]])
 
 
+def _workspace(run: Follow, state: dict[str, Any], patches_dir: Path) -> rebase.Workspace:
+    """The workspace a stopped run left, as its state.json records it."""
+    return rebase.Workspace(
+        Path(state["path"]), patches_dir, run.report["commit"], state["names"], state["commits"], state["done"]
+    )
+
+
 def _resume(loaded: configs.Config, cache: Cache) -> Follow:
     """`--continue`: the maintainer's resolution recorded, then the run takes up where it stopped."""
     repo = _repository(loaded.path)
@@ -442,9 +442,7 @@ def _resume(loaded: configs.Config, cache: Cache) -> Follow:
         )
     run = Follow(cache, report)
     state = report["workspace"]
-    space = rebase.Workspace(
-        Path(state["path"]), run.config().patches_dir, report["commit"], state["names"], state["commits"], state["done"]
-    )
+    space = _workspace(run, state, run.config().patches_dir)
     started = time.monotonic()
     name, recorded = space.resume(run.config().patches_dir)
     git.run(run.worktree, "checkout", "--quiet", report["branch"])  # detached when the run stopped
