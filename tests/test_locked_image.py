@@ -85,6 +85,8 @@ def test_both_platforms_pushed_layered_and_smoke_tested(project, cold, registry)
         assert "; run-time compilers: cc (cc (Debian 12" in outcome["smoke"], outcome["smoke"]
         assert "built and imported a Python.h extension" in outcome["smoke_record"]["compilers"]
     assert "CUDA_HOME's nvcc 13.0 compiled CUDA with the CCCL headers (sm_90)" in by_platform["linux/amd64"]["smoke"]
+    # and links it as FlashInfer's JIT does (-lcudart -lcuda) through the toolkit layout the nvidia layer adds
+    assert "needs libcudart.so.13, libcuda.so.1" in by_platform["linux/amd64"]["smoke"], by_platform["linux/amd64"]
     assert "nvcc not run under QEMU" in by_platform["linux/arm64"]["smoke"]
     # this CPU's smoke-tested image stays in the engine, tagged as the Dockerfile path tags; the other CPU's check
     # ran on its base, venv and wheel layers loaded here, and nothing of it is kept (no 9 GB pull)

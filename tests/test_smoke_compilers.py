@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import dockerenv
-from carry.image.locked import smoketest
+from carry.image.locked import cudatoolkit, smoketest
+from carry.platforms import Platform
 
 pytestmark = [pytest.mark.docker]
 
@@ -80,14 +82,47 @@ def test_a_cuda_home_of_two_releases_fails_as_flashinfer_did(tmp_path):
     assert "CUDA compiler and CUDA toolkit headers are incompatible" in problems[0], problems
 
 
-def test_one_release_compiles_and_the_extension_imports(tmp_path):
+def test_one_release_links_as_flashinfer_does_only_with_the_toolkit_layout(tmp_path):
+    """NVIDIA's wheels alone: nvcc compiles, but FlashInfer's link (-L$CUDA_HOME/lib64 -lcudart -lcuda) finds no
+    libcudart.so and no driver stub, as on the H200; with the layout the nvidia layer adds (cudatoolkit.layout) it
+    links, the object needing libcudart.so.13 and libcuda.so.1 (the container's driver at run time)."""
     env = dockerenv.require()
-    found, problems = check(env.build_base, cc=True, nvcc=True, toolkit=toolkit(tmp_path / "one", ONE_RELEASE))
-    assert problems == [], problems
+    root = Path(toolkit(tmp_path / "one", ONE_RELEASE))
+    found, problems = check(env.build_base, cc=True, nvcc=True, toolkit=root)
     assert "release 13.0" in found["nvcc"]["version"], found
+    assert len(problems) == 1 and "cannot find -lcudart" in problems[0] and "lib64, stubs" in problems[0], problems
+    pins = dict(pin.split("==") for pin in ONE_RELEASE)
+    cuda_h = (root / "nvidia/cu13/include/cuda.h").read_bytes()
+    for added in cudatoolkit.layout("", pins, Platform.native(), cuda_h):
+        (root / added.path).parent.mkdir(parents=True, exist_ok=True)
+        (root / added.path).symlink_to(added.link) if added.link else (root / added.path).write_bytes(added.data)
+    found, problems = check(env.build_base, cc=True, nvcc=True, toolkit=root)
+    assert problems == [], problems
+    assert {"libcudart.so.13", "libcuda.so.1"} <= set(found["nvcc"]["needed"]), found
     assert found["cc"]["version"].startswith("cc (Debian 12"), found
     text = smoketest.compilers_text(found, _Plan())
     assert "cc (cc (Debian 12" in text and "nvcc 13.0 compiled CUDA with the CCCL headers" in text, text
+    assert "libcuda.so.1" in text, text
+
+
+def test_the_driver_stub_defines_the_driver_api_for_each_cpu(tmp_path):
+    """The stub is an ELF shared object of the platform's CPU named libcuda.so.1, defining the versioned names
+    cuda.h makes code call (cuMemAlloc -> cuMemAlloc_v2, the _ptsz forms): read back with binutils' readelf."""
+    header = (
+        b"CUresult CUDAAPI cuInit(unsigned int Flags);\n#define cuMemAlloc cuMemAlloc_v2\n"
+        b"#define cuMemcpyAsync __CUDA_API_PTSZ(cuMemcpyAsync)\n"
+    )
+    names = cudatoolkit.driver_api(header)
+    assert names == ("cuInit", "cuMemAlloc_v2", "cuMemcpyAsync", "cuMemcpyAsync_ptsz"), names
+    for platform, machine in ((Platform.LINUX_AMD64, "X86-64"), (Platform.LINUX_ARM64, "AArch64")):
+        stub = tmp_path / f"libcuda-{platform.machine}.so"
+        stub.write_bytes(cudatoolkit.driver_stub(platform, names))
+        done = subprocess.run(["readelf", "-hd", "--dyn-syms", "-W", str(stub)], capture_output=True, text=True)
+        text = done.stdout
+        assert done.returncode == 0 and not done.stderr, done.stderr
+        assert machine in text and "Library soname: [libcuda.so.1]" in text, text
+        defined = {line.split()[-1] for line in text.splitlines() if " FUNC    GLOBAL DEFAULT " in line}
+        assert defined == set(names), defined
 
 
 class _Plan:

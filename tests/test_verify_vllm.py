@@ -30,5 +30,7 @@ def test_verify_proves_both_platforms_of_the_real_vllm_image(locked_vllm, cold_v
         assert "distribution(s) = the lock's" in out and "each matching its RECORD" in out
         assert "fixed wheel: vllm-0.33.0+carry.20261201.1-" in out and "nothing else under vllm" in out
         assert "arch gate passed" in out and out.strip().endswith("verified")
+        # what carry adds to CUDA_HOME beside the wheels, each checked (the stub against the image's own cuda.h)
+        assert "CUDA_HOME's toolkit layout, carry's: nvidia/cu13/lib64, nvidia/cu13/lib/libcudart.so, " in out, out
         print(f"\nverify {platform}: {seconds[platform]:.1f} s\n" + "\n".join(out.splitlines()[:8]))
     assert seconds["linux/arm64"] <= 1.5 * seconds["linux/amd64"] + 10, seconds

@@ -29,6 +29,7 @@ INTERPRETER_PREFIX = "/usr/bin/python"
 SITE_RE = re.compile(r"^/opt/venv/lib/python\d+\.\d+/site-packages(?=/|$)")
 INSTALLER_FILES = ("INSTALLER", "REQUESTED", "direct_url.json", "RECORD")  # what an installer adds to a dist-info
 BIN_LINK_RE = re.compile(r"^python(\d+(\.\d+)?)?$")  # the venv's own interpreter links
+CUDA_H = "/include/cuda.h"  # CUDA_HOME's, read whole: the driver stub carry adds is made from it (cudatoolkit)
 
 
 def canonical(name: str) -> str:
@@ -165,7 +166,7 @@ def selection(fixed: Iterable[FixedWheel], parse_shared: Callable[[str, bytes], 
 
     return Selection(
         prefixes=(f"{VENV}/", INTERPRETER_PREFIX),
-        keep=lambda path: path.startswith(f"{VENV}/lib/") and ".dist-info/" in path,
+        keep=lambda path: path.startswith(f"{VENV}/lib/") and (".dist-info/" in path or path.endswith(CUDA_H)),
         head=lambda path: path.startswith((f"{BIN}/", INTERPRETER_PREFIX)),
         shared=lambda path: relative(path) in shared,
         # named as in the wheel (`vllm/_C.abi3.so`), so that build.gate's rules match them as they do the wheel's
@@ -208,7 +209,8 @@ def check(
     changed: list[tuple[Installed, Row, Node, str]] = []
     owned, checked, size = _check_records(nodes, site, dists, problems, shared_paths, changed)
     wrong_records = _changed(changed, wheels or {}, problems)
-    problems += _unowned(nodes, site, owned)
+    toolkit = _cuda_home(nodes, site, dict(locked), files.platform, problems)
+    problems += _unowned(nodes, site, owned | set(toolkit))
     problems += _against_lock(dists, locked, fixed, site)
     fixed_dist = next((d for d in dists if d.name == fixed.name), None)
     if fixed_dist is not None:
@@ -236,6 +238,7 @@ def check(
         f"locked wheels: {compared} of {len(locked)} installed RECORDs equal to their wheel's in the download "
         f"store (sha256 from the lock)" + ("" if compared == len(locked) else "; the others' taken from the image"),
         f"console scripts: run {PYTHON}",
+        *(f"CUDA_HOME's toolkit layout, carry's: {', '.join(_shown(p, site) for p in toolkit)}",) * bool(toolkit),
         *(
             f"note: {len(wrong_records)} file(s) whose own wheel's RECORD is wrong, installed with the wheel's bytes "
             f"as pip installs them: {'; '.join(wrong_records[:3])}{' …' if len(wrong_records) > 3 else ''}",
@@ -360,6 +363,36 @@ def _changed(
             f"(layer {node.layer + 1}), RECORD says {row.size} bytes {row.hash}"
         )
     return upstream_wrong
+
+
+def _cuda_home(
+    nodes: dict[str, Node], site: str, pins: dict[str, str], platform: Platform, problems: list[str]
+) -> list[str]:
+    """The paths carry adds to make the lock's CUDA_HOME a toolkit's layout (cudatoolkit.layout), each checked: the
+    links' targets, and the driver stub's bytes as made from the image's own cuda.h."""
+    from carry.image.locked import cudatoolkit
+
+    pins = {canonical(name): version for name, version in pins.items()}
+    home = cudatoolkit.home_of(pins)
+    if home is None:
+        return []
+    header = nodes.get(f"{site}/{home}{CUDA_H}")
+    if header is None or header.data is None:
+        problems.append(f"{home}{CUDA_H}: not in the image; the lock's nvidia-cuda-runtime installs it")
+        return []
+    found = []
+    for added in cudatoolkit.layout(site, pins, platform, header.data):
+        node, path = nodes.get("/" + added.path), "/" + added.path
+        kind, want = ("symlink", added.link) if added.link else ("file", hashlib.sha256(added.data).hexdigest())
+        have = node and (node.target if node.kind == "symlink" else node.sha256)
+        if node is None or node.kind != kind or have != want:
+            problems.append(
+                f"{_shown(path, site)}: CUDA_HOME's toolkit layout wants a {kind} "
+                f"{added.link or 'made from ' + home + CUDA_H}, the image has "
+                f"{'nothing' if node is None else node.kind + ' ' + str(have)[:16]}"
+            )
+        found.append(path)
+    return found
 
 
 def _shown(path: str, site: str) -> str:

@@ -6,13 +6,22 @@ toolkit headers are incompatible": an unpinned requirement of nvcc (vLLM 0.33.0'
 newest nvcc, 13.5, beside torch's runtime 13.0.
 
     the lock's pins -> mismatch() (None: one release) -> constraints() for uv -> the lock resolved again
+
+NVIDIA's wheels put the runtime in CUDA_HOME/lib as libcudart.so.13 only, where a JIT's link looks for a toolkit's
+layout: FlashInfer links `-L$CUDA_HOME/lib64 -L$CUDA_HOME/lib64/stubs -lcudart -lcuda` (flashinfer#5064). `layout`
+adds what the toolkit has there: lib64 -> lib, the runtime's development link, and the driver's link-time stub (an
+ELF shared object named libcuda.so.1, as the toolkit's stubs/libcuda.so is; at run time the container's driver,
+libcuda.so.1, is the one loaded).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import struct
 from collections.abc import Mapping
+
+from carry.platforms import Platform
 
 COMPILER = "nvidia-cuda-nvcc"  # a lock without it ships no compiler: nothing to agree
 ANCHOR = "nvidia-cuda-runtime"  # what torch's CUDA is (cuda-toolkit's pin)
@@ -64,3 +73,155 @@ def mismatch(pins: Mapping[str, str]) -> Mismatch | None:
 def constraints(pins: Mapping[str, str], found: Mismatch) -> list[str]:
     """uv constraints holding every toolkit wheel of the lock to the runtime's release."""
     return [f"{name}=={found.release}.*" for name in sorted(components(pins))]
+
+
+DECLARED_RE = re.compile(rb"\bCUDAAPI\s+(cu[A-Z]\w*)\s*\(")
+DEFINED_RE = re.compile(rb"^\s*#\s*define\s+cu[A-Z]\w*\s+(__CUDA_API_PT(DS|SZ)\()?(cu[A-Z]\w*)", re.M)
+
+
+def home_of(pins: Mapping[str, str]) -> str | None:
+    """CUDA_HOME under site-packages (`nvidia/cu13`) when the lock ships NVIDIA's pip nvcc and runtime of CUDA 13 or
+    later (one directory; CUDA 12's wheels spread the toolkit over several), else None."""
+    runtime = pins.get(ANCHOR)
+    if (
+        runtime is None
+        or COMPILER not in pins
+        or not runtime.split(".")[0].isdigit()
+        or int(runtime.split(".")[0]) < 13
+    ):
+        return None
+    return f"nvidia/cu{runtime.split('.')[0]}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Added:
+    """A path carry adds to CUDA_HOME (no leading '/'): a symlink to `link`, or a file of `data`."""
+
+    path: str
+    link: str = ""
+    data: bytes = b""
+
+
+def layout(site: str, pins: Mapping[str, str], platform: Platform, cuda_h: bytes) -> list[Added]:
+    """What makes the lock's CUDA_HOME a toolkit's layout for a JIT's link, paths under `site`: empty when the lock
+    has no such CUDA_HOME (home_of). `cuda_h`: the runtime wheel's include/cuda.h, whose driver API the stub
+    defines."""
+    home = home_of(pins)
+    if home is None:
+        return []
+    root = f"{site.strip('/')}/{home}".lstrip("/")
+    return [
+        Added(f"{root}/lib64", link="lib"),
+        Added(f"{root}/lib/libcudart.so", link=f"libcudart.so.{home.removeprefix('nvidia/cu')}"),
+        Added(f"{root}/lib/stubs/libcuda.so", data=driver_stub(platform, driver_api(cuda_h))),
+    ]
+
+
+def driver_api(cuda_h: bytes) -> tuple[str, ...]:
+    """The driver's symbols cuda.h makes code reference: each declared function, each name a `#define` versions it
+    to (cuMemAlloc -> cuMemAlloc_v2), and their per-thread-stream forms (_ptds, _ptsz)."""
+    names = {m.group(1).decode() for m in DECLARED_RE.finditer(cuda_h)}
+    for match in DEFINED_RE.finditer(cuda_h):
+        target = match.group(3).decode()
+        names.add(target)
+        if match.group(2):
+            names.add(f"{target}_pt{match.group(2).decode().lower()}")
+    return tuple(sorted(names))
+
+
+def driver_stub(platform: Platform, symbols: tuple[str, ...], soname: str = "libcuda.so.1") -> bytes:
+    """A 64-bit little-endian ELF shared object named `soname` that defines `symbols` (as the toolkit's
+    stubs/libcuda.so does): what `-lcuda` links against, so that the linked object needs libcuda.so.1, the driver
+    the container runtime provides. Never loaded: its one code byte is a return nobody calls."""
+    names = b"\0" + soname.encode() + b"\0"
+    offsets_in_str = []
+    for name in symbols:
+        offsets_in_str.append(len(names))
+        names += name.encode() + b"\0"
+    count = len(symbols) + 1
+    text = b"\xc3" if platform.machine == "x86_64" else struct.pack("<I", 0xD65F03C0)  # ret
+    hash_ = struct.pack(
+        f"<{2 + 1 + count}I", 1, count, 1 if symbols else 0, *[i + 1 if i + 1 < count else 0 for i in range(count)]
+    )
+    pieces = {".hash": hash_, ".dynsym": b"", ".dynstr": names, ".text": text}
+    base = 64 + 2 * 56
+    layout_order = (".hash", ".dynsym", ".dynstr", ".text", ".dynamic", ".shstrtab")
+    sizes = {".hash": len(hash_), ".dynsym": 24 * count, ".dynstr": len(names), ".text": len(text), ".dynamic": 16 * 7}
+    shstr = b"\0" + b"".join(n.encode() + b"\0" for n in layout_order)
+    sizes[".shstrtab"] = len(shstr)
+    offsets, at = {}, base
+    for name in layout_order:
+        offsets[name] = at
+        at += sizes[name] + (-sizes[name] % 8)
+    text_index = layout_order.index(".text") + 1
+    pieces[".dynsym"] = bytes(24) + b"".join(
+        struct.pack("<IBBHQQ", where, 0x12, 0, text_index, offsets[".text"], 0) for where in offsets_in_str
+    )
+    pieces[".dynamic"] = b"".join(
+        struct.pack("<qQ", tag, value)
+        for tag, value in (
+            (14, 1),  # DT_SONAME
+            (4, offsets[".hash"]),
+            (5, offsets[".dynstr"]),
+            (6, offsets[".dynsym"]),
+            (10, len(names)),
+            (11, 24),  # DT_SYMENT
+            (0, 0),
+        )
+    )
+    pieces[".shstrtab"] = shstr
+    shoff = at
+    size = shoff + (len(layout_order) + 1) * 64
+    header = struct.pack(
+        "<4s5B7xHHIQQQIHHHHHH",
+        b"\x7fELF",
+        2,
+        1,
+        1,
+        0,
+        0,
+        3,
+        platform.e_machine,
+        1,
+        0,
+        64,
+        shoff,
+        0,
+        64,
+        56,
+        2,
+        64,
+        len(layout_order) + 1,
+        len(layout_order),
+    )
+    dynamic = offsets[".dynamic"]
+    phdrs = struct.pack("<IIQQQQQQ", 1, 5, 0, 0, 0, size, size, 0x10000)  # PT_LOAD, R+X
+    phdrs += struct.pack("<IIQQQQQQ", 2, 6, dynamic, dynamic, dynamic, sizes[".dynamic"], sizes[".dynamic"], 8)
+    body = b"".join(pieces[name] + bytes(-sizes[name] % 8) for name in layout_order)
+    # name, type, flags (A=2, X=4, W=1), link, info, entsize of each section
+    table = {
+        ".hash": (5, 2, 2, 0, 4),
+        ".dynsym": (11, 2, 3, 1, 24),
+        ".dynstr": (3, 2, 0, 0, 0),
+        ".text": (1, 6, 0, 0, 0),
+        ".dynamic": (6, 3, 3, 0, 16),
+        ".shstrtab": (3, 0, 0, 0, 0),
+    }
+    sections = bytes(64)
+    for name in layout_order:
+        kind, flags, link, info, entsize = table[name]
+        offset = offsets[name]
+        sections += struct.pack(
+            "<IIQQQQIIQQ",
+            shstr.index(b"\0" + name.encode() + b"\0") + 1,
+            kind,
+            flags,
+            offset if flags else 0,
+            offset,
+            sizes[name],
+            link,
+            info,
+            8,
+            entsize,
+        )
+    return header + phdrs + body + sections

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from carry.binaries.wheelzip import record_hash
 from carry.config import Config
 from carry.image import gzlayer
-from carry.image.locked import ocilayer, runtimelock, wheelinstall
+from carry.image.locked import cudatoolkit, ocilayer, runtimelock, wheelinstall
 from carry.image.locked.ocilayer import Item
 from carry.image.locked.wheelinstall import Entry, Installed, Venv
 from carry.image.vocabulary import ENTRYPOINT
@@ -81,8 +81,9 @@ class LayerPlan:
 
 
 # Bumped when what a lock's wheels put in the nvidia, torch and deps layers changes for the same lock: how a wheel
-# installs (wheelinstall), which layer it goes in (group_of), which copy of a path two wheels install is kept (_merge).
-RECIPE_FORMAT = 1
+# installs (wheelinstall), which layer it goes in (group_of), which copy of a path two wheels install is kept (_merge),
+# what carry adds beside them (2: CUDA_HOME's toolkit layout in the nvidia layer, cudatoolkit.layout).
+RECIPE_FORMAT = 2
 
 
 def group_key(lock: runtimelock.Lock, group: str, venv: Venv) -> str:
@@ -285,7 +286,8 @@ def plan_platform(
             groups[group_of(name)].append(wheelinstall.plan(wheels[name], venv))
             files[group_of(name)].append((name, wheels[name].name, sha256_in_store(wheels[name])))
         for group, (entries, overwritten) in _merge(groups, venv).items():
-            planned = _layer(group, entries, overwritten=overwritten)
+            extra = cuda_home(lock, wheels, venv) if group == "nvidia" else []
+            planned = _layer(group, entries, extra, overwritten=overwritten)
             layers.append(dataclasses.replace(planned, recipe=group_key(lock, group, venv), wheels=tuple(files[group])))
     patched: dict[str, str] = {}
     if release is not None:
@@ -300,6 +302,25 @@ def plan_platform(
     return PlatformPlan(
         platform, base_ref, base, tuple(layers), fixed, patched, _duplicates(layers), run_time_compilers(lock)
     )
+
+
+def cuda_home(lock: runtimelock.Lock, wheels: dict[str, Path], venv: Venv) -> list[Item]:
+    """The nvidia layer's additions that make the lock's CUDA_HOME a toolkit's layout for a JIT's link
+    (cudatoolkit.layout), the driver stub made from the runtime wheel's cuda.h."""
+    pins = {p.name: p.version for p in lock.packages}
+    home = cudatoolkit.home_of(pins)
+    if home is None:
+        return []
+    with zipfile.ZipFile(wheels[cudatoolkit.ANCHOR]) as archive:
+        cuda_h = archive.read(f"{home}/include/cuda.h")
+    return [
+        Item(a.path, "symlink", link=a.link) if a.link else _item(a.path, a.data)
+        for a in cudatoolkit.layout(venv.site, pins, lock.platform, cuda_h)
+    ]
+
+
+def _item(path: str, data: bytes, mode: int = 0o644) -> Item:
+    return Item(path, "file", mode, len(data), Entry(path, mode, len(data), record_hash(data), data=data))
 
 
 def _layer(name: str, entries: list[Entry], extra: Iterable[Item] = (), overwritten: tuple[str, ...] = ()) -> LayerPlan:
@@ -396,10 +417,6 @@ def _duplicates(layers: list[LayerPlan]) -> tuple[str, ...]:
 def _venv_items(config: Config, lock: runtimelock.Lock, venv: Venv) -> list[Item]:
     """L1: the venv on the base's Python and carry's small files."""
 
-    def data_entry(path: str, data: bytes, mode: int = 0o644) -> Item:
-        entry = Entry(path, mode, len(data), record_hash(data), data=data)
-        return Item(path, "file", mode, len(data), entry)
-
     prefix = venv.prefix.lstrip("/")
     cfg = (
         f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {lock.python}\n"
@@ -407,13 +424,13 @@ def _venv_items(config: Config, lock: runtimelock.Lock, venv: Venv) -> list[Item
     ).encode()
     env = "".join(f"{name}={shlex.quote(value)}\n" for name, value in sorted(config.image.env.items())).encode()
     return [
-        data_entry(f"{prefix}/pyvenv.cfg", cfg),
+        _item(f"{prefix}/pyvenv.cfg", cfg),
         Item(f"{prefix}/bin/python", "symlink", link="/usr/bin/python3"),
         Item(f"{prefix}/bin/python3", "symlink", link="python"),
         Item(f"{prefix}/bin/python{venv.python}", "symlink", link="python"),
         Item(f"{prefix}/lib64", "symlink", link="lib"),
         Item(venv.site.lstrip("/"), "dir", 0o755),
         Item(f"{prefix}/include", "dir", 0o755),
-        data_entry("etc/carry/runtime.env", env),
-        data_entry("usr/local/bin/carry-entrypoint", ENTRYPOINT.read_bytes(), 0o755),
+        _item("etc/carry/runtime.env", env),
+        _item("usr/local/bin/carry-entrypoint", ENTRYPOINT.read_bytes(), 0o755),
     ]

@@ -94,15 +94,25 @@ if want["nvcc"]:  # what FlashInfer's JIT does: CUDA_HOME's nvcc on CUDA code th
         out["nvcc"]["error"] = f"no nvcc in CUDA_HOME ({home or 'not set'})"
     else:
         open(work + "/carry_cccl.cu", "w").write(
-            "#include <cuda_runtime.h>\n#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n#include <cuda/std/cstdint>\n"
-            "#include <cub/block/block_reduce.cuh>\n__global__ void k(float* o) {\n"
+            "#include <cuda.h>\n#include <cuda_runtime.h>\n#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
+            "#include <cuda/std/cstdint>\n#include <cub/block/block_reduce.cuh>\n__global__ void k(float* o) {\n"
             "  using R = cub::BlockReduce<float, 128>; __shared__ typename R::TempStorage t;\n"
-            "  float v = R(t).Sum(o[threadIdx.x]); if (threadIdx.x == 0) o[0] = v; }\n")
+            "  float v = R(t).Sum(o[threadIdx.x]); if (threadIdx.x == 0) o[0] = v; }\n"
+            "extern \"C\" int carry_jit(void) { int n = 0; cudaGetDeviceCount(&n); return cuInit(0) + n; }\n")
         flags = ["-isystem", home + "/include"] + (["-isystem", home + "/include/cccl"]
                                                   if os.path.isdir(home + "/include/cccl") else [])
         out["nvcc"]["error"] = run([nvcc, "-c", "-std=c++17", "-gencode", "arch=compute_90,code=sm_90", *flags,
-                                    "carry_cccl.cu", "-o", "carry_cccl.o"], work)
+                                    "--compiler-options=-fPIC", "carry_cccl.cu", "-o", "carry_cccl.o"], work)
         out["nvcc"]["version"] = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip()
+        if not out["nvcc"]["error"]:  # and links it as FlashInfer's JIT does: -lcudart -lcuda from lib64(/stubs)
+            out["nvcc"]["error"] = run(["c++", "-shared", "carry_cccl.o", "-L" + home + "/lib64", "-L" + home +
+                                        "/lib64/stubs", "-lcudart", "-lcuda", "-o", "carry_jit.so"], work)
+        if not out["nvcc"]["error"]:
+            dynamic = subprocess.run(["readelf", "-d", "carry_jit.so"], cwd=work, capture_output=True, text=True)
+            needed = [l.split("[", 1)[1].rstrip("]") for l in dynamic.stdout.splitlines() if "(NEEDED)" in l]
+            missing = [lib for lib in ("libcudart.so.", "libcuda.so.1") if not any(n.startswith(lib) for n in needed)]
+            out["nvcc"]["needed"] = needed
+            out["nvcc"]["error"] = f"the linked object does not need {missing} (it needs {needed})" if missing else ""
 shutil.rmtree(work, ignore_errors=True)
 print(json.dumps(out))
 """
@@ -184,8 +194,9 @@ def compiler_problems(found: dict) -> list[str]:
     nvcc = found.get("nvcc") or {}
     if nvcc.get("error"):
         problems.append(
-            f"a JIT cannot compile CUDA with CUDA_HOME {nvcc.get('home') or '(not set)'}: {nvcc['error'][:300]}; the "
-            f"lock's CUDA toolkit wheels must be one release (relock) and the image needs g++ (image.runtime_packages)"
+            f"a JIT cannot compile and link CUDA with CUDA_HOME {nvcc.get('home') or '(not set)'}: "
+            f"{nvcc['error'][:300]}; the lock's CUDA toolkit wheels must be one release (relock), the image needs "
+            f"g++ (image.runtime_packages), and CUDA_HOME the toolkit's layout carry adds (lib64, stubs)"
         )
     return problems
 
@@ -197,7 +208,10 @@ def compilers_text(found: dict, plan: PlatformPlan) -> str:
         said.append(f"cc ({found['cc'].get('version', '?')}) built and imported a Python.h extension")
     if found.get("nvcc"):
         release = found["nvcc"].get("version", "").rsplit("release ", 1)[-1].split(",")[0]
-        said.append(f"CUDA_HOME's nvcc {release} compiled CUDA with the CCCL headers (sm_90)")
+        said.append(
+            f"CUDA_HOME's nvcc {release} compiled CUDA with the CCCL headers (sm_90), linked as FlashInfer's JIT "
+            f"links (-lcudart -lcuda): needs {', '.join(found['nvcc'].get('needed', []))}"
+        )
     elif "nvcc" in plan.compilers:
         said.append("nvcc not run under QEMU (the lock holds the same one-release toolkit)")
     return f"; run-time compilers: {', '.join(said)}" if said else ""

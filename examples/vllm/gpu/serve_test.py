@@ -94,8 +94,7 @@ def offline(mode: str, model: str, work: str) -> dict:
         [sys.executable, __file__, "--generate", mode, model, out], timeout=START_S, capture_output=True, text=True
     )
     if done.returncode != 0 or not os.path.exists(out):
-        tail = (done.stdout + done.stderr).strip().splitlines()[-25:]
-        raise SystemExit(f"FAIL {mode}: exit {done.returncode}\n" + "\n".join(tail))
+        raise SystemExit(f"FAIL {mode}: exit {done.returncode}\n" + excerpt(done.stdout + done.stderr))
     with open(out) as handle:
         return json.load(handle)
 
@@ -124,9 +123,9 @@ def serve(model: str, work: str) -> dict:
     try:
         while True:
             if server.poll() is not None:
-                raise SystemExit(f"FAIL serve: exited {server.returncode}\n" + _tail(log.name))
+                raise SystemExit(f"FAIL serve: exited {server.returncode}\n" + _excerpt_of(log.name))
             if time.monotonic() - clock > START_S:
-                raise SystemExit(f"FAIL serve: not healthy after {START_S} s\n" + _tail(log.name))
+                raise SystemExit(f"FAIL serve: not healthy after {START_S} s\n" + _excerpt_of(log.name))
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
                     if answer.status == 200:
@@ -154,9 +153,18 @@ def serve(model: str, work: str) -> dict:
         log.close()
 
 
-def _tail(path: str) -> str:
+def excerpt(text: str) -> str:
+    """The first error with what led to it (an engine's first failure is the cause; the last lines are its
+    processes shutting down), then the last lines."""
+    lines = text.strip().splitlines()
+    first = next((i for i, line in enumerate(lines) if "Traceback" in line or "Error" in line), len(lines))
+    head = lines[first : first + 60]
+    return "\n".join(head + ["..."] + lines[-15:] if first + 60 < len(lines) - 15 else lines[first:] or lines[-25:])
+
+
+def _excerpt_of(path: str) -> str:
     with open(path, errors="replace") as handle:
-        return "\n".join(handle.read().strip().splitlines()[-25:])
+        return excerpt(handle.read())
 
 
 def main() -> int:
