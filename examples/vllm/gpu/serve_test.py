@@ -31,6 +31,7 @@ MAX_SERVE = 8
 LOGPROB_TOL = 0.05  # graphs and eager may sum in another order: tokens equal, log-probabilities this close
 ENGINE = {"load_format": "dummy", "skip_tokenizer_init": True, "gpu_memory_utilization": 0.3, "max_model_len": 512}
 START_S = 900  # an engine's first start JIT-compiles FlashInfer's kernels and captures graphs
+STARTED = time.monotonic()
 
 
 def make_model(where: str) -> str:
@@ -89,14 +90,25 @@ def generate(mode: str, model: str, out: str) -> None:
 
 
 def offline(mode: str, model: str, work: str) -> dict:
-    out = os.path.join(work, f"{mode}.json")
-    done = subprocess.run(
-        [sys.executable, __file__, "--generate", mode, model, out], timeout=START_S, capture_output=True, text=True
-    )
-    if done.returncode != 0 or not os.path.exists(out):
-        raise SystemExit(f"FAIL {mode}: exit {done.returncode}\n" + excerpt(done.stdout + done.stderr))
+    """One fresh process generating in `mode`, its output in WORK/<mode>.log as it runs."""
+    out, log = os.path.join(work, f"{mode}.json"), os.path.join(work, f"{mode}.log")
+    clock = time.monotonic()
+    with open(log, "w") as handle:
+        code = subprocess.run(
+            [sys.executable, __file__, "--generate", mode, model, out], timeout=START_S, stdout=handle, stderr=handle
+        ).returncode
+    if code != 0 or not os.path.exists(out):
+        raise SystemExit(f"FAIL {mode}: exit {code} after {time.monotonic() - clock:.0f} s\n" + _excerpt_of(log))
     with open(out) as handle:
-        return json.load(handle)
+        found = json.load(handle)
+    step(
+        f"{mode}: import {found['import_s']} s, engine {found['engine_s']} s, generation {found['first_generation_s']} s"
+    )
+    return found
+
+
+def step(line: str) -> None:
+    print(f"[{time.monotonic() - STARTED:6.0f}s] {line}", flush=True)
 
 
 def free_port() -> int:
@@ -167,13 +179,18 @@ def _excerpt_of(path: str) -> str:
         return excerpt(handle.read())
 
 
-def main() -> int:
+def main(parent: str | None = None) -> int:
+    """`--work DIR`: each step's log under DIR, where a host that stops the run can still read it."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    with tempfile.TemporaryDirectory(prefix="carry-gpu-") as work:
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="carry-gpu-", dir=parent) as work:
         model = make_model(os.path.join(work, "model"))
+        step(f"model in {work}; each step's output in {work}/<step>.log")
         graph = offline("graph", model, work)
         eager = offline("eager", model, work)
         served = serve(model, work)
+        step(f"serve: healthy in {served['healthy_s']} s, answered in {served['answer_s']} s")
     problems = []
     if graph["tokens"] != eager["tokens"]:
         problems.append(f"tokens differ: graphs {graph['tokens']} eager {eager['tokens']}")
@@ -207,4 +224,4 @@ def main() -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--generate":
         generate(*sys.argv[2:])
-    sys.exit(main())
+    sys.exit(main(sys.argv[2] if len(sys.argv) == 3 and sys.argv[1] == "--work" else None))
