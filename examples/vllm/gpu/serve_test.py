@@ -101,9 +101,8 @@ def offline(mode: str, model: str, work: str) -> dict:
         raise SystemExit(f"FAIL {mode}: exit {code} after {time.monotonic() - clock:.0f} s\n" + _excerpt_of(log))
     with open(out) as handle:
         found = json.load(handle)
-    step(
-        f"{mode}: import {found['import_s']} s, engine {found['engine_s']} s, generation {found['first_generation_s']} s"
-    )
+    times = f"import {found['import_s']} s, engine {found['engine_s']} s, generation {found['first_generation_s']} s"
+    step(f"{mode}: {times}")
     return found
 
 
