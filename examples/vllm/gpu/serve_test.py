@@ -178,6 +178,19 @@ def _excerpt_of(path: str) -> str:
         return excerpt(handle.read())
 
 
+def compare(graph: dict, eager: dict) -> tuple[list[str], float]:
+    """What differs between the two modes' generations, and the largest log-probability difference."""
+    problems = []
+    if graph["tokens"] != eager["tokens"]:
+        problems.append(f"tokens differ: graphs {graph['tokens']} eager {eager['tokens']}")
+    drift = max(
+        (abs(a - b) for ga, ea in zip(graph["logprobs"], eager["logprobs"]) for a, b in zip(ga, ea)), default=0.0
+    )
+    if drift > LOGPROB_TOL or any(len(g) != TOKENS for g in graph["logprobs"]):
+        problems.append(f"log-probabilities differ by {drift:.4f} (tolerance {LOGPROB_TOL}) or are missing")
+    return problems, drift
+
+
 def main(parent: str | None = None) -> int:
     """`--work DIR`: each step's log under DIR, where a host that stops the run can still read it."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -188,16 +201,11 @@ def main(parent: str | None = None) -> int:
         step(f"model in {work}; each step's output in {work}/<step>.log")
         graph = offline("graph", model, work)
         eager = offline("eager", model, work)
+        problems, drift = compare(graph, eager)
+        step(f"graphs vs eager: {'; '.join(problems) or 'same tokens'}, log-probabilities within {drift:.5f}")
+        step(f"serve: starting (its output in {work}/serve.log)")
         served = serve(model, work)
         step(f"serve: healthy in {served['healthy_s']} s, answered in {served['answer_s']} s")
-    problems = []
-    if graph["tokens"] != eager["tokens"]:
-        problems.append(f"tokens differ: graphs {graph['tokens']} eager {eager['tokens']}")
-    drift = max(
-        (abs(a - b) for ga, ea in zip(graph["logprobs"], eager["logprobs"]) for a, b in zip(ga, ea)), default=0.0
-    )
-    if drift > LOGPROB_TOL or any(len(g) != TOKENS for g in graph["logprobs"]):
-        problems.append(f"log-probabilities differ by {drift:.4f} (tolerance {LOGPROB_TOL}) or are missing")
     if served["completion_tokens"] != MAX_SERVE:
         problems.append(f"serve answered {served['completion_tokens']} token(s), not {MAX_SERVE}")
     if served["token_ids"] is not None and served["token_ids"] != graph["tokens"][0][:MAX_SERVE]:
