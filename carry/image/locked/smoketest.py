@@ -64,7 +64,8 @@ def run(argv, cwd):
     except OSError as exc:
         return f"{argv[0]}: {exc.strerror}"
     lines = [l for l in (done.stdout + done.stderr).splitlines() if l.strip()]
-    errors = [l.strip() for l in lines if "error" in l] or lines[-1:] or [f"exit {done.returncode}"]
+    errors = [l.strip() for l in lines if ("error" in l or "cannot find" in l) and not l.startswith("collect2")]
+    errors = errors or lines[-1:] or [f"exit {done.returncode}"]
     return "" if done.returncode == 0 else errors[0]
 work = tempfile.mkdtemp()
 if want["cc"]:  # what Triton does at the first GPU use: its driver.c, built by cc against Python.h, then imported
