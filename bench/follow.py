@@ -57,11 +57,12 @@ WHEEL_032 = {
 MARK = "  # carried: keep the older default"
 
 
-def git(cwd: Path, *args: str) -> str:
+def git(cwd: Path, *args: str, strip: bool = True) -> str:
+    """git's output; `strip=False` for file contents and patches (a patch's last context line may be blank)."""
     done = subprocess.run(
         ["git", *args], cwd=cwd, env={**os.environ, **GIT_ENV}, capture_output=True, text=True, check=True
     )
-    return done.stdout.strip()
+    return done.stdout.strip() if strip else done.stdout
 
 
 def carry(config: Path, env: dict, *args: str) -> tuple[int, str, str, float]:
@@ -75,6 +76,14 @@ def carry(config: Path, env: dict, *args: str) -> tuple[int, str, str, float]:
         timeout=3600,
     )
     return done.returncode, done.stdout, done.stderr, time.monotonic() - started
+
+
+def report_of(code: int, out: str, err: str) -> dict:
+    """`--json`'s report, or the run's exit and stderr when it printed none."""
+    try:
+        return json.loads(out)
+    except json.JSONDecodeError:
+        raise SystemExit(f"bench: follow exited {code} with no report:\n{err[-4000:]}") from None
 
 
 # --- the four patches, from the real difference ---------------------------------------------------------------
@@ -102,14 +111,14 @@ def patch_text(history: Path, subject: str, change: dict[str, str]) -> str:
         for path, text in change.items():
             (work / path).write_text(text)
         git(work, "commit", "-q", "-am", subject)
-        return git(work, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature", "HEAD") + "\n"
+        return git(work, "format-patch", "-1", "--stdout", "--zero-commit", "--no-signature", "HEAD", strip=False)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 def four_patches(history: Path) -> dict[str, str]:
     def at(ref: str, path: str) -> str:
-        return git(history, "show", f"{ref}:{path}") + "\n"
+        return git(history, "show", f"{ref}:{path}", strip=False)
 
     files = changed_files(history)
     # files whose change adds at least two lines and removes one: a merge, an edit and a conflict to come from
@@ -204,7 +213,7 @@ def measure(work: Path) -> dict:
 
     # 1: upstream moved; follow stops on 0004
     code, out, err, first = carry(config, env, "follow", "v0.33.0", "--json", "--body", str(work / "body-1.md"))
-    report = json.loads(out)
+    report = report_of(code, out, err)
     assert code == 1, err[-3000:]
     fates = {p["name"]: (p["verdict"], p["fate"]) for p in report["patches"]}
     result["first"] = {"seconds": first, "fates": fates, "needs": report["needs"], "steps": report["steps"]}
@@ -216,7 +225,7 @@ def measure(work: Path) -> dict:
     # 2: the one resolution, then --continue to a ready branch
     resolve(Path(report["conflict"]["workspace"]), result["paths"]["conflicting"])
     code, out, err, second = carry(config, env, "follow", "--continue", "--json", "--body", str(work / "body-2.md"))
-    report = json.loads(out)
+    report = report_of(code, out, err)
     assert code == 0, err[-3000:]
     result["continue"] = {
         "seconds": second,
@@ -246,7 +255,7 @@ def measure(work: Path) -> dict:
     git(work, "clone", "-q", str(repo), str(other))
     fresh = {"CARRY_CACHE": str(work / "cache-2"), "CARRY_DOWNLOADS": downloads}
     code, out, err, replay = carry(other / "build.yaml", fresh, "follow", "v0.33.0", "--json")
-    report = json.loads(out)
+    report = report_of(code, out, err)
     assert code == 0, err[-3000:]
     assert [r["patch"] for r in report["replayed"]] == ["0004-conflicts.patch"], report["replayed"]
     result["replay"] = {"seconds": replay, "steps": report["steps"], "replayed": report["replayed"]}
@@ -297,13 +306,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "carry-bench-follow")
+    parser.add_argument("--keep", action="store_true", help="leave --work as it is at the end (to look into it)")
     args = parser.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     try:
         result = measure(args.work)
     finally:
-        shutil.rmtree(args.work, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(args.work, ignore_errors=True)
     print(json.dumps(result, indent=1))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -206,3 +206,19 @@ def test_a_shallow_boundary_whose_parent_came_later_is_settled(tmp_path):
     assert git.settle_shallow(mirror) is True
     assert git.shallow_commits(mirror) == set() and git.merge_base(mirror, pr, base) == base
     assert git.settle_shallow(mirror) is False
+
+
+def test_a_release_pin_moved_in_place_adds_no_key_it_does_not_name(tmp_path):
+    """`follow` moves a release pin (requirement, sha256, ref; no index) written as a block mapping: each value is
+    replaced in place, its comment kept, and no other key is added."""
+    entry = (
+        "    wheels:\n      linux/amd64:\n        requirement: vllm==0.32.0  # the release\n"
+        "        sha256: " + "cd" * 32 + "\n        ref: v0.32.0\n"
+    )
+    path = tmp_path / "build.yaml"
+    path.write_text(HEAD + entry + TAIL)
+    moved = {"requirement": "vllm==0.33.0", "sha256": SHA, "ref": "v0.33.0"}
+    assert pins.write(path, {X86: moved}) is True
+    written = path.read_text()
+    assert "requirement: vllm==0.33.0  # the release\n" in written and "index" not in written, written
+    assert yaml.safe_load(written)["build"]["precompiled"]["wheels"] == {str(X86): moved}

@@ -163,7 +163,11 @@ def _commit(tree: Path, patch: series.Patch, pin: str) -> str:
             message = f"{patch.subject}\n\n{patch.description}" if patch.description else patch.subject
             git.run(tree, "commit", "--quiet", "--no-verify", "-m", message, env=CLEAN_ENV)
     if status != 0:
-        raise Failed(f"{patch.name} does not apply on the pin {pin[:12]}; run `check` and fix the series first")
+        why = next((line.strip() for line in err.splitlines() if line.startswith(("error", "fatal"))), "")
+        raise Failed(
+            f"{patch.name} does not apply on the pin {pin[:12]}{': ' + why if why else ''}; run `check` and fix the "
+            f"series first"
+        )
     return git.run(tree, "rev-parse", "HEAD")
 
 

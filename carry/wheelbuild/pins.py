@@ -286,6 +286,8 @@ def follow_release(config: Config, cache: Cache, ref: str) -> list[str]:
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         pins[wheel.platform] = {"requirement": requirement, "sha256": sha, "ref": ref}
+        if wheel.pinned.index:  # the index it was pinned from stays named
+            pins[wheel.platform]["index"] = wheel.pinned.index
         said.append(f"{wheel.platform}: {wheel.pinned.requirement} -> {requirement} ({kept.name}, sha256 {sha[:12]})")
     if pins:
         write(config.path, pins)
@@ -617,7 +619,7 @@ def _edit_entry(text: str, node: yaml.Node, fields: dict[str, str], indent: int)
                     edits.append((value.start_mark.index, value.end_mark.index, _scalar(fields[name])))
             after: dict[int, str] = {}  # a missing key goes after the one before it in FIELDS, else first
             for position, name in enumerate(FIELDS):
-                if name in values:
+                if name in values or name not in fields:
                     continue
                 before = next((values[n] for n in reversed(FIELDS[:position]) if n in values), None)
                 line = f"{' ' * column}{name}: {_scalar(fields[name])}"
