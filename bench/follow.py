@@ -200,10 +200,10 @@ def resolve(workspace: Path, path: str) -> None:
     target.write_text(text[:start] + first + MARK + "\n" + rest + text[end:])
 
 
-def measure(work: Path) -> dict:
+def measure(work: Path, result: dict) -> dict:
+    """Every run, its figures added to `result` as they come (what a failed run measured stays there)."""
     from carry.util import index
 
-    result: dict = {}
     downloads = realvllm.download_store()
     history = Path(realvllm.build(work / "history")["path"])
     patches = four_patches(history)
@@ -273,9 +273,17 @@ def measure(work: Path) -> dict:
         return out
 
     step("status", "--against", "v0.33.0")
-    step("drop", "0001-merged-exactly.patch", "--against", "v0.33.0")
-    step("drop", "0002-merged-with-edits.patch", "--against", "v0.33.0")
-    step("refresh", "--onto", "v0.33.0")
+    # dropping 0001 first cannot work by hand: drop moves the pin to v0.33.0 and carries the rest there, where 0002
+    # (merged with edits) conflicts; nothing is changed (exit 1). Dropping 0002 first carries 0001 over as emptied
+    # (logged as dropped too) and replays 0004's recorded resolution: one drop does what two were planned for, and
+    # no refresh is left to run.
+    code, _, err, seconds = carry(
+        hand / "build.yaml", manual, "drop", "0001-merged-exactly.patch", "--against", "v0.33.0"
+    )
+    result["by_hand_first_drop"] = {"exit": code, "seconds": seconds, "said": err.strip().splitlines()[-1:]}
+    assert code == 1 and "0002-merged-with-edits.patch conflicts with" in err, err[-2000:]
+    dropped = step("drop", "0002-merged-with-edits.patch", "--against", "v0.33.0")
+    assert "emptied    0001-merged-exactly.patch" in dropped and "replayed  0004-conflicts.patch" in dropped, dropped
     text = (hand / "build.yaml").read_text()
     for name in WHEEL_032.values():
         new = name.replace("0.32.0", "0.33.0")
@@ -310,14 +318,15 @@ def main() -> int:
     args = parser.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
+    result: dict = {}
     try:
-        result = measure(args.work)
+        measure(args.work, result)
     finally:
         if not args.keep:
             shutil.rmtree(args.work, ignore_errors=True)
-    print(json.dumps(result, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        print(json.dumps(result, indent=1))
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
     return 0 if all(result["targets"].values()) else 1
 
 

@@ -104,7 +104,7 @@ class Workspace:
         unmerged = [name for name in git.run(self.path, "diff", "--name-only", "--diff-filter=U").split("\n") if name]
         replayed = resolutions.replayed(err)
         if not unmerged and replayed:
-            self.replays += [Replay(patch.name, f, merge_rr.get(f, "?")) for f in replayed]
+            self.replays += [Replay(patch.name, f, merge_rr.get(f) or self._entry(patch.name, f)) for f in replayed]
             self._continue()
             return
         if not unmerged:  # not a conflict: git refused for another reason
@@ -112,6 +112,18 @@ class Workspace:
         regions = {name: marker_regions(self.path / name) for name in unmerged}
         unfit = resolutions.recorded_for(self.patches_dir, patch.name)
         raise Conflict(patch, ", ".join(unmerged), regions, unfit)
+
+    def _entry(self, name: str, file: str) -> str:
+        """The recorded entry of patch `name` whose postimage `file` now is (rerere, having resolved every file,
+        may leave no MERGE_RR to say which)."""
+        resolved = (self.path / file).read_bytes()
+        directory = self.patches_dir / resolutions.DIR_NAME / name
+        found = (
+            e
+            for e in resolutions.recorded_for(self.patches_dir, name)
+            if (directory / e / "postimage").read_bytes() == resolved
+        )
+        return next(found, "?")
 
     def resume(self, patches_dir: Path) -> tuple[str, list[Path]]:
         """The maintainer resolved the conflicted patch in place: check no conflict marker is left, record the
