@@ -69,6 +69,7 @@ def carry(config: Path, env: dict, *args: str) -> tuple[int, str, str, float]:
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, str(ROOT / "build.py"), "--config", str(config), *args],
+        cwd=config.parent,  # where a maintainer runs it: `wheel` writes dist/ here
         env={**os.environ, **env},
         capture_output=True,
         text=True,
