@@ -17,6 +17,7 @@ libcuda.so.1, is the one loaded).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 import struct
 from collections.abc import Mapping
@@ -132,96 +133,50 @@ def driver_api(cuda_h: bytes) -> tuple[str, ...]:
 def driver_stub(platform: Platform, symbols: tuple[str, ...], soname: str = "libcuda.so.1") -> bytes:
     """A 64-bit little-endian ELF shared object named `soname` that defines `symbols` (as the toolkit's
     stubs/libcuda.so does): what `-lcuda` links against, so that the linked object needs libcuda.so.1, the driver
-    the container runtime provides. Never loaded: its one code byte is a return nobody calls."""
-    names = b"\0" + soname.encode() + b"\0"
-    offsets_in_str = []
+    the container runtime provides. Only linked against, never loaded: its code is 4 zero bytes."""
+    dynstr, where = b"\0" + soname.encode() + b"\0", []
     for name in symbols:
-        offsets_in_str.append(len(names))
-        names += name.encode() + b"\0"
-    count = len(symbols) + 1
-    text = b"\xc3" if platform.machine == "x86_64" else struct.pack("<I", 0xD65F03C0)  # ret
-    hash_ = struct.pack(
-        f"<{2 + 1 + count}I", 1, count, 1 if symbols else 0, *[i + 1 if i + 1 < count else 0 for i in range(count)]
-    )
-    pieces = {".hash": hash_, ".dynsym": b"", ".dynstr": names, ".text": text}
-    base = 64 + 2 * 56
-    layout_order = (".hash", ".dynsym", ".dynstr", ".text", ".dynamic", ".shstrtab")
-    sizes = {".hash": len(hash_), ".dynsym": 24 * count, ".dynstr": len(names), ".text": len(text), ".dynamic": 16 * 7}
-    shstr = b"\0" + b"".join(n.encode() + b"\0" for n in layout_order)
-    sizes[".shstrtab"] = len(shstr)
-    offsets, at = {}, base
-    for name in layout_order:
-        offsets[name] = at
-        at += sizes[name] + (-sizes[name] % 8)
-    text_index = layout_order.index(".text") + 1
-    pieces[".dynsym"] = bytes(24) + b"".join(
-        struct.pack("<IBBHQQ", where, 0x12, 0, text_index, offsets[".text"], 0) for where in offsets_in_str
-    )
-    pieces[".dynamic"] = b"".join(
-        struct.pack("<qQ", tag, value)
-        for tag, value in (
-            (14, 1),  # DT_SONAME
-            (4, offsets[".hash"]),
-            (5, offsets[".dynstr"]),
-            (6, offsets[".dynsym"]),
-            (10, len(names)),
-            (11, 24),  # DT_SYMENT
-            (0, 0),
-        )
-    )
-    pieces[".shstrtab"] = shstr
-    shoff = at
-    size = shoff + (len(layout_order) + 1) * 64
+        where.append(len(dynstr))
+        dynstr += name.encode() + b"\0"
+    count = len(symbols) + 1  # and the null symbol
+    names = (".hash", ".dynsym", ".dynstr", ".text", ".dynamic", ".shstrtab")
+    shstr = b"\0" + b"\0".join(n.encode() for n in names) + b"\0"
+    sizes = (4 * (3 + count), 24 * count, len(dynstr), 4, 16 * 7, len(shstr))
+    at = list(itertools.accumulate((size + -size % 8 for size in sizes), initial=64 + 2 * 56))
+    hash_, dynsym, _, text, dynamic = at[:5]
+    data = [
+        struct.pack(f"<{3 + count}I", 1, count, int(bool(symbols)), *range(1, count), 0),  # one bucket, one chain
+        bytes(24) + b"".join(struct.pack("<IBBHQQ", w, 0x12, 0, 4, text, 0) for w in where),  # GLOBAL FUNC in .text
+        dynstr,
+        bytes(4),
+        b"".join(
+            struct.pack("<qQ", tag, value)  # SONAME, HASH, STRTAB, SYMTAB, STRSZ, SYMENT, NULL
+            for tag, value in (
+                (14, 1),
+                (4, hash_),
+                (5, at[2]),
+                (6, dynsym),
+                (10, len(dynstr)),
+                (11, 24),
+                (0, 0),
+            )
+        ),
+        shstr,
+    ]
+    shoff = at[6]
+    end = shoff + 64 * (len(names) + 1)
     header = struct.pack(
-        "<4s5B7xHHIQQQIHHHHHH",
-        b"\x7fELF",
-        2,
-        1,
-        1,
-        0,
-        0,
-        3,
-        platform.e_machine,
-        1,
-        0,
-        64,
-        shoff,
-        0,
-        64,
-        56,
-        2,
-        64,
-        len(layout_order) + 1,
-        len(layout_order),
-    )
-    dynamic = offsets[".dynamic"]
-    phdrs = struct.pack("<IIQQQQQQ", 1, 5, 0, 0, 0, size, size, 0x10000)  # PT_LOAD, R+X
-    phdrs += struct.pack("<IIQQQQQQ", 2, 6, dynamic, dynamic, dynamic, sizes[".dynamic"], sizes[".dynamic"], 8)
-    body = b"".join(pieces[name] + bytes(-sizes[name] % 8) for name in layout_order)
-    # name, type, flags (A=2, X=4, W=1), link, info, entsize of each section
-    table = {
-        ".hash": (5, 2, 2, 0, 4),
-        ".dynsym": (11, 2, 3, 1, 24),
-        ".dynstr": (3, 2, 0, 0, 0),
-        ".text": (1, 6, 0, 0, 0),
-        ".dynamic": (6, 3, 3, 0, 16),
-        ".shstrtab": (3, 0, 0, 0, 0),
-    }
-    sections = bytes(64)
-    for name in layout_order:
-        kind, flags, link, info, entsize = table[name]
-        offset = offsets[name]
-        sections += struct.pack(
-            "<IIQQQQIIQQ",
-            shstr.index(b"\0" + name.encode() + b"\0") + 1,
-            kind,
-            flags,
-            offset if flags else 0,
-            offset,
-            sizes[name],
-            link,
-            info,
-            8,
-            entsize,
-        )
+        "<4s5B7xHHIQQQIHHHHHH", b"\x7fELF", 2, 1, 1, 0, 0, 3, platform.e_machine, 1, 0, 64, shoff, 0, 64, 56, 2, 64,
+        len(names) + 1, len(names),
+    )  # fmt: skip
+    phdrs = struct.pack("<IIQQQQQQ", 1, 5, 0, 0, 0, end, end, 0x10000)  # PT_LOAD R+X, the whole file
+    phdrs += struct.pack("<IIQQQQQQ", 2, 6, dynamic, dynamic, dynamic, sizes[4], sizes[4], 8)  # PT_DYNAMIC
+    # per section: type, flags (A=2, X=4, W=1), link, info, entsize
+    table = ((5, 2, 2, 0, 4), (11, 2, 3, 1, 24), (3, 2, 0, 0, 0), (1, 6, 0, 0, 0), (6, 3, 3, 0, 16), (3, 0, 0, 0, 0))
+    sections = bytes(64) + b"".join(
+        struct.pack("<IIQQQQIIQQ", shstr.index(b"\0" + n.encode()) + 1, kind, flags, at[k] if flags else 0, at[k],
+                    sizes[k], link, info, 8, entsize)
+        for k, (n, (kind, flags, link, info, entsize)) in enumerate(zip(names, table))
+    )  # fmt: skip
+    body = b"".join(piece + bytes(-len(piece) % 8) for piece in data)
     return header + phdrs + body + sections
