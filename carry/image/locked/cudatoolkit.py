@@ -83,15 +83,10 @@ DEFINED_RE = re.compile(rb"^\s*#\s*define\s+cu[A-Z]\w*\s+(__CUDA_API_PT(DS|SZ)\(
 def home_of(pins: Mapping[str, str]) -> str | None:
     """CUDA_HOME under site-packages (`nvidia/cu13`) when the lock ships NVIDIA's pip nvcc and runtime of CUDA 13 or
     later (one directory; CUDA 12's wheels spread the toolkit over several), else None."""
-    runtime = pins.get(ANCHOR)
-    if (
-        runtime is None
-        or COMPILER not in pins
-        or not runtime.split(".")[0].isdigit()
-        or int(runtime.split(".")[0]) < 13
-    ):
+    major = (pins.get(ANCHOR) or "").split(".")[0]
+    if COMPILER not in pins or not major.isdigit() or int(major) < 13:
         return None
-    return f"nvidia/cu{runtime.split('.')[0]}"
+    return f"nvidia/cu{major}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -168,9 +168,12 @@ def excerpt(text: str) -> str:
     """The first error with what led to it (an engine's first failure is the cause; the last lines are its
     processes shutting down), then the last lines."""
     lines = text.strip().splitlines()
-    first = next((i for i, line in enumerate(lines) if "Traceback" in line or "Error" in line), len(lines))
-    head = lines[first : first + 60]
-    return "\n".join(head + ["..."] + lines[-15:] if first + 60 < len(lines) - 15 else lines[first:] or lines[-25:])
+    first = next((i for i, line in enumerate(lines) if "Traceback" in line or "Error" in line), None)
+    if first is None:
+        return "\n".join(lines[-25:])
+    if first + 60 >= len(lines) - 15:
+        return "\n".join(lines[first:])
+    return "\n".join(lines[first : first + 60] + ["..."] + lines[-15:])
 
 
 def _excerpt_of(path: str) -> str:
