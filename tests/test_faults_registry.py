@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -32,6 +33,7 @@ import pytest
 
 import dockerenv
 from carry.image import layerpush, registryhttp
+from carry.image.registry import CONFIG_PREFIX
 from faultproxy import FaultProxy, Rule, closed_port, silent_server
 from helpers import BUILD_PY, ROOT, Upstream, carry, write_config
 
@@ -336,9 +338,17 @@ def test_a_push_killed_leaves_every_tag_whole_and_a_rerun_completes(project, pro
         assert ended < 15, f"SIGINT took {ended:.1f}s to end carry"
     else:
         assert process.returncode == -signal.SIGKILL
+    # the login docker wrote for the killed carry: SIGINT's cleanup deletes it, SIGKILL's is the rerun's to delete
+    assert bool(logins(process.pid)) == (sig == signal.SIGKILL), logins(process.pid)
     assert_tags_whole(project, before, f"killed at {point}")
     assert_cache_whole(project)
     assert_rerun_completes(project)
+    assert not logins(process.pid), f"the rerun left the killed carry's login on disk: {logins(process.pid)}"
+
+
+def logins(pid: int) -> list[Path]:
+    """The private DOCKER_CONFIG dirs (each holding a login) of carry's process `pid`."""
+    return list(Path(tempfile.gettempdir()).glob(f"{CONFIG_PREFIX}{pid}-*"))
 
 
 def assert_cache_whole(project: Project) -> None:
@@ -649,7 +659,9 @@ def test_dockerfile_push_killed_at_the_list_leaves_no_tag_and_a_rerun_completes(
         proxy.clear()
     registry = Registry(demo["env"], name)
     assert registry.tags() == {}
+    assert logins(process.pid), "the killed carry's login is still on disk (SIGKILL skips every cleanup)"
     pushed, _ = demo_push(demo)
+    assert not logins(process.pid), f"the rerun left the killed carry's login on disk: {logins(process.pid)}"
     assert {ref.rsplit(":", 1)[1]: digest for ref, digest in pushed["pushed"].items()} == demo_pushed["tags"]
     for tag in demo_pushed["tags"]:
         assert not registry.whole(tag), registry.whole(tag)

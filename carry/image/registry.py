@@ -25,13 +25,15 @@ import docker.errors
 from carry.image import registryhttp
 from carry.image.registryhttp import PASSWORD_ENV, USER_ENV, registry_of
 from carry.platforms import Platform
-from carry.util import redact
+from carry.util import fsutil, redact
 from carry.util.errors import BadInput, Failed
 from carry.util.run import execute
 
 if TYPE_CHECKING:
     from docker.models.containers import Container
     from docker.models.images import Image
+
+CONFIG_PREFIX = "carry-docker-config-"
 
 
 def client() -> docker.DockerClient:
@@ -72,7 +74,9 @@ def credentials(image_name: str, docker_cli: str) -> Iterator[Login]:
     if not (user and password):
         yield Login(registry, auth, None)
         return
-    with tempfile.TemporaryDirectory(prefix="carry-docker-config-") as config_dir:
+    # docker writes the login into the dir: named by this process, so the next carry deletes one a SIGKILL left
+    fsutil.sweep_dead(Path(tempfile.gettempdir()), CONFIG_PREFIX)
+    with tempfile.TemporaryDirectory(prefix=fsutil.owned_prefix(CONFIG_PREFIX)) as config_dir:
         os.chmod(config_dir, 0o700)
         login = execute(
             [docker_cli, "login", "--username", user, "--password-stdin", registry],

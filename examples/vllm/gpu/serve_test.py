@@ -9,6 +9,7 @@ WHEEL` in a venv beside torch). docs/gpu-testing.md says what it proves.
    This is the first GPU use of Triton (its driver compiled with the image's C compiler) and of FlashInfer's sampler
    (JIT-compiled with the image's CUDA_HOME): the defects an H200 showed in the first pushed image.
 3. `vllm serve` on loopback: healthy, then one /v1/completions answer of MAX_SERVE tokens, equal to the offline ones.
+   It runs first (what users do; the offline engines then find FlashInfer's kernels compiled).
 
 Prints one line `RESULT {json}` (versions, the GPU, engine start and generation seconds per mode, the serve
 timings) and exits 0 only when every step passed.
@@ -202,13 +203,13 @@ def main(parent: str | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="carry-gpu-", dir=parent) as work:
         model = make_model(os.path.join(work, "model"))
         step(f"model in {work}; each step's output in {work}/<step>.log")
+        step(f"serve: starting (its output in {work}/serve.log)")
+        served = serve(model, work)
+        step(f"serve: healthy in {served['healthy_s']} s, answered {served['token_ids']} in {served['answer_s']} s")
         graph = offline("graph", model, work)
         eager = offline("eager", model, work)
         problems, drift = compare(graph, eager)
         step(f"graphs vs eager: {'; '.join(problems) or 'same tokens'}, log-probabilities within {drift:.5f}")
-        step(f"serve: starting (its output in {work}/serve.log)")
-        served = serve(model, work)
-        step(f"serve: healthy in {served['healthy_s']} s, answered in {served['answer_s']} s")
     if served["completion_tokens"] != MAX_SERVE:
         problems.append(f"serve answered {served['completion_tokens']} token(s), not {MAX_SERVE}")
     if served["token_ids"] is not None and served["token_ids"] != graph["tokens"][0][:MAX_SERVE]:
