@@ -8,12 +8,13 @@ import hashlib
 import io
 import tarfile
 import types
+from pathlib import Path
 
 import pytest
 
 import dockerenv
 from carry.image import gzlayer, layerpush
-from carry.image.locked import layerplan, layerwrite, ocilayer, runtimelock, smoketest, wheelinstall
+from carry.image.locked import cudatoolkit, layerplan, layerwrite, ocilayer, runtimelock, smoketest, wheelinstall
 from carry.platforms import Platform
 from carry.util.download import Store
 from lib.wheels import make_wheel
@@ -88,6 +89,19 @@ def test_install_plan_is_pips_and_the_difference_has_whiteouts(wheels):
     layer = ocilayer.items_for(changed, whiteouts)
     names = [ocilayer.whiteout_name(i.path) if i.kind == "whiteout" else i.path for i in layer]
     assert f"{site}/.wh.demopkg-1.0.dist-info" in names and f"{site}/demopkg/.wh.gone" in names
+
+
+def test_the_nvidia_layers_key_follows_the_code_that_makes_its_added_files(wheels, tmp_path, monkeypatch):
+    """The locked wheels' layers are keyed by the lock alone (a runner that finds them in the registry reads no
+    wheel); the nvidia layer also holds files carry makes (the driver stub): another carry's code, another key. A
+    pushed image once kept a stub of the code before (verify IMAGE found its bytes wrong)."""
+    venv = layerplan.venv_of(wheels.lock)
+    before = {group: layerplan.group_key(wheels.lock, group, venv) for group in layerplan.GROUPS}
+    edited = tmp_path / "cudatoolkit.py"
+    edited.write_bytes(Path(cudatoolkit.__file__).read_bytes() + b"# another stub\n")
+    monkeypatch.setattr(cudatoolkit, "__file__", str(edited))
+    after = {group: layerplan.group_key(wheels.lock, group, venv) for group in layerplan.GROUPS}
+    assert [g for g in layerplan.GROUPS if before[g] != after[g]] == ["nvidia"], (before, after)
 
 
 def test_the_same_inputs_give_the_same_layer_bytes(wheels, tmp_path):

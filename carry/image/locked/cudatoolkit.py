@@ -17,10 +17,12 @@ libcuda.so.1, is the one loaded).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import re
 import struct
 from collections.abc import Mapping
+from pathlib import Path
 
 from carry.platforms import Platform
 
@@ -111,6 +113,13 @@ def layout(site: str, pins: Mapping[str, str], platform: Platform, cuda_h: bytes
         Added(f"{root}/lib/libcudart.so", link=f"libcudart.so.{home.removeprefix('nvidia/cu')}"),
         Added(f"{root}/lib/stubs/libcuda.so", data=driver_stub(platform, driver_api(cuda_h))),
     ]
+
+
+def code_digest() -> str:
+    """sha256 of this module, which makes `layout`'s bytes from the lock's wheels: in the nvidia layer's key
+    (layerplan.group_key), so that a layer another carry made (another stub) is never reused from a cache or a
+    registry (`verify IMAGE` remakes the stub and finds such a layer wrong)."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
 def driver_api(cuda_h: bytes) -> tuple[str, ...]:

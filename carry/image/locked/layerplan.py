@@ -82,7 +82,8 @@ class LayerPlan:
 
 # Bumped when what a lock's wheels put in the nvidia, torch and deps layers changes for the same lock: how a wheel
 # installs (wheelinstall), which layer it goes in (group_of), which copy of a path two wheels install is kept (_merge),
-# what carry adds beside them (2: CUDA_HOME's toolkit layout in the nvidia layer, cudatoolkit.layout).
+# what carry adds beside them (2: CUDA_HOME's toolkit layout in the nvidia layer, cudatoolkit.layout; the code that
+# makes its bytes is in the key by itself: cudatoolkit.code_digest).
 RECIPE_FORMAT = 2
 
 
@@ -96,6 +97,8 @@ def group_key(lock: runtimelock.Lock, group: str, venv: Venv) -> str:
         "layer": group,
         "venv": [venv.prefix, venv.python],
         "groups": {"nvidia": ["nvidia-", "cuda-"], "torch": sorted(TORCH_KIN)},
+        # the code that makes what carry adds to the nvidia layer (the driver stub's bytes): a change rebuilds it
+        **({"added": cudatoolkit.code_digest()} if group == "nvidia" else {}),
         "lock": sorted([p.name, p.version, sorted(p.hashes)] for p in lock.packages),
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
