@@ -8,7 +8,10 @@ carry runs from a fresh `git clone` of this repository's HEAD; the download stor
 carry's cache is empty. Timed, one after the other: `pin` (the merge-base, the index, both wheels downloaded and
 hashed, build.yaml written), `lock` (the fixed wheels, both Python bases derived, uv), `image --push` (both
 platforms written, pushed, pulled back and smoke-tested), `verify IMAGE` per platform; then `lock --check` on a
-runner that has the derived bases (the cached cost). The root's patches target PR #53899's code, which the
+runner that has the derived bases (the cached cost); then the PR head moves (the replica's PR rebased onto A2, whose
+nightlies the index does not hold) and `follow`, with no REF, re-pins to it on a branch of its own, pins the
+nightlies again (walked back to A1, Python-only between), bumps VERSION, builds both fixed wheels and runs `suite`:
+exit 0 (issue 48). The root's patches target PR #53899's code, which the
 replica's PR stand-in does not hold: examples/vllm's series (real patches on 0.33.0) stands in for them.
 
     python bench/rootpath.py [--json OUT]     (needs `bash ci/setup.sh`; part `rootpath` of bench/run.py)
@@ -88,21 +91,18 @@ def project(clone: Path, work: Path, repo: Path, pin: str, name: str, services, 
         + "  lock: runtime-lock\n  entrypoint: [vllm, serve]\n"
         + "  env: {CUDA_HOME: /opt/venv/lib/python3.11/site-packages/nvidia/cu13}\n"
     )
-    for args in (
-        ("init", "-q"),
-        ("add", "-A"),
-        (
-            "-c",
-            "user.name=bench",
-            "-c",
-            "user.email=bench@localhost",
-            "commit",
-            "-qm",
-            "the project as its maintainer wrote it",
-        ),
-    ):
-        subprocess.run(["git", "-C", str(config.parent), *args], check=True, capture_output=True)
+    subprocess.run(["git", "-C", str(config.parent), "init", "-q"], check=True, capture_output=True)
+    commit(config.parent, "the project as its maintainer wrote it")
     return config
+
+
+def commit(project: Path, message: str) -> None:
+    """Everything in the project's work tree committed, as its maintainer would."""
+    for args in (
+        ("add", "-A"),
+        ("-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", message),
+    ):
+        subprocess.run(["git", "-C", str(project), *args], check=True, capture_output=True)
 
 
 def measure_all(work: Path) -> dict:
@@ -170,13 +170,27 @@ def measure_all(work: Path) -> dict:
         fresh, steps["lock --check"] = carry(clone, config, env, "lock", "--check")
         assert fresh.returncode == 0, fresh.stderr[-2000:]
         result["derived_again"] = runtimebase.derivations(fresh.stderr)
-        result["steps"] = steps
         result["written"] = subprocess.run(  # what carry wrote in the project (nothing else touched it)
             ["git", "-C", str(config.parent), "status", "--porcelain", "--untracked-files=all"],
             capture_output=True,
             text=True,
             check=True,
         ).stdout
+        # The PR head moves: the replica's refs/pull/53899/head is P2, the PR rebased onto A2 (whose nightlies the
+        # index does not hold). The maintainer commits what pin and lock wrote; `follow`, with no REF, takes the
+        # PR head, re-pins to it and builds, on a branch of its own.
+        commit(config.parent, "pin and lock, as carry wrote them")
+        followed, steps["follow (the PR head)"] = carry(clone, config, env, "follow", "--json")
+        assert followed.returncode == 0, followed.stdout[-3000:] + followed.stderr[-3000:]
+        result["follow"] = json.loads(followed.stdout)
+        result["follow_sha"] = {"P1": sha["P1"], "P2": sha["P2"]}
+        result["follow_config"] = subprocess.run(
+            ["git", "-C", str(config.parent), "show", f"{result['follow']['branch']}:build.yaml"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        result["steps"] = steps
     finally:
         server.stop()
         runtimebase.forget_derived(pyless.values())
@@ -216,6 +230,21 @@ def report(result: dict) -> list[tuple[str, str, str, bool]]:
             inputs == ["build.yaml", "runtime-lock/linux-amd64.txt", "runtime-lock/linux-arm64.txt"],
         )
     )
+    followed, sha = result["follow"], result["follow_sha"]
+    pinned = re.search(r"\n  commit: ([0-9a-f]{40})", result["follow_config"])
+    rows.append(
+        (
+            "`follow` (no REF): the PR head moved from P1 to P2 (rebased onto A2); the branch's pin",
+            f"{followed['ref']} at {followed['commit'][:12]}, branch {followed['branch']}, build.yaml's commit "
+            f"{pinned.group(1)[:12] if pinned else '?'}; exit {followed['exit']}",
+            f"P2 {sha['P2'][:12]}, exit 0",
+            followed["exit"] == 0 and followed["commit"] == sha["P2"] and bool(pinned) and pinned.group(1) == sha["P2"],
+        )
+    )
+    for step in followed["steps"]:
+        rows.append(
+            (f"  follow: {step['step']}", f"{step['seconds']:.1f} s; " + "; ".join(step["lines"][-2:]), "", True)
+        )
     return rows
 
 
