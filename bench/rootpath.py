@@ -81,12 +81,15 @@ def project(clone: Path, work: Path, repo: Path, pin: str, name: str, services, 
     text = (ROOT / "build.yaml").read_text()
     nightly = re.search(r"\n    nightly:\n(?:      .*\n)+", text)
     assert nightly and f"${{{VAR}}}" in nightly.group(0), "the root config reads its index from the environment"
+    packages = re.search(r"\n(  runtime_packages: .*\n)", text)  # the compiler Triton and FlashInfer's JIT need
+    assert packages, "the root config names the runtime packages its image needs"
     config = ni.make_project(clone / "examples" / "vllm", work / "project", repo, pin, PR, nightly.group(0)[1:])
     shutil.rmtree(config.parent / "runtime-lock")  # the root has none: `lock` writes it
     text = config.read_text()
     config.write_text(
         text[: text.index("\nimage:\n") + 1]
-        + f'image:\n  name: {name}\n  tags: ["{{version}}", latest]\n  runtime_python: auto\n  platforms:\n'
+        + f'image:\n  name: {name}\n  tags: ["{{version}}", latest]\n  runtime_python: auto\n{packages.group(1)}'
+        + "  platforms:\n"
         + "".join(f'    {platform}: {{runtime_image: "{ref}"}}\n' for platform, ref in pyless.items())
         + "  lock: runtime-lock\n  entrypoint: [vllm, serve]\n"
         + "  env: {CUDA_HOME: /opt/venv/lib/python3.11/site-packages/nvidia/cu13}\n"
