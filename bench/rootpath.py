@@ -100,9 +100,9 @@ def project(clone: Path, work: Path, repo: Path, pin: str, name: str, services, 
 
 
 def commit(project: Path, message: str) -> None:
-    """Everything in the project's work tree committed, as its maintainer would."""
+    """The project's work tree committed as its maintainer would: its build outputs (dist/) left out."""
     for args in (
-        ("add", "-A"),
+        ("add", "-A", "--", ".", ":(exclude)dist"),
         ("-c", "user.name=bench", "-c", "user.email=bench@localhost", "commit", "-qm", message),
     ):
         subprocess.run(["git", "-C", str(project), *args], check=True, capture_output=True)

@@ -255,3 +255,52 @@ def test_the_way_out_names_the_command_the_user_ran(tmp_path):
     )
     assert "way out: carry drop 0001-reset-semaphore.patch --against main" in as_carry.stdout
     assert "build.py" not in as_carry.stdout + as_carry.stderr
+
+
+def test_the_tree_a_3_way_move_made_is_read_from_the_mirror_after_the_workspace_is_gone(tmp_path):
+    """`pin` finds the precompiled wheels by the patched tree that `refresh`, `drop` or `follow` made on the new base
+    (carry/wheelbuild/pins.py reads its pyproject.toml and diffs its compiled inputs in the mirror); when the series
+    needed a 3-way move, that tree was made in a workspace that borrows the mirror's objects and is then removed."""
+    from carry.source import git, series
+    from carry.verdicts import rebase
+
+    def sh(where, *args, text=None):
+        return subprocess.run(
+            ["git", "-C", str(where), "-c", "user.name=t", "-c", "user.email=t@localhost", *args],
+            input=text,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    work = tmp_path / "work"
+    sh(tmp_path, "init", "-q", "work")
+    lines = [f"line {n}\n" for n in range(20)]
+    (work / "pyproject.toml").write_text('[project]\nname = "pkg"\n')
+    (work / "mod.py").write_text("".join(lines))
+    sh(work, "add", "-A")
+    sh(work, "commit", "-qm", "pin")
+    pin = sh(work, "rev-parse", "HEAD")
+    (work / "mod.py").write_text("".join(lines).replace("line 5\n", "line 5 (patched)\n"))
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    sh(work, "commit", "-qam", "the fix")
+    (patches / "0001-the-fix.patch").write_text(sh(work, "format-patch", "--stdout", "-1", "HEAD") + "\n")
+    sh(work, "reset", "-q", "--hard", pin)
+    (work / "mod.py").write_text(
+        "# upstream moved the lines\n" * 3 + "".join(lines).replace("line 15\n", "line fifteen\n")
+    )
+    sh(work, "commit", "-qam", "upstream moves")
+    base = sh(work, "rev-parse", "HEAD")
+    mirror = tmp_path / "mirror.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(mirror)], check=True)
+
+    loaded = series.load(patches)
+    space = rebase.Workspace.open(mirror, pin, base, loaded, tmp_path / "ws")
+    space.advance(loaded)
+    texts, tree = space.texts()
+    assert texts["0001-the-fix.patch"] and "line 5 (patched)" in texts["0001-the-fix.patch"]
+    subprocess.run(["rm", "-rf", str(tmp_path / "ws")], check=True)
+    assert git.object_exists(mirror, tree)
+    assert "line 5 (patched)" in (git.show_blob(mirror, f"{tree}:mod.py") or "")
+    assert "name" in (git.show_blob(mirror, f"{tree}:pyproject.toml") or "")

@@ -160,6 +160,12 @@ class Workspace:
                 found[name] = None
             else:
                 found[name] = git.run(self.path, *FORMAT_PATCH, commit, env=CLEAN_ENV, strip=False)
+        # The patched tree is read later from the mirror (`pin` finds the precompiled wheels by it), after this
+        # workspace is gone: its new objects are packed into the mirror the workspace borrows from.
+        borrowed = Path((self.path / ".git/objects/info/alternates").read_text().strip())
+        listed = git.run(self.path, "rev-list", "--objects", "HEAD", "--not", self.new_base, strip=False)
+        if listed.strip():
+            git.run_input(self.path, ("pack-objects", "--quiet", str(borrowed / "pack" / "pack")), listed)
         return found, git.run(self.path, "rev-parse", "HEAD^{tree}")
 
 
