@@ -16,6 +16,7 @@ then `wheel` for both platforms from what `pin` wrote, through pip from the repl
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -337,6 +338,34 @@ def test_fetch_update_pin_moves_the_precompiled_pins_too(replica, tmp_path):
     assert pins(config) == {X86: expected_pin(replica, "A2", X86), ARM: expected_pin(replica, "A1", ARM)}
     assert f"1 commit(s) back from C {replica.sha['A2'][:12]}" in result.err and "different commits" in result.err
     assert f"pin moved {replica.sha['P1'][:12]} -> {replica.sha['P2']}" in result.err
+
+
+def test_follow_takes_the_moved_pr_head_and_moves_the_pins_on_its_branch(replica, tmp_path):
+    """The PR head moved from P1 to P2 (rebased onto A2): `follow`, with no REF, carries the series there in a
+    workspace of its own, and `pin` finds the wheel by the patched tree it made (read from the mirror once the
+    workspace is gone): A2's, on the branch; the report's pins say what was found, without a download's progress
+    lines; the current branch keeps P1's pin. (No image section: x86_64 only, and no runtime lock to make.)"""
+    config = make_project(replica, tmp_path / "vllm", "P1")
+    text = config.read_text()
+    config.write_text(text[: text.index("\nimage:\n") + 1])  # no image section: no runtime lock for follow to make
+    assert run(config, replica, "pin").code == 0
+    project = config.parent
+    for args in (("init", "-q"), ("add", "-A"), ("commit", "-qm", "pinned on P1")):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@localhost", *args], cwd=project, check=True)
+    before = config.read_text()
+    result = run(config, replica, "follow", "--no-build", "--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert (report["ref"], report["commit"], report["exit"]) == (f"refs/pull/{PR}/head", replica.sha["P2"], 0)
+    shown = subprocess.run(
+        ["git", "show", f"{report['branch']}:build.yaml"], cwd=project, capture_output=True, text=True, check=True
+    ).stdout
+    moved = yaml.safe_load(shown)
+    assert moved["upstream"]["commit"] == replica.sha["P2"]
+    assert moved["build"]["precompiled"]["wheels"] == {X86: expected_pin(replica, "A2", X86)}
+    assert any(f"at C {replica.sha['A2'][:12]}" in line for line in report["pins"]), report["pins"]
+    assert not any("% of" in line for line in report["pins"]), report["pins"]
+    assert config.read_text() == before
 
 
 def test_a_release_at_a_tagged_merge_base_is_proven_by_its_tag(replica, tmp_path):

@@ -49,6 +49,7 @@ from carry.verdicts import droplog, rebase, resolutions
 BRANCH_PREFIX = "carry/follow/"
 STATE = "state.json"
 PRERELEASE_RE = re.compile(r"(?:a|b|rc|alpha|beta|pre|dev)\.?\d*$", re.IGNORECASE)
+PROGRESS_RE = re.compile(r"[\w ]+: \d+% of ")  # reporter.Bar's lines
 
 
 @record(kw_only=True)
@@ -463,7 +464,7 @@ def _after_rebase(run: Follow, request: Request) -> None:
         started = time.monotonic()
         with reporter.recording() as said:
             App(loaded, run.cache).repin(run.report["commit"], run.report.get("tree"))
-        run.report["pins"] = said
+        run.report["pins"] = [line for line in said if not PROGRESS_RE.match(line)]  # a download's quarters: noise
         run.commit("pin", f"carry follow: the precompiled pins of {run.report['commit'][:12]}\n")
         run.step("pin", started, run.report["pins"] or ["precompiled pins moved"])
     elif settings is not None and settings.wheels:
