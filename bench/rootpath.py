@@ -10,9 +10,10 @@ hashed, build.yaml written), `lock` (the fixed wheels, both Python bases derived
 platforms written, pushed, pulled back and smoke-tested), `verify IMAGE` per platform; then `lock --check` on a
 runner that has the derived bases (the cached cost); then the PR head moves (the replica's PR rebased onto A2, whose
 nightlies the index does not hold) and `follow`, with no REF, re-pins to it on a branch of its own, pins the
-nightlies again (walked back to A1, Python-only between), bumps VERSION, builds both fixed wheels and runs `suite`:
-exit 0 (issue 48). The root's patches target PR #53899's code, which the
-replica's PR stand-in does not hold: examples/vllm's series (real patches on 0.33.0) stands in for them.
+nightlies again (walked back to A1, Python-only between), refreshes the lock, bumps VERSION and builds both fixed
+wheels (no `suite`: the root config has no build.upstream_tests): exit 0 (issue 48). The root's patches target PR
+#53899's code, which the replica's PR stand-in does not hold: examples/vllm's series (real patches on 0.33.0) stands
+in for them.
 
     python bench/rootpath.py [--json OUT]     (needs `bash ci/setup.sh`; part `rootpath` of bench/run.py)
 """
