@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import datetime
 import enum
-import hashlib
 import json
 import os
 import platform
@@ -175,11 +174,9 @@ class TestReport:
 
 
 def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return f"sha256:{digest.hexdigest()}"
+    from carry.util.download import sha256_of
+
+    return f"sha256:{sha256_of(path)}"
 
 
 def wheel_report_path(wheel: Path) -> Path:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import hashlib
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -22,6 +21,7 @@ from carry.trust.facts import CarriedPatch, ImageFacts, Source, Wheel
 __all__ = ["Attester", "Installed", "Wheel", "wheel_of"]
 from carry.trust.keys import SigningKey
 from carry.util import reporter
+from carry.util.download import sha256_in_store, sha256_of
 from carry.util.record import record
 
 if TYPE_CHECKING:
@@ -43,25 +43,11 @@ if TYPE_CHECKING:
 UNSIGNED = "not signed, nothing attached: set $CARRY_SIGNING_KEY to a key (`carry keygen DIR`)"
 
 
-def _stored_sha256(path: Path) -> str:
-    """A wheel in the download store: its directory is its sha256 (fetch_wheels and the store check it when they
-    put it there); anywhere else it is read."""
-    return path.parent.name if re.fullmatch(r"[0-9a-f]{64}", path.parent.name) else _sha256_file(path)
-
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def wheel_of(path: Path, sha256: str | None = None) -> Wheel:
     from packaging.utils import parse_wheel_filename
 
     name, version, _, _ = parse_wheel_filename(path.name)
-    return Wheel(str(name), str(version), path.name, sha256 or _sha256_file(path))
+    return Wheel(str(name), str(version), path.name, sha256 or sha256_of(path))
 
 
 def _base_digest(base: dict) -> str:
@@ -167,7 +153,7 @@ class Attester:
         if installed is not None:
             lock, wheels = installed.lock, installed.wheels
             distributions = tuple(
-                Wheel(p.name, p.version, wheels[p.name].name, _stored_sha256(wheels[p.name])) for p in lock.packages
+                Wheel(p.name, p.version, wheels[p.name].name, sha256_in_store(wheels[p.name])) for p in lock.packages
             )
             root = self.config.path.absolute().parent
             try:
@@ -184,7 +170,7 @@ class Attester:
             base_digest=_base_digest(base),
             distributions=distributions,
             fixed=fixed,
-            release=wheel_of(release, _stored_sha256(release)) if release is not None else None,
+            release=wheel_of(release, sha256_in_store(release)) if release is not None else None,
             upstream_url=labels.get("io.carry.upstream.url", ""),
             upstream_commit=self.config.upstream.commit,
             upstream_pr=self.config.upstream.pr,

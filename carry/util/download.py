@@ -334,6 +334,15 @@ def sha256_of(path: Path) -> str:
     return integrity.file_sha256(path)
 
 
+def sha256_in_store(path: Path) -> str:
+    """A wheel's sha256: in the download store, the name of the directory that holds it (fetch_wheels and the store
+    check it when they put it there); anywhere else, read."""
+    import re
+
+    name = path.parent.name
+    return name if re.fullmatch(r"[0-9a-f]{64}", name) else sha256_of(path)
+
+
 def _public(url: str) -> str:
     from carry.util import redact
 

@@ -26,7 +26,7 @@ from carry.image.vocabulary import ENTRYPOINT
 from carry.platforms import Platform
 from carry.util import prog, reporter
 from carry.util.cache import Cache
-from carry.util.download import Store, sha256_of
+from carry.util.download import Store, sha256_in_store, sha256_of
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import temp_dir
 from carry.util.index import manylinux_tags, pip_download_command
@@ -198,12 +198,6 @@ def fetch_wheels(
             f"{time.monotonic() - started:.0f}s, sha256 as locked",
         )
     return found
-
-
-def sha256_in_store(path: Path) -> str:
-    """A stored wheel's sha256: the download store keeps each file in a directory named by it (fetch_wheels)."""
-    name = path.parent.name
-    return name if re.fullmatch(r"[0-9a-f]{64}", name) else sha256_of(path)
 
 
 def _stored(store: Store, package: runtimelock.Locked, machine: str) -> Path | None:
