@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import helpers
 from helpers import ROOT, assert_bad_input
 from scenarios import ENGINE, project, replace, with_fp8, with_reset
 
@@ -264,15 +265,7 @@ def test_the_tree_a_3_way_move_made_is_read_from_the_mirror_after_the_workspace_
     from carry.source import git, series
     from carry.verdicts import rebase
 
-    def sh(where, *args, text=None):
-        return subprocess.run(
-            ["git", "-C", str(where), "-c", "user.name=t", "-c", "user.email=t@localhost", *args],
-            input=text,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-
+    sh = helpers.git
     work = tmp_path / "work"
     sh(tmp_path, "init", "-q", "work")
     lines = [f"line {n}\n" for n in range(20)]
