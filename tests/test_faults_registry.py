@@ -163,6 +163,8 @@ class Project:
         return json.loads(done.out)
 
     def popen(self, *args: str) -> subprocess.Popen:
+        """carry in a session of its own, SIGINT at its default (a shell's background job, as a runner may start
+        pytest, passes SIGINT on ignored, and Python then keeps ignoring it)."""
         return subprocess.Popen(
             [sys.executable, str(BUILD_PY), "--config", str(self.config), *args],
             env={**os.environ, **self.env_vars},
@@ -170,6 +172,7 @@ class Project:
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
 
     def seed(self, source: str, name: str) -> str:
