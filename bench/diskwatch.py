@@ -3,9 +3,9 @@ thread (DiskWatch: bench/freshrunner.py, bench/lockedimage.py), or by this scrip
 
     python3 bench/diskwatch.py [--every S] [--parent PID] PATH...
 
-which prints `ci: peak disk used X GB above the start (Y GB free at the low point)` when SIGTERM or SIGINT stops it,
-or when PID has gone. Each filesystem counts once; a path not made yet (Docker's data root before dockerd starts)
-counts as its nearest existing parent's. Standard library only; a failed sample is skipped, never an error.
+which prints `ci: peak disk used X GB above the start at HH:MM:SS, M min into the run (Y GB free at the low point)`
+when SIGTERM or SIGINT stops it, or when PID has gone. Each filesystem counts once; a path not made yet (Docker's data
+root before dockerd starts) counts as its nearest existing parent's. Standard library only; a failed sample is skipped, never an error.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 GB = 1e9
@@ -45,15 +46,15 @@ def _existing(path: Path) -> Path:
 
 class DiskWatch:
     """`peak`: the largest drop of free space on the filesystems of `paths` (summed) since it started, less what
-    `remote` (the registry's storage: remote for a CI runner) grew by meanwhile; `low`: the least free space seen.
-    Sampled every `every` seconds while it runs, and once as it stops."""
+    `remote` (the registry's storage: remote for a CI runner) grew by meanwhile, `peak_at` its seconds since the
+    start; `low`: the least free space seen. Sampled every `every` seconds while it runs, and once as it stops."""
 
     def __init__(self, *paths: Path, remote: Path | None = None, every: float = 1.0):
         devices = {os.stat(found).st_dev: found for found in map(_existing, paths)}
         self.paths, self.remote, self.every = list(devices.values()), remote, every
         self.start_free = self.low = self._free()
         self.start_remote = size_of(remote) if remote else 0
-        self.peak = 0
+        self.peak, self.peak_at, self._started = 0, 0.0, time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -67,7 +68,8 @@ class DiskWatch:
         except OSError:
             return
         self.low = min(self.low, free)
-        self.peak = max(self.peak, self.start_free - free - grown)
+        if self.start_free - free - grown > self.peak:
+            self.peak, self.peak_at = self.start_free - free - grown, time.monotonic() - self._started
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
@@ -97,7 +99,12 @@ def main(argv: list[str] | None = None) -> int:
             while not stopped.wait(args.every) and (args.parent is None or Path(f"/proc/{args.parent}").exists()):
                 pass
         peak, low = disk.peak / GB, disk.low / GB
-        print(f"ci: peak disk used {peak:.1f} GB above the start ({low:.1f} GB free at the low point)", file=sys.stderr)
+        at = time.strftime("%H:%M:%S", time.localtime(time.time() - (time.monotonic() - disk._started) + disk.peak_at))
+        print(
+            f"ci: peak disk used {peak:.1f} GB above the start at {at}, {disk.peak_at / 60:.1f} min into the run "
+            f"({low:.1f} GB free at the low point)",
+            file=sys.stderr,
+        )
     except Exception as exc:  # a sampler never fails the run it watches
         print(f"ci: disk not measured ({exc})", file=sys.stderr)
     return 0

@@ -5,7 +5,8 @@ to use them). The helpers behind them are in tests/lib/.
 - `fixed_wheels`: examples/vllm's two fixed wheels and the carry cache they were built in (lib.vllm.FixedWheels);
   take `fixed_wheels.cache_copy(dest)` (hard links) as your CARRY_CACHE to have them reused.
 - `locked_vllm`, `cold_vllm`: examples/vllm locked and its image pushed cold, both platforms (lib.lockedvllm); a test
-  that changes the project or the pushed tags is marked `late`, so that it runs after every reader.
+  that changes the project or the pushed tags is marked `late`, so that it runs after every reader. Their users run
+  one after another and the image is removed when the last ends (`RELEASED_EARLY`).
 - `installed_carry`: carry's wheel installed into a fresh venv (lib.installed.Installed).
 - `second_engine`: a second, empty dockerd with the four base images (tests/secondengine.py); call `.empty()` first.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -54,6 +56,13 @@ SERIAL_MODULES = {
 # `slow` (left out of the developers' fast loop, `-m "not slow"`): every test that uses one of these fixtures builds
 # or installs something real (minutes), besides the tests marked slow by hand.
 SLOW_FIXTURES = {"vllm_history", "fixed_wheels", "locked_vllm", "cold_vllm", "installed_carry", "second_engine"}
+# Session fixtures of gigabytes released as soon as their last user ends, not at the session's end: the cold vLLM image
+# in the registry and in the engine (about 18 GB; docs/testing.md: "The disk each heavy fixture holds"). Its users
+# run at the end of the engine group; the modules of the largest temp dirs are groups of their own (HEAVY_GROUPS), which
+# xdist gives the other worker first (`--dist loadgroup` sends the groups of more tests first), so the two do not meet.
+HEAVY_GROUPS = ("test_nightly_pin", "test_precompiled", "test_suite_vllm")
+RELEASED_EARLY = {"vllm_registry"}
+_RELEASE: dict[str, Callable[[], None]] = {}  # name -> how to release it, set by the fixture
 SLOW_MODULE_FIXTURES = {
     "test_buildenv": {"vllm_env"},  # vLLM's real build environment: PyPI's CUDA torch from uv's cache
     "test_lock": {"project"},  # resolves with uv against the runtime bases, both platforms
@@ -70,22 +79,28 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if module in SERIAL_MODULES and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(SERIAL))
-    # the first test outside the engine group that needs the fixed wheels runs first: its worker builds them while the
-    # engine group builds its images, and the cold vLLM image finds them made (they were on its critical path)
-    first = next(
-        (
-            item
-            for item in items
-            if "fixed_wheels" in getattr(item, "fixturenames", ())
-            and (item.module.__name__ if item.module else "") not in SERIAL_MODULES
-        ),
-        None,
-    )
-    if first is not None:
-        items.remove(first)
-        items.insert(0, first)
-    # a test marked `late` changes a shared session thing: after every other test (stable: the order stays)
-    items.sort(key=lambda item: item.get_closest_marker("late") is not None)
+        elif module in HEAVY_GROUPS and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(module))
+    # the users of a fixture released early run last in their group, one after another (its `late` ones last): the
+    # other worker has then ended the groups of big temp dirs (xdist sends the larger groups first: HEAVY_GROUPS)
+    for name in RELEASED_EARLY:
+        users = [item for item in items if name in getattr(item, "fixturenames", ())]
+        items[:] = [item for item in items if name not in getattr(item, "fixturenames", ())] + sorted(users, key=_late)
+    # any other test marked `late` changes a shared session thing: after every other test (stable: the order stays)
+    items.sort(key=lambda item: _late(item) and not RELEASED_EARLY & set(getattr(item, "fixturenames", ())))
+
+
+def _late(item) -> bool:
+    return item.get_closest_marker("late") is not None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A fixture of RELEASED_EARLY is released once its last user (they run one after another) has ended."""
+    yield
+    for name in RELEASED_EARLY & set(getattr(item, "fixturenames", ())):
+        if (nextitem is None or name not in nextitem.fixturenames) and name in _RELEASE:
+            _RELEASE.pop(name)()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -136,6 +151,7 @@ def vllm_registry(vllm_services):
     from lib.lockedvllm import Registry
 
     found = Registry(vllm_services)
+    _RELEASE["vllm_registry"] = found.remove
     yield found
     found.remove()
 

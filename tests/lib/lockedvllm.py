@@ -57,9 +57,9 @@ class Registry:
 
     def remove(self) -> None:
         """Each repository pushed, then the blobs no other repository links (the registry is shared), and the images
-        the smoke test kept in the engine (NAME:VERSION-<arch>)."""
-        for name in self.names:
-            dockerenv.forget(name)
+        the smoke test kept in the engine (NAME:VERSION-<arch>); once (tests/conftest.py releases it early)."""
+        while self.names:
+            dockerenv.forget(self.names.pop())
 
 
 def make_project(
