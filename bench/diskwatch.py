@@ -5,7 +5,8 @@ thread (DiskWatch: bench/freshrunner.py, bench/lockedimage.py), or by this scrip
 
 which prints `ci: peak disk used X GB above the start at HH:MM:SS, M min into the run (Y GB free at the low point)`
 when SIGTERM or SIGINT stops it, or when PID has gone. Each filesystem counts once; a path not made yet (Docker's data
-root before dockerd starts) counts as its nearest existing parent's. Standard library only; a failed sample is skipped, never an error.
+root before dockerd starts) counts as its nearest existing parent's. Standard library only; a failed sample is
+skipped, never an error.
 """
 
 from __future__ import annotations
