@@ -20,11 +20,14 @@ import sys
 import tempfile
 import urllib.parse
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from carry.util import redact
 from carry.util.errors import BadInput, Failed
 from carry.util.run import execute
+
+if TYPE_CHECKING:
+    import urllib.request
 
 PIP_TIMEOUT_S = 1800
 # The glibc of the images carry builds (Debian 12: 2.36) down to manylinux2014: the wheels that run there.
@@ -167,9 +170,6 @@ def find_file(project: str, filename: str, where: str) -> tuple[str, str | None]
 
 def _page(url: str) -> str | None:
     """The text of a simple-API page (None where the index has no such project)."""
-    import urllib.error
-    import urllib.request
-
     parts = urllib.parse.urlsplit(url)
     if parts.scheme == "file":
         folder = Path(urllib.parse.unquote(parts.path))
@@ -179,10 +179,18 @@ def _page(url: str) -> str | None:
         if folder.is_dir():
             return "".join(f'<a href="{urllib.parse.quote(p.name)}">{p.name}</a>' for p in sorted(folder.iterdir()))
         return None
-    request = urllib.request.Request(public(url), headers={"Accept": "text/html", **_auth(parts)})
+    body = get(url, accept="text/html")
+    return None if body is None else body.decode(errors="replace")
+
+
+def get(url: str, accept: str = "*/*", timeout: float = 60) -> bytes | None:
+    """The body at `url` (None for a 404); Failed naming the URL (no credentials) for any other answer."""
+    import urllib.error
+    import urllib.request
+
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.read().decode(errors="replace")
+        with urllib.request.urlopen(request(url, accept), timeout=timeout) as response:
+            return response.read()
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             return None
@@ -191,13 +199,17 @@ def _page(url: str) -> str | None:
         raise Failed(f"{public(url)}: cannot reach the index ({getattr(exc, 'reason', exc)})") from None
 
 
-def _auth(parts: urllib.parse.SplitResult) -> dict[str, str]:
-    if parts.username is None:
-        return {}
+def request(url: str, accept: str = "*/*") -> urllib.request.Request:
+    """A GET of `url` without its credentials, sent as a Basic login header instead where the URL names them."""
     import base64
+    import urllib.request
 
-    pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-    return {"Authorization": "Basic " + base64.b64encode(pair.encode()).decode()}
+    parts = urllib.parse.urlsplit(url)
+    headers = {"Accept": accept}
+    if parts.username is not None:
+        pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+    return urllib.request.Request(public(url), headers=headers)
 
 
 # --- a wheel by requirement, through pip ------------------------------------------------------------------------

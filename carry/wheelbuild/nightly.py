@@ -147,7 +147,7 @@ class Index:
         """`commit`'s metadata.json of this variant (None: 404, no wheels of it there); bad input for a body that is
         not the list vLLM's index writes."""
         url = f"{self.root(commit)}{indexes.canonical(project)}/metadata.json"
-        body = get(url)
+        body = indexes.get(url, timeout=TIMEOUT_S)
         if body is None:
             return None
         return Listing(url, tuple(self._entries(url, body)))
@@ -183,7 +183,7 @@ class Index:
     def has(self, commit: str) -> tuple[str, ...] | None:
         """What `{index}/{C}/` lists (its projects and variant folders), to name what a commit has instead of the
         variant asked for; None when it has no such page."""
-        body = get(f"{self.url}/{commit}/")
+        body = indexes.get(f"{self.url}/{commit}/", timeout=TIMEOUT_S)
         if body is None:
             return None
         found = [href.strip("./") for href, _ in indexes.links(body.decode(errors="replace"))]
@@ -193,7 +193,7 @@ class Index:
         """The PEP 503 page of `entry`'s project lists it, linking to the same file: pip finds it there on a runner
         whose download store lacks it."""
         page = f"{self.root(commit)}{indexes.canonical(entry.project)}/"
-        body = get(page)
+        body = indexes.get(page, timeout=TIMEOUT_S)
         if body is None:
             raise Failed(
                 f"{indexes.public(page)}: 404, but its metadata.json lists {entry.filename}; the index is incomplete "
@@ -219,34 +219,6 @@ def _kind(body: bytes) -> str:
     return f"{len(body)} bytes of something else" if body else "an empty body"
 
 
-def get(url: str) -> bytes | None:
-    """The body at `url` (None for a 404); Failed naming the URL (no credentials) for any other answer."""
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(_request(url), timeout=TIMEOUT_S) as response:
-            return response.read()
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return None
-        raise Failed(f"{indexes.public(url)}: the index answered {exc.code} {exc.reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise Failed(f"{indexes.public(url)}: cannot reach the index ({getattr(exc, 'reason', exc)})") from None
-
-
-def _request(url: str) -> urllib.request.Request:
-    import base64
-    import urllib.request
-
-    parts = urllib.parse.urlsplit(url)
-    headers = {}
-    if parts.username is not None:
-        pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
-        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
-    return urllib.request.Request(indexes.public(url), headers=headers)
-
-
 class Stopped(Failed):
     """A download stopped because another one failed."""
 
@@ -267,7 +239,7 @@ def download(entry: Entry, store: Store, stop: threading.Event | None = None) ->
     part, digest, size, started = scratch / entry.filename, hashlib.sha256(), 0, time.monotonic()
     try:
         try:
-            response = urllib.request.urlopen(_request(entry.url), timeout=TIMEOUT_S)
+            response = urllib.request.urlopen(indexes.request(entry.url), timeout=TIMEOUT_S)
         except urllib.error.HTTPError as exc:
             raise Failed(
                 f"{indexes.public(entry.url)}: {exc.code} {exc.reason}, but the index lists {entry.filename}; "
