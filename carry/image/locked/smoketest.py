@@ -136,24 +136,7 @@ def smoke(client: docker.DockerClient, image_ref: str, plan: PlatformPlan, nativ
         # release for every platform (runtimelock, cudatoolkit)
         "nvcc": "nvcc" in plan.compilers and native,
     }
-    container = client.containers.create(
-        image_ref,
-        entrypoint=[f"{PREFIX}/bin/python", "-c", SMOKE],
-        command=[json.dumps(want)],
-        network_disabled=True,
-        platform=str(plan.platform),
-    )
-    try:
-        container.start()
-        status = container.wait(timeout=900)
-        output = container.logs(stdout=True, stderr=True).decode(errors="replace")
-    finally:
-        container.remove(force=True)
-    if status.get("StatusCode") != 0:
-        raise Failed(
-            f"smoke test of {image_ref} ({plan.platform}) exited {status.get('StatusCode')}: {output.strip()[-400:]}"
-        )
-    found = json.loads(output.strip().splitlines()[-1])
+    found = _run_json(client, image_ref, plan, [f"{PREFIX}/bin/python", "-c", SMOKE, json.dumps(want)])
     problems = []
     if found["version"] != plan.fixed.version:
         problems.append(f"{plan.fixed.name} {found['version']} installed, not {plan.fixed.version}")
@@ -496,26 +479,29 @@ def _compile(client: docker.DockerClient, plan: PlatformPlan, sources: dict[str,
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
             archive.addfile(info, io.BytesIO(data))
-    container = client.containers.create(
-        image_id,
-        entrypoint=["python3", "-I", "-S", "-c", COMPILE],
-        network_disabled=True,
-        platform=str(plan.platform),
-    )
+    found = _run_json(client, image_id, plan, ["python3", "-I", "-S", "-c", COMPILE], buffer.getvalue())
+    found["where"] = "the base's python3" + ("" if plan.platform is Platform.native() else ", under QEMU")
+    return found
+
+
+def _run_json(client: docker.DockerClient, image: str, plan: PlatformPlan, argv: list[str], tar: bytes = b"") -> dict:
+    """`argv` run once in a container of `image` without network (`tar` unpacked into / first): the JSON its last
+    line prints; Failed when it exits otherwise than 0."""
+    container = client.containers.create(image, entrypoint=argv, network_disabled=True, platform=str(plan.platform))
     try:
-        container.put_archive("/", buffer.getvalue())
+        if tar:
+            container.put_archive("/", tar)
         container.start()
-        status = container.wait(timeout=600)
+        status = container.wait(timeout=900)
         output = container.logs(stdout=True, stderr=True).decode(errors="replace")
     finally:
         container.remove(force=True)
     if status.get("StatusCode") != 0:
         raise Failed(
-            f"smoke test of {plan.platform}: the base's python3 exited {status.get('StatusCode')}: {output[-400:]}"
+            f"smoke test of {image} ({plan.platform}): {argv[0]} exited {status.get('StatusCode')}: "
+            f"{output.strip()[-400:]}"
         )
-    found = json.loads(output.strip().splitlines()[-1])
-    found["where"] = "the base's python3" + ("" if plan.platform is Platform.native() else ", under QEMU")
-    return found
+    return json.loads(output.strip().splitlines()[-1])
 
 
 def image_modules(facts: Iterable[Facts]) -> set[str]:
