@@ -38,11 +38,13 @@ def make_project(root: Path, history: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, history, fixed_wheels):
-    """examples/vllm on the history, in a hardlinked copy of the cache where the run's fixed wheels were built."""
+    """examples/vllm on the history, in a hardlinked copy of the cache where the run's fixed wheels were built;
+    removed when the module ends (its rebuilds write about 1.2 GB of their own, docs/testing.md)."""
     root = tmp_path_factory.mktemp("example")
     config = make_project(root / "vllm", history)
     env = {"CARRY_CACHE": str(fixed_wheels.cache_copy(root / "cache")), "CARRY_DOWNLOADS": realvllm.download_store()}
-    return config, env, root
+    yield config, env, root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
