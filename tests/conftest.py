@@ -57,7 +57,7 @@ SERIAL_MODULES = {
 # or installs something real (minutes), besides the tests marked slow by hand.
 SLOW_FIXTURES = {"vllm_history", "fixed_wheels", "locked_vllm", "cold_vllm", "installed_carry", "second_engine"}
 # Session fixtures of gigabytes released as soon as their last user ends, not at the session's end: the cold vLLM image
-# in the registry and in the engine (about 18 GB; docs/testing.md: "The disk each heavy fixture holds"). Its users
+# in the registry and in the engine (about 21 GB; docs/testing.md: "The disk each heavy fixture holds"). Its users
 # run at the end of the engine group; the modules of the largest temp dirs are groups of their own (HEAVY_GROUPS), which
 # xdist gives the other worker first (`--dist loadgroup` sends the groups of more tests first), so the two do not meet.
 HEAVY_GROUPS = ("test_nightly_pin", "test_precompiled", "test_suite_vllm")
@@ -85,6 +85,9 @@ def pytest_collection_modifyitems(config, items):
     # other worker has then ended the groups of big temp dirs (xdist sends the larger groups first: HEAVY_GROUPS)
     for name in RELEASED_EARLY:
         users = [item for item in items if name in getattr(item, "fixturenames", ())]
+        stray = [item.nodeid for item in users if item.module and item.module.__name__ not in SERIAL_MODULES]
+        if stray:  # another worker could still be reading what this one removes
+            raise pytest.UsageError(f"{stray[0]} uses {name}, released early: put its module in SERIAL_MODULES")
         items[:] = [item for item in items if name not in getattr(item, "fixturenames", ())] + sorted(users, key=_late)
     # any other test marked `late` changes a shared session thing: after every other test (stable: the order stays)
     items.sort(key=lambda item: _late(item) and not RELEASED_EARLY & set(getattr(item, "fixturenames", ())))
