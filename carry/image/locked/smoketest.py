@@ -136,7 +136,7 @@ def smoke(client: docker.DockerClient, image_ref: str, plan: PlatformPlan, nativ
         # release for every platform (runtimelock, cudatoolkit)
         "nvcc": "nvcc" in plan.compilers and native,
     }
-    found = _run_json(client, image_ref, plan, [f"{PREFIX}/bin/python", "-c", SMOKE, json.dumps(want)])
+    found = _run_json(client, image_ref, plan, [f"{PREFIX}/bin/python", "-c", SMOKE, json.dumps(want)], 900)
     problems = []
     if found["version"] != plan.fixed.version:
         problems.append(f"{plan.fixed.name} {found['version']} installed, not {plan.fixed.version}")
@@ -479,20 +479,22 @@ def _compile(client: docker.DockerClient, plan: PlatformPlan, sources: dict[str,
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
             archive.addfile(info, io.BytesIO(data))
-    found = _run_json(client, image_id, plan, ["python3", "-I", "-S", "-c", COMPILE], buffer.getvalue())
+    found = _run_json(client, image_id, plan, ["python3", "-I", "-S", "-c", COMPILE], 600, buffer.getvalue())
     found["where"] = "the base's python3" + ("" if plan.platform is Platform.native() else ", under QEMU")
     return found
 
 
-def _run_json(client: docker.DockerClient, image: str, plan: PlatformPlan, argv: list[str], tar: bytes = b"") -> dict:
-    """`argv` run once in a container of `image` without network (`tar` unpacked into / first): the JSON its last
-    line prints; Failed when it exits otherwise than 0."""
+def _run_json(
+    client: docker.DockerClient, image: str, plan: PlatformPlan, argv: list[str], timeout: int, tar: bytes = b""
+) -> dict:
+    """`argv` run once in a container of `image` without network (`tar` unpacked into / first), waited on for at most
+    `timeout` seconds: the JSON its last line prints; Failed when it exits otherwise than 0."""
     container = client.containers.create(image, entrypoint=argv, network_disabled=True, platform=str(plan.platform))
     try:
         if tar:
             container.put_archive("/", tar)
         container.start()
-        status = container.wait(timeout=900)
+        status = container.wait(timeout=timeout)
         output = container.logs(stdout=True, stderr=True).decode(errors="replace")
     finally:
         container.remove(force=True)
