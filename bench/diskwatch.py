@@ -47,15 +47,16 @@ def _existing(path: Path) -> Path:
 
 class DiskWatch:
     """`peak`: the largest drop of free space on the filesystems of `paths` (summed) since it started, less what
-    `remote` (the registry's storage: remote for a CI runner) grew by meanwhile, `peak_at` its seconds since the
-    start; `low`: the least free space seen. Sampled every `every` seconds while it runs, and once as it stops."""
+    `remote` (the registry's storage: remote for a CI runner) grew by meanwhile, `peak_at` its seconds since
+    `started` (the wall clock); `low`: the least free space seen. Sampled every `every` seconds while it runs, and once
+    as it stops."""
 
     def __init__(self, *paths: Path, remote: Path | None = None, every: float = 1.0):
         devices = {os.stat(found).st_dev: found for found in map(_existing, paths)}
         self.paths, self.remote, self.every = list(devices.values()), remote, every
         self.start_free = self.low = self._free()
         self.start_remote = size_of(remote) if remote else 0
-        self.peak, self.peak_at, self._started = 0, 0.0, time.monotonic()
+        self.peak, self.peak_at, self.started = 0, 0.0, time.time()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -69,8 +70,9 @@ class DiskWatch:
         except OSError:
             return
         self.low = min(self.low, free)
-        if self.start_free - free - grown > self.peak:
-            self.peak, self.peak_at = self.start_free - free - grown, time.monotonic() - self._started
+        used = self.start_free - free - grown
+        if used > self.peak:
+            self.peak, self.peak_at = used, time.time() - self.started
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             while not stopped.wait(args.every) and (args.parent is None or Path(f"/proc/{args.parent}").exists()):
                 pass
         peak, low = disk.peak / GB, disk.low / GB
-        at = time.strftime("%H:%M:%S", time.localtime(time.time() - (time.monotonic() - disk._started) + disk.peak_at))
+        at = time.strftime("%H:%M:%S", time.localtime(disk.started + disk.peak_at))
         print(
             f"ci: peak disk used {peak:.1f} GB above the start at {at}, {disk.peak_at / 60:.1f} min into the run "
             f"({low:.1f} GB free at the low point)",
