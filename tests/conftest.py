@@ -58,9 +58,10 @@ SERIAL_MODULES = {
 SLOW_FIXTURES = {"vllm_history", "fixed_wheels", "locked_vllm", "cold_vllm", "installed_carry", "second_engine"}
 # Session fixtures of gigabytes released as soon as their last user ends, not at the session's end: the cold vLLM image
 # in the registry and in the engine (about 21 GB; docs/testing.md: "The disk each heavy fixture holds"). Its users
-# run at the end of the engine group; the modules of the largest temp dirs are groups of their own (HEAVY_GROUPS), which
-# xdist gives the other worker first (`--dist loadgroup` sends the groups of more tests first), so the two do not meet.
-HEAVY_GROUPS = ("test_nightly_pin", "test_precompiled", "test_suite_vllm")
+# run at the end of the engine group; the modules of the largest temp dirs are groups of their own (HEAVY_GROUPS, and
+# test_suite_vllm by its own mark), which xdist gives the other worker first (`--dist loadgroup` sends the groups of
+# more tests first), so the two do not meet.
+HEAVY_GROUPS = ("test_nightly_pin", "test_precompiled")
 RELEASED_EARLY = {"vllm_registry"}
 _RELEASE: dict[str, Callable[[], None]] = {}  # name -> how to release it, set by the fixture
 SLOW_MODULE_FIXTURES = {
