@@ -34,6 +34,7 @@ from carry.binaries import buildinfo
 from carry.config import Config
 from carry.config.build import TestCommand
 from carry.gputest.gpu import Gpu
+from carry.gputest.reportcheck import ReportCheck
 from carry.util import reporter
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
@@ -466,31 +467,16 @@ def _inspect_image(docker: str, ref: str) -> tuple[str, list[str]]:
     return image_id, shlex.split(runtime_args)
 
 
-@dataclasses.dataclass(frozen=True)
-class ReportCheck:
-    """Whether a report belongs to the artifact beside it; `lines()` says what was compared."""
-
-    subject: str
-    report: TestReport
-    mismatches: tuple[str, ...]
-
-    @property
-    def ok(self) -> bool:
-        return not self.mismatches
-
-    def lines(self) -> list[str]:
-        report = self.report
+class TestReportCheck(ReportCheck):
+    def described(self) -> list[str]:
+        report: TestReport = self.report
         passed = sum(result.passed for result in report.results)
         rows = [
-            f"{self.subject}:",
             f"  {report.artifact.kind.value} {report.artifact.name}  {report.artifact.digest[:19]}",
             f"  gpu {report.gpu.describe()}; python {report.python}; {report.started}",
             f"  {len(report.results)} command(s): {passed} passed, {len(report.results) - passed} failed",
         ]
-        rows += [f"    {result.verdict} {result.command} ({result.outcome()})" for result in report.results]
-        rows += [f"  MISMATCH {mismatch}" for mismatch in self.mismatches]
-        rows.append("  report belongs to the artifact beside it" if self.ok else "  NOT verified")
-        return rows
+        return rows + [f"    {result.verdict} {result.command} ({result.outcome()})" for result in report.results]
 
 
 def read_report(path: Path) -> TestReport:
@@ -503,7 +489,7 @@ def read_report(path: Path) -> TestReport:
     return TestReport.from_json(data, str(path))
 
 
-def check_report(path: Path, docker: str | None = None) -> ReportCheck:
+def check_report(path: Path, docker: str | None = None) -> TestReportCheck:
     """A wheel's report must sit beside that wheel (its name minus .test.json) with the same sha256; an image's
     report must name an image whose ref still resolves, here, to the recorded ID."""
     report = read_report(path)
@@ -511,25 +497,25 @@ def check_report(path: Path, docker: str | None = None) -> ReportCheck:
     if artifact.kind is ArtifactKind.WHEEL:
         wheel = path.with_name(path.name.removesuffix(SUFFIX))
         if wheel.name != artifact.name:
-            return ReportCheck(
+            return TestReportCheck(
                 str(path), report, (f"artifact name: report names {artifact.name}, its file name says {wheel.name}",)
             )
         if not wheel.is_file():
-            return ReportCheck(str(path), report, (f"wheel: {wheel} is missing",))
+            return TestReportCheck(str(path), report, (f"wheel: {wheel} is missing",))
         found = sha256_file(wheel)
         mismatches = () if found == artifact.digest else (f"sha256: report {artifact.digest}, wheel beside it {found}",)
-        return ReportCheck(str(path), report, mismatches)
+        return TestReportCheck(str(path), report, mismatches)
     docker = docker or shutil.which(os.environ.get("CARRY_DOCKER") or "docker")
     if docker is None:
         raise BadInput("checking an image's test report needs docker; install it or set $CARRY_DOCKER")
     result = execute([docker, "image", "inspect", "--format", "{{.Id}}", artifact.name], text=True, timeout=PROBE_S)
     if result.returncode != 0:
-        return ReportCheck(str(path), report, (f"image: {artifact.name} is not here; pull it first",))
+        return TestReportCheck(str(path), report, (f"image: {artifact.name} is not here; pull it first",))
     image_id = result.stdout.strip()
     mismatches = (
         () if image_id == artifact.digest else (f"image id: report {artifact.digest}, {artifact.name} is {image_id}",)
     )
-    return ReportCheck(str(path), report, mismatches)
+    return TestReportCheck(str(path), report, mismatches)
 
 
 def summary(report: TestReport, path: Path) -> list[str]:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import carry
 from carry.gputest import suiterun
+from carry.gputest.reportcheck import ReportCheck
 from carry.gputest.suiterun import FAIL, PASS, Side, Subject
 from carry.util import reporter
 from carry.util.digest import sha256
@@ -538,29 +539,18 @@ class Expected:
     pins: dict[str, str] | None = None
 
 
-@record
-class ReportCheck:
-    subject: str
-    report: dict
-    mismatches: tuple[str, ...]
+class SuiteReportCheck(ReportCheck):
+    beside = "wheel"
 
-    @property
-    def ok(self) -> bool:
-        return not self.mismatches
-
-    def lines(self) -> list[str]:
+    def described(self) -> list[str]:
         report = self.report
-        rows = [
-            f"{self.subject}:",
+        return [
             f"  wheel {report['wheel']['name']}  {report['wheel']['sha256'][:19]}",
             f"  against {report['against']['name']}  {report['against']['sha256'][:19]}  "
             f"({report['against']['source']})",
             f"  {report['verdict']}: {report['line']}",
             f"  label: {label(report)}",
         ]
-        rows += [f"  MISMATCH {mismatch}" for mismatch in self.mismatches]
-        rows.append("  report belongs to the wheel beside it" if self.ok else "  NOT verified")
-        return rows
 
 
 def read(path: Path) -> dict:
@@ -580,7 +570,7 @@ def read(path: Path) -> dict:
     return data
 
 
-def check_report(path: Path, expected: Expected) -> ReportCheck:
+def check_report(path: Path, expected: Expected) -> SuiteReportCheck:
     """The report must sit beside the wheel it names, with that wheel's sha256; and say what this repository says now
     (the selection, the patched tree, the pin it was compared against), where known."""
     report = read(path)
@@ -606,7 +596,7 @@ def check_report(path: Path, expected: Expected) -> ReportCheck:
         pinned = expected.pins.get(source.removeprefix("build.precompiled.wheels."))
         if pinned is not None and report["against"]["sha256"] != f"sha256:{pinned}":
             mismatches.append(f"against: report {report['against']['sha256'][:19]}, {source} pins sha256:{pinned[:12]}")
-    return ReportCheck(str(path), report, tuple(mismatches))
+    return SuiteReportCheck(str(path), report, tuple(mismatches))
 
 
 def with_suite_report(wheel: Path, result: Verification, expected: Expected) -> Verification:
