@@ -57,9 +57,9 @@ class Replica:
         return ni.wheel_version(self.wheels[(name, variant, platform)])
 
     def sha256(self, name: str, variant: str = "cu130", platform: str = X86) -> str:
-        from carry.util.download import sha256_of
+        from carry.util.integrity import file_sha256
 
-        return sha256_of(self.wheels[(name, variant, platform)])
+        return file_sha256(self.wheels[(name, variant, platform)])
 
     def path_of(self, name: str, variant: str = "cu130", platform: str = X86) -> str:
         """The URL path of a served wheel."""
@@ -260,9 +260,9 @@ def test_a_file_whose_hash_changed_on_the_server_after_pinning_is_refused(replic
     before = config.read_text()
     original = replica.wheels[("A1", "cu130", X86)]
     rebuilt = ni.reuploaded(original, tmp_path / "reupload")
-    from carry.util.download import sha256_of
+    from carry.util.integrity import file_sha256
 
-    new, old = sha256_of(rebuilt), replica.sha256("A1")
+    new, old = file_sha256(rebuilt), replica.sha256("A1")
     replica.server.faults[replica.path_of("A1")] = rebuilt
     try:
         result = run(config, replica, "pin")

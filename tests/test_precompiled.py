@@ -227,20 +227,20 @@ def test_another_precompiled_wheel_is_another_build(tmp_path, history, fixed_whe
     other = tmp_path / "wheels" / realvllm.WHEEL_X86
     other.parent.mkdir()
     wheelzip.rewrite(realvllm.path(realvllm.WHEEL_X86), other, {"vllm/third_party/deep_gemm/CARRY_NOTE": b"rebuilt\n"})
-    from carry.util.download import sha256_of
+    from carry.util.integrity import file_sha256
 
     text = config.read_text()
     sha = realvllm.pinned(realvllm.WHEEL_X86).pinned.sha256
     config.write_text(
         text.replace(
-            f"requirement: vllm==0.33.0\n        sha256: {sha}", f"path: {other}\n        sha256: {sha256_of(other)}"
+            f"requirement: vllm==0.33.0\n        sha256: {sha}", f"path: {other}\n        sha256: {file_sha256(other)}"
         )
     )
     assert f"path: {other}" in config.read_text()
     result = carry("--config", str(config), "wheel", "--out", str(tmp_path / "dist"), env=env)
     assert result.code == 0, result.err
     assert "materialize" in result.err and "reused" not in result.err.split("env ")[0]
-    assert f"from {other.name} (sha256 {sha256_of(other)[:8]}…)" in result.err
+    assert f"from {other.name} (sha256 {file_sha256(other)[:8]}…)" in result.err
     with zipfile.ZipFile(result.out.strip()) as archive:
         assert archive.read("vllm/third_party/deep_gemm/CARRY_NOTE") == b"rebuilt\n"
 
@@ -336,7 +336,8 @@ def test_a_pin_by_name_resolves_the_file_the_url_pin_did(tmp_path):
     the second time from the store, asking no index."""
     from carry import config as configuration
     from carry.platforms import Platform
-    from carry.util.download import Store, sha256_of
+    from carry.util.download import Store
+    from carry.util.integrity import file_sha256
 
     loaded = configuration.load(EXAMPLE / "build.yaml")
     pinned = loaded.build.precompiled.wheel_for(Platform.LINUX_AMD64).pinned
@@ -347,7 +348,7 @@ def test_a_pin_by_name_resolves_the_file_the_url_pin_did(tmp_path):
         with reporter.recording() as said:
             got = store.get(pinned)
         assert got.name == realvllm.WHEEL_X86 == released.name
-        assert got.stat().st_size == released.size and sha256_of(got) == released.sha256 == pinned.sha256
+        assert got.stat().st_size == released.size and file_sha256(got) == released.sha256 == pinned.sha256
         assert got == store.root / released.sha256 / released.name
         assert len(said) == 1 and "(vllm==0.33.0 for linux/amd64) with pip from" in said[0]
         assert "sha256 4b6bdec4" in said[0]

@@ -38,6 +38,7 @@ from carry.gputest.reportcheck import ReportCheck
 from carry.util import reporter
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
+from carry.util.integrity import file_sha256
 from carry.util.run import NETWORK_S, PROBE_S, execute
 
 if TYPE_CHECKING:
@@ -174,12 +175,6 @@ class TestReport:
             raise Failed(f"{where}: not a carry test report ({type(exc).__name__}: {exc})") from None
 
 
-def sha256_file(path: Path) -> str:
-    from carry.util.download import sha256_of
-
-    return f"sha256:{sha256_of(path)}"
-
-
 def wheel_report_path(wheel: Path) -> Path:
     return wheel.with_name(wheel.name + SUFFIX)
 
@@ -222,7 +217,7 @@ def run_on_wheel(
     (`against: tree`) runs in `tree` instead, a checkout of the tree the wheel was built from (see run_in_tree)."""
     if not wheel.is_file() or not wheel.name.endswith(".whl"):
         raise BadInput(f"{wheel}: not a wheel file; pass the .whl that `wheel` printed")
-    artifact = Artifact(ArtifactKind.WHEEL, wheel.name, sha256_file(wheel))
+    artifact = Artifact(ArtifactKind.WHEEL, wheel.name, f"sha256:{file_sha256(wheel)}")
     provenance = _provenance(wheel)
     started, clock = _now(), time.monotonic()
     with temp_dir(scratch, "test-") as work:
@@ -502,7 +497,7 @@ def check_report(path: Path, docker: str | None = None) -> TestReportCheck:
             )
         if not wheel.is_file():
             return TestReportCheck(str(path), report, (f"wheel: {wheel} is missing",))
-        found = sha256_file(wheel)
+        found = f"sha256:{file_sha256(wheel)}"
         mismatches = () if found == artifact.digest else (f"sha256: report {artifact.digest}, wheel beside it {found}",)
         return TestReportCheck(str(path), report, mismatches)
     docker = docker or shutil.which(os.environ.get("CARRY_DOCKER") or "docker")

@@ -31,6 +31,7 @@ from carry.util import reporter
 from carry.util.digest import sha256
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
+from carry.util.integrity import file_sha256
 from carry.util.record import record
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ def _run(inputs: Inputs, held: reporter.Holding) -> Outcome:
     subjects = {}
     for label, wheel in (("against", inputs.against), ("fixed", inputs.wheel)):
         deps = suiterun.deps_env(wheel_metadata(wheel)[1], tests, inputs.config.build.environment, inputs.cache, where)
-        digest = _digest(wheel)
+        digest = f"sha256:{file_sha256(wheel)}"
         env = suiterun.wheel_env(wheel, digest, deps, inputs.cache)
         modules = suiterun.top_level_modules(wheel)
         subjects[label] = Subject(wheel=wheel, digest=digest, dist=dist_name(wheel), modules=modules, env=env)
@@ -176,12 +177,6 @@ def _same_tree(inputs: Inputs) -> None:
             f"{inputs.wheel.name} was built from the patched tree {str(built)[:12]}, the series now gives "
             f"{inputs.tree[:12]}: build the wheel again (`wheel`) so that its tests are the series' own"
         )
-
-
-def _digest(wheel: Path) -> str:
-    from carry.gputest.testrun import sha256_file
-
-    return sha256_file(wheel)
 
 
 def _run_sides(
@@ -580,8 +575,8 @@ def check_report(path: Path, expected: Expected) -> SuiteReportCheck:
         mismatches.append(f"wheel: the report names {report['wheel']['name']}, its file name says {wheel.name}")
     elif not wheel.is_file():
         mismatches.append(f"wheel: {wheel} is missing")
-    elif _digest(wheel) != report["wheel"]["sha256"]:
-        mismatches.append(f"sha256: report {report['wheel']['sha256']}, wheel beside it {_digest(wheel)}")
+    elif (found := f"sha256:{file_sha256(wheel)}") != report["wheel"]["sha256"]:
+        mismatches.append(f"sha256: report {report['wheel']['sha256']}, wheel beside it {found}")
     if expected.selection is not None and report["selection"]["digest"] != expected.selection:
         mismatches.append(
             f"selection: report {report['selection']['digest'][:19]}, build.upstream_tests now "

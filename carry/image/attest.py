@@ -21,7 +21,8 @@ from carry.trust.facts import CarriedPatch, ImageFacts, Source, Wheel
 __all__ = ["Attester", "Installed", "Wheel", "wheel_of"]
 from carry.trust.keys import SigningKey
 from carry.util import reporter
-from carry.util.download import sha256_in_store, sha256_of
+from carry.util.download import sha256_in_store
+from carry.util.integrity import file_sha256
 from carry.util.record import record
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def wheel_of(path: Path, sha256: str | None = None) -> Wheel:
     from packaging.utils import parse_wheel_filename
 
     name, version, _, _ = parse_wheel_filename(path.name)
-    return Wheel(str(name), str(version), path.name, sha256 or sha256_of(path))
+    return Wheel(str(name), str(version), path.name, sha256 or file_sha256(path))
 
 
 def _base_digest(base: dict) -> str:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from carry.util.digest import sha256 as sha256_hasher
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, ensure_room, is_no_space, no_space_line
+from carry.util.integrity import file_sha256
 from carry.util.pinned import Pinned
 from carry.util.record import record
 
@@ -82,7 +83,7 @@ class Store:
         remembered). A file that is not is removed, and said (a `download` line): the caller downloads it again."""
         if self._memo_says(path, sha256):
             return True
-        found = sha256_of(path)
+        found = file_sha256(path)
         if found == sha256:
             self._remember(path, sha256)
             return True
@@ -155,7 +156,7 @@ class Store:
         scratch = Path(tempfile.mkdtemp(prefix=".pip-", dir=self.root))
         try:
             got = index.download_wheel(requirement, pinned.sha256, pinned.platform, asked_index, scratch, where)
-            found = sha256_of(got)
+            found = file_sha256(got)
             if found != pinned.sha256:
                 raise BadInput(
                     f"{where}: pip downloaded {got.name} with sha256 {found}, not the pinned "
@@ -196,7 +197,7 @@ class Store:
             raise BadInput(f"{path}: not found; give the path of {pinned.name}, or its http(s) URL")
         if self._memo_says(path, pinned.sha256):
             return path
-        found = sha256_of(path)
+        found = file_sha256(path)
         if found != pinned.sha256:
             raise BadInput(f"{path}: sha256 is {found}, not the pinned {pinned.sha256}; fix the sha256 or the file")
         self._remember(path, pinned.sha256)
@@ -276,7 +277,7 @@ class Store:
                 return None
             _discard(part)
             raise BadInput(f"{_public(pinned.source)}: {size} bytes, not the pinned {pinned.size}; fix the pin or URL")
-        found = sha256_of(part)
+        found = file_sha256(part)
         if found == pinned.sha256:
             return found
         if not last_try:
@@ -328,19 +329,13 @@ def _discard(part: Path) -> None:
         pass
 
 
-def sha256_of(path: Path) -> str:
-    from carry.util import integrity
-
-    return integrity.file_sha256(path)
-
-
 def sha256_in_store(path: Path) -> str:
     """A wheel's sha256: in the download store, the name of the directory that holds it (fetch_wheels and the store
     check it when they put it there); anywhere else, read."""
     import re
 
     name = path.parent.name
-    return name if re.fullmatch(r"[0-9a-f]{64}", name) else sha256_of(path)
+    return name if re.fullmatch(r"[0-9a-f]{64}", name) else file_sha256(path)
 
 
 def _public(url: str) -> str:

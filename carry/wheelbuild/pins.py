@@ -263,7 +263,7 @@ def follow_release(config: Config, cache: Cache, ref: str) -> list[str]:
     import shutil
     import tempfile
 
-    from carry.util import download, index
+    from carry.util import download, index, integrity
 
     settings = config.build.precompiled
     found = re.fullmatch(r"v?(\d+(?:\.\d+)*(?:\.post\d+)?)", ref.removeprefix("refs/tags/"))
@@ -281,7 +281,7 @@ def follow_release(config: Config, cache: Cache, ref: str) -> list[str]:
         scratch = Path(tempfile.mkdtemp(prefix=".pip-", dir=store.root))
         try:
             got = index.download_wheel(requirement, None, wheel.platform, wheel.pinned.index, scratch, str(ref))
-            sha = download.sha256_of(got)
+            sha = integrity.file_sha256(got)
             kept = store.adopt(got, got.name, sha)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -21,6 +21,7 @@ from carry.binaries.sharedobjects import elf_machine, may_be_shared_object
 from carry.image.inspect.imagefs import ImageFiles, Node, Selection
 from carry.platforms import Platform
 from carry.util.errors import Failed
+from carry.util.integrity import file_sha256
 
 VENV = "/opt/venv"
 BIN = f"{VENV}/bin"
@@ -106,10 +107,6 @@ class FixedWheel:
                 metadata = _headers(archive.read(f"{info}/METADATA"))
         except (OSError, KeyError, zipfile.BadZipFile) as exc:
             raise Failed(f"{path}: not a readable wheel ({exc}); rebuild it") from None
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
         tops = {
             row.path.split("/", 1)[0]
             for row in rows
@@ -118,7 +115,7 @@ class FixedWheel:
         shared = {_installed_path(row.path) for row in rows if may_be_shared_object(row.path)}
         return cls(
             path,
-            digest.hexdigest(),
+            file_sha256(path),
             canonical(metadata.get("Name", "")),
             metadata.get("Version", ""),
             info,

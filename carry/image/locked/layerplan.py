@@ -26,10 +26,11 @@ from carry.image.vocabulary import ENTRYPOINT
 from carry.platforms import Platform
 from carry.util import prog, reporter
 from carry.util.cache import Cache
-from carry.util.download import Store, sha256_in_store, sha256_of
+from carry.util.download import Store, sha256_in_store
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import temp_dir
 from carry.util.index import manylinux_tags, pip_download_command
+from carry.util.integrity import file_sha256
 from carry.util.run import NETWORK_S, execute
 
 if TYPE_CHECKING:
@@ -180,7 +181,7 @@ def fetch_wheels(
             )
             _pip_download(lock, requirements, directory / "files")
             for path in sorted((directory / "files").iterdir()):
-                target = store.adopt(path, path.name, sha256_of(path))
+                target = store.adopt(path, path.name, file_sha256(path))
                 if added is not None:
                     added.append(target)
         for package in missing:
