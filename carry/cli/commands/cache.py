@@ -18,10 +18,10 @@ def cache_command(ctx: click.Context, as_json: bool) -> None:
     wheels, downloads, wheelhouses, logs, and the rest; hardlinked files counted once."""
     if ctx.invoked_subcommand is not None:
         return
-    from carry import cachectl
+    from carry.app import cache
     from carry.util.cache import Cache
 
-    usage = cachectl.usage(Cache.from_env())
+    usage = cache.usage(Cache.from_env())
     click.echo(json.dumps(usage.to_json(), indent=2) if as_json else "\n".join(usage.lines()))
 
 
@@ -38,8 +38,8 @@ def cache_command(ctx: click.Context, as_json: bool) -> None:
 def cache_prune(obj: Context, configs: tuple[Path, ...], dry_run: bool) -> None:
     """Remove what no current config needs (old build environments, wheels, build dirs, mirrors, downloads,
     wheelhouses, logs); an entry another carry holds the lock of is skipped, and says so."""
-    from carry import cachectl
+    from carry.app import cache
     from carry.util.cache import Cache
 
-    result = cachectl.prune(Cache.from_env(), configs or (obj.config_path,), dry_run)
+    result = cache.prune(Cache.from_env(), configs or (obj.config_path,), dry_run)
     click.echo("\n".join(result.lines()))
