@@ -1,10 +1,23 @@
-"""What `verify` says of a report beside its artifact (a test report's, a suite report's): whether it belongs there."""
+"""A report beside its artifact (a test report, a suite report): reading its JSON, and whether it belongs there."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+from carry.util.errors import BadInput, Failed
 from carry.util.record import record
+
+
+def read_json(path: Path, kind: str, made_by: str) -> Any:
+    """A report's JSON; BadInput where there is none (saying what writes it), Failed where it cannot be read."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such report; {made_by} beside the wheel") from None
+    except (OSError, ValueError) as exc:
+        raise Failed(f"{path}: not a carry {kind} report ({exc})") from None
 
 
 @record

@@ -34,7 +34,7 @@ from carry.binaries import buildinfo
 from carry.config import Config
 from carry.config.build import TestCommand
 from carry.gputest.gpu import Gpu
-from carry.gputest.reportcheck import ReportCheck
+from carry.gputest.reportcheck import ReportCheck, read_json
 from carry.util import reporter
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
@@ -475,13 +475,7 @@ class TestReportCheck(ReportCheck):
 
 
 def read_report(path: Path) -> TestReport:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such report; `test` and `prove` write <wheel>{SUFFIX} beside the wheel") from None
-    except (OSError, ValueError) as exc:
-        raise Failed(f"{path}: not a carry test report ({exc})") from None
-    return TestReport.from_json(data, str(path))
+    return TestReport.from_json(read_json(path, "test", f"`test` and `prove` write <wheel>{SUFFIX}"), str(path))
 
 
 def check_report(path: Path, docker: str | None = None) -> TestReportCheck:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import carry
 from carry.gputest import suiterun
-from carry.gputest.reportcheck import ReportCheck
+from carry.gputest.reportcheck import ReportCheck, read_json
 from carry.gputest.suiterun import FAIL, PASS, Side, Subject
 from carry.util import reporter
 from carry.util.digest import sha256
@@ -549,12 +549,7 @@ class SuiteReportCheck(ReportCheck):
 
 
 def read(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such report; `suite WHEEL` writes <wheel>{SUFFIX} beside the wheel") from None
-    except (OSError, ValueError) as exc:
-        raise Failed(f"{path}: not a carry suite report ({exc})") from None
+    data = read_json(path, "suite", f"`suite WHEEL` writes <wheel>{SUFFIX}")
     try:
         if data["kind"] != KIND or data["format"] != FORMAT:
             raise Failed(f"{path}: a report of kind {data['kind']!r} format {data['format']!r}, not {KIND} {FORMAT}")
