@@ -47,6 +47,7 @@ RETRIED = frozenset({408, 429, 500, 502, 503, 504})
 ATTEMPTS = 4
 BACKOFF_S = (0.5, 1.0, 2.0)  # before the 2nd, 3rd and 4th attempt
 RETRY_AFTER_MAX_S = 10.0
+REDIRECTS = (301, 302, 303, 307, 308)
 
 
 def registry_of(image_name: str) -> str:
@@ -129,7 +130,8 @@ def _reason(exc: BaseException) -> str:
 @dataclasses.dataclass
 class Repository:
     """One repository of one registry (`host/name`), with the login's username and password (or none). Each retry
-    is said (a `retry` line) when `retries_said`."""
+    is said (a `retry` line) when `retries_said`; `plain_http` (the engine's insecure registries, for a read) allows
+    plain HTTP to its host, loopback or not."""
 
     host: str
     name: str
@@ -137,6 +139,7 @@ class Repository:
     password: str | None = None
     retries_said: bool = False
     read_timeout: float = TIMEOUT_S
+    plain_http: bool = False
     _token: str | None = None
     sent: int = 0  # bytes of the bodies sent (blobs, manifests): what a push cost
     received: int = 0  # bytes of the bodies read (manifests, configs, blobs)
@@ -153,7 +156,7 @@ class Repository:
 
     @property
     def scheme(self) -> str:
-        return "http" if loopback(self.host) else "https"
+        return "http" if self.plain_http or loopback(self.host) else "https"
 
     def _connection(self, netloc: str, scheme: str) -> http.client.HTTPConnection:
         if scheme == "http":
@@ -203,7 +206,7 @@ class Repository:
     ) -> tuple[int, dict[str, str], bytes]:
         for attempt in range(2):
             url = urllib.parse.urlsplit(path if "://" in path else f"{self.scheme}://{self.host}{path}")
-            if url.scheme == "http" and not loopback(url.netloc):
+            if url.scheme == "http" and not loopback(url.netloc) and not (self.plain_http and url.netloc == self.host):
                 raise Failed(f"registry {self.host} sent carry to plain HTTP at {url.netloc}; refused (not loopback)")
             connection = self._connection(url.netloc, url.scheme)
             target = url.path + (f"?{url.query}" if url.query else "")
@@ -380,15 +383,53 @@ class Repository:
     def get_blob(self, digest: str) -> bytes:
         """A small blob's bytes (a signature's payload, an attestation's envelope); a redirect is followed without
         the credentials (storage that signs its own URLs)."""
-        status, answer, data = self.request("GET", f"/v2/{self.name}/blobs/{digest}", ok=(200, 302, 307))
+        status, answer, data = self.request("GET", f"/v2/{self.name}/blobs/{digest}", ok=(200, *REDIRECTS))
         if status != 200:
-            try:
-                with urllib.request.urlopen(answer["location"], timeout=TIMEOUT_S) as response:
-                    data = response.read()
-                self.received += len(data)
-            except (OSError, KeyError) as exc:
-                raise Failed(f"registry {self.host}: blob {digest[:19]} not readable ({exc})") from None
+            with self._redirected(answer.get("location", ""), digest) as response:
+                data = response.read()
+            self.received += len(data)
         return data
+
+    def open_blob(self, digest: str) -> http.client.HTTPResponse:
+        """A blob as a stream for the caller to read and close (a layer), asked once, not retried; a redirect is
+        followed without the credentials, as `get_blob`'s."""
+        path = f"/v2/{self.name}/blobs/{digest}"
+        for attempt in range(2):
+            connection = self._connection(self.host, self.scheme)
+            try:
+                connection.request("GET", path, headers=self._authorization())
+                response = connection.getresponse()
+            except (OSError, http.client.HTTPException, Transient) as exc:
+                connection.close()
+                reason = str(exc) if isinstance(exc, Transient) else _reason(exc)
+                raise Failed(f"cannot reach registry {self.host}: {reason}") from None
+            if response.status == 200:
+                if connection.sock is not None:  # the response holds the socket until it is closed (as urllib)
+                    connection.sock.close()
+                    connection.sock = None
+                return response
+            response.read()
+            connection.close()
+            challenge = response.getheader("www-authenticate", "")
+            if response.status == 401 and attempt == 0 and self._challenge(challenge, "GET", path):
+                continue
+            if response.status in REDIRECTS:
+                return self._redirected(response.getheader("location", ""), digest)
+            if response.status == 404:
+                raise Failed(f"registry {self.host} has no blob {digest[:19]} of {self.name}")
+            if response.status in (401, 403):
+                raise self.refused("GET", path, response.status)
+            raise Failed(f"registry {self.host}: GET {_target('GET', path)} answered {response.status}")
+        raise self.refused("GET", path, 401)
+
+    def _redirected(self, location: str, digest: str) -> http.client.HTTPResponse:
+        """Where the registry sent a blob (storage that signs its own URLs), opened without the credentials."""
+        try:
+            if not location:
+                raise ValueError("no location")
+            return urllib.request.urlopen(self._absolute(location), timeout=self.read_timeout)
+        except (OSError, ValueError) as exc:
+            raise Failed(f"registry {self.host}: blob {digest[:19]} not readable ({exc})") from None
 
     def _absolute(self, location: str) -> str:
         return location if "://" in location else f"{self.scheme}://{self.host}{location}"
@@ -436,7 +477,7 @@ class Repository:
         request = urllib.request.Request(f"{realm}?{urllib.parse.urlencode(fields)}")
         if self.username and self.password:
             pair = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
-            request.add_header("Authorization", f"Basic {pair}")
+            request.add_unredirected_header("Authorization", f"Basic {pair}")  # not on to where it redirects
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
                 answer = json.loads(response.read())
