@@ -58,8 +58,8 @@ def _manifest(ref: str, platform: str, env: dict[str, str]):
     from carry.platforms import Platform
 
     auth = {"username": env.get("CARRY_REGISTRY_USER"), "password": env.get("CARRY_REGISTRY_PASSWORD")}
-    registry = imagefs.Registry(imagefs.Reference.parse(ref), auth, plain_http=True)
-    return registry, imagefs.platform_manifest(registry, ref, Platform.parse(platform, "bench"))
+    repo = imagefs.repository(ref, auth, plain_http=True)
+    return repo, imagefs.platform_manifest(repo, ref, Platform.parse(platform, "bench"))
 
 
 def _floor_s(registry, manifest: dict) -> tuple[float, float, int]:
@@ -72,7 +72,7 @@ def _floor_s(registry, manifest: dict) -> tuple[float, float, int]:
     start, total = time.perf_counter(), 0
     for blob in [manifest["config"], *manifest["layers"]]:
         digest = hashlib.sha256()
-        with registry.blob(blob["digest"]) as answer:
+        with registry.open_blob(blob["digest"]) as answer:
             while size := answer.readinto(buffer):
                 digest.update(buffer[:size])
                 total += size
@@ -81,7 +81,7 @@ def _floor_s(registry, manifest: dict) -> tuple[float, float, int]:
     start = time.perf_counter()
     for blob in manifest["layers"]:
         packed, unpacked = hashlib.sha256(), hashlib.sha256()
-        with registry.blob(blob["digest"]) as answer, igzip.open(_Hashing(answer, packed), "rb") as tar:
+        with registry.open_blob(blob["digest"]) as answer, igzip.open(_Hashing(answer, packed), "rb") as tar:
             while size := tar.readinto(buffer):
                 unpacked.update(buffer[:size])
         assert "sha256:" + packed.hexdigest() == blob["digest"]

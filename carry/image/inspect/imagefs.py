@@ -20,9 +20,6 @@ import json
 import os
 import posixpath
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -33,8 +30,6 @@ from carry.platforms import Platform
 from carry.util.errors import Failed
 
 if TYPE_CHECKING:
-    import http.client
-
     import docker
     from _typeshed import WriteableBuffer
 
@@ -47,6 +42,7 @@ MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json", "application/vnd
 GZIP_TYPES = ("application/vnd.oci.image.layer.v1.tar+gzip", "application/vnd.docker.image.rootfs.diff.tar.gzip")
 TAR_TYPES = ("application/vnd.oci.image.layer.v1.tar", "application/vnd.docker.image.rootfs.diff.tar")
 GZIP_MAGIC = b"\x1f\x8b"
+READ_TIMEOUT_S = 120
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,107 +235,29 @@ def _hidden(path: str, gone: set[str], opaque: set[str]) -> bool:
 # --- the registry ------------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Reference:
-    host: str
-    repository: str
-    reference: str  # a tag or a digest
-
-    @classmethod
-    def parse(cls, ref: str) -> Reference:
-        name, digest = ref.split("@", 1) if "@" in ref else (ref, "")
-        tail = name.rsplit("/", 1)[-1]
-        name, tag = name.rsplit(":", 1) if ":" in tail else (name, "latest")
-        first, _, rest = name.partition("/")
-        if rest and ("." in first or ":" in first or first == "localhost"):
-            host, repository = first, rest
-        else:
-            host, repository = "docker.io", name
-        if host == "docker.io":
-            host = "registry-1.docker.io"
-            repository = repository if "/" in repository else f"library/{repository}"
-        return cls(host, repository, digest or tag)
+def repository(ref: str, auth: dict | None, plain_http: bool) -> registryhttp.Repository:
+    """The repository `ref` names, read with a timeout of READ_TIMEOUT_S (Docker Hub's API lives on its own host)."""
+    repo = registryhttp.Repository.of(registryhttp.repository_of(ref), auth)
+    host = "registry-1.docker.io" if repo.host == "docker.io" else repo.host
+    return dataclasses.replace(repo, host=host, read_timeout=READ_TIMEOUT_S, plain_http=plain_http)
 
 
-class Registry:
-    """Reads manifests and blobs of one repository over the registry HTTP API v2 with the login's credentials
-    (basic auth, or a bearer token from the realm a 401 names); credentials only ever go in a header."""
+def reference_of(ref: str) -> str:
+    """The tag or digest `ref` names (`latest` when none)."""
+    name, _, digest = ref.partition("@")
+    tail = name.rsplit("/", 1)[-1]
+    return digest or (tail.rsplit(":", 1)[1] if ":" in tail else "latest")
 
-    def __init__(self, ref: Reference, auth: dict | None, plain_http: bool, timeout: float = 120):
-        self.ref, self.auth, self.timeout = ref, auth or {}, timeout
-        self.base = f"{'http' if plain_http else 'https'}://{ref.host}/v2/{ref.repository}"
-        self._authorization: str | None = None
 
-    def _basic(self) -> str | None:
-        user, password = self.auth.get("username"), self.auth.get("password")
-        if not user or not password:
-            return None
-        return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-    def open(self, path: str, accept: tuple[str, ...] = ()) -> http.client.HTTPResponse | None:
-        """GET `path` under the repository; None on 404. Authenticates once on the first 401."""
-        for attempt in (0, 1):
-            request = urllib.request.Request(f"{self.base}/{path}")
-            if accept:
-                request.add_header("Accept", ", ".join(accept))
-            if self._authorization:  # not sent on to where a blob redirects (storage with its own signature)
-                request.add_unredirected_header("Authorization", self._authorization)
-            try:
-                return urllib.request.urlopen(request, timeout=self.timeout)
-            except urllib.error.HTTPError as answer:
-                if answer.code == 404:
-                    return None
-                if answer.code == 401 and attempt == 0:
-                    self._authorization = self._authenticate(answer.headers.get("WWW-Authenticate", ""))
-                    if self._authorization:
-                        continue
-                raise Failed(
-                    f"registry {self.ref.host} answered {answer.code} for {self.ref.repository} "
-                    f"({path.split('/')[0]}); log in (docker login, or set CARRY_REGISTRY_USER and "
-                    f"CARRY_REGISTRY_PASSWORD)"
-                ) from None
-            except (OSError, urllib.error.URLError) as exc:
-                raise Failed(f"cannot reach registry {self.ref.host}: {getattr(exc, 'reason', exc)}") from None
+def read_manifest(repo: registryhttp.Repository, reference: str) -> tuple[dict, str] | None:
+    """(manifest, its digest), checked against `reference` when that is a digest; None when absent."""
+    found = repo.get_manifest(reference)
+    if found is None:
         return None
-
-    def _authenticate(self, challenge: str) -> str | None:
-        scheme, _, params = challenge.partition(" ")
-        if scheme.lower() == "basic":
-            return self._basic()
-        if scheme.lower() != "bearer":
-            return None
-        fields = dict(part.split("=", 1) for part in registryhttp.split_params(params))
-        fields = {key.strip(): value.strip().strip('"') for key, value in fields.items()}
-        query = {"service": fields.get("service", ""), "scope": f"repository:{self.ref.repository}:pull"}
-        request = urllib.request.Request(f"{fields.get('realm', '')}?{urllib.parse.urlencode(query)}")
-        basic = self._basic()
-        if basic:
-            request.add_unredirected_header("Authorization", basic)
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as answer:
-                token = json.load(answer)
-        except (OSError, ValueError) as exc:
-            raise Failed(f"registry {self.ref.host}: no pull token for {self.ref.repository} ({exc})") from None
-        found = token.get("token") or token.get("access_token")
-        return f"Bearer {found}" if found else None
-
-    def manifest(self, reference: str) -> tuple[dict, str] | None:
-        """(manifest, its digest), checked against `reference` when that is a digest; None when absent."""
-        answer = self.open(f"manifests/{reference}", INDEX_TYPES + MANIFEST_TYPES)
-        if answer is None:
-            return None
-        with answer:
-            body = answer.read()
-        digest = "sha256:" + hashlib.sha256(body).hexdigest()
-        if reference.startswith("sha256:") and digest != reference:
-            raise Failed(f"{self.ref.repository}@{reference}: the registry's manifest hashes to {digest}")
-        return json.loads(body), digest
-
-    def blob(self, digest: str) -> http.client.HTTPResponse:
-        answer = self.open(f"blobs/{digest}")
-        if answer is None:
-            raise Failed(f"registry {self.ref.host} has no blob {digest[:19]} of {self.ref.repository}")
-        return answer
+    digest = registryhttp.digest_of(found[1])
+    if reference.startswith("sha256:") and digest != reference:
+        raise Failed(f"{repo.name}@{reference}: the registry's manifest hashes to {digest}")
+    return json.loads(found[1]), digest
 
 
 class _Checked(io.RawIOBase):
@@ -372,10 +290,10 @@ class _Checked(io.RawIOBase):
             raise Failed(f"{self.where}: its bytes hash to {found[:19]}…, not {self.expected[:19]}…")
 
 
-def platform_manifest(registry: Registry, ref: str, platform: Platform) -> tuple[dict, str] | None:
+def platform_manifest(repo: registryhttp.Repository, ref: str, platform: Platform) -> tuple[dict, str] | None:
     """(`platform`'s manifest of `ref`, its digest), through the manifest list when `ref` names one; None when the
     registry does not have `ref`."""
-    found = registry.manifest(registry.ref.reference)
+    found = read_manifest(repo, reference_of(ref))
     if found is None:
         return None
     manifest, digest = found
@@ -384,7 +302,7 @@ def platform_manifest(registry: Registry, ref: str, platform: Platform) -> tuple
         if not entries:
             held = sorted({_platform_of(m.get("platform") or {}) for m in manifest.get("manifests", [])})
             raise Failed(f"{ref} holds {', '.join(held)}, not {platform}")
-        found = registry.manifest(entries[0]["digest"])
+        found = read_manifest(repo, entries[0]["digest"])
         if found is None:
             raise Failed(f"{ref}: the registry lists {entries[0]['digest'][:19]} for {platform} but does not have it")
         manifest, digest = found
@@ -402,13 +320,13 @@ def from_registry(
     """`platform`'s image of `ref` read from its registry, layers streamed several at a time; None when the
     registry does not have `ref`."""
     start = time.monotonic()
-    registry = Registry(Reference.parse(ref), auth, plain_http)
-    found = platform_manifest(registry, ref, platform)
+    repo = repository(ref, auth, plain_http)
+    found = platform_manifest(repo, ref, platform)
     if found is None:
         return None
-    manifest, digest = found
-    config_digest = manifest["config"]["digest"]
-    config_blob = _Checked(registry.blob(config_digest), config_digest, f"{ref} config")
+    image, digest = found
+    config_digest = image["config"]["digest"]
+    config_blob = _Checked(repo.open_blob(config_digest), config_digest, f"{ref} config")
     config = json.loads(config_blob.read())
     config_blob.verify()
     seen = _platform_of(
@@ -416,11 +334,11 @@ def from_registry(
     )
     if seen != str(platform):
         raise Failed(f"{ref}: the {platform} manifest's config says {seen}")
-    layers = manifest.get("layers") or []
+    layers = image.get("layers") or []
 
     def read(index: int) -> LayerScan:
         layer = layers[index]
-        checked = _Checked(registry.blob(layer["digest"]), layer["digest"], f"{ref} layer {index + 1}")
+        checked = _Checked(repo.open_blob(layer["digest"]), layer["digest"], f"{ref} layer {index + 1}")
         with _decompressed(checked, layer.get("mediaType", ""), f"{ref} layer {index + 1}") as stream:
             scan = scan_layer(stream, layer["digest"], selection, index)
             while stream.read(CHUNK):
