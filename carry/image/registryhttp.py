@@ -5,7 +5,8 @@ pulls and BuildKit's cache.
 
 Credentials are the ones carry.image.registry finds ($CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD, else the user's
 Docker config); they travel only in an Authorization header: basic, or a bearer token fetched from the realm a
-registry's challenge names. Plain HTTP only for a loopback registry (as dockerd's default), HTTPS otherwise.
+registry's challenge names. Plain HTTP only for a loopback registry (as dockerd's default) or, for `verify`'s reads
+(carry.image.inspect.imagefs), one the engine names insecure; HTTPS otherwise.
 
 Faults (docs/reliability.md, "Registry and push"): a 408, 429 or 5xx answer and a dropped connection are retried
 (ATTEMPTS in all, with the backoff of BACKOFF_S, a 429's or 503's Retry-After up to RETRY_AFTER_MAX_S), a streamed
