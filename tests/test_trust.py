@@ -116,6 +116,16 @@ def test_a_bad_key_or_passphrase_stops_image_push_before_any_work(tmp_path, pair
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("image-*.log"))
 
 
+def test_an_unknown_attestation_is_bad_input_naming_the_known_ones(tmp_path):
+    """`image --attest NAME` with a name not in carry.trust.kinds: exit 2, one line, nothing built or written."""
+    project = tmp_path / "demo"
+    shutil.copytree(ROOT / "examples" / "demo", project, ignore=shutil.ignore_patterns("upstream"))
+    env = {"CARRY_CACHE": str(tmp_path / "cache")}
+    result = carry("--config", str(project / "build.yaml"), "image", "--push", "--attest", "spdx=x", env=env)
+    assert_bad_input(result, "--attest 'spdx'", "sbom, provenance")
+    assert not (tmp_path / "cache").exists() and not (project / "dist").exists()
+
+
 def test_the_kinds_table_names_each_predicate_type_and_resolves_attest():
     """One table: each kind's name, title and in-toto predicate type round trip; `--attest` adds to the defaults
     or leaves one out, in the table's order."""
