@@ -129,16 +129,22 @@ def test_an_unknown_attestation_is_bad_input_naming_the_known_ones(tmp_path):
 def test_the_kinds_table_names_each_predicate_type_and_resolves_attest():
     """One table: each kind's name, title and in-toto predicate type round trip; `--attest` adds to the defaults
     or leaves one out, in the table's order."""
-    assert list(kinds.KINDS) == ["sbom", "provenance"]
+    assert list(kinds.KINDS) == ["sbom", "provenance", "suite"]
     assert [(k.predicate_type, kinds.title(k.predicate_type)) for k in kinds.KINDS.values()] == [
         ("https://cyclonedx.org/bom", "SBOM"),
         ("https://slsa.dev/provenance/v1", "provenance"),
+        ("urn:carry:upstream-suite:v1", "suite"),
     ]
     assert kinds.title("https://example.com/other") == "https://example.com/other"
-    assert kinds.chosen(()) == kinds.DEFAULT == (("sbom", ""), ("provenance", ""))
-    assert kinds.chosen(("provenance", "sbom=off")) == (("provenance", ""),)
-    with pytest.raises(kinds.BadInput, match="'spdx'.*sbom, provenance"):
-        kinds.chosen(("spdx",))
+    assert kinds.chosen(()) == kinds.DEFAULT == (("sbom", ""), ("provenance", ""), ("suite", ""))
+    assert kinds.chosen(("provenance", "sbom=off", "suite=off")) == (("provenance", ""),)
+    for bad, needle in (
+        ("spdx", "'spdx'.*sbom, provenance, suite"),
+        ("sbom=x", "takes no ARG"),
+        ("suite=/no", "no such"),
+    ):
+        with pytest.raises(kinds.BadInput, match=needle):
+            kinds.chosen((bad,))
 
 
 def test_verify_key_with_a_wheel_or_an_unreadable_key_is_bad_input(tmp_path, pair):
@@ -639,3 +645,33 @@ def test_without_a_key_nothing_is_attached_and_image_says_so(pushed_demo, tmp_pa
     assert [line for line in said if not line.startswith("trust: ")] == [
         "not signed, nothing attached: set $CARRY_SIGNING_KEY to a key (`carry keygen DIR`)"
     ]
+
+
+def test_the_suite_report_beside_the_fixed_wheel_is_attested_and_verify_shows_it(pushed_demo):
+    """`<wheel>.suite.json` beside the fixed wheel in dist/ goes to the `.att` with the others; verify names its
+    summary, and refuses one about another wheel than the provenance's fixed one."""
+    facts, attester, store = pushed_demo["facts"], pushed_demo["attester"], pushed_demo["store"]
+    report = {
+        "kind": "carry-upstream-suite",
+        "verdict": "PASS",
+        "line": "3 same (3 passed both) · 0 regressed · 1 fixed",
+        "wheel": {"name": facts.fixed.filename, "sha256": f"sha256:{facts.fixed.sha256}"},
+        "against": {"name": "pledemo-0.3.0-py3-none-any.whl"},
+    }
+    path = attester.dist / f"{facts.fixed.filename}.suite.json"
+    path.write_text(json.dumps(report))
+    published = attester.platform(store, facts, pushed_demo["digest"], locked=True)
+    assert published.attached[1].layers == 3
+    assert any(line.startswith("suite      linux/amd64: ") and "PASS" in line for line in published.lines())
+    proven, problems = check(pushed_demo)
+    assert problems == [], problems
+    assert any(line.startswith("suite: signed report of the fixed wheel, PASS: 3 same") for line in proven)
+    other = {**report, "wheel": {"name": "other.whl", "sha256": "sha256:" + "00" * 32}}
+    path.write_text(json.dumps(other))
+    with reporter.recording() as said:
+        attester.platform(MemoryStore(), facts, pushed_demo["digest"], locked=True)
+    assert f"linux/amd64: no suite report: {path} is not about {facts.fixed.filename}" in said
+    suite = kinds.KINDS["suite"].predicate_type
+    attach.attest(store, pushed_demo["key"], facts.repository, pushed_demo["digest"], [(suite, other)])
+    _, problems = check(pushed_demo)
+    assert problems == [f"suite: the report is about other.whl, the image installs {facts.fixed.filename}"]

@@ -58,6 +58,10 @@ class Kind(Protocol):
         """Whether verify fails an image without it (`hermetic`: every installed wheel's sha256 is known)."""
         ...
 
+    def resolve(self, arg: str) -> str:
+        """`--attest NAME=ARG`'s ARG, checked before any work (bad input when it is not one this kind takes)."""
+        ...
+
     def make(self, facts: ImageFacts, making: Making, arg: str) -> Made: ...
 
     def check(self, statement: dict, checking: Checking) -> tuple[list[str], list[str]]:
@@ -72,6 +76,9 @@ class Sbom:
 
     def required(self, hermetic: bool) -> bool:
         return hermetic
+
+    def resolve(self, arg: str) -> str:
+        return _no_arg(self.name, arg)
 
     def make(self, facts: ImageFacts, making: Making, arg: str) -> Made:
         if not facts.hermetic:
@@ -118,6 +125,9 @@ class Provenance:
     def required(self, hermetic: bool) -> bool:
         return True
 
+    def resolve(self, arg: str) -> str:
+        return _no_arg(self.name, arg)
+
     def make(self, facts: ImageFacts, making: Making, arg: str) -> Made:
         return Made(provenance.make(facts, making.locked, making.started, _now()))
 
@@ -146,10 +156,49 @@ class Provenance:
         ], []
 
 
+class Suite:
+    """The upstream-suite report of the fixed wheel (`carry suite` writes `<wheel>.suite.json` beside it): the
+    report at ARG, else the one beside the fixed wheel in dist/, when there is one and it is about that wheel."""
+
+    name, title, predicate_type = "suite", "suite", "urn:carry:upstream-suite:v1"
+
+    def required(self, hermetic: bool) -> bool:
+        return False
+
+    def resolve(self, arg: str) -> str:
+        if arg and not Path(arg).is_file():
+            raise BadInput(f"--attest suite={arg}: no such report (`carry suite WHEEL` writes <wheel>.suite.json)")
+        return str(Path(arg).absolute()) if arg else ""
+
+    def make(self, facts: ImageFacts, making: Making, arg: str) -> Made:
+        path = Path(arg) if arg else making.dist / f"{facts.fixed.filename}.suite.json"
+        if not path.is_file():
+            return Made(None, f"{facts.platform}: no suite report: {path} is missing" if arg else "")
+        try:
+            report = json.loads(path.read_text())
+            about, kind = report["wheel"]["sha256"], report["kind"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise Failed(f"{path}: not a carry suite report ({exc})") from None
+        if kind != "carry-upstream-suite" or about != f"sha256:{facts.fixed.sha256}":
+            return Made(None, f"{facts.platform}: no suite report: {path} is not about {facts.fixed.filename}")
+        return Made(report, line=f"suite      {facts.platform}: {path.name}: {report['verdict']}: {report['line']}")
+
+    def check(self, statement: dict, checking: Checking) -> tuple[list[str], list[str]]:
+        report = statement["predicate"]
+        try:
+            wheel, against, line = report["wheel"], report["against"], f"{report['verdict']}: {report['line']}"
+            fixed = provenance.read(checking.by_type[PROVENANCE.predicate_type]["predicate"]).wheels["fixed-wheel"]
+        except (KeyError, TypeError, AttributeError):
+            return [], ["suite: not a carry suite report about the provenance's fixed wheel"]
+        if wheel.get("sha256") != f"sha256:{fixed[1]}":
+            return [], [f"suite: the report is about {wheel.get('name')}, the image installs {fixed[0]}"]
+        return [f"suite: signed report of the fixed wheel, {line}; against {against.get('name')}"], []
+
+
 SBOM = Sbom()
 PROVENANCE = Provenance()
-KINDS: dict[str, Kind] = {kind.name: kind for kind in (SBOM, PROVENANCE)}
-DEFAULT: tuple[tuple[str, str], ...] = (("sbom", ""), ("provenance", ""))
+KINDS: dict[str, Kind] = {kind.name: kind for kind in (SBOM, PROVENANCE, Suite())}
+DEFAULT: tuple[tuple[str, str], ...] = (("sbom", ""), ("provenance", ""), ("suite", ""))
 
 
 def chosen(asked: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -160,8 +209,14 @@ def chosen(asked: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
         name, _, arg = spec.partition("=")
         if name not in KINDS:
             raise BadInput(f"--attest {name!r}: no such attestation; the known ones: {', '.join(KINDS)}")
-        found[name] = arg
+        found[name] = arg if arg == "off" else KINDS[name].resolve(arg)
     return tuple((name, found[name]) for name in KINDS if name in found and found[name] != "off")
+
+
+def _no_arg(name: str, arg: str) -> str:
+    if arg:
+        raise BadInput(f"--attest {name}={arg}: {name} takes no ARG")
+    return arg
 
 
 def title(predicate_type: str) -> str:

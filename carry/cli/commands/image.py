@@ -80,8 +80,8 @@ from carry.cli.common import AN_EXISTING_DIR, Context, parse_platform
     "attest",
     metavar="NAME[=ARG]",
     multiple=True,
-    help="With --push: an attestation to attach besides the defaults (sbom, provenance), NAME=off to leave one out; "
-    "repeatable.",
+    help="With --push: an attestation besides the defaults (sbom, provenance, and suite when the fixed wheel's "
+    "<wheel>.suite.json is in dist/), NAME=off to leave one out, suite=PATH for another report; repeatable.",
 )
 @click.option("--json", "as_json", is_flag=True, help="With image.lock: the layers and tags as JSON on stdout.")
 @click.pass_obj
