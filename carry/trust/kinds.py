@@ -69,16 +69,22 @@ class Kind(Protocol):
         ...
 
 
-class Sbom:
+class _NoArg:
+    name: str
+
+    def resolve(self, arg: str) -> str:
+        if arg:
+            raise BadInput(f"--attest {self.name}={arg}: {self.name} takes no ARG")
+        return arg
+
+
+class Sbom(_NoArg):
     """CycloneDX 1.6 (carry.trust.sbom), also written to dist/; only a hermetic image has one."""
 
     name, title, predicate_type = "sbom", "SBOM", "https://cyclonedx.org/bom"
 
     def required(self, hermetic: bool) -> bool:
         return hermetic
-
-    def resolve(self, arg: str) -> str:
-        return _no_arg(self.name, arg)
 
     def make(self, facts: ImageFacts, making: Making, arg: str) -> Made:
         if not facts.hermetic:
@@ -117,16 +123,13 @@ class Sbom:
         ], []
 
 
-class Provenance:
+class Provenance(_NoArg):
     """SLSA v1 (carry.trust.provenance)."""
 
     name, title, predicate_type = "provenance", "provenance", "https://slsa.dev/provenance/v1"
 
     def required(self, hermetic: bool) -> bool:
         return True
-
-    def resolve(self, arg: str) -> str:
-        return _no_arg(self.name, arg)
 
     def make(self, facts: ImageFacts, making: Making, arg: str) -> Made:
         return Made(provenance.make(facts, making.locked, making.started, _now()))
@@ -211,12 +214,6 @@ def chosen(asked: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
             raise BadInput(f"--attest {name!r}: no such attestation; the known ones: {', '.join(KINDS)}")
         found[name] = arg if arg == "off" else KINDS[name].resolve(arg)
     return tuple((name, found[name]) for name in KINDS if name in found and found[name] != "off")
-
-
-def _no_arg(name: str, arg: str) -> str:
-    if arg:
-        raise BadInput(f"--attest {name}={arg}: {name} takes no ARG")
-    return arg
 
 
 def title(predicate_type: str) -> str:
