@@ -7,7 +7,6 @@ their wheels, the distributions read back from a hermetic build) and imports no 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -92,9 +91,7 @@ class Attester:
     version: str
     carry_version: str
     dist: Path
-    started: str = dataclasses.field(
-        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    )
+    started: str = dataclasses.field(default_factory=kinds.now)
     timings: publish.Timings = dataclasses.field(default_factory=publish.Timings)
     published: list[publish.Published] = dataclasses.field(default_factory=list)
     read_installed: ReadInstalled = dataclasses.field(default=lambda *_: ((), "nothing read the image's files back"))

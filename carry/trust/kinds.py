@@ -132,7 +132,7 @@ class Provenance(_NoArg):
         return True
 
     def make(self, facts: ImageFacts, making: Making, arg: str) -> Made:
-        return Made(provenance.make(facts, making.locked, making.started, _now()))
+        return Made(provenance.make(facts, making.locked, making.started, now()))
 
     def check(self, statement: dict, checking: Checking) -> tuple[list[str], list[str]]:
         try:
@@ -227,7 +227,7 @@ def _other_statement_type(statement: dict) -> str:
     return "" if found == signing.STATEMENT_TYPE else f"; its statement is {found} (carry's own are Statement v1)"
 
 
-def _now() -> str:
+def now() -> str:
     import datetime
 
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

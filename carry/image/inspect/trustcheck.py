@@ -135,7 +135,7 @@ def verify_without_checkout(
             files = imagefs.from_registry(ref, target, selection, login.auth, insecure)
             if files is None:
                 raise Failed(f"cannot read {ref} for {target} from its registry")
-            dists = _installed(files)
+            dists = installed_in(files)
             manifest = Manifest(repository=repository, digest=files.digest, platform=target, labels=files.labels)
             proven, problems = check_platform(store, key, manifest, dists, None)
             if files.digest != remote[0]:
@@ -163,10 +163,6 @@ def dist_info_selection() -> Selection:
 
 
 def installed_in(files: ImageFiles) -> list[tuple[str, str]]:
-    return _installed(files)
-
-
-def _installed(files: ImageFiles) -> list[tuple[str, str]]:
     import posixpath
 
     from carry.image.inspect.installcheck import SITE_RE, _headers
