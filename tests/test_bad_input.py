@@ -510,6 +510,7 @@ CASES: list[Case] = [
         ("image.name 'Carry-Demo'", "lowercase"),
         _append("image:\n  name: Carry-Demo\n"),
     ),
+    Case("attest_unknown", ("image", "--attest", "spdx"), ("--attest 'spdx'", "sbom, provenance")),
     Case("image_name_space", ("image",), ("image.name", "lowercase"), _append("image:\n  name: carry demo\n")),
     Case("image_name_trailing_slash", ("image",), ("image.name",), _append("image:\n  name: 'registry:5000/'\n")),
     Case(

@@ -117,7 +117,7 @@ def test_both_platforms_pushed_layered_and_smoke_tested(project, cold, registry)
 def test_each_platform_is_signed_with_an_exact_sbom_and_the_index_too(project, cold, registry):
     """The cold push signed both platform manifests and the index; each platform's SBOM (dist/ and the `.att`) is
     valid CycloneDX 1.6 with the lock's 197 packages + the fixed wheel, the two patches as its pedigree."""
-    from carry.trust import attach, sbom
+    from carry.trust import attach, kinds, sbom
 
     found, result = cold
     _, _, name, root = project
@@ -138,8 +138,8 @@ def test_each_platform_is_signed_with_an_exact_sbom_and_the_index_too(project, c
         assert registry.manifest(name, attach.sig_tag(digest))["layers"][0]["mediaType"] == attach.SIMPLE_SIGNING
         att = registry.manifest(name, attach.att_tag(digest))
         assert [layer["annotations"]["predicateType"] for layer in att["layers"]] == [
-            attach.CYCLONEDX,
-            attach.SLSA_PROVENANCE,
+            kinds.SBOM.predicate_type,
+            kinds.PROVENANCE.predicate_type,
         ]
     assert sum(trust["seconds"].values()) < 60, trust["seconds"]
 

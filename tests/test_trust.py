@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from carry.trust import attach, keys, provenance, sbom, signing
+from carry.trust import attach, keys, kinds, provenance, sbom, signing
 from carry.trust.facts import CarriedPatch, ImageFacts, Source, Wheel
 from carry.util import reporter
 from helpers import ROOT, assert_bad_input, carry
+
+CYCLONEDX, SLSA_PROVENANCE = kinds.SBOM.predicate_type, kinds.PROVENANCE.predicate_type
 
 PASSWORD = "pass-" + os.urandom(6).hex()
 
@@ -114,6 +116,37 @@ def test_a_bad_key_or_passphrase_stops_image_push_before_any_work(tmp_path, pair
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").rglob("image-*.log"))
 
 
+def test_an_unknown_attestation_is_bad_input_naming_the_known_ones(tmp_path):
+    """`image --attest NAME` with a name not in carry.trust.kinds: exit 2, one line, nothing built or written."""
+    project = tmp_path / "demo"
+    shutil.copytree(ROOT / "examples" / "demo", project, ignore=shutil.ignore_patterns("upstream"))
+    env = {"CARRY_CACHE": str(tmp_path / "cache")}
+    result = carry("--config", str(project / "build.yaml"), "image", "--push", "--attest", "spdx=x", env=env)
+    assert_bad_input(result, "--attest 'spdx'", "sbom, provenance")
+    assert not (tmp_path / "cache").exists() and not (project / "dist").exists()
+
+
+def test_the_kinds_table_names_each_predicate_type_and_resolves_attest():
+    """One table: each kind's name, title and in-toto predicate type round trip; `--attest` adds to the defaults
+    or leaves one out, in the table's order."""
+    assert list(kinds.KINDS) == ["sbom", "provenance", "suite"]
+    assert [(k.predicate_type, kinds.title(k.predicate_type)) for k in kinds.KINDS.values()] == [
+        ("https://cyclonedx.org/bom", "SBOM"),
+        ("https://slsa.dev/provenance/v1", "provenance"),
+        ("urn:carry:upstream-suite:v1", "suite"),
+    ]
+    assert kinds.title("https://example.com/other") == "https://example.com/other"
+    assert kinds.chosen(()) == kinds.DEFAULT == (("sbom", ""), ("provenance", ""), ("suite", ""))
+    assert kinds.chosen(("provenance", "sbom=off", "suite=off")) == (("provenance", ""),)
+    for bad, needle in (
+        ("spdx", "'spdx'.*sbom, provenance, suite"),
+        ("sbom=x", "takes no ARG"),
+        ("suite=/no", "no such"),
+    ):
+        with pytest.raises(kinds.BadInput, match=needle):
+            kinds.chosen((bad,))
+
+
 def test_verify_key_with_a_wheel_or_an_unreadable_key_is_bad_input(tmp_path, pair):
     directory, _ = pair
     wheel = tmp_path / "x-1.0-py3-none-any.whl"
@@ -158,7 +191,7 @@ def test_dsse_envelopes_verify_with_securesystemslib(pair):
 
     directory, _ = pair
     key = keys.load_private(directory / "carry.key", None)
-    body = signing.statement("127.0.0.1:5055/x", "sha256:" + "12" * 32, attach.SLSA_PROVENANCE, {"a": 1})
+    body = signing.statement("127.0.0.1:5055/x", "sha256:" + "12" * 32, SLSA_PROVENANCE, {"a": 1})
     data = signing.envelope(key, body)
     from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
@@ -321,17 +354,17 @@ def test_attachments_are_cosigns_shape_and_each_failure_is_named(pair, tmp_path)
     assert not missing.ok and "no signature" in missing.problems[0]
 
     facts = demo_facts()
-    predicates = [(attach.CYCLONEDX, json.loads(sbom.make(facts))), (attach.SLSA_PROVENANCE, {"x": 1})]
+    predicates = [(CYCLONEDX, json.loads(sbom.make(facts))), (SLSA_PROVENANCE, {"x": 1})]
     attested = attach.attest(store, key, repo, digest, predicates)
     att = json.loads(store.manifests[attested.tag][1])
     assert [(x["mediaType"], x["annotations"]) for x in att["layers"]] == [
         ("application/vnd.dsse.envelope.v1+json", {"dev.cosignproject.cosign/signature": "", "predicateType": t})
-        for t in (attach.CYCLONEDX, attach.SLSA_PROVENANCE)
+        for t in (CYCLONEDX, SLSA_PROVENANCE)
     ]
     assert attach.attest(store, key, repo, digest, predicates).layers == 2, "carry's own are replaced, not piled up"
-    read = attach.read_statements(store, key.public, digest, (attach.CYCLONEDX, attach.SLSA_PROVENANCE))
-    assert read.problems == () and read.by_type[attach.SLSA_PROVENANCE]["predicate"] == {"x": 1}
-    wrong = attach.read_statements(store, stranger.public, digest, (attach.CYCLONEDX,))
+    read = attach.read_statements(store, key.public, digest, (CYCLONEDX, SLSA_PROVENANCE))
+    assert read.problems == () and read.by_type[SLSA_PROVENANCE]["predicate"] == {"x": 1}
+    wrong = attach.read_statements(store, stranger.public, digest, (CYCLONEDX,))
     assert (
         "SBOM: the https://cyclonedx.org/bom envelope" in wrong.problems[0] and "does not verify" in wrong.problems[0]
     )
@@ -349,8 +382,8 @@ def test_attachments_are_cosigns_shape_and_each_failure_is_named(pair, tmp_path)
     }
     store.upload_bytes(forged, att["layers"][0]["digest"])
     store.put_manifest(attested.tag, json.dumps(att).encode(), attach.OCI_MANIFEST)
-    read = attach.read_statements(store, key.public, digest, (attach.CYCLONEDX, attach.SLSA_PROVENANCE))
-    assert read.problems and read.problems[0].startswith("SBOM:") and attach.SLSA_PROVENANCE in read.by_type
+    read = attach.read_statements(store, key.public, digest, (CYCLONEDX, SLSA_PROVENANCE))
+    assert read.problems and read.problems[0].startswith("SBOM:") and SLSA_PROVENANCE in read.by_type
 
     # a keyless signature (a certificate, as cosign writes in a workflow): --key cannot check it, and says so
     keyless = MemoryStore()
@@ -368,29 +401,27 @@ def test_attachments_are_cosigns_shape_and_each_failure_is_named(pair, tmp_path)
 def test_a_statement_v0_1_as_cosign_attest_writes_it_is_read_and_named(pair):
     """cosign 2.5's `attest` writes in-toto Statement v0.1 (tests/test_trust_cosign.py runs it): read like v1, and
     verify names the difference; a missing predicate type names what the `.att` holds instead."""
-    from carry.image.inspect import trustcheck
 
     key = keys.load_private(pair[0] / "carry.key", None)
     store, digest = MemoryStore(), "sha256:" + "7c" * 32
     statement = {
         "_type": "https://in-toto.io/Statement/v0.1",
         "subject": [{"name": "127.0.0.1:5055/x", "digest": {"sha256": "7c" * 32}}],
-        "predicateType": attach.CYCLONEDX,
+        "predicateType": CYCLONEDX,
         "predicate": {"bomFormat": "CycloneDX"},
     }
-    annotations = {attach.SIGNATURE_ANNOTATION: "", attach.PREDICATE_ANNOTATION: attach.CYCLONEDX}
+    annotations = {attach.SIGNATURE_ANNOTATION: "", attach.PREDICATE_ANNOTATION: CYCLONEDX}
     envelope = signing.envelope(key, json.dumps(statement).encode())
     attach._push(store, attach.att_tag(digest), [attach.Layer(attach.DSSE_ENVELOPE, envelope, annotations)])
-    read = attach.read_statements(store, key.public, digest, (attach.CYCLONEDX, attach.SLSA_PROVENANCE))
-    assert read.by_type[attach.CYCLONEDX] == statement
+    read = attach.read_statements(store, key.public, digest, (CYCLONEDX, SLSA_PROVENANCE))
+    assert read.by_type[CYCLONEDX] == statement
     assert read.problems == (
-        f"provenance: no {attach.SLSA_PROVENANCE} attestation under {attach.att_tag(digest)} "
-        f"(it holds {attach.CYCLONEDX} only)",
+        f"provenance: no {SLSA_PROVENANCE} attestation under {attach.att_tag(digest)} (it holds {CYCLONEDX} only)",
     )
-    assert trustcheck._other_statement_type(statement) == (
+    assert kinds._other_statement_type(statement) == (
         "; its statement is https://in-toto.io/Statement/v0.1 (carry's own are Statement v1)"
     )
-    assert trustcheck._other_statement_type({"_type": signing.STATEMENT_TYPE}) == ""
+    assert kinds._other_statement_type({"_type": signing.STATEMENT_TYPE}) == ""
     unknown = signing.envelope(key, json.dumps({**statement, "_type": "https://in-toto.io/Statement/v9"}).encode())
     with pytest.raises(ValueError, match="not an in-toto Statement"):
         signing.open_envelope(unknown, key.public)
@@ -451,7 +482,6 @@ def pushed_demo(tmp_path, pair):
 
     from carry.config import load
     from carry.image.attest import Attester, Installed, wheel_of
-    from carry.image.inspect import trustcheck
     from carry.image.locked import runtimelock
     from carry.platforms import Platform
     from carry.source import series
@@ -515,7 +545,7 @@ def pushed_demo(tmp_path, pair):
         "labels": labels,
         "installed": installed,
         "facts": facts,
-        "expected": trustcheck.Expected(
+        "expected": provenance.Expected(
             config.upstream.commit,
             tuple((p.name, p.sha256) for p in attester.series.patches),
             "20261130.1",
@@ -546,20 +576,23 @@ def check(demo, installed=None, expected="same", labels=None, key=None):
 
 def test_what_push_attaches_verify_proves(pushed_demo):
     published = pushed_demo["published"]
-    assert published.sbom_path.name == "pledemo-20261130.1-linux-amd64.cdx.json"
-    assert published.components == 3 and [a.kind for a in published.attached] == ["signature", "attestation"]
+    assert Path(published.to_json()["sbom"]).name == "pledemo-20261130.1-linux-amd64.cdx.json"
+    assert published.to_json()["components"] == 3 and [a.kind for a in published.attached] == [
+        "signature",
+        "attestation",
+    ]
     lines = pushed_demo["attester"].lines()
     assert any(line.startswith("sbom       linux/amd64:") for line in lines)
     assert sum(".sig  sha256:" in line for line in lines) == 2  # the platform manifest and the index
     assert [line for line in pushed_demo["said"] if not line.startswith(("sign: ", "trust: "))] == []  # no note
     timings = pushed_demo["attester"].timings
-    assert timings.sbom > 0 and timings.signatures > 0 and timings.total < 30
+    assert timings.kinds["sbom"] > 0 and timings.signatures > 0 and timings.total < 30
     proven, problems = check(pushed_demo)
     assert problems == [], problems
     text = "\n".join(proven)
     assert "verifies with the key" in text and "SBOM: signed, CycloneDX 1.6, 3 components" in text
     assert "equal to this repository's commit, series, fixed wheel and lock" in text
-    document = json.loads(published.sbom_path.read_bytes())
+    document = json.loads(Path(published.to_json()["sbom"]).read_bytes())
     assert sbom.installed(document)[("alpha", "1.0")] == pushed_demo["facts"].distributions[0].sha256
 
 
@@ -601,10 +634,9 @@ def test_without_a_key_nothing_is_attached_and_image_says_so(pushed_demo, tmp_pa
     from carry.trust import publish
 
     store = MemoryStore()
-    done = publish.platform(
-        store, None, pushed_demo["facts"], "sha256:" + "ee" * 32, tmp_path, True, "t", publish.Timings()
-    )
-    assert done.attached == () and store.manifests == {} and done.sbom_path.exists()
+    making = kinds.Making(tmp_path, True, "t")
+    done = publish.platform(store, None, pushed_demo["facts"], "sha256:" + "ee" * 32, making, publish.Timings())
+    assert done.attached == () and store.manifests == {} and Path(done.to_json()["sbom"]).exists()
     attester = dataclasses.replace(pushed_demo["attester"], key=None, published=[], dist=tmp_path)
     with reporter.recording() as said:  # two platforms published: the note is said once, with the first
         for digest in ("sha256:" + "ee" * 32, "sha256:" + "ef" * 32):
@@ -613,3 +645,33 @@ def test_without_a_key_nothing_is_attached_and_image_says_so(pushed_demo, tmp_pa
     assert [line for line in said if not line.startswith("trust: ")] == [
         "not signed, nothing attached: set $CARRY_SIGNING_KEY to a key (`carry keygen DIR`)"
     ]
+
+
+def test_the_suite_report_beside_the_fixed_wheel_is_attested_and_verify_shows_it(pushed_demo):
+    """`<wheel>.suite.json` beside the fixed wheel in dist/ goes to the `.att` with the others; verify names its
+    summary, and refuses one about another wheel than the provenance's fixed one."""
+    facts, attester, store = pushed_demo["facts"], pushed_demo["attester"], pushed_demo["store"]
+    report = {
+        "kind": "carry-upstream-suite",
+        "verdict": "PASS",
+        "line": "3 same (3 passed both) · 0 regressed · 1 fixed",
+        "wheel": {"name": facts.fixed.filename, "sha256": f"sha256:{facts.fixed.sha256}"},
+        "against": {"name": "pledemo-0.3.0-py3-none-any.whl"},
+    }
+    path = attester.dist / f"{facts.fixed.filename}.suite.json"
+    path.write_text(json.dumps(report))
+    published = attester.platform(store, facts, pushed_demo["digest"], locked=True)
+    assert published.attached[1].layers == 3
+    assert any(line.startswith("suite      linux/amd64: ") and "PASS" in line for line in published.lines())
+    proven, problems = check(pushed_demo)
+    assert problems == [], problems
+    assert any(line.startswith("suite: signed report of the fixed wheel, PASS: 3 same") for line in proven)
+    other = {**report, "wheel": {"name": "other.whl", "sha256": "sha256:" + "00" * 32}}
+    path.write_text(json.dumps(other))
+    with reporter.recording() as said:
+        attester.platform(MemoryStore(), facts, pushed_demo["digest"], locked=True)
+    assert f"linux/amd64: no suite report: {path} is not about {facts.fixed.filename}" in said
+    suite = kinds.KINDS["suite"].predicate_type
+    attach.attest(store, pushed_demo["key"], facts.repository, pushed_demo["digest"], [(suite, other)])
+    _, problems = check(pushed_demo)
+    assert problems == [f"suite: the report is about other.whl, the image installs {facts.fixed.filename}"]

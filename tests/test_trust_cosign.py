@@ -30,16 +30,18 @@ import pytest
 
 import cosign_tool
 import dockerenv
-from carry.trust import attach
+from carry.trust import attach, kinds
 from helpers import ROOT, Result, carry, find_in_tree
 from procwatch import command_lines
+
+CYCLONEDX, SLSA_PROVENANCE = kinds.SBOM.predicate_type, kinds.PROVENANCE.predicate_type
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 PLATFORMS = ("linux/amd64", "linux/arm64")
 CARRY_PASSWORD = "carry-key-pass-" + os.urandom(8).hex()
 COSIGN_PASSWORD = "cosign-key-pass-" + os.urandom(8).hex()
-TYPES = {"cyclonedx": attach.CYCLONEDX, "slsaprovenance1": attach.SLSA_PROVENANCE}
+TYPES = {"cyclonedx": CYCLONEDX, "slsaprovenance1": SLSA_PROVENANCE}
 SIGNERS = ("carry-key", "cosign-key")
 VERIFIED = "The signatures were verified against the specified public key"
 
@@ -289,9 +291,9 @@ def test_cosign_refuses_a_tampered_att_layer(signed):
     cosign, key, repo = signed["cosign"], signed["keys"]["carry-key"], registry(signed)
     amd64 = signed["pushes"]["carry-key"].platforms["linux/amd64"]
     digest = repush(signed, amd64, "tampered")
-    sbom = attach.read_statements(repo, None, amd64, (attach.CYCLONEDX,)).by_type[attach.CYCLONEDX]["predicate"]
+    sbom = attach.read_statements(repo, None, amd64, (CYCLONEDX,)).by_type[CYCLONEDX]["predicate"]
     private = keys.load_private(signed["private"]["carry-key"], CARRY_PASSWORD)
-    attach.attest(repo, private, signed["name"], digest, [(attach.CYCLONEDX, sbom)])
+    attach.attest(repo, private, signed["name"], digest, [(CYCLONEDX, sbom)])
     ref = f"{signed['name']}@{digest}"
     before = cosign.verify_attestation(key, ref, "cyclonedx")
     assert before.code == 0, before.text()

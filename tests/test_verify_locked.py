@@ -892,10 +892,11 @@ def test_signing_writes_the_sbom_and_attaches_signature_sbom_and_provenance(sign
     from carry.trust import attach, sbom
 
     published = signed["published"]
-    assert published.sbom_path == signed["project"] / "dist" / f"{WHEEL_NAME}-{VERSION}-linux-amd64.cdx.json"
-    document = published.sbom_path.read_bytes()
+    path = Path(published.to_json()["sbom"])
+    assert path == signed["project"] / "dist" / f"{WHEEL_NAME}-{VERSION}-linux-amd64.cdx.json"
+    document = path.read_bytes()
     assert sbom.validate(document) is None
-    assert published.components == len(signed["locked"]) + 1  # the lock's packages + the fixed wheel
+    assert published.to_json()["components"] == len(signed["locked"]) + 1  # the lock's packages + the fixed wheel
     listed = sbom.installed(json.loads(document))
     for package in signed["lock"].packages:
         assert listed[(package.name, package.version)] in [h.split(":", 1)[1] for h in package.hashes]

@@ -47,7 +47,7 @@ def buildkit_image(app: App, options: ImageOptions, arch: str | None) -> image.I
     from carry.app import imaging, wheel
     from carry.image.buildkit import container, image
 
-    attester = imaging.attester_for(app, options.push)
+    attester = imaging.attester_for(app, options.push, options.attest)
     imaging.registry_answers(app, options.push)
     platforms = image.platforms_to_build(app.config, options)
     app.require_pins(platforms)

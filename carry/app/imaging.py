@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from carry.trust import kinds
 from carry.util.record import record
 
 if TYPE_CHECKING:
@@ -30,9 +31,11 @@ def cuda_tag(app: App, needed: bool = True) -> str:
     return image.cuda_tag(app.toolchain().nvcc_version) if needed else "none"
 
 
-def attester_for(app: App, push: bool, dist: Path = Path("dist")) -> Attester | None:
-    """With --push, what signs and attests the pushed images (carry.image.attest), the key of
-    $CARRY_SIGNING_KEY loaded now: a bad key or passphrase is bad input before any work."""
+def attester_for(
+    app: App, push: bool, attest: tuple[tuple[str, str], ...] = kinds.DEFAULT, dist: Path = Path("dist")
+) -> Attester | None:
+    """With --push, what signs and attests the pushed images (carry.image.attest) with the kinds `attest` names, the
+    key of $CARRY_SIGNING_KEY loaded now: a bad key or passphrase is bad input before any work."""
     if not push:
         return None
     from carry import __version__
@@ -49,6 +52,7 @@ def attester_for(app: App, push: bool, dist: Path = Path("dist")) -> Attester | 
         __version__,
         dist,
         read_installed=hermetic.distributions,
+        attest=attest,
     )
 
 

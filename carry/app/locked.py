@@ -49,7 +49,7 @@ def locked_image(app: App, request: ImageRequest) -> lockedimage.LockedImageResu
 
     options = request.options
     _refuse_what_does_not_apply(app, options, request.discard_wheels)
-    attester = imaging.attester_for(app, options.push)
+    attester = imaging.attester_for(app, options.push, options.attest)
     imaging.registry_answers(app, options.push)
     platforms = image.platforms_to_build(app.config, options)
     app.require_pins(platforms)

@@ -7,7 +7,6 @@ their wheels, the distributions read back from a hermetic build) and imports no 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from carry.config import Config
 from carry.config.reader import strip_credentials
 from carry.source.series import Series
-from carry.trust import publish
+from carry.trust import kinds, publish
 from carry.trust.facts import CarriedPatch, ImageFacts, Source, Wheel
 
 __all__ = ["Attester", "Installed", "Wheel", "wheel_of"]
@@ -93,12 +92,11 @@ class Attester:
     version: str
     carry_version: str
     dist: Path
-    started: str = dataclasses.field(
-        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    )
+    started: str = dataclasses.field(default_factory=kinds.now)
     timings: publish.Timings = dataclasses.field(default_factory=publish.Timings)
     published: list[publish.Published] = dataclasses.field(default_factory=list)
     read_installed: ReadInstalled = dataclasses.field(default=lambda *_: ((), "nothing read the image's files back"))
+    attest: tuple[tuple[str, str], ...] = kinds.DEFAULT  # the kinds attached, by name, and each one's ARG
 
     def _config_source(self) -> Source:
         text = strip_credentials(self.config.path.read_text())
@@ -189,12 +187,13 @@ class Attester:
         first = not self.published
         if self.key is not None and first:
             reporter.phase("sign", f"with the key {self.key.public.fingerprint[:19]}… ($CARRY_SIGNING_KEY)")
-        done = publish.platform(store, self.key, facts, digest, self.dist, locked, self.started, self.timings)
+        making = kinds.Making(self.dist, locked, self.started)
+        done = publish.platform(store, self.key, facts, digest, making, self.timings, self.attest)
         self.published.append(done)
         for line in done.lines():
             reporter.phase("trust", line)
-        if done.note:
-            reporter.note(done.note)
+        for note in done.notes:
+            reporter.note(note)
         if self.key is None and first:
             reporter.note(UNSIGNED)
         return done

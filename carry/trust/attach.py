@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from carry.trust import signing
 from carry.trust.keys import PublicKey, SigningKey
+from carry.trust.kinds import title
 from carry.util.errors import Failed
 
 if TYPE_CHECKING:
@@ -45,8 +46,6 @@ SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
 CERTIFICATE_ANNOTATION = "dev.sigstore.cosign/certificate"
 BUNDLE_ANNOTATION = "dev.sigstore.cosign/bundle"
 PREDICATE_ANNOTATION = "predicateType"
-CYCLONEDX = "https://cyclonedx.org/bom"
-SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
 EPOCH = "0001-01-01T00:00:00Z"
 
 
@@ -291,16 +290,12 @@ def read_statements(store: Registry, key: PublicKey | None, digest: str, wanted:
             continue
         if unsigned.get(kind):
             problems.append(
-                f"{_name(kind)}: the {kind} envelope under {tag} does not verify with the key (tampered, or "
+                f"{title(kind)}: the {kind} envelope under {tag} does not verify with the key (tampered, or "
                 f"signed with another key)"
             )
         else:
             problems.append(
-                f"{_name(kind)}: no {kind} attestation under {tag}"
+                f"{title(kind)}: no {kind} attestation under {tag}"
                 + (f" (it holds {', '.join(held)} only)" if held else "")
             )
     return Statements(found, tuple(problems), len(layers))
-
-
-def _name(predicate_type: str) -> str:
-    return {CYCLONEDX: "SBOM", SLSA_PROVENANCE: "provenance"}.get(predicate_type, predicate_type)

@@ -81,6 +81,15 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def same_version(a: str, b: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
 def dist_name(facts: ImageFacts) -> str:
     """`<name>-<VERSION>-<os>-<arch>.cdx.json`: the SBOM's file name in dist/."""
     os_name, _, arch = facts.platform.partition("/")

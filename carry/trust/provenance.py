@@ -78,6 +78,17 @@ def make(facts: ImageFacts, locked: bool, started: str, finished: str) -> dict:
 
 
 @dataclasses.dataclass(frozen=True)
+class Expected:
+    """What this repository says the provenance must name."""
+
+    commit: str
+    patches: tuple[tuple[str, str], ...]  # (file name, sha256) in order
+    version: str
+    fixed_sha256: str  # "" when dist/ does not hold it (a Dockerfile build's wheel is made in the image)
+    lock: tuple[str, str] | None  # (file name, sha256)
+
+
+@dataclasses.dataclass(frozen=True)
 class Read:
     """What a provenance says, in the terms carry compares."""
 
@@ -151,4 +162,32 @@ def self_consistent(found: Read, sbom_fixed: dict | None, labels: dict[str, str]
         patched = len((sbom_fixed.get("pedigree") or {}).get("patches") or [])
         if patched != len(found.patches):
             problems.append(f"provenance: {len(found.patches)} patch(es), the SBOM's pedigree {patched}")
+    return problems
+
+
+def against_repository(found: Read, expected: Expected) -> list[str]:
+    """Problems found comparing a provenance with what this repository says it must name."""
+    problems = []
+    if found.commit != expected.commit:
+        problems.append(f"provenance: upstream commit {found.commit}, this repository pins {expected.commit}")
+    if list(found.patches) != list(expected.patches):
+        problems.append(
+            "provenance: patches "
+            + ", ".join(f"{n} {s[:12]}" for n, s in found.patches)
+            + "; this repository's series: "
+            + ", ".join(f"{n} {s[:12]}" for n, s in expected.patches)
+        )
+    if found.version != expected.version:
+        problems.append(f"provenance: VERSION {found.version}, this repository's {expected.version}")
+    fixed = found.wheels.get("fixed-wheel")
+    if expected.fixed_sha256 and (fixed is None or fixed[1] != expected.fixed_sha256):
+        problems.append(
+            f"provenance: fixed wheel sha256 {fixed[1][:12] if fixed else 'missing'}…, dist/'s "
+            f"{expected.fixed_sha256[:12]}…"
+        )
+    if expected.lock is not None and (found.lock is None or found.lock[1] != expected.lock[1]):
+        problems.append(
+            f"provenance: lock sha256 {found.lock[1][:12] if found.lock else 'missing'}…, "
+            f"{expected.lock[0]}'s {expected.lock[1][:12]}…"
+        )
     return problems

@@ -221,3 +221,24 @@ def fixed_component(document: dict, name: str) -> dict | None:
         ),
         None,
     )
+
+
+def pedigreed(document: dict) -> dict | None:
+    """The component with a pedigree (the fixed package), if any."""
+    return next((c for c in document.get("components") or [] if c.get("pedigree")), None)
+
+
+def against_layers(listed: dict[tuple[str, str], str], installed: list[tuple[str, str]]) -> list[str]:
+    """Problems found comparing what an SBOM lists with the distributions the layers install."""
+    from carry.trust.facts import canonical, same_version
+
+    problems = []
+    remaining = dict(listed)
+    for name, version in installed:
+        match = next((k for k in remaining if k[0] == canonical(name) and same_version(k[1], version)), None)
+        if match is None:
+            problems.append(f"SBOM: {name} {version} is installed in the layers but not in the SBOM")
+        else:
+            remaining.pop(match)
+    problems += [f"SBOM: lists {name} {version}, which the layers do not install" for name, version in remaining]
+    return problems

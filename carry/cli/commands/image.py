@@ -75,6 +75,14 @@ from carry.cli.common import AN_EXISTING_DIR, Context, parse_platform
     help="With image.lock and --push: remove the locked wheels this run downloads once their platform's layers are "
     "pushed (a CI runner that starts empty: its disk holds one platform's wheels at a time).",
 )
+@click.option(
+    "--attest",
+    "attest",
+    metavar="NAME[=ARG]",
+    multiple=True,
+    help="With --push: an attestation besides the defaults (sbom, provenance, and suite when the fixed wheel's "
+    "<wheel>.suite.json is in dist/), NAME=off to leave one out, suite=PATH for another report; repeatable.",
+)
 @click.option("--json", "as_json", is_flag=True, help="With image.lock: the layers and tags as JSON on stdout.")
 @click.pass_obj
 def image_command(  # noqa: PLR0913 (a click command: its parameters are its flags)
@@ -90,6 +98,7 @@ def image_command(  # noqa: PLR0913 (a click command: its parameters are its fla
     no_smoke: bool,
     smoke: str,
     discard_wheels: bool,
+    attest: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Build the image with BuildKit, one build per platform (the build stage runs `build.py wheel`), tag it
@@ -99,9 +108,13 @@ def image_command(  # noqa: PLR0913 (a click command: its parameters are its fla
     from carry.app import imaging
     from carry.image.buildkit.image import ImageOptions
     from carry.image.buildkit.layercache import CacheSpec
+    from carry.trust import kinds
 
     caches = tuple(CacheSpec.parse(s, False) for s in cache_from) + tuple(CacheSpec.parse(s, True) for s in cache_to)
-    options = ImageOptions(push, tags, tuple(parse_platform(p) for p in platforms), hermetic, wheelhouse, caches)
+    chosen = kinds.chosen(attest)
+    options = ImageOptions(
+        push, tags, tuple(parse_platform(p) for p in platforms), hermetic, wheelhouse, caches, chosen
+    )
     asked = imaging.ImageRequest(
         options=options, arch=arch, smoke="off" if no_smoke else smoke, discard_wheels=discard_wheels
     )

@@ -27,6 +27,7 @@ from carry.image.vocabulary import LABEL_PREFIX, WHEEL_LABEL, ImagePlan, Platfor
 from carry.platforms import Platform
 from carry.source.apply import CheckReport
 from carry.source.series import Series
+from carry.trust import kinds
 from carry.util import prog, reporter
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
@@ -51,6 +52,7 @@ class ImageOptions:
     hermetic: bool
     wheelhouse: Path | None
     cache: tuple[layercache.CacheSpec, ...] = ()  # --cache-from and --cache-to, parsed
+    attest: tuple[tuple[str, str], ...] = kinds.DEFAULT  # --attest, resolved (carry.trust.kinds.chosen)
 
     def __post_init__(self) -> None:
         for tag in self.extra_tags:

@@ -169,6 +169,7 @@ def _trust_dockerfile(
     series, VERSION), and its SBOM, when it has one (a --hermetic build), against the dist-info its layers hold."""
     from carry.image import registry, registryhttp
     from carry.image.inspect import imagefs, trustcheck
+    from carry.trust import provenance
 
     if remote is None:
         return [], ["signature: the image is only in the local engine; a signature lives in a registry"]
@@ -179,12 +180,12 @@ def _trust_dockerfile(
         if files is None:
             return [], [f"signature: {ref} is not in its registry"]
         store = registryhttp.Repository.of(repository, login.auth)
-        wanted = trustcheck.Expected(expected.commit, patches, expected.version, "", None)
+        wanted = provenance.Expected(expected.commit, patches, expected.version, "", None)
         manifest = trustcheck.Manifest(
             repository=repository, digest=files.digest, platform=platform, labels=files.labels
         )
         proven, problems = trustcheck.check_platform(
-            store, key, manifest, trustcheck.installed_in(files), wanted, sbom_required=False
+            store, key, manifest, trustcheck.installed_in(files), wanted, hermetic=False
         )
         if files.digest != remote[0]:
             more = trustcheck.check_index(store, key, repository, remote[0])
@@ -326,6 +327,7 @@ def _trust_locked(
 
     from carry.image import registryhttp
     from carry.image.inspect import installcheck, trustcheck
+    from carry.trust import provenance
 
     if remote is None:
         return [], ["signature: the image is only in the local engine; a signature lives in a registry"]
@@ -334,7 +336,7 @@ def _trust_locked(
     repository = registryhttp.repository_of(request.ref)
     store = registryhttp.Repository.of(repository, login.auth)
     dists = installcheck.installed(files.nodes, content.site, [])
-    wanted = trustcheck.Expected(
+    wanted = provenance.Expected(
         expected.commit,
         patches,
         expected.version,
@@ -425,7 +427,7 @@ def judge(
     """The labels, the installed buildinfo and the gate of the installed shared objects, with what the files
     proved (`content`), as one platform's verification; with the `lock`, the base the labels name is its base."""
     from carry.binaries import gate
-    from carry.image.inspect.installcheck import canonical
+    from carry.trust.facts import canonical
 
     labels = files.labels
     mismatches = list(coverage) + _label_mismatches(labels, expected)

@@ -20,6 +20,7 @@ from carry.binaries import wheelzip
 from carry.binaries.sharedobjects import elf_machine, may_be_shared_object
 from carry.image.inspect.imagefs import ImageFiles, Node, Selection
 from carry.platforms import Platform
+from carry.trust.facts import canonical, same_version
 from carry.util.errors import Failed
 from carry.util.integrity import file_sha256
 
@@ -31,22 +32,6 @@ SITE_RE = re.compile(r"^/opt/venv/lib/python\d+\.\d+/site-packages(?=/|$)")
 INSTALLER_FILES = ("INSTALLER", "REQUESTED", "direct_url.json", "RECORD")  # what an installer adds to a dist-info
 BIN_LINK_RE = re.compile(r"^python(\d+(\.\d+)?)?$")  # the venv's own interpreter links
 CUDA_H = "/include/cuda.h"  # CUDA_HOME's, read whole: the driver stub carry adds is made from it (cudatoolkit)
-
-
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def same_version(a: str, b: str) -> bool:
-    try:
-        from packaging.version import InvalidVersion, Version
-
-        try:
-            return Version(a) == Version(b)
-        except InvalidVersion:
-            return a == b
-    except ImportError:  # pragma: no cover - packaging is a dependency
-        return a == b
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,26 +18,14 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING
 
-from carry.image.inspect.installcheck import canonical, same_version
 from carry.platforms import Platform
-from carry.trust import attach, provenance, sbom
+from carry.trust import attach, kinds, provenance
 from carry.trust.keys import PublicKey
 from carry.util.errors import Failed
 from carry.util.record import record
 
 if TYPE_CHECKING:
     from carry.image.inspect.imagefs import ImageFiles, Selection
-
-
-@dataclasses.dataclass(frozen=True)
-class Expected:
-    """What this repository says the provenance must name."""
-
-    commit: str
-    patches: tuple[tuple[str, str], ...]  # (file name, sha256) in order
-    version: str
-    fixed_sha256: str  # "" when dist/ does not hold it (a Dockerfile build's wheel is made in the image)
-    lock: tuple[str, str] | None  # (file name, sha256)
 
 
 @record(kw_only=True)
@@ -55,11 +43,11 @@ def check_platform(
     key: PublicKey,
     manifest: Manifest,
     installed: list[tuple[str, str]],
-    expected: Expected | None,
-    sbom_required: bool = True,
+    expected: provenance.Expected | None,
+    hermetic: bool = True,
 ) -> tuple[list[str], list[str]]:
-    """(proven lines, problems) for one platform manifest; a Dockerfile build without --hermetic has no SBOM
-    (`sbom_required` False), but one that is there is checked all the same."""
+    """(proven lines, problems) for one platform manifest, each kind of carry.trust.kinds that is there checked; a
+    kind not `required` of it (a Dockerfile build without --hermetic has no SBOM) may be missing."""
     repository, digest, platform, labels = manifest.repository, manifest.digest, manifest.platform, manifest.labels
     started = time.monotonic()
     proven: list[str] = []
@@ -70,61 +58,17 @@ def check_platform(
             f"signature: {signature.tag} verifies with the key {key.fingerprint[:19]}… for {repository}@{digest[:19]}…"
         )
     problems += [f"signature: {p}" for p in signature.problems]
-    wanted = (attach.CYCLONEDX, attach.SLSA_PROVENANCE) if sbom_required else (attach.SLSA_PROVENANCE,)
+    wanted = tuple(kind.predicate_type for kind in kinds.KINDS.values() if kind.required(hermetic))
     statements = attach.read_statements(store, key, digest, wanted)
     problems += list(statements.problems)
-    document = statements.by_type.get(attach.CYCLONEDX, {}).get("predicate")
-    fixed_component = None
-    if document is not None:
-        import json
-
-        invalid = sbom.validate(json.dumps(document).encode())
-        if invalid:
-            problems.append(f"SBOM: not valid CycloneDX 1.6: {invalid}")
-        listed = sbom.installed(document)
-        problems += _against_layers(listed, installed)
-        fixed_component = next((c for c in document.get("components") or [] if c.get("pedigree")), None)
-        if not any(p.startswith("SBOM") for p in problems):
-            patches = len(((fixed_component or {}).get("pedigree") or {}).get("patches") or [])
-            proven.append(
-                f"SBOM: signed, CycloneDX 1.6, {len(listed)} components = the {len(installed)} distributions the "
-                f"layers install; the fixed package's pedigree carries {patches} patch(es)"
-                + _other_statement_type(statements.by_type[attach.CYCLONEDX])
-            )
-    predicate = statements.by_type.get(attach.SLSA_PROVENANCE, {}).get("predicate")
-    if predicate is not None:
-        try:
-            found = provenance.read(predicate)
-        except (KeyError, TypeError, AttributeError):
-            problems.append("provenance: not carry's SLSA v1 provenance (unreadable buildDefinition/runDetails)")
-            found = None
-        if found is not None:
-            own = provenance.self_consistent(found, fixed_component, labels, str(platform))
-            problems += own
-            compared = _against_repository(found, expected) if expected is not None else []
-            problems += compared
-            if not own and not compared:
-                proven.append(
-                    f"provenance: signed SLSA v1 by {found.builder}; commit {found.commit[:12]}, "
-                    f"{len(found.patches)} patch(es), VERSION {found.version}"
-                    + (
-                        "; consistent with itself, the SBOM and the labels"
-                        if expected is None
-                        else ", equal to this repository's commit, series, fixed wheel and lock"
-                        if expected.fixed_sha256
-                        else ", equal to this repository's commit, series and VERSION"
-                    )
-                )
+    checking = kinds.Checking(installed, expected, labels, str(platform), statements.by_type)
+    for kind in kinds.KINDS.values():
+        statement = statements.by_type.get(kind.predicate_type)
+        if statement is not None and statement.get("predicate") is not None:
+            more_proven, more_problems = kind.check(statement, checking)
+            proven, problems = proven + more_proven, problems + more_problems
     proven.append(f"trust checks: {time.monotonic() - started:.1f} s")
     return proven, problems
-
-
-def _other_statement_type(statement: dict) -> str:
-    """What differs from carry's own statements: another in-toto Statement version (`cosign attest` writes v0.1)."""
-    from carry.trust import signing
-
-    found = statement.get("_type")
-    return "" if found == signing.STATEMENT_TYPE else f"; its statement is {found} (carry's own are Statement v1)"
 
 
 def check_index(store: attach.Registry, key: PublicKey, repository: str, digest: str) -> tuple[list[str], list[str]]:
@@ -132,46 +76,6 @@ def check_index(store: attach.Registry, key: PublicKey, repository: str, digest:
     if signature.ok:
         return [f"signature: the index {signature.tag} verifies with the key"], []
     return [], [f"signature of the index: {p}" for p in signature.problems]
-
-
-def _against_layers(listed: dict[tuple[str, str], str], installed: list[tuple[str, str]]) -> list[str]:
-    problems = []
-    remaining = dict(listed)
-    for name, version in installed:
-        match = next((k for k in remaining if k[0] == canonical(name) and same_version(k[1], version)), None)
-        if match is None:
-            problems.append(f"SBOM: {name} {version} is installed in the layers but not in the SBOM")
-        else:
-            remaining.pop(match)
-    problems += [f"SBOM: lists {name} {version}, which the layers do not install" for name, version in remaining]
-    return problems
-
-
-def _against_repository(found: provenance.Read, expected: Expected) -> list[str]:
-    problems = []
-    if found.commit != expected.commit:
-        problems.append(f"provenance: upstream commit {found.commit}, this repository pins {expected.commit}")
-    if list(found.patches) != list(expected.patches):
-        problems.append(
-            "provenance: patches "
-            + ", ".join(f"{n} {s[:12]}" for n, s in found.patches)
-            + "; this repository's series: "
-            + ", ".join(f"{n} {s[:12]}" for n, s in expected.patches)
-        )
-    if found.version != expected.version:
-        problems.append(f"provenance: VERSION {found.version}, this repository's {expected.version}")
-    fixed = found.wheels.get("fixed-wheel")
-    if expected.fixed_sha256 and (fixed is None or fixed[1] != expected.fixed_sha256):
-        problems.append(
-            f"provenance: fixed wheel sha256 {fixed[1][:12] if fixed else 'missing'}…, dist/'s "
-            f"{expected.fixed_sha256[:12]}…"
-        )
-    if expected.lock is not None and (found.lock is None or found.lock[1] != expected.lock[1]):
-        problems.append(
-            f"provenance: lock sha256 {found.lock[1][:12] if found.lock else 'missing'}…, "
-            f"{expected.lock[0]}'s {expected.lock[1][:12]}…"
-        )
-    return problems
 
 
 # -- without a checkout ---------------------------------------------------------------------------------------------
@@ -231,7 +135,7 @@ def verify_without_checkout(
             files = imagefs.from_registry(ref, target, selection, login.auth, insecure)
             if files is None:
                 raise Failed(f"cannot read {ref} for {target} from its registry")
-            dists = _installed(files)
+            dists = installed_in(files)
             manifest = Manifest(repository=repository, digest=files.digest, platform=target, labels=files.labels)
             proven, problems = check_platform(store, key, manifest, dists, None)
             if files.digest != remote[0]:
@@ -259,10 +163,6 @@ def dist_info_selection() -> Selection:
 
 
 def installed_in(files: ImageFiles) -> list[tuple[str, str]]:
-    return _installed(files)
-
-
-def _installed(files: ImageFiles) -> list[tuple[str, str]]:
     import posixpath
 
     from carry.image.inspect.installcheck import SITE_RE, _headers
