@@ -511,6 +511,8 @@ CASES: list[Case] = [
         _append("image:\n  name: Carry-Demo\n"),
     ),
     Case("attest_unknown", ("image", "--attest", "spdx"), ("--attest 'spdx'", "sbom, provenance")),
+    Case("require_unknown", ("verify", "127.0.0.1:9/x:1", "--require", "spdx"), ("--require 'spdx'", "suite")),
+    Case("require_without_key", ("verify", "127.0.0.1:9/x:1", "--require", "suite"), ("--require", "--key PUB")),
     Case("image_name_space", ("image",), ("image.name", "lowercase"), _append("image:\n  name: carry demo\n")),
     Case("image_name_trailing_slash", ("image",), ("image.name",), _append("image:\n  name: 'registry:5000/'\n")),
     Case(

@@ -26,6 +26,8 @@ from helpers import ROOT, assert_bad_input, carry
 CYCLONEDX, SLSA_PROVENANCE = kinds.SBOM.predicate_type, kinds.PROVENANCE.predicate_type
 
 PASSWORD = "pass-" + os.urandom(6).hex()
+SUITE = kinds.KINDS["suite"].predicate_type
+HELD = (kinds.SBOM.predicate_type, kinds.PROVENANCE.predicate_type)
 
 
 @pytest.fixture(scope="module")
@@ -555,7 +557,7 @@ def pushed_demo(tmp_path, pair):
     }
 
 
-def check(demo, installed=None, expected="same", labels=None, key=None):
+def check(demo, installed=None, expected="same", labels=None, key=None, require=()):
     from carry.image.inspect import trustcheck
     from carry.platforms import Platform
 
@@ -571,6 +573,7 @@ def check(demo, installed=None, expected="same", labels=None, key=None):
         manifest,
         installed if installed is not None else demo["installed"],
         demo["expected"] if expected == "same" else expected,
+        require=require,
     )
 
 
@@ -659,6 +662,9 @@ def test_the_suite_report_beside_the_fixed_wheel_is_attested_and_verify_shows_it
         "against": {"name": "pledemo-0.3.0-py3-none-any.whl"},
     }
     path = attester.dist / f"{facts.fixed.filename}.suite.json"
+    _, problems = check(pushed_demo, require=("suite",))  # verify --require suite: none attached yet
+    tag = attach.att_tag(pushed_demo["digest"])
+    assert problems == [f"suite: no {SUITE} attestation under {tag} (it holds {', '.join(sorted(HELD))} only)"]
     path.write_text(json.dumps(report))
     published = attester.platform(store, facts, pushed_demo["digest"], locked=True)
     assert published.attached[1].layers == 3
@@ -666,12 +672,18 @@ def test_the_suite_report_beside_the_fixed_wheel_is_attested_and_verify_shows_it
     proven, problems = check(pushed_demo)
     assert problems == [], problems
     assert any(line.startswith("suite: signed report of the fixed wheel, PASS: 3 same") for line in proven)
+    assert check(pushed_demo, require=("suite",))[1] == []
+    failed = {**report, "verdict": "FAIL", "line": "2 same · 1 regressed"}
+    attach.attest(store, pushed_demo["key"], facts.repository, pushed_demo["digest"], [(SUITE, failed)])
+    assert check(pushed_demo)[1] == []  # a signed report that did not pass is shown, and fails only when required
+    assert check(pushed_demo, require=("suite",))[1] == [
+        "suite: --require suite, and the signed report says FAIL: 2 same · 1 regressed"
+    ]
     other = {**report, "wheel": {"name": "other.whl", "sha256": "sha256:" + "00" * 32}}
     path.write_text(json.dumps(other))
     with reporter.recording() as said:
         attester.platform(MemoryStore(), facts, pushed_demo["digest"], locked=True)
     assert f"linux/amd64: no suite report: {path} is not about {facts.fixed.filename}" in said
-    suite = kinds.KINDS["suite"].predicate_type
-    attach.attest(store, pushed_demo["key"], facts.repository, pushed_demo["digest"], [(suite, other)])
+    attach.attest(store, pushed_demo["key"], facts.repository, pushed_demo["digest"], [(SUITE, other)])
     _, problems = check(pushed_demo)
     assert problems == [f"suite: the report is about other.whl, the image installs {facts.fixed.filename}"]

@@ -4,7 +4,8 @@ on the demo's two-platform image as `image --push` signs it, and carry on what c
 - cosign accepts what carry signs: `cosign verify` of the index and of each platform, `cosign verify-attestation
   --type cyclonedx` and `--type slsaprovenance1` of each platform, and `cosign download attestation` gives statements
   about the platform digests; with a key from `carry keygen` (encrypted) and with cosign's own `cosign.key` as
-  carry's signing key.
+  carry's signing key. `verify-attestation --type urn:carry:upstream-suite:v1` accepts the suite report carry
+  attests (and refuses another key); `verify --require suite` passes that image and fails one without.
 - cosign refuses another key, an image re-pushed unsigned under the tag, a tampered `.att` layer and an SBOM
   statement about another digest.
 - carry accepts what cosign signs: `cosign sign --recursive` and `cosign attest --type cyclonedx` on an image carry
@@ -35,6 +36,7 @@ from helpers import ROOT, Result, carry, find_in_tree
 from procwatch import command_lines
 
 CYCLONEDX, SLSA_PROVENANCE = kinds.SBOM.predicate_type, kinds.PROVENANCE.predicate_type
+SUITE = kinds.KINDS["suite"].predicate_type
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -114,6 +116,7 @@ def signed(tmp_path_factory):
                     "unsigned": push(found, None, None, "unsigned"),
                 }
                 found["by_cosign"] = by_cosign(found, cosign, pushes["unsigned"], cosign_key)
+                found["suites"] = suite_reports(found)  # beside the fixed wheels: the last push attests them
                 pushes["carry-key"] = push(found, base / "carry" / "carry.key", CARRY_PASSWORD, "carry-key")  # the tags
             digests = [d for p in pushes.values() for d in (p.index, *p.platforms.values())]
             assert len(set(digests)) == len(digests), f"each push names images of its own (its label): {pushes}"
@@ -140,6 +143,33 @@ def by_cosign(found: dict, cosign: cosign_tool.Cosign, unsigned: Pushed, key: Pa
     for what, ran in runs.items():
         assert ran.code == 0, (what, ran.text())
     return runs
+
+
+def suite_reports(found: dict) -> dict[str, dict]:
+    """A suite report beside each platform's fixed wheel in dist/ (where `carry suite` writes it), about that wheel:
+    its file name and sha256 from the SBOM the earlier pushes wrote (the image is reproducible, the wheel too)."""
+    from packageurl import PackageURL
+
+    from carry.trust import sbom
+
+    reports = {}
+    for platform in PLATFORMS:
+        dist = found["project"] / "dist"
+        arch = platform.split("/")[1]
+        document = json.loads((dist / f"pledemo-{found['version']}-linux-{arch}.cdx.json").read_text())
+        fixed = sbom.pedigreed(document)
+        assert fixed is not None, document
+        name = PackageURL.from_string(fixed["purl"]).qualifiers[sbom.PURL_FILE]
+        sha256 = next(h["content"] for h in fixed["hashes"] if h["alg"] == "SHA-256")
+        reports[platform] = {
+            "kind": "carry-upstream-suite",
+            "verdict": "PASS",
+            "line": "3 same (3 passed both) · 0 regressed · 0 fixed",
+            "wheel": {"name": name, "sha256": f"sha256:{sha256}"},
+            "against": {"name": "pledemo-0.3.0-py3-none-any.whl"},
+        }
+        (dist / f"{name}.suite.json").write_text(json.dumps(reports[platform]))
+    return reports
 
 
 def refs(signed: dict, signer: str) -> dict[str, tuple[str, str]]:
@@ -263,6 +293,32 @@ def test_cosign_refuses_another_key(signed):
     # carry's key is not cosign's: the cosign-key push does not verify with carry.pub either
     ran = cosign.verify(signed["keys"]["carry-key"], refs(signed, "cosign-key")["index"][0])
     assert ran.code == 12, ran.text()
+
+
+def test_cosign_verifies_the_suite_report_and_verify_require_suite_holds_to_it(signed, tmp_path):
+    cosign, name, version = signed["cosign"], signed["name"], signed["version"]
+    for platform in PLATFORMS:
+        ref, digest = refs(signed, "carry-key")[platform]
+        ran = cosign.verify_attestation(signed["keys"]["carry-key"], ref, SUITE)
+        assert ran.code == 0, ran.text()
+        (statement,) = ran.statements()
+        assert statement["predicateType"] == SUITE and statement["predicate"] == signed["suites"][platform]
+        assert statement["subject"] == [{"name": name, "digest": {"sha256": digest.split(":", 1)[1]}}]
+        refused = cosign.verify_attestation(signed["other"], ref, SUITE)
+        assert refused.code == 1 and "no matching attestations" in refused.err, refused.text()
+    env = signed["env"]
+    login = {"CARRY_REGISTRY_USER": env.registry_user, "CARRY_REGISTRY_PASSWORD": env.registry_password()}
+    asked = ("--platform", "linux/amd64", "--require", "suite")
+    held = carry(
+        "verify", f"{name}:{version}", "--key", str(signed["keys"]["carry-key"]), *asked, cwd=tmp_path, env=login
+    )
+    assert held.code == 0, held.out + held.err
+    assert "suite: signed report of the fixed wheel, PASS: 3 same" in held.out, held.out
+    ref, digest = refs(signed, "cosign-key")["linux/amd64"]  # pushed before the report was written
+    lacking = carry("verify", ref, "--key", str(signed["keys"]["cosign-key"]), *asked, cwd=tmp_path, env=login)
+    assert lacking.code == 1, lacking.out + lacking.err
+    tag = attach.att_tag(digest)
+    assert f"FAIL suite: no {SUITE} attestation under {tag}" in lacking.out, lacking.out
 
 
 def test_cosign_refuses_an_image_repushed_unsigned_under_the_tag(signed):

@@ -25,6 +25,7 @@ class VerifyRequest:
     platform: Platform | None = None
     key_path: Path | None = None
     local: bool = False
+    require: tuple[str, ...] = ()  # `--require NAME`: attestation kinds (carry.trust.kinds) the image must hold
 
 
 @record
@@ -43,6 +44,12 @@ def verify_artifact(request: VerifyRequest) -> VerifyOutcome:
     from carry.gputest.testrun import names_a_wheel
 
     artifact = request.artifact
+    if request.require:
+        from carry.trust.kinds import required
+
+        required(request.require)  # each a known name
+        if request.key_path is None:
+            raise BadInput("--require reads the image's signed attestations: give the public key with --key PUB")
     key = None
     if request.key_path is not None:
         if artifact.endswith((".test.json", ".suite.json")) or names_a_wheel(artifact):
@@ -54,7 +61,8 @@ def verify_artifact(request: VerifyRequest) -> VerifyOutcome:
     if key is not None and not has_config:
         from carry.image.inspect import trustcheck
 
-        return VerifyOutcome(tuple(trustcheck.verify_without_checkout(artifact, key, request.platform, "docker")))
+        found = trustcheck.verify_without_checkout(artifact, key, request.platform, "docker", request.require)
+        return VerifyOutcome(tuple(found))
     if artifact.endswith(".suite.json"):
         from carry.gputest import upstreamsuite
 
@@ -92,7 +100,13 @@ def verify_built(app: App, request: VerifyRequest, key: PublicKey | None) -> tup
 
         patches = tuple((p.name, p.sha256) for p in app.series().patches) if key is not None else ()
         asked = imageverify.Request(
-            ref=artifact, platform=platform, arches=given(arch), local=request.local, key=key, patches=patches
+            ref=artifact,
+            platform=platform,
+            arches=given(arch),
+            local=request.local,
+            key=key,
+            patches=patches,
+            require=request.require,
         )
         return imageverify.verify_image(asked, app.config, app.expected(), app.cache.scratch)
     if request.local:

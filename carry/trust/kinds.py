@@ -47,6 +47,7 @@ class Checking:
     labels: dict[str, str]
     platform: str
     by_type: dict[str, dict]
+    require: tuple[str, ...] = ()  # `verify --require NAME`: these must be there, and a report must pass
 
 
 class Kind(Protocol):
@@ -195,6 +196,8 @@ class Suite:
             return [], ["suite: not a carry suite report about the provenance's fixed wheel"]
         if wheel.get("sha256") != f"sha256:{fixed[1]}":
             return [], [f"suite: the report is about {wheel.get('name')}, the image installs {fixed[0]}"]
+        if self.name in checking.require and report.get("verdict") != "PASS":
+            return [], [f"suite: --require suite, and the signed report says {line}"]
         return [f"suite: signed report of the fixed wheel, {line}; against {against.get('name')}"], []
 
 
@@ -214,6 +217,13 @@ def chosen(asked: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
             raise BadInput(f"--attest {name!r}: no such attestation; the known ones: {', '.join(KINDS)}")
         found[name] = arg if arg == "off" else KINDS[name].resolve(arg)
     return tuple((name, found[name]) for name in KINDS if name in found and found[name] != "off")
+
+
+def required(asked: tuple[str, ...]) -> None:
+    """`verify --require NAME`: each a name of the table, else bad input."""
+    for name in asked:
+        if name not in KINDS:
+            raise BadInput(f"--require {name!r}: no such attestation; the known ones: {', '.join(KINDS)}")
 
 
 def title(predicate_type: str) -> str:

@@ -26,13 +26,26 @@ from carry.cli.common import Context, parse_platform
     help="For an image: check its signature, SBOM and provenance with this public key (carry.pub, cosign.pub).",
 )
 @click.option(
+    "--require",
+    multiple=True,
+    metavar="NAME",
+    help="With --key: fail an image without this attestation (sbom, provenance, suite; repeatable); "
+    "`suite` also fails a report that did not pass.",
+)
+@click.option(
     "--local",
     is_flag=True,
     help="Verify the image of that name in this Docker engine (built, not pushed) instead of the registry's.",
 )
 @click.pass_obj
 def verify(
-    obj: Context, artifact: str, arch: str | None, platform: str | None, key_path: Path | None, local: bool
+    obj: Context,
+    artifact: str,
+    arch: str | None,
+    platform: str | None,
+    key_path: Path | None,
+    require: tuple[str, ...],
+    local: bool,
 ) -> None:
     """Verify a wheel file, an image reference or a test report against this repo (VERSION, series hash, pinned
     commit). Wheels: RECORD hashes, the CUDA arch gate, the CPU of their shared objects, the test report beside
@@ -51,6 +64,7 @@ def verify(
         platform=parse_platform(platform),
         key_path=key_path,
         local=local,
+        require=require,
     )
     outcome = verify_artifact(asked)
     click.echo("\n".join(line for result in outcome.results for line in result.lines()))

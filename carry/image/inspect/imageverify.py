@@ -62,6 +62,7 @@ class Request:
     local: bool = False
     key: PublicKey | None = None
     patches: tuple[tuple[str, str], ...] = ()
+    require: tuple[str, ...] = ()  # the attestation kinds (carry.trust.kinds) that must be there
 
 
 def verify_image(request: Request, config: Config, expected: Expected, scratch: Path) -> tuple[Verification, ...]:
@@ -95,7 +96,7 @@ def verify_image(request: Request, config: Config, expected: Expected, scratch: 
             raise Failed(f"{ref} is a {found_platform} image, not {platform}")
         result = _verify_one(client, ref, image, found_platform, expected, arches, scratch, coverage)
         if key is not None:
-            trusted = _trust_dockerfile(client, docker_cli, ref, found_platform, key, remote, expected, request.patches)
+            trusted = _trust_dockerfile(client, docker_cli, found_platform, request, remote, expected)
             result = _with_trust(result, trusted)
         results.append(dataclasses.replace(result, notes=notes + result.notes))
     return tuple(results)
@@ -158,12 +159,10 @@ def _with_trust(result: Verification, found: tuple[list[str], list[str]]) -> Ver
 def _trust_dockerfile(
     client: docker.DockerClient,
     docker_cli: str,
-    ref: str,
     platform: Platform,
-    key: PublicKey,
+    request: Request,
     remote: tuple[str, tuple[Platform, ...]] | None,
     expected: Expected,
-    patches: tuple[tuple[str, str], ...],
 ) -> tuple[list[str], list[str]]:
     """A Dockerfile-built image: its signature (and the index's), its provenance against this repo (commit,
     series, VERSION), and its SBOM, when it has one (a --hermetic build), against the dist-info its layers hold."""
@@ -173,6 +172,8 @@ def _trust_dockerfile(
 
     if remote is None:
         return [], ["signature: the image is only in the local engine; a signature lives in a registry"]
+    ref, key = request.ref, request.key
+    assert key is not None  # verify_image asks for trust only with a key
     repository = registryhttp.repository_of(ref)
     with registry.credentials(ref, docker_cli) as login:
         insecure = registry.insecure(client, registry.registry_of(ref))
@@ -180,12 +181,12 @@ def _trust_dockerfile(
         if files is None:
             return [], [f"signature: {ref} is not in its registry"]
         store = registryhttp.Repository.of(repository, login.auth)
-        wanted = provenance.Expected(expected.commit, patches, expected.version, "", None)
+        wanted = provenance.Expected(expected.commit, request.patches, expected.version, "", None)
         manifest = trustcheck.Manifest(
             repository=repository, digest=files.digest, platform=platform, labels=files.labels
         )
         proven, problems = trustcheck.check_platform(
-            store, key, manifest, trustcheck.installed_in(files), wanted, hermetic=False
+            store, key, manifest, trustcheck.installed_in(files), wanted, hermetic=False, require=request.require
         )
         if files.digest != remote[0]:
             more = trustcheck.check_index(store, key, repository, remote[0])
@@ -346,7 +347,8 @@ def _trust_locked(
     manifest = trustcheck.Manifest(
         repository=repository, digest=files.digest, platform=files.platform, labels=files.labels
     )
-    proven, problems = trustcheck.check_platform(store, key, manifest, [(d.shown, d.version) for d in dists], wanted)
+    installed = [(d.shown, d.version) for d in dists]
+    proven, problems = trustcheck.check_platform(store, key, manifest, installed, wanted, require=request.require)
     if files.digest != remote[0]:
         more = trustcheck.check_index(store, key, repository, remote[0])
         proven, problems = more[0] + proven, more[1] + problems

@@ -45,9 +45,10 @@ def check_platform(
     installed: list[tuple[str, str]],
     expected: provenance.Expected | None,
     hermetic: bool = True,
+    require: tuple[str, ...] = (),
 ) -> tuple[list[str], list[str]]:
     """(proven lines, problems) for one platform manifest, each kind of carry.trust.kinds that is there checked; a
-    kind not `required` of it (a Dockerfile build without --hermetic has no SBOM) may be missing."""
+    kind not `required` of it (a Dockerfile build without --hermetic has no SBOM) nor in `require` may be missing."""
     repository, digest, platform, labels = manifest.repository, manifest.digest, manifest.platform, manifest.labels
     started = time.monotonic()
     proven: list[str] = []
@@ -58,10 +59,10 @@ def check_platform(
             f"signature: {signature.tag} verifies with the key {key.fingerprint[:19]}… for {repository}@{digest[:19]}…"
         )
     problems += [f"signature: {p}" for p in signature.problems]
-    wanted = tuple(kind.predicate_type for kind in kinds.KINDS.values() if kind.required(hermetic))
+    wanted = tuple(k.predicate_type for k in kinds.KINDS.values() if k.required(hermetic) or k.name in require)
     statements = attach.read_statements(store, key, digest, wanted)
     problems += list(statements.problems)
-    checking = kinds.Checking(installed, expected, labels, str(platform), statements.by_type)
+    checking = kinds.Checking(installed, expected, labels, str(platform), statements.by_type, require)
     for kind in kinds.KINDS.values():
         statement = statements.by_type.get(kind.predicate_type)
         if statement is not None and statement.get("predicate") is not None:
@@ -110,7 +111,7 @@ NOT_COMPARED = (
 
 
 def verify_without_checkout(
-    ref: str, key: PublicKey, platform: Platform | None, docker_cli: str
+    ref: str, key: PublicKey, platform: Platform | None, docker_cli: str, require: tuple[str, ...] = ()
 ) -> tuple[TrustOnly, ...]:
     """Every platform of `ref` (or the one asked), read from the registry: signature, SBOM against the layers'
     dist-info, provenance against itself, the SBOM and the labels."""
@@ -137,7 +138,7 @@ def verify_without_checkout(
                 raise Failed(f"cannot read {ref} for {target} from its registry")
             dists = installed_in(files)
             manifest = Manifest(repository=repository, digest=files.digest, platform=target, labels=files.labels)
-            proven, problems = check_platform(store, key, manifest, dists, None)
+            proven, problems = check_platform(store, key, manifest, dists, None, require=require)
             if files.digest != remote[0]:
                 more_proven, more_problems = check_index(store, key, repository, remote[0])
                 proven, problems = more_proven + proven, more_problems + problems
