@@ -43,10 +43,13 @@ alive() {
     kill -0 "$pid" 2>/dev/null && printf '%s\n' "$pid"
 }
 
-# Run a daemon in the foreground of a background job (SCCACHE_NO_DAEMON=1), logging to DIR/NAME.log.
+# Run a daemon in the foreground of a background job (SCCACHE_NO_DAEMON=1), logging to DIR/NAME.log, mode 600:
+# on a client token mismatch the scheduler logs the expected token (sccache-dist 0.16, at WARN).
 launch() {
     local dir="$1" name="$2"
     shift 2
+    rm -f "$dir/$name.log"
+    (umask 077 && : >"$dir/$name.log")
     SCCACHE_NO_DAEMON=1 SCCACHE_LOG="$log_level" nohup "$@" >"$dir/$name.log" 2>&1 </dev/null &
     echo "$!" >"$dir/$name.pid"
 }
