@@ -115,13 +115,17 @@ class App:
         if self._build_tools is None:
             import os
 
-            from carry.wheelbuild import compilecache, toolchain
+            from carry.wheelbuild import compilecache, distbuild, toolchain
 
+            distributed = distbuild.setting(self.config, os.environ)
+            if distributed is not None:
+                distbuild.token(os.environ)  # a token file that cannot be read is bad input before any work
             self._build_tools = toolchain.BuildTools(
                 self.toolchain,
                 self.config.build.compiler_cache,
                 {**os.environ, **self.config.build.env},
                 compilecache.remote_setting(self.config, os.environ),
+                distributed,
             )
         return self._build_tools
 

@@ -134,6 +134,49 @@ class RemoteCache:
 
 
 @record
+class Distributed:
+    """`build.distributed`: the sccache-dist scheduler a source build's compiles go to. Never holds a credential:
+    the client token comes from $CARRY_DIST_TOKEN (or the file $CARRY_DIST_TOKEN_FILE names) when the build runs."""
+
+    scheduler_url: str  # http(s)://HOST[:PORT][/PATH], without a trailing '/'
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> Distributed:
+        import urllib.parse
+
+        shown = without_secrets(text)
+        form = "http(s)://HOST[:PORT], e.g. http://10.0.0.5:10600"
+        try:
+            parts = urllib.parse.urlsplit(text.strip())
+            parts.port  # noqa: B018 (a bad port raises here)
+        except ValueError as exc:
+            raise BadInput(f"{where} {shown!r} is not a valid URL ({exc}); use {form}") from None
+        if "@" in parts.netloc:
+            raise BadInput(f"{where} {shown!r} must not hold credentials; put the token in $CARRY_DIST_TOKEN")
+        if (
+            parts.scheme.lower() not in ("http", "https")
+            or not parts.hostname
+            or parts.query
+            or parts.fragment
+            or re.search(r"\s", text.strip())
+        ):
+            raise BadInput(f"{where} {shown!r} is not an http(s) URL; use {form}")
+        return cls(text.strip().rstrip("/"))
+
+    def check_launcher(self, launcher: CompilerCache, where: str) -> None:
+        """Only sccache is an sccache-dist client: an explicit other compiler cache is bad input."""
+        if launcher in (CompilerCache.AUTO, CompilerCache.SCCACHE):
+            return
+        raise BadInput(
+            f"{where} {self.scheduler_url} needs sccache as the compiler launcher; set build.compiler_cache to "
+            f"sccache (or auto), or remove build.distributed"
+        )
+
+    def __str__(self) -> str:
+        return self.scheduler_url
+
+
+@record
 class TestCommand:
     """One entry of build.tests: the argv to run, never through a shell, and the command as written; whether it
     needs a GPU, and whether it runs against the built wheel (a fresh venv) or in the patched source tree (nothing is
@@ -268,6 +311,7 @@ class Build:
     compiler_cache: CompilerCache
     remote_cache: RemoteCache | None
     tests: tuple[TestCommand, ...] = ()
+    distributed: Distributed | None = None  # None: every compile runs on this machine
     # build.gate as written: shared objects built for some GPUs only, by the upstream's design; read into the gate's
     # rules where the policy is made (carry.binaries.gatepolicy.for_config), every error naming the entry
     gate: Any = None
@@ -287,6 +331,7 @@ BUILD_KEYS = (
     "build_isolation",
     "compiler_cache",
     "remote_cache",
+    "distributed",
     "tests",
     "gate",
     "generated",
@@ -300,6 +345,7 @@ UPSTREAM_TESTS_KEYS = ("paths", "marker", "deselect", "requires", "timeout", "wo
 DEFAULT_TEST_TIMEOUT_S = 300
 PRECOMPILED_KEYS = ("env", "clear", "inputs", "nightly", "wheels")
 PRECOMPILED_WHEEL_KEYS = ("requirement", "index", "path", "url", "sha256", "ref")
+DISTRIBUTED_KEYS = ("scheduler_url",)
 ENVIRONMENT_KEYS = ("requires", "index_url", "extra_index_urls")
 INDEX_FORM = "an index URL: https://HOST/PATH (user:password@ allowed), http://… or file:///PATH"
 
@@ -321,6 +367,7 @@ def read_build(section: Section) -> Build:
         where = f"{section.path}: build.remote_cache"
         remote_cache = RemoteCache.parse(section.string("remote_cache", required=True), where)
         remote_cache.check_launcher(compiler_cache, where)
+    distributed = _distributed(section, compiler_cache)
     isolation = section.boolean("build_isolation", True)
     cuda_arches = ArchList.parse(arches) if arches is not None else None
     return Build(
@@ -331,6 +378,7 @@ def read_build(section: Section) -> Build:
         build_isolation=isolation,
         compiler_cache=compiler_cache,
         remote_cache=remote_cache,
+        distributed=distributed,
         # A Python-only build (cuda_arches: []) has nothing for a GPU to run: its tests need none unless they say so.
         tests=_tests(section, gpu=cuda_arches is None or cuda_arches.expects_cuda),
         gate=section.data.get("gate"),
@@ -341,6 +389,17 @@ def read_build(section: Section) -> Build:
         distribution=_distribution(section),
         upstream_tests=_upstream_tests(section),
     )
+
+
+def _distributed(build: Section, compiler_cache: CompilerCache) -> Distributed | None:
+    """build.distributed: {scheduler_url: http(s)://…}; only sccache can be its client."""
+    if not build.has("distributed"):
+        return None
+    section = build.section("distributed", DISTRIBUTED_KEYS)
+    where = f"{section.path}: build.distributed.scheduler_url"
+    distributed = Distributed.parse(section.string("scheduler_url", required=True), where)
+    distributed.check_launcher(compiler_cache, f"{section.path}: build.distributed")
+    return distributed
 
 
 def _tree_path(where: str, value: Any, ids: bool = False) -> str:

@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from carry.config import Config
-from carry.config.build import CompilerCache, RemoteCache, RemoteScheme
+from carry.config.build import CompilerCache, Distributed, RemoteCache, RemoteScheme
 from carry.util import redact, reporter
 from carry.util.errors import BadInput
 from carry.util.fsutil import write_private
 from carry.util.run import execute
+from carry.wheelbuild import distbuild
 from carry.wheelbuild.toolchain import Launcher
 
 URL_ENV = "CARRY_REMOTE_CACHE_URL"
@@ -217,6 +218,7 @@ class CacheOutcome:
     misses: int
     remote_hits: int
     remote_errors: int
+    dist: distbuild.DistOutcome | None = None  # what the build cluster did, with build.distributed
 
     def line(self) -> str:
         if self.compiles == 0:
@@ -231,7 +233,7 @@ class CacheOutcome:
         return text
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "dist": self.dist.to_json() if self.dist else None}
 
 
 @dataclasses.dataclass
@@ -244,15 +246,20 @@ class CacheRun:
     remote_note: str | None
     stats_log: Path | None = None
     sccache_env: dict[str, str] | None = None
+    distributed: Distributed | None = None  # the build cluster, configured (used or not)
+    dist_note: str | None = None  # why the cluster was not used; None when it was
 
     def outcome(self) -> CacheOutcome:
-        counts = self._ccache_counts() if self.launcher.kind is CompilerCache.CCACHE else self._sccache_counts()
+        stats = self._sccache_stats() if self.launcher.kind is CompilerCache.SCCACHE else {}
+        counts = self._ccache_counts() if self.launcher.kind is CompilerCache.CCACHE else self._sccache_counts(stats)
+        dist = distbuild.outcome(self.distributed, self.dist_note, stats) if self.distributed else None
         return CacheOutcome(
             launcher=self.launcher.describe(),
             remote=str(self.remote) if self.remote else None,
             remote_note=self.remote_note,
             compiles=counts["hits"] + counts["misses"],
             **counts,
+            dist=dist,
         )
 
     def _ccache_counts(self) -> dict[str, int]:
@@ -270,18 +277,19 @@ class CacheRun:
             "remote_errors": counters["remote_storage_error"] + counters["remote_storage_timeout"],
         }
 
-    def _sccache_counts(self) -> dict[str, int]:
-        stats: dict = {}
+    def _sccache_stats(self) -> dict:
+        """The `stats` of this build's sccache server ({} when it does not answer)."""
         try:
             done = execute(
                 [self.launcher.path, "--show-stats", "--stats-format=json"], env=self.sccache_env, text=True, timeout=60
             )
             done.check_returncode()
-            out = done.stdout
-            stats = json.loads(out).get("stats", {})
+            stats = json.loads(done.stdout).get("stats", {})
         except (OSError, subprocess.SubprocessError, ValueError):
-            pass
+            return {}
+        return stats if isinstance(stats, dict) else {}
 
+    def _sccache_counts(self, stats: dict) -> dict[str, int]:
         def total(name: str) -> int:
             value = stats.get(name, 0)
             return sum(value.get("counts", {}).values()) if isinstance(value, dict) else int(value or 0)
@@ -383,11 +391,14 @@ def run(
     src: Path,
     scratch: Path,
     environ: Mapping[str, str],
+    distributed: Distributed | None = None,
 ) -> Iterator[CacheRun | None]:
     """Set the launcher up for one build in `src`: yields its settings (None without a launcher); the `remote`
     backend (from `remote_setting`) is probed first and left out, with one progress line saying why, when it
-    cannot be used."""
+    cannot be used; so is the build cluster (`distributed`, from distbuild.setting: sccache only)."""
     credentials = Credentials.from_env(environ)
+    if distributed is not None and (launcher is None or launcher.kind is not CompilerCache.SCCACHE):
+        raise BadInput(f"build.distributed {distributed} needs sccache as the compiler launcher; set compiler_cache")
     if launcher is None:
         if remote is not None:
             reporter.phase("remote cache", f"{remote} not used: no compiler cache (ccache or sccache) on PATH")
@@ -414,7 +425,18 @@ def run(
         env = _ccache_env(launcher_dir, src, scratch, remote_url)
         yield CacheRun(launcher, env, remote, note, stats_log=scratch / "ccache-stats.log")
         return
-    with _sccache_server(launcher, cache_root, src, scratch, environ, remote, credentials) as started:
+    dist_config, dist_note = None, None
+    if distributed is not None:
+        client_token = distbuild.token(environ)
+        checked = distbuild.check(distributed, client_token)
+        if checked.usable and client_token:
+            reporter.phase("distributed", f"{distributed} via sccache-dist: {checked.reason}")
+            dist_config = distbuild.client_config(distributed, client_token, cache_root / "sccache-dist-toolchains")
+        else:
+            dist_note = checked.reason
+            reporter.phase("distributed", f"{distributed} not used: {dist_note}; compiling on this machine")
+    with _sccache_server(launcher, cache_root, src, scratch, environ, remote, credentials, dist_config) as started:
+        started = dataclasses.replace(started, distributed=distributed, dist_note=dist_note)
         if started.remote_note is not None:
             reporter.phase(
                 "remote cache",
@@ -435,19 +457,23 @@ def _sccache_server(
     environ: Mapping[str, str],
     remote: RemoteCache | None,
     credentials: Credentials,
+    dist_config: str | None = None,
 ) -> Iterator[CacheRun]:
     """A private sccache server on a free port, so its settings and statistics are this build's alone; when it
     does not start with the backend, it starts again with the local disk cache (and says why in the run's
-    `remote_note`)."""
+    `remote_note`). `dist_config`: the build cluster's client settings, in the same private file."""
     local = {
         "SCCACHE_DIR": environ.get("SCCACHE_DIR") or str(cache_root / "sccache"),
         "SCCACHE_BASEDIRS": str(src),
         "SCCACHE_SERVER_PORT": str(_free_port()),
         "SCCACHE_IDLE_TIMEOUT": "3600",  # a server left by a killed build goes away
     }
+    if dist_config is not None:
+        local["SCCACHE_CONF"] = str(write_private(scratch / "sccache-private-dist.toml", dist_config))
     env = dict(local)
     if remote is not None:
-        env["SCCACHE_CONF"] = str(write_private(scratch / "sccache-private.toml", _sccache_config(remote, credentials)))
+        text = _sccache_config(remote, credentials) + (f"\n{dist_config}" if dist_config else "")
+        env["SCCACHE_CONF"] = str(write_private(scratch / "sccache-private.toml", text))
         if remote.scheme is RemoteScheme.GHA:
             env["SCCACHE_GHA_ENABLED"] = "on"
     server_env = {**secret_free_env(environ), **env}
@@ -460,6 +486,7 @@ def _sccache_server(
         note = credentials.scrub(started)
         remote, env = None, dict(local)
         server_env = {k: v for k, v in server_env.items() if k not in ("SCCACHE_CONF", "SCCACHE_GHA_ENABLED")}
+        server_env.update(local)
         started = _start_sccache(launcher, server_env)
     if started is not None:
         raise BadInput(

