@@ -30,7 +30,9 @@ DOCKER_SOCKET=/var/run/docker.sock
 WAIT_SECONDS=${CARRY_CI_WAIT_SECONDS:-60}
 # pigz: dockerd decompresses pulled layers with unpigz when it is on PATH (a 9 GB vLLM image pulls much faster).
 # skopeo: someone else's registry client reading carry's signatures back in the tests (docs/trust.md).
-PACKAGES=(docker.io docker-registry apache2-utils ccache mmdebstrap zstd curl redis-server redis-tools shellcheck pigz skopeo)
+# bubblewrap: the sandbox of the sccache-dist build servers tests/test_distbuild.py starts (ci/dist-cluster.sh).
+PACKAGES=(docker.io docker-registry apache2-utils ccache mmdebstrap zstd curl redis-server redis-tools shellcheck pigz skopeo
+    bubblewrap)
 
 log() { printf 'services: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }

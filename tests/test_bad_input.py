@@ -392,6 +392,47 @@ CASES: list[Case] = [
         lambda ctx: ctx.env.update(CARRY_REMOTE_CACHE_URL="gopher://cache.example"),
     ),
     Case(
+        "distributed_not_http",
+        ("check",),
+        ("build.distributed.scheduler_url", "not an http(s) URL"),
+        _append("build:\n  distributed: {scheduler_url: 'ftp://sched.example:10600'}\n"),
+    ),
+    Case(
+        "distributed_with_credentials",
+        ("check",),
+        ("build.distributed.scheduler_url", "must not hold credentials", "CARRY_DIST_TOKEN"),
+        _append("build:\n  distributed: {scheduler_url: 'http://u:hunter2@sched.example'}\n"),
+    ),
+    Case(
+        "distributed_with_ccache",
+        ("check",),
+        ("build.distributed", "needs sccache"),
+        _append("build:\n  compiler_cache: ccache\n  distributed: {scheduler_url: 'http://sched.example:10600'}\n"),
+    ),
+    Case(
+        "distributed_token_in_config",
+        ("check",),
+        ("unknown key build.distributed.token",),
+        _append("build:\n  distributed: {scheduler_url: 'http://sched.example', token: x}\n"),
+    ),
+    Case(
+        "distributed_env_not_http",
+        ("wheel", "--arch", "9.0"),
+        ("$CARRY_DIST_SCHEDULER_URL", "not an http(s) URL"),
+        lambda ctx: ctx.env.update(CARRY_DIST_SCHEDULER_URL="redis://sched.example"),
+    ),
+    Case(
+        "distributed_token_file_missing",
+        ("wheel", "--arch", "9.0"),
+        ("$CARRY_DIST_TOKEN_FILE", "cannot read it"),
+        lambda ctx: (
+            ctx.append_config(
+                "build:\n  compiler_cache: sccache\n  distributed: {scheduler_url: 'http://127.0.0.1:9'}\n"
+            ),
+            ctx.env.update(CARRY_DIST_TOKEN_FILE="/nonexistent/carry-dist-token"),
+        ),
+    ),
+    Case(
         "compiler_cache_missing",
         ("wheel", "--arch", "9.0"),
         ("build.compiler_cache is ccache", "not on PATH"),
