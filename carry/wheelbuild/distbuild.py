@@ -159,7 +159,7 @@ class DistOutcome:
 
     def line(self) -> str:
         if self.note is not None:
-            return f"{self.scheduler}: not used ({self.note}); {self.compiles} compile(s) ran locally"
+            return f"{self.scheduler} not used: {self.note}; {self.compiles} compile(s) ran locally"
         text = f"{self.scheduler}: {self.distributed} of {self.compiles} compile(s) distributed"
         if self.servers:
             text += " (" + ", ".join(f"{server} {count}" for server, count in sorted(self.servers.items())) + ")"
