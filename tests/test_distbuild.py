@@ -165,3 +165,41 @@ def test_a_wrong_token_or_a_dead_scheduler_costs_one_line_and_builds_locally(clu
         assert f"dist: {scheduler} not used: {why}" in result.err
         assert env["CARRY_DIST_TOKEN"] not in result.err + result.out
         assert list((tmp_path / name).glob("*.whl"))
+
+
+def test_a_scheduler_without_servers_is_not_used():
+    """The status of a scheduler that counts no server (sccache 0.16's bincode: three u64s), from a stand-in."""
+    import http.server
+    import struct
+    import threading
+
+    class NoServers(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = struct.pack("<3Q", 0, 0, 0)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), NoServers) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        answer = distbuild.check(Distributed(f"http://127.0.0.1:{server.server_address[1]}"), "t")
+        server.shutdown()
+    assert (answer.usable, answer.reason) == (False, "no build server is registered with it")
+
+
+def test_the_image_build_stage_is_told_to_compile_itself(tmp_path, monkeypatch):
+    """Not wired into the build stage yet: the stage gets $CARRY_DIST_SCHEDULER_URL=none and never the token."""
+    from carry.config import load
+    from carry.image.buildkit import container
+
+    config = distributed_demo(tmp_path, "http://sched.example:10600")
+    monkeypatch.setenv("CARRY_DIST_TOKEN", "tok-" + os.urandom(4).hex())
+    monkeypatch.delenv("CARRY_REMOTE_CACHE_URL", raising=False)
+    access = container.stage_access(load(config), tmp_path, hermetic=False)
+    assert access.secret is not None
+    text = access.secret.read_text()
+    assert "CARRY_DIST_SCHEDULER_URL=none" in text.splitlines() and os.environ["CARRY_DIST_TOKEN"] not in text

@@ -70,8 +70,8 @@ class Check:
 
 def check(distributed: Distributed, client_token: str | None, timeout: float = CHECK_TIMEOUT_S) -> Check:
     """Ask the scheduler, with a short timeout, before the build relies on it: its status (no token needed: the
-    servers and cores it counts), then a job request with no job in it, which the scheduler answers 401 for a wrong
-    token and 400 (no job) for the right one, allocating nothing."""
+    servers and cores it counts; none is a reason not to use it), then a job request with no job in it, which the
+    scheduler answers 401 for a wrong token and 400 (no job) for the right one, allocating nothing."""
     if not client_token:
         return Check(False, f"no client token (set ${TOKEN_ENV} or ${TOKEN_FILE_ENV})")
     base = distributed.scheduler_url
@@ -80,6 +80,8 @@ def check(distributed: Distributed, client_token: str | None, timeout: float = C
             body = answer.read()
         # sccache 0.16's status: bincode, three little-endian u64s (servers, cpus, jobs in progress)
         servers, cpus, _ = struct.unpack_from("<3Q", body)
+        if servers == 0:
+            return Check(False, "no build server is registered with it")
         request = urllib.request.Request(
             f"{base}/api/v1/scheduler/alloc_job",
             data=b"",
@@ -107,8 +109,6 @@ def check(distributed: Distributed, client_token: str | None, timeout: float = C
         return Check(False, f"no answer within {timeout:g} s")
     except (OSError, struct.error) as exc:
         return Check(False, f"no status from it ({type(exc).__name__})")
-    if servers == 0:
-        return Check(False, "no build server is registered with it")
     return Check(True, f"{servers} server(s), {cpus} core(s)")
 
 

@@ -306,11 +306,17 @@ def stage_access(config: Config, scratch: Path, hermetic: bool) -> StageAccess:
     """The secret file, with the shared compile cache (build.remote_cache or $CARRY_REMOTE_CACHE_URL) and its
     credentials for the build stage's `build.py wheel`, and the build's network. A hermetic build cannot reach
     the cache, so the stage is told to build without it; one on loopback needs the host's network."""
-    from carry.wheelbuild import compilecache
+    from carry.wheelbuild import compilecache, distbuild
 
     remote = compilecache.remote_setting(config, os.environ)
     network = "none" if hermetic else None
     extra: dict[str, str] = {}
+    distributed = distbuild.setting(config, os.environ)
+    if distributed is not None or config.build.distributed is not None:
+        # the build cluster is not handed to the stage yet (issue 51): its compiles run in the stage
+        extra[distbuild.URL_ENV] = "none"
+        if distributed is not None:
+            reporter.phase("distributed", f"{distributed} not used in the build stage: it compiles there itself")
     if remote is None and config.build.remote_cache is not None:
         extra[compilecache.URL_ENV] = "none"  # turned off here ($CARRY_REMOTE_CACHE_URL=none): off in the stage too
     elif remote is not None and hermetic:

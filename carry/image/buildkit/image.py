@@ -206,10 +206,11 @@ def _labels(config: Config, subject: Subject, arches: ArchList, platform: Platfo
 
 def check_options(config: Config, builder: Builder, options: ImageOptions) -> None:
     """What this engine cannot do with the flags given, and a bad $CARRY_REMOTE_CACHE_URL, before any work."""
-    from carry.wheelbuild import compilecache
+    from carry.wheelbuild import compilecache, distbuild
 
     layercache.check(options.cache, builder.buildx, builder.docker, len(platforms_to_build(config, options)))
     compilecache.remote_setting(config, os.environ)
+    distbuild.setting(config, os.environ)
 
 
 def _cache_flags(
