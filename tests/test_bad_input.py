@@ -391,29 +391,26 @@ CASES: list[Case] = [
         ("$CARRY_REMOTE_CACHE_URL", "unknown scheme"),
         lambda ctx: ctx.env.update(CARRY_REMOTE_CACHE_URL="gopher://cache.example"),
     ),
-    Case(
-        "distributed_not_http",
-        ("check",),
-        ("build.distributed.scheduler_url", "not an http(s) URL"),
-        _append("build:\n  distributed: {scheduler_url: 'ftp://sched.example:10600'}\n"),
-    ),
-    Case(
-        "distributed_with_credentials",
-        ("check",),
-        ("build.distributed.scheduler_url", "must not hold credentials", "CARRY_DIST_TOKEN"),
-        _append("build:\n  distributed: {scheduler_url: 'http://u:hunter2@sched.example'}\n"),
-    ),
-    Case(
-        "distributed_with_ccache",
-        ("check",),
-        ("build.distributed", "needs sccache"),
-        _append("build:\n  compiler_cache: ccache\n  distributed: {scheduler_url: 'http://sched.example:10600'}\n"),
-    ),
-    Case(
-        "distributed_token_in_config",
-        ("check",),
-        ("unknown key build.distributed.token",),
-        _append("build:\n  distributed: {scheduler_url: 'http://sched.example', token: x}\n"),
+    *(
+        Case(f"distributed_{name}", ("check",), needles, _append(f"build:\n{yaml}\n"))
+        for name, needles, yaml in (
+            ("not_http", ("scheduler_url", "not an http(s) URL"), "  distributed: {scheduler_url: 'ftp://s.example'}"),
+            (
+                "with_credentials",
+                ("build.distributed.scheduler_url", "must not hold credentials", "CARRY_DIST_TOKEN"),
+                "  distributed: {scheduler_url: 'http://u:hunter2@sched.example'}",
+            ),
+            (
+                "with_ccache",
+                ("build.distributed", "needs sccache"),
+                "  compiler_cache: ccache\n  distributed: {scheduler_url: 'http://sched.example:10600'}",
+            ),
+            (
+                "token_in_config",
+                ("unknown key build.distributed.token",),
+                "  distributed: {scheduler_url: 'http://sched.example', token: x}",
+            ),
+        )
     ),
     Case(
         "distributed_env_not_http",

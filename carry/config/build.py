@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from carry.arch import ArchList
 from carry.config.reader import ENV_NAME_RE, Section, env_names, strip_credentials, test_argv, without_secrets
@@ -17,7 +17,7 @@ from carry.util.record import field as record_field
 from carry.util.record import record
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from carry.platforms import Platform
     from carry.util.pinned import Pinned
@@ -131,6 +131,20 @@ class RemoteCache:
             f"{where} {self}: {launcher.value} cannot use {self.scheme.value} storage; "
             f"set build.compiler_cache to {usable}"
         )
+
+
+T = TypeVar("T")
+
+
+def overridden(environ: Mapping[str, str], name: str, configured: T | None, parse: Callable[[str, str], T]) -> T | None:
+    """The setting as build.yaml has it, or as the variable `name` says when set (`none` turns it off): a shared
+    compile cache or a build cluster for one run, as in CI; `parse(text, where)` reads it (bad input names $NAME)."""
+    override = environ.get(name, "").strip()
+    if not override:
+        return configured
+    if override == "none":
+        return None
+    return parse(override, f"${name}")
 
 
 @record

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from carry.config import Config
-from carry.config.build import CompilerCache, Distributed, RemoteCache, RemoteScheme
+from carry.config.build import CompilerCache, Distributed, RemoteCache, RemoteScheme, overridden
 from carry.util import redact, reporter
 from carry.util.errors import BadInput
 from carry.util.fsutil import write_private
@@ -64,13 +64,9 @@ LAUNCHER_REMOTE_ENV = (
 
 def remote_setting(config: Config, environ: Mapping[str, str]) -> RemoteCache | None:
     """build.remote_cache, or $CARRY_REMOTE_CACHE_URL when set (same grammar; `none` turns it off)."""
-    override = environ.get(URL_ENV, "").strip()
-    if not override:
-        return config.build.remote_cache
-    if override == "none":
-        return None
-    remote = RemoteCache.parse(override, f"${URL_ENV}")
-    remote.check_launcher(config.build.compiler_cache, f"${URL_ENV}")
+    remote = overridden(environ, URL_ENV, config.build.remote_cache, RemoteCache.parse)
+    if remote is not None and remote is not config.build.remote_cache:
+        remote.check_launcher(config.build.compiler_cache, f"${URL_ENV}")
     return remote
 
 

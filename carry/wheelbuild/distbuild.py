@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import struct
 import urllib.error
 import urllib.request
@@ -20,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from carry.config import Config
-from carry.config.build import Distributed
+from carry.config.build import Distributed, overridden
 from carry.util.errors import BadInput
 
 URL_ENV = "CARRY_DIST_SCHEDULER_URL"
@@ -31,13 +30,9 @@ CHECK_TIMEOUT_S = 3.0
 
 def setting(config: Config, environ: Mapping[str, str]) -> Distributed | None:
     """build.distributed, or $CARRY_DIST_SCHEDULER_URL when set (an http(s) URL; `none` turns it off)."""
-    override = environ.get(URL_ENV, "").strip()
-    if not override:
-        return config.build.distributed
-    if override == "none":
-        return None
-    distributed = Distributed.parse(override, f"${URL_ENV}")
-    distributed.check_launcher(config.build.compiler_cache, f"${URL_ENV}")
+    distributed = overridden(environ, URL_ENV, config.build.distributed, Distributed.parse)
+    if distributed is not None and distributed is not config.build.distributed:
+        distributed.check_launcher(config.build.compiler_cache, f"${URL_ENV}")
     return distributed
 
 
@@ -75,41 +70,43 @@ def check(distributed: Distributed, client_token: str | None, timeout: float = C
     if not client_token:
         return Check(False, f"no client token (set ${TOKEN_ENV} or ${TOKEN_FILE_ENV})")
     base = distributed.scheduler_url
+    alloc = urllib.request.Request(
+        f"{base}/api/v1/scheduler/alloc_job", data=b"", headers={"Authorization": f"Bearer {client_token}"}
+    )
     try:
-        with urllib.request.urlopen(f"{base}/api/v1/scheduler/status", timeout=timeout) as answer:
-            body = answer.read()
+        status, body = _ask(urllib.request.Request(f"{base}/api/v1/scheduler/status"), timeout)
+        if status != 200:
+            return Check(False, f"its status answered HTTP {status}")
         # sccache 0.16's status: bincode, three little-endian u64s (servers, cpus, jobs in progress)
         servers, cpus, _ = struct.unpack_from("<3Q", body)
         if servers == 0:
             return Check(False, "no build server is registered with it")
-        request = urllib.request.Request(
-            f"{base}/api/v1/scheduler/alloc_job",
-            data=b"",
-            method="POST",
-            headers={"Authorization": f"Bearer {client_token}"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout):
-                pass
-        except urllib.error.HTTPError as refused:
-            if refused.code in (401, 403):
-                return Check(False, f"it refused the client token (HTTP {refused.code}; check ${TOKEN_ENV})")
-            if refused.code != 400:
-                return Check(False, f"it answered HTTP {refused.code} to a job request")
-    except urllib.error.HTTPError as exc:
-        return Check(False, f"its status answered HTTP {exc.code}")
-    except urllib.error.URLError as exc:
-        reason = exc.reason
-        if isinstance(reason, (socket.timeout, TimeoutError)):
-            return Check(False, f"no answer within {timeout:g} s")
-        if isinstance(reason, ConnectionRefusedError):
-            return Check(False, "connection refused")
-        return Check(False, str(reason).splitlines()[0] if str(reason) else type(reason).__name__)
+        status, _ = _ask(alloc, timeout)
     except TimeoutError:
         return Check(False, f"no answer within {timeout:g} s")
+    except ConnectionRefusedError:
+        return Check(False, "connection refused")
     except (OSError, struct.error) as exc:
-        return Check(False, f"no status from it ({type(exc).__name__})")
+        return Check(False, f"no status from it ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
+    if status in (401, 403):
+        return Check(False, f"it refused the client token (HTTP {status}; check ${TOKEN_ENV})")
+    if status != 400:  # the right token and no job in the request
+        return Check(False, f"it answered HTTP {status} to a job request")
     return Check(True, f"{servers} server(s), {cpus} core(s)")
+
+
+def _ask(request: urllib.request.Request, timeout: float) -> tuple[int, bytes]:
+    """The HTTP status and body of one request; a connection that fails raises its OSError (TimeoutError,
+    ConnectionRefusedError, ...), not urllib's wrapper."""
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as answer:
+        return answer.code, b""
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, OSError):
+            raise exc.reason from None
+        raise OSError(str(exc.reason)) from None
 
 
 # the client's settings and what it did -------------------------------------------------------------------------
