@@ -271,7 +271,8 @@ def test_cosign_downloads_statements_about_the_platform_digests(signed, signer):
         ran = signed["cosign"].download_attestation(index_ref, "--platform", platform)
         assert ran.code == 0, ran.text()
         statements = ran.statements()
-        assert sorted(s["predicateType"] for s in statements) == sorted(TYPES.values())
+        suite = [SUITE] if signer == "carry-key" else []  # the suite report is written before carry's push only
+        assert sorted(s["predicateType"] for s in statements) == sorted([*TYPES.values(), *suite])
         for statement in statements:
             assert [s["digest"]["sha256"] for s in statement["subject"]] == [digest.split(":", 1)[1]], platform
 
