@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from carry.arch import ArchList
 from carry.config.reader import ENV_NAME_RE, Section, env_names, strip_credentials, test_argv, without_secrets
@@ -133,18 +133,27 @@ class RemoteCache:
         )
 
 
-T = TypeVar("T")
+class _NeedsLauncher(Protocol):
+    def check_launcher(self, launcher: CompilerCache, where: str) -> None: ...
 
 
-def overridden(environ: Mapping[str, str], name: str, configured: T | None, parse: Callable[[str, str], T]) -> T | None:
-    """The setting as build.yaml has it, or as the variable `name` says when set (`none` turns it off): a shared
-    compile cache or a build cluster for one run, as in CI; `parse(text, where)` reads it (bad input names $NAME)."""
+T = TypeVar("T", bound=_NeedsLauncher)
+
+
+def overridden(
+    environ: Mapping[str, str], name: str, configured: T | None, parse: Callable[[str, str], T], launcher: CompilerCache
+) -> T | None:
+    """The setting as build.yaml has it (checked when loaded), or as the variable `name` says when set (`none` turns it
+    off): a shared compile cache or a build cluster for one run, as in CI; `parse(text, where)` reads it and the
+    compiler cache `launcher` must suit it (bad input names $NAME)."""
     override = environ.get(name, "").strip()
     if not override:
         return configured
     if override == "none":
         return None
-    return parse(override, f"${name}")
+    found = parse(override, f"${name}")
+    found.check_launcher(launcher, f"${name}")
+    return found
 
 
 @record

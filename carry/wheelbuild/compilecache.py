@@ -64,10 +64,7 @@ LAUNCHER_REMOTE_ENV = (
 
 def remote_setting(config: Config, environ: Mapping[str, str]) -> RemoteCache | None:
     """build.remote_cache, or $CARRY_REMOTE_CACHE_URL when set (same grammar; `none` turns it off)."""
-    remote = overridden(environ, URL_ENV, config.build.remote_cache, RemoteCache.parse)
-    if remote is not None and remote is not config.build.remote_cache:
-        remote.check_launcher(config.build.compiler_cache, f"${URL_ENV}")
-    return remote
+    return overridden(environ, URL_ENV, config.build.remote_cache, RemoteCache.parse, config.build.compiler_cache)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,10 +30,7 @@ CHECK_TIMEOUT_S = 3.0
 
 def setting(config: Config, environ: Mapping[str, str]) -> Distributed | None:
     """build.distributed, or $CARRY_DIST_SCHEDULER_URL when set (an http(s) URL; `none` turns it off)."""
-    distributed = overridden(environ, URL_ENV, config.build.distributed, Distributed.parse)
-    if distributed is not None and distributed is not config.build.distributed:
-        distributed.check_launcher(config.build.compiler_cache, f"${URL_ENV}")
-    return distributed
+    return overridden(environ, URL_ENV, config.build.distributed, Distributed.parse, config.build.compiler_cache)
 
 
 def token(environ: Mapping[str, str]) -> str | None:
