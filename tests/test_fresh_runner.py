@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import dockerenv
-from carry.image import registryhttp
+from carry.image import publish, registryhttp
 from carry.image.locked import registrycache
 from helpers import Upstream, carry, write_config
 
@@ -158,11 +158,9 @@ def test_an_entry_whose_digest_is_not_its_layer_is_not_shipped(project):
         for entry in record.entries
     )
     registrycache.push_record(
-        registry,
+        publish.Stage(registry, None),
         registrycache.Record(record.subject, record.platform, forged, record.base, record.wheel, record.smoke),
         {},
-        None,
-        project["name"],
     )
     env = fresh(project, "forged")
     found = push(project["config"], env)

@@ -2,7 +2,7 @@
 the layer digests remembered by their key (`Digests`, `$CARRY_CACHE/image-layers/`, each entry sealed by its
 sha256), what was done with each layer (`LayerOutcome`), an engine image's layers pushed as `docker save` gives them
 (`push_engine_layers`: a locked image's base, the Dockerfile image whole), and the config with its manifest
-(`push_config`), which the caller PUTs by digest (carry.image.pushorder)."""
+(`push_config`), which the caller PUTs by digest (carry.image.publish)."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def size_text(value: int) -> str:
 
 def push_config(repo: Repository, body: bytes, outcomes: list[LayerOutcome]) -> tuple[bytes, str]:
     """The image config pushed unless the registry has it, and the Docker v2 manifest of it and the layers (for
-    the caller to PUT by digest, then tag: carry.image.pushorder); (manifest, what was done with the config)."""
+    the caller to PUT by digest, then tag: carry.image.publish); (manifest, what was done with the config)."""
     config_digest = f"sha256:{hashlib.sha256(body).hexdigest()}"
     config_action = "pushed" if repo.upload_bytes(body, config_digest) else "already exists"
     manifest = json.dumps(

@@ -1,6 +1,6 @@
 """The registry HTTP API v2, spoken directly: blobs checked with HEAD and streamed up in one chunked PATCH, manifests
 PUT by digest and then under their tags, manifest lists made from the platforms' manifests. Every push of carry goes
-through here (carry.image.pushorder says in which order); `docker login` is only made for the Docker engine's own
+through here (carry.image.publish says in which order); `docker login` is only made for the Docker engine's own
 pulls and BuildKit's cache.
 
 Credentials are the ones carry.image.registry finds ($CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD, else the user's

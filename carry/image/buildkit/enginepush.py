@@ -1,6 +1,6 @@
 """A Dockerfile-built platform image pushed from the Docker engine over the registry's HTTP API
 (carry.image.registryhttp), not with `docker push`, which cannot push an image without moving a tag (the order a
-push keeps is carry.image.pushorder's):
+push keeps is carry.image.publish's, the stage it hands the manifest to):
 
 - the layers are `docker save`'s tars, gzip-compressed by isal as the locked image's base layers are
   (carry.image.layerpush.push_engine_layers) and remembered by diff_id in `$CARRY_CACHE/image-layers/`, so
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from carry.image import pushorder, registryhttp
+from carry.image import publish, registryhttp
 from carry.image.layerpush import Digests, EngineImage, push_config, push_engine_layers
 from carry.platforms import Platform
 from carry.util import reporter
@@ -30,7 +30,7 @@ def push(
     platform: Platform,
     refs: tuple[str, ...],
     digests: Digests,
-) -> pushorder.Manifest:
+) -> publish.Manifest:
     """The engine's image `ref` (built for `platform`): its layers and config pushed unless the registry has them;
     its manifest returned (PUT by the caller, by digest, then under `refs`)."""
     try:
@@ -41,4 +41,4 @@ def push(
     assert config is not None  # want_config: pushed or failed
     body, action = push_config(repo, config, layers)
     reporter.phase("push", f"{platform}: {len(layers)} layers, config {action}")
-    return pushorder.Manifest(platform, body, registryhttp.DOCKER_MANIFEST, refs)
+    return publish.Manifest(platform, body, registryhttp.DOCKER_MANIFEST, refs)

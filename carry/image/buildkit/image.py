@@ -1,6 +1,7 @@
 """The container image: one BuildKit build per platform (carry.image.buildkit.container), tags and labels from
 VERSION and the series, each platform pushed from the engine by digest (carry.image.buildkit.enginepush), then the
-manifest lists and the tags (carry.image.pushorder); carry.image.inspect.imageverify checks what a tag holds.
+manifest lists and the tags (carry.image.publish, the stage it hands each image to); carry.image.inspect.imageverify
+checks what a tag holds.
 
 One platform (the config lists at most one): its image gets every tag. Several: each platform's image is tagged
 `<VERSION>-<arch>` and every shared tag (VERSION, the templates, --tag) becomes, on push, a manifest list of all
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,14 +22,13 @@ from typing import TYPE_CHECKING, Any
 from carry.arch import ArchList
 from carry.config import TAG_RE, Config
 from carry.config.reader import public_url
-from carry.image import pushorder
+from carry.image import publish
 from carry.image.buildkit import container, enginepush, layercache
 from carry.image.buildkit.container import Builder, StageBuild
 from carry.image.vocabulary import LABEL_PREFIX, WHEEL_LABEL, ImagePlan, PlatformImage, own_tag
 from carry.platforms import Platform
 from carry.source.apply import CheckReport
 from carry.source.series import Series
-from carry.trust import kinds
 from carry.util import prog, reporter
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, Failed
@@ -37,9 +38,8 @@ from carry.util.record import record
 if TYPE_CHECKING:
     import docker
 
-    from carry.image.attest import Attester, Wheel
+    from carry.image.publish import Attester, Wheel
     from carry.image.registry import Login
-    from carry.image.registryhttp import Repository
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +52,7 @@ class ImageOptions:
     hermetic: bool
     wheelhouse: Path | None
     cache: tuple[layercache.CacheSpec, ...] = ()  # --cache-from and --cache-to, parsed
-    attest: tuple[tuple[str, str], ...] = kinds.DEFAULT  # --attest, resolved (carry.trust.kinds.chosen)
+    attest: tuple[tuple[str, str], ...] = publish.DEFAULT  # --attest, resolved (carry.trust.kinds.chosen)
 
     def __post_init__(self) -> None:
         for tag in self.extra_tags:
@@ -303,24 +303,19 @@ def _push(
     attester: Attester | None,
     hermetic: dict,
 ) -> dict[str, str]:
-    """Each platform's image from the engine to the registry by digest (enginepush), signed and attested; then the
-    list and the tags, in carry.image.pushorder's order. ref -> digest."""
+    """Each platform's image from the engine to the registry (enginepush), handed to the publish stage (by digest,
+    signed and attested); then the list and the tags. ref -> digest."""
     from carry.image import registryhttp
     from carry.image.layerpush import Digests
 
     repo = registryhttp.Repository.of(config.image.name, login.auth, retries_said=True)
     digests = Digests(cache.root / "image-layers")
-    manifests = []
+    stage = publish.Stage(repo, attester)
     for image in the_plan.images:
         reporter.phase("push", f"{image.refs[0]} ({image.platform})")
         manifest = enginepush.push(repo, client, image.refs[0], image.platform, image.refs, digests)
-        pushorder.put_platform(repo, manifest)
-        manifests.append(manifest)
-        if attester is not None:
-            _attest(attester, config, client, repo, image, manifest.digest, hermetic.get(image.platform))
-    shared = the_plan.shared if the_plan.complete else ()
-    sign = (lambda digest: attester.index(repo, digest)) if attester is not None else None
-    return pushorder.finish(repo, manifests, shared, sign)
+        stage.platform(manifest, functools.partial(_subject, config, client, image, hermetic.get(image.platform)))
+    return stage.tags(the_plan.shared if the_plan.complete else ())
 
 
 def _assemble(
@@ -345,54 +340,46 @@ def _hermetic_inputs(
 ) -> tuple[Wheel | None, dict[tuple[str, str], Wheel]]:
     """What a hermetic build's SBOM needs from the build context before it is removed: the fixed wheel (the build
     stage's, exported from BuildKit's cache) and the wheelhouse the runtime stage installed from."""
-    from carry.image.attest import wheel_index, wheel_of
-
     exported = scratch / f"wheel-{image.platform.tag}"
     StageBuild(image.platform, container.WHEEL_STAGE, image.build_args, access.network, output_dir=exported).run(
         builder, access.secret, context, log
     )
     wheels = sorted(exported.glob("*.whl"))
-    return (wheel_of(wheels[0]) if len(wheels) == 1 else None), wheel_index(context / "wheelhouse")
+    return (publish.wheel_of(wheels[0]) if len(wheels) == 1 else None), publish.wheel_index(context / "wheelhouse")
 
 
-def _attest(
-    attester: Attester,
+def _subject(
     config: Config,
     client: docker.DockerClient,
-    repo: Repository,
     image: PlatformImage,
-    digest: str,
-    hermetic: tuple[Wheel | None, dict[tuple[str, str], Wheel]] | None = None,
-) -> None:
-    """A Dockerfile-built platform image's signature and provenance (carry.image.attest); with --hermetic its SBOM
-    too, every installed distribution matched to the wheel it came from. Without, pip resolved the wheels inside
-    BuildKit, and carry knows no hash for an SBOM."""
-    from carry.image.attest import Wheel
-
+    hermetic: tuple[Wheel | None, dict[tuple[str, str], Wheel]] | None,
+) -> publish.Subject:
+    """What a Dockerfile-built platform image's attestations say; with --hermetic its SBOM too, every installed
+    distribution matched to the wheel it came from. Without, pip resolved the wheels inside BuildKit, and carry knows
+    no hash for an SBOM."""
     base_ref = config.target(image.platform).runtime_image or config.image.runtime_image or ""
     try:
         base = client.api.inspect_image(base_ref) if base_ref else {}
     except Exception:  # docker.errors.ImageNotFound: a base BuildKit pulled itself
         base = {}
-    fixed = Wheel(image.labels.get(f"{LABEL_PREFIX}.wheel", ""), "", "", "")
-    distributions: tuple = ()
+    fixed, engine = publish.Wheel(image.labels.get(f"{LABEL_PREFIX}.wheel", ""), "", "", ""), None
     why = (
         "without --hermetic the Dockerfile's runtime stage installs wheels pip resolves inside BuildKit, whose "
         "sha256 carry does not know (build with --hermetic, or set image.lock)"
     )
-    if hermetic is not None:
-        if hermetic[0] is None:
-            why = "the build stage did not export exactly one wheel"
-        else:
-            fixed = hermetic[0]
-            import time
-
-            begun = time.monotonic()
-            distributions, why = attester.read_installed(client, image.refs[0], image.platform, fixed, hermetic[1])
-            attester.timings.facts += time.monotonic() - begun
-    facts = attester.facts(image.platform, image.labels, fixed, None, base_ref, base, no_sbom=why)
-    facts = dataclasses.replace(facts, distributions=distributions)
-    attester.platform(repo, facts, digest, locked=False)
+    if hermetic is not None and hermetic[0] is None:
+        why = "the build stage did not export exactly one wheel"
+    elif hermetic is not None and hermetic[0] is not None:
+        fixed, engine = hermetic[0], (client, image.refs[0], hermetic[1])
+    return publish.Subject(
+        platform=image.platform,
+        labels=image.labels,
+        fixed=fixed,
+        base_ref=base_ref,
+        base=base,
+        engine=engine,
+        no_sbom=why,
+    )
 
 
 def _built_distribution(
@@ -440,7 +427,7 @@ def join_pushed(
     attester: Attester | None = None,
 ) -> dict[str, str]:
     """Make every shared tag a manifest list of the platforms' own images, which must be in the registry; with
-    `attester` (carry.image.attest), sign the list before any tag names it (carry.image.pushorder)."""
+    `attester`, sign the list before any tag names it (carry.image.publish)."""
     from carry.image import registry, registryhttp
 
     sources = {platform: f"{config.image.name}:{own_tag(version, platform)}" for platform in platforms}
@@ -448,7 +435,7 @@ def join_pushed(
         repo = registryhttp.Repository.of(config.image.name, login.auth, retries_said=True)
         manifests = []
         for platform, ref in sources.items():
-            found = pushorder.pushed_platform(repo, pushorder.tag_of(ref), platform)
+            found = publish.pushed_platform(repo, publish.tag_of(ref), platform)
             if found is None:
                 raise Failed(
                     f"{ref} is not in the registry for {platform}; push it first "
@@ -456,5 +443,4 @@ def join_pushed(
                 )
             manifests.append(found)
         reporter.phase("manifest", f"{', '.join(shared)} -> {', '.join(sources.values())}")
-        sign = (lambda digest: attester.index(repo, digest)) if attester is not None else None
-        return pushorder.finish(repo, manifests, shared, sign)
+        return publish.Stage(repo, attester).tags(shared, manifests)

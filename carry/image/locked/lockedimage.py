@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from carry.config import Config
-from carry.image import pushorder
+from carry.image import publish
 from carry.image.layerpush import Digests, LayerOutcome, size_text
 from carry.image.locked import engineimage, runtimelock
 from carry.image.locked.layerplan import (
@@ -55,12 +55,10 @@ from carry.util.record import record
 if TYPE_CHECKING:
     import docker
 
-    from carry.image.attest import Attester
     from carry.image.locked.registrycache import Facts, Reuse
+    from carry.image.publish import Attester
     from carry.image.registry import Login
-    from carry.image.registryhttp import Repository
-    from carry.image.vocabulary import ImagePlan, PlatformImage
-    from carry.trust.keys import SigningKey
+    from carry.image.vocabulary import ImagePlan
 
 
 # -- the whole image -------------------------------------------------------------------------------------------
@@ -267,7 +265,7 @@ class _Job:
 
 
 def _push_all(job: _Job, delivery: Delivery) -> LockedImageResult:
-    """The push of every platform's image (pushorder), its smoke test and record, then the tags."""
+    """Every platform's image pushed and handed to the publish stage, its smoke test and record, then the tags."""
     config, cache, prepared, the_plan = job.config, job.cache, job.prepared, job.the_plan
     fixed_wheels, client = job.fixed_wheels, job.client
     digests = Digests(cache.root / "image-layers")
@@ -282,9 +280,8 @@ def _push_all(job: _Job, delivery: Delivery) -> LockedImageResult:
         plans: dict[Platform, PlatformPlan] = {}
         fetched: dict[Platform, dict[str, Path]] = {}
         outcomes: list[PlatformOutcome] = []
-        manifests: list[pushorder.Manifest] = []
         added: list[Path] = []
-        trust = _TrustBytes(repo)  # the signatures and attestations (with a key), counted apart
+        stage = publish.Stage(repo, attester, locked=True)  # counts the signatures' and attestations' bytes apart
         if not delivery.discard_wheels:  # every lock's wheels checked before anything is sent
             for image in the_plan.images:
                 plans[image.platform], fetched[image.platform] = _plan(job, image.platform, reuse, added)
@@ -296,12 +293,19 @@ def _push_all(job: _Job, delivery: Delivery) -> LockedImageResult:
             reporter.phase("push", f"{image.platform} -> {', '.join(image.refs)}")
             labels = prepared.labels(image.platform, image.labels)
             body, digest, layers, config_action = push_platform(repo, client, plan, reuse, labels, config)
-            manifest = pushorder.Manifest(image.platform, body, registryhttp.DOCKER_MANIFEST, image.refs)
-            pushorder.put_platform(repo, manifest)  # by digest: the tags move last (pushorder)
-            manifests.append(manifest)
-            if attester is not None:
-                with trust:
-                    _attest(attester, repo, image, plan, digest, fixed_wheels, prepared, fetched)
+            stage.platform(
+                publish.Manifest(image.platform, body, registryhttp.DOCKER_MANIFEST, image.refs),
+                publish.Subject(
+                    platform=image.platform,
+                    labels=image.labels,
+                    fixed=fixed_wheels[image.platform],
+                    release=prepared.releases[image.platform],
+                    base_ref=plan.base_ref,
+                    base=plan.base,
+                    lock=prepared.locks[image.platform],
+                    wheels=fetched[image.platform],
+                ),
+            )
             outcomes.append(
                 PlatformOutcome(
                     image.platform, image.refs, digest, tuple(layers), config_action, time.monotonic() - started
@@ -314,37 +318,16 @@ def _push_all(job: _Job, delivery: Delivery) -> LockedImageResult:
         if the_plan.shared and not the_plan.complete:
             reporter.note("shared tags left as they were: not every platform of image.platforms was built")
         # the smoke test (of the images by digest) and each record before any tag moves: a tag names only an image
-        # that passed, with its record beside it (pushorder)
+        # that passed, with its record beside it (carry.image.publish)
         if delivery.smoke:
             outcomes = _smoke_all(job, outcomes, plans, login, delivery, reuse)
-        key = attester.key if attester is not None else None
-        outcomes = [_record(job, repo, outcome, plans[outcome.platform], reuse, key) for outcome in outcomes]
-        shared = the_plan.shared if the_plan.complete else ()
-        sign = (lambda index: trust.during(attester.index, repo, index)) if attester is not None else None
-        pushed = pushorder.finish(repo, manifests, shared, sign)
+        outcomes = [_record(job, stage, outcome, plans[outcome.platform], reuse) for outcome in outcomes]
+        pushed = stage.tags(the_plan.shared if the_plan.complete else ())
         others = {id(p.repo): p.repo for p in previous.values() if p.repo is not None and p.repo is not repo}
         sent = repo.sent + sum(other.sent for other in others.values())
         received = repo.received + sum(other.received for other in others.values())
-        outcomes = [dataclasses.replace(o, sent=sent, received=received, trust_sent=trust.sent) for o in outcomes]
+        outcomes = [dataclasses.replace(o, sent=sent, received=received, trust_sent=stage.trust_sent) for o in outcomes]
     return LockedImageResult(tuple(outcomes), pushed, the_plan.shared, duplicates, attester)
-
-
-class _TrustBytes:
-    """The bytes `repo` sent while signing and attesting (`with` it, or `during(fn, ...)`)."""
-
-    def __init__(self, repo: Repository):
-        self.repo, self.sent, self._before = repo, 0, 0
-
-    def __enter__(self) -> _TrustBytes:
-        self._before = self.repo.sent
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.sent += self.repo.sent - self._before
-
-    def during(self, fn: Callable[..., Any], *args: Any) -> Any:
-        with self:
-            return fn(*args)
 
 
 def _smoke_all(
@@ -410,12 +393,7 @@ def _layer_facts(
 
 
 def _record(
-    job: _Job,
-    repo: Repository,
-    outcome: PlatformOutcome,
-    plan: PlatformPlan,
-    reuse: Reuse,
-    key: SigningKey | None,
+    job: _Job, stage: publish.Stage, outcome: PlatformOutcome, plan: PlatformPlan, reuse: Reuse
 ) -> PlatformOutcome:
     """The platform's record beside its pushed manifest (registrycache.push_record): after the smoke test, so that a
     record says the image passed it (or that none ran)."""
@@ -455,7 +433,7 @@ def _record(
         },
         outcome.smoke_record,
     )
-    attached = registrycache.push_record(repo, made, facts, key, job.config.image.name)
+    attached = registrycache.push_record(stage, made, facts)
     reporter.phase("record", attached.line(outcome.platform))
     return dataclasses.replace(outcome, record=attached)
 
@@ -563,28 +541,3 @@ def _say_layers(plans: dict[Platform, PlatformPlan], duplicates: tuple[str, ...]
                     f"wheels, kept once (the wheel named like the path's package, else the later by "
                     f"name), e.g. {layer.overwritten[0]}"
                 )
-
-
-def _attest(
-    attester: Attester,
-    repo: Repository,
-    image: PlatformImage,
-    plan: PlatformPlan,
-    digest: str,
-    fixed_wheels: dict[Platform, Path],
-    prepared: Prepared,
-    fetched: dict[Platform, dict[str, Path]],
-) -> None:
-    """The pushed platform manifest's SBOM, signature and attestations (carry.image.attest)."""
-    from carry.image.attest import Installed
-
-    facts = attester.facts(
-        image.platform,
-        image.labels,
-        fixed_wheels[image.platform],
-        prepared.releases[image.platform],
-        plan.base_ref,
-        plan.base,
-        Installed(lock=prepared.locks[image.platform], wheels=fetched[image.platform]),
-    )
-    attester.platform(repo, facts, digest, locked=True)

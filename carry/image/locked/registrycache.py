@@ -27,7 +27,7 @@ import gzip
 import json
 from typing import TYPE_CHECKING
 
-from carry.image import pushorder
+from carry.image import publish
 from carry.image.gzlayer import Written
 from carry.image.locked.ocilayer import Item
 from carry.image.registryhttp import digest_of
@@ -36,8 +36,8 @@ from carry.util.errors import Failed
 
 if TYPE_CHECKING:
     from carry.image.layerpush import Digests
+    from carry.image.publish import PublicKey
     from carry.image.registryhttp import Repository
-    from carry.trust.keys import PublicKey, SigningKey
 
 
 FORMAT = 1
@@ -320,15 +320,10 @@ def _read_record(previous: Previous, manifest: dict, key: PublicKey | None, imag
     except (ValueError, KeyError, TypeError) as exc:
         previous.note = f"{ref}: its record cannot be read ({exc}): every layer is written"
         return
-    if key is not None:
-        from carry.trust import attach
-
-        checked = attach.check_signature(repo, key, image_name, digest_of(found[1]))
-        if not checked.ok:
-            previous.note = (
-                f"{ref}: its record is not signed with this key ({checked.problems[0]}): every layer is written"
-            )
-            return
+    problem = publish.signature_problem(repo, key, image_name, digest_of(found[1])) if key is not None else ""
+    if problem:
+        previous.note = f"{ref}: its record is not signed with this key ({problem}): every layer is written"
+        return
     if record.subject != previous.digest or record.platform != str(previous.platform):
         previous.note = (
             f"{ref}: its record names {record.subject[:19]}… ({record.platform}), not this image: every layer is "
@@ -459,20 +454,11 @@ class Attached:
         return {"tag": self.tag, "digest": self.digest, "sent": self.sent, "signed": self.signed}
 
 
-def push_record(
-    repo: Repository,
-    record: Record,
-    facts: dict[str, bytes],
-    key: SigningKey | None,
-    image_name: str,
-) -> Attached:
-    """The record of `record.subject` under its `.cache` tag: its facts blobs (digest -> bytes; those the registry
-    has are not sent), the record as the artifact's config, the artifact's manifest; signed with `key` if given."""
-    before = repo.sent
-    for digest, data in sorted(facts.items()):
-        repo.upload_bytes(data, digest)
+def push_record(stage: publish.Stage, record: Record, facts: dict[str, bytes]) -> Attached:
+    """The record of `record.subject` under its `.cache` tag, through the publish stage (which signs it with the
+    image's key): its facts blobs (digest -> bytes; those the registry has are not sent), the record as the
+    artifact's config, the artifact's manifest."""
     body = record.to_bytes()
-    repo.upload_bytes(body, digest_of(body))
     descriptors = [
         {"mediaType": FACTS_MEDIA, "size": len(facts[entry.facts]), "digest": entry.facts}
         for entry in record.entries
@@ -490,11 +476,5 @@ def push_record(
         separators=(",", ":"),
     ).encode()
     tag = cache_tag(record.subject)
-    pushorder.put(repo, tag, manifest, OCI_MANIFEST)  # a rerun's same record is not PUT again
-    signed = False
-    if key is not None:
-        from carry.trust import attach
-
-        attach.sign(repo, key, image_name, digest_of(manifest))
-        signed = True
-    return Attached(tag, digest_of(manifest), repo.sent - before, signed)
+    sent, signed = stage.record(tag, [data for _, data in sorted(facts.items())] + [body], manifest, OCI_MANIFEST)
+    return Attached(tag, digest_of(manifest), sent, signed)
