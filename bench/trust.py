@@ -181,7 +181,7 @@ def measure_offline() -> dict:
 
     from carry import config as config_module
     from carry import version as version_module
-    from carry.image.attest import Attester, Installed
+    from carry.image.attest import Attester, PlatformFacts
     from carry.image.locked import layerplan, runtimelock
     from carry.platforms import Platform
     from carry.source import series
@@ -232,13 +232,16 @@ def measure_offline() -> dict:
             attester = Attester(key, config, series.load(config.patches_dir), version, "bench", Path(tmp) / "dist")
             started = time.perf_counter()
             facts = attester.facts(
-                platform,
-                {"org.opencontainers.image.created": "2026-12-01T00:00:00Z"},
-                fixed[-1],
-                release,
-                config.target(platform).runtime_image or "runtime",
-                {"Id": "sha256:" + "0" * 64},
-                Installed(lock=lock, wheels=wheels),
+                PlatformFacts(
+                    platform=platform,
+                    labels={"org.opencontainers.image.created": "2026-12-01T00:00:00Z"},
+                    fixed=fixed[-1],
+                    release=release,
+                    base_ref=config.target(platform).runtime_image or "runtime",
+                    base={"Id": "sha256:" + "0" * 64},
+                    lock=lock,
+                    wheels=wheels,
+                )
             )
             published = attester.platform(Memory(), facts, "sha256:" + "1" * 64, locked=True)
             attester.index(Memory(), "sha256:" + "2" * 64)

@@ -483,7 +483,7 @@ def pushed_demo(tmp_path, pair):
     import zipfile
 
     from carry.config import load
-    from carry.image.attest import Attester, Installed, wheel_of
+    from carry.image.attest import Attester, PlatformFacts, wheel_of
     from carry.image.locked import runtimelock
     from carry.platforms import Platform
     from carry.source import series
@@ -523,13 +523,16 @@ def pushed_demo(tmp_path, pair):
         "io.carry.version": "20261130.1",
     }
     facts = attester.facts(
-        Platform.LINUX_AMD64,
-        labels,
-        wheel_of(fixed),
-        release,
-        "carry-test/runtime-base:x",
-        {"Id": "sha256:" + "77" * 32},
-        Installed(lock=lock, wheels=wheels),
+        PlatformFacts(
+            platform=Platform.LINUX_AMD64,
+            labels=labels,
+            fixed=wheel_of(fixed),
+            release=release,
+            base_ref="carry-test/runtime-base:x",
+            base={"Id": "sha256:" + "77" * 32},
+            lock=lock,
+            wheels=wheels,
+        )
     )
     store_ = MemoryStore()
     digest = "sha256:" + "5e" * 32

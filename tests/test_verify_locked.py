@@ -832,7 +832,7 @@ def signed(setup):
     the SBOM written to dist/, the signature and the SBOM and provenance envelopes attached."""
     from carry.config import load
     from carry.image import registryhttp
-    from carry.image.attest import Attester, Installed, wheel_of
+    from carry.image.attest import Attester, PlatformFacts, wheel_of
     from carry.source import series
     from carry.trust import keys
 
@@ -861,13 +861,16 @@ def signed(setup):
     with downloads_at(setup["store"]):
         wheels = imageverify.stored_wheels(lock.packages)
     facts = attester.facts(
-        Platform.LINUX_AMD64,
-        client.images.get(ref).labels,
-        wheel_of(setup["fixed"].path),
-        None,
-        env.runtime_base,
-        client.api.inspect_image(env.runtime_base),
-        Installed(lock=lock, wheels=wheels),
+        PlatformFacts(
+            platform=Platform.LINUX_AMD64,
+            labels=client.images.get(ref).labels,
+            fixed=wheel_of(setup["fixed"].path),
+            release=None,
+            base_ref=env.runtime_base,
+            base=client.api.inspect_image(env.runtime_base),
+            lock=lock,
+            wheels=wheels,
+        )
     )
     repo = registryhttp.Repository.of(config.image.name, auth(env))
     published = attester.platform(repo, facts, digest, locked=True)

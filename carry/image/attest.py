@@ -1,15 +1,16 @@
-"""The image family's side of signing (carry.trust): the facts of a pushed image, from what `image` resolved (the
-config, the series, the lock, the wheels, the base), handed to carry.trust.publish. The push paths call `Attester`
-once per pushed platform manifest and once per multi-platform index; commands.py makes it (with the key loaded
-before any work) and nothing else here knows about keys. It is handed what the image installed (a lock's pins and
-their wheels, the distributions read back from a hermetic build) and imports no image family."""
+"""The publish stage's side of signing (carry.trust), inside carry.image.publish: the facts of a pushed image, from
+what a family hands over (`PlatformFacts`) and what `image` resolved (the config, the series, VERSION), handed to
+carry.trust.publish. The stage calls `Attester` once per pushed platform manifest and once per multi-platform index;
+app/imaging.py makes it (with the key loaded before any work) and nothing else here knows about keys. It is handed
+what the image installed (a lock's pins and their wheels, the distributions read back from a hermetic build) and
+imports no image family."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from carry.config import Config
 from carry.config.reader import strip_credentials
@@ -17,12 +18,12 @@ from carry.source.series import Series
 from carry.trust import kinds, publish
 from carry.trust.facts import CarriedPatch, ImageFacts, Source, Wheel
 
-__all__ = ["Attester", "Installed", "Wheel", "wheel_of"]
+__all__ = ["Attester", "PlatformFacts", "Wheel", "wheel_of"]
 from carry.trust.keys import SigningKey
 from carry.util import reporter
 from carry.util.download import sha256_in_store
 from carry.util.integrity import file_sha256
-from carry.util.record import record
+from carry.util.record import field, record
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -77,11 +78,22 @@ class Lock(Protocol):
 
 
 @record(kw_only=True)
-class Installed:
-    """A locked image's installed distributions: its `lock` and the wheel file of each package in it (`wheels`)."""
+class PlatformFacts:
+    """What a family knows of one platform image it hands over, for its attestations: its labels, the fixed wheel
+    (its file, or what is known of it), the release wheel, the base; a locked image's `lock` and the wheel file of
+    each package in it (`wheels`); a hermetic Dockerfile build's `engine` (the Docker client, the image's ref and
+    its wheelhouse, read back for the SBOM); `no_sbom`: why it has none otherwise."""
 
-    lock: Lock
-    wheels: dict[str, Path]
+    platform: Platform
+    labels: dict[str, str]
+    fixed: Wheel | Path
+    base_ref: str
+    base: dict
+    release: Path | None = None
+    lock: Lock | None = None
+    wheels: dict[str, Path] = field(default_factory=dict)
+    engine: tuple[Any, str, dict[tuple[str, str], Wheel]] | None = None
+    no_sbom: str = ""
 
 
 @dataclasses.dataclass
@@ -115,42 +127,26 @@ class Attester:
             for patch in self.series.patches
         )
 
-    def facts(
-        self,
-        platform: Platform,
-        labels: dict[str, str],
-        fixed: Wheel | Path,
-        release: Path | None,
-        base_ref: str,
-        base: dict,
-        installed: Installed | None = None,
-        no_sbom: str = "",
-    ) -> ImageFacts:
+    def facts(self, subject: PlatformFacts) -> ImageFacts:
         import time
 
         begun = time.monotonic()
         try:
-            return self._facts(platform, labels, fixed, release, base_ref, base, installed, no_sbom)
+            return self._facts(subject)
         finally:
             self.timings.facts += time.monotonic() - begun
 
-    def _facts(
-        self,
-        platform: Platform,
-        labels: dict[str, str],
-        fixed: Wheel | Path,
-        release: Path | None,
-        base_ref: str,
-        base: dict,
-        installed: Installed | None,
-        no_sbom: str,
-    ) -> ImageFacts:
+    def _facts(self, subject: PlatformFacts) -> ImageFacts:
+        fixed, labels, lock, why = subject.fixed, subject.labels, subject.lock, subject.no_sbom
+        distributions: tuple[Wheel, ...] = ()
+        if subject.engine is not None and isinstance(fixed, Wheel):  # a hermetic build's, read back from the engine
+            client, ref, wheelhouse = subject.engine
+            distributions, why = self.read_installed(client, ref, subject.platform, fixed, wheelhouse)
         if isinstance(fixed, Path):  # the fixed wheel's file: hashed here, counted in the facts' time
             fixed = wheel_of(fixed)
-        distributions: tuple[Wheel, ...] = ()
         lock_source = None
-        if installed is not None:
-            lock, wheels = installed.lock, installed.wheels
+        if lock is not None:
+            wheels = subject.wheels
             distributions = tuple(
                 Wheel(p.name, p.version, wheels[p.name].name, sha256_in_store(wheels[p.name])) for p in lock.packages
             )
@@ -160,13 +156,14 @@ class Attester:
             except ValueError:
                 shown = lock.path.name
             lock_source = Source(shown, hashlib.sha256(lock.path.read_bytes()).hexdigest())
+        release = subject.release
         return ImageFacts(
             repository=self.config.image.name,
             version=self.version,
-            platform=str(platform),
+            platform=str(subject.platform),
             created=labels.get("org.opencontainers.image.created", self.started),
-            base_ref=base_ref,
-            base_digest=_base_digest(base),
+            base_ref=subject.base_ref,
+            base_digest=_base_digest(subject.base),
             distributions=distributions,
             fixed=fixed,
             release=wheel_of(release, sha256_in_store(release)) if release is not None else None,
@@ -178,7 +175,7 @@ class Attester:
             carry_version=self.carry_version,
             config=self._config_source(),
             lock=lock_source,
-            no_sbom=no_sbom,
+            no_sbom=why,
         )
 
     def platform(self, store: Registry, facts: ImageFacts, digest: str, locked: bool) -> publish.Published:

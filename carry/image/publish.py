@@ -22,26 +22,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from carry.image import registryhttp
-from carry.image.attest import Installed, Lock, Wheel, wheel_index, wheel_of
+from carry.image.attest import PlatformFacts, Wheel, wheel_index, wheel_of
 from carry.image.registryhttp import Repository
 from carry.platforms import Platform
 from carry.trust.kinds import DEFAULT
 from carry.util import reporter
-from carry.util.record import record
 
 if TYPE_CHECKING:
     from carry.image.attest import Attester
-    from carry.trust.facts import ImageFacts
     from carry.trust.keys import PublicKey
 
-__all__ = ["DEFAULT", "Attester", "Manifest", "PublicKey", "Stage", "Subject", "Wheel", "wheel_index", "wheel_of"]
+__all__ = ["DEFAULT", "Attester", "Manifest", "PublicKey", "Stage", "PlatformFacts", "Wheel", "wheel_index", "wheel_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,25 +52,6 @@ class Manifest:
     @property
     def digest(self) -> str:
         return registryhttp.digest_of(self.body)
-
-
-@record(kw_only=True)
-class Subject:
-    """What a family knows of one platform image it hands over, for its attestations: its labels, the fixed wheel
-    (its file, or what is known of it), the release wheel, the base; a locked image's `lock` and the wheel file of
-    each package in it (`wheels`); a hermetic Dockerfile build's `engine` (the Docker client, the image's ref and
-    its wheelhouse, read back for the SBOM); `no_sbom`: why it has none otherwise."""
-
-    platform: Platform
-    labels: dict[str, str]
-    fixed: Wheel | Path
-    base_ref: str
-    base: dict
-    release: Path | None = None
-    lock: Lock | None = None
-    wheels: dict[str, Path] | None = None
-    engine: tuple[Any, str, dict[tuple[str, str], Wheel]] | None = None
-    no_sbom: str = ""
 
 
 class Stage:
@@ -95,37 +72,16 @@ class Stage:
         finally:
             self.trust_sent += self.repo.sent - before
 
-    def platform(self, manifest: Manifest, subject: Subject | Callable[[], Subject]) -> str:
+    def platform(self, manifest: Manifest, subject: PlatformFacts | Callable[[], PlatformFacts]) -> str:
         """Steps 1 and 2: the manifest by digest, then (with an attester) its signature and attestations, made from
         `subject` (asked only then)."""
         put(self.repo, manifest.digest, manifest.body, manifest.media_type)
         self.manifests.append(manifest)
         if self.attester is not None:
-            facts = self._facts(self.attester, subject() if callable(subject) else subject)
+            facts = self.attester.facts(subject() if callable(subject) else subject)
             with self._trust():
                 self.attester.platform(self.repo, facts, manifest.digest, self.locked)
         return manifest.digest
-
-    def _facts(self, attester: Attester, subject: Subject) -> ImageFacts:
-        distributions: tuple[Wheel, ...] = ()
-        why = subject.no_sbom
-        if subject.engine is not None and isinstance(subject.fixed, Wheel):
-            begun = time.monotonic()
-            client, ref, wheelhouse = subject.engine
-            distributions, why = attester.read_installed(client, ref, subject.platform, subject.fixed, wheelhouse)
-            attester.timings.facts += time.monotonic() - begun
-        installed = Installed(lock=subject.lock, wheels=subject.wheels or {}) if subject.lock is not None else None
-        facts = attester.facts(
-            subject.platform,
-            subject.labels,
-            subject.fixed,
-            subject.release,
-            subject.base_ref,
-            subject.base,
-            installed,
-            no_sbom=why,
-        )
-        return facts if installed is not None else dataclasses.replace(facts, distributions=distributions)
 
     def record(self, tag: str, blobs: list[bytes], manifest: bytes, media_type: str) -> tuple[int, bool]:
         """Step 2's end: an artifact a family records beside a platform manifest (its blobs, its manifest under

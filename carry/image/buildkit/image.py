@@ -353,7 +353,7 @@ def _subject(
     client: docker.DockerClient,
     image: PlatformImage,
     hermetic: tuple[Wheel | None, dict[tuple[str, str], Wheel]] | None,
-) -> publish.Subject:
+) -> publish.PlatformFacts:
     """What a Dockerfile-built platform image's attestations say; with --hermetic its SBOM too, every installed
     distribution matched to the wheel it came from. Without, pip resolved the wheels inside BuildKit, and carry knows
     no hash for an SBOM."""
@@ -371,7 +371,7 @@ def _subject(
         why = "the build stage did not export exactly one wheel"
     elif hermetic is not None and hermetic[0] is not None:
         fixed, engine = hermetic[0], (client, image.refs[0], hermetic[1])
-    return publish.Subject(
+    return publish.PlatformFacts(
         platform=image.platform,
         labels=image.labels,
         fixed=fixed,

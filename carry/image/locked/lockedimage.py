@@ -295,7 +295,7 @@ def _push_all(job: _Job, delivery: Delivery) -> LockedImageResult:
             body, digest, layers, config_action = push_platform(repo, client, plan, reuse, labels, config)
             stage.platform(
                 publish.Manifest(image.platform, body, registryhttp.DOCKER_MANIFEST, image.refs),
-                publish.Subject(
+                publish.PlatformFacts(
                     platform=image.platform,
                     labels=image.labels,
                     fixed=fixed_wheels[image.platform],
