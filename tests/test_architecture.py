@@ -28,8 +28,8 @@ RULES: dict[str, set[str]] = {
     "binaries": {"util", "source"},
     "wheelbuild": {"util", "source", "binaries"},
     "image": {"util", "source", "binaries", "wheelbuild", "trust"},
-    "image.buildkit": {"util", "source", "binaries", "wheelbuild", "trust", "image"},
-    "image.locked": {"util", "source", "binaries", "wheelbuild", "trust", "image", "image.buildkit"},
+    "image.buildkit": {"util", "source", "binaries", "wheelbuild", "image"},
+    "image.locked": {"util", "source", "binaries", "wheelbuild", "image", "image.buildkit"},
     "image.inspect": {"util", "source", "binaries", "wheelbuild", "trust", "image", "image.locked"},
     "verdicts": {"util", "source"},
     "gputest": {"util", "source", "binaries", "wheelbuild", "image", "verdicts"},
@@ -645,6 +645,66 @@ def test_each_family_of_image_is_a_room_of_its_own(tmp_path):
     # gputest may import `image`: every family of it
     assert rule_breaks(edges) == [
         "image.attest -> image.inspect.imagefs (image may import ['binaries', 'source', 'trust', 'util', 'wheelbuild'])"
+    ]
+
+
+# --- the publish stage: the image families hand over, and reach signing only through its public entry ----------
+
+STAGE = "image.publish"  # the publish stage's one public entry (carry/image/publish.py)
+STAGE_INTERNALS = {"image.attest"}  # what the stage is made of, besides every module of trust/
+HANDING_OVER = {"image.buildkit", "image.locked"}  # the image families: they build, then hand over to STAGE
+
+
+def stage_breaks(root: Path, package: str = PACKAGE) -> list[str]:
+    """`a.x -> b.y (why)` for each import of an image family that goes past the publish stage's public entry: any
+    module of trust/, the stage's internals, or a private name (`_x`) of the stage itself."""
+    known, edges = modules(root, package), graph(root, package)
+    breaks = []
+    for module in sorted(edges):
+        if room(module, edges) not in HANDING_OVER:
+            continue
+        for target in sorted(edges[module]):
+            if room(target, edges) == "trust" or target in STAGE_INTERNALS:
+                breaks.append(f"{module} -> {target} (an image family reaches it only through {STAGE})")
+        for node in ast.walk(ast.parse(known[module].read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == f"{package}.{STAGE}":
+                private = [alias.name for alias in node.names if alias.name.startswith("_")]
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "publish":
+                private = [node.attr] if node.attr.startswith("_") else []
+            else:
+                continue
+            breaks += [f"{module} -> {STAGE}.{name} (the stage's own; use its public entry)" for name in private]
+    return breaks
+
+
+def test_image_families_reach_signing_only_through_the_publish_stage():
+    assert not stage_breaks(ROOT), "\n".join(stage_breaks(ROOT))
+
+
+def test_a_family_past_the_publish_stage_is_found(tmp_path):
+    root = write_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "image/__init__.py": "",
+            "image/publish.py": "from carry.image import attest\n_order = 1\n",
+            "image/attest.py": "from carry.trust import attach\n",
+            "image/locked/__init__.py": "",
+            "image/locked/good.py": "from carry.image import publish\nx = publish.Stage\n",
+            "image/locked/sneaky.py": "from carry.image import publish\nx = publish._order\n",
+            "image/buildkit/__init__.py": "",
+            "image/buildkit/image.py": "from carry.image.attest import Attester\n"
+            "from carry.image.publish import _order\n",
+            "image/buildkit/sign.py": "def f():\n    from carry.trust.attach import sign\n",
+            "trust/__init__.py": "",
+            "trust/attach.py": "",
+        },
+    )
+    assert stage_breaks(root) == [
+        "image.buildkit.image -> image.attest (an image family reaches it only through image.publish)",
+        "image.buildkit.image -> image.publish._order (the stage's own; use its public entry)",
+        "image.buildkit.sign -> trust.attach (an image family reaches it only through image.publish)",
+        "image.locked.sneaky -> image.publish._order (the stage's own; use its public entry)",
     ]
 
 
