@@ -637,13 +637,13 @@ def test_verify_names_what_differs(pushed_demo, tmp_path):
 def test_without_a_key_nothing_is_attached_and_image_says_so(pushed_demo, tmp_path):
     import dataclasses
 
-    from carry.trust import publish
-
     store = MemoryStore()
-    making = kinds.Making(tmp_path, True, "t")
-    done = publish.platform(store, None, pushed_demo["facts"], "sha256:" + "ee" * 32, making, publish.Timings())
-    assert done.attached == () and store.manifests == {} and Path(done.to_json()["sbom"]).exists()
     attester = dataclasses.replace(pushed_demo["attester"], key=None, published=[], dist=tmp_path)
+    with reporter.silenced():
+        done = dataclasses.replace(attester, published=[]).platform(
+            store, pushed_demo["facts"], "sha256:" + "ee" * 32, True
+        )
+    assert done.attached == () and store.manifests == {} and Path(done.to_json()["sbom"]).exists()
     with reporter.recording() as said:  # two platforms published: the note is said once, with the first
         for digest in ("sha256:" + "ee" * 32, "sha256:" + "ef" * 32):
             attester.platform(store, pushed_demo["facts"], digest, locked=True)

@@ -1,21 +1,23 @@
-"""The publish stage's side of signing (carry.trust), inside carry.image.publish: the facts of a pushed image, from
-what a family hands over (`PlatformFacts`) and what `image` resolved (the config, the series, VERSION), handed to
-carry.trust.publish. The stage calls `Attester` once per pushed platform manifest and once per multi-platform index;
-app/imaging.py makes it (with the key loaded before any work) and nothing else here knows about keys. It is handed
-what the image installed (a lock's pins and their wheels, the distributions read back from a hermetic build) and
-imports no image family."""
+"""The publish stage's side of signing (carry.trust), inside carry.image.publish: the facts of a pushed image, from what
+a family hands over (`PlatformFacts`) and what `image` resolved (the config, the series, VERSION), and what is
+attached for it: each chosen kind's predicate (carry.trust.kinds), signed and attested (carry.trust.attach), each
+step timed, so that `image` can say what signing cost against the whole push. The stage calls `Attester` once per
+pushed platform manifest and once per multi-platform index; app/imaging.py makes it (with the key loaded before any
+work) and nothing else here knows about keys. It is handed what the image installed (a lock's pins and their wheels,
+the distributions read back from a hermetic build) and imports no image family."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from carry.config import Config
 from carry.config.reader import strip_credentials
 from carry.source.series import Series
-from carry.trust import kinds, publish
+from carry.trust import attach, kinds
 from carry.trust.facts import CarriedPatch, ImageFacts, Source, Wheel
 
 __all__ = ["Attester", "PlatformFacts", "Wheel", "wheel_of"]
@@ -97,6 +99,49 @@ class PlatformFacts:
 
 
 @dataclasses.dataclass
+class Timings:
+    facts: float = 0.0  # gathering what the attestations say (hashing the wheels, reading the image)
+    kinds: dict[str, float] = dataclasses.field(default_factory=dict)  # making each kind's predicate, by name
+    signatures: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.facts + sum(self.kinds.values()) + self.signatures
+
+    def to_json(self) -> dict:
+        made = {name: round(seconds, 3) for name, seconds in self.kinds.items()}
+        return {"facts": round(self.facts, 3), **made, "signatures": round(self.signatures, 3)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """One subject's attachments (platform manifest or index) and what each kind made for it."""
+
+    subject: str  # the manifest's digest
+    platform: str  # or "index"
+    attached: tuple[attach.Attached, ...]
+    made: tuple[kinds.Made, ...] = ()
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """Why a kind has no statement for this image."""
+        return tuple(made.why_not for made in self.made if made.why_not)
+
+    def lines(self) -> list[str]:
+        """What the kinds wrote and each attachment pushed, one line each (notes are `notes`)."""
+        return [made.line for made in self.made if made.line] + [a.line(self.subject) for a in self.attached]
+
+    def to_json(self) -> dict:
+        fields = {key: value for made in self.made for key, value in made.fields.items()}
+        return {
+            "subject": self.subject,
+            "platform": self.platform,
+            **fields,
+            "attachments": [dataclasses.asdict(a) for a in self.attached],
+        }
+
+
+@dataclasses.dataclass
 class Attester:
     key: SigningKey | None
     config: Config
@@ -105,8 +150,8 @@ class Attester:
     carry_version: str
     dist: Path
     started: str = dataclasses.field(default_factory=kinds.now)
-    timings: publish.Timings = dataclasses.field(default_factory=publish.Timings)
-    published: list[publish.Published] = dataclasses.field(default_factory=list)
+    timings: Timings = dataclasses.field(default_factory=lambda: Timings())
+    published: list[Published] = dataclasses.field(default_factory=list)
     read_installed: ReadInstalled = dataclasses.field(default=lambda *_: ((), "nothing read the image's files back"))
     attest: tuple[tuple[str, str], ...] = kinds.DEFAULT  # the kinds attached, by name, and each one's ARG
 
@@ -128,8 +173,6 @@ class Attester:
         )
 
     def facts(self, subject: PlatformFacts) -> ImageFacts:
-        import time
-
         begun = time.monotonic()
         try:
             return self._facts(subject)
@@ -178,25 +221,46 @@ class Attester:
             no_sbom=why,
         )
 
-    def platform(self, store: Registry, facts: ImageFacts, digest: str, locked: bool) -> publish.Published:
-        """One platform's manifest published (its SBOM; signed and attested with a key), each line said; a note
-        says why it has no SBOM, and, the first time, that nothing is signed without a key."""
+    def platform(self, store: Registry, facts: ImageFacts, digest: str, locked: bool) -> Published:
+        """One platform's manifest published: each chosen kind's predicate made (the SBOM, when every installed
+        wheel's hash is known, also into dist/), then with a key `digest` signed and the predicates attested; each
+        line said, a note says why a kind has none, and, the first time, that nothing is signed without a key."""
         first = not self.published
         if self.key is not None and first:
             reporter.phase("sign", f"with the key {self.key.public.fingerprint[:19]}… ($CARRY_SIGNING_KEY)")
-        making = kinds.Making(self.dist, locked, self.started)
-        done = publish.platform(store, self.key, facts, digest, making, self.timings, self.attest)
-        self.published.append(done)
-        for line in done.lines():
-            reporter.phase("trust", line)
+        making, made = kinds.Making(self.dist, locked, self.started), []
+        for name, arg in self.attest:
+            begun = time.monotonic()
+            made.append(kinds.KINDS[name].make(facts, making, arg))
+            self.timings.kinds[name] = self.timings.kinds.get(name, 0.0) + time.monotonic() - begun
+        attached: tuple[attach.Attached, ...] = ()
+        if self.key is not None:
+            begun = time.monotonic()
+            predicates = [
+                (kinds.KINDS[name].predicate_type, one.predicate)
+                for (name, _), one in zip(self.attest, made, strict=True)
+                if one.predicate is not None
+            ]
+            signed = attach.sign(store, self.key, facts.repository, digest)
+            attached = (signed, attach.attest(store, self.key, facts.repository, digest, predicates))
+            self.timings.signatures += time.monotonic() - begun
+        done = self._said(Published(digest, facts.platform, attached, tuple(made)))
         for note in done.notes:
             reporter.note(note)
         if self.key is None and first:
             reporter.note(UNSIGNED)
         return done
 
-    def index(self, store: Registry, digest: str) -> publish.Published:
-        done = publish.index(store, self.key, self.config.image.name, digest, self.timings)
+    def index(self, store: Registry, digest: str) -> Published:
+        """The multi-platform index's signature (the tag people pull)."""
+        if self.key is None:
+            return self._said(Published(digest, "index", ()))
+        begun = time.monotonic()
+        signed = attach.sign(store, self.key, self.config.image.name, digest)
+        self.timings.signatures += time.monotonic() - begun
+        return self._said(Published(digest, "index", (signed,)))
+
+    def _said(self, done: Published) -> Published:
         self.published.append(done)
         for line in done.lines():
             reporter.phase("trust", line)

@@ -1,8 +1,8 @@
 """The attestation kinds by name, one table (`KINDS`): each is a `Kind`, its in-toto predicate type, how it makes
 its predicate from one platform's facts (or says why this image has none) and how `verify` checks a statement of it
 read back. `image --push` attaches the kinds `chosen` from `--attest NAME[=ARG]` (the defaults, `DEFAULT`, and
-those named), carry.trust.publish loops over them, carry.image.inspect.trustcheck over the whole table, and
-carry.trust.attach names a predicate type by it. Adding a kind: its predicate module, its entry here."""
+those named), the publish stage (carry.image.publish) loops over them, carry.image.inspect.trustcheck over the whole
+table, and carry.trust.attach names a predicate type by it. Adding a kind: its predicate module, its entry here."""
 
 from __future__ import annotations
 
