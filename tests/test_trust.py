@@ -522,18 +522,17 @@ def pushed_demo(tmp_path, pair):
         "io.carry.series.hash": attester.series.hash,
         "io.carry.version": "20261130.1",
     }
-    facts = attester.facts(
-        PlatformFacts(
-            platform=Platform.LINUX_AMD64,
-            labels=labels,
-            fixed=wheel_of(fixed),
-            release=release,
-            base_ref="carry-test/runtime-base:x",
-            base={"Id": "sha256:" + "77" * 32},
-            lock=lock,
-            wheels=wheels,
-        )
+    subject = PlatformFacts(
+        platform=Platform.LINUX_AMD64,
+        labels=labels,
+        fixed=wheel_of(fixed),
+        release=release,
+        base_ref="carry-test/runtime-base:x",
+        base={"Id": "sha256:" + "77" * 32},
+        lock=lock,
+        wheels=wheels,
     )
+    facts = attester.facts(subject)
     store_ = MemoryStore()
     digest = "sha256:" + "5e" * 32
     with reporter.recording() as said:
@@ -550,6 +549,7 @@ def pushed_demo(tmp_path, pair):
         "labels": labels,
         "installed": installed,
         "facts": facts,
+        "subject": subject,
         "expected": provenance.Expected(
             config.upstream.commit,
             tuple((p.name, p.sha256) for p in attester.series.patches),
@@ -558,6 +558,75 @@ def pushed_demo(tmp_path, pair):
             (lock_path.name, hashlib.sha256(lock_path.read_bytes()).hexdigest()),
         ),
     }
+
+
+class CountingStore(MemoryStore):
+    """A MemoryStore that keeps the order of its manifest PUTs and counts what it was sent, as registryhttp does."""
+
+    def __init__(self):
+        super().__init__()
+        self.puts: list[str] = []
+        self.sent = 0
+
+    def upload_bytes(self, data: bytes, digest: str) -> bool:
+        self.sent += len(data)
+        return super().upload_bytes(data, digest)
+
+    def put_manifest(self, reference: str, body: bytes, media_type: str) -> str:
+        self.puts.append(reference)
+        self.sent += len(body)
+        return super().put_manifest(reference, body, media_type)
+
+    def manifest_digest(self, reference: str) -> str | None:
+        found = self.manifests.get(reference)
+        return "sha256:" + hashlib.sha256(found[1]).hexdigest() if found else None
+
+
+def test_the_publish_stage_keeps_the_push_order(pushed_demo):
+    """Both families hand each platform to carry.image.publish.Stage: its manifest by digest, then its signature and
+    attestations, then the records, then the list and its signature, the tags last; a rerun PUTs nothing again."""
+    import dataclasses
+
+    from carry.image import publish
+    from carry.image.registryhttp import DOCKER_MANIFEST
+    from carry.platforms import Platform
+
+    attester = dataclasses.replace(pushed_demo["attester"], published=[])
+    store, name = CountingStore(), "127.0.0.1:5055/carry-trust"
+    arm = dataclasses.replace(pushed_demo["subject"], platform=Platform.LINUX_ARM64)
+    manifests = [
+        publish.Manifest(platform, json.dumps({"p": str(platform)}).encode(), DOCKER_MANIFEST, (f"{name}:{tag}",))
+        for platform, tag in ((Platform.LINUX_AMD64, "v-amd64"), (Platform.LINUX_ARM64, "v-arm64"))
+    ]
+    digests = [manifest.digest for manifest in manifests]
+    stage = publish.Stage(store, attester, locked=True)
+    with reporter.silenced():
+        stage.platform(manifests[0], pushed_demo["subject"])
+        stage.platform(manifests[1], lambda: arm)
+        sent, signed = stage.record(digests[0].replace(":", "-") + ".cache", [b"facts"], b"{}", "application/json")
+        pushed = stage.tags((f"{name}:v", f"{name}:latest"))
+    index = pushed[f"{name}:v"]
+    sig, att = attach.sig_tag, attach.att_tag
+    record = digests[0].replace(":", "-") + ".cache"
+    assert store.puts == [
+        *(digests[0], sig(digests[0]), att(digests[0])),
+        *(digests[1], sig(digests[1]), att(digests[1])),
+        *(record, sig("sha256:" + hashlib.sha256(b"{}").hexdigest())),
+        *(index, sig(index)),
+        *("v-amd64", "v-arm64", "v", "latest"),
+    ]
+    assert signed and sent > 0 and 0 < stage.trust_sent < store.sent
+    assert pushed == {
+        f"{name}:v-amd64": digests[0],
+        f"{name}:v-arm64": digests[1],
+        f"{name}:v": index,
+        f"{name}:latest": index,
+    }
+    assert [done.platform for done in attester.published] == ["linux/amd64", "linux/arm64", "index"]
+    store.puts.clear()
+    with reporter.silenced():
+        publish.Stage(store, None).tags((f"{name}:v",), manifests)
+    assert store.puts == [], "a rerun finds every manifest and tag: nothing is PUT"
 
 
 def check(demo, installed=None, expected="same", labels=None, key=None, require=()):
