@@ -130,56 +130,44 @@ class Attester:
 
         begun = time.monotonic()
         try:
-            return self._facts(platform, labels, fixed, release, base_ref, base, installed, no_sbom)
+            if isinstance(fixed, Path):  # the fixed wheel's file: hashed here, counted in the facts' time
+                fixed = wheel_of(fixed)
+            distributions: tuple[Wheel, ...] = ()
+            lock_source = None
+            if installed is not None:
+                lock, wheels = installed.lock, installed.wheels
+                distributions = tuple(
+                    Wheel(p.name, p.version, wheels[p.name].name, sha256_in_store(wheels[p.name]))
+                    for p in lock.packages
+                )
+                root = self.config.path.absolute().parent
+                try:
+                    shown = str(lock.path.absolute().relative_to(root))
+                except ValueError:
+                    shown = lock.path.name
+                lock_source = Source(shown, hashlib.sha256(lock.path.read_bytes()).hexdigest())
+            return ImageFacts(
+                repository=self.config.image.name,
+                version=self.version,
+                platform=str(platform),
+                created=labels.get("org.opencontainers.image.created", self.started),
+                base_ref=base_ref,
+                base_digest=_base_digest(base),
+                distributions=distributions,
+                fixed=fixed,
+                release=wheel_of(release, sha256_in_store(release)) if release is not None else None,
+                upstream_url=labels.get("io.carry.upstream.url", ""),
+                upstream_commit=self.config.upstream.commit,
+                upstream_pr=self.config.upstream.pr,
+                series_hash=self.series.hash,
+                patches=self._patches(),
+                carry_version=self.carry_version,
+                config=self._config_source(),
+                lock=lock_source,
+                no_sbom=no_sbom,
+            )
         finally:
             self.timings.facts += time.monotonic() - begun
-
-    def _facts(
-        self,
-        platform: Platform,
-        labels: dict[str, str],
-        fixed: Wheel | Path,
-        release: Path | None,
-        base_ref: str,
-        base: dict,
-        installed: Installed | None,
-        no_sbom: str,
-    ) -> ImageFacts:
-        if isinstance(fixed, Path):  # the fixed wheel's file: hashed here, counted in the facts' time
-            fixed = wheel_of(fixed)
-        distributions: tuple[Wheel, ...] = ()
-        lock_source = None
-        if installed is not None:
-            lock, wheels = installed.lock, installed.wheels
-            distributions = tuple(
-                Wheel(p.name, p.version, wheels[p.name].name, sha256_in_store(wheels[p.name])) for p in lock.packages
-            )
-            root = self.config.path.absolute().parent
-            try:
-                shown = str(lock.path.absolute().relative_to(root))
-            except ValueError:
-                shown = lock.path.name
-            lock_source = Source(shown, hashlib.sha256(lock.path.read_bytes()).hexdigest())
-        return ImageFacts(
-            repository=self.config.image.name,
-            version=self.version,
-            platform=str(platform),
-            created=labels.get("org.opencontainers.image.created", self.started),
-            base_ref=base_ref,
-            base_digest=_base_digest(base),
-            distributions=distributions,
-            fixed=fixed,
-            release=wheel_of(release, sha256_in_store(release)) if release is not None else None,
-            upstream_url=labels.get("io.carry.upstream.url", ""),
-            upstream_commit=self.config.upstream.commit,
-            upstream_pr=self.config.upstream.pr,
-            series_hash=self.series.hash,
-            patches=self._patches(),
-            carry_version=self.carry_version,
-            config=self._config_source(),
-            lock=lock_source,
-            no_sbom=no_sbom,
-        )
 
     def platform(self, store: Registry, facts: ImageFacts, digest: str, locked: bool) -> publish.Published:
         """One platform's manifest published (its SBOM; signed and attested with a key), each line said; a note
