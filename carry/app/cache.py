@@ -160,18 +160,7 @@ class Usage:
         return {
             "root": str(self.root),
             "total": self.total,
-            "parts": [
-                {
-                    "name": p.name,
-                    "path": str(p.path),
-                    "bytes": p.bytes,
-                    "files": p.files,
-                    "entries": p.entries,
-                    "what": p.what,
-                    "shared": p.shared,
-                }
-                for p in self.parts
-            ],
+            "parts": [{**dataclasses.asdict(p), "path": str(p.path)} for p in self.parts],
         }
 
 
