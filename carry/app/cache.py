@@ -53,7 +53,6 @@ PARTS = (
     ("upstream suites", "suites", "`suite`: test trees, each wheel's venv, the comparison side's results"),
     ("logs", "logs", "build and environment logs"),
 )
-KEPT_PARTS = ("ccache", "sccache", "locks", "examples")
 
 
 # --- sizes ---------------------------------------------------------------------------------------------------------
