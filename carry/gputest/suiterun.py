@@ -287,10 +287,9 @@ class Side:
     log_tail: str = ""
 
     def counts(self) -> dict[str, int]:
-        found: dict[str, int] = {}
-        for outcome, *_ in self.tests.values():
-            found[outcome] = found.get(outcome, 0) + 1
-        return found
+        import collections
+
+        return dict(collections.Counter(outcome for outcome, *_ in self.tests.values()))
 
     def describe(self) -> str:
         counts = self.counts()
