@@ -53,7 +53,6 @@ PARTS = (
     ("upstream suites", "suites", "`suite`: test trees, each wheel's venv, the comparison side's results"),
     ("logs", "logs", "build and environment logs"),
 )
-KEPT_PARTS = ("ccache", "sccache", "locks", "examples")
 
 
 # --- sizes ---------------------------------------------------------------------------------------------------------
@@ -160,18 +159,7 @@ class Usage:
         return {
             "root": str(self.root),
             "total": self.total,
-            "parts": [
-                {
-                    "name": p.name,
-                    "path": str(p.path),
-                    "bytes": p.bytes,
-                    "files": p.files,
-                    "entries": p.entries,
-                    "what": p.what,
-                    "shared": p.shared,
-                }
-                for p in self.parts
-            ],
+            "parts": [{**dataclasses.asdict(p), "path": str(p.path)} for p in self.parts],
         }
 
 
@@ -327,6 +315,12 @@ def candidates(cache: Cache, keep: Needed) -> tuple[list[Candidate], int]:
             return []
         return sorted(p for p in directory.iterdir() if not p.name.startswith("."))
 
+    kept_keys = {path.name for path in entries(cache.artifacts) if _artifact_tree(path) in keep.trees}
+
+    def log_owner(name: str) -> tuple[str, ...] | None:
+        return _log_owner(name, kept_keys, keep.envs, keep.trees)
+
+    kept_logs = {path.name for path in entries(cache.logs) if log_owner(path.name) is None}
     # kind, directory, the names kept, the locks that guard an entry of that name
     by_name: list[tuple[str, Path, set[str], Callable[[str], tuple[str, ...]]]] = [
         ("mirror", cache.root / "mirrors", keep.mirrors, lambda name: (name, f"build-{name}", f"tree-{name}")),
@@ -339,39 +333,20 @@ def candidates(cache: Cache, keep: Needed) -> tuple[list[Candidate], int]:
         ),
         # a build holds its build dir's lock, not its environment's: none may run while an environment goes
         ("environment", cache.root / "envs", keep.envs, lambda name: (f"env-{name}", "build-*")),
+        ("wheel", cache.artifacts, kept_keys, lambda name: (f"wheel-{name}",)),
+        ("download", Store.from_env(cache.root).root, keep.downloads, lambda name: ()),
+        ("wheelhouse", cache.root / "wheelhouse", keep.wheelhouses, lambda name: ()),
+        ("log", cache.logs, kept_logs, lambda name: log_owner(name) or ()),
     ]
     for kind, directory, kept_names, guards in by_name:
         for path in entries(directory):
+            if kind == "download" and path.name == "checked":
+                continue
             if path.name in kept_names:
                 kept += 1
             else:
-                found.append(Candidate(kind, path, guards(path.name)))
-    kept_keys = set()
-    for path in entries(cache.artifacts):
-        if _artifact_tree(path) in keep.trees:
-            kept += 1
-            kept_keys.add(path.name)
-        else:
-            found.append(Candidate("wheel", path, (f"wheel-{path.name}",)))
-    store = Store.from_env(cache.root).root
-    for path in entries(store):
-        if path.name == "checked":
-            continue
-        if path.name in keep.downloads:
-            kept += 1
-        else:
-            found.append(Candidate("download", path, (), _downloading(path)))
-    for path in entries(cache.root / "wheelhouse"):
-        if path.name in keep.wheelhouses:
-            kept += 1
-        else:
-            found.append(Candidate("wheelhouse", path, ()))
-    for path in entries(cache.logs):
-        owner = _log_owner(path.name, kept_keys, keep.envs, keep.trees)
-        if owner is True:
-            kept += 1
-        else:
-            found.append(Candidate("log", path, owner or ()))
+                busy = _downloading(path) if kind == "download" else None
+                found.append(Candidate(kind, path, guards(path.name), busy))
     return found, kept
 
 
@@ -402,17 +377,15 @@ LOG_ENV_RE = re.compile(r"^env-([0-9a-f]{32})\.log$")
 LOG_TREE_RE = re.compile(r"^(?:image|wheel-[a-z0-9-]+)-([0-9a-f]{12})\.log$")
 
 
-def _log_owner(name: str, keys: set[str], envs: set[str], trees: set[str]) -> bool | tuple[str, ...]:
-    """True when the log belongs to something kept; else the locks of what writes it (empty: none)."""
+def _log_owner(name: str, keys: set[str], envs: set[str], trees: set[str]) -> tuple[str, ...] | None:
+    """None when the log belongs to something kept; else the locks of what writes it (empty: none)."""
     wheel, env, tree = LOG_WHEEL_RE.match(name), LOG_ENV_RE.match(name), LOG_TREE_RE.match(name)
     if wheel:
-        if any(key.startswith(wheel.group(1)) for key in keys):
-            return True
-        return (f"wheel-{wheel.group(1)}*",)
+        return None if any(key.startswith(wheel.group(1)) for key in keys) else (f"wheel-{wheel.group(1)}*",)
     if env:
-        return True if env.group(1) in envs else (f"env-{env.group(1)}",)
+        return None if env.group(1) in envs else (f"env-{env.group(1)}",)
     if tree:
-        return True if any(t.startswith(tree.group(1)) for t in trees) else ()
+        return None if any(t.startswith(tree.group(1)) for t in trees) else ()
     return ()
 
 

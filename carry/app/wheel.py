@@ -183,8 +183,6 @@ def upstream_version(app: App, checked: CheckResult) -> str | None:
 
 
 def upstream_pyproject(checked: CheckResult) -> dict:
-    from carry.image.buildkit import container
-    from carry.source import git
+    from carry.source import upstreamversion
 
-    tree = checked.report.patched_tree()
-    return container.upstream_pyproject(git.show_blob(checked.mirror, f"{tree}:pyproject.toml"))
+    return upstreamversion.pyproject(checked.mirror, checked.report.patched_tree())

@@ -60,14 +60,7 @@ class Behaviour:
     earlier: tuple[str, ...] = ()  # the earlier patches and their verdicts: REF had them built in as far as they apply
 
     def to_json(self) -> dict:
-        return {
-            "outcome": self.outcome.value,
-            "tests": list(self.tests),
-            "source": self.source,
-            "mode": self.mode,
-            "lines": list(self.lines),
-            "earlier": list(self.earlier),
-        }
+        return {**dataclasses.asdict(self), "outcome": self.outcome.value}
 
 
 def tests_for(config: Config, patch: Patch, learned: dict) -> tuple[tuple[TestCommand, ...], str] | None:

@@ -287,10 +287,9 @@ class Side:
     log_tail: str = ""
 
     def counts(self) -> dict[str, int]:
-        found: dict[str, int] = {}
-        for outcome, *_ in self.tests.values():
-            found[outcome] = found.get(outcome, 0) + 1
-        return found
+        import collections
+
+        return dict(collections.Counter(outcome for outcome, *_ in self.tests.values()))
 
     def describe(self) -> str:
         counts = self.counts()
@@ -302,22 +301,9 @@ class Side:
         return f"{', '.join(parts)} in {self.seconds:.1f} s"
 
     def to_json(self) -> dict:
-        return {
-            "wheel": self.wheel,
-            "digest": self.digest,
-            "tests": self.tests,
-            "collect_errors": self.collect_errors,
-            "collected": self.collected,
-            "exitstatus": self.exitstatus,
-            "seconds": round(self.seconds, 3),
-            "version": self.version,
-            "modules": self.modules,
-            "markers": list(self.markers),
-            "unknown_markers": list(self.unknown_markers),
-            "started": self.started,
-            "died": self.died,
-            "log_tail": self.log_tail,
-        }
+        import dataclasses
+
+        return {**dataclasses.asdict(self), "seconds": round(self.seconds, 3)}
 
     @classmethod
     def from_json(cls, data: dict) -> Side:

@@ -20,7 +20,7 @@ from carry.config import Config
 from carry.config.reader import public_url
 from carry.source import git
 from carry.util.cache import Cache
-from carry.util.errors import BadInput
+from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text
 
 ENV = "CARRY_UPSTREAM_VERSION"
@@ -57,16 +57,25 @@ def resolve(config: Config, cache: Cache, mirror: Path, tree: str) -> UpstreamVe
     return static(mirror, tree) or of_pin(config, cache, mirror)
 
 
-def static(mirror: Path, tree: str) -> UpstreamVersion | None:
-    """The static `[project] version` of `tree`'s pyproject.toml (its public part), or None."""
+def pyproject(mirror: Path, tree: str) -> dict:
+    """`tree`'s pyproject.toml as a dict (empty when it has none); Failed when it does not parse."""
     try:
         import tomllib
     except ImportError:  # Python 3.10: `build` depends on tomli there
         import tomli as tomllib  # type: ignore[no-redef]
 
+    text = git.show_blob(mirror, f"{tree}:pyproject.toml")
     try:
-        project = tomllib.loads(git.show_blob(mirror, f"{tree}:pyproject.toml") or "").get("project", {})
-    except tomllib.TOMLDecodeError:
+        return tomllib.loads(text) if text else {}
+    except tomllib.TOMLDecodeError as exc:
+        raise Failed(f"the upstream's pyproject.toml does not parse ({exc})") from None
+
+
+def static(mirror: Path, tree: str) -> UpstreamVersion | None:
+    """The static `[project] version` of `tree`'s pyproject.toml (its public part), or None."""
+    try:
+        project = pyproject(mirror, tree).get("project", {})
+    except Failed:
         return None
     version = project.get("version")
     if not isinstance(version, str) or "version" in project.get("dynamic", []):

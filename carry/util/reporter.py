@@ -208,9 +208,3 @@ def warn(line: str) -> None:
 def bar(name: str, total: float, unit: str = "", *, minimum: float = 0, done: float = 0, shown: str = "") -> Bar:
     """The current reporter's bar (see Reporter.bar)."""
     return current().bar(name, total, unit, minimum=minimum, done=done, shown=shown)
-
-
-def stderr_line(line: str) -> None:
-    """A bare line on the reporter's stream (no phase): what a few messages printed before there was a reporter."""
-    if not current().quiet:
-        print(line, file=current()._lines.stream, flush=True)

@@ -313,8 +313,11 @@ def _interpreter(python: str) -> dict:
     if python == sys.executable:
         facts = _facts()
     else:
+        import inspect
+
+        script = f"{inspect.getsource(_facts)}\nimport json\nprint(json.dumps(_facts()))\n"
         try:
-            done = execute([python, "-I", "-c", FACTS_SCRIPT], text=True, timeout=60)
+            done = execute([python, "-I", "-c", script], text=True, timeout=60)
         except OSError as exc:
             raise BadInput(f"python {python} cannot run ({exc.strerror}); give an existing interpreter") from None
         if done.returncode != 0:
@@ -330,6 +333,11 @@ def _interpreter(python: str) -> dict:
 
 
 def _facts() -> dict:
+    """The running interpreter's path, version, machine and libc; another interpreter runs this function's own
+    source, so it uses nothing but the standard library (that one need not have carry or its dependencies)."""
+    import platform as host
+    import sys
+
     libc, libc_version = host.libc_ver()
     return {
         "path": sys.executable,
@@ -337,19 +345,6 @@ def _facts() -> dict:
         "machine": host.machine(),
         "libc": f"{libc} {libc_version}".strip() or "unknown",
     }
-
-
-# The same facts from another interpreter, which need not have carry or its dependencies.
-FACTS_SCRIPT = """
-import json, platform as host, sys
-libc, libc_version = host.libc_ver()
-print(json.dumps({
-    "path": sys.executable,
-    "version": f"{host.python_implementation()} {host.python_version()} ({sys.implementation.cache_tag})",
-    "machine": host.machine(),
-    "libc": f"{libc} {libc_version}".strip() or "unknown",
-}))
-"""
 
 
 # the environment ----------------------------------------------------------------------------------------------

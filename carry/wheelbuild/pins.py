@@ -32,7 +32,7 @@ import yaml
 from carry.config import Config
 from carry.config.build import PrecompiledWheel
 from carry.platforms import Platform
-from carry.source import apply, git, series, upstream
+from carry.source import apply, git, series, upstream, upstreamversion
 from carry.util import reporter
 from carry.util.cache import Cache
 from carry.util.download import Store
@@ -386,16 +386,7 @@ def _require_every(
 
 def _project(mirror: Path, tree: str) -> str:
     """The upstream's distribution name, from the patched tree's pyproject.toml ([project] name)."""
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10: `build` depends on tomli there
-        import tomli as tomllib  # type: ignore[no-redef]
-
-    text = git.show_blob(mirror, f"{tree}:pyproject.toml")
-    try:
-        name = tomllib.loads(text).get("project", {}).get("name") if text else None
-    except tomllib.TOMLDecodeError as exc:
-        raise Failed(f"the upstream's pyproject.toml does not parse ({exc})") from None
+    name = upstreamversion.pyproject(mirror, tree).get("project", {}).get("name")
     if not name:
         raise BadInput("the upstream's pyproject.toml has no [project] name; `carry pin` looks its wheels up by it")
     return str(name)

@@ -18,11 +18,6 @@ from pathlib import Path
 
 import yaml
 
-try:
-    import tomllib
-except ImportError:  # Python 3.10: `build` depends on tomli there
-    import tomli as tomllib  # type: ignore[no-redef]
-
 import carry
 from carry.config import Config
 from carry.config.reader import strip_credentials
@@ -120,14 +115,6 @@ def _client_major(docker: str) -> int:
     words = execute([docker, "--version"], text=True, timeout=PROBE_S).stdout.split()
     version = words[2] if len(words) > 2 and words[:2] == ["Docker", "version"] else "0"
     return int(version.split(".")[0]) if version.split(".")[0].isdigit() else 0
-
-
-def upstream_pyproject(text: str | None) -> dict:
-    """The upstream's pyproject.toml as a dict (empty when it has none)."""
-    try:
-        return tomllib.loads(text) if text else {}
-    except tomllib.TOMLDecodeError as exc:
-        raise Failed(f"the upstream's pyproject.toml does not parse ({exc})") from None
 
 
 def distribution_name(config: Config, pyproject: dict) -> str | None:

@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 PREFIX = "/opt/venv"
 TORCH_KIN = frozenset({"torch", "triton", "torchvision", "torchaudio", "torchcodec", "torch-c-dlpack-ext"})
-LAYER_NAMES = ("venv", "nvidia", "torch", "deps", "vllm-release", "vllm-fixed")
 
 
 def group_of(name: str) -> str:
