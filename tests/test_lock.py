@@ -19,7 +19,9 @@ from lib.vllm import example_project
 pytestmark = [pytest.mark.docker]  # slow: the tests that resolve with uv (tests/conftest.py SLOW_MODULE_FIXTURES)
 
 DOCKER = dockerenv.DOCKER_CLI
-OWN = "carry-test-lock-issue-24-lock/runtime"  # this test's own tags of the runtime bases, removed afterwards
+# this test's own tags of the runtime bases, removed afterwards: one name per xdist worker, since two of this
+# module's tests on two workers would otherwise retag (the stale-base test) or remove each other's bases mid-test
+OWN = f"carry-test-lock-issue-24-lock-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}/runtime"
 
 PYPROJECT = """[build-system]
 requires = ["setuptools>=61", "wheel"]
@@ -113,7 +115,7 @@ def test_lock_pins_every_platform_from_the_base_image_and_a_rerun_rewrites_nothi
         assert f"linux/{arch}: 1 packages, python 3.11.2, target {machine}-manylinux_2_36" in made.out
     assert made.out.count("wrote runtime-lock/linux-") == 2
     # the base's facts were read from the images themselves (python3 run in each, arm64 emulated)
-    assert "linux/arm64: carry-test-lock-issue-24-lock/runtime:arm64" in made.err and "glibc 2.36" in made.err
+    assert f"linux/arm64: {OWN}:arm64" in made.err and "glibc 2.36" in made.err
 
     before = {arch: (path.read_bytes(), path.stat().st_mtime_ns) for arch, path in files.items()}
     again = lock(config, env)
