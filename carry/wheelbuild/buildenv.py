@@ -492,44 +492,13 @@ def _make(spec: EnvSpec, root: Path, log: Path, start: float) -> BuildEnv:
     log.parent.mkdir(parents=True, exist_ok=True)
     env = spec.uv_environ()
     with open(log, "w") as handle:
-        _uv(
-            spec,
-            [
-                "venv",
-                "--no-config",
-                "--no-project",
-                "--no-python-downloads",
-                "--color",
-                "never",
-                "--python",
-                spec.python,
-                str(root),
-            ],
-            env,
-            handle,
-            log,
-        )
+        venv = ["venv", "--no-config", "--no-project", "--no-python-downloads", "--color", "never", "--python"]
+        _uv(spec, [*venv, spec.python, str(root)], env, handle, log)
         python = root / "bin" / "python"
         sources = [arg for path in spec.find_links for arg in ("--find-links", path)]
-        installed = _uv(
-            spec,
-            [
-                "pip",
-                "install",
-                "--no-config",
-                "--color",
-                "never",
-                "--python",
-                str(python),
-                *(["--no-index"] if spec.no_index else []),
-                *sources,
-                "--",
-                *spec.requirements,
-            ],
-            env,
-            handle,
-            log,
-        )
+        install = ["pip", "install", "--no-config", "--color", "never", "--python", str(python)]
+        install += ["--no-index"] if spec.no_index else []
+        installed = _uv(spec, [*install, *sources, "--", *spec.requirements], env, handle, log)
     packages = _installed(python, env)
     versions = _key_versions(packages, spec)
     fetched = re.search(r"^Prepared (\d+) package", installed, re.MULTILINE)
