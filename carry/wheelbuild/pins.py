@@ -199,26 +199,13 @@ def platforms_of(config: Config) -> tuple[Platform, ...]:
 
 
 def pin(
-    config: Config,
-    cache: Cache,
-    mirror: Path,
-    tree: str,
-    check: bool = False,
-    commit: str | None = None,
+    config: Config, cache: Cache, mirror: Path, tree: str, check: bool = False, commit: str | None = None
 ) -> Pinned:
     """Discover (for `commit`, default upstream.commit, whose patched tree is `tree`), download and prove each
     platform's wheel; then, unless `check`, write the pins (refusing a file whose sha256 changed on the server)."""
     found = discover(config, cache, mirror, commit or config.upstream.commit, tree)
     fetched = fetch(config, cache, found, refuse_changed=not check)
-    _say_trust(fetched)
-    if check:
-        return Pinned(found, fetched, False)
-    written = write(config.path, {f.platform: f.fields() for f in fetched})
-    return Pinned(found, fetched, written)
-
-
-def _say_trust(fetched: tuple[Fetched, ...]) -> None:
-    """The notes on what was fetched: wheels of several commits, and trust on first use of a new sha256."""
+    # The notes on what was fetched: wheels of several commits, and trust on first use of a new sha256.
     if len({f.found.commit for f in fetched}) > 1:
         where = ", ".join(f"{f.platform} at {f.found.commit[:12]}" for f in fetched)
         reporter.note(
@@ -230,6 +217,8 @@ def _say_trust(fetched: tuple[Fetched, ...]) -> None:
             "trust on first use: the index gives no hashes, so each new sha256 is that of the file downloaded "
             "now; every later download is checked against it (the download store, pip's hash-checking mode)"
         )
+    written = not check and write(config.path, {f.platform: f.fields() for f in fetched})
+    return Pinned(found, fetched, written)
 
 
 def repin(config: Config, cache: Cache, new_commit: str, tree: str | None = None) -> None:
@@ -259,7 +248,6 @@ def follow_release(config: Config, cache: Cache, ref: str) -> list[str]:
     names (else pip's configured one), its sha256 the file's (trust on first use, as `pin`'s), kept in the download
     store, and written with `ref: REF`. What was done, a line per platform; nothing written when REF names no
     version or a wheel is missing."""
-    import re
     import shutil
     import tempfile
 
@@ -377,9 +365,8 @@ def _require_every(
 ) -> None:
     """Failed, one clause per set of reasons (`failure`), unless every wanted platform has its wheel."""
     missing: dict[tuple[Refused, ...], list[Platform]] = {}  # platforms refused for the same reasons: one clause
-    for platform in wanted:
-        if platform not in found:
-            missing.setdefault(tuple(refused[platform]), []).append(platform)
+    for platform in (p for p in wanted if p not in found):
+        missing.setdefault(tuple(refused[platform]), []).append(platform)
     if missing:
         raise Failed("; ".join(failure(why, named) for why, named in missing.items()))
 
@@ -465,8 +452,6 @@ def fetch(config: Config, cache: Cache, discovery: Discovery, refuse_changed: bo
     then its commit is proven from its own version."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
-
-    from carry.util import reporter
 
     store = Store.from_env(cache.root)
     settings = config.build.precompiled
