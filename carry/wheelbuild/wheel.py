@@ -139,13 +139,8 @@ def plan(
     """The plan of one build of `report`'s tree by `builder` (its config, VERSION, gate policy, jobs and remote
     cache) with the probed `tools`. `template`: the wheel version with {version} (build.wheel_version, else the
     upstream's own, see carry/source/upstreamversion.py); VERSION fills it in."""
-    config, version, policy, job_plan, remote = (
-        builder.config,
-        builder.version,
-        builder.policy,
-        builder.job_plan,
-        builder.tools.remote,
-    )
+    config, version, policy, job_plan = builder.config, builder.version, builder.policy, builder.job_plan
+    remote = builder.tools.remote
     tree = report.patched_tree()
     wheel_version = (template or config.build.wheel_version or "0+carry.{version}").format(version=version)
     arches = policy.arches
@@ -219,13 +214,7 @@ def _build_env(config: Config, arches: ArchList, wheel_version: str, jobs: int, 
 
 
 def build(
-    config: Config,
-    cache: Cache,
-    mirror: Path,
-    report: CheckReport,
-    series: Series,
-    the_plan: WheelPlan,
-    out: Path,
+    config: Config, cache: Cache, mirror: Path, report: CheckReport, series: Series, the_plan: WheelPlan, out: Path
 ) -> WheelResult:
     """Reuse the stored wheel for this plan's key (checked by its sha256 as it is published), or produce and finish
     one; publish it into `out`. A stored wheel that is not what was recorded is removed, said, and built again."""
@@ -313,16 +302,7 @@ class Builder:
             from carry.wheelbuild import precompiled
 
             pin = precompiled.pin(config, cache, target)
-        return cls(
-            config,
-            cache,
-            policy,
-            toolchain.choose_jobs(jobs, config.build.env),
-            version,
-            target,
-            pin,
-            tools,
-        )
+        return cls(config, cache, policy, toolchain.choose_jobs(jobs, config.build.env), version, target, pin, tools)
 
     def __call__(self, mirror: Path, report: CheckReport, patches: Series, out: Path) -> WheelResult:
         tree = report.patched_tree()
@@ -373,10 +353,7 @@ class Job:
 def _upstream_build(job: Job) -> Iterator[producer.Produced]:
     """The upstream's PEP 517 build (compiling, or with the precompiled code), the build dir held; once finished, the
     tree remembered as its family's last build, for a derivation to start from."""
-    with (
-        job.cache.lock(f"build-{job.mirror.name}"),
-        produce(job.config, job.cache, job.mirror, job.plan) as made,
-    ):
+    with job.cache.lock(f"build-{job.mirror.name}"), produce(job.config, job.cache, job.mirror, job.plan) as made:
         yield made
     if job.derivation is not None:
         the_plan = job.plan
@@ -617,11 +594,7 @@ def make_info(
         "carry": carry.__version__,
         "version": the_plan.version,
         "wheel_version": actual_version,
-        "upstream": {
-            "url": public_url(config.upstream.url),
-            "pr": config.upstream.pr,
-            "commit": report.base,
-        },
+        "upstream": {"url": public_url(config.upstream.url), "pr": config.upstream.pr, "commit": report.base},
         "series": {
             "hash": series.hash,
             "patches": [
