@@ -223,7 +223,7 @@ def run_on_wheel(
     with temp_dir(scratch, "test-") as work:
         venv = _make_venv(work / "venv")
         _install(venv, wheel)
-        env = _venv_env(venv)
+        env = {**_plain_env(venv / "bin"), "VIRTUAL_ENV": str(venv)}
         results = tuple(_run_one(command, env, work, tree, project, timeout) for command in commands)
     return TestReport(artifact, gpu, platform.python_version(), started, time.monotonic() - clock, provenance, results)
 
@@ -234,13 +234,7 @@ def names_a_wheel(artifact: str) -> bool:
 
 
 def run_artifact(
-    artifact: str,
-    config: Config,
-    commands: tuple[TestCommand, ...],
-    gpu: Gpu,
-    scratch: Path,
-    out: Path,
-    timeout: float,
+    artifact: str, config: Config, commands: tuple[TestCommand, ...], gpu: Gpu, scratch: Path, out: Path, timeout: float
 ) -> tuple[TestReport, Path]:
     """Run commands against a wheel (fresh venv) or an image (docker run --gpus all, with the config's docker);
     the report is written beside the wheel, or into `out` keyed by the image's ID. Returns the report and where it
@@ -256,11 +250,7 @@ def run_artifact(
 
 
 def run_in_tree(
-    tree: Path | None,
-    commands: tuple[TestCommand, ...],
-    scratch: Path,
-    timeout: float,
-    project: Path | None = None,
+    tree: Path | None, commands: tuple[TestCommand, ...], scratch: Path, timeout: float, project: Path | None = None
 ) -> tuple[CommandResult, ...]:
     """Run commands that read the upstream's sources in `tree` (a checkout; their working directory), with no wheel
     and no PYTHONPATH. In their arguments `{tree}` is that checkout and `{project}` the directory of build.yaml (a
@@ -290,12 +280,7 @@ def tree_checkout(cache: Cache, mirror: Path, tree: str | None, wanted: bool) ->
 
 
 def _run_one(
-    command: TestCommand,
-    env: dict[str, str],
-    work: Path,
-    tree: Path | None,
-    project: Path | None,
-    timeout: float,
+    command: TestCommand, env: dict[str, str], work: Path, tree: Path | None, project: Path | None, timeout: float
 ) -> CommandResult:
     if not command.tree:  # `{project}`: the directory of build.yaml (a project's own test scripts live there)
         return _run(
@@ -317,11 +302,11 @@ def _fill(arg: str, places: dict[str, str]) -> str:
     return arg
 
 
-def _plain_env() -> dict[str, str]:
-    """The caller's environment without PYTHONPATH, the running Python's directory first on PATH (so `python` is
-    the Python running carry)."""
+def _plain_env(bindir: Path | None = None) -> dict[str, str]:
+    """The caller's environment without PYTHONPATH, `bindir` first on PATH (by default the running Python's directory,
+    so `python` is the Python running carry; a venv's bin/ for a wheel under test)."""
     env = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "PYTHONHOME")}
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
+    env["PATH"] = os.pathsep.join([str(bindir or Path(sys.executable).parent), env.get("PATH", os.defpath)])
     return env
 
 
@@ -344,22 +329,13 @@ def run_on_image(
         runtime_args += ["--volume", f"{project.resolve()}:{IMAGE_PROJECT}:ro"]
     artifact = Artifact(ArtifactKind.IMAGE, ref, image_id)
     started, clock = _now(), time.monotonic()
+    results = []
     with temp_dir(scratch, "test-") as work:
-        results = tuple(
-            _run(
-                command,
-                [
-                    docker,
-                    *("run", "--rm", *runtime_args, "--entrypoint", command.argv[0], image_id),
-                    *(_fill(arg, {"{project}": IMAGE_PROJECT}) for arg in command.argv[1:]),
-                ],
-                dict(os.environ),
-                work,
-                timeout,
-            )
-            for command in commands
-        )
-    return TestReport(artifact, gpu, "(in the image)", started, time.monotonic() - clock, None, results)
+        for command in commands:
+            args = (_fill(arg, {"{project}": IMAGE_PROJECT}) for arg in command.argv[1:])
+            argv = [docker, "run", "--rm", *runtime_args, "--entrypoint", command.argv[0], image_id, *args]
+            results.append(_run(command, argv, dict(os.environ), work, timeout))
+    return TestReport(artifact, gpu, "(in the image)", started, time.monotonic() - clock, None, tuple(results))
 
 
 def _now() -> str:
@@ -382,19 +358,8 @@ def _make_venv(venv: Path) -> Path:
 
 def _install(venv: Path, wheel: Path) -> None:
     """pip (the running Python's, seen through the venv) installs the wheel alone into the venv."""
-    command = [
-        str(venv / "bin" / "python"),
-        "-m",
-        "pip",
-        "install",
-        "--no-deps",
-        "--no-index",
-        "--ignore-installed",
-        "--no-compile",
-        "--disable-pip-version-check",
-        "--quiet",
-        str(wheel),
-    ]
+    flags = ["--no-deps", "--no-index", "--ignore-installed", "--no-compile", "--disable-pip-version-check", "--quiet"]
+    command = [str(venv / "bin" / "python"), "-m", "pip", "install", *flags, str(wheel)]
     result = execute(command, text=True, timeout=INSTALL_S)
     if result.returncode != 0:
         said = (result.stderr or result.stdout).strip().splitlines()
@@ -402,13 +367,6 @@ def _install(venv: Path, wheel: Path) -> None:
             f"installing {wheel.name} into a fresh venv failed (exit {result.returncode}): "
             f"{said[-1] if said else 'no output'}"
         )
-
-
-def _venv_env(venv: Path) -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "PYTHONHOME")}
-    env["VIRTUAL_ENV"] = str(venv)
-    env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", os.defpath)])
-    return env
 
 
 def _run(
