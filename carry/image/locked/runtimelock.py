@@ -35,6 +35,7 @@ from carry.config import Config
 from carry.config.reader import public_url, strip_credentials
 from carry.image.locked import cudatoolkit
 from carry.platforms import Platform
+from carry.util import reporter
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, CarryError, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
@@ -156,18 +157,9 @@ def relock_command(config_path: Path | None) -> str:
 
 
 def render(platform: Platform, facts: BaseFacts, digest: str, requires: str, body: str) -> str:
-    header = {
-        "format": str(FORMAT),
-        "platform": str(platform),
-        "python": facts.python,
-        "target": facts.target(platform),
-        "base": facts.ref,
-        "base-content": facts.content,
-        "base-python": facts.base_python,
-        "requires-dist": digest,
-        "requires": requires,
-    }
-    lines = [TITLE, *(f"# {key}: {header[key]}" for key in HEADER_KEYS)]
+    values: tuple[str, ...] = (str(FORMAT), str(platform), facts.python, facts.target(platform), facts.ref)
+    values += (facts.content, facts.base_python, digest, requires)  # in the order of HEADER_KEYS
+    lines = [TITLE, *(f"# {key}: {value}" for key, value in zip(HEADER_KEYS, values))]
     return "\n".join(lines) + "\n" + body.rstrip("\n") + "\n"
 
 
@@ -306,8 +298,6 @@ def require_fresh(config: Config, platform: Platform, wheel: Path, cache: Cache 
     """The lock of `platform`, checked against `wheel` (its Requires-Dist) and the runtime base as it is now
     (base_facts): read, then check_fresh; bad input when it is missing, garbled or stale."""
     current = read(config, platform)
-    from carry.util import reporter
-
     with reporter.silenced():  # the base's own lines are the lock's and the image's, not a check's
         base = base_facts(config, platform, cache)
     check_fresh(current, requires_dist=requires_dist_of(wheel), base=base)
@@ -363,12 +353,7 @@ def requires_dist_of(wheel: Path) -> tuple[str, ...]:
 # --- the base image ----------------------------------------------------------------------------------------------
 
 
-def base_facts(
-    config: Config,
-    platform: Platform,
-    cache: Cache | None = None,
-    known: dict | None = None,
-) -> BaseFacts:
+def base_facts(config: Config, platform: Platform, cache: Cache | None = None, known: dict | None = None) -> BaseFacts:
     """The runtime base's Python version and glibc, read by running its own python3 (carry.image.locked.runtimebase:
     pulled where missing, derived where it has no python3, or as `known` records it), and what names it: the
     runtime image's content digest and where its Python comes from; what it pulled or derived said (`base` lines)."""
@@ -379,17 +364,12 @@ def base_facts(
 
 
 def bases(
-    config: Config,
-    platforms: Sequence[Platform],
-    cache: Cache,
-    known: dict | None = None,
+    config: Config, platforms: Sequence[Platform], cache: Cache, known: dict | None = None
 ) -> dict[Platform, BaseFacts]:
     """base_facts of every platform, at the same time (a derivation under QEMU beside a native one), then each
     base's line. The first failure is raised once every platform has finished, before any of those lines.
     `known`: per platform, the base a previous image in the registry records (runtimebase.resolve)."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from carry.util import reporter
 
     known, each = known or {}, reporter.carried(base_facts)
     with ThreadPoolExecutor(max_workers=max(1, len(platforms))) as pool:
@@ -513,29 +493,14 @@ def resolve(
 
     uv = find_uv()
     with temp_dir(scratch, "lock-") as work:
-        (work / "requirements.in").write_text("".join(f"{line}\n" for line in requires))
+        wanted = work / "requirements.in"
+        wanted.write_text("".join(f"{line}\n" for line in requires))
         out = work / "lock.txt"
         if previous and not upgrade:
             out.write_text(previous)
-        args = [
-            "pip",
-            "compile",
-            str(work / "requirements.in"),
-            "--output-file",
-            str(out),
-            "--python-platform",
-            facts.target(platform),
-            "--python-version",
-            facts.python,
-            "--generate-hashes",
-            "--only-binary",
-            ":all:",
-            "--no-header",
-            "--no-annotate",
-            "--quiet",
-            "--color",
-            "never",
-        ]
+        target = ["--python-platform", facts.target(platform), "--python-version", facts.python]
+        args = ["pip", "compile", str(wanted), "--output-file", str(out), *target, "--generate-hashes"]
+        args += ["--only-binary", ":all:", "--no-header", "--no-annotate", "--quiet", "--color", "never"]
         if upgrade:
             args.append("--upgrade")
         body = _compile(uv.path, args, cwd or work, platform, facts, index, out)
@@ -548,8 +513,6 @@ def resolve(
                 body = _compile(uv.path, [*args, "--constraint", str(held)], cwd or work, platform, facts, index, out)
             except BadInput as exc:
                 raise BadInput(f"{exc}; {toolkit.line()}") from None
-            from carry.util import reporter
-
             moved = _pins(body)
             reporter.note(
                 f"{platform}: CUDA toolkit held to {toolkit.release} ({toolkit.anchor[0]} {toolkit.anchor[1]}, "
@@ -583,25 +546,9 @@ def _installable(
     from packaging.utils import canonicalize_name
 
     out = work / "pylock.toml"
-    args = [
-        "pip",
-        "compile",
-        str(locked),
-        "--no-deps",
-        "--output-file",
-        str(out),
-        "--format",
-        "pylock.toml",
-        "--python-platform",
-        facts.target(platform),
-        "--python-version",
-        facts.python,
-        "--only-binary",
-        ":all:",
-        "--quiet",
-        "--color",
-        "never",
-    ]
+    target = ["--python-platform", facts.target(platform), "--python-version", facts.python]
+    args = ["pip", "compile", str(locked), "--no-deps", "--output-file", str(out), "--format", "pylock.toml", *target]
+    args += ["--only-binary", ":all:", "--quiet", "--color", "never"]
     # uv's cache has just been refreshed for exactly these pins: read it offline, online only if that fails
     for mode in (["--offline"], []):
         done = execute([uv, *args, *mode], cwd=cwd, env=index.environ, text=True, timeout=NETWORK_S)
@@ -684,8 +631,6 @@ def lock(
     """Resolve every platform (at once: uv waits mostly on the index), then write the files that changed (nothing
     is written unless all resolved); each platform's resolution said (a `resolve` line)."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from carry.util import reporter
 
     def one(platform: Platform) -> tuple[Platform, Path, str]:
         found = facts[platform]
