@@ -193,11 +193,6 @@ class Pinned:
         return [f.stale() or f"{f.platform}: fresh" for f in self.fetched]
 
 
-def platforms_of(config: Config) -> tuple[Platform, ...]:
-    """The platforms pins are found for: image.platforms, else this machine's."""
-    return tuple(target.platform for target in config.image.platforms) or (Platform.native(),)
-
-
 def pin(
     config: Config, cache: Cache, mirror: Path, tree: str, check: bool = False, commit: str | None = None
 ) -> Pinned:
@@ -302,7 +297,7 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
     settings = config.build.precompiled
     assert settings is not None  # Index.of above refuses a config without build.precompiled.nightly
     inputs = tuple(g.glob for g in settings.inputs)
-    wanted = platforms_of(config)
+    wanted = tuple(target.platform for target in config.image.platforms) or (Platform.native(),)  # else this CPU's
     refused: dict[Platform, list[Refused]] = {platform: [] for platform in wanted}
     found: dict[Platform, Found] = {}
     tags: dict[str, tuple[str, str | None]] = {}

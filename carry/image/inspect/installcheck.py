@@ -357,17 +357,12 @@ def _shown(path: str, site: str) -> str:
     return path[len(site) + 1 :] if path.startswith(site + "/") else path
 
 
-def node_is_link(name: str) -> bool:
-    """The venv's own interpreter names in its bin (`python`, `python3`, `python3.11`)."""
-    return bool(BIN_LINK_RE.match(name))
-
-
 def _allowed(path: str, site: str) -> bool:
     parts = path.split("/")
     if "__pycache__" in parts or path.endswith(".pyc"):
         return True
     if path.startswith(f"{BIN}/"):
-        return posixpath.dirname(path) == BIN and node_is_link(parts[-1])
+        return posixpath.dirname(path) == BIN and bool(BIN_LINK_RE.match(parts[-1]))
     directory, name = posixpath.split(path)
     return directory.endswith(".dist-info") and posixpath.dirname(directory) == site and name in ("RECORD", "INSTALLER")
 
