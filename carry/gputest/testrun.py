@@ -259,14 +259,6 @@ def run_in_tree(
         return tuple(_run_one(command, _plain_env(), work, tree, project, timeout) for command in commands)
 
 
-def checkout(repo: Path, tree: str, dest: Path) -> Path:
-    """`tree` (a tree id in the mirror) as files under `dest`, for commands that run in the source tree."""
-    from carry.source import git
-
-    git.checkout_tree(repo, tree, None, dest)
-    return dest
-
-
 @contextlib.contextmanager
 def tree_checkout(cache: Cache, mirror: Path, tree: str | None, wanted: bool) -> Iterator[Path | None]:
     """A checkout of `tree` for commands that run in the source tree, in a stable directory of the cache (held
@@ -274,9 +266,12 @@ def tree_checkout(cache: Cache, mirror: Path, tree: str | None, wanted: bool) ->
     if not wanted or tree is None:
         yield None
         return
+    from carry.source import git
+
     where = cache.builds / f"tree-{mirror.name}"
     with cache.lock(where.name):
-        yield checkout(mirror, tree, where / "tree")
+        git.checkout_tree(mirror, tree, None, where / "tree")
+        yield where / "tree"
 
 
 def _run_one(
@@ -443,15 +438,14 @@ def check_report(path: Path, docker: str | None = None) -> TestReportCheck:
     artifact = report.artifact
     if artifact.kind is ArtifactKind.WHEEL:
         wheel = path.with_name(path.name.removesuffix(SUFFIX))
+        mismatch = None
         if wheel.name != artifact.name:
-            return TestReportCheck(
-                str(path), report, (f"artifact name: report names {artifact.name}, its file name says {wheel.name}",)
-            )
-        if not wheel.is_file():
-            return TestReportCheck(str(path), report, (f"wheel: {wheel} is missing",))
-        found = f"sha256:{file_sha256(wheel)}"
-        mismatches = () if found == artifact.digest else (f"sha256: report {artifact.digest}, wheel beside it {found}",)
-        return TestReportCheck(str(path), report, mismatches)
+            mismatch = f"artifact name: report names {artifact.name}, its file name says {wheel.name}"
+        elif not wheel.is_file():
+            mismatch = f"wheel: {wheel} is missing"
+        elif (found := f"sha256:{file_sha256(wheel)}") != artifact.digest:
+            mismatch = f"sha256: report {artifact.digest}, wheel beside it {found}"
+        return TestReportCheck(str(path), report, (mismatch,) if mismatch else ())
     docker = docker or shutil.which(os.environ.get("CARRY_DOCKER") or "docker")
     if docker is None:
         raise BadInput("checking an image's test report needs docker; install it or set $CARRY_DOCKER")
