@@ -199,17 +199,12 @@ def _build_env(config: Config, arches: ArchList, wheel_version: str, jobs: int, 
     both reject an empty list, and a Python-only build (vLLM's VLLM_TARGET_DEVICE=empty) reads neither.
     """
     env = dict(config.build.env)
-    if arches.expects_cuda:
-        env.update(
-            TORCH_CUDA_ARCH_LIST=arches.torch_cuda_arch_list(),
-            CMAKE_CUDA_ARCHITECTURES=arches.cmake_cuda_architectures(),
-        )
+    if arches.expects_cuda:  # TORCH_CUDA_ARCH_LIST, CMAKE_CUDA_ARCHITECTURES
+        env.update(zip(ARCH_VARIABLES, (arches.torch_cuda_arch_list(), arches.cmake_cuda_architectures())))
     env["MAX_JOBS"] = str(jobs)
-    for name in config.build.version_env:
-        env[name] = wheel_version
+    env.update(dict.fromkeys(config.build.version_env, wheel_version))
     if tools.launcher:
-        for language in ("CUDA", "C", "CXX"):
-            env[f"CMAKE_{language}_COMPILER_LAUNCHER"] = tools.launcher.path
+        env.update({f"CMAKE_{language}_COMPILER_LAUNCHER": tools.launcher.path for language in ("CUDA", "C", "CXX")})
     return env
 
 
