@@ -210,9 +210,6 @@ class TestCommand:
     gpu: bool = True
     tree: bool = False
 
-    def same_command(self, argv: tuple[str, ...]) -> bool:
-        return tuple(argv) == self.argv
-
 
 DEFAULT_KEEP = ("build/temp.*",)
 

@@ -312,10 +312,6 @@ def split_credentials(url: str) -> tuple[str, dict[str, str]]:
     }
 
 
-def bundle_create(repo: Path, dest: Path, *refs: str) -> None:
-    run(repo, "bundle", "create", str(dest), *refs)
-
-
 def bundle_heads(repo: Path, bundle: Path) -> dict[str, str]:
     """ref -> sha for every head in a bundle file."""
     pairs = (line.partition(" ") for line in run(repo, "bundle", "list-heads", str(bundle)).splitlines())
