@@ -138,8 +138,10 @@ def _run(inputs: Inputs, held: reporter.Holding) -> Outcome:
     against, fixed = sides["against"], sides["fixed"]
     _judge_against(against, tests, where)
     _check_origins(subjects, sides)
-    if cached is None:
-        _store(inputs.cache, key, against)
+    if cached is None:  # stored for the next run
+        stored = _results_file(inputs.cache, key)
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(stored, json.dumps({"key": key, "side": against.to_json()}) + "\n")
     fixed = _judge_fixed(fixed, against)
     times = {
         "checkout_s": round(tree.seconds, 3),
@@ -295,12 +297,6 @@ def _cached(cache: Cache, key: str) -> Side | None:
         return Side.from_json(data["side"]) if data.get("key") == key else None
     except (OSError, ValueError, KeyError, TypeError):
         return None
-
-
-def _store(cache: Cache, key: str, side: Side) -> None:
-    path = _results_file(cache, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps({"key": key, "side": side.to_json()}) + "\n")
 
 
 # --- the comparison -------------------------------------------------------------------------------------------------
