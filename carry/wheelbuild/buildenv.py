@@ -467,17 +467,13 @@ def _complete(root: Path, spec: EnvSpec, start: float) -> BuildEnv | None:
         return None
     if not isinstance(marker, dict) or marker.get("key") != spec.key or not (root / "bin" / "python").exists():
         return None
-    return BuildEnv(
-        root,
-        spec.key,
-        marker["versions"],
-        marker["packages"],
-        marker["uv"],
-        reused=True,
-        seconds=time.monotonic() - start,
-        inputs=marker["spec"],
-        copied=marker.get("copied", False),
-    )
+    return _recorded(root, marker, True, time.monotonic() - start)
+
+
+def _recorded(root: Path, marker: dict, reused: bool, seconds: float, downloaded: int | None = None) -> BuildEnv:
+    """The env at `root` as its marker records it (key, versions, packages, uv, inputs, copied)."""
+    found = (marker["key"], marker["versions"], marker["packages"], marker["uv"])
+    return BuildEnv(root, *found, reused, seconds, downloaded, marker["spec"], marker.get("copied", False))
 
 
 def _remove(root: Path) -> None:
@@ -517,18 +513,7 @@ def _make(spec: EnvSpec, root: Path, log: Path, start: float) -> BuildEnv:
         "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     atomic_write_text(root / MARKER, json.dumps(marker, indent=2) + "\n")  # last: from here on it is complete
-    return BuildEnv(
-        root,
-        spec.key,
-        versions,
-        packages,
-        spec.uv.version,
-        reused=False,
-        seconds=seconds,
-        downloaded=downloaded,
-        inputs=spec.public(),
-        copied=copied,
-    )
+    return _recorded(root, marker, False, seconds, downloaded)
 
 
 def _uv(spec: EnvSpec, args: list[str], env: dict[str, str], log: TextIO, log_path: Path) -> str:
