@@ -453,8 +453,7 @@ def _uv_config_files(env: Mapping[str, str], cwd: Path) -> list[Path]:
             break
     home = Path(env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config"))
     found.append(home / "uv" / "uv.toml")
-    for system in (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":"):
-        found.append(Path(system) / "uv" / "uv.toml")
+    found += [Path(system) / "uv" / "uv.toml" for system in (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":")]
     found.append(Path("/etc/uv/uv.toml"))
     return found
 
