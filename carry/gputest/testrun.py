@@ -42,7 +42,7 @@ from carry.util.integrity import file_sha256
 from carry.util.run import NETWORK_S, PROBE_S, execute
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
     from carry.util.cache import Cache
     from carry.wheelbuild.verify import Verification
@@ -155,20 +155,17 @@ class TestReport:
             if data.get("format") != FORMAT:
                 raise Failed(f"{where}: report format {data.get('format')!r}, this carry reads {FORMAT}")
             artifact, gpu = data["artifact"], data["gpu"]
+            kind = ArtifactKind.parse(artifact["kind"], where)
             return cls(
-                artifact=Artifact(
-                    ArtifactKind.parse(artifact["kind"], where), str(artifact["name"]), str(artifact["digest"])
-                ),
+                artifact=Artifact(kind, str(artifact["name"]), str(artifact["digest"])),
                 gpu=Gpu(str(gpu["name"]), str(gpu["capability"]), str(gpu["driver"]), int(gpu["count"])),
                 python=str(data["python"]),
                 started=str(data["started"]),
                 duration_s=float(data["duration_s"]),
                 buildinfo=data.get("buildinfo"),
                 results=tuple(
-                    CommandResult(
-                        str(test["command"]), test["exit_status"], float(test["duration_s"]), str(test["output_tail"])
-                    )
-                    for test in data["tests"]
+                    CommandResult(str(t["command"]), t["exit_status"], float(t["duration_s"]), str(t["output_tail"]))
+                    for t in data["tests"]
                 ),
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -365,12 +362,7 @@ def _install(venv: Path, wheel: Path) -> None:
 
 
 def _run(
-    command: TestCommand,
-    argv: list[str] | tuple[str, ...],
-    env: dict[str, str],
-    work: Path,
-    timeout: float,
-    cwd: Path | None = None,
+    command: TestCommand, argv: Sequence[str], env: dict[str, str], work: Path, timeout: float, cwd: Path | None = None
 ) -> CommandResult:
     """Run one command in a fresh empty directory (or `cwd`); its output goes to a file, its tail into the
     result."""
