@@ -37,7 +37,7 @@ from carry.util import reporter
 from carry.util.cache import Cache
 from carry.util.download import Store
 from carry.util.errors import BadInput, Failed
-from carry.util.fsutil import atomic_write_text
+from carry.util.fsutil import atomic_write_text, temp_dir
 from carry.wheelbuild import nightly
 
 FIELDS = ("requirement", "index", "sha256", "ref")
@@ -243,31 +243,24 @@ def follow_release(config: Config, cache: Cache, ref: str) -> list[str]:
     names (else pip's configured one), its sha256 the file's (trust on first use, as `pin`'s), kept in the download
     store, and written with `ref: REF`. What was done, a line per platform; nothing written when REF names no
     version or a wheel is missing."""
-    import shutil
-    import tempfile
-
-    from carry.util import download, index, integrity
+    from carry.util import index, integrity
 
     settings = config.build.precompiled
     found = re.fullmatch(r"v?(\d+(?:\.\d+)*(?:\.post\d+)?)", ref.removeprefix("refs/tags/"))
     wheels = [w for w in settings.wheels if w.pinned.project] if settings else []
     if found is None or not wheels:
         return [f"not moved: {ref} names no release version for build.precompiled.wheels' requirements"]
-    store = download.Store.from_env(cache.root)
+    store = Store.from_env(cache.root)
     pins, said = {}, []
     for wheel in wheels:
         requirement = f"{wheel.pinned.project}=={found.group(1)}"
         if requirement == wheel.pinned.requirement and wheel.ref == ref:
             said.append(f"{wheel.platform}: {requirement} already")
             continue
-        store.root.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=".pip-", dir=store.root))
-        try:
+        with temp_dir(store.root, ".pip-") as scratch:  # on the store's filesystem, for adopt's rename
             got = index.download_wheel(requirement, None, wheel.platform, wheel.pinned.index, scratch, str(ref))
             sha = integrity.file_sha256(got)
             kept = store.adopt(got, got.name, sha)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
         pins[wheel.platform] = {"requirement": requirement, "sha256": sha, "ref": ref}
         if wheel.pinned.index:  # the index it was pinned from stays named
             pins[wheel.platform]["index"] = wheel.pinned.index
