@@ -27,8 +27,11 @@ import hashlib
 import re
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from packaging.utils import canonicalize_name
 
 from carry.binaries import wheelzip
 from carry.config import Config
@@ -225,8 +228,6 @@ def parse(
 
 
 def _packages(lines: Sequence[str], garbled: Callable[[str], BadInput]) -> tuple[Locked, ...]:
-    from packaging.utils import canonicalize_name
-
     found: list[Locked] = []
     name: str | None = None
     version = ""  # the version of `name`'s pin line, once one is read
@@ -339,8 +340,6 @@ def wheel_metadata(wheel: Path) -> tuple[str, tuple[str, ...]]:
             metadata = email.parser.Parser().parsestr(archive.read(f"{info}/METADATA").decode())
     except (OSError, KeyError, Failed, zipfile.BadZipFile, UnicodeDecodeError) as exc:
         raise Failed(f"{wheel}: its METADATA cannot be read ({exc})") from None
-    from packaging.utils import canonicalize_name
-
     name = canonicalize_name(metadata.get("Name") or "")
     return f"{name}=={metadata.get('Version')}", tuple(metadata.get_all("Requires-Dist") or ())
 
@@ -369,8 +368,6 @@ def bases(
     """base_facts of every platform, at the same time (a derivation under QEMU beside a native one), then each
     base's line. The first failure is raised once every platform has finished, before any of those lines.
     `known`: per platform, the base a previous image in the registry records (runtimebase.resolve)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     known, each = known or {}, reporter.carried(base_facts)
     with ThreadPoolExecutor(max_workers=max(1, len(platforms))) as pool:
         futures = [pool.submit(each, config, platform, cache, known.get(platform)) for platform in platforms]
@@ -542,7 +539,6 @@ def _installable(
     """Per package of the resolved lock, the sha256 of each of its wheels that installs on the target: uv's
     pylock.toml of exactly those pins (`--no-deps`), which lists only the wheels for the target."""
     import tomllib
-    from packaging.utils import canonicalize_name
 
     out = work / "pylock.toml"
     target = ["--python-platform", facts.target(platform), "--python-version", facts.python]
@@ -567,8 +563,6 @@ def _installable(
 def narrow(body: str, installable: Mapping[str, set[str]]) -> str:
     """uv's requirements output with each pin's hashes narrowed to those of its wheels for the target (uv lists
     every file of the version, for every platform); a pin with none of them known keeps all."""
-    from packaging.utils import canonicalize_name
-
     blocks: list[tuple[str, list[str]]] = []
     for line in body.splitlines():
         text = line.strip().removesuffix("\\").strip()
@@ -629,7 +623,6 @@ def lock(
 ) -> tuple[Outcome, ...]:
     """Resolve every platform (at once: uv waits mostly on the index), then write the files that changed (nothing
     is written unless all resolved); each platform's resolution said (a `resolve` line)."""
-    from concurrent.futures import ThreadPoolExecutor
 
     def one(platform: Platform) -> tuple[Platform, Path, str]:
         found = facts[platform]
