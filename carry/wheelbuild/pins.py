@@ -113,12 +113,8 @@ class Fetched:
     @property
     def unchanged(self) -> bool:
         before = self.before
-        return before is not None and (
-            before.pinned.requirement,
-            before.pinned.index,
-            before.pinned.sha256,
-            before.ref,
-        ) == tuple(self.fields().values())
+        pinned = (before.pinned.requirement, before.pinned.index, before.pinned.sha256, before.ref) if before else None
+        return pinned == tuple(self.fields().values())
 
     @property
     def tampered(self) -> bool:
@@ -328,16 +324,10 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
             if reason:
                 refused[platform].append(Refused(candidate, reason))
                 continue
+            root = index.root(candidate, written=True)
+            alias = index.variant is not None and entry.names()[1] is None
             found[platform] = Found(
-                platform,
-                candidate,
-                base,
-                tuple(refused[platform]),
-                entry,
-                index.root(candidate, written=True),
-                index.variant_name,
-                named,
-                alias=index.variant is not None and entry.names()[1] is None,
+                platform, candidate, base, tuple(refused[platform]), entry, root, index.variant_name, named, alias=alias
             )
     _require_every(wanted, found, refused, lambda why, named: _failure(named, index, base, len(history), why))
     for each in found.values():
