@@ -219,14 +219,11 @@ def build(
             return WheelResult(hit, True, the_plan)
         derivation = _derivation(config, cache, mirror, the_plan)
         derivable = derivation is not None and derivation.possible and derivation.base is not None
-        kind = producer.choose(
-            producer.Facts(
-                platform=the_plan.platform,
-                native=Platform.native(),
-                precompiled=the_plan.precompiled is not None,
-                derivable=derivable,
-            )
+        taking = the_plan.precompiled is not None
+        facts = producer.Facts(
+            platform=the_plan.platform, native=Platform.native(), precompiled=taking, derivable=derivable
         )
+        kind = producer.choose(facts)
         job = Job(config, cache, mirror, the_plan, derivation)
         with PRODUCERS[kind](job) as produced:
             stored, checks = finish(config, cache, mirror, report, series, the_plan, produced)
