@@ -526,12 +526,9 @@ def _precompiled(build: Section) -> Precompiled | None:
         if own.has("index") and not own.has("requirement"):
             raise BadInput(f"{here}: index is for a wheel pinned by requirement; give requirement: 'NAME==VERSION'")
         if own.has("requirement"):
+            requirement = own.string("requirement", required=True)
             pinned = Pinned.by_name(
-                own.string("requirement", required=True),
-                own.data.get("sha256"),
-                here,
-                index=own.string("index"),
-                platform=platform,
+                requirement, own.data.get("sha256"), here, index=own.string("index"), platform=platform
             )
         else:
             source = own.string("url") or str(build.path.parent / own.string("path", required=True))
