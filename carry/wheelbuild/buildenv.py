@@ -300,12 +300,8 @@ class EnvSpec:
 
     def uv_environ(self) -> dict[str, str]:
         """The environment uv runs with: the caller's, cleaned, plus the indexes (credentials stay out of argv)."""
-        indexes = {}
-        if self.index_url:
-            indexes["UV_INDEX_URL"] = self.index_url
-        if self.extra_index_urls:
-            indexes["UV_EXTRA_INDEX_URL"] = " ".join(self.extra_index_urls)
-        return uv_environ(indexes)
+        indexes = {"UV_INDEX_URL": self.index_url or "", "UV_EXTRA_INDEX_URL": " ".join(self.extra_index_urls)}
+        return uv_environ({name: value for name, value in indexes.items() if value})
 
 
 def _interpreter(python: str) -> dict:
