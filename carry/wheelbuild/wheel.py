@@ -485,10 +485,8 @@ def _run_build(
     with open(log, "wb") as handle:
         handle.writelines(f"carry: {line}\n".encode() for line in said)
         handle.write(b"environment carry sets for the build:\n")
-        for name in sorted({**the_plan.env, **launcher_env}):
-            handle.write(f"  {name}={env[name]}\n".encode())
-        for name in the_plan.unset:
-            handle.write(f"  unset {name}\n".encode())
+        handle.writelines(f"  {name}={env[name]}\n".encode() for name in sorted({**the_plan.env, **launcher_env}))
+        handle.writelines(f"  unset {name}\n".encode() for name in the_plan.unset)
         if environment is not None:
             handle.write(f"build environment: {environment.describe()}\n".encode())
             status = pep517.build_wheel(src, out, env, handle, False, str(environment.python))
