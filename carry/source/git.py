@@ -40,15 +40,10 @@ class GitError(Failed):
 
 
 def run(
-    repo: Path,
-    *args: str,
-    env: dict[str, str] | None = None,
-    stdin: Path | None = None,
-    timeout: float | None = None,
-    strip: bool = True,
+    repo: Path, *args: str, env: dict[str, str] | None = None, timeout: float | None = None, strip: bool = True
 ) -> str:
     """Run `git args...` in `repo` and return stdout; raise GitError with git's stderr on failure."""
-    status, out, err = _execute(repo, args, env, stdin, timeout, strip)
+    status, out, err = _execute(repo, args, env, timeout, strip)
     if status != 0:
         reason = "timed out" if status is None else f"exit status {status}"
         raise GitError(f"git {args[0]} failed: {_headline(err) or reason}", err.strip())
@@ -57,7 +52,7 @@ def run(
 
 def run_input(repo: Path, args: tuple[str, ...], text: str) -> str:
     """Run `git args...` with `text` on its stdin; stdout, or GitError."""
-    status, out, err = _execute(repo, args, None, None, None, True, text.encode("utf-8", errors="surrogateescape"))
+    status, out, err = _execute(repo, args, None, None, True, text.encode("utf-8", errors="surrogateescape"))
     if status != 0:
         raise GitError(f"git {args[0]} failed: {_headline(err) or f'exit status {status}'}", err.strip())
     return out
@@ -90,7 +85,6 @@ def _execute(
     repo: Path,
     args: tuple[str, ...],
     env: dict[str, str] | None,
-    stdin: Path | None,
     timeout: float | None,
     strip: bool,
     data: bytes | None = None,
@@ -109,7 +103,7 @@ def _execute(
             timeout=LOCAL_TIMEOUT_S if timeout is None else timeout,
             cwd=repo,
             env=full_env,
-            stdin=data if data is not None else stdin,
+            stdin=data,
             english=True,  # git's messages (apply's "Hunk #1 succeeded at ...", "error: patch failed: ...") are parsed
         )
     except OSError as exc:  # no git on PATH, or `repo` is gone
@@ -134,7 +128,7 @@ def _headline(stderr: str) -> str:
 
 def run_status(repo: Path, *args: str, env: dict[str, str] | None = None, strip: bool = True) -> tuple[int, str, str]:
     """Run git and return (exit status, stdout, stderr) without raising."""
-    status, out, err = _execute(repo, args, env, None, None, strip)
+    status, out, err = _execute(repo, args, env, None, strip)
     return (-1 if status is None else status), out, err
 
 
@@ -445,7 +439,7 @@ def ignored_in_tree(repo: Path, tree: str, paths: list[str]) -> set[str]:
         args: tuple[str, ...] = ("--git-dir", str(repo.absolute()), "--work-tree", scratch)
         args += ("-c", "core.excludesFile=/dev/null", "check-ignore", "--no-index", "--stdin", "-z")
         status, out, err = _execute(
-            Path(scratch), args, {"GIT_CONFIG_GLOBAL": os.devnull}, None, None, False, "\0".join(paths).encode() + b"\0"
+            Path(scratch), args, {"GIT_CONFIG_GLOBAL": os.devnull}, None, False, "\0".join(paths).encode() + b"\0"
         )
     if status not in (0, 1):
         raise GitError(f"git check-ignore failed: {_headline(err) or f'exit status {status}'}", err.strip())
