@@ -189,16 +189,9 @@ def _start(loaded: configs.Config, cache: Cache, request: Request) -> Follow | N
         "upstream": _since(loaded, cache, mirror, pin, commit),
         "unknown_history": unknown or None,
         "version": str(version.following(loaded.version_file)),
-        "patches": [],
-        "commits": [],
-        "steps": [],
-        "replayed": [],
-        "recorded": [],
-        "pins": [],
+        **{key: [] for key in ("patches", "commits", "steps", "replayed", "recorded", "pins")},
         "lock": None,
-        "wheels": [],
-        "suite": [],
-        "proofs": [],
+        **{key: [] for key in ("wheels", "suite", "proofs")},
         "conflict": None,
         "needs": [],
         "exit": 0,
@@ -349,7 +342,8 @@ def _carry_series(run: Follow) -> None:
     texts, tree = space.texts()
     _write_carried(run, loaded, patches, texts)
     run.report["tree"] = tree
-    run.step("rebase", started, [r.line() for r in space.replays] + _fates(run))
+    fates = [f"{p['name']}: {p['fate']}" + (f" ({p['detail']})" if p["detail"] else "") for p in run.report["patches"]]
+    run.step("rebase", started, [r.line() for r in space.replays] + fates)
 
 
 def _write_carried(run: Follow, loaded: configs.Config, patches: series.Series, texts: dict[str, str | None]) -> None:
@@ -382,10 +376,6 @@ def _write_carried(run: Follow, loaded: configs.Config, patches: series.Series, 
         "rebase",
         f"carry follow: the series onto {ref} ({commit[:12]}), VERSION {run.report['version']}\n\n{body}\n",
     )
-
-
-def _fates(run: Follow) -> list[str]:
-    return [f"{p['name']}: {p['fate']}" + (f" ({p['detail']})" if p["detail"] else "") for p in run.report["patches"]]
 
 
 def _stopped(run: Follow, conflict: rebase.Conflict) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import enum
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from carry.arch import ArchList
@@ -211,9 +210,6 @@ class TestCommand:
     gpu: bool = True
     tree: bool = False
 
-    def same_command(self, argv: tuple[str, ...]) -> bool:
-        return tuple(argv) == self.argv
-
 
 DEFAULT_KEEP = ("build/temp.*",)
 
@@ -405,7 +401,7 @@ def read_build(section: Section) -> Build:
         # A Python-only build (cuda_arches: []) has nothing for a GPU to run: its tests need none unless they say so.
         tests=_tests(section, gpu=cuda_arches is None or cuda_arches.expects_cuda),
         gate=section.data.get("gate"),
-        generated=_generated(section),
+        generated=_globs_with_reasons(section, "generated", "which build step writes it"),  # wheel-path globs
         keep=_keep(section),
         environment=_environment(section, isolation),
         precompiled=_precompiled(section),
@@ -530,15 +526,12 @@ def _precompiled(build: Section) -> Precompiled | None:
         if own.has("index") and not own.has("requirement"):
             raise BadInput(f"{here}: index is for a wheel pinned by requirement; give requirement: 'NAME==VERSION'")
         if own.has("requirement"):
+            requirement = own.string("requirement", required=True)
             pinned = Pinned.by_name(
-                own.string("requirement", required=True),
-                own.data.get("sha256"),
-                here,
-                index=own.string("index"),
-                platform=platform,
+                requirement, own.data.get("sha256"), here, index=own.string("index"), platform=platform
             )
         else:
-            source = own.string("url") or str(_relative(build.path, own.string("path", required=True)))
+            source = own.string("url") or str(build.path.parent / own.string("path", required=True))
             pinned = Pinned.parse(source, own.data.get("sha256"), here)
             if not pinned.name.endswith(".whl"):
                 raise BadInput(f"{here}: {pinned.name} is not a wheel (.whl)")
@@ -574,10 +567,6 @@ def _nightly(precompiled: Section) -> Nightly | None:
     return Nightly(template, variant, section.integer("max_walk") or DEFAULT_MAX_WALK)
 
 
-def _relative(config_path: Path, path: str) -> Path:
-    return Path(path) if Path(path).is_absolute() else config_path.parent / path
-
-
 def _globs_with_reasons(section: Section, key: str, reason: str) -> tuple[Generated, ...]:
     """A mapping of path glob to why, e.g. build.generated or build.precompiled.inputs."""
     value = section.data.get(key)
@@ -594,11 +583,6 @@ def _globs_with_reasons(section: Section, key: str, reason: str) -> tuple[Genera
             raise BadInput(f"{where}.{glob} needs a reason ({reason})")
         found.append(Generated(glob.strip(), " ".join(why.split())))
     return tuple(found)
-
-
-def _generated(section: Section) -> tuple[Generated, ...]:
-    """build.generated: a mapping of wheel-path glob to why the build writes it."""
-    return _globs_with_reasons(section, "generated", "which build step writes it")
 
 
 def _keep(section: Section) -> tuple[str, ...]:

@@ -79,7 +79,7 @@ def tests_for(config: Config, patch: Patch, learned: dict) -> tuple[tuple[TestCo
 
 def _command(config: Config, text: str) -> TestCommand:
     argv = tuple(shlex.split(text))
-    return next((t for t in config.build.tests if t.same_command(argv)), TestCommand(argv, text.strip()))
+    return next((t for t in config.build.tests if t.argv == argv), TestCommand(argv, text.strip()))
 
 
 @record(kw_only=True)

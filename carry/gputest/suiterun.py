@@ -20,6 +20,8 @@ caches in an empty scratch directory; carry's plugin (pytestplugin.py) writes ea
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import json
 import os
 import re
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from carry.config.build import BuildEnvironment, UpstreamTests
 from carry.source import git
-from carry.util import run
+from carry.util import reporter, run
 from carry.util.digest import sha256
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text
@@ -148,8 +150,6 @@ def deps_env(
     spec = buildenv.EnvSpec.resolve(
         (*requires_dist, *extra), indexes, where="the wheel's Requires-Dist and build.upstream_tests.requires"
     )
-    from carry.util import reporter
-
     with reporter.silenced():  # the suite's own lines say which environment it uses
         return buildenv.ensure(spec, cache.root)
 
@@ -287,8 +287,6 @@ class Side:
     log_tail: str = ""
 
     def counts(self) -> dict[str, int]:
-        import collections
-
         return dict(collections.Counter(outcome for outcome, *_ in self.tests.values()))
 
     def describe(self) -> str:
@@ -301,8 +299,6 @@ class Side:
         return f"{', '.join(parts)} in {self.seconds:.1f} s"
 
     def to_json(self) -> dict:
-        import dataclasses
-
         return {**dataclasses.asdict(self), "seconds": round(self.seconds, 3)}
 
     @classmethod
@@ -351,25 +347,23 @@ def run_environment(subject: Subject, tests: UpstreamTests, work: Path, events: 
     for directory in (home, work / "cache", work / "plugin", work / "tmp"):
         directory.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(PLUGIN_FILE, work / "plugin" / f"{PLUGIN_NAME}.py")
-    env.update(
-        {
-            "PATH": os.pathsep.join([*bins, env.get("PATH", os.defpath)]),
-            "VIRTUAL_ENV": str(subject.env.root),
-            "PYTHONPATH": str(work / "plugin"),
-            "PYTHONHASHSEED": "0",
-            "HOME": str(home),
-            "XDG_CACHE_HOME": str(work / "cache"),
-            "HF_HOME": str(work / "cache" / "huggingface"),
-            "TMPDIR": str(work / "tmp"),
-            "CARRY_SUITE_EVENTS": str(events),
-            "CARRY_SUITE_MODULES": ",".join(subject.modules),
-            "CARRY_SUITE_DIST": subject.dist,
-            "CARRY_SUITE_NETWORK": "off",
-            **OFFLINE,
-            **tests.env,
-        }
-    )
-    return env
+    return {
+        **env,
+        "PATH": os.pathsep.join([*bins, env.get("PATH", os.defpath)]),
+        "VIRTUAL_ENV": str(subject.env.root),
+        "PYTHONPATH": str(work / "plugin"),
+        "PYTHONHASHSEED": "0",
+        "HOME": str(home),
+        "XDG_CACHE_HOME": str(work / "cache"),
+        "HF_HOME": str(work / "cache" / "huggingface"),
+        "TMPDIR": str(work / "tmp"),
+        "CARRY_SUITE_EVENTS": str(events),
+        "CARRY_SUITE_MODULES": ",".join(subject.modules),
+        "CARRY_SUITE_DIST": subject.dist,
+        "CARRY_SUITE_NETWORK": "off",
+        **OFFLINE,
+        **tests.env,
+    }
 
 
 @record
@@ -388,15 +382,9 @@ def start(subject: Subject, tests: UpstreamTests, tree: TestTree, work: Path) ->
     work.mkdir(parents=True, exist_ok=True)
     events, log = work / "events.jsonl", work / "pytest.log"
     env = run_environment(subject, tests, work, events)
+    argv = pytest_argv(subject.env.python, tests)
     with open(log, "wb") as handle:
-        process = run.spawn(
-            pytest_argv(subject.env.python, tests),
-            timeout=SIDE_LIMIT_S,
-            log=handle,
-            cwd=tree.root,
-            env=env,
-            own_group=True,
-        )
+        process = run.spawn(argv, timeout=SIDE_LIMIT_S, log=handle, cwd=tree.root, env=env, own_group=True)
     return Started(subject, process, events, log, time.monotonic())
 
 
@@ -424,8 +412,6 @@ def finish(started: Started, label: str = "") -> Side:
     seconds = time.monotonic() - started.clock
     side = read_events(started, status, seconds)
     if label:
-        from carry.util import reporter
-
         reporter.phase("suite", f"{label}: {side.describe()}")
     return side
 

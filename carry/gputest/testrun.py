@@ -42,7 +42,7 @@ from carry.util.integrity import file_sha256
 from carry.util.run import NETWORK_S, PROBE_S, execute
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
     from carry.util.cache import Cache
     from carry.wheelbuild.verify import Verification
@@ -155,20 +155,17 @@ class TestReport:
             if data.get("format") != FORMAT:
                 raise Failed(f"{where}: report format {data.get('format')!r}, this carry reads {FORMAT}")
             artifact, gpu = data["artifact"], data["gpu"]
+            kind = ArtifactKind.parse(artifact["kind"], where)
             return cls(
-                artifact=Artifact(
-                    ArtifactKind.parse(artifact["kind"], where), str(artifact["name"]), str(artifact["digest"])
-                ),
+                artifact=Artifact(kind, str(artifact["name"]), str(artifact["digest"])),
                 gpu=Gpu(str(gpu["name"]), str(gpu["capability"]), str(gpu["driver"]), int(gpu["count"])),
                 python=str(data["python"]),
                 started=str(data["started"]),
                 duration_s=float(data["duration_s"]),
                 buildinfo=data.get("buildinfo"),
                 results=tuple(
-                    CommandResult(
-                        str(test["command"]), test["exit_status"], float(test["duration_s"]), str(test["output_tail"])
-                    )
-                    for test in data["tests"]
+                    CommandResult(str(t["command"]), t["exit_status"], float(t["duration_s"]), str(t["output_tail"]))
+                    for t in data["tests"]
                 ),
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
@@ -223,7 +220,7 @@ def run_on_wheel(
     with temp_dir(scratch, "test-") as work:
         venv = _make_venv(work / "venv")
         _install(venv, wheel)
-        env = _venv_env(venv)
+        env = {**_plain_env(venv / "bin"), "VIRTUAL_ENV": str(venv)}
         results = tuple(_run_one(command, env, work, tree, project, timeout) for command in commands)
     return TestReport(artifact, gpu, platform.python_version(), started, time.monotonic() - clock, provenance, results)
 
@@ -234,13 +231,7 @@ def names_a_wheel(artifact: str) -> bool:
 
 
 def run_artifact(
-    artifact: str,
-    config: Config,
-    commands: tuple[TestCommand, ...],
-    gpu: Gpu,
-    scratch: Path,
-    out: Path,
-    timeout: float,
+    artifact: str, config: Config, commands: tuple[TestCommand, ...], gpu: Gpu, scratch: Path, out: Path, timeout: float
 ) -> tuple[TestReport, Path]:
     """Run commands against a wheel (fresh venv) or an image (docker run --gpus all, with the config's docker);
     the report is written beside the wheel, or into `out` keyed by the image's ID. Returns the report and where it
@@ -256,25 +247,13 @@ def run_artifact(
 
 
 def run_in_tree(
-    tree: Path | None,
-    commands: tuple[TestCommand, ...],
-    scratch: Path,
-    timeout: float,
-    project: Path | None = None,
+    tree: Path | None, commands: tuple[TestCommand, ...], scratch: Path, timeout: float, project: Path | None = None
 ) -> tuple[CommandResult, ...]:
     """Run commands that read the upstream's sources in `tree` (a checkout; their working directory), with no wheel
     and no PYTHONPATH. In their arguments `{tree}` is that checkout and `{project}` the directory of build.yaml (a
     project's own check scripts live there); CARRY_TREE and CARRY_PROJECT say the same."""
     with temp_dir(scratch, "test-") as work:
         return tuple(_run_one(command, _plain_env(), work, tree, project, timeout) for command in commands)
-
-
-def checkout(repo: Path, tree: str, dest: Path) -> Path:
-    """`tree` (a tree id in the mirror) as files under `dest`, for commands that run in the source tree."""
-    from carry.source import git
-
-    git.checkout_tree(repo, tree, None, dest)
-    return dest
 
 
 @contextlib.contextmanager
@@ -284,18 +263,16 @@ def tree_checkout(cache: Cache, mirror: Path, tree: str | None, wanted: bool) ->
     if not wanted or tree is None:
         yield None
         return
+    from carry.source import git
+
     where = cache.builds / f"tree-{mirror.name}"
     with cache.lock(where.name):
-        yield checkout(mirror, tree, where / "tree")
+        git.checkout_tree(mirror, tree, None, where / "tree")
+        yield where / "tree"
 
 
 def _run_one(
-    command: TestCommand,
-    env: dict[str, str],
-    work: Path,
-    tree: Path | None,
-    project: Path | None,
-    timeout: float,
+    command: TestCommand, env: dict[str, str], work: Path, tree: Path | None, project: Path | None, timeout: float
 ) -> CommandResult:
     if not command.tree:  # `{project}`: the directory of build.yaml (a project's own test scripts live there)
         return _run(
@@ -317,11 +294,11 @@ def _fill(arg: str, places: dict[str, str]) -> str:
     return arg
 
 
-def _plain_env() -> dict[str, str]:
-    """The caller's environment without PYTHONPATH, the running Python's directory first on PATH (so `python` is
-    the Python running carry)."""
+def _plain_env(bindir: Path | None = None) -> dict[str, str]:
+    """The caller's environment without PYTHONPATH, `bindir` first on PATH (by default the running Python's directory,
+    so `python` is the Python running carry; a venv's bin/ for a wheel under test)."""
     env = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "PYTHONHOME")}
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
+    env["PATH"] = os.pathsep.join([str(bindir or Path(sys.executable).parent), env.get("PATH", os.defpath)])
     return env
 
 
@@ -344,22 +321,13 @@ def run_on_image(
         runtime_args += ["--volume", f"{project.resolve()}:{IMAGE_PROJECT}:ro"]
     artifact = Artifact(ArtifactKind.IMAGE, ref, image_id)
     started, clock = _now(), time.monotonic()
+    results = []
     with temp_dir(scratch, "test-") as work:
-        results = tuple(
-            _run(
-                command,
-                [
-                    docker,
-                    *("run", "--rm", *runtime_args, "--entrypoint", command.argv[0], image_id),
-                    *(_fill(arg, {"{project}": IMAGE_PROJECT}) for arg in command.argv[1:]),
-                ],
-                dict(os.environ),
-                work,
-                timeout,
-            )
-            for command in commands
-        )
-    return TestReport(artifact, gpu, "(in the image)", started, time.monotonic() - clock, None, results)
+        for command in commands:
+            args = (_fill(arg, {"{project}": IMAGE_PROJECT}) for arg in command.argv[1:])
+            argv = [docker, "run", "--rm", *runtime_args, "--entrypoint", command.argv[0], image_id, *args]
+            results.append(_run(command, argv, dict(os.environ), work, timeout))
+    return TestReport(artifact, gpu, "(in the image)", started, time.monotonic() - clock, None, tuple(results))
 
 
 def _now() -> str:
@@ -382,19 +350,8 @@ def _make_venv(venv: Path) -> Path:
 
 def _install(venv: Path, wheel: Path) -> None:
     """pip (the running Python's, seen through the venv) installs the wheel alone into the venv."""
-    command = [
-        str(venv / "bin" / "python"),
-        "-m",
-        "pip",
-        "install",
-        "--no-deps",
-        "--no-index",
-        "--ignore-installed",
-        "--no-compile",
-        "--disable-pip-version-check",
-        "--quiet",
-        str(wheel),
-    ]
+    flags = ["--no-deps", "--no-index", "--ignore-installed", "--no-compile", "--disable-pip-version-check", "--quiet"]
+    command = [str(venv / "bin" / "python"), "-m", "pip", "install", *flags, str(wheel)]
     result = execute(command, text=True, timeout=INSTALL_S)
     if result.returncode != 0:
         said = (result.stderr or result.stdout).strip().splitlines()
@@ -404,20 +361,8 @@ def _install(venv: Path, wheel: Path) -> None:
         )
 
 
-def _venv_env(venv: Path) -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "PYTHONHOME")}
-    env["VIRTUAL_ENV"] = str(venv)
-    env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", os.defpath)])
-    return env
-
-
 def _run(
-    command: TestCommand,
-    argv: list[str] | tuple[str, ...],
-    env: dict[str, str],
-    work: Path,
-    timeout: float,
-    cwd: Path | None = None,
+    command: TestCommand, argv: Sequence[str], env: dict[str, str], work: Path, timeout: float, cwd: Path | None = None
 ) -> CommandResult:
     """Run one command in a fresh empty directory (or `cwd`); its output goes to a file, its tail into the
     result."""
@@ -485,15 +430,14 @@ def check_report(path: Path, docker: str | None = None) -> TestReportCheck:
     artifact = report.artifact
     if artifact.kind is ArtifactKind.WHEEL:
         wheel = path.with_name(path.name.removesuffix(SUFFIX))
+        mismatch = None
         if wheel.name != artifact.name:
-            return TestReportCheck(
-                str(path), report, (f"artifact name: report names {artifact.name}, its file name says {wheel.name}",)
-            )
-        if not wheel.is_file():
-            return TestReportCheck(str(path), report, (f"wheel: {wheel} is missing",))
-        found = f"sha256:{file_sha256(wheel)}"
-        mismatches = () if found == artifact.digest else (f"sha256: report {artifact.digest}, wheel beside it {found}",)
-        return TestReportCheck(str(path), report, mismatches)
+            mismatch = f"artifact name: report names {artifact.name}, its file name says {wheel.name}"
+        elif not wheel.is_file():
+            mismatch = f"wheel: {wheel} is missing"
+        elif (found := f"sha256:{file_sha256(wheel)}") != artifact.digest:
+            mismatch = f"sha256: report {artifact.digest}, wheel beside it {found}"
+        return TestReportCheck(str(path), report, (mismatch,) if mismatch else ())
     docker = docker or shutil.which(os.environ.get("CARRY_DOCKER") or "docker")
     if docker is None:
         raise BadInput("checking an image's test report needs docker; install it or set $CARRY_DOCKER")

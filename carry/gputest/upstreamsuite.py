@@ -138,8 +138,10 @@ def _run(inputs: Inputs, held: reporter.Holding) -> Outcome:
     against, fixed = sides["against"], sides["fixed"]
     _judge_against(against, tests, where)
     _check_origins(subjects, sides)
-    if cached is None:
-        _store(inputs.cache, key, against)
+    if cached is None:  # stored for the next run
+        stored = _results_file(inputs.cache, key)
+        stored.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(stored, json.dumps({"key": key, "side": against.to_json()}) + "\n")
     fixed = _judge_fixed(fixed, against)
     times = {
         "checkout_s": round(tree.seconds, 3),
@@ -297,12 +299,6 @@ def _cached(cache: Cache, key: str) -> Side | None:
         return None
 
 
-def _store(cache: Cache, key: str, side: Side) -> None:
-    path = _results_file(cache, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps({"key": key, "side": side.to_json()}) + "\n")
-
-
 # --- the comparison -------------------------------------------------------------------------------------------------
 
 
@@ -359,6 +355,9 @@ def compare(against: Side, fixed: Side) -> dict[str, dict]:
     return table
 
 
+CHANGED = ("regressed", "fixed", "skip-changed", "only-fixed", "only-against")  # the classes but `same`
+
+
 def summarize(table: dict[str, dict]) -> dict[str, int]:
     classes = [row["class"] for row in table.values()]
     same = [row for row in table.values() if row["class"] == "same"]
@@ -368,11 +367,7 @@ def summarize(table: dict[str, dict]) -> dict[str, int]:
         "passed_both": sum(kind_of(row["fixed"]) == "pass" for row in same),
         "failed_both": sum(kind_of(row["fixed"]) == "fail" for row in same),
         "skipped_both": sum(kind_of(row["fixed"]) == "skip" for row in same),
-        "regressed": classes.count("regressed"),
-        "fixed": classes.count("fixed"),
-        "skip_changed": classes.count("skip-changed"),
-        "only_fixed": classes.count("only-fixed"),
-        "only_against": classes.count("only-against"),
+        **{name.replace("-", "_"): classes.count(name) for name in CHANGED},
         "new_failing": sum(row["class"] == "only-fixed" and kind_of(row["fixed"]) == "fail" for row in table.values()),
     }
 
@@ -467,16 +462,9 @@ def lines(report: dict, path: Path) -> list[str]:
         _side_line("fixed", wheel, False),
         f"summary   {report['line']}",
     ]
-    groups = (
-        ("REGRESSED", "regressed"),
-        ("FIXED", "fixed"),
-        ("SKIP CHANGED", "skip-changed"),
-        ("ONLY FIXED", "only-fixed"),
-        ("ONLY AGAINST", "only-against"),
-    )
     table = report["tests"]
-    for title, name in groups:
-        rows += _group(title, [(t, r) for t, r in table.items() if r["class"] == name])
+    for name in CHANGED:  # REGRESSED, ..., ONLY AGAINST
+        rows += _group(name.replace("-", " ").upper(), [(t, r) for t, r in table.items() if r["class"] == name])
     failed_both = [(t, r) for t, r in table.items() if r["class"] == "same" and kind_of(r["fixed"]) == "fail"]
     rows += _group("FAILED BOTH (the upstream's own, on the release too)", failed_both)
     cached = f"cached, first run {times['against_first_run_s']:.1f} s" if times["against_cached"] else "ran"

@@ -40,15 +40,10 @@ class GitError(Failed):
 
 
 def run(
-    repo: Path,
-    *args: str,
-    env: dict[str, str] | None = None,
-    stdin: Path | None = None,
-    timeout: float | None = None,
-    strip: bool = True,
+    repo: Path, *args: str, env: dict[str, str] | None = None, timeout: float | None = None, strip: bool = True
 ) -> str:
     """Run `git args...` in `repo` and return stdout; raise GitError with git's stderr on failure."""
-    status, out, err = _execute(repo, args, env, stdin, timeout, strip)
+    status, out, err = _execute(repo, args, env, timeout, strip)
     if status != 0:
         reason = "timed out" if status is None else f"exit status {status}"
         raise GitError(f"git {args[0]} failed: {_headline(err) or reason}", err.strip())
@@ -57,7 +52,7 @@ def run(
 
 def run_input(repo: Path, args: tuple[str, ...], text: str) -> str:
     """Run `git args...` with `text` on its stdin; stdout, or GitError."""
-    status, out, err = _execute(repo, args, None, None, None, True, text.encode("utf-8", errors="surrogateescape"))
+    status, out, err = _execute(repo, args, None, None, True, text.encode("utf-8", errors="surrogateescape"))
     if status != 0:
         raise GitError(f"git {args[0]} failed: {_headline(err) or f'exit status {status}'}", err.strip())
     return out
@@ -90,7 +85,6 @@ def _execute(
     repo: Path,
     args: tuple[str, ...],
     env: dict[str, str] | None,
-    stdin: Path | None,
     timeout: float | None,
     strip: bool,
     data: bytes | None = None,
@@ -109,7 +103,7 @@ def _execute(
             timeout=LOCAL_TIMEOUT_S if timeout is None else timeout,
             cwd=repo,
             env=full_env,
-            stdin=data if data is not None else stdin,
+            stdin=data,
             english=True,  # git's messages (apply's "Hunk #1 succeeded at ...", "error: patch failed: ...") are parsed
         )
     except OSError as exc:  # no git on PATH, or `repo` is gone
@@ -134,7 +128,7 @@ def _headline(stderr: str) -> str:
 
 def run_status(repo: Path, *args: str, env: dict[str, str] | None = None, strip: bool = True) -> tuple[int, str, str]:
     """Run git and return (exit status, stdout, stderr) without raising."""
-    status, out, err = _execute(repo, args, env, None, None, strip)
+    status, out, err = _execute(repo, args, env, None, strip)
     return (-1 if status is None else status), out, err
 
 
@@ -172,13 +166,11 @@ def clear_stale_locks(repo: Path) -> None:
 
 
 def has_commit(repo: Path, sha: str) -> bool:
-    status, _, _ = run_status(repo, "cat-file", "-e", f"{sha}^{{commit}}")
-    return status == 0
+    return run_status(repo, "cat-file", "-e", f"{sha}^{{commit}}")[0] == 0
 
 
 def object_exists(repo: Path, sha: str) -> bool:
-    status, _, _ = run_status(repo, "cat-file", "-e", sha)
-    return status == 0
+    return run_status(repo, "cat-file", "-e", sha)[0] == 0
 
 
 def resolve(repo: Path, ref: str) -> str | None:
@@ -196,8 +188,7 @@ def rev_list(repo: Path, *args: str) -> list[str]:
 
 
 def shallow_commits(repo: Path) -> set[str]:
-    shallow = Path(run(repo, "rev-parse", "--git-path", "shallow"))
-    shallow = shallow if shallow.is_absolute() else repo / shallow
+    shallow = repo / run(repo, "rev-parse", "--git-path", "shallow")  # an absolute path stays as git names it
     return set(shallow.read_text().split()) if shallow.exists() else set()
 
 
@@ -229,8 +220,7 @@ def settle_shallow(repo: Path) -> bool:
             settled.add(sha)
     if not settled:
         return False
-    path = Path(run(repo, "rev-parse", "--git-path", "shallow"))
-    path = path if path.is_absolute() else repo / path
+    path = repo / run(repo, "rev-parse", "--git-path", "shallow")
     remaining = sorted(shallow - settled)
     if remaining:
         path.write_text("".join(f"{sha}\n" for sha in remaining))
@@ -251,12 +241,8 @@ def ls_remote(repo: Path, url: str, *names: str) -> dict[str, str]:
     """name -> object id for each of the full ref `names` upstream has (an annotated tag's own id, not peeled)."""
     bare, env = split_credentials(url)
     out = run(repo, "ls-remote", "--refs", "--end-of-options", bare, *names, env=env, timeout=NETWORK_TIMEOUT_S)
-    found = {}
-    for line in out.splitlines():
-        sha, _, name = line.partition("\t")
-        if name in names:
-            found[name] = sha
-    return found
+    pairs = (line.partition("\t") for line in out.splitlines())
+    return {name: sha for sha, _, name in pairs if name in names}
 
 
 def ls_remote_tags(repo: Path, url: str) -> dict[str, str]:
@@ -291,8 +277,7 @@ def merge_base(repo: Path, a: str, b: str) -> str | None:
 
 
 def is_ancestor(repo: Path, a: str, b: str) -> bool:
-    status, _, _ = run_status(repo, "merge-base", "--is-ancestor", "--end-of-options", a, b)
-    return status == 0
+    return run_status(repo, "merge-base", "--is-ancestor", "--end-of-options", a, b)[0] == 0
 
 
 def split_credentials(url: str) -> tuple[str, dict[str, str]]:
@@ -321,17 +306,10 @@ def split_credentials(url: str) -> tuple[str, dict[str, str]]:
     }
 
 
-def bundle_create(repo: Path, dest: Path, *refs: str) -> None:
-    run(repo, "bundle", "create", str(dest), *refs)
-
-
 def bundle_heads(repo: Path, bundle: Path) -> dict[str, str]:
     """ref -> sha for every head in a bundle file."""
-    heads = {}
-    for line in run(repo, "bundle", "list-heads", str(bundle)).splitlines():
-        sha, _, ref = line.partition(" ")
-        heads[ref] = sha
-    return heads
+    pairs = (line.partition(" ") for line in run(repo, "bundle", "list-heads", str(bundle)).splitlines())
+    return {ref: sha for sha, _, ref in pairs}
 
 
 @contextlib.contextmanager
@@ -451,30 +429,17 @@ def ignored_in_tree(repo: Path, tree: str, paths: list[str]) -> set[str]:
 
     if not paths:
         return set()
-    names = [
-        name
-        for name in run(repo, "ls-tree", "-r", "-z", "--name-only", "--full-tree", tree, strip=False).split("\0")
-        if name == ".gitignore" or name.endswith("/.gitignore")
-    ]
+    listed = run(repo, "ls-tree", "-r", "-z", "--name-only", "--full-tree", tree, strip=False).split("\0")
+    names = [name for name in listed if name == ".gitignore" or name.endswith("/.gitignore")]
     with tempfile.TemporaryDirectory(prefix="carry-ignore-") as scratch:
         for name in names:
             target = Path(scratch) / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(run(repo, "show", f"{tree}:{name}", strip=False).encode("utf-8", "surrogateescape"))
-        args = (
-            "--git-dir",
-            str(repo.absolute()),
-            "--work-tree",
-            scratch,
-            "-c",
-            "core.excludesFile=/dev/null",
-            "check-ignore",
-            "--no-index",
-            "--stdin",
-            "-z",
-        )
+        args: tuple[str, ...] = ("--git-dir", str(repo.absolute()), "--work-tree", scratch)
+        args += ("-c", "core.excludesFile=/dev/null", "check-ignore", "--no-index", "--stdin", "-z")
         status, out, err = _execute(
-            Path(scratch), args, {"GIT_CONFIG_GLOBAL": os.devnull}, None, None, False, "\0".join(paths).encode() + b"\0"
+            Path(scratch), args, {"GIT_CONFIG_GLOBAL": os.devnull}, None, False, "\0".join(paths).encode() + b"\0"
         )
     if status not in (0, 1):
         raise GitError(f"git check-ignore failed: {_headline(err) or f'exit status {status}'}", err.strip())
@@ -489,12 +454,8 @@ def entries(repo: Path, tree: str, paths: tuple[str, ...]) -> dict[str, str]:
     out = run_input(
         repo, ("cat-file", "--batch-check=%(objectname) %(objecttype)"), "".join(f"{tree}:{p}\n" for p in paths)
     )
-    found = {}
-    for path, line in zip(paths, out.splitlines()):
-        fields = line.split()
-        if len(fields) == 2 and fields[1] in ("tree", "blob"):
-            found[path] = fields[0]
-    return found
+    found = ((path, line.split()) for path, line in zip(paths, out.splitlines()))
+    return {path: fields[0] for path, fields in found if len(fields) == 2 and fields[1] in ("tree", "blob")}
 
 
 def export(repo: Path, tree: str, paths: tuple[str, ...], dest: Path) -> None:

@@ -358,7 +358,7 @@ def write_bundle(mirror: Path, cache: Cache, commit: str, *, verify: bool = Fals
         git.update_ref(mirror, ref, commit)
         tmp = bundle.with_name(f".{bundle.name}.{os.getpid()}.tmp")
         try:
-            git.bundle_create(mirror, tmp, ref)
+            git.run(mirror, "bundle", "create", str(tmp), ref)
             sha256 = integrity.file_sha256(tmp)
             os.replace(tmp, bundle)
             integrity.seal(bundle, sha256)

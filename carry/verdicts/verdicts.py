@@ -174,9 +174,7 @@ class Assessor:
     def __init__(self, mirror: Path, history: History, scratch: Path, indexes: tuple[dict, dict], trees: bool = False):
         self.mirror = mirror
         self.history = history
-        self.base = history.base
-        self.ref = history.ref
-        self.commit = history.commit
+        self.base, self.ref, self.commit = history.base, history.ref, history.commit
         self.scratch = scratch
         self.ref_env, self.base_env = indexes
         self.counter = itertools.count()
@@ -308,14 +306,11 @@ class Assessor:
     def _gone(self, diff: FileDiff, header: str, absence: Absence, hunks: tuple[int, ...]) -> HunkFinding:
         """A hunk whose file is not on REF and not renamed: nothing left to patch when history says why."""
         commit = absence.commit.sha if absence.commit else None
-        if absence.why is Gone.DELETED:
-            return HunkFinding(diff.path, None, header, HunkState.DELETED, absence.evidence, commit=commit)
-        if absence.why is Gone.PR_ONLY:
-            return HunkFinding(diff.path, None, header, HunkState.PR_ONLY, absence.evidence, commit=commit)
-        lines = [
-            f"does not apply: {absence.evidence}",
-            *itertools.chain.from_iterable(diff.hunks[i].raw for i in hunks),
-        ]
+        state = {Gone.DELETED: HunkState.DELETED, Gone.PR_ONLY: HunkState.PR_ONLY}.get(absence.why)
+        if state is not None:
+            return HunkFinding(diff.path, None, header, state, absence.evidence, commit=commit)
+        raw = itertools.chain.from_iterable(diff.hunks[i].raw for i in hunks)
+        lines = [f"does not apply: {absence.evidence}", *raw]
         return HunkFinding(diff.path, None, header, HunkState.CONFLICT, "\n".join(lines))
 
     def _moves(self, parts: tuple[FileDiff, ...]) -> tuple[str, ...]:
@@ -337,10 +332,8 @@ class Assessor:
         hunk = diff.hunks[hunks[0]]
         if diff.new_path is None:
             return intent.deleted(diff, target)
-        if target is None:
-            return intent.Found(False, f"{diff.path} is not in REF")
-        ref_lines = self._read(target, self.ref_env)
-        if ref_lines is None:
+        ref_lines = self._read(target, self.ref_env) if target is not None else None
+        if target is None or ref_lines is None:
             return intent.Found(False, f"{diff.path} is not in REF")
         return intent.find(
             hunk,
@@ -531,19 +524,13 @@ def status(
     """Verdicts for the series against each ref (default: `default_refs`), every ref resolved before any work;
     with the PR's own state when upstream.pr is set and `with_pr`; `trees` for `--test` (see assess)."""
     mirror = upstream.ensure_base(config, cache)
-    resolved: dict[str, str] = {}
-
-    def resolve(ref: str) -> str:
-        if ref not in resolved:
-            resolved[ref] = upstream.resolve_ref(config, cache, ref)
-        return resolved[ref]
-
+    resolve = functools.cache(functools.partial(upstream.resolve_ref, config, cache))
     for ref in dict.fromkeys(refs or default_refs(config)):
         resolve(ref)
     base = config.upstream.commit
     reports = []
     for ref in dict.fromkeys(refs or default_refs(config)):
-        commit = resolved[ref]
+        commit = resolve(ref)
         history = History(
             mirror, base, ref, commit, functools.partial(upstream.merge_base, config, cache, mirror, base, commit)
         )

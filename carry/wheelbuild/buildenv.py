@@ -300,12 +300,8 @@ class EnvSpec:
 
     def uv_environ(self) -> dict[str, str]:
         """The environment uv runs with: the caller's, cleaned, plus the indexes (credentials stay out of argv)."""
-        indexes = {}
-        if self.index_url:
-            indexes["UV_INDEX_URL"] = self.index_url
-        if self.extra_index_urls:
-            indexes["UV_EXTRA_INDEX_URL"] = " ".join(self.extra_index_urls)
-        return uv_environ(indexes)
+        indexes = {"UV_INDEX_URL": self.index_url or "", "UV_EXTRA_INDEX_URL": " ".join(self.extra_index_urls)}
+        return uv_environ({name: value for name, value in indexes.items() if value})
 
 
 def _interpreter(python: str) -> dict:
@@ -467,17 +463,13 @@ def _complete(root: Path, spec: EnvSpec, start: float) -> BuildEnv | None:
         return None
     if not isinstance(marker, dict) or marker.get("key") != spec.key or not (root / "bin" / "python").exists():
         return None
-    return BuildEnv(
-        root,
-        spec.key,
-        marker["versions"],
-        marker["packages"],
-        marker["uv"],
-        reused=True,
-        seconds=time.monotonic() - start,
-        inputs=marker["spec"],
-        copied=marker.get("copied", False),
-    )
+    return _recorded(root, marker, True, time.monotonic() - start)
+
+
+def _recorded(root: Path, marker: dict, reused: bool, seconds: float, downloaded: int | None = None) -> BuildEnv:
+    """The env at `root` as its marker records it (key, versions, packages, uv, inputs, copied)."""
+    found = (marker["key"], marker["versions"], marker["packages"], marker["uv"])
+    return BuildEnv(root, *found, reused, seconds, downloaded, marker["spec"], marker.get("copied", False))
 
 
 def _remove(root: Path) -> None:
@@ -492,44 +484,13 @@ def _make(spec: EnvSpec, root: Path, log: Path, start: float) -> BuildEnv:
     log.parent.mkdir(parents=True, exist_ok=True)
     env = spec.uv_environ()
     with open(log, "w") as handle:
-        _uv(
-            spec,
-            [
-                "venv",
-                "--no-config",
-                "--no-project",
-                "--no-python-downloads",
-                "--color",
-                "never",
-                "--python",
-                spec.python,
-                str(root),
-            ],
-            env,
-            handle,
-            log,
-        )
+        venv = ["venv", "--no-config", "--no-project", "--no-python-downloads", "--color", "never", "--python"]
+        _uv(spec, [*venv, spec.python, str(root)], env, handle, log)
         python = root / "bin" / "python"
         sources = [arg for path in spec.find_links for arg in ("--find-links", path)]
-        installed = _uv(
-            spec,
-            [
-                "pip",
-                "install",
-                "--no-config",
-                "--color",
-                "never",
-                "--python",
-                str(python),
-                *(["--no-index"] if spec.no_index else []),
-                *sources,
-                "--",
-                *spec.requirements,
-            ],
-            env,
-            handle,
-            log,
-        )
+        install = ["pip", "install", "--no-config", "--color", "never", "--python", str(python)]
+        install += ["--no-index"] if spec.no_index else []
+        installed = _uv(spec, [*install, *sources, "--", *spec.requirements], env, handle, log)
     packages = _installed(python, env)
     versions = _key_versions(packages, spec)
     fetched = re.search(r"^Prepared (\d+) package", installed, re.MULTILINE)
@@ -548,18 +509,7 @@ def _make(spec: EnvSpec, root: Path, log: Path, start: float) -> BuildEnv:
         "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     atomic_write_text(root / MARKER, json.dumps(marker, indent=2) + "\n")  # last: from here on it is complete
-    return BuildEnv(
-        root,
-        spec.key,
-        versions,
-        packages,
-        spec.uv.version,
-        reused=False,
-        seconds=seconds,
-        downloaded=downloaded,
-        inputs=spec.public(),
-        copied=copied,
-    )
+    return _recorded(root, marker, False, seconds, downloaded)
 
 
 def _uv(spec: EnvSpec, args: list[str], env: dict[str, str], log: TextIO, log_path: Path) -> str:

@@ -37,7 +37,7 @@ from carry.util import reporter
 from carry.util.cache import Cache
 from carry.util.download import Store
 from carry.util.errors import BadInput, Failed
-from carry.util.fsutil import atomic_write_text
+from carry.util.fsutil import atomic_write_text, temp_dir
 from carry.wheelbuild import nightly
 
 FIELDS = ("requirement", "index", "sha256", "ref")
@@ -113,12 +113,8 @@ class Fetched:
     @property
     def unchanged(self) -> bool:
         before = self.before
-        return before is not None and (
-            before.pinned.requirement,
-            before.pinned.index,
-            before.pinned.sha256,
-            before.ref,
-        ) == tuple(self.fields().values())
+        pinned = (before.pinned.requirement, before.pinned.index, before.pinned.sha256, before.ref) if before else None
+        return pinned == tuple(self.fields().values())
 
     @property
     def tampered(self) -> bool:
@@ -193,32 +189,14 @@ class Pinned:
         return [f.stale() or f"{f.platform}: fresh" for f in self.fetched]
 
 
-def platforms_of(config: Config) -> tuple[Platform, ...]:
-    """The platforms pins are found for: image.platforms, else this machine's."""
-    return tuple(target.platform for target in config.image.platforms) or (Platform.native(),)
-
-
 def pin(
-    config: Config,
-    cache: Cache,
-    mirror: Path,
-    tree: str,
-    check: bool = False,
-    commit: str | None = None,
+    config: Config, cache: Cache, mirror: Path, tree: str, check: bool = False, commit: str | None = None
 ) -> Pinned:
     """Discover (for `commit`, default upstream.commit, whose patched tree is `tree`), download and prove each
     platform's wheel; then, unless `check`, write the pins (refusing a file whose sha256 changed on the server)."""
     found = discover(config, cache, mirror, commit or config.upstream.commit, tree)
     fetched = fetch(config, cache, found, refuse_changed=not check)
-    _say_trust(fetched)
-    if check:
-        return Pinned(found, fetched, False)
-    written = write(config.path, {f.platform: f.fields() for f in fetched})
-    return Pinned(found, fetched, written)
-
-
-def _say_trust(fetched: tuple[Fetched, ...]) -> None:
-    """The notes on what was fetched: wheels of several commits, and trust on first use of a new sha256."""
+    # The notes on what was fetched: wheels of several commits, and trust on first use of a new sha256.
     if len({f.found.commit for f in fetched}) > 1:
         where = ", ".join(f"{f.platform} at {f.found.commit[:12]}" for f in fetched)
         reporter.note(
@@ -230,6 +208,8 @@ def _say_trust(fetched: tuple[Fetched, ...]) -> None:
             "trust on first use: the index gives no hashes, so each new sha256 is that of the file downloaded "
             "now; every later download is checked against it (the download store, pip's hash-checking mode)"
         )
+    written = not check and write(config.path, {f.platform: f.fields() for f in fetched})
+    return Pinned(found, fetched, written)
 
 
 def repin(config: Config, cache: Cache, new_commit: str, tree: str | None = None) -> None:
@@ -259,32 +239,24 @@ def follow_release(config: Config, cache: Cache, ref: str) -> list[str]:
     names (else pip's configured one), its sha256 the file's (trust on first use, as `pin`'s), kept in the download
     store, and written with `ref: REF`. What was done, a line per platform; nothing written when REF names no
     version or a wheel is missing."""
-    import re
-    import shutil
-    import tempfile
-
-    from carry.util import download, index, integrity
+    from carry.util import index, integrity
 
     settings = config.build.precompiled
     found = re.fullmatch(r"v?(\d+(?:\.\d+)*(?:\.post\d+)?)", ref.removeprefix("refs/tags/"))
     wheels = [w for w in settings.wheels if w.pinned.project] if settings else []
     if found is None or not wheels:
         return [f"not moved: {ref} names no release version for build.precompiled.wheels' requirements"]
-    store = download.Store.from_env(cache.root)
+    store = Store.from_env(cache.root)
     pins, said = {}, []
     for wheel in wheels:
         requirement = f"{wheel.pinned.project}=={found.group(1)}"
         if requirement == wheel.pinned.requirement and wheel.ref == ref:
             said.append(f"{wheel.platform}: {requirement} already")
             continue
-        store.root.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=".pip-", dir=store.root))
-        try:
+        with temp_dir(store.root, ".pip-") as scratch:  # on the store's filesystem, for adopt's rename
             got = index.download_wheel(requirement, None, wheel.platform, wheel.pinned.index, scratch, str(ref))
             sha = integrity.file_sha256(got)
             kept = store.adopt(got, got.name, sha)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
         pins[wheel.platform] = {"requirement": requirement, "sha256": sha, "ref": ref}
         if wheel.pinned.index:  # the index it was pinned from stays named
             pins[wheel.platform]["index"] = wheel.pinned.index
@@ -314,7 +286,7 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
     settings = config.build.precompiled
     assert settings is not None  # Index.of above refuses a config without build.precompiled.nightly
     inputs = tuple(g.glob for g in settings.inputs)
-    wanted = platforms_of(config)
+    wanted = tuple(target.platform for target in config.image.platforms) or (Platform.native(),)  # else this CPU's
     refused: dict[Platform, list[Refused]] = {platform: [] for platform in wanted}
     found: dict[Platform, Found] = {}
     tags: dict[str, tuple[str, str | None]] = {}
@@ -352,16 +324,10 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
             if reason:
                 refused[platform].append(Refused(candidate, reason))
                 continue
+            root = index.root(candidate, written=True)
+            alias = index.variant is not None and entry.names()[1] is None
             found[platform] = Found(
-                platform,
-                candidate,
-                base,
-                tuple(refused[platform]),
-                entry,
-                index.root(candidate, written=True),
-                index.variant_name,
-                named,
-                alias=index.variant is not None and entry.names()[1] is None,
+                platform, candidate, base, tuple(refused[platform]), entry, root, index.variant_name, named, alias=alias
             )
     _require_every(wanted, found, refused, lambda why, named: _failure(named, index, base, len(history), why))
     for each in found.values():
@@ -377,9 +343,8 @@ def _require_every(
 ) -> None:
     """Failed, one clause per set of reasons (`failure`), unless every wanted platform has its wheel."""
     missing: dict[tuple[Refused, ...], list[Platform]] = {}  # platforms refused for the same reasons: one clause
-    for platform in wanted:
-        if platform not in found:
-            missing.setdefault(tuple(refused[platform]), []).append(platform)
+    for platform in (p for p in wanted if p not in found):
+        missing.setdefault(tuple(refused[platform]), []).append(platform)
     if missing:
         raise Failed("; ".join(failure(why, named) for why, named in missing.items()))
 
@@ -465,8 +430,6 @@ def fetch(config: Config, cache: Cache, discovery: Discovery, refuse_changed: bo
     then its commit is proven from its own version."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
-
-    from carry.util import reporter
 
     store = Store.from_env(cache.root)
     settings = config.build.precompiled

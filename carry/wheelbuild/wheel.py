@@ -139,13 +139,8 @@ def plan(
     """The plan of one build of `report`'s tree by `builder` (its config, VERSION, gate policy, jobs and remote
     cache) with the probed `tools`. `template`: the wheel version with {version} (build.wheel_version, else the
     upstream's own, see carry/source/upstreamversion.py); VERSION fills it in."""
-    config, version, policy, job_plan, remote = (
-        builder.config,
-        builder.version,
-        builder.policy,
-        builder.job_plan,
-        builder.tools.remote,
-    )
+    config, version, policy, job_plan = builder.config, builder.version, builder.policy, builder.job_plan
+    remote = builder.tools.remote
     tree = report.patched_tree()
     wheel_version = (template or config.build.wheel_version or "0+carry.{version}").format(version=version)
     arches = policy.arches
@@ -204,28 +199,17 @@ def _build_env(config: Config, arches: ArchList, wheel_version: str, jobs: int, 
     both reject an empty list, and a Python-only build (vLLM's VLLM_TARGET_DEVICE=empty) reads neither.
     """
     env = dict(config.build.env)
-    if arches.expects_cuda:
-        env.update(
-            TORCH_CUDA_ARCH_LIST=arches.torch_cuda_arch_list(),
-            CMAKE_CUDA_ARCHITECTURES=arches.cmake_cuda_architectures(),
-        )
+    if arches.expects_cuda:  # TORCH_CUDA_ARCH_LIST, CMAKE_CUDA_ARCHITECTURES
+        env.update(zip(ARCH_VARIABLES, (arches.torch_cuda_arch_list(), arches.cmake_cuda_architectures())))
     env["MAX_JOBS"] = str(jobs)
-    for name in config.build.version_env:
-        env[name] = wheel_version
+    env.update(dict.fromkeys(config.build.version_env, wheel_version))
     if tools.launcher:
-        for language in ("CUDA", "C", "CXX"):
-            env[f"CMAKE_{language}_COMPILER_LAUNCHER"] = tools.launcher.path
+        env.update({f"CMAKE_{language}_COMPILER_LAUNCHER": tools.launcher.path for language in ("CUDA", "C", "CXX")})
     return env
 
 
 def build(
-    config: Config,
-    cache: Cache,
-    mirror: Path,
-    report: CheckReport,
-    series: Series,
-    the_plan: WheelPlan,
-    out: Path,
+    config: Config, cache: Cache, mirror: Path, report: CheckReport, series: Series, the_plan: WheelPlan, out: Path
 ) -> WheelResult:
     """Reuse the stored wheel for this plan's key (checked by its sha256 as it is published), or produce and finish
     one; publish it into `out`. A stored wheel that is not what was recorded is removed, said, and built again."""
@@ -235,14 +219,11 @@ def build(
             return WheelResult(hit, True, the_plan)
         derivation = _derivation(config, cache, mirror, the_plan)
         derivable = derivation is not None and derivation.possible and derivation.base is not None
-        kind = producer.choose(
-            producer.Facts(
-                platform=the_plan.platform,
-                native=Platform.native(),
-                precompiled=the_plan.precompiled is not None,
-                derivable=derivable,
-            )
+        taking = the_plan.precompiled is not None
+        facts = producer.Facts(
+            platform=the_plan.platform, native=Platform.native(), precompiled=taking, derivable=derivable
         )
+        kind = producer.choose(facts)
         job = Job(config, cache, mirror, the_plan, derivation)
         with PRODUCERS[kind](job) as produced:
             stored, checks = finish(config, cache, mirror, report, series, the_plan, produced)
@@ -313,16 +294,7 @@ class Builder:
             from carry.wheelbuild import precompiled
 
             pin = precompiled.pin(config, cache, target)
-        return cls(
-            config,
-            cache,
-            policy,
-            toolchain.choose_jobs(jobs, config.build.env),
-            version,
-            target,
-            pin,
-            tools,
-        )
+        return cls(config, cache, policy, toolchain.choose_jobs(jobs, config.build.env), version, target, pin, tools)
 
     def __call__(self, mirror: Path, report: CheckReport, patches: Series, out: Path) -> WheelResult:
         tree = report.patched_tree()
@@ -373,10 +345,7 @@ class Job:
 def _upstream_build(job: Job) -> Iterator[producer.Produced]:
     """The upstream's PEP 517 build (compiling, or with the precompiled code), the build dir held; once finished, the
     tree remembered as its family's last build, for a derivation to start from."""
-    with (
-        job.cache.lock(f"build-{job.mirror.name}"),
-        produce(job.config, job.cache, job.mirror, job.plan) as made,
-    ):
+    with job.cache.lock(f"build-{job.mirror.name}"), produce(job.config, job.cache, job.mirror, job.plan) as made:
         yield made
     if job.derivation is not None:
         the_plan = job.plan
@@ -516,10 +485,8 @@ def _run_build(
     with open(log, "wb") as handle:
         handle.writelines(f"carry: {line}\n".encode() for line in said)
         handle.write(b"environment carry sets for the build:\n")
-        for name in sorted({**the_plan.env, **launcher_env}):
-            handle.write(f"  {name}={env[name]}\n".encode())
-        for name in the_plan.unset:
-            handle.write(f"  unset {name}\n".encode())
+        handle.writelines(f"  {name}={env[name]}\n".encode() for name in sorted({**the_plan.env, **launcher_env}))
+        handle.writelines(f"  unset {name}\n".encode() for name in the_plan.unset)
         if environment is not None:
             handle.write(f"build environment: {environment.describe()}\n".encode())
             status = pep517.build_wheel(src, out, env, handle, False, str(environment.python))
@@ -617,11 +584,7 @@ def make_info(
         "carry": carry.__version__,
         "version": the_plan.version,
         "wheel_version": actual_version,
-        "upstream": {
-            "url": public_url(config.upstream.url),
-            "pr": config.upstream.pr,
-            "commit": report.base,
-        },
+        "upstream": {"url": public_url(config.upstream.url), "pr": config.upstream.pr, "commit": report.base},
         "series": {
             "hash": series.hash,
             "patches": [

@@ -97,17 +97,9 @@ class FixedWheel:
             for row in rows
             if not row.path.split("/", 1)[0].endswith((".dist-info", ".data")) and not row.path.startswith("..")
         }
-        shared = {_installed_path(row.path) for row in rows if may_be_shared_object(row.path)}
-        return cls(
-            path,
-            file_sha256(path),
-            canonical(metadata.get("Name", "")),
-            metadata.get("Version", ""),
-            info,
-            rows,
-            frozenset(s for s in shared if s),
-            frozenset(tops),
-        )
+        shared = frozenset(s for row in rows if may_be_shared_object(row.path) and (s := _installed_path(row.path)))
+        name, version = canonical(metadata.get("Name", "")), metadata.get("Version", "")
+        return cls(path, file_sha256(path), name, version, info, rows, shared, frozenset(tops))
 
 
 def _installed_path(wheel_path: str) -> str:
@@ -118,13 +110,9 @@ def _installed_path(wheel_path: str) -> str:
     if not top.endswith(".data"):
         return wheel_path
     kind, _, inner = rest.partition("/")
-    if kind in ("purelib", "platlib"):
-        return inner
-    if kind == "scripts":
-        return f"../../../bin/{inner}"
-    if kind == "data":
-        return f"../../../{inner}"
-    return ""  # headers: where pip puts them depends on the distribution's name; left out
+    places = {"purelib": "", "platlib": "", "scripts": "../../../bin/", "data": "../../../"}
+    # headers: where pip puts them depends on the distribution's name; left out
+    return places[kind] + inner if kind in places else ""
 
 
 def _headers(data: bytes) -> dict[str, str]:
@@ -248,17 +236,9 @@ def installed(nodes: dict[str, Node], site: str, problems: list[str]) -> list[In
         if record is None or record.data is None:
             problems.append(f"{rel}: no RECORD; installed by something other than a wheel installer")
         rows = parse_record((record.data or b"").decode(errors="replace")) if record else ()
-        points = nodes.get(f"{directory}/entry_points.txt")
-        found.append(
-            Installed(
-                canonical(headers.get("Name", rel)),
-                headers.get("Name", rel),
-                headers.get("Version", "?"),
-                directory,
-                rows,
-                _console_scripts(points),
-            )
-        )
+        scripts = _console_scripts(nodes.get(f"{directory}/entry_points.txt"))
+        name, version = headers.get("Name", rel), headers.get("Version", "?")
+        found.append(Installed(canonical(name), name, version, directory, rows, scripts))
     return found
 
 
@@ -306,13 +286,9 @@ def _check_records(
             checked += 1
             size += node.size
             if node.record_hash() != row.hash or (row.size is not None and row.size != node.size):
+                held = node.record_hash()
                 winner = next(
-                    (
-                        other
-                        for other, theirs in claims[path]
-                        if other is not dist and theirs.hash == node.record_hash()
-                    ),
-                    None,
+                    (other for other, theirs in claims[path] if other is not dist and theirs.hash == held), None
                 )
                 if winner is not None:  # two locked wheels install this file; the image holds the other's
                     shared.append(f"{shown}: in the RECORDs of {dist} and {winner}; the image holds {winner}'s")
@@ -381,17 +357,12 @@ def _shown(path: str, site: str) -> str:
     return path[len(site) + 1 :] if path.startswith(site + "/") else path
 
 
-def node_is_link(name: str) -> bool:
-    """The venv's own interpreter names in its bin (`python`, `python3`, `python3.11`)."""
-    return bool(BIN_LINK_RE.match(name))
-
-
 def _allowed(path: str, site: str) -> bool:
     parts = path.split("/")
     if "__pycache__" in parts or path.endswith(".pyc"):
         return True
     if path.startswith(f"{BIN}/"):
-        return posixpath.dirname(path) == BIN and node_is_link(parts[-1])
+        return posixpath.dirname(path) == BIN and bool(BIN_LINK_RE.match(parts[-1]))
     directory, name = posixpath.split(path)
     return directory.endswith(".dist-info") and posixpath.dirname(directory) == site and name in ("RECORD", "INSTALLER")
 

@@ -27,14 +27,18 @@ import hashlib
 import re
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from packaging.utils import canonicalize_name
 
 from carry.binaries import wheelzip
 from carry.config import Config
 from carry.config.reader import public_url, strip_credentials
 from carry.image.locked import cudatoolkit
 from carry.platforms import Platform
+from carry.util import reporter
 from carry.util.cache import Cache
 from carry.util.errors import BadInput, CarryError, Failed
 from carry.util.fsutil import atomic_write_text, temp_dir
@@ -156,18 +160,9 @@ def relock_command(config_path: Path | None) -> str:
 
 
 def render(platform: Platform, facts: BaseFacts, digest: str, requires: str, body: str) -> str:
-    header = {
-        "format": str(FORMAT),
-        "platform": str(platform),
-        "python": facts.python,
-        "target": facts.target(platform),
-        "base": facts.ref,
-        "base-content": facts.content,
-        "base-python": facts.base_python,
-        "requires-dist": digest,
-        "requires": requires,
-    }
-    lines = [TITLE, *(f"# {key}: {header[key]}" for key in HEADER_KEYS)]
+    values: tuple[str, ...] = (str(FORMAT), str(platform), facts.python, facts.target(platform), facts.ref)
+    values += (facts.content, facts.base_python, digest, requires)  # in the order of HEADER_KEYS
+    lines = [TITLE, *(f"# {key}: {value}" for key, value in zip(HEADER_KEYS, values))]
     return "\n".join(lines) + "\n" + body.rstrip("\n") + "\n"
 
 
@@ -233,8 +228,6 @@ def parse(
 
 
 def _packages(lines: Sequence[str], garbled: Callable[[str], BadInput]) -> tuple[Locked, ...]:
-    from packaging.utils import canonicalize_name
-
     found: list[Locked] = []
     name: str | None = None
     version = ""  # the version of `name`'s pin line, once one is read
@@ -306,8 +299,6 @@ def require_fresh(config: Config, platform: Platform, wheel: Path, cache: Cache 
     """The lock of `platform`, checked against `wheel` (its Requires-Dist) and the runtime base as it is now
     (base_facts): read, then check_fresh; bad input when it is missing, garbled or stale."""
     current = read(config, platform)
-    from carry.util import reporter
-
     with reporter.silenced():  # the base's own lines are the lock's and the image's, not a check's
         base = base_facts(config, platform, cache)
     check_fresh(current, requires_dist=requires_dist_of(wheel), base=base)
@@ -349,8 +340,6 @@ def wheel_metadata(wheel: Path) -> tuple[str, tuple[str, ...]]:
             metadata = email.parser.Parser().parsestr(archive.read(f"{info}/METADATA").decode())
     except (OSError, KeyError, Failed, zipfile.BadZipFile, UnicodeDecodeError) as exc:
         raise Failed(f"{wheel}: its METADATA cannot be read ({exc})") from None
-    from packaging.utils import canonicalize_name
-
     name = canonicalize_name(metadata.get("Name") or "")
     return f"{name}=={metadata.get('Version')}", tuple(metadata.get_all("Requires-Dist") or ())
 
@@ -363,12 +352,7 @@ def requires_dist_of(wheel: Path) -> tuple[str, ...]:
 # --- the base image ----------------------------------------------------------------------------------------------
 
 
-def base_facts(
-    config: Config,
-    platform: Platform,
-    cache: Cache | None = None,
-    known: dict | None = None,
-) -> BaseFacts:
+def base_facts(config: Config, platform: Platform, cache: Cache | None = None, known: dict | None = None) -> BaseFacts:
     """The runtime base's Python version and glibc, read by running its own python3 (carry.image.locked.runtimebase:
     pulled where missing, derived where it has no python3, or as `known` records it), and what names it: the
     runtime image's content digest and where its Python comes from; what it pulled or derived said (`base` lines)."""
@@ -379,18 +363,11 @@ def base_facts(
 
 
 def bases(
-    config: Config,
-    platforms: Sequence[Platform],
-    cache: Cache,
-    known: dict | None = None,
+    config: Config, platforms: Sequence[Platform], cache: Cache, known: dict | None = None
 ) -> dict[Platform, BaseFacts]:
     """base_facts of every platform, at the same time (a derivation under QEMU beside a native one), then each
     base's line. The first failure is raised once every platform has finished, before any of those lines.
     `known`: per platform, the base a previous image in the registry records (runtimebase.resolve)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from carry.util import reporter
-
     known, each = known or {}, reporter.carried(base_facts)
     with ThreadPoolExecutor(max_workers=max(1, len(platforms))) as pool:
         futures = [pool.submit(each, config, platform, cache, known.get(platform)) for platform in platforms]
@@ -473,8 +450,7 @@ def _uv_config_files(env: Mapping[str, str], cwd: Path) -> list[Path]:
             break
     home = Path(env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config"))
     found.append(home / "uv" / "uv.toml")
-    for system in (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":"):
-        found.append(Path(system) / "uv" / "uv.toml")
+    found += [Path(system) / "uv" / "uv.toml" for system in (env.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(":")]
     found.append(Path("/etc/uv/uv.toml"))
     return found
 
@@ -513,29 +489,14 @@ def resolve(
 
     uv = find_uv()
     with temp_dir(scratch, "lock-") as work:
-        (work / "requirements.in").write_text("".join(f"{line}\n" for line in requires))
+        wanted = work / "requirements.in"
+        wanted.write_text("".join(f"{line}\n" for line in requires))
         out = work / "lock.txt"
         if previous and not upgrade:
             out.write_text(previous)
-        args = [
-            "pip",
-            "compile",
-            str(work / "requirements.in"),
-            "--output-file",
-            str(out),
-            "--python-platform",
-            facts.target(platform),
-            "--python-version",
-            facts.python,
-            "--generate-hashes",
-            "--only-binary",
-            ":all:",
-            "--no-header",
-            "--no-annotate",
-            "--quiet",
-            "--color",
-            "never",
-        ]
+        target = ["--python-platform", facts.target(platform), "--python-version", facts.python]
+        args = ["pip", "compile", str(wanted), "--output-file", str(out), *target, "--generate-hashes"]
+        args += ["--only-binary", ":all:", "--no-header", "--no-annotate", "--quiet", "--color", "never"]
         if upgrade:
             args.append("--upgrade")
         body = _compile(uv.path, args, cwd or work, platform, facts, index, out)
@@ -548,8 +509,6 @@ def resolve(
                 body = _compile(uv.path, [*args, "--constraint", str(held)], cwd or work, platform, facts, index, out)
             except BadInput as exc:
                 raise BadInput(f"{exc}; {toolkit.line()}") from None
-            from carry.util import reporter
-
             moved = _pins(body)
             reporter.note(
                 f"{platform}: CUDA toolkit held to {toolkit.release} ({toolkit.anchor[0]} {toolkit.anchor[1]}, "
@@ -580,28 +539,11 @@ def _installable(
     """Per package of the resolved lock, the sha256 of each of its wheels that installs on the target: uv's
     pylock.toml of exactly those pins (`--no-deps`), which lists only the wheels for the target."""
     import tomllib
-    from packaging.utils import canonicalize_name
 
     out = work / "pylock.toml"
-    args = [
-        "pip",
-        "compile",
-        str(locked),
-        "--no-deps",
-        "--output-file",
-        str(out),
-        "--format",
-        "pylock.toml",
-        "--python-platform",
-        facts.target(platform),
-        "--python-version",
-        facts.python,
-        "--only-binary",
-        ":all:",
-        "--quiet",
-        "--color",
-        "never",
-    ]
+    target = ["--python-platform", facts.target(platform), "--python-version", facts.python]
+    args = ["pip", "compile", str(locked), "--no-deps", "--output-file", str(out), "--format", "pylock.toml", *target]
+    args += ["--only-binary", ":all:", "--quiet", "--color", "never"]
     # uv's cache has just been refreshed for exactly these pins: read it offline, online only if that fails
     for mode in (["--offline"], []):
         done = execute([uv, *args, *mode], cwd=cwd, env=index.environ, text=True, timeout=NETWORK_S)
@@ -621,8 +563,6 @@ def _installable(
 def narrow(body: str, installable: Mapping[str, set[str]]) -> str:
     """uv's requirements output with each pin's hashes narrowed to those of its wheels for the target (uv lists
     every file of the version, for every platform); a pin with none of them known keeps all."""
-    from packaging.utils import canonicalize_name
-
     blocks: list[tuple[str, list[str]]] = []
     for line in body.splitlines():
         text = line.strip().removesuffix("\\").strip()
@@ -683,9 +623,6 @@ def lock(
 ) -> tuple[Outcome, ...]:
     """Resolve every platform (at once: uv waits mostly on the index), then write the files that changed (nothing
     is written unless all resolved); each platform's resolution said (a `resolve` line)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from carry.util import reporter
 
     def one(platform: Platform) -> tuple[Platform, Path, str]:
         found = facts[platform]

@@ -305,11 +305,7 @@ class Choice:
 
 
 def choose(
-    requested: str,
-    outcome: PlatformOutcome,
-    plan: PlatformPlan,
-    previous: Previous | None,
-    engine_holds: bool,
+    requested: str, outcome: PlatformOutcome, plan: PlatformPlan, previous: Previous | None, engine_holds: bool
 ) -> Choice:
     """`full` when asked, when no smoke result of the previous image holds for the unchanged layers, when more than
     Python files changed, or when the engine holds every unchanged layer (the pull then fetches what changed); else
@@ -367,11 +363,7 @@ print(json.dumps({"python": sys.version.split()[0], "stdlib": sorted(stdlib), "e
 
 
 def light(
-    client: docker.DockerClient,
-    plan: PlatformPlan,
-    outcome: PlatformOutcome,
-    previous: Previous,
-    facts: list[Facts],
+    client: docker.DockerClient, plan: PlatformPlan, outcome: PlatformOutcome, previous: Previous, facts: list[Facts]
 ) -> tuple[str, dict]:
     """The changed Python files of the fixed layer byte-compiled by the image's Python and their imports resolved
     against the image's modules (`facts`, one per layer in order); the previous smoke result holds for the rest."""
@@ -462,9 +454,8 @@ def _compile(client: docker.DockerClient, plan: PlatformPlan, sources: dict[str,
                 compile(data, "/" + path, "exec", dont_inherit=True)
             except SyntaxError as exc:
                 errors[path] = f"{type(exc).__name__}: {exc}"
-        version = sys.version.split()[0]
         return {
-            "python": version,
+            "python": sys.version.split()[0],
             "stdlib": sorted(sys.stdlib_module_names),
             "errors": errors,
             "where": "this machine's",
@@ -524,8 +515,7 @@ def top_level_imports(source: bytes, relative: str) -> list[str]:
         tree = ast.parse(source)
     except SyntaxError:
         return []
-    package = relative.removesuffix(".py").split("/")
-    package = package[:-1] if package[-1] != "__init__" else package[:-1]
+    package = relative.removesuffix(".py").split("/")[:-1]  # a module's package; a package's own for __init__
     names: list[str] = []
 
     def visit(body: list[ast.stmt]) -> None:
