@@ -1,14 +1,17 @@
 """What every command module of carry/cli/commands/ shares: the Context object the group hands each command, the
-path types and --platform parsing."""
+path types, the options several commands take, and --platform parsing."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, overload
 
 import click
 
 if TYPE_CHECKING:
+    from click.decorators import FC
+
     from carry.app import App
     from carry.platforms import Platform
 
@@ -16,6 +19,16 @@ if TYPE_CHECKING:
 A_FILE = click.Path(path_type=Path, dir_okay=False)
 A_DIR = click.Path(path_type=Path, file_okay=False)
 AN_EXISTING_DIR = click.Path(path_type=Path, file_okay=False, exists=True)
+
+
+def out_option(help: str) -> Callable[[FC], FC]:
+    """--out: the directory a command writes into, dist unless given."""
+    return click.option("--out", type=A_DIR, default="dist", show_default=True, help=help)
+
+
+def platforms_option(help: str) -> Callable[[FC], FC]:
+    """--platform, repeatable, into `platforms`."""
+    return click.option("--platform", "platforms", metavar="P", multiple=True, help=help)
 
 
 class Context:

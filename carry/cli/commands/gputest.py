@@ -4,31 +4,28 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from carry.cli.common import A_DIR, Context
+from carry.cli.common import Context, out_option
+
+if TYPE_CHECKING:
+    from click.decorators import FC
 
 TEST_TIMEOUT_S = 900  # seconds one command of build.tests may run (`test`, `prove`)
 
 
+def timeout_option(help: str) -> Callable[[FC], FC]:
+    return click.option("--timeout", type=click.FloatRange(min=1), default=TEST_TIMEOUT_S, show_default=True, help=help)
+
+
 @click.command("test")
 @click.argument("artifact")
-@click.option(
-    "--out",
-    type=A_DIR,
-    default="dist",
-    show_default=True,
-    help="Where an image's report goes (a wheel's goes beside the wheel).",
-)
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=1),
-    default=TEST_TIMEOUT_S,
-    show_default=True,
-    help="Seconds each command may run before it is killed.",
-)
+@out_option("Where an image's report goes (a wheel's goes beside the wheel).")
+@timeout_option("Seconds each command may run before it is killed.")
 @click.pass_obj
 def test_command(obj: Context, artifact: str, out: Path, timeout: float) -> None:
     """Run build.tests against a wheel (installed into a fresh venv) or an image (docker run --gpus all) on this
@@ -44,21 +41,9 @@ def test_command(obj: Context, artifact: str, out: Path, timeout: float) -> None
 
 @click.command("prove")
 @click.option("--arch", metavar="LIST", help="CUDA arches (default: build.cuda_arches).")
-@click.option(
-    "--out",
-    type=A_DIR,
-    default="dist",
-    show_default=True,
-    help="Wheels and reports go into OUT/prove/<prefix>/.",
-)
+@out_option("Wheels and reports go into OUT/prove/<prefix>/.")
 @click.option("--jobs", type=click.IntRange(min=1), help="Compile jobs (as for `wheel`).")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=1),
-    default=TEST_TIMEOUT_S,
-    show_default=True,
-    help="Seconds each test command may run before it is killed.",
-)
+@timeout_option("Seconds each test command may run before it is killed.")
 @click.option("--json", "as_json", is_flag=True, help="Print the proof as JSON.")
 @click.pass_obj
 def prove_command(obj: Context, arch: str | None, out: Path, jobs: int | None, timeout: float, as_json: bool) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from carry.cli.common import AN_EXISTING_DIR, Context, parse_platform
+from carry.cli.common import AN_EXISTING_DIR, Context, parse_platform, platforms_option
 
 
 @click.command("image")
@@ -18,13 +18,9 @@ from carry.cli.common import AN_EXISTING_DIR, Context, parse_platform
     "$CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD handed over on stdin).",
 )
 @click.option("--tag", "tags", metavar="T", multiple=True, help="An extra tag; repeatable.")
-@click.option(
-    "--platform",
-    "platforms",
-    metavar="P",
-    multiple=True,
-    help="Target platform, e.g. linux/arm64; repeatable, one build each (default: image.platforms); a "
-    "foreign CPU needs QEMU's binfmt_misc handler.",
+@platforms_option(
+    "Target platform, e.g. linux/arm64; repeatable, one build each (default: image.platforms); a "
+    "foreign CPU needs QEMU's binfmt_misc handler."
 )
 @click.option(
     "--arch", metavar="LIST", help="CUDA arches, or none (default: build.cuda_arches, or each platform's own)."
@@ -127,13 +123,7 @@ def image_command(  # noqa: PLR0913 (a click command: its parameters are its fla
 
 
 @click.command("manifest")
-@click.option(
-    "--platform",
-    "platforms",
-    metavar="P",
-    multiple=True,
-    help="A platform to join; repeatable (default: image.platforms).",
-)
+@platforms_option("A platform to join; repeatable (default: image.platforms).")
 @click.option("--tag", "tags", metavar="T", multiple=True, help="An extra shared tag; repeatable.")
 @click.pass_obj
 def manifest_command(obj: Context, platforms: tuple[str, ...], tags: tuple[str, ...]) -> None:

@@ -6,17 +6,11 @@ import sys
 
 import click
 
-from carry.cli.common import Context, parse_platform
+from carry.cli.common import Context, parse_platform, platforms_option
 
 
 @click.command("lock")
-@click.option(
-    "--platform",
-    "platforms",
-    metavar="P",
-    multiple=True,
-    help="Lock only this platform; repeatable (default: image.platforms).",
-)
+@platforms_option("Lock only this platform; repeatable (default: image.platforms).")
 @click.option(
     "--check", "check_only", is_flag=True, help="Write nothing; exit 1 when a lock is missing or stale (for CI)."
 )

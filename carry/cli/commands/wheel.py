@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from carry.cli.common import A_DIR, AN_EXISTING_DIR, Context, parse_platform
+from carry.cli.common import AN_EXISTING_DIR, Context, out_option, parse_platform
 
 
 @click.command("wheel")
@@ -17,13 +17,7 @@ from carry.cli.common import A_DIR, AN_EXISTING_DIR, Context, parse_platform
     help="CUDA arches, e.g. 9.0,12.0,12.1, or none for a Python-only wheel "
     "(default: build.cuda_arches, or the platform's own from image.platforms).",
 )
-@click.option(
-    "--out",
-    type=A_DIR,
-    default="dist",
-    show_default=True,
-    help="Directory the wheel is published into (atomically).",
-)
+@out_option("Directory the wheel is published into (atomically).")
 @click.option(
     "--jobs",
     type=click.IntRange(min=1),
