@@ -6,7 +6,7 @@ import datetime
 import re
 from pathlib import Path
 
-from carry.util.errors import BadInput
+from carry.util.errors import BadInput, read_input
 from carry.util.record import record
 
 VERSION_RE = re.compile(r"(\d{4})(\d{2})(\d{2})\.([1-9]\d*)")
@@ -46,14 +46,11 @@ def today_utc() -> datetime.date:
 
 def read(path: Path) -> Version:
     """Read VERSION; a missing file or anything but one well-formed line is bad input."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+    text = read_input(path, lambda exc: f"{path}: cannot read ({exc}); expected {FORM}")
+    if text is None:
         from carry.util import prog
 
-        raise BadInput(f"{path}: not found; create it with `{prog.command('version', 'bump')}`") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{path}: cannot read ({exc}); expected {FORM}") from None
+        raise BadInput(f"{path}: not found; create it with `{prog.command('version', 'bump')}`")
     version = Version.parse(text.removesuffix("\n"), str(path))
     if version.date > today_utc():
         raise BadInput(f"{path}: {version} is dated after today ({today_utc():%Y%m%d}, UTC); fix the date")

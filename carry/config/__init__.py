@@ -14,7 +14,7 @@ import yaml
 from carry.arch import ArchList
 from carry.config.build import BUILD_KEYS, Build, read_build
 from carry.config.reader import Section, command_argv, env_names, public_url
-from carry.util.errors import BadInput
+from carry.util.errors import BadInput, read_input
 from carry.util.record import record
 
 if TYPE_CHECKING:
@@ -113,12 +113,9 @@ class Config:
 def load(path: Path) -> Config:
     """Read and validate build.yaml."""
     path = Path(path).absolute()
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise BadInput(f"{path}: config file not found; pass --config PATH to an existing build.yaml") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{path}: cannot read config ({exc}); check the file") from None
+    text = read_input(path, lambda exc: f"{path}: cannot read config ({exc}); check the file")
+    if text is None:
+        raise BadInput(f"{path}: config file not found; pass --config PATH to an existing build.yaml")
     try:
         data = yaml.load(text, Loader=SAFE_LOADER)
     except yaml.YAMLError as exc:

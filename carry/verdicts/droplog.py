@@ -14,7 +14,7 @@ from pathlib import Path
 from carry import version
 from carry.config import Config
 from carry.util.cache import Cache
-from carry.util.errors import BadInput
+from carry.util.errors import BadInput, read_input
 
 LOG_NAME = "DROPPED.md"
 # What DROPPED.md records a patch as when upstream has what it did at a known commit (a forced drop says "forced").
@@ -35,12 +35,7 @@ class Entry:
 
 def read_log(path: Path) -> str:
     """DROPPED.md as it is, ending with a newline ('' when there is none yet)."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return ""
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{path}: cannot read ({exc}); fix or move the file") from None
+    text = read_input(path, lambda exc: f"{path}: cannot read ({exc}); fix or move the file") or ""
     return text if not text or text.endswith("\n") else text + "\n"
 
 

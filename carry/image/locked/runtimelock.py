@@ -40,7 +40,7 @@ from carry.image.locked import cudatoolkit
 from carry.platforms import Platform
 from carry.util import reporter
 from carry.util.cache import Cache
-from carry.util.errors import BadInput, CarryError, Failed
+from carry.util.errors import BadInput, CarryError, Failed, read_input
 from carry.util.fsutil import atomic_write_text, temp_dir
 from carry.util.run import NETWORK_S, execute
 
@@ -170,12 +170,9 @@ def read(config: Config, platform: Platform) -> Lock:
     """The lock of `platform`; bad input naming the file and the relock command when it is missing or garbled."""
     path = lock_path(config, platform)
     relock = relock_command(config.path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise BadInput(f"{_shown(path, Path.cwd())}: no runtime lock for {platform}; run `{relock}`") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{path}: cannot be read ({exc}); run `{relock}`") from None
+    text = read_input(path, lambda exc: f"{path}: cannot be read ({exc}); run `{relock}`")
+    if text is None:
+        raise BadInput(f"{_shown(path, Path.cwd())}: no runtime lock for {platform}; run `{relock}`")
     return parse(text, path, platform, relock, config.path)
 
 
