@@ -38,13 +38,9 @@ class ComputeCapability(Enum):
     SM_120 = (12, 0)
     SM_121 = (12, 1)
 
-    @property
-    def major(self) -> int:
-        return self.value[0]
-
-    @property
-    def minor(self) -> int:
-        return self.value[1]
+    def __init__(self, major: int, minor: int):
+        self.major = major
+        self.minor = minor
 
     @property
     def number(self) -> str:
