@@ -200,23 +200,7 @@ TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 # image.runtime_python: how a runtime image without python3 gets one (carry.image.locked.runtimebase).
 RUNTIME_PYTHON_METHODS = ("apt",)
 RUNTIME_PYTHON_VALUES = ("auto", *RUNTIME_PYTHON_METHODS, "off")
-IMAGE_KEYS = (
-    "name",
-    "tags",
-    "platforms",
-    "base_image",
-    "runtime_image",
-    "build_args",
-    "labels",
-    "env",
-    "secret_env",
-    "docker",
-    "lock",
-    "entrypoint",
-    "cmd",
-    "runtime_python",
-    "runtime_packages",
-)
+IMAGE_KEYS = tuple(Image.__annotations__)  # image:'s keys are Image's fields, in order
 # a Debian package name (policy 5.6.1), optionally with an architecture qualifier: nothing a shell would read
 PACKAGE_RE = re.compile(r"[a-z0-9][a-z0-9+.-]+(:[a-z0-9]+)?")
 
