@@ -75,11 +75,7 @@ def _cubin_how(entry: FatbinEntry, gpu: ComputeCapability) -> How:
         return How.NONE
     if entry.minor == gpu.minor:
         return How.EXACT
-    return {
-        Variant.PLAIN: How.COMPATIBLE,
-        Variant.FAMILY: How.FAMILY,
-        Variant.ARCH_SPECIFIC: How.NONE,
-    }[entry.variant]
+    return {Variant.PLAIN: How.COMPATIBLE, Variant.FAMILY: How.FAMILY, Variant.ARCH_SPECIFIC: How.NONE}[entry.variant]
 
 
 def _ptx_compiles_for(entry: FatbinEntry, gpu: ComputeCapability) -> bool:

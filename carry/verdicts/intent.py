@@ -134,13 +134,7 @@ def _window(lines: list[str], start: int, length: int, slack: int) -> list[str]:
 
 
 def find(
-    hunk: Hunk,
-    new_start: int,
-    pre: list[str] | None,
-    post: list[str] | None,
-    ref: list[str],
-    where: str,
-    lexer: Lexer,
+    hunk: Hunk, new_start: int, pre: list[str] | None, post: list[str] | None, ref: list[str], where: str, lexer: Lexer
 ) -> Found:
     """Whether `ref` (the file in REF, named `where`) holds the hunk's intent, and what differs.
 

@@ -156,11 +156,7 @@ def substance_moved(patch: series.Patch, text: str, work: Path) -> bool:
 
 
 def write(
-    config: Config,
-    patches: series.Series,
-    carried: Carried,
-    emptied_why: str,
-    dropped: tuple[str, str] | None = None,
+    config: Config, patches: series.Series, carried: Carried, emptied_why: str, dropped: tuple[str, str] | None = None
 ) -> str | None:
     """Write what `carried` changed: the moved patches, the emptied ones (and `dropped`: (name, its DROPPED.md
     line)) removed and logged, the pin moved; then VERSION bumped once, since a new pin or another series is

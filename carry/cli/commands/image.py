@@ -27,9 +27,7 @@ from carry.cli.common import AN_EXISTING_DIR, Context, parse_platform, platforms
 )
 @click.option("--hermetic", is_flag=True, help="Build with --network=none, requirements from a wheelhouse.")
 @click.option(
-    "--wheelhouse",
-    type=AN_EXISTING_DIR,
-    help="Wheels for --hermetic (default: downloaded once into the cache).",
+    "--wheelhouse", type=AN_EXISTING_DIR, help="Wheels for --hermetic (default: downloaded once into the cache)."
 )
 @click.option(
     "--cache-from",
