@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@click.option("--against", "against", metavar="REF", help="Apply onto this upstream ref instead of the pin.")
+@click.option("--against", metavar="REF", help="Apply onto this upstream ref instead of the pin.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_obj
 def check(obj: Context, against: str | None, as_json: bool) -> None:

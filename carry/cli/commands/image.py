@@ -31,7 +31,6 @@ from carry.cli.common import AN_EXISTING_DIR, Context, parse_platform, platforms
 )
 @click.option(
     "--cache-from",
-    "cache_from",
     metavar="SPEC",
     multiple=True,
     help="Import BuildKit's layer cache: inline (this VERSION's pushed image), registry (its "
@@ -40,7 +39,6 @@ from carry.cli.common import AN_EXISTING_DIR, Context, parse_platform, platforms
 )
 @click.option(
     "--cache-to",
-    "cache_to",
     metavar="SPEC",
     multiple=True,
     help="Export it: inline (inside the image; any BuildKit), registry (buildx, mode=max, to "
@@ -48,13 +46,11 @@ from carry.cli.common import AN_EXISTING_DIR, Context, parse_platform, platforms
 )
 @click.option(
     "--no-smoke",
-    "no_smoke",
     is_flag=True,
     help="With image.lock: skip the smoke test (after --push it pulls each platform's image back and keeps it).",
 )
 @click.option(
     "--smoke",
-    "smoke",
     type=click.Choice(["auto", "full"]),
     default="auto",
     show_default=True,
@@ -64,14 +60,12 @@ from carry.cli.common import AN_EXISTING_DIR, Context, parse_platform, platforms
 )
 @click.option(
     "--discard-wheels",
-    "discard_wheels",
     is_flag=True,
     help="With image.lock and --push: remove the locked wheels this run downloads once their platform's layers are "
     "pushed (a CI runner that starts empty: its disk holds one platform's wheels at a time).",
 )
 @click.option(
     "--attest",
-    "attest",
     metavar="NAME[=ARG]",
     multiple=True,
     help="With --push: an attestation besides the defaults (sbom, provenance, and suite when the fixed wheel's "

@@ -14,7 +14,6 @@ from carry.cli.common import A_FILE, Context
 @click.command()
 @click.option(
     "--against",
-    "against",
     metavar="REF",
     multiple=True,
     help="Upstream ref to judge against; repeatable (default: upstream.main and the PR head).",
@@ -22,13 +21,11 @@ from carry.cli.common import A_FILE, Context
 @click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON.")
 @click.option(
     "--fail-on",
-    "fail_on",
     metavar="VERDICTS",
     help="Exit 1 when one of these verdicts occurs, e.g. MERGED-EXACT,MERGED-MODIFIED,CONFLICT.",
 )
 @click.option(
     "--test",
-    "test",
     is_flag=True,
     help="Also run each patch's test (its Carry-Test trailer, or what "
     "prove learned) on each ref without the patch: FIXED-UPSTREAM when it passes.",
@@ -51,14 +48,11 @@ def status(obj: Context, against: tuple[str, ...], as_json: bool, fail_on: str |
 
 @click.command("drop")
 @click.argument("name")
-@click.option("--against", "against", metavar="REF", help="Upstream ref that must have merged it (default: main).")
+@click.option("--against", metavar="REF", help="Upstream ref that must have merged it (default: main).")
 @click.option("--force", is_flag=True, help="Drop even when REF still needs the patch (logged as forced).")
-@click.option(
-    "--test", "test", is_flag=True, help="Run the patch's test on REF without it first: FIXED-UPSTREAM lets it go."
-)
+@click.option("--test", is_flag=True, help="Run the patch's test on REF without it first: FIXED-UPSTREAM lets it go.")
 @click.option(
     "--onto",
-    "onto",
     metavar="REF",
     help="Move the pin here (it must hold the merge) instead of to the commit that merged the patch.",
 )
@@ -77,13 +71,11 @@ def drop_command(obj: Context, name: str, against: str | None, force: bool, test
 @click.command()
 @click.option(
     "--onto",
-    "onto",
     metavar="REF",
     help="Upstream ref to move onto: a tag, a branch, refs/... or a SHA (default: upstream.main).",
 )
 @click.option(
     "--test",
-    "test",
     is_flag=True,
     help="On a conflict, run the patches' tests on REF too, so a patch upstream fixed its own way is named for `drop`.",
 )
@@ -109,8 +101,8 @@ def refresh(obj: Context, onto: str | None, test: bool) -> None:
 @click.option("--push", metavar="REMOTE", help="Push the branch to this git remote (git's own credentials).")
 @click.option("--body", type=A_FILE, help="Write the report as the pull request's body (markdown) to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--test", "test", is_flag=True, help="Judge the patches by their tests too (status --test).")
-@click.option("--no-build", "no_build", is_flag=True, help="Stop after the lock: no wheel, suite or proof.")
+@click.option("--test", is_flag=True, help="Judge the patches by their tests too (status --test).")
+@click.option("--no-build", is_flag=True, help="Stop after the lock: no wheel, suite or proof.")
 @click.pass_obj
 def follow_command(
     obj: Context,
