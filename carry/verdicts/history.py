@@ -150,39 +150,15 @@ class History:
         key = (start, path)
         if key not in self._renames:
             added = self._added_since(start)
-            found = {}
-            if added:
-                out = git.run(
-                    self.mirror,
-                    "diff",
-                    "--find-renames",
-                    "--name-status",
-                    "-z",
-                    start,
-                    self.commit,
-                    "--",
-                    path,
-                    *added,
-                    strip=False,
-                )
-                found = parse_renames(out)
-            self._renames[key] = found
+            args = ("--find-renames", "--name-status", "-z", start, self.commit, "--", path, *added)
+            self._renames[key] = parse_renames(git.run(self.mirror, "diff", *args, strip=False)) if added else {}
         return self._renames[key]
 
     def _added_since(self, start: str) -> list[str]:
         """The files REF added since `start` (one git diff per start, whatever the paths asked about)."""
         if start not in self._added:
-            out = git.run(
-                self.mirror,
-                "diff",
-                "--no-renames",
-                "--diff-filter=A",
-                "--name-only",
-                "-z",
-                start,
-                self.commit,
-                strip=False,
-            )
+            args = ("--no-renames", "--diff-filter=A", "--name-only", "-z", start, self.commit)
+            out = git.run(self.mirror, "diff", *args, strip=False)
             self._added[start] = [name for name in out.split("\0") if name]
         return self._added[start]
 
