@@ -319,12 +319,7 @@ def _push(
 
 
 def _assemble(
-    config: Config,
-    cache: Cache,
-    inputs: Sources,
-    the_plan: ImagePlan,
-    options: ImageOptions,
-    context: Path,
+    config: Config, cache: Cache, inputs: Sources, the_plan: ImagePlan, options: ImageOptions, context: Path
 ) -> None:
     """The build context in `context`: project, carry, the bundle; with --hermetic the wheelhouse too."""
     platforms = tuple(i.platform for i in the_plan.images)

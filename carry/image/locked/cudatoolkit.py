@@ -155,15 +155,7 @@ def driver_stub(platform: Platform, symbols: tuple[str, ...], soname: str = "lib
         bytes(4),
         b"".join(
             struct.pack("<qQ", tag, value)  # SONAME, HASH, STRTAB, SYMTAB, STRSZ, SYMENT, NULL
-            for tag, value in (
-                (14, 1),
-                (4, hash_),
-                (5, at[2]),
-                (6, dynsym),
-                (10, len(dynstr)),
-                (11, 24),
-                (0, 0),
-            )
+            for tag, value in ((14, 1), (4, hash_), (5, at[2]), (6, dynsym), (10, len(dynstr)), (11, 24), (0, 0))
         ),
         shstr,
     ]

@@ -69,12 +69,7 @@ def offer(
 
 
 def rebuild(
-    previous: Previous,
-    the_plan: WheelPlan,
-    mirror: Path,
-    series: Series,
-    venv: Venv,
-    scratch: Path,
+    previous: Previous, the_plan: WheelPlan, mirror: Path, series: Series, venv: Venv, scratch: Path
 ) -> tuple[derive.Base | None, str]:
     started = time.monotonic()
     ref = previous.ref

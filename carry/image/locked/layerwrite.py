@@ -146,12 +146,7 @@ def _push_base(repo: Repository, client: docker.DockerClient, plan: PlatformPlan
 
     image = EngineImage(plan.base, plan.base_ref, plan.platform)
     return push_engine_layers(
-        repo,
-        client,
-        image,
-        reuse.digests,
-        known=known,
-        why=lambda key: reuse.why(plan.platform, "base", key),
+        repo, client, image, reuse.digests, known=known, why=lambda key: reuse.why(plan.platform, "base", key)
     )[0]
 
 

@@ -216,12 +216,7 @@ def build(
     pushed, and each platform's record goes beside it (registrycache)."""
     digests = Digests(cache.root / "image-layers")
     job = _Job(
-        config=config,
-        cache=cache,
-        prepared=prepared,
-        the_plan=the_plan,
-        fixed_wheels=fixed_wheels,
-        client=client,
+        config=config, cache=cache, prepared=prepared, the_plan=the_plan, fixed_wheels=fixed_wheels, client=client
     )
     if delivery.push:
         return _push_all(job, delivery)

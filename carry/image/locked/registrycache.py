@@ -233,11 +233,7 @@ def candidates(refs: tuple[str, ...], image_name: str) -> tuple[str, ...]:
 
 
 def find(
-    repo: Repository,
-    image_name: str,
-    platform: Platform,
-    refs: tuple[str, ...],
-    key: PublicKey | None,
+    repo: Repository, image_name: str, platform: Platform, refs: tuple[str, ...], key: PublicKey | None
 ) -> Previous:
     """The first of `refs` (full refs: NAME:TAG or NAME@DIGEST) that holds an image for `platform`, with its record
     read and checked. `repo` is the target repository (its login reaches every repository of its registry)."""

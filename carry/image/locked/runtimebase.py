@@ -342,13 +342,7 @@ class SourceImage:
 
 
 def derive(
-    config: Config,
-    cache: Cache,
-    docker: str,
-    image: SourceImage,
-    method: str,
-    why: str,
-    packages: tuple[str, ...] = (),
+    config: Config, cache: Cache, docker: str, image: SourceImage, method: str, why: str, packages: tuple[str, ...] = ()
 ) -> RuntimeBase:
     """The derived base of `image` by `method` with `packages` besides python3: the local image made earlier, else
     one BuildKit build (once per machine and key; a concurrent carry waits for it), said when it starts. `why`: why
