@@ -49,17 +49,7 @@ if TYPE_CHECKING:
 
 FORMAT = 2
 TITLE = "# carry runtime lock: written by `build.py lock`; do not edit (relock: build.py lock)"
-HEADER_KEYS = (
-    "format",
-    "platform",
-    "python",
-    "target",
-    "base",
-    "base-content",
-    "base-python",
-    "requires-dist",
-    "requires",
-)
+HEADER_KEYS = tuple("format platform python target base base-content base-python requires-dist requires".split())
 # Format 1 named the base by its local image ID (`base: REF@sha256:ID`): read, so that it is stale, not garbled.
 HEADER_KEYS_1 = ("format", "platform", "python", "target", "base", "requires-dist", "requires")
 UV_INDEX_ENV = ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS")
@@ -301,7 +291,7 @@ def require_fresh(config: Config, platform: Platform, wheel: Path, cache: Cache 
     current = read(config, platform)
     with reporter.silenced():  # the base's own lines are the lock's and the image's, not a check's
         base = base_facts(config, platform, cache)
-    check_fresh(current, requires_dist=requires_dist_of(wheel), base=base)
+    check_fresh(current, requires_dist=wheel_metadata(wheel)[1], base=base)
     return current
 
 
@@ -342,11 +332,6 @@ def wheel_metadata(wheel: Path) -> tuple[str, tuple[str, ...]]:
         raise Failed(f"{wheel}: its METADATA cannot be read ({exc})") from None
     name = canonicalize_name(metadata.get("Name") or "")
     return f"{name}=={metadata.get('Version')}", tuple(metadata.get_all("Requires-Dist") or ())
-
-
-def requires_dist_of(wheel: Path) -> tuple[str, ...]:
-    """The Requires-Dist lines of a wheel, as check_fresh takes them."""
-    return wheel_metadata(wheel)[1]
 
 
 # --- the base image ----------------------------------------------------------------------------------------------
@@ -667,7 +652,7 @@ def check(
     """Per platform, None when its lock is fresh, else the one line saying what drifted (or that it is missing)."""
     found: list[tuple[Platform, str | None]] = []
     for platform, base in facts.items():
-        dist = requires_dist_of(wheels[platform])
+        dist = wheel_metadata(wheels[platform])[1]
         try:
             current = read(config, platform)
         except BadInput as exc:
