@@ -164,13 +164,15 @@ class Repository:
             return _Connection(netloc, timeout=self.read_timeout)
         return _SecureConnection(netloc, timeout=self.read_timeout)
 
+    def _basic(self) -> str:
+        if not (self.username and self.password):
+            return ""
+        return "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+
     def _authorization(self) -> dict[str, str]:
         if self._token:
             return {"Authorization": f"Bearer {self._token}"}
-        if self.username and self.password:
-            pair = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
-            return {"Authorization": f"Basic {pair}"}
-        return {}
+        return {"Authorization": self._basic()} if self._basic() else {}
 
     def request(
         self,
@@ -347,18 +349,21 @@ class Repository:
 
     def _upload_once(self, chunks: Iterable[bytes], digest_of: Callable[[], str]) -> str:
         self.request("GET", "/v2/", ok=(200,))  # authenticate before the body is spent
-        _, answer, _ = self.request("POST", f"/v2/{self.name}/blobs/uploads/", ok=(202,))
-        location = self._absolute(answer["location"])
+        location = self._start_upload()
         _, answer, _ = self.request(
             "PATCH", location, {"Content-Type": "application/octet-stream"}, self._counted(chunks), ok=(202, 204)
         )
-        location = self._absolute(answer.get("location", location))
         digest = digest_of()
-        joiner = "&" if "?" in location else "?"
-        self.request(
-            "PUT", f"{location}{joiner}digest={urllib.parse.quote(digest)}", {"Content-Length": "0"}, b"", ok=(201, 204)
-        )
+        self._finish_upload(self._absolute(answer.get("location", location)), digest, {"Content-Length": "0"}, b"")
         return digest
+
+    def _start_upload(self) -> str:
+        _, answer, _ = self.request("POST", f"/v2/{self.name}/blobs/uploads/", ok=(202,))
+        return self._absolute(answer["location"])
+
+    def _finish_upload(self, location: str, digest: str, headers: dict[str, str], data: bytes) -> None:
+        joiner = "&" if "?" in location else "?"
+        self.request("PUT", f"{location}{joiner}digest={urllib.parse.quote(digest)}", headers, data, ok=(201, 204))
 
     def _counted(self, chunks: Iterable[bytes]) -> Iterable[bytes]:
         for chunk in chunks:
@@ -369,16 +374,8 @@ class Repository:
         """A small blob (a config): True when it was pushed, False when the registry had it."""
         if self.has_blob(digest):
             return False
-        _, answer, _ = self.request("POST", f"/v2/{self.name}/blobs/uploads/", ok=(202,))
-        location = self._absolute(answer["location"])
-        joiner = "&" if "?" in location else "?"
-        self.request(
-            "PUT",
-            f"{location}{joiner}digest={urllib.parse.quote(digest)}",
-            {"Content-Type": "application/octet-stream", "Content-Length": str(len(data))},
-            data,
-            ok=(201, 204),
-        )
+        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(len(data))}
+        self._finish_upload(self._start_upload(), digest, headers, data)
         return True
 
     def get_blob(self, digest: str) -> bytes:
@@ -476,9 +473,8 @@ class Repository:
             return False
         fields.setdefault("scope", f"repository:{self.name}:pull,push")
         request = urllib.request.Request(f"{realm}?{urllib.parse.urlencode(fields)}")
-        if self.username and self.password:
-            pair = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
-            request.add_unredirected_header("Authorization", f"Basic {pair}")  # not on to where it redirects
+        if self._basic():
+            request.add_unredirected_header("Authorization", self._basic())  # not on to where it redirects
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
                 answer = json.loads(response.read())
@@ -556,15 +552,10 @@ def split_params(text: str) -> list[str]:
 
 
 def _error_suffix(data: bytes) -> str:
-    text = _error_text(data)
-    return f": {text}" if text.strip() else ""
-
-
-def _error_text(data: bytes) -> str:
-    """The registry's own errors, or the start of its answer, on one line."""
+    """`: ` and the registry's own errors, or the start of its answer, on one line; '' when it said nothing."""
     try:
         errors = json.loads(data).get("errors") or []
         text = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors) or data[:200].decode(errors="replace")
     except (ValueError, AttributeError):
         text = data[:200].decode(errors="replace")
-    return " ".join(text.split())
+    return f": {' '.join(text.split())}" if text.strip() else ""
