@@ -405,28 +405,19 @@ def light(
         f"{unchanged} unchanged layer(s)"
         + (f"; run-time compilers as it proved them: {smoke['compilers']}" if smoke.get("compilers") else "")
     )
-    record = {
-        "platform": str(outcome.platform),
-        "how": LIGHT,
-        "proof": smoke.get("proof"),
-        "compilers": smoke.get("compilers", ""),
-        "root": smoke.get("root"),
-        "layers": [layer.key for layer in outcome.layers],
-    }
-    return text, record
+    return text, _record(outcome, LIGHT, smoke.get("proof"), smoke.get("compilers", ""), smoke.get("root"))
 
 
 def full_record(outcome: PlatformOutcome, text: str) -> dict:
     """What a full smoke test proved, recorded with the image: on which layers."""
     proof = text.split(": ", 1)[1].split(";", 1)[0] if ": " in text else text
-    return {
-        "platform": str(outcome.platform),
-        "how": FULL,
-        "proof": proof,
-        "compilers": text.partition("; run-time compilers: ")[2].split(" (on its base", 1)[0],
-        "root": outcome.digest,
-        "layers": [layer.key for layer in outcome.layers],
-    }
+    compilers = text.partition("; run-time compilers: ")[2].split(" (on its base", 1)[0]
+    return _record(outcome, FULL, proof, compilers, outcome.digest)
+
+
+def _record(outcome: PlatformOutcome, how: str, proof: object, compilers: object, root: object) -> dict:
+    layers = [layer.key for layer in outcome.layers]
+    return dict(platform=str(outcome.platform), how=how, proof=proof, compilers=compilers, root=root, layers=layers)
 
 
 def _read(item: Item) -> bytes:
