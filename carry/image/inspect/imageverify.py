@@ -337,13 +337,8 @@ def _trust_locked(
     repository = registryhttp.repository_of(request.ref)
     store = registryhttp.Repository.of(repository, login.auth)
     dists = installcheck.installed(files.nodes, content.site, [])
-    wanted = provenance.Expected(
-        expected.commit,
-        patches,
-        expected.version,
-        fixed.sha256,
-        (lock.path.name, hashlib.sha256(lock.path.read_bytes()).hexdigest()),
-    )
+    locked = (lock.path.name, hashlib.sha256(lock.path.read_bytes()).hexdigest())
+    wanted = provenance.Expected(expected.commit, patches, expected.version, fixed.sha256, locked)
     manifest = trustcheck.Manifest(
         repository=repository, digest=files.digest, platform=files.platform, labels=files.labels
     )

@@ -220,7 +220,7 @@ def build(
     )
     if delivery.push:
         return _push_all(job, delivery)
-    plans, _ = _plan_all(job, None)
+    plans = {image.platform: _plan(job, image.platform, None)[0] for image in the_plan.images}
     duplicates = tuple(d for p in plans.values() for d in p.duplicates)
     _say_layers(plans, duplicates)
     outcomes: list[PlatformOutcome] = []
@@ -417,27 +417,12 @@ def _record(
     )
     found = job.prepared.facts.get(outcome.platform)
     base = found.base.record(plan.base) if found is not None and found.base is not None else None
-    made = registrycache.Record(
-        outcome.digest,
-        str(outcome.platform),
-        entries,
-        base,
-        {
-            "file": job.fixed_wheels[outcome.platform].name,
-            "patches": imagewheel.recorded_series(job.fixed_wheels[outcome.platform], job.config.patches_dir),
-        },
-        outcome.smoke_record,
-    )
+    fixed = job.fixed_wheels[outcome.platform]
+    wheel = {"file": fixed.name, "patches": imagewheel.recorded_series(fixed, job.config.patches_dir)}
+    made = registrycache.Record(outcome.digest, str(outcome.platform), entries, base, wheel, outcome.smoke_record)
     attached = registrycache.push_record(stage, made, facts)
     reporter.phase("record", attached.line(outcome.platform))
     return dataclasses.replace(outcome, record=attached)
-
-
-def _plan_all(job: _Job, reuse: Reuse | None) -> tuple[dict[Platform, PlatformPlan], dict[Platform, dict[str, Path]]]:
-    plans, fetched = {}, {}
-    for image in job.the_plan.images:
-        plans[image.platform], fetched[image.platform] = _plan(job, image.platform, reuse)
-    return plans, fetched
 
 
 def _plan(
