@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from carry.image import publish
 from carry.image.gzlayer import Written
 from carry.image.locked.ocilayer import Item
-from carry.image.registryhttp import digest_of
+from carry.image.registryhttp import OCI_MANIFEST, digest_of
 from carry.platforms import Platform
 from carry.util.errors import Failed
 
@@ -44,7 +44,6 @@ FORMAT = 1
 SUFFIX = ".cache"
 RECORD_MEDIA = "application/vnd.carry.layers.v1+json"
 FACTS_MEDIA = "application/vnd.carry.layer-facts.v1+json+gzip"
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
 
 def cache_tag(digest: str) -> str:
@@ -157,18 +156,11 @@ def facts_of(items: tuple[Item, ...], site: str, wheels: tuple[tuple[str, str, s
     modules, removed = set(), set()
     prefix = site.strip("/") + "/"
     for item in items:
-        if not item.path.startswith(prefix):
-            continue
-        relative = item.path[len(prefix) :]
-        if item.kind == "whiteout":
-            name = module_name(relative)
-            if name:
-                removed.add(name)
-            continue
-        if item.kind == "dir" or item.kind == "file" or item.kind == "symlink":
-            name = module_name(relative)
-            if name:
-                modules.add(name)
+        name = module_name(item.path[len(prefix) :]) if item.path.startswith(prefix) else None
+        if name and item.kind == "whiteout":
+            removed.add(name)
+        elif name and item.kind in ("dir", "file", "symlink"):
+            modules.add(name)
     return Facts(tuple(sorted(modules)), tuple(sorted(removed)), wheels)
 
 
@@ -224,12 +216,8 @@ class Previous:
 def candidates(refs: tuple[str, ...], image_name: str) -> tuple[str, ...]:
     """The refs to look for a previous image at, in order, each once: `--cache-from`, else this run's own tags and
     image.tags' (the caller passes them in that order)."""
-    seen: list[str] = []
-    for ref in refs:
-        full = ref if "/" in ref else f"{image_name}:{ref}"  # a tag holds no '/': anything else names an image
-        if full not in seen:
-            seen.append(full)
-    return tuple(seen)
+    # a tag holds no '/': anything else names an image
+    return tuple(dict.fromkeys(ref if "/" in ref else f"{image_name}:{ref}" for ref in refs))
 
 
 def find(
