@@ -33,18 +33,8 @@ from carry.util.run import BUILD_S, NETWORK_S, PROBE_S, execute
 
 DOCKERFILE = Path(carry.__file__).resolve().parent / "resources" / "Dockerfile"  # the top-level Dockerfile links here
 # What carry itself needs inside the build stage (the docker SDK is only used on the host).
-CARRY_REQUIREMENTS = (
-    "click",
-    "pyyaml",
-    "filelock",
-    "pyelftools",
-    "wheel",
-    "packaging",
-    "build",
-    "pyproject_hooks",
-    "uv",
-    "isal",
-)
+CARRY_REQUIREMENTS: tuple[str, ...] = ("click", "pyyaml", "filelock", "pyelftools", "wheel", "packaging", "build")
+CARRY_REQUIREMENTS += ("pyproject_hooks", "uv", "isal")
 SECRET_ID = "carry_env"
 # The image settings the build stage's `wheel` reads (each platform's arches, the bases); the rest of image (name,
 # tags, labels, env, entrypoint, ...) is left out of its build.yaml, so that changing it re-runs no build stage.
@@ -229,19 +219,8 @@ def fill_wheelhouse(cache: Cache, requirements: list[str], given: Path | None, d
     given = cache.root / "wheelhouse" / platform.tag
     with cache.lock(f"wheelhouse-{platform.tag}"):
         given.mkdir(parents=True, exist_ok=True)
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--only-binary=:all:",
-            "-d",
-            str(given),
-            *_target_flags(platform),
-            *requirements,
-        ]
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check"]
+        command += ["--only-binary=:all:", "-d", str(given), *_target_flags(platform), *requirements]
         result = execute(command, text=True, timeout=NETWORK_S)
         if result.returncode != 0:
             raise Failed(
@@ -357,15 +336,8 @@ class StageBuild:
     def command(self, builder: Builder, secret: Path | None, context: Path) -> list[str]:
         docker = builder.docker
         command = [docker, "buildx", "build"] if builder.buildx else [docker, "build"]
-        command += [
-            "--progress=plain",
-            "--file",
-            str(DOCKERFILE),
-            "--target",
-            self.stage,
-            "--platform",
-            str(self.platform),
-        ]
+        command += ["--progress=plain", "--file", str(DOCKERFILE), "--target", self.stage]
+        command += ["--platform", str(self.platform)]
         if self.output_dir is not None:
             command += ["--output", f"type=local,dest={self.output_dir}"]
         elif builder.buildx:

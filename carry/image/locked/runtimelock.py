@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 
 FORMAT = 2
 TITLE = "# carry runtime lock: written by `build.py lock`; do not edit (relock: build.py lock)"
-HEADER_KEYS = tuple("format platform python target base base-content base-python requires-dist requires".split())
+HEADER_KEYS: tuple[str, ...] = ("format", "platform", "python", "target", "base", "base-content", "base-python")
+HEADER_KEYS += ("requires-dist", "requires")
 # Format 1 named the base by its local image ID (`base: REF@sha256:ID`): read, so that it is stale, not garbled.
 HEADER_KEYS_1 = ("format", "platform", "python", "target", "base", "requires-dist", "requires")
 UV_INDEX_ENV = ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS")
