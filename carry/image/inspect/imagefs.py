@@ -329,9 +329,7 @@ def from_registry(
     config_blob = _Checked(repo.open_blob(config_digest), config_digest, f"{ref} config")
     config = json.loads(config_blob.read())
     config_blob.verify()
-    seen = _platform_of(
-        {"os": config.get("os"), "architecture": config.get("architecture"), "variant": config.get("variant")}
-    )
+    seen = _platform_of(config)  # the config names its os, architecture and variant as a list's entry does
     if seen != str(platform):
         raise Failed(f"{ref}: the {platform} manifest's config says {seen}")
     layers = image.get("layers") or []
@@ -425,9 +423,7 @@ def from_engine(client: docker.DockerClient, ref: str, platform: Platform, selec
         ordered.append(
             dataclasses.replace(scan, nodes={p: dataclasses.replace(n, layer=index) for p, n in scan.nodes.items()})
         )
-    seen = _platform_of(
-        {"os": config.get("os"), "architecture": config.get("architecture"), "variant": config.get("variant")}
-    )
+    seen = _platform_of(config)
     if seen != str(platform):
         raise Failed(f"{ref} is a {seen} image, not {platform}")
     return _finish(ref, platform, "local engine", image.id, config, ordered, start)
