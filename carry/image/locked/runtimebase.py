@@ -99,10 +99,7 @@ class RuntimeBase:
     def labels(self) -> dict[str, str]:
         """What the locked image says of its base: the runtime image by name (and registry digest), its content
         digest and where its Python comes from (the same fields as the lock's header)."""
-        found = {LABEL_BASE_NAME: self.ref, LABEL_BASE: self.content, LABEL_PYTHON: self.python}
-        if self.registry_digest:
-            found[LABEL_BASE_DIGEST] = self.registry_digest
-        return found
+        return _derived_labels(self.ref, self.content, self.python, self.registry_digest)
 
 
 def runtime_image(config: Config, platform: Platform) -> str:
@@ -167,19 +164,8 @@ def resolve(config: Config, platform: Platform, cache: Cache, known: dict | None
                 f"the same runtime image, python3 {known.get('python_version')}, glibc {known.get('glibc')}): its "
                 f"layers are in the registry, not derived again"
             )
-            return RuntimeBase(
-                platform,
-                ref,
-                content,
-                registry_digest,
-                python,
-                tag,
-                "",
-                str(known.get("python_version")),
-                str(known.get("glibc")),
-                line,
-                known,
-            )
+            version, glibc = str(known.get("python_version")), str(known.get("glibc"))
+            return RuntimeBase(platform, ref, content, registry_digest, python, tag, "", version, glibc, line, known)
     return derive(config, cache, docker, image, method, why, packages)
 
 
