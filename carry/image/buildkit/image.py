@@ -79,24 +79,14 @@ class ImageResult:
 
 
 def render_tags(config: Config, version: str, series: Series, cuda: str) -> tuple[str, ...]:
-    fields = {
-        "version": version,
-        "base_short": config.upstream.commit[:12],
-        "cuda": cuda,
-        "series_short": series.hash[:12],
-    }
+    fields = dict(version=version, base_short=config.upstream.commit[:12], cuda=cuda, series_short=series.hash[:12])
     if cuda == "none" and any("{cuda}" in template for template in config.image.tags):
         raise BadInput(
             f"{config.path}: image.tags uses {{cuda}}, but no nvcc here tells the CUDA release "
             f"(CUDA_HOME, /usr/local/cuda, PATH); install the CUDA toolkit or PyPI's nvidia-cuda-nvcc "
             f"where carry runs, or drop {{cuda}} from image.tags"
         )
-    tags = []
-    for template in config.image.tags:
-        tag = template.format(**fields)
-        if tag not in tags:
-            tags.append(tag)
-    return tuple(tags)
+    return tuple(dict.fromkeys(template.format(**fields) for template in config.image.tags))
 
 
 def cuda_tag(nvcc_version: str | None) -> str:
@@ -162,25 +152,11 @@ def plan(config: Config, subject: Subject, arches: dict[Platform, ArchList], opt
     for platform in platforms:
         own_arches = arches[platform]
         refs = (f"{config.image.name}:{own_tag(version, platform)}",) if several else shared
-        images.append(
-            PlatformImage(
-                platform=platform,
-                arches=own_arches,
-                refs=refs,
-                labels=_labels(config, subject, own_arches, platform),
-                build_args=container.stage_args(
-                    config, platform, str(own_arches), options.hermetic, subject.upstream_version
-                ),
-            )
-        )
-    return ImagePlan(
-        tuple(images),
-        shared if several else (),
-        configured <= set(platforms),
-        report.tree,
-        version,
-        dist_name is not None,
-    )
+        labels = _labels(config, subject, own_arches, platform)
+        args = container.stage_args(config, platform, str(own_arches), options.hermetic, subject.upstream_version)
+        images.append(PlatformImage(platform=platform, arches=own_arches, refs=refs, labels=labels, build_args=args))
+    complete = configured <= set(platforms)
+    return ImagePlan(tuple(images), shared if several else (), complete, report.tree, version, dist_name is not None)
 
 
 def _labels(config: Config, subject: Subject, arches: ArchList, platform: Platform) -> dict[str, str]:
@@ -263,6 +239,7 @@ def build(
                     f"{', '.join(image.refs)}; log {log}",
                 )
                 caching = _cache_flags(config, options, builder, image, the_plan.version)
+                env = login.cli_env() if options.cache and login is not None else None
                 output = StageBuild(
                     image.platform,
                     container.RUNTIME_STAGE,
@@ -271,13 +248,7 @@ def build(
                     image.labels,
                     image.refs,
                     cache_args=caching.args,
-                ).run(
-                    builder,
-                    access.secret,
-                    context,
-                    log,
-                    login.cli_env() if options.cache and login is not None else None,
-                )
+                ).run(builder, access.secret, context, log, env)
                 if options.cache:
                     for note in layercache.outcome(output, caching.sources):
                         reporter.phase("layer cache", f"{image.platform}: {note}")
