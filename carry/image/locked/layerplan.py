@@ -286,16 +286,13 @@ def plan_platform(
             extra = cuda_home(lock, wheels, venv) if group == "nvidia" else []
             planned = _layer(group, entries, extra, overwritten=overwritten)
             layers.append(dataclasses.replace(planned, recipe=group_key(lock, group, venv), wheels=tuple(files[group])))
-    patched: dict[str, str] = {}
+    changed, whiteouts = list(fixed.entries), list[Item]()
     if release is not None:
         released = wheelinstall.plan(release, venv)
         layers.append(_layer("vllm-release", list(released.entries)))
         changed, whiteouts = difference(released, fixed)
-        layers.append(_layer("vllm-fixed", changed, whiteouts))
-        patched = {e.path: e.sha256_hex for e in changed if not e.path.startswith(fixed.dist_info + "/")}
-    else:
-        layers.append(_layer("vllm-fixed", list(fixed.entries)))
-        patched = {e.path: e.sha256_hex for e in fixed.entries if not e.path.startswith(fixed.dist_info + "/")}
+    layers.append(_layer("vllm-fixed", changed, whiteouts))
+    patched = {e.path: e.sha256_hex for e in changed if not e.path.startswith(fixed.dist_info + "/")}
     return PlatformPlan(
         platform, base_ref, base, tuple(layers), fixed, patched, _duplicates(layers), run_time_compilers(lock)
     )
@@ -413,7 +410,6 @@ def _duplicates(layers: list[LayerPlan]) -> tuple[str, ...]:
 
 def _venv_items(config: Config, lock: runtimelock.Lock, venv: Venv) -> list[Item]:
     """L1: the venv on the base's Python and carry's small files."""
-
     prefix = venv.prefix.lstrip("/")
     cfg = (
         f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {lock.python}\n"
