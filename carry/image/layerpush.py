@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from carry.image.gzlayer import CHUNK, Written, compressed, gzip_key
+from carry.image.registryhttp import DOCKER_CONFIG, DOCKER_LAYER, DOCKER_MANIFEST
 from carry.platforms import Platform
 from carry.util import reporter
 from carry.util.errors import Failed
@@ -103,30 +104,15 @@ def push_config(repo: Repository, body: bytes, outcomes: list[LayerOutcome]) -> 
     manifest = json.dumps(
         {
             "schemaVersion": 2,
-            "mediaType": registryhttp_types()[0],
-            "config": {"mediaType": registryhttp_types()[1], "size": len(body), "digest": config_digest},
+            "mediaType": DOCKER_MANIFEST,
+            "config": {"mediaType": DOCKER_CONFIG, "size": len(body), "digest": config_digest},
             "layers": [
-                {"mediaType": registryhttp_types()[2], "size": o.written.size, "digest": o.written.digest}
-                for o in outcomes
+                {"mediaType": DOCKER_LAYER, "size": o.written.size, "digest": o.written.digest} for o in outcomes
             ],
         },
         separators=(",", ":"),
     ).encode()
     return manifest, config_action
-
-
-def registryhttp_types() -> tuple[str, str, str]:
-    from carry.image import registryhttp
-
-    return registryhttp.DOCKER_MANIFEST, registryhttp.DOCKER_CONFIG, registryhttp.DOCKER_LAYER
-
-
-def _keep(box: dict, written: Written) -> None:
-    box["w"] = written
-
-
-def _kept_digest(box: dict) -> str:
-    return box["w"].digest
 
 
 def base_key(diff_id: str) -> str:
@@ -223,9 +209,9 @@ def _push_saved(
 
     def stream() -> Iterator[bytes]:
         raw = first.pop() if first else _saved_member(client, image.inspect["Id"], member.name)
-        return compressed(raw, functools.partial(_keep, box), member.size)
+        return compressed(raw, lambda w: box.update(w=w), member.size)
 
-    repo.upload(stream, functools.partial(_kept_digest, box), f"layer {member.name[:30]} of {image.ref}")
+    repo.upload(stream, lambda: box["w"].digest, f"layer {member.name[:30]} of {image.ref}")
     return box["w"]
 
 
