@@ -100,8 +100,7 @@ def push_platform(
     remembered digests, the previous image's record; each with its blob there); the manifest returned (bytes,
     digest) for the caller to tag."""
     outcomes = _push_base(repo, client, plan, reuse)
-    for layer in plan.layers:
-        outcomes.append(_push_layer(repo, layer, reuse, plan.platform))
+    outcomes += [_push_layer(repo, layer, reuse, plan.platform) for layer in plan.layers]
     diff_ids = [o.written.diff_id for o in outcomes]
     body = image_config(config, plan, diff_ids, labels)
     manifest, config_action = push_config(repo, body, outcomes)
@@ -163,7 +162,6 @@ def load_platform(
     base_ids = list(plan.base.get("RootFS", {}).get("Layers") or [])
     outcomes: list[LayerOutcome] = [LayerOutcome("base", Written("", 0, d, 0, 0), "in the engine") for d in base_ids]
     done: list[Written] = []
-
     said = reporter.current()
 
     def archive() -> Iterator[bytes]:
@@ -179,16 +177,9 @@ def load_platform(
         diff_ids = base_ids + [w.diff_id for w in done]
         body = image_config(config, plan, diff_ids, labels)
         config_name = f"{hashlib.sha256(body).hexdigest()}.json"
-        manifest = json.dumps(
-            [
-                {
-                    "Config": config_name,
-                    "RepoTags": list(refs),
-                    "Layers": [f"base-{i}/layer.tar" for i in range(len(base_ids))]
-                    + [f"carry-{i}/layer.tar" for i in range(len(plan.layers))],
-                }
-            ]
-        ).encode()
+        layers = [f"base-{i}/layer.tar" for i in range(len(base_ids))]
+        layers += [f"carry-{i}/layer.tar" for i in range(len(plan.layers))]
+        manifest = json.dumps([{"Config": config_name, "RepoTags": list(refs), "Layers": layers}]).encode()
         for name, data in ((config_name, body), ("manifest.json", manifest)):
             yield _tar_header(name, len(data)) + data + b"\0" * (-len(data) % 512)
         yield b"\0" * 1024
