@@ -40,9 +40,7 @@ class Item:
 
 def items_for(entries: Iterable[Entry], extra: Iterable[Item] = ()) -> tuple[Item, ...]:
     """Files (and extra items) with every parent directory, sorted by path; a path given twice keeps the last."""
-    by_path: dict[str, Item] = {}
-    for entry in entries:
-        by_path[entry.path] = Item(entry.path, "file", entry.mode, entry.size, entry)
+    by_path = {entry.path: Item(entry.path, "file", entry.mode, entry.size, entry) for entry in entries}
     for item in extra:
         by_path[item.path] = item
     dirs: set[str] = set()

@@ -133,13 +133,8 @@ def plan(wheel: Path, venv: Venv) -> Installed:
     record_path = f"{installed_dist_info}/RECORD"
     record_data = _record_text(entries.values(), site, record_path)
     entries[record_path] = Entry(record_path, 0o644, len(record_data), record_hash(record_data), data=record_data)
-    return Installed(
-        name,
-        version,
-        installed_dist_info,
-        tuple(entries[path] for path in sorted(entries)),
-        tuple(sorted(set(scripts))),
-    )
+    ordered = tuple(entries[path] for path in sorted(entries))
+    return Installed(name, version, installed_dist_info, ordered, tuple(sorted(set(scripts))))
 
 
 def _dist_info_dir(wheel: Path, infos: dict[str, zipfile.ZipInfo]) -> str:
@@ -191,11 +186,8 @@ def _fix_shebang(data: bytes, interpreter: str) -> bytes:
 
 def _record_text(entries: Iterable[Entry], site: str, record_path: str) -> bytes:
     """RECORD as pip writes it: paths relative to site-packages, sorted, RECORD itself without hash or size."""
-    rows = []
-    for entry in entries:
-        rows.append((posixpath.relpath("/" + entry.path, "/" + site), entry.hash, str(entry.size)))
+    rows = [(posixpath.relpath("/" + entry.path, "/" + site), entry.hash, str(entry.size)) for entry in entries]
     rows.append((posixpath.relpath("/" + record_path, "/" + site), "", ""))
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerows(sorted(rows))
+    csv.writer(out, lineterminator="\n").writerows(sorted(rows))
     return out.getvalue().encode()
