@@ -111,15 +111,9 @@ class Reader:
             if "size" in overrides:
                 size = int(overrides["size"])
                 padding = -size % BLOCK
-            header = Header(
-                overrides.get("path", name),
-                _number(block[100:108]),
-                size,
-                kind,
-                overrides.get("linkpath", _text(block[157:257])),
-            )
+            link = overrides.get("linkpath", _text(block[157:257]))
             self.pending, self.padding = size, padding
-            return header
+            return Header(overrides.get("path", name), _number(block[100:108]), size, kind, link)
 
     def read_data(self, sink: Callable[[memoryview], None] | None) -> None:
         while self.pending:
