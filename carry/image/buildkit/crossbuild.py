@@ -68,13 +68,9 @@ def build(config: Config, cache: Cache, mirror: Path, target: Target, builder: B
         reporter.phase("build", f"build stage for {platform}{platform.where()}, arches {arches}; log {log}")
         exported = scratch / "exported"
         access = container.stage_access(config, scratch, hermetic)
-        StageBuild(
-            platform,
-            container.WHEEL_STAGE,
-            container.stage_args(config, platform, str(arches), hermetic, target.upstream_version),
-            access.network,
-            output_dir=exported,
-        ).run(builder, access.secret, context, log)
+        args = container.stage_args(config, platform, str(arches), hermetic, target.upstream_version)
+        stage = StageBuild(platform, container.WHEEL_STAGE, args, access.network, output_dir=exported)
+        stage.run(builder, access.secret, context, log)
         wheel = _single_wheel(exported, log)
         reporter.phase("gate", f"{wheel.name}: {platform.machine} code for arches {arches}")
         report = _check(wheel, platform, policy, expected)
