@@ -1,20 +1,12 @@
 """The registry HTTP API v2, spoken directly: blobs checked with HEAD and streamed up in one chunked PATCH, manifests
-PUT by digest and then under their tags, manifest lists made from the platforms' manifests. Every push of carry goes
-through here (carry.image.publish says in which order); `docker login` is only made for the Docker engine's own
-pulls and BuildKit's cache.
-
-Credentials are the ones carry.image.registry finds ($CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD, else the user's
-Docker config); they travel only in an Authorization header: basic, or a bearer token fetched from the realm a
-registry's challenge names. Plain HTTP only for a loopback registry (as dockerd's default) or, for `verify`'s reads
-(carry.image.inspect.imagefs), one the engine names insecure; HTTPS otherwise.
+PUT by digest and then under their tags. Every push of carry goes through here (carry.image.publish says in which
+order). Credentials travel only in an Authorization header (basic, or a bearer token from the challenge's realm). Plain
+HTTP only for a loopback registry or, for reads, one the engine names insecure.
 
 Faults (docs/reliability.md, "Registry and push"): a 408, 429 or 5xx answer and a dropped connection are retried
-(ATTEMPTS in all, with the backoff of BACKOFF_S, a 429's or 503's Retry-After up to RETRY_AFTER_MAX_S), a streamed
-blob by streaming it again; then one line names the registry, the blob or tag and the last status (exit 1). A refusal
-of the login (401, 403) is bad input naming $CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD, the password never
-printed; a registry that cannot be reached is too (`probe`, before any work: a closed port answers at once, a host
-that does not answer is given CONNECT_TIMEOUT_S).
-"""
+(ATTEMPTS, BACKOFF_S, a Retry-After up to RETRY_AFTER_MAX_S), then one line names the registry, the blob or tag and the
+last status (exit 1). A refused login (401, 403) or an unreachable registry (`probe`) is bad input naming
+$CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD, the password never printed."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The locked, layered image (build.yaml `image.lock`): carry writes the layers itself, nothing of the target CPU
-runs, no build context is sent (docs/images.md: "The locked image").
-
-Per platform: the runtime lock's wheels are downloaded once into the download store (sha256 from the lock, pip's
-own client and index settings); each layer is a deterministic tar written straight from the wheels' zips
-(carry.image.locked.ocilayer), gzip-compressed with isal and streamed to the registry over its HTTP API
-(carry.image.registryhttp), or, without --push, streamed into the local engine with `docker load`:
+"""The locked, layered image (build.yaml `image.lock`): carry writes the layers itself, nothing of the target CPU runs,
+no build context is sent (docs/images.md: "The locked image"). Each layer is a deterministic tar of the lock's wheels,
+pushed over the registry's HTTP API or, without --push, streamed into `docker load`:
 
   base layers  the runtime base image's own, unchanged
   L1 venv      /opt/venv (pyvenv.cfg, python links, empty site-packages), /etc/carry/runtime.env, the entrypoint
@@ -15,13 +11,7 @@ own client and index settings); each layer is a deterministic tar written straig
   L6 fixed     the difference to installing the fixed wheel instead (changed and new files, the new dist-info,
                whiteouts for what it replaces); without a precompiled wheel L5 is absent and L6 is the wheel
 
-A layer's digests are remembered by its contents' description (paths, modes, sizes, hashes, the compressor) in
-$CARRY_CACHE/image-layers, so a rerun asks the registry (HEAD) and skips it: "already exists".
-
-Here: `prepare` and `build`, over the stages: carry.image.locked.layerplan (the wheels fetched, the layers
-planned), carry.image.locked.layerwrite (the image config, the layers pushed or loaded) and
-carry.image.locked.smoketest (the smoke test, the pushed image pulled back and kept).
-"""
+Here: `prepare` and `build`, over layerplan (planned), layerwrite (pushed or loaded) and smoketest."""
 
 from __future__ import annotations
 

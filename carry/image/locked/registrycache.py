@@ -1,24 +1,16 @@
-"""The registry as the cache of a locked image (docs/images.md, "A fresh runner"): what a later run needs to reuse a
-pushed platform image is recorded beside it, and a run with nothing of its own (an empty carry cache, an empty
-download store, an engine without carry's images) reads it back.
+"""The registry as the cache of a locked image (docs/images.md, "A fresh runner"): beside each pushed platform manifest,
+under the tag `sha256-<hex>.cache`, an OCI artifact whose config is the `Record` (per layer its key, digests and sizes;
+the base; the fixed wheel; the smoke result) and whose layers are one gzip `Facts` blob per layer (the modules it
+installs and removes, the wheels it was written from). It is pushed once the image's smoke test passed, signed with the
+image's key when there is one. A later run with an empty cache reads it back.
 
-Beside each pushed platform manifest, under the tag `sha256-<hex>.cache` (as cosign tags `.sig` and `.att`), an OCI
-artifact: its config blob is the record (`Record`: per layer its key, digest, diff_id and sizes; the base it was made
-on; the fixed wheel; what the smoke test proved), its layers one facts blob per layer (`Facts`: the modules the layer
-installs, the modules it removes, the wheel files it was written from; gzip, deterministic, so a layer that stays
-the same keeps the same facts blob, which the registry has already). It is pushed after the image, once its smoke
-test passed, and signed with the image's key when $CARRY_SIGNING_KEY is set.
-
-A run finds the previous image through `--cache-from REF`, else the tags this run pushes (its own VERSION, for a
-rerun) and image.tags (`latest`: the VERSION it replaces), per platform. What it trusts, and why:
+What a run trusts, and why:
 - a record only beside the manifest it names (`subject`), each entry only when it is that manifest's layer at its
   position (digest and size) and the config's diff_id there: the record describes the image as pushed;
 - with a key, only a record whose artifact carries a signature that verifies with it;
-- an entry only for a layer whose key is this run's (the key names what the layer is made of), and only while
-  the target repository holds its blob at its size (HEAD), or takes it by a cross-repo mount from the repository
-  the record is in. A remembered digest is never used without its blob.
-Anything else is built, and one line says why.
-"""
+- an entry only for a layer whose key is this run's, and only while the target repository holds its blob at its
+  size (HEAD), or takes it by a cross-repo mount. A remembered digest is never used without its blob.
+Anything else is built, and one line says why."""
 
 from __future__ import annotations
 

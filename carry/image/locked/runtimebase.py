@@ -1,21 +1,13 @@
 """The runtime base of a locked image, per platform: the runtime image as configured, or, when it holds no python3
 (NVIDIA's CUDA runtime images), a base with Python that carry derives from it (image.runtime_python).
 
-    runtime_image (the local engine's, else pulled: by digest where pinned) -> its content digest
-      -> its own python3 (auto, off)  or  derived: the distribution's python3 + python3-venv (+ image.runtime_packages)
-         by the image's own apt (auto when it has no python3 or packages are named, apt always)
-      -> python3 run once in the base: Python version, glibc (memo by image ID)
+Deriving is one BuildKit build of carry/resources/runtime-python.<method>.Dockerfile FROM the runtime image, for that
+platform (under QEMU for another CPU: minutes, once), kept as the local image `carry-derived/python:<arch>-<key>`, the
+key a hash of the source's content digest and the recipe: a second run reuses it.
 
-Deriving is one BuildKit build of carry/resources/runtime-python.<method>.Dockerfile FROM the runtime image, for
-that platform (its package scripts run under QEMU for another CPU: minutes, once; nothing else of the target CPU
-runs), kept as the local image `carry-derived/python:<arch>-<key>`, the key a hash of the source's content digest
-and the recipe's hash (the packages named included): a second run, or another config on the same image, reuses it.
-
-What names a base, in the lock and the image's labels, is the source's *content digest* -- its layers' diff_ids
-and its run-time config (Env, Entrypoint, Cmd, User, WorkingDir, Labels), without creation times -- and, when
-derived, the recipe's hash. Both are the same on every machine that holds the same image (pulled, or rebuilt
-reproducibly), unlike a local image ID: a fresh runner that derives the base again finds the lock fresh.
-"""
+What names a base, in the lock and the image's labels, is the source's *content digest* (its diff_ids and run-time
+config, no creation times) and, when derived, the recipe's hash: the same on every machine that holds the same image,
+unlike a local image ID."""
 
 from __future__ import annotations
 

@@ -1,23 +1,15 @@
 """The runtime lock: per platform, the fixed wheel's Requires-Dist resolved with uv into pinned, sha256-hashed wheels
-for the Python and glibc of that platform's runtime base image (read from the image itself), written beside
-build.yaml as `<image.lock>/<os>-<arch>.txt` and committed.
+for the Python and glibc of that platform's runtime base image, written beside build.yaml as
+`<image.lock>/<os>-<arch>.txt` and committed.
 
-    base facts (docker) + the wheel's Requires-Dist -> uv pip compile (the user's index) -> header + body -> file
+The body is `uv pip compile --generate-hashes --only-binary :all:` output (each pin's hashes narrowed to the target's
+wheels), so pip and uv both install it with --require-hashes; carry's header above it records what it was resolved from,
+by content digest, never a local image ID, so a lock made on one machine is fresh on another. `check_fresh` refuses a
+lock whose inputs drifted.
 
-The body is `uv pip compile --generate-hashes --only-binary :all: --no-header --no-annotate` output, so pip and uv
-both install it with --require-hashes, each pin's hashes narrowed to those of its wheels for the target (uv lists
-every file of the version; its pylock.toml of the same pins lists the target's); carry's header above it records
-what it was resolved from (the platform, the Python, uv's target, the runtime image by name and content digest and
-where its Python comes from (carry.image.locked.runtimebase: its own, or derived by a recipe, by hash), a digest of the
-Requires-Dist). `check_fresh` refuses a lock whose inputs drifted. Nothing in the header is a local image ID, so
-a lock made on one machine is fresh on another that holds the same runtime image.
-
-The index is the user's: uv's own configuration (uv.toml, UV_INDEX_URL / UV_DEFAULT_INDEX / UV_INDEX /
-UV_EXTRA_INDEX_URL), else pip's configured index-url / extra-index-url (`pip config list`, PIP_INDEX_URL), else
-uv's default. From pip's settings only http(s) indexes are taken: a file:// index or a path is this machine's
-own disk, and a lock must name files any machine with the same index can fetch. Index URLs reach uv through its
-environment, never argv, and are printed without credentials.
-"""
+The index is the user's: uv's own configuration, else pip's http(s) index-url / extra-index-url (a file:// index is this
+machine's own disk), else uv's default. Index URLs reach uv through its environment, never argv, and are printed without
+credentials."""
 
 from __future__ import annotations
 
