@@ -1,8 +1,6 @@
-"""Pushing layers and an image config over the registry's HTTP API (carry.image.registryhttp), for both image paths:
-the layer digests remembered by their key (`Digests`, `$CARRY_CACHE/image-layers/`, each entry sealed by its
-sha256), what was done with each layer (`LayerOutcome`), an engine image's layers pushed as `docker save` gives them
-(`push_engine_layers`: a locked image's base, the Dockerfile image whole), and the config with its manifest
-(`push_config`), which the caller PUTs by digest (carry.image.publish)."""
+"""Pushing layers and an image config over the registry's HTTP API, for both image paths: layer digests remembered by
+their key (`Digests`), an engine image's layers pushed as `docker save` gives them (`push_engine_layers`), and the
+config with its manifest (`push_config`) for the caller to PUT by digest."""
 
 from __future__ import annotations
 

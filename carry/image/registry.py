@@ -1,9 +1,6 @@
-"""Talking to the Docker engine and registries through the Docker SDK; credentials never touch argv or logs.
-
-Credentials come from the user's Docker config (`docker login --password-stdin` done beforehand) or from
-$CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD, which carry hands to `docker login --password-stdin`
-in a private, temporary DOCKER_CONFIG and then reads back for the SDK.
-"""
+"""Talking to the Docker engine and registries through the Docker SDK; credentials never touch argv or logs: the user's
+Docker config, or $CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD handed to `docker login --password-stdin` in a
+private, temporary DOCKER_CONFIG and read back for the SDK."""
 
 from __future__ import annotations
 

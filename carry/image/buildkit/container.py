@@ -1,10 +1,6 @@
-"""Running the top-level Dockerfile: the build context assembled from this repo, the wheelhouse of a hermetic
-build, and one BuildKit build per platform through the Docker CLI (`docker buildx build` where buildx exists,
-else `DOCKER_BUILDKIT=1 docker build`), logged to a file.
-
-Another CPU's platform builds where this machine has a binfmt_misc emulator for it (QEMU); BuildKit then runs
-the build stage's steps as that CPU, so the wheel is compiled by that platform's own toolchain.
-"""
+"""Running the top-level Dockerfile: the build context assembled from this repo, the wheelhouse of a hermetic build, and
+one BuildKit build per platform through the Docker CLI (buildx where it exists, else `DOCKER_BUILDKIT=1 docker build`),
+logged to a file; another CPU's platform builds under its binfmt_misc emulator."""
 
 from __future__ import annotations
 

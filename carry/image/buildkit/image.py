@@ -1,12 +1,8 @@
-"""The container image: one BuildKit build per platform (carry.image.buildkit.container), tags and labels from
-VERSION and the series, each platform pushed from the engine by digest (carry.image.buildkit.enginepush), then the
-manifest lists and the tags (carry.image.publish, the stage it hands each image to); carry.image.inspect.imageverify
-checks what a tag holds.
-
-One platform (the config lists at most one): its image gets every tag. Several: each platform's image is tagged
-`<VERSION>-<arch>` and every shared tag (VERSION, the templates, --tag) becomes, on push, a manifest list of all
-of them; the local image store holds one platform per tag, so shared tags exist only in the registry.
-"""
+"""The container image: one BuildKit build per platform (carry.image.buildkit.container), tags and labels from VERSION
+and the series, each platform pushed from the engine by digest (enginepush), then the manifest lists and the tags
+(carry.image.publish). One platform: its image gets every tag. Several: each platform's image is tagged
+`<VERSION>-<arch>` and every shared tag becomes, on push, a manifest list of them (the local image store holds one
+platform per tag)."""
 
 from __future__ import annotations
 

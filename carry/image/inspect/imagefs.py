@@ -1,14 +1,8 @@
-"""An image's filesystem read on this machine from its layers, for any platform: nothing runs in a container,
-nothing is emulated and nothing is unpacked to disk.
-
-The layers come from the registry (HTTP API v2: the manifest list, the platform's manifest, its config and layer
-blobs, each checked against its digest as it streams, gzip inflated with ISA-L) or, for a ref no registry has,
-from the local engine (`docker save`, each layer checked against the config's diff_ids). Each layer is scanned on
-its own into the entries it adds and the OCI whiteouts it holds (`.wh.<name>`, `.wh..wh..opq`); applied in
-order they give the final view of the paths asked for: path -> (kind, mode, size, sha256, link target), file
-contents hashed as they stream, a few files kept whole (dist-info metadata), the heads of others (script
-shebangs), and shared objects parsed for the gate from their bytes in the stream.
-"""
+"""An image's filesystem read on this machine from its layers, for any platform: nothing runs in a container, nothing is
+emulated and nothing is unpacked to disk. The layers come from the registry (each blob checked against its digest as it
+streams) or, for a ref no registry has, from `docker save` (each layer checked against the config's diff_ids); each is
+scanned on its own, then applied in order with its OCI whiteouts into the final view of the paths asked for: kinds,
+modes, sizes and sha256, a few files kept whole or by their head, shared objects parsed for the gate as they stream."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""`verify IMAGE`: what a tag holds, per platform, against this repo: the labels, the installed wheel's buildinfo,
-the CPU its Python runs on, and the shared objects of the wheel (ELF machine and the arch gate by the policy the
-wheel records).
-
-A locked image (`image.lock` set) is read from its layers on this machine instead (carry.image.inspect.imagefs: no
-pull, no container, no emulator, so arm64 takes as long as amd64) and its files proven against the lock and the
-fixed wheel in dist/ (carry.image.inspect.installcheck); the labels, the buildinfo and the gate of the installed
-shared objects as before."""
+"""`verify IMAGE`: what a tag holds, per platform, against this repo: the labels, the installed wheel's buildinfo, the
+CPU its Python runs on, and the wheel's shared objects (ELF machine and the arch gate). A locked image is read from its
+layers on this machine instead (carry.image.inspect.imagefs: no pull, no container, no emulator) and its files proven
+against the lock and the fixed wheel in dist/ (carry.image.inspect.installcheck)."""
 
 from __future__ import annotations
 

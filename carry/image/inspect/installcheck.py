@@ -1,8 +1,6 @@
-"""What a locked image's venv holds, proven from its files (carry.image.inspect.imagefs reads them from the layers): the
-installed distributions are exactly the lock plus the fixed wheel, every installed file matches its
-distribution's RECORD, nothing under site-packages or the venv's bin belongs to no RECORD, the fixed wheel is
-installed file for file as it is in dist/ (and nothing else under its top-level directories), console scripts
-run the image's own interpreter, and the fixed wheel's shared objects are handed to the gate."""
+"""What a locked image's venv holds, proven from its files: the installed distributions are exactly the lock plus the
+fixed wheel, every file matches its RECORD, nothing under site-packages or the venv's bin is in no RECORD, the fixed
+wheel is installed as it is in dist/, console scripts run the image's interpreter."""
 
 from __future__ import annotations
 

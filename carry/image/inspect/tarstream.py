@@ -1,9 +1,6 @@
-"""A tar archive read front to back from a stream, fast: each member's data goes through one reused buffer to
-whoever wants it (a hash), and is skipped the same way otherwise. The standard library's stream mode copies every
-block several times (about 20 MB/s of small files here); this reads at the speed of the inflater.
-
-ustar, GNU (long names, base-256 sizes) and pax (path, linkpath, size) headers are understood; that is what
-image layers are written with."""
+"""A tar archive read front to back from a stream through one reused buffer: the standard library's stream mode copies
+every block several times (about 20 MB/s of small files); this reads at the inflater's speed. ustar, GNU (long names,
+base-256 sizes) and pax (path, linkpath, size) headers, as image layers are written."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Writing a locked image (carry.image.locked.lockedimage): its image config, the layers' digests remembered by
-their contents, and the layers and config pushed over the registry's HTTP API (carry.image.registryhttp) or streamed
-into the local engine with `docker load`. A layer of reporter.BAR_FROM_BYTES or more says each quarter of its tar
-written (a `layer` line)."""
+"""Writing a locked image: its image config, and the layers and config pushed over the registry's HTTP API or streamed
+into the local engine with `docker load`; a layer of reporter.BAR_FROM_BYTES or more says each quarter of its tar
+written."""
 
 from __future__ import annotations
 

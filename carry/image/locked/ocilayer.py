@@ -1,11 +1,7 @@
-"""Deterministic image layers: tar streams written straight from the wheels' zips, gzip-compressed with isal.
-
-A layer is a sorted list of items (directories, files, symlinks, OCI whiteouts). Every parent directory is
-written before its children, uid/gid 0, mtime 0, modes 0755/0644: the same items give the same bytes, so the same
-lock on the same base gives the same digests. Nothing is unpacked on disk: a file's bytes are inflated from its
-wheel member as the tar is written, hashed (the layer's diff_id), compressed (isal's igzip, several times faster
-than zlib) and handed to a sink (the registry upload, or `docker load`) chunk by chunk.
-"""
+"""Deterministic image layers: tar streams written straight from the wheels' zips. Every parent directory comes before
+its children, uid/gid 0, mtime 0, modes 0755/0644: the same items give the same bytes, so the same lock on the same base
+gives the same digests. A file's bytes are inflated from its wheel member as the tar is written, nothing unpacked on
+disk."""
 
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
-"""The locked image's smoke test (docs/images.md: "Smoke test"): the image's Python run once without network, the
-fixed wheel's version, the patched files' bytes and the console scripts' interpreter checked; after a push each
-platform is pulled back, smoke-tested and kept in the engine (carry.image.locked.engineimage).
+"""The locked image's smoke test (docs/images.md: "Smoke test"): the image's Python run once without network, the fixed
+wheel's version, the patched files' bytes and the console scripts' interpreter checked; after a push each platform is
+pulled back, smoke-tested and kept in the engine.
 
-A run whose engine does not hold the image (a fresh runner) does not pull it when the previous image's smoke
-result holds for what did not change (`choose`): the layers other than the fixed one have the keys that result was
-proven on, and the fixed layer changed Python files only (and the dist-info). The changed files are then checked
-against the image itself without running it (`light`): each byte-compiled by the image's Python (the base's
-python3, in a container without network; emulated for another CPU), and each import a module runs at import time
-(its top level, not under `try`) resolving to a module of the image's Python or one the layers install (the
-layers' facts, carry.image.locked.registrycache). Anything else, or `--smoke full`, pulls the image and runs it."""
+Where the previous image's smoke result holds for what did not change (`choose`: the other layers' keys are the ones it
+was proven on, and the fixed layer changed Python files only), the image is not pulled: the changed files are checked
+against it without running it (`light`: byte-compiled by the base's python3, their top-level imports resolved among the
+layers' modules). Anything else, or `--smoke full`, pulls the image and runs it."""
 
 from __future__ import annotations
 
