@@ -140,11 +140,9 @@ def push_engine_layers(
     known: Callable[[str], LayerOutcome | None] | None = None,
     why: Callable[[str], str] = lambda key: "",
 ) -> tuple[list[LayerOutcome], bytes | None]:
-    """The image's layers as the engine holds them (`docker save`'s uncompressed tars), compressed and pushed the
-    same way; remembered by diff_id, so a rerun only asks the registry. With `want_config`, also the image's config
-    as the engine stores it (the bytes its image ID hashes), kept beside the digests for the next run. `known(key)`
-    finds a layer elsewhere too (a previous image's record: carry.image.locked.registrycache), `why(key)` says why
-    one was written; an image the engine does not hold (its facts from that record) pushes nothing."""
+    """The image's layers as the engine holds them (`docker save`'s tars), compressed and pushed, remembered by diff_id
+    (a rerun only asks the registry); with `want_config`, also the engine's own config bytes. `known(key)` finds a layer
+    elsewhere too (a previous image's record), `why(key)` says why one was written."""
     diff_ids = list(image.inspect.get("RootFS", {}).get("Layers") or [])
     config = _kept_config(digests, image.hex) if want_config else None
     found: dict[str, LayerOutcome] = {}

@@ -60,10 +60,8 @@ class Login:
 
 @contextlib.contextmanager
 def credentials(image_name: str, docker_cli: str) -> Iterator[Login]:
-    """The login for the image's registry: from the env via `docker login --password-stdin` into a private,
-    temporary DOCKER_CONFIG, or from the user's Docker config, or anonymous (no auth). The registry is asked first
-    (`probe`): one that cannot be reached or refuses the login is bad input naming CARRY_REGISTRY_USER and
-    CARRY_REGISTRY_PASSWORD."""
+    """The login for the image's registry (from the env through `docker login --password-stdin` into a private
+    DOCKER_CONFIG, the user's Docker config, or none), after `probe` asked the registry."""
     registry = registry_of(image_name)
     auth = _auth(registry)
     _probe(image_name, auth)

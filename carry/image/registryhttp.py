@@ -174,10 +174,9 @@ class Repository:
         body: bytes | Iterable[bytes] | None = None,
         ok: tuple[int, ...] = (200,),
     ) -> tuple[int, dict[str, str], bytes]:
-        """One request (a path on this registry or a full URL it gave), retried on a `Transient` fault while its
-        body can be sent again (none, or bytes); a streamed body (an iterator) raises the `Transient` for its
-        caller to stream again (`upload`). A bearer challenge is answered once: authenticate with a small request
-        before a streamed one."""
+        """One request (a path on this registry or a full URL it gave), retried on a `Transient` fault while its body
+        can be sent again; a streamed body raises it for `upload` to stream again. A bearer challenge is answered
+        once."""
         resend = body is None or isinstance(body, (bytes, str))
         started = time.monotonic()
         for attempt in range(1, ATTEMPTS + 1):

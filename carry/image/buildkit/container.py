@@ -63,11 +63,9 @@ class Builder:
 
 
 def resolve_builder(config: Config, platforms: tuple[Platform, ...]) -> Builder:
-    """The Docker CLI to build with, checked before any work, and every platform must run natively or emulated.
-
-    A CLI named by $CARRY_DOCKER or image.docker is used as it is. The default `docker` is the first on PATH
-    that can build with BuildKit: one with the buildx plugin, or one before Docker 23, which builds with BuildKit
-    by itself (a machine may have both a newer CLI without buildx and Debian's docker.io)."""
+    """The Docker CLI to build with, checked before any work, and every platform must run natively or emulated: a CLI
+    named by $CARRY_DOCKER or image.docker as it is, else the first `docker` on PATH with buildx or from before Docker
+    23 (a machine may have both a newer CLI without buildx and Debian's docker.io)."""
     emulation = Emulation()
     for platform in platforms:
         emulation.require(platform)
@@ -157,10 +155,8 @@ def stage_config(text: str) -> str:
 
 
 def _precompiled_wheels(config: Config, cache: Cache, platforms: tuple[Platform, ...], store_dir: Path) -> None:
-    """The checked precompiled wheel of each platform, laid out as a download store the build stage reads
-    ($CARRY_DOWNLOADS): hardlinked where it can be, copied otherwise. The one hard link out of the store carry
-    makes, on purpose: the context is carry's own scratch, read by BuildKit and removed after the build, never
-    published, and a 330 MB copy per platform would buy nothing (docs/reliability.md)."""
+    """The precompiled wheels laid out as a download store for the build stage, hardlinked where possible: the one hard
+    link out of the store carry makes, as the context is carry's own scratch, never published (docs/reliability.md)."""
     from carry.util.download import Store
 
     settings = config.build.precompiled
@@ -416,10 +412,8 @@ def python_bases() -> tuple[str, str]:
 def stage_args(
     config: Config, platform: Platform, arches: str, hermetic: bool, upstream_version: str | None = None
 ) -> dict[str, str]:
-    """The build args of the build stage for `platform`; the same for `wheel --platform` and `image`, so that
-    BuildKit reuses one's build stage for the other. A Python-only build (arches `none`) defaults to Python's own
-    images (python_bases), anything else to the Dockerfile's CUDA ones. `upstream_version`: the upstream's version
-    as this machine found it (carry/source/upstreamversion.py), which the stage, holding only the pin, cannot."""
+    """The build stage's build args for `platform`, the same for `wheel --platform` and `image` so that BuildKit reuses
+    one's build stage for the other; a Python-only build (arches `none`) defaults to Python's own images."""
     target = config.target(platform)
     args = {
         **config.image.build_args,

@@ -101,10 +101,9 @@ def platforms_to_build(config: Config, options: ImageOptions) -> tuple[Platform,
 
 @record(kw_only=True)
 class Subject:
-    """What the images hold, resolved once: the patched tree (`report`) of `series`, VERSION, the wheel's
-    distribution name (`dist_name` None: the wheel the build stage makes names it, in `build`), the CUDA tag, the
-    upstream's own version (None: the build stage reads it) and when the image was made (`created`, RFC 3339 UTC,
-    from `created_at`: never the clock, so that a rerun gives the same image)."""
+    """What the images hold, resolved once: the patched tree (`report`), VERSION, the distribution name (None: the build
+    stage's wheel names it), the CUDA tag, the upstream's version and `created` (never the clock: a rerun gives the same
+    image)."""
 
     report: CheckReport
     series: Series

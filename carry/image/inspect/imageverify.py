@@ -62,10 +62,8 @@ class Request:
 
 
 def verify_image(request: Request, config: Config, expected: Expected, scratch: Path) -> tuple[Verification, ...]:
-    """Verify each platform `request.ref` holds (or the one asked), pulled from its registry; with `local`, the image
-    of that name in this Docker engine instead (never as a stand-in for a registry that cannot be read). Labels and
-    the wheel's buildinfo against this repo, the CPU its Python runs on, and the shared objects of the installed wheel
-    (ELF machine, and the arch gate for `arches` or else the arches the wheel records)."""
+    """Verify each platform `request.ref` holds (or the one asked) as pulled from its registry, or with `local` this
+    engine's image: labels, buildinfo, the CPU its Python runs on, and the installed wheel's shared objects."""
     from carry.image import registry
 
     client = registry.client()
@@ -264,10 +262,8 @@ def verify_locked(
     expected: Expected,
     dist: Path = Path("dist"),
 ) -> tuple[Verification, ...]:
-    """Each platform of `request.ref` (or the one asked) read from its layers and proven against its lock
-    (carry.image.locked.runtimelock) and the fixed wheel for it in `dist`; with `key` (carry.trust.keys.PublicKey),
-    also its signature, SBOM and provenance (carry.image.inspect.trustcheck), the provenance against `patches`
-    (name, sha256)."""
+    """Each platform of `request.ref` (or the one asked) read from its layers and proven against its lock and the fixed
+    wheel in `dist`; with `key`, also its signature, SBOM and provenance."""
     from carry.image.locked import runtimelock
 
     ref, platform, arches, local = request.ref, request.platform, request.arches, request.local

@@ -324,11 +324,9 @@ def _layer(name: str, entries: list[Entry], extra: Iterable[Item] = (), overwrit
 
 
 def _merge(groups: dict[str, list[Installed]], venv: Venv) -> dict[str, tuple[list[Entry], tuple[str, ...]]]:
-    """The files of the locked wheels, per layer (group), each path stored once across all of them. A path two
-    wheels install (cuda-python 12.6 ships its own copy of cuda/bindings/, which cuda-bindings installs;
-    flashinfer-python and torch-c-dlpack-ext both ship a top-level build_backend.py) goes to the wheel whose name
-    is the path's package (cuda-bindings for cuda/bindings/...), else to the later by name, and only into that
-    wheel's layer; such paths are reported with the layer that keeps them."""
+    """The locked wheels' files per layer (group), each path stored once across all of them: a path two wheels install
+    (cuda-python's own cuda/bindings/, two wheels' build_backend.py) goes to the wheel named like the path's package,
+    else the later by name, and is reported with the layer that keeps it."""
     chosen: dict[str, tuple[str, str, Entry]] = {}
     twice: dict[str, set[str]] = {group: set() for group in groups}
     site = venv.site.lstrip("/") + "/"

@@ -418,10 +418,8 @@ def _record(
 def _plan(
     job: _Job, platform: Platform, reuse: Reuse | None, added: list[Path] | None = None
 ) -> tuple[PlatformPlan, dict[str, Path]]:
-    """A platform's layers planned, with the wheel files of its lock. With `reuse`, a platform whose locked wheels'
-    layers the registry has (by key, each with its facts) is planned without reading those wheels, and none is
-    downloaded; otherwise the lock's wheels are fetched (those the store lacks, listed in `added`) and every layer
-    planned."""
+    """A platform's layers planned, with the wheel files of its lock; with `reuse`, layers the registry has are planned
+    by key, no wheel read, else the lock's wheels are fetched (new ones listed in `added`)."""
     config, cache, prepared, fixed_wheels = job.config, job.cache, job.prepared, job.fixed_wheels
     store = Store.from_env(cache.root)
     lock = prepared.locks[platform]

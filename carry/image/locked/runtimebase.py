@@ -105,10 +105,9 @@ def runtime_image(config: Config, platform: Platform) -> str:
 
 
 def resolve(config: Config, platform: Platform, cache: Cache, known: dict | None = None) -> RuntimeBase:
-    """The platform's runtime base: the runtime image (pulled when the engine lacks it), checked for the platform,
-    used as it is when it has python3 (or image.runtime_python is off), else derived (auto, or a method named);
-    not derived again when `known` (a previous image's record of its base, in the registry) shows the same recipe
-    on the same runtime image made it and this engine holds no such base."""
+    """The platform's runtime base: the runtime image (pulled when missing), used as it is when it has python3 (or
+    image.runtime_python is off), else derived; not derived again when `known` (a previous image's record) shows the
+    same recipe on the same image made it."""
     from carry.image.buildkit import container
 
     ref = runtime_image(config, platform)
@@ -358,10 +357,8 @@ def derive(
 
 
 def _matching(docker: str, tag: str, labels: dict[str, str]) -> dict | None:
-    """The derived base at `tag` when its labels say it was made from the same content by the same recipe (and pinned
-    by the same registry digest); the name it was configured by is not compared: the same image named another way
-    (carry-local/runtime-base:amd64, carry-test/runtime-base:<tag>) would otherwise be derived again, leaving the
-    earlier one untagged."""
+    """The derived base at `tag` when its labels name the same content, recipe and registry digest; not the configured
+    name, so that the same image named another way is not derived again."""
     found = inspect(docker, tag)
     if found is None:
         return None
@@ -384,10 +381,8 @@ def _build(
     tag: str,
     labels: dict[str, str],
 ) -> float:
-    """One BuildKit build of the method's recipe (`recipe`: the method and the packages named) FROM a private tag of
-    the source image, for `platform` (QEMU for another CPU), with the network (the image's own package sources) and
-    without BuildKit's cache (a derivation runs the recipe: the distribution's packages as they are now); returns
-    its seconds."""
+    """One BuildKit build of the method's recipe FROM a private tag of the source image, for `platform`, with the
+    network and without BuildKit's cache (the distribution's packages as they are now); its seconds."""
     method, packages = recipe
     from carry.image.buildkit import container
     from carry.util.logtail import tail

@@ -459,10 +459,9 @@ def resolve(
     upgrade: bool = False,
     cwd: Path | None = None,
 ) -> str:
-    """The lock body: uv pip compile of `requires` for the base's Python and glibc, wheels only, every pin hashed.
-    The previous lock's pins are uv's preferences (kept while they still fit), unless `upgrade`. uv runs in `cwd`
-    (the config's directory), where it finds a project's own uv.toml as choose_index does. A resolution whose CUDA
-    toolkit wheels are of several releases (cudatoolkit) is made again with them held to the runtime's, and said."""
+    """The lock body: uv pip compile of `requires` for the base's Python and glibc, wheels only, every pin hashed, the
+    previous pins as preferences unless `upgrade`, run in `cwd` (for its uv.toml); a CUDA toolkit of several releases
+    (cudatoolkit) is resolved again held to the runtime's, and said."""
     from carry.wheelbuild.buildenv import find_uv
 
     uv = find_uv()

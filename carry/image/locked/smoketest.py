@@ -234,10 +234,8 @@ PARTIAL_LAYERS = ("venv", "vllm-release", "vllm-fixed")
 def partial_smoke(
     client: docker.DockerClient, config: Config, outcome: PlatformOutcome, plan: PlatformPlan
 ) -> PlatformOutcome:
-    """Another CPU's smoke test (under QEMU: the image's Python with the standard library, nothing of torch) on the
-    layers it reads: the base's (the engine's own), venv and the wheel's layers, loaded here from what carry wrote
-    (the same bytes as pushed: docker load checks each against its diff_id), then removed. The pushed image is not
-    pulled: holding another CPU's 9 GB image would prove nothing this check reads."""
+    """Another CPU's smoke test (under QEMU, nothing of torch) on the layers it reads: the engine's base, venv and the
+    wheel's layers loaded from what carry wrote, then removed; holding another CPU's 9 GB image proves nothing more."""
     from carry.image.layerpush import Digests
     from carry.image.locked.layerwrite import load_platform
 
