@@ -197,6 +197,10 @@ def check(
         for path in sorted(fixed.shared)
         if (node := nodes.get(posixpath.join(site, path))) is not None and node.shared is not None
     )
+    notes = (
+        (wrong_records, "whose own wheel's RECORD is wrong, installed with the wheel's bytes as pip installs them"),
+        (shared_paths, "two locked wheels install, each as one of them has it"),
+    )
     proven = (
         f"files: {len(dists)} distribution(s) = the lock's {len(locked)} + the fixed wheel; {checked} "
         f"file(s), {size / 1e6:,.1f} MB, each matching its RECORD; nothing under "
@@ -208,15 +212,10 @@ def check(
         f"console scripts: run {PYTHON}",
         *(f"CUDA_HOME's toolkit layout, carry's: {', '.join(_shown(p, site) for p in toolkit)}",) * bool(toolkit),
         *(
-            f"note: {len(wrong_records)} file(s) whose own wheel's RECORD is wrong, installed with the wheel's bytes "
-            f"as pip installs them: {'; '.join(wrong_records[:3])}{' …' if len(wrong_records) > 3 else ''}",
-        )
-        * bool(wrong_records),
-        *(
-            f"note: {len(shared_paths)} file(s) two locked wheels install, each as one of them has it: "
-            f"{'; '.join(shared_paths[:3])}{' …' if len(shared_paths) > 3 else ''}",
-        )
-        * bool(shared_paths),
+            f"note: {len(paths)} file(s) {what}: {'; '.join(paths[:3])}{' …' if len(paths) > 3 else ''}"
+            for paths, what in notes
+            if paths
+        ),
     )
     return ContentCheck(files.platform, site, len(dists), checked, size, tuple(problems), proven, shared)
 

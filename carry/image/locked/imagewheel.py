@@ -199,9 +199,8 @@ def _tree(
     subset = Series(series.directory, tuple(mine[(p["name"], p["sha256"])] for p in theirs))
     report = apply.check(mirror, pin, subset, scratch)
     if report.tree != tree:
-        return (
-            None,
-            f"VERSION {stamped.get('version')}'s series on its pin gives tree {str(report.tree)[:12]}, not {tree[:12]}",
+        return None, (
+            f"VERSION {stamped.get('version')}'s series on its pin gives tree {str(report.tree)[:12]}, not {tree[:12]}"
         )
     return tree, ""
 

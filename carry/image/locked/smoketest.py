@@ -440,12 +440,8 @@ def _compile(client: docker.DockerClient, plan: PlatformPlan, sources: dict[str,
                 compile(data, "/" + path, "exec", dont_inherit=True)
             except SyntaxError as exc:
                 errors[path] = f"{type(exc).__name__}: {exc}"
-        return {
-            "python": sys.version.split()[0],
-            "stdlib": sorted(sys.stdlib_module_names),
-            "errors": errors,
-            "where": "this machine's",
-        }
+        python, stdlib = sys.version.split()[0], sorted(sys.stdlib_module_names)
+        return dict(python=python, stdlib=stdlib, errors=errors, where="this machine's")
     buffer = io.BytesIO()
     listing = json.dumps(sorted(sources)).encode()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
