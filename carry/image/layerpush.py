@@ -28,9 +28,8 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class Digests:
-    """Layer digests remembered by their key ($CARRY_CACHE/image-layers/<key>.json), each with the sha256 of what it
-    says recorded inside it: an entry that does not hold (a flipped byte: a wrong diff_id would make an image whose
-    config does not match its layers) is removed, said in one line, and the layer written again."""
+    """Layer digests remembered by their key ($CARRY_CACHE/image-layers/<key>.json), each sealed by its sha256: a
+    corrupt entry (a wrong diff_id would make a broken image) is removed, said, and the layer written again."""
 
     root: Path
 
@@ -140,9 +139,9 @@ def push_engine_layers(
     known: Callable[[str], LayerOutcome | None] | None = None,
     why: Callable[[str], str] = lambda key: "",
 ) -> tuple[list[LayerOutcome], bytes | None]:
-    """The image's layers as the engine holds them (`docker save`'s tars), compressed and pushed, remembered by diff_id
-    (a rerun only asks the registry); with `want_config`, also the engine's own config bytes. `known(key)` finds a layer
-    elsewhere too (a previous image's record), `why(key)` says why one was written."""
+    """The engine image's layers (`docker save`'s tars) compressed and pushed, remembered by diff_id; with
+    `want_config`, the engine's own config bytes too. `known(key)` finds a layer elsewhere, `why(key)` says why one was
+    written."""
     diff_ids = list(image.inspect.get("RootFS", {}).get("Layers") or [])
     config = _kept_config(digests, image.hex) if want_config else None
     found: dict[str, LayerOutcome] = {}

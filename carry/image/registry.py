@@ -91,9 +91,8 @@ def credentials(image_name: str, docker_cli: str) -> Iterator[Login]:
 
 
 def probe(image_name: str) -> None:
-    """The image's registry asked (`GET /v2/`, registryhttp.Repository.probe) with the login `credentials` would
-    use, before any work of a command that pushes: bad input in one line when it cannot be reached or refuses the
-    login. Not Docker Hub's default name: its API lives on another host."""
+    """The image's registry asked (`GET /v2/`) with the login `credentials` would use, before any work of a command that
+    pushes; not Docker Hub's default name: its API lives on another host."""
     _probe(image_name, _auth(registry_of(image_name)))
 
 

@@ -122,9 +122,8 @@ def _reason(exc: BaseException) -> str:
 
 @dataclasses.dataclass
 class Repository:
-    """One repository of one registry (`host/name`), with the login's username and password (or none). Each retry
-    is said (a `retry` line) when `retries_said`; `plain_http` (the engine's insecure registries, for a read) allows
-    plain HTTP to its host, loopback or not."""
+    """One repository of one registry (`host/name`) with the login's username and password (or none); `retries_said`: a
+    `retry` line per retry; `plain_http` (the engine's insecure registries, for a read): plain HTTP to its host."""
 
     host: str
     name: str
@@ -174,9 +173,8 @@ class Repository:
         body: bytes | Iterable[bytes] | None = None,
         ok: tuple[int, ...] = (200,),
     ) -> tuple[int, dict[str, str], bytes]:
-        """One request (a path on this registry or a full URL it gave), retried on a `Transient` fault while its body
-        can be sent again; a streamed body raises it for `upload` to stream again. A bearer challenge is answered
-        once."""
+        """One request (a path here or a full URL it gave), retried on a `Transient` fault while its body can be sent
+        again (a streamed one raises it for `upload`); a bearer challenge is answered once."""
         resend = body is None or isinstance(body, (bytes, str))
         started = time.monotonic()
         for attempt in range(1, ATTEMPTS + 1):
@@ -267,9 +265,8 @@ class Repository:
         time.sleep(delay)
 
     def probe(self) -> None:
-        """`GET /v2/` with the login, before any work: a registry that cannot be reached (refused, unknown, no
-        answer within CONNECT_TIMEOUT_S), or that refuses the login, is bad input in one line; one that answers
-        408, 429 or 5xx to every attempt is a failure."""
+        """`GET /v2/` with the login, before any work: unreachable (within CONNECT_TIMEOUT_S) or a refused login is bad
+        input in one line; 408, 429 or 5xx to every attempt a failure."""
         quick = dataclasses.replace(self, retries_said=False, read_timeout=CONNECT_TIMEOUT_S)
         started = time.monotonic()
         for attempt in range(1, ATTEMPTS + 1):

@@ -63,9 +63,8 @@ class Builder:
 
 
 def resolve_builder(config: Config, platforms: tuple[Platform, ...]) -> Builder:
-    """The Docker CLI to build with, checked before any work, and every platform must run natively or emulated: a CLI
-    named by $CARRY_DOCKER or image.docker as it is, else the first `docker` on PATH with buildx or from before Docker
-    23 (a machine may have both a newer CLI without buildx and Debian's docker.io)."""
+    """The Docker CLI to build with, checked before any work (every platform native or emulated): $CARRY_DOCKER or
+    image.docker as named, else the first `docker` on PATH with buildx or before Docker 23 (Debian's docker.io)."""
     emulation = Emulation()
     for platform in platforms:
         emulation.require(platform)
@@ -121,9 +120,8 @@ def assemble_context(
     requirements: list[str],
     platforms: tuple[Platform, ...] = (),
 ) -> None:
-    """carry (the build stage runs it as `python -m carry`), the config with VERSION and patches, a bundle of the
-    pinned commit (checked by its sha256 as it is copied; one made again is said), and the precompiled wheels
-    of `platforms` (build.precompiled), so that the build stage needs no network for them."""
+    """carry, the config with VERSION and patches, the pin's bundle (sha256-checked as copied) and `platforms`'
+    precompiled wheels: the build stage needs no network for them."""
     project = context / "project"
     project.mkdir(parents=True)
     shutil.copy2(config.version_file, project / _inside(config, config.version_file))
@@ -202,9 +200,8 @@ def hermetic_wheelhouse(
 
 
 def fill_wheelhouse(cache: Cache, requirements: list[str], given: Path | None, dest: Path, platform: Platform) -> None:
-    """Wheels for a --network=none build stage on `platform`: from --wheelhouse, or downloaded once per platform
-    into the cache (for this Python's version; the base image's Python must match it), under a lock: a second run
-    at once waits, then copies whole wheels only."""
+    """Wheels for a --network=none build stage on `platform`: from --wheelhouse, or downloaded once per platform into
+    the cache (for this Python's version) under a lock, a second run at once waiting, then copying whole wheels."""
     if given is not None:
         _copy_wheels(given, dest)
         return
@@ -261,9 +258,9 @@ class StageAccess:
 
 
 def stage_access(config: Config, scratch: Path, hermetic: bool) -> StageAccess:
-    """The secret file, with the shared compile cache (build.remote_cache or $CARRY_REMOTE_CACHE_URL) and its
-    credentials for the build stage's `build.py wheel`, and the build's network. A hermetic build cannot reach
-    the cache, so the stage is told to build without it; one on loopback needs the host's network."""
+    """The secret file (the compile cache's URL and credentials for the stage's `build.py wheel`) and the build's
+    network: a hermetic build cannot reach the cache, so the stage builds without it; one on loopback needs the
+    host's."""
     from carry.wheelbuild import compilecache, distbuild
 
     remote = compilecache.remote_setting(config, os.environ)

@@ -87,9 +87,8 @@ def _single_wheel(directory: Path, log: Path) -> Path:
 
 
 def _check(wheel: Path, platform: Platform, policy: GatePolicy, expected: Expected) -> verify.Inspection:
-    """The wheel is what the build stage says it is: built on `platform`, for its CPU (tag and every `.so`),
-    gated by `policy`, holding exactly the patched tree, from this repo's series; any problem fails the build,
-    with the checks printed in full."""
+    """The wheel is what the build stage says it is (platform, CPU of tag and every `.so`, gate, tree, series); any
+    problem fails the build, with the checks printed in full."""
     tag = wheel.name.removesuffix(".whl").rsplit("-", 1)[-1]
     if Platform.from_wheel_tag(tag) not in (platform, None):
         raise Failed(f"{wheel.name} is tagged {tag}, not for {platform}")

@@ -102,8 +102,7 @@ def platforms_to_build(config: Config, options: ImageOptions) -> tuple[Platform,
 @record(kw_only=True)
 class Subject:
     """What the images hold, resolved once: the patched tree (`report`), VERSION, the distribution name (None: the build
-    stage's wheel names it), the CUDA tag, the upstream's version and `created` (never the clock: a rerun gives the same
-    image)."""
+    stage's wheel names it), the CUDA tag, the upstream's version and `created` (never the clock)."""
 
     report: CheckReport
     series: Series
@@ -210,9 +209,8 @@ def build(
     builder: Builder,
     attester: Attester | None = None,
 ) -> ImageResult:
-    """Build every platform's image, then push each and join the shared tags into manifest lists. The registry
-    login is made once, before the builds: the push needs it, and so do the builds' cache imports and exports
-    (only those builds run with its DOCKER_CONFIG, which holds that registry's login alone)."""
+    """Build every platform's image, then push each and join the shared tags into manifest lists. The registry login is
+    made once, before the builds: the push needs it, and so do the builds' cache imports and exports."""
     from carry.image import registry
 
     log = cache.logs / f"image-{the_plan.tree[:12]}.log"
@@ -315,9 +313,8 @@ def _subject(
     image: PlatformImage,
     hermetic: tuple[Wheel | None, dict[tuple[str, str], Wheel]] | None,
 ) -> publish.PlatformFacts:
-    """What a Dockerfile-built platform image's attestations say; with --hermetic its SBOM too, every installed
-    distribution matched to the wheel it came from. Without, pip resolved the wheels inside BuildKit, and carry knows
-    no hash for an SBOM."""
+    """What a Dockerfile-built platform image's attestations say; with --hermetic its SBOM too (without, pip resolved
+    the wheels inside BuildKit and carry knows no hash for an SBOM)."""
     base_ref = config.target(image.platform).runtime_image or config.image.runtime_image or ""
     try:
         base = client.api.inspect_image(base_ref) if base_ref else {}

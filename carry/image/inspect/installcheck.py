@@ -101,9 +101,8 @@ class FixedWheel:
 
 
 def _installed_path(wheel_path: str) -> str:
-    """Where a wheel member is installed, relative to site-packages: `.data/purelib|platlib/x` to `x`,
-    `.data/scripts/x` to `../../../bin/x`, `.data/data/x` to `../../../x` (the venv); `.data/headers` is left
-    out ("")."""
+    """Where a wheel member is installed, relative to site-packages (`.data/scripts/x` to `../../../bin/x`, ...); "" for
+    `.data/headers`."""
     top, _, rest = wheel_path.partition("/")
     if not top.endswith(".data"):
         return wheel_path
@@ -426,9 +425,8 @@ def _against_fixed(nodes: dict[str, Node], site: str, dist: Installed, fixed: Fi
 
 
 def against_wheel(dist: Installed, wheel_rows: tuple[Row, ...], wheel_dist_info: str, what: str) -> list[str]:
-    """The installed RECORD against the RECORD of the wheel it was installed from: every row of the wheel's there
-    with the wheel's hash and size (`.data/scripts` files aside: their `#!python` is rewritten), and nothing else
-    but what an installer adds (INSTALLER, REQUESTED, direct_url.json, RECORD, console scripts in the bin)."""
+    """The installed RECORD against the RECORD of the wheel it was installed from: every row of the wheel's with its
+    hash and size (`.data/scripts` aside: rewritten), and nothing else but what an installer adds."""
     problems = []
     installed_rows = {posixpath.normpath(row.path): row for row in dist.rows}
     expected: set[str] = set()

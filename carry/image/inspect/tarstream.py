@@ -68,9 +68,8 @@ def _pax(data: bytes) -> dict[str, str]:
 
 
 class Reader:
-    """Members of the tar in `stream` (a buffered binary stream), one at a time: `next()` gives the next header
-    (skipping what was not read of the one before), `read_data(sink)` passes its data to `sink` in chunks
-    (memoryviews valid only during the call), `member_stream()` gives it as a stream (a tar inside a tar)."""
+    """Members of the tar in `stream`, one at a time: `next()` the next header (skipping what was not read),
+    `read_data(sink)` its data in chunks (memoryviews valid only during the call), `member_stream()` it as a stream."""
 
     def __init__(self, stream: io.BufferedIOBase, where: str):
         self.stream, self.where = stream, where

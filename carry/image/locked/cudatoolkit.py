@@ -96,9 +96,8 @@ class Added:
 
 
 def layout(site: str, pins: Mapping[str, str], platform: Platform, cuda_h: bytes) -> list[Added]:
-    """What makes the lock's CUDA_HOME a toolkit's layout for a JIT's link, paths under `site`: empty when the lock
-    has no such CUDA_HOME (home_of). `cuda_h`: the runtime wheel's include/cuda.h, whose driver API the stub
-    defines."""
+    """What makes the lock's CUDA_HOME a toolkit's layout for a JIT's link, paths under `site` (empty without such a
+    CUDA_HOME); `cuda_h`: the runtime wheel's cuda.h, whose driver API the stub defines."""
     home = home_of(pins)
     if home is None:
         return []

@@ -171,9 +171,8 @@ def recorded_series(wheel: Path, directory: Path) -> list[dict]:
 def _tree(
     stamped: dict, mirror: Path, series: Series, scratch: Path, recorded: list[dict] | None = None
 ) -> tuple[str | None, str]:
-    """VERSION N's tree in the mirror: there already, else its series (each patch found in this run's patches/ by
-    name and sha256, else in `recorded`, the copies VERSION N's record carries) applied onto its pin, giving the tree
-    its buildinfo names."""
+    """VERSION N's tree in the mirror: there already, else its series (this run's patches, else the copies in
+    `recorded`) applied onto its pin, giving the tree its buildinfo names."""
     tree = str(stamped.get("tree"))
     if git.object_exists(mirror, tree):
         return tree, ""

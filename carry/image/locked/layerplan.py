@@ -157,9 +157,8 @@ def runtime_base(base: RuntimeBase, client: docker.DockerClient) -> tuple[str, d
 def fetch_wheels(
     lock: runtimelock.Lock, store: Store, scratch: Path, added: list[Path] | None = None
 ) -> dict[str, Path]:
-    """Every locked wheel in the download store, sha256-checked against the lock: those missing downloaded once
-    with pip (the user's index settings; no cache of pip's own), each file stored once by its sha256 (and listed
-    in `added`)."""
+    """Every locked wheel in the download store, sha256-checked against the lock: the missing ones downloaded once with
+    pip (the user's index settings), each stored by its sha256 (and listed in `added`)."""
     found: dict[str, Path] = {}
     missing = []
     for package in lock.packages:

@@ -95,9 +95,8 @@ def push_platform(
     labels: dict[str, str],
     config: Config,
 ) -> tuple[bytes, str, list[LayerOutcome], str]:
-    """Every layer (base ones included) and the config pushed unless the registry has them (`reuse`: this machine's
-    remembered digests, the previous image's record; each with its blob there); the manifest returned (bytes,
-    digest) for the caller to tag."""
+    """Every layer and the config pushed unless the registry has them (`reuse`); the manifest (bytes, digest) returned
+    for the caller to tag."""
     outcomes = _push_base(repo, client, plan, reuse)
     outcomes += [_push_layer(repo, layer, reuse, plan.platform) for layer in plan.layers]
     diff_ids = [o.written.diff_id for o in outcomes]

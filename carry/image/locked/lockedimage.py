@@ -201,9 +201,8 @@ def build(
     delivery: Delivery,
     client: docker.DockerClient,
 ) -> LockedImageResult:
-    """Download, plan, write and push (or load) every platform's image; then the shared tags and the smoke test.
-    With --push, `delivery.attester` (carry.image.attest) writes each platform's SBOM and signs and attests what was
-    pushed, and each platform's record goes beside it (registrycache)."""
+    """Download, plan, write and push (or load) every platform's image; then the shared tags and the smoke test. With
+    --push, `delivery.attester` signs and attests what was pushed, and each platform's record goes beside it."""
     digests = Digests(cache.root / "image-layers")
     job = _Job(
         config=config, cache=cache, prepared=prepared, the_plan=the_plan, fixed_wheels=fixed_wheels, client=client

@@ -103,9 +103,8 @@ class Record:
 
 @dataclasses.dataclass(frozen=True)
 class Facts:
-    """What one layer holds, for a later run that does not read it: the modules it installs into site-packages
-    (dotted names: packages, modules, extension modules, namespace directories), those its whiteouts remove, and
-    the wheel files it was written from (name, file name, sha256)."""
+    """What one layer holds, for a later run that does not read it: the dotted modules it installs into site-packages,
+    those its whiteouts remove, and the wheel files it was written from (name, file name, sha256)."""
 
     modules: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
@@ -431,9 +430,8 @@ class Attached:
 
 
 def push_record(stage: publish.Stage, record: Record, facts: dict[str, bytes]) -> Attached:
-    """The record of `record.subject` under its `.cache` tag, through the publish stage (which signs it with the
-    image's key): its facts blobs (digest -> bytes; those the registry has are not sent), the record as the
-    artifact's config, the artifact's manifest."""
+    """The record of `record.subject` under its `.cache` tag through the publish stage (which signs it): its facts blobs
+    (those the registry has not sent), the record as the artifact's config, the artifact's manifest."""
     body = record.to_bytes()
     descriptors = [
         {"mediaType": FACTS_MEDIA, "size": len(facts[entry.facts]), "digest": entry.facts}

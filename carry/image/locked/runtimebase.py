@@ -73,9 +73,8 @@ class RuntimeBase:
         return self.python != OWN
 
     def record(self, inspected: dict) -> dict:
-        """What a later run needs to use this base without deriving it again (registrycache.Record.base): what
-        names it, its Python and glibc, and of the image the layers went on (`inspected`) its run-time config and
-        layers."""
+        """What a later run needs to use this base without deriving it again (registrycache.Record.base), with the
+        run-time config and layers of the image the layers went on (`inspected`)."""
         config = inspected.get("Config") or {}
         return {
             "ref": self.ref,
@@ -321,9 +320,8 @@ class SourceImage:
 def derive(
     config: Config, cache: Cache, docker: str, image: SourceImage, method: str, why: str, packages: tuple[str, ...] = ()
 ) -> RuntimeBase:
-    """The derived base of `image` by `method` with `packages` besides python3: the local image made earlier, else
-    one BuildKit build (once per machine and key; a concurrent carry waits for it), said when it starts. `why`: why
-    the base is derived."""
+    """The derived base of `image` by `method` with `packages` besides python3: the local image made earlier, else one
+    BuildKit build (once per key; a concurrent carry waits), said with `why` when it starts."""
     platform, ref, source = image.platform, image.ref, image.inspected
     content, registry_digest = image.content, image.registry_digest
     python = f"{method} {recipe_hash(method, packages)}"

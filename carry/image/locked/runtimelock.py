@@ -331,9 +331,8 @@ def wheel_metadata(wheel: Path) -> tuple[str, tuple[str, ...]]:
 
 
 def base_facts(config: Config, platform: Platform, cache: Cache | None = None, known: dict | None = None) -> BaseFacts:
-    """The runtime base's Python version and glibc, read by running its own python3 (carry.image.locked.runtimebase:
-    pulled where missing, derived where it has no python3, or as `known` records it), and what names it: the
-    runtime image's content digest and where its Python comes from; what it pulled or derived said (`base` lines)."""
+    """The runtime base's Python version and glibc, read by running its own python3 (runtimebase.resolve: pulled,
+    derived or as `known` records it), and what names it: its content digest and where its Python comes from."""
     from carry.image.locked import runtimebase
 
     base = runtimebase.resolve(config, platform, cache or Cache.from_env(), known)
@@ -459,9 +458,8 @@ def resolve(
     upgrade: bool = False,
     cwd: Path | None = None,
 ) -> str:
-    """The lock body: uv pip compile of `requires` for the base's Python and glibc, wheels only, every pin hashed, the
-    previous pins as preferences unless `upgrade`, run in `cwd` (for its uv.toml); a CUDA toolkit of several releases
-    (cudatoolkit) is resolved again held to the runtime's, and said."""
+    """The lock body: uv pip compile of `requires` for the base's Python and glibc, wheels only, hashed, the previous
+    pins preferred unless `upgrade`; a CUDA toolkit of several releases is resolved again held to the runtime's."""
     from carry.wheelbuild.buildenv import find_uv
 
     uv = find_uv()

@@ -261,9 +261,8 @@ def pull_and_smoke(
     login: Login,
     version: str,
 ) -> PlatformOutcome:
-    """Pull the pushed manifest back for its platform (the engine fetches only the layers it does not hold), run the
-    smoke test on it, and keep it tagged as the Dockerfile path tags, the engine tidied
-    (carry.image.locked.engineimage); an image that fails is removed."""
+    """Pull the pushed manifest back for its platform, smoke-test it, and keep it tagged as the Dockerfile path tags
+    (engineimage); an image that fails is removed."""
     ref = f"{config.image.name}@{outcome.digest}"
     reporter.phase("pull", f"{ref} ({outcome.platform})")
     before = engineimage.named(client, outcome.refs)
@@ -302,9 +301,8 @@ class Choice:
 def choose(
     requested: str, outcome: PlatformOutcome, plan: PlatformPlan, previous: Previous | None, engine_holds: bool
 ) -> Choice:
-    """`full` when asked, when no smoke result of the previous image holds for the unchanged layers, when more than
-    Python files changed, or when the engine holds every unchanged layer (the pull then fetches what changed); else
-    `light`."""
+    """`full` when asked, when no previous smoke result holds for the unchanged layers, when more than Python files
+    changed, or when the engine holds every unchanged layer (the pull fetches what changed); else `light`."""
     if requested == FULL:
         return Choice(FULL, "--smoke full")
     smoke = previous.record.smoke if previous is not None and previous.record is not None else None
