@@ -94,8 +94,7 @@ def size_text(value: int) -> str:
 
 
 def push_config(repo: Repository, body: bytes, outcomes: list[LayerOutcome]) -> tuple[bytes, str]:
-    """The image config pushed unless the registry has it, and the Docker v2 manifest of it and the layers (for
-    the caller to PUT by digest, then tag: carry.image.publish); (manifest, what was done with the config)."""
+    """The config pushed unless the registry has it; (the Docker v2 manifest, what was done with the config)."""
     config_digest = f"sha256:{hashlib.sha256(body).hexdigest()}"
     config_action = "pushed" if repo.upload_bytes(body, config_digest) else "already exists"
     manifest = json.dumps(

@@ -173,8 +173,7 @@ def run(
     copy_out: Callable[[str], Iterable[str]] | None = None,
     dest: Path | None = None,
 ) -> str:
-    """Run `command` in a container of the image without network (its platform emulated where foreign); return
-    its output, fail on non-zero. `copy_out` maps the output to absolute paths of files then copied under `dest`."""
+    """Run `command` in a container of the image without network; its output, `copy_out`'s files under `dest`."""
     assert copy_out is None or dest is not None, "copy_out needs dest"
     container = found.containers.create(image_id, command=command, network_disabled=True)
     try:

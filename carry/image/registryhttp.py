@@ -313,8 +313,7 @@ class Repository:
         return False
 
     def upload(self, chunks: Callable[[], Iterable[bytes]], digest_of: Callable[[], str], what: str = "") -> str:
-        """Stream a blob up (POST, one chunked PATCH, PUT ?digest=); `chunks()` makes the stream (again for each
-        attempt after a fault), `digest_of()` names the blob once it was streamed; `what` names it in messages."""
+        """Stream a blob up (POST, one chunked PATCH, PUT ?digest=), `chunks()` made again for each attempt."""
         started = time.monotonic()
         label = f"blob upload{f' of {what}' if what else ''}"
         for attempt in range(1, ATTEMPTS + 1):
@@ -367,8 +366,7 @@ class Repository:
         return True
 
     def get_blob(self, digest: str) -> bytes:
-        """A small blob's bytes (a signature's payload, an attestation's envelope); a redirect is followed without
-        the credentials (storage that signs its own URLs)."""
+        """A small blob's bytes; a redirect is followed without the credentials (storage that signs its URLs)."""
         status, answer, data = self.request("GET", f"/v2/{self.name}/blobs/{digest}", ok=(200, *REDIRECTS))
         if status != 200:
             with self._redirected(answer.get("location", ""), digest) as response:
@@ -377,8 +375,7 @@ class Repository:
         return data
 
     def open_blob(self, digest: str) -> http.client.HTTPResponse:
-        """A blob as a stream for the caller to read and close (a layer), asked once, not retried; a redirect is
-        followed without the credentials, as `get_blob`'s."""
+        """A blob as a stream for the caller to read and close, asked once; a redirect followed as `get_blob`'s."""
         path = f"/v2/{self.name}/blobs/{digest}"
         for attempt in range(2):
             connection = self._connection(self.host, self.scheme)

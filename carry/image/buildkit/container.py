@@ -351,8 +351,7 @@ class StageBuild:
     def run(
         self, builder: Builder, secret: Path | None, context: Path, log: Path, env: dict[str, str] | None = None
     ) -> str:
-        """Build, streaming BuildKit's output to `log` (and returning it); fail with its tail. `env`: the Docker
-        CLI's environment (a registry login's DOCKER_CONFIG for cache imports and exports)."""
+        """Build with the CLI's `env`, streaming BuildKit's output to `log` and returning it; fail with its tail."""
         log.parent.mkdir(parents=True, exist_ok=True)
         start = log.stat().st_size if log.exists() else 0
         with open(log, "ab") as handle:
@@ -376,8 +375,7 @@ class StageBuild:
         return output
 
     def hint(self, output: str) -> str:
-        """What a failed build's output says went wrong where carry knows the way out: a base image that cannot be
-        pulled, or a build stage without a network that reaches the package index."""
+        """The way out of a failed build carry knows: a base image that cannot be pulled, or an unreachable index."""
         if any(sign in output for sign in BASE_PULL_FAILED):
             bases = (
                 ", ".join(

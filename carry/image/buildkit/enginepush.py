@@ -25,8 +25,7 @@ def push(
     refs: tuple[str, ...],
     digests: Digests,
 ) -> publish.Manifest:
-    """The engine's image `ref` (built for `platform`): its layers and config pushed unless the registry has them;
-    its manifest returned (PUT by the caller, by digest, then under `refs`)."""
+    """The engine's image `ref` pushed unless the registry has it; its manifest for the caller to PUT."""
     try:
         inspect = client.api.inspect_image(ref)
     except Exception as exc:  # docker.errors.ImageNotFound: the build tagged it a moment ago

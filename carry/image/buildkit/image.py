@@ -193,8 +193,7 @@ def _cache_flags(
 
 @record(kw_only=True)
 class Sources:
-    """What the build context is assembled from: the upstream `mirror` (the bundle of the pin) and the upstream's
-    build `requirements`."""
+    """What the build context is assembled from: the upstream `mirror` and its build `requirements`."""
 
     mirror: Path
     requirements: list[str]
@@ -267,8 +266,7 @@ def _push(
     attester: Attester | None,
     hermetic: dict,
 ) -> dict[str, str]:
-    """Each platform's image from the engine to the registry (enginepush), handed to the publish stage (by digest,
-    signed and attested); then the list and the tags. ref -> digest."""
+    """Each platform's image pushed from the engine and handed to the publish stage; then the tags. ref -> digest."""
     from carry.image import registryhttp
     from carry.image.layerpush import Digests
 
@@ -384,8 +382,7 @@ def join_pushed(
     builder: Builder,
     attester: Attester | None = None,
 ) -> dict[str, str]:
-    """Make every shared tag a manifest list of the platforms' own images, which must be in the registry; with
-    `attester`, sign the list before any tag names it (carry.image.publish)."""
+    """Every shared tag made a manifest list of the platforms' own images, signed with `attester` first."""
     from carry.image import registry, registryhttp
 
     sources = {platform: f"{config.image.name}:{own_tag(version, platform)}" for platform in platforms}

@@ -99,8 +99,7 @@ class LayerFacts:
 
 @dataclasses.dataclass(frozen=True)
 class ImageFiles:
-    """One platform's image read from its layers: where from, its config (labels, diff_ids), its layers and the
-    final view of the selected paths."""
+    """One platform's image read from its layers: where from, its config, its layers and the final view."""
 
     ref: str
     platform: Platform
@@ -285,8 +284,7 @@ class _Checked(io.RawIOBase):
 
 
 def platform_manifest(repo: registryhttp.Repository, ref: str, platform: Platform) -> tuple[dict, str] | None:
-    """(`platform`'s manifest of `ref`, its digest), through the manifest list when `ref` names one; None when the
-    registry does not have `ref`."""
+    """(`platform`'s manifest of `ref`, its digest), through a manifest list; None when the registry lacks `ref`."""
     found = read_manifest(repo, reference_of(ref))
     if found is None:
         return None
@@ -311,8 +309,7 @@ def _platform_of(entry: dict) -> str:
 def from_registry(
     ref: str, platform: Platform, selection: Selection, auth: dict | None, plain_http: bool, workers: int | None = None
 ) -> ImageFiles | None:
-    """`platform`'s image of `ref` read from its registry, layers streamed several at a time; None when the
-    registry does not have `ref`."""
+    """`platform`'s image of `ref` read from its registry, several layers at a time; None when it lacks `ref`."""
     start = time.monotonic()
     repo = repository(ref, auth, plain_http)
     found = platform_manifest(repo, ref, platform)
@@ -386,8 +383,7 @@ class _Chunks(io.RawIOBase):
 
 
 def from_engine(client: docker.DockerClient, ref: str, platform: Platform, selection: Selection) -> ImageFiles:
-    """The local image `ref` read from `docker save` as it streams: each layer tar scanned where it comes in
-    the archive and checked against the config's diff_ids, the layers applied in the manifest's order."""
+    """The local image `ref` read from `docker save` as it streams, each layer checked against its diff_id."""
     start = time.monotonic()
     try:
         image = client.images.get(ref)

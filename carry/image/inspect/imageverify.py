@@ -158,8 +158,7 @@ def _trust_dockerfile(
     remote: tuple[str, tuple[Platform, ...]] | None,
     expected: Expected,
 ) -> tuple[list[str], list[str]]:
-    """A Dockerfile-built image: its signature (and the index's), its provenance against this repo (commit,
-    series, VERSION), and its SBOM, when it has one (a --hermetic build), against the dist-info its layers hold."""
+    """A Dockerfile-built image's signature (and the index's), provenance and, from a --hermetic build, SBOM."""
     from carry.image import registry, registryhttp
     from carry.image.inspect import imagefs, trustcheck
     from carry.trust import provenance
@@ -314,8 +313,7 @@ def _trust_locked(
     expected: Expected,
     remote: tuple[str, tuple[Platform, ...]] | None,
 ) -> tuple[list[str], list[str]]:
-    """A locked image's signature, SBOM (against the distributions its layers install) and provenance (against
-    this repository: commit, series, VERSION, the fixed wheel in dist/, the lock); `request.key` is set."""
+    """A locked image's signature, SBOM and provenance (against this repository); `request.key` is set."""
     import hashlib
 
     from carry.image import registryhttp
@@ -343,8 +341,7 @@ def _trust_locked(
 
 
 def fixed_wheel(dist: Path, version: str, platform: Platform) -> FixedWheel:
-    """The fixed wheel for `platform` in `dist`: the one whose version carries VERSION and whose tag is that
-    platform's (else a pure `-none-any` one, which every platform installs)."""
+    """The fixed wheel of VERSION in `dist` tagged for `platform` (else a pure `-none-any` one): exactly one."""
     from carry.image.inspect import installcheck
     from carry.wheelbuild.verify import wheel_platform
 
@@ -386,8 +383,7 @@ def read_and_check(
     from_registry: bool = True,
     wheels: dict[str, Path] | None = None,
 ) -> tuple[ImageFiles, ContentCheck]:
-    """`platform`'s image of `ref` read from its layers (the registry when it has `ref`, else the local engine)
-    and its files checked against `locked` (name, version pairs) and the `fixed` wheel."""
+    """`platform`'s image of `ref` read from its layers and its files checked against the lock and `fixed`."""
     from carry.binaries import sharedobjects as binaries
     from carry.image import registry
     from carry.image.inspect import imagefs, installcheck

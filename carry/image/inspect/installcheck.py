@@ -53,8 +53,7 @@ def parse_record(text: str) -> tuple[Row, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Installed:
-    """One `*.dist-info` in site-packages: its name (canonical and as written), version, rows and console
-    scripts."""
+    """One `*.dist-info` in site-packages: its name (canonical and as written), version, rows and scripts."""
 
     name: str
     shown: str
@@ -69,8 +68,7 @@ class Installed:
 
 @dataclasses.dataclass(frozen=True)
 class FixedWheel:
-    """The fixed wheel from dist/: its sha256, dist-info directory, RECORD rows (and RECORD's bytes), the paths of
-    its shared objects and its top-level names."""
+    """The fixed wheel from dist/: its sha256, dist-info, RECORD rows, shared objects and top-level names."""
 
     path: Path
     sha256: str
@@ -162,8 +160,7 @@ class ContentCheck:
 def check(
     files: ImageFiles, locked: Iterable[tuple[str, str]], fixed: FixedWheel, wheels: dict[str, Path] | None = None
 ) -> ContentCheck:
-    """The image's venv against the lock (name, version pairs) and the fixed wheel; `wheels` (canonical name ->
-    the locked wheel file, from the download store) have their RECORDs compared with the installed ones."""
+    """The image's venv against the lock (name, version pairs), the fixed wheel and the locked `wheels`' RECORDs."""
     nodes, locked = files.nodes, tuple(locked)
     problems: list[str] = []
     sites = sorted({match.group(0) for path in nodes if (match := SITE_RE.match(path))})
@@ -487,8 +484,7 @@ def _describe(row: Row | None) -> str:
 
 
 def _scripts(nodes: dict[str, Node], dists: list[Installed]) -> list[str]:
-    """Every console script a distribution declares is in the venv's bin and runs its interpreter, and so does
-    every other script there that names a Python."""
+    """Every declared console script is in the venv's bin, and every script there that names a Python runs ours."""
     problems = []
     declared = {name: dist for dist in dists for name in dist.scripts}
     for name, dist in sorted(declared.items()):

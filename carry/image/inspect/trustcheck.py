@@ -105,8 +105,7 @@ NOT_COMPARED = (
 def verify_without_checkout(
     ref: str, key: PublicKey, platform: Platform | None, docker_cli: str, require: tuple[str, ...] = ()
 ) -> tuple[TrustOnly, ...]:
-    """Every platform of `ref` (or the one asked), read from the registry: signature, SBOM against the layers'
-    dist-info, provenance against itself, the SBOM and the labels."""
+    """Every platform of `ref` (or the one asked) read from the registry and its trust checked without a repository."""
     from carry.image import registry, registryhttp
     from carry.image.inspect import imagefs
 

@@ -322,8 +322,7 @@ def _smoke_all(
     delivery: Delivery,
     reuse: Reuse,
 ) -> list[PlatformOutcome]:
-    """Each platform smoke-tested as smoketest.choose says: pulled back and run (at the same time), or the changed
-    files checked against the image where the previous image's result holds for the rest."""
+    """Each platform smoke-tested as smoketest.choose says: pulled back and run, or its changed files checked."""
     from carry.image.locked import smoketest
 
     client = job.client
@@ -355,8 +354,7 @@ def _smoke_all(
 def _layer_facts(
     outcome: PlatformOutcome, plan: PlatformPlan, reuse: Reuse
 ) -> list[tuple[LayerOutcome, Facts | None, bytes | None]]:
-    """Per layer of the image (base layers aside): its facts and their blob, from its plan where it was planned,
-    else from the previous image's record."""
+    """Per layer (base aside): its facts and their blob, from its plan, else from the previous image's record."""
     from carry.image.locked import registrycache
 
     site = (plan.fixed.dist_info.rsplit("/", 1)[0]) if plan.fixed.dist_info else ""
@@ -482,8 +480,7 @@ def _recorded_wheels(plan: PlatformPlan, reuse: Reuse, platform: Platform) -> di
 
 
 def _sbom_wheels(lock: runtimelock.Lock, store: Store, recorded: dict[str, tuple[str, str]]) -> dict[str, Path]:
-    """The wheel file of each locked package, as the SBOM names it: the record's (file name, sha256), each sha256 one
-    the lock lists for it; where the store holds the file, its path there."""
+    """The wheel file of each locked package as the record names it, each sha256 one the lock lists."""
     wheels = {}
     for package in lock.packages:
         file, sha = recorded.get(package.name, ("", ""))

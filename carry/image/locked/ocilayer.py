@@ -82,8 +82,7 @@ def tar_size(items: Iterable[Item]) -> int:
 
 
 def stream(items: Iterable[Item]) -> Iterator[bytes]:
-    """The layer's tar, chunk by chunk; each file's bytes are inflated from its wheel member (one open zip per
-    wheel) or taken from the entry's data."""
+    """The layer's tar, chunk by chunk, files inflated from their wheel members (one open zip per wheel)."""
     archives: dict[Path, zipfile.ZipFile] = {}
     pending = bytearray()  # headers, padding and small files gathered; big chunks pass through uncopied
     try:

@@ -160,8 +160,7 @@ def facts_of(items: tuple[Item, ...], site: str, wheels: tuple[tuple[str, str, s
 
 @dataclasses.dataclass
 class Previous:
-    """One platform's previous image in the registry: where it was found, its record and which entries are trusted
-    (`trusted`: key -> entry); `note` says what was found, or why nothing is used."""
+    """One platform's previous image in the registry: where, its record, its trusted entries and a note why."""
 
     platform: Platform
     ref: str
@@ -205,8 +204,7 @@ class Previous:
 
 
 def candidates(refs: tuple[str, ...], image_name: str) -> tuple[str, ...]:
-    """The refs to look for a previous image at, in order, each once: `--cache-from`, else this run's own tags and
-    image.tags' (the caller passes them in that order)."""
+    """The refs to look for a previous image at, in the order given, each once (a bare tag under `image_name`)."""
     # a tag holds no '/': anything else names an image
     return tuple(dict.fromkeys(ref if "/" in ref else f"{image_name}:{ref}" for ref in refs))
 
@@ -275,8 +273,7 @@ def _platform_of(entry: dict) -> str:
 
 
 def _read_record(previous: Previous, manifest: dict, key: PublicKey | None, image_name: str) -> None:
-    """The record beside `previous.digest`, checked: signed (with a key), naming that manifest, each entry that
-    manifest's layer at its position and the config's diff_id there."""
+    """The record beside `previous.digest`, checked: signed (with a key), and naming that manifest's layers."""
     assert previous.repo is not None  # find() sets it
     ref, repo = previous.ref, previous.repo
     found = repo.get_manifest(cache_tag(previous.digest))
@@ -340,8 +337,7 @@ def _read_record(previous: Previous, manifest: dict, key: PublicKey | None, imag
 
 @dataclasses.dataclass(frozen=True)
 class Found:
-    """A layer the target repository has (or took by a mount): its digests, what was done, where it was known from,
-    and the previous image's entry of the same key (its facts), if any."""
+    """A layer the target repository has (or took by a mount), how it was known, and the previous entry if any."""
 
     written: Written
     action: str  # "already exists" | "mounted"
@@ -351,8 +347,7 @@ class Found:
 
 
 class Reuse:
-    """Which layers the target repository already has, asked once per key: this machine's remembered digests first
-    (`digests`), then the previous image's record; each only with its blob there at its size."""
+    """Which layers the target repository has, asked once per key: remembered digests first, then the record."""
 
     def __init__(self, repo: Repository, digests: Digests, previous: dict[Platform, Previous]):
         self.repo, self.digests, self.previous = repo, digests, previous

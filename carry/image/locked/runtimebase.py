@@ -88,8 +88,7 @@ class RuntimeBase:
         }
 
     def labels(self) -> dict[str, str]:
-        """What the locked image says of its base: the runtime image by name (and registry digest), its content
-        digest and where its Python comes from (the same fields as the lock's header)."""
+        """What the locked image says of its base: the same fields as the lock's header."""
         return _derived_labels(self.ref, self.content, self.python, self.registry_digest)
 
 
@@ -231,8 +230,7 @@ def inspect(docker: str, ref: str) -> dict | None:
 
 
 def _local_or_pulled(docker: str, config: Config, ref: str, platform: Platform) -> dict:
-    """The runtime image from the local engine, else pulled for the platform (by digest when `ref` pins one), with
-    the push credentials only when it lives in image.name's registry, else the user's own Docker login."""
+    """The runtime image from the local engine, else pulled (image.name's login only in its own registry)."""
     found = inspect(docker, ref)
     if found is not None:
         return found
@@ -258,8 +256,7 @@ def _local_or_pulled(docker: str, config: Config, ref: str, platform: Platform) 
 
 
 def python_facts(docker: str, cache: Cache, image_id: str, platform: Platform, ref: str) -> dict | None:
-    """{"python", "libc"} of the image's own python3, run once (no network; emulated for another CPU; a stdlib
-    one-liner) and kept by image ID under the cache; None when the image has no python3."""
+    """{"python", "libc"} of the image's own python3, run once and kept by image ID; None without python3."""
     memo = cache.root / FACTS_DIR / f"{image_id.removeprefix('sha256:')}.json"
     try:
         facts = json.loads(memo.read_text())
@@ -307,8 +304,7 @@ def derived_tag(content: str, python: str, platform: Platform) -> str:
 
 @record(kw_only=True)
 class SourceImage:
-    """The runtime image a base is derived from: `ref` for `platform`, as the engine inspects it (`inspected`), with
-    its content digest and its registry digest (None: it has none)."""
+    """The runtime image a base is derived from, as the engine inspects it, with its content and registry digests."""
 
     platform: Platform
     ref: str

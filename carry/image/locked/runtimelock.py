@@ -255,8 +255,7 @@ def drift(lock: Lock, *, requires_dist: Iterable[str], base: BaseFacts) -> tuple
 
 
 def check_requires(lock: Lock, requires_dist: Iterable[str]) -> None:
-    """Bad input (stale_line) when the Requires-Dist lines are not the ones `lock` was made from: what can be
-    known before the base is pulled or derived."""
+    """Bad input (stale_line) when `lock` was not made from these Requires-Dist lines; before any base is read."""
     changes = _requires_drift(lock, requires_dist)
     if changes:
         raise BadInput(stale_line(lock, changes))
@@ -279,8 +278,7 @@ def check_fresh(lock: Lock, *, requires_dist: Iterable[str], base: BaseFacts) ->
 
 
 def require_fresh(config: Config, platform: Platform, wheel: Path, cache: Cache | None = None) -> Lock:
-    """The lock of `platform`, checked against `wheel` (its Requires-Dist) and the runtime base as it is now
-    (base_facts): read, then check_fresh; bad input when it is missing, garbled or stale."""
+    """The lock of `platform`, read and checked (check_fresh) against `wheel` and the runtime base as it is now."""
     current = read(config, platform)
     with reporter.silenced():  # the base's own lines are the lock's and the image's, not a check's
         base = base_facts(config, platform, cache)
@@ -416,8 +414,7 @@ def _uv_has_index(env: Mapping[str, str], cwd: Path) -> bool:
 
 
 def _uv_config_files(env: Mapping[str, str], cwd: Path) -> list[Path]:
-    """uv's configuration files, as uv finds them: $UV_CONFIG_FILE, else the project's (uv.toml or pyproject.toml
-    in the directory or a parent), the user's and the system's."""
+    """uv's configuration files as uv finds them: $UV_CONFIG_FILE, else the project's, the user's and the system's."""
     if env.get("UV_CONFIG_FILE"):
         return [Path(env["UV_CONFIG_FILE"])]
     found: list[Path] = []
@@ -596,8 +593,7 @@ def lock(
     index: Index,
     upgrade: bool = False,
 ) -> tuple[Outcome, ...]:
-    """Resolve every platform (at once: uv waits mostly on the index), then write the files that changed (nothing
-    is written unless all resolved); each platform's resolution said (a `resolve` line)."""
+    """Resolve every platform at once, then write the files that changed (none unless all resolved)."""
 
     def one(platform: Platform) -> tuple[Platform, Path, str]:
         found = facts[platform]

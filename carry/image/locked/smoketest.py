@@ -322,8 +322,7 @@ def choose(
 
 
 def python_only(plan: PlatformPlan) -> str:
-    """'' when the fixed layer changes Python files only (besides the dist-info and the release's dist-info it
-    hides), else what else it holds."""
+    """'' when the fixed layer changes Python files only (dist-infos aside), else what else it holds."""
     fixed = next((layer for layer in plan.layers if layer.name == FIXED_LAYER), None)
     if fixed is None or not fixed.planned:
         return "no fixed layer"
@@ -358,8 +357,7 @@ print(json.dumps({"python": sys.version.split()[0], "stdlib": sorted(stdlib), "e
 def light(
     client: docker.DockerClient, plan: PlatformPlan, outcome: PlatformOutcome, previous: Previous, facts: list[Facts]
 ) -> tuple[str, dict]:
-    """The changed Python files of the fixed layer byte-compiled by the image's Python and their imports resolved
-    against the image's modules (`facts`, one per layer in order); the previous smoke result holds for the rest."""
+    """The fixed layer's changed Python files byte-compiled by the image's Python, their imports resolved."""
     assert previous.record is not None and previous.record.smoke is not None  # choose() said light
     fixed = next(layer for layer in plan.layers if layer.name == FIXED_LAYER)
     site = plan.fixed.dist_info.rsplit("/", 1)[0] + "/"
@@ -458,8 +456,7 @@ def _compile(client: docker.DockerClient, plan: PlatformPlan, sources: dict[str,
 def _run_json(
     client: docker.DockerClient, image: str, plan: PlatformPlan, argv: list[str], timeout: int, tar: bytes = b""
 ) -> dict:
-    """`argv` run once in a container of `image` without network (`tar` unpacked into / first), waited on for at most
-    `timeout` seconds: the JSON its last line prints; Failed when it exits otherwise than 0."""
+    """`argv` run once in a container of `image` without network: the JSON its last line prints."""
     container = client.containers.create(image, entrypoint=argv, network_disabled=True, platform=str(plan.platform))
     try:
         if tar:
