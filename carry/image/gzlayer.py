@@ -1,8 +1,6 @@
-"""A layer blob as both image paths write it: a tar stream gzip-compressed with isal, chunk by chunk, its digests
-(the blob's and the diff_id) and sizes counted as it goes (`compressed` → `Written`), produced in a thread of its own
-where reading overlaps sending (`prefetched`), and what the compressed bytes depend on besides the tar (`gzip_key`).
-The locked image's tars come from carry.image.locked.ocilayer, the Dockerfile image's from the engine's `docker save`.
-"""
+"""A layer blob as both image paths write it: a tar stream gzip-compressed with isal chunk by chunk, its digests and
+sizes counted as it goes (`compressed` -> `Written`), produced in a thread of its own (`prefetched`), and what the
+compressed bytes depend on besides the tar (`gzip_key`)."""
 
 from __future__ import annotations
 

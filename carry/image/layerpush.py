@@ -1,8 +1,6 @@
-"""Pushing layers and an image config over the registry's HTTP API (carry.image.registryhttp), for both image paths:
-the layer digests remembered by their key (`Digests`, `$CARRY_CACHE/image-layers/`, each entry sealed by its
-sha256), what was done with each layer (`LayerOutcome`), an engine image's layers pushed as `docker save` gives them
-(`push_engine_layers`: a locked image's base, the Dockerfile image whole), and the config with its manifest
-(`push_config`), which the caller PUTs by digest (carry.image.publish)."""
+"""Pushing layers and an image config over the registry's HTTP API, for both image paths: layer digests remembered by
+their key (`Digests`), an engine image's layers pushed as `docker save` gives them (`push_engine_layers`), and the
+config with its manifest (`push_config`) for the caller to PUT by digest."""
 
 from __future__ import annotations
 
@@ -16,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from carry.image.gzlayer import CHUNK, Written, compressed, gzip_key
+from carry.image.registryhttp import DOCKER_CONFIG, DOCKER_LAYER, DOCKER_MANIFEST
 from carry.platforms import Platform
 from carry.util import reporter
 from carry.util.errors import Failed
@@ -29,9 +28,8 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass(frozen=True)
 class Digests:
-    """Layer digests remembered by their key ($CARRY_CACHE/image-layers/<key>.json), each with the sha256 of what it
-    says recorded inside it: an entry that does not hold (a flipped byte: a wrong diff_id would make an image whose
-    config does not match its layers) is removed, said in one line, and the layer written again."""
+    """Layer digests remembered by their key ($CARRY_CACHE/image-layers/<key>.json), each sealed by its sha256: a
+    corrupt entry (a wrong diff_id would make a broken image) is removed, said, and the layer written again."""
 
     root: Path
 
@@ -96,37 +94,21 @@ def size_text(value: int) -> str:
 
 
 def push_config(repo: Repository, body: bytes, outcomes: list[LayerOutcome]) -> tuple[bytes, str]:
-    """The image config pushed unless the registry has it, and the Docker v2 manifest of it and the layers (for
-    the caller to PUT by digest, then tag: carry.image.publish); (manifest, what was done with the config)."""
+    """The config pushed unless the registry has it; (the Docker v2 manifest, what was done with the config)."""
     config_digest = f"sha256:{hashlib.sha256(body).hexdigest()}"
     config_action = "pushed" if repo.upload_bytes(body, config_digest) else "already exists"
     manifest = json.dumps(
         {
             "schemaVersion": 2,
-            "mediaType": registryhttp_types()[0],
-            "config": {"mediaType": registryhttp_types()[1], "size": len(body), "digest": config_digest},
+            "mediaType": DOCKER_MANIFEST,
+            "config": {"mediaType": DOCKER_CONFIG, "size": len(body), "digest": config_digest},
             "layers": [
-                {"mediaType": registryhttp_types()[2], "size": o.written.size, "digest": o.written.digest}
-                for o in outcomes
+                {"mediaType": DOCKER_LAYER, "size": o.written.size, "digest": o.written.digest} for o in outcomes
             ],
         },
         separators=(",", ":"),
     ).encode()
     return manifest, config_action
-
-
-def registryhttp_types() -> tuple[str, str, str]:
-    from carry.image import registryhttp
-
-    return registryhttp.DOCKER_MANIFEST, registryhttp.DOCKER_CONFIG, registryhttp.DOCKER_LAYER
-
-
-def _keep(box: dict, written: Written) -> None:
-    box["w"] = written
-
-
-def _kept_digest(box: dict) -> str:
-    return box["w"].digest
 
 
 def base_key(diff_id: str) -> str:
@@ -156,11 +138,9 @@ def push_engine_layers(
     known: Callable[[str], LayerOutcome | None] | None = None,
     why: Callable[[str], str] = lambda key: "",
 ) -> tuple[list[LayerOutcome], bytes | None]:
-    """The image's layers as the engine holds them (`docker save`'s uncompressed tars), compressed and pushed the
-    same way; remembered by diff_id, so a rerun only asks the registry. With `want_config`, also the image's config
-    as the engine stores it (the bytes its image ID hashes), kept beside the digests for the next run. `known(key)`
-    finds a layer elsewhere too (a previous image's record: carry.image.locked.registrycache), `why(key)` says why
-    one was written; an image the engine does not hold (its facts from that record) pushes nothing."""
+    """The engine image's layers (`docker save`'s tars) compressed and pushed, remembered by diff_id; with
+    `want_config`, the engine's own config bytes too. `known(key)` finds a layer elsewhere, `why(key)` says why one was
+    written."""
     diff_ids = list(image.inspect.get("RootFS", {}).get("Layers") or [])
     config = _kept_config(digests, image.hex) if want_config else None
     found: dict[str, LayerOutcome] = {}
@@ -223,9 +203,9 @@ def _push_saved(
 
     def stream() -> Iterator[bytes]:
         raw = first.pop() if first else _saved_member(client, image.inspect["Id"], member.name)
-        return compressed(raw, functools.partial(_keep, box), member.size)
+        return compressed(raw, lambda w: box.update(w=w), member.size)
 
-    repo.upload(stream, functools.partial(_kept_digest, box), f"layer {member.name[:30]} of {image.ref}")
+    repo.upload(stream, lambda: box["w"].digest, f"layer {member.name[:30]} of {image.ref}")
     return box["w"]
 
 

@@ -1,9 +1,6 @@
-"""Talking to the Docker engine and registries through the Docker SDK; credentials never touch argv or logs.
-
-Credentials come from the user's Docker config (`docker login --password-stdin` done beforehand) or from
-$CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD, which carry hands to `docker login --password-stdin`
-in a private, temporary DOCKER_CONFIG and then reads back for the SDK.
-"""
+"""Talking to the Docker engine and registries through the Docker SDK; credentials never touch argv or logs: the user's
+Docker config, or $CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD handed to `docker login --password-stdin` in a
+private, temporary DOCKER_CONFIG and read back for the SDK."""
 
 from __future__ import annotations
 
@@ -63,10 +60,8 @@ class Login:
 
 @contextlib.contextmanager
 def credentials(image_name: str, docker_cli: str) -> Iterator[Login]:
-    """The login for the image's registry: from the env via `docker login --password-stdin` into a private,
-    temporary DOCKER_CONFIG, or from the user's Docker config, or anonymous (no auth). The registry is asked first
-    (`probe`): one that cannot be reached or refuses the login is bad input naming CARRY_REGISTRY_USER and
-    CARRY_REGISTRY_PASSWORD."""
+    """The login for the image's registry (from the env through `docker login --password-stdin` into a private
+    DOCKER_CONFIG, the user's Docker config, or none), after `probe` asked the registry."""
     registry = registry_of(image_name)
     auth = _auth(registry)
     _probe(image_name, auth)
@@ -96,9 +91,8 @@ def credentials(image_name: str, docker_cli: str) -> Iterator[Login]:
 
 
 def probe(image_name: str) -> None:
-    """The image's registry asked (`GET /v2/`, registryhttp.Repository.probe) with the login `credentials` would
-    use, before any work of a command that pushes: bad input in one line when it cannot be reached or refuses the
-    login. Not Docker Hub's default name: its API lives on another host."""
+    """The image's registry asked (`GET /v2/`) with the login `credentials` would use, before any work of a command that
+    pushes; not Docker Hub's default name: its API lives on another host."""
     _probe(image_name, _auth(registry_of(image_name)))
 
 
@@ -179,8 +173,7 @@ def run(
     copy_out: Callable[[str], Iterable[str]] | None = None,
     dest: Path | None = None,
 ) -> str:
-    """Run `command` in a container of the image without network (its platform emulated where foreign); return
-    its output, fail on non-zero. `copy_out` maps the output to absolute paths of files then copied under `dest`."""
+    """Run `command` in a container of the image without network; its output, `copy_out`'s files under `dest`."""
     assert copy_out is None or dest is not None, "copy_out needs dest"
     container = found.containers.create(image_id, command=command, network_disabled=True)
     try:

@@ -1,20 +1,12 @@
 """The registry HTTP API v2, spoken directly: blobs checked with HEAD and streamed up in one chunked PATCH, manifests
-PUT by digest and then under their tags, manifest lists made from the platforms' manifests. Every push of carry goes
-through here (carry.image.publish says in which order); `docker login` is only made for the Docker engine's own
-pulls and BuildKit's cache.
-
-Credentials are the ones carry.image.registry finds ($CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD, else the user's
-Docker config); they travel only in an Authorization header: basic, or a bearer token fetched from the realm a
-registry's challenge names. Plain HTTP only for a loopback registry (as dockerd's default) or, for `verify`'s reads
-(carry.image.inspect.imagefs), one the engine names insecure; HTTPS otherwise.
+PUT by digest and then under their tags. Every push of carry goes through here (carry.image.publish says in which
+order). Credentials travel only in an Authorization header (basic, or a bearer token from the challenge's realm). Plain
+HTTP only for a loopback registry or, for reads, one the engine names insecure.
 
 Faults (docs/reliability.md, "Registry and push"): a 408, 429 or 5xx answer and a dropped connection are retried
-(ATTEMPTS in all, with the backoff of BACKOFF_S, a 429's or 503's Retry-After up to RETRY_AFTER_MAX_S), a streamed
-blob by streaming it again; then one line names the registry, the blob or tag and the last status (exit 1). A refusal
-of the login (401, 403) is bad input naming $CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD, the password never
-printed; a registry that cannot be reached is too (`probe`, before any work: a closed port answers at once, a host
-that does not answer is given CONNECT_TIMEOUT_S).
-"""
+(ATTEMPTS, BACKOFF_S, a Retry-After up to RETRY_AFTER_MAX_S), then one line names the registry, the blob or tag and the
+last status (exit 1). A refused login (401, 403) or an unreachable registry (`probe`) is bad input naming
+$CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD, the password never printed."""
 
 from __future__ import annotations
 
@@ -130,9 +122,8 @@ def _reason(exc: BaseException) -> str:
 
 @dataclasses.dataclass
 class Repository:
-    """One repository of one registry (`host/name`), with the login's username and password (or none). Each retry
-    is said (a `retry` line) when `retries_said`; `plain_http` (the engine's insecure registries, for a read) allows
-    plain HTTP to its host, loopback or not."""
+    """One repository of one registry (`host/name`) with the login's username and password (or none); `retries_said`: a
+    `retry` line per retry; `plain_http` (the engine's insecure registries, for a read): plain HTTP to its host."""
 
     host: str
     name: str
@@ -164,13 +155,15 @@ class Repository:
             return _Connection(netloc, timeout=self.read_timeout)
         return _SecureConnection(netloc, timeout=self.read_timeout)
 
+    def _basic(self) -> str:
+        if not (self.username and self.password):
+            return ""
+        return "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+
     def _authorization(self) -> dict[str, str]:
         if self._token:
             return {"Authorization": f"Bearer {self._token}"}
-        if self.username and self.password:
-            pair = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
-            return {"Authorization": f"Basic {pair}"}
-        return {}
+        return {"Authorization": self._basic()} if self._basic() else {}
 
     def request(
         self,
@@ -180,10 +173,8 @@ class Repository:
         body: bytes | Iterable[bytes] | None = None,
         ok: tuple[int, ...] = (200,),
     ) -> tuple[int, dict[str, str], bytes]:
-        """One request (a path on this registry or a full URL it gave), retried on a `Transient` fault while its
-        body can be sent again (none, or bytes); a streamed body (an iterator) raises the `Transient` for its
-        caller to stream again (`upload`). A bearer challenge is answered once: authenticate with a small request
-        before a streamed one."""
+        """One request (a path here or a full URL it gave), retried on a `Transient` fault while its body can be sent
+        again (a streamed one raises it for `upload`); a bearer challenge is answered once."""
         resend = body is None or isinstance(body, (bytes, str))
         started = time.monotonic()
         for attempt in range(1, ATTEMPTS + 1):
@@ -274,9 +265,8 @@ class Repository:
         time.sleep(delay)
 
     def probe(self) -> None:
-        """`GET /v2/` with the login, before any work: a registry that cannot be reached (refused, unknown, no
-        answer within CONNECT_TIMEOUT_S), or that refuses the login, is bad input in one line; one that answers
-        408, 429 or 5xx to every attempt is a failure."""
+        """`GET /v2/` with the login, before any work: unreachable (within CONNECT_TIMEOUT_S) or a refused login is bad
+        input in one line; 408, 429 or 5xx to every attempt a failure."""
         quick = dataclasses.replace(self, retries_said=False, read_timeout=CONNECT_TIMEOUT_S)
         started = time.monotonic()
         for attempt in range(1, ATTEMPTS + 1):
@@ -323,8 +313,7 @@ class Repository:
         return False
 
     def upload(self, chunks: Callable[[], Iterable[bytes]], digest_of: Callable[[], str], what: str = "") -> str:
-        """Stream a blob up (POST, one chunked PATCH, PUT ?digest=); `chunks()` makes the stream (again for each
-        attempt after a fault), `digest_of()` names the blob once it was streamed; `what` names it in messages."""
+        """Stream a blob up (POST, one chunked PATCH, PUT ?digest=), `chunks()` made again for each attempt."""
         started = time.monotonic()
         label = f"blob upload{f' of {what}' if what else ''}"
         for attempt in range(1, ATTEMPTS + 1):
@@ -347,18 +336,21 @@ class Repository:
 
     def _upload_once(self, chunks: Iterable[bytes], digest_of: Callable[[], str]) -> str:
         self.request("GET", "/v2/", ok=(200,))  # authenticate before the body is spent
-        _, answer, _ = self.request("POST", f"/v2/{self.name}/blobs/uploads/", ok=(202,))
-        location = self._absolute(answer["location"])
+        location = self._start_upload()
         _, answer, _ = self.request(
             "PATCH", location, {"Content-Type": "application/octet-stream"}, self._counted(chunks), ok=(202, 204)
         )
-        location = self._absolute(answer.get("location", location))
         digest = digest_of()
-        joiner = "&" if "?" in location else "?"
-        self.request(
-            "PUT", f"{location}{joiner}digest={urllib.parse.quote(digest)}", {"Content-Length": "0"}, b"", ok=(201, 204)
-        )
+        self._finish_upload(self._absolute(answer.get("location", location)), digest, {"Content-Length": "0"}, b"")
         return digest
+
+    def _start_upload(self) -> str:
+        _, answer, _ = self.request("POST", f"/v2/{self.name}/blobs/uploads/", ok=(202,))
+        return self._absolute(answer["location"])
+
+    def _finish_upload(self, location: str, digest: str, headers: dict[str, str], data: bytes) -> None:
+        joiner = "&" if "?" in location else "?"
+        self.request("PUT", f"{location}{joiner}digest={urllib.parse.quote(digest)}", headers, data, ok=(201, 204))
 
     def _counted(self, chunks: Iterable[bytes]) -> Iterable[bytes]:
         for chunk in chunks:
@@ -369,21 +361,12 @@ class Repository:
         """A small blob (a config): True when it was pushed, False when the registry had it."""
         if self.has_blob(digest):
             return False
-        _, answer, _ = self.request("POST", f"/v2/{self.name}/blobs/uploads/", ok=(202,))
-        location = self._absolute(answer["location"])
-        joiner = "&" if "?" in location else "?"
-        self.request(
-            "PUT",
-            f"{location}{joiner}digest={urllib.parse.quote(digest)}",
-            {"Content-Type": "application/octet-stream", "Content-Length": str(len(data))},
-            data,
-            ok=(201, 204),
-        )
+        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(len(data))}
+        self._finish_upload(self._start_upload(), digest, headers, data)
         return True
 
     def get_blob(self, digest: str) -> bytes:
-        """A small blob's bytes (a signature's payload, an attestation's envelope); a redirect is followed without
-        the credentials (storage that signs its own URLs)."""
+        """A small blob's bytes; a redirect is followed without the credentials (storage that signs its URLs)."""
         status, answer, data = self.request("GET", f"/v2/{self.name}/blobs/{digest}", ok=(200, *REDIRECTS))
         if status != 200:
             with self._redirected(answer.get("location", ""), digest) as response:
@@ -392,8 +375,7 @@ class Repository:
         return data
 
     def open_blob(self, digest: str) -> http.client.HTTPResponse:
-        """A blob as a stream for the caller to read and close (a layer), asked once, not retried; a redirect is
-        followed without the credentials, as `get_blob`'s."""
+        """A blob as a stream for the caller to read and close, asked once; a redirect followed as `get_blob`'s."""
         path = f"/v2/{self.name}/blobs/{digest}"
         for attempt in range(2):
             connection = self._connection(self.host, self.scheme)
@@ -476,9 +458,8 @@ class Repository:
             return False
         fields.setdefault("scope", f"repository:{self.name}:pull,push")
         request = urllib.request.Request(f"{realm}?{urllib.parse.urlencode(fields)}")
-        if self.username and self.password:
-            pair = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
-            request.add_unredirected_header("Authorization", f"Basic {pair}")  # not on to where it redirects
+        if self._basic():
+            request.add_unredirected_header("Authorization", self._basic())  # not on to where it redirects
         try:
             with urllib.request.urlopen(request, timeout=60) as response:
                 answer = json.loads(response.read())
@@ -556,15 +537,10 @@ def split_params(text: str) -> list[str]:
 
 
 def _error_suffix(data: bytes) -> str:
-    text = _error_text(data)
-    return f": {text}" if text.strip() else ""
-
-
-def _error_text(data: bytes) -> str:
-    """The registry's own errors, or the start of its answer, on one line."""
+    """`: ` and the registry's own errors, or the start of its answer, on one line; '' when it said nothing."""
     try:
         errors = json.loads(data).get("errors") or []
         text = "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors) or data[:200].decode(errors="replace")
     except (ValueError, AttributeError):
         text = data[:200].decode(errors="replace")
-    return " ".join(text.split())
+    return f": {' '.join(text.split())}" if text.strip() else ""

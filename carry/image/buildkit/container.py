@@ -1,10 +1,6 @@
-"""Running the top-level Dockerfile: the build context assembled from this repo, the wheelhouse of a hermetic
-build, and one BuildKit build per platform through the Docker CLI (`docker buildx build` where buildx exists,
-else `DOCKER_BUILDKIT=1 docker build`), logged to a file.
-
-Another CPU's platform builds where this machine has a binfmt_misc emulator for it (QEMU); BuildKit then runs
-the build stage's steps as that CPU, so the wheel is compiled by that platform's own toolchain.
-"""
+"""Running the top-level Dockerfile: the build context assembled from this repo, the wheelhouse of a hermetic build, and
+one BuildKit build per platform through the Docker CLI (buildx where it exists, else `DOCKER_BUILDKIT=1 docker build`),
+logged to a file; another CPU's platform builds under its binfmt_misc emulator."""
 
 from __future__ import annotations
 
@@ -33,18 +29,8 @@ from carry.util.run import BUILD_S, NETWORK_S, PROBE_S, execute
 
 DOCKERFILE = Path(carry.__file__).resolve().parent / "resources" / "Dockerfile"  # the top-level Dockerfile links here
 # What carry itself needs inside the build stage (the docker SDK is only used on the host).
-CARRY_REQUIREMENTS = (
-    "click",
-    "pyyaml",
-    "filelock",
-    "pyelftools",
-    "wheel",
-    "packaging",
-    "build",
-    "pyproject_hooks",
-    "uv",
-    "isal",
-)
+CARRY_REQUIREMENTS: tuple[str, ...] = ("click", "pyyaml", "filelock", "pyelftools", "wheel", "packaging", "build")
+CARRY_REQUIREMENTS += ("pyproject_hooks", "uv", "isal")
 SECRET_ID = "carry_env"
 # The image settings the build stage's `wheel` reads (each platform's arches, the bases); the rest of image (name,
 # tags, labels, env, entrypoint, ...) is left out of its build.yaml, so that changing it re-runs no build stage.
@@ -77,11 +63,8 @@ class Builder:
 
 
 def resolve_builder(config: Config, platforms: tuple[Platform, ...]) -> Builder:
-    """The Docker CLI to build with, checked before any work, and every platform must run natively or emulated.
-
-    A CLI named by $CARRY_DOCKER or image.docker is used as it is. The default `docker` is the first on PATH
-    that can build with BuildKit: one with the buildx plugin, or one before Docker 23, which builds with BuildKit
-    by itself (a machine may have both a newer CLI without buildx and Debian's docker.io)."""
+    """The Docker CLI to build with, checked before any work (every platform native or emulated): $CARRY_DOCKER or
+    image.docker as named, else the first `docker` on PATH with buildx or before Docker 23 (Debian's docker.io)."""
     emulation = Emulation()
     for platform in platforms:
         emulation.require(platform)
@@ -137,9 +120,8 @@ def assemble_context(
     requirements: list[str],
     platforms: tuple[Platform, ...] = (),
 ) -> None:
-    """carry (the build stage runs it as `python -m carry`), the config with VERSION and patches, a bundle of the
-    pinned commit (checked by its sha256 as it is copied; one made again is said), and the precompiled wheels
-    of `platforms` (build.precompiled), so that the build stage needs no network for them."""
+    """carry, the config with VERSION and patches, the pin's bundle (sha256-checked as copied) and `platforms`'
+    precompiled wheels: the build stage needs no network for them."""
     project = context / "project"
     project.mkdir(parents=True)
     shutil.copy2(config.version_file, project / _inside(config, config.version_file))
@@ -171,10 +153,8 @@ def stage_config(text: str) -> str:
 
 
 def _precompiled_wheels(config: Config, cache: Cache, platforms: tuple[Platform, ...], store_dir: Path) -> None:
-    """The checked precompiled wheel of each platform, laid out as a download store the build stage reads
-    ($CARRY_DOWNLOADS): hardlinked where it can be, copied otherwise. The one hard link out of the store carry
-    makes, on purpose: the context is carry's own scratch, read by BuildKit and removed after the build, never
-    published, and a 330 MB copy per platform would buy nothing (docs/reliability.md)."""
+    """The precompiled wheels laid out as a download store for the build stage, hardlinked where possible: the one hard
+    link out of the store carry makes, as the context is carry's own scratch, never published (docs/reliability.md)."""
     from carry.util.download import Store
 
     settings = config.build.precompiled
@@ -220,28 +200,16 @@ def hermetic_wheelhouse(
 
 
 def fill_wheelhouse(cache: Cache, requirements: list[str], given: Path | None, dest: Path, platform: Platform) -> None:
-    """Wheels for a --network=none build stage on `platform`: from --wheelhouse, or downloaded once per platform
-    into the cache (for this Python's version; the base image's Python must match it), under a lock: a second run
-    at once waits, then copies whole wheels only."""
+    """Wheels for a --network=none build stage on `platform`: from --wheelhouse, or downloaded once per platform into
+    the cache (for this Python's version) under a lock, a second run at once waiting, then copying whole wheels."""
     if given is not None:
         _copy_wheels(given, dest)
         return
     given = cache.root / "wheelhouse" / platform.tag
     with cache.lock(f"wheelhouse-{platform.tag}"):
         given.mkdir(parents=True, exist_ok=True)
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--quiet",
-            "--disable-pip-version-check",
-            "--only-binary=:all:",
-            "-d",
-            str(given),
-            *_target_flags(platform),
-            *requirements,
-        ]
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check"]
+        command += ["--only-binary=:all:", "-d", str(given), *_target_flags(platform), *requirements]
         result = execute(command, text=True, timeout=NETWORK_S)
         if result.returncode != 0:
             raise Failed(
@@ -290,9 +258,9 @@ class StageAccess:
 
 
 def stage_access(config: Config, scratch: Path, hermetic: bool) -> StageAccess:
-    """The secret file, with the shared compile cache (build.remote_cache or $CARRY_REMOTE_CACHE_URL) and its
-    credentials for the build stage's `build.py wheel`, and the build's network. A hermetic build cannot reach
-    the cache, so the stage is told to build without it; one on loopback needs the host's network."""
+    """The secret file (the compile cache's URL and credentials for the stage's `build.py wheel`) and the build's
+    network: a hermetic build cannot reach the cache, so the stage builds without it; one on loopback needs the
+    host's."""
     from carry.wheelbuild import compilecache, distbuild
 
     remote = compilecache.remote_setting(config, os.environ)
@@ -357,15 +325,8 @@ class StageBuild:
     def command(self, builder: Builder, secret: Path | None, context: Path) -> list[str]:
         docker = builder.docker
         command = [docker, "buildx", "build"] if builder.buildx else [docker, "build"]
-        command += [
-            "--progress=plain",
-            "--file",
-            str(DOCKERFILE),
-            "--target",
-            self.stage,
-            "--platform",
-            str(self.platform),
-        ]
+        command += ["--progress=plain", "--file", str(DOCKERFILE), "--target", self.stage]
+        command += ["--platform", str(self.platform)]
         if self.output_dir is not None:
             command += ["--output", f"type=local,dest={self.output_dir}"]
         elif builder.buildx:
@@ -390,8 +351,7 @@ class StageBuild:
     def run(
         self, builder: Builder, secret: Path | None, context: Path, log: Path, env: dict[str, str] | None = None
     ) -> str:
-        """Build, streaming BuildKit's output to `log` (and returning it); fail with its tail. `env`: the Docker
-        CLI's environment (a registry login's DOCKER_CONFIG for cache imports and exports)."""
+        """Build with the CLI's `env`, streaming BuildKit's output to `log` and returning it; fail with its tail."""
         log.parent.mkdir(parents=True, exist_ok=True)
         start = log.stat().st_size if log.exists() else 0
         with open(log, "ab") as handle:
@@ -415,8 +375,7 @@ class StageBuild:
         return output
 
     def hint(self, output: str) -> str:
-        """What a failed build's output says went wrong where carry knows the way out: a base image that cannot be
-        pulled, or a build stage without a network that reaches the package index."""
+        """The way out of a failed build carry knows: a base image that cannot be pulled, or an unreachable index."""
         if any(sign in output for sign in BASE_PULL_FAILED):
             bases = (
                 ", ".join(
@@ -448,10 +407,8 @@ def python_bases() -> tuple[str, str]:
 def stage_args(
     config: Config, platform: Platform, arches: str, hermetic: bool, upstream_version: str | None = None
 ) -> dict[str, str]:
-    """The build args of the build stage for `platform`; the same for `wheel --platform` and `image`, so that
-    BuildKit reuses one's build stage for the other. A Python-only build (arches `none`) defaults to Python's own
-    images (python_bases), anything else to the Dockerfile's CUDA ones. `upstream_version`: the upstream's version
-    as this machine found it (carry/source/upstreamversion.py), which the stage, holding only the pin, cannot."""
+    """The build stage's build args for `platform`, the same for `wheel --platform` and `image` so that BuildKit reuses
+    one's build stage for the other; a Python-only build (arches `none`) defaults to Python's own images."""
     target = config.target(platform)
     args = {
         **config.image.build_args,

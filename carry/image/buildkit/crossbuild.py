@@ -68,13 +68,9 @@ def build(config: Config, cache: Cache, mirror: Path, target: Target, builder: B
         reporter.phase("build", f"build stage for {platform}{platform.where()}, arches {arches}; log {log}")
         exported = scratch / "exported"
         access = container.stage_access(config, scratch, hermetic)
-        StageBuild(
-            platform,
-            container.WHEEL_STAGE,
-            container.stage_args(config, platform, str(arches), hermetic, target.upstream_version),
-            access.network,
-            output_dir=exported,
-        ).run(builder, access.secret, context, log)
+        args = container.stage_args(config, platform, str(arches), hermetic, target.upstream_version)
+        stage = StageBuild(platform, container.WHEEL_STAGE, args, access.network, output_dir=exported)
+        stage.run(builder, access.secret, context, log)
         wheel = _single_wheel(exported, log)
         reporter.phase("gate", f"{wheel.name}: {platform.machine} code for arches {arches}")
         report = _check(wheel, platform, policy, expected)
@@ -91,9 +87,8 @@ def _single_wheel(directory: Path, log: Path) -> Path:
 
 
 def _check(wheel: Path, platform: Platform, policy: GatePolicy, expected: Expected) -> verify.Inspection:
-    """The wheel is what the build stage says it is: built on `platform`, for its CPU (tag and every `.so`),
-    gated by `policy`, holding exactly the patched tree, from this repo's series; any problem fails the build,
-    with the checks printed in full."""
+    """The wheel is what the build stage says it is (platform, CPU of tag and every `.so`, gate, tree, series); any
+    problem fails the build, with the checks printed in full."""
     tag = wheel.name.removesuffix(".whl").rsplit("-", 1)[-1]
     if Platform.from_wheel_tag(tag) not in (platform, None):
         raise Failed(f"{wheel.name} is tagged {tag}, not for {platform}")

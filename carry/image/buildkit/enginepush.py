@@ -1,13 +1,7 @@
-"""A Dockerfile-built platform image pushed from the Docker engine over the registry's HTTP API
-(carry.image.registryhttp), not with `docker push`, which cannot push an image without moving a tag (the order a
-push keeps is carry.image.publish's, the stage it hands the manifest to):
-
-- the layers are `docker save`'s tars, gzip-compressed by isal as the locked image's base layers are
-  (carry.image.layerpush.push_engine_layers) and remembered by diff_id in `$CARRY_CACHE/image-layers/`, so
-  that a rerun only asks the registry (HEAD) and sends nothing;
-- the config is the engine's own bytes (those its image ID hashes), kept there too;
-- the manifest is a Docker v2 manifest of both: the same image gives the same manifest, so the same digest.
-"""
+"""A Dockerfile-built platform image pushed from the Docker engine over the registry's HTTP API, not with `docker push`,
+which cannot push an image without moving a tag (the order is carry.image.publish's): `docker save`'s layer tars
+compressed as the locked image's base layers are (layerpush.push_engine_layers, remembered by diff_id), the engine's own
+config bytes, and a Docker v2 manifest of both: the same image gives the same digest."""
 
 from __future__ import annotations
 
@@ -31,8 +25,7 @@ def push(
     refs: tuple[str, ...],
     digests: Digests,
 ) -> publish.Manifest:
-    """The engine's image `ref` (built for `platform`): its layers and config pushed unless the registry has them;
-    its manifest returned (PUT by the caller, by digest, then under `refs`)."""
+    """The engine's image `ref` pushed unless the registry has it; its manifest for the caller to PUT."""
     try:
         inspect = client.api.inspect_image(ref)
     except Exception as exc:  # docker.errors.ImageNotFound: the build tagged it a moment ago

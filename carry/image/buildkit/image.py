@@ -1,12 +1,8 @@
-"""The container image: one BuildKit build per platform (carry.image.buildkit.container), tags and labels from
-VERSION and the series, each platform pushed from the engine by digest (carry.image.buildkit.enginepush), then the
-manifest lists and the tags (carry.image.publish, the stage it hands each image to); carry.image.inspect.imageverify
-checks what a tag holds.
-
-One platform (the config lists at most one): its image gets every tag. Several: each platform's image is tagged
-`<VERSION>-<arch>` and every shared tag (VERSION, the templates, --tag) becomes, on push, a manifest list of all
-of them; the local image store holds one platform per tag, so shared tags exist only in the registry.
-"""
+"""The container image: one BuildKit build per platform (carry.image.buildkit.container), tags and labels from VERSION
+and the series, each platform pushed from the engine by digest (enginepush), then the manifest lists and the tags
+(carry.image.publish). One platform: its image gets every tag. Several: each platform's image is tagged
+`<VERSION>-<arch>` and every shared tag becomes, on push, a manifest list of them (the local image store holds one
+platform per tag)."""
 
 from __future__ import annotations
 
@@ -79,24 +75,14 @@ class ImageResult:
 
 
 def render_tags(config: Config, version: str, series: Series, cuda: str) -> tuple[str, ...]:
-    fields = {
-        "version": version,
-        "base_short": config.upstream.commit[:12],
-        "cuda": cuda,
-        "series_short": series.hash[:12],
-    }
+    fields = dict(version=version, base_short=config.upstream.commit[:12], cuda=cuda, series_short=series.hash[:12])
     if cuda == "none" and any("{cuda}" in template for template in config.image.tags):
         raise BadInput(
             f"{config.path}: image.tags uses {{cuda}}, but no nvcc here tells the CUDA release "
             f"(CUDA_HOME, /usr/local/cuda, PATH); install the CUDA toolkit or PyPI's nvidia-cuda-nvcc "
             f"where carry runs, or drop {{cuda}} from image.tags"
         )
-    tags = []
-    for template in config.image.tags:
-        tag = template.format(**fields)
-        if tag not in tags:
-            tags.append(tag)
-    return tuple(tags)
+    return tuple(dict.fromkeys(template.format(**fields) for template in config.image.tags))
 
 
 def cuda_tag(nvcc_version: str | None) -> str:
@@ -115,10 +101,8 @@ def platforms_to_build(config: Config, options: ImageOptions) -> tuple[Platform,
 
 @record(kw_only=True)
 class Subject:
-    """What the images hold, resolved once: the patched tree (`report`) of `series`, VERSION, the wheel's
-    distribution name (`dist_name` None: the wheel the build stage makes names it, in `build`), the CUDA tag, the
-    upstream's own version (None: the build stage reads it) and when the image was made (`created`, RFC 3339 UTC,
-    from `created_at`: never the clock, so that a rerun gives the same image)."""
+    """What the images hold, resolved once: the patched tree (`report`), VERSION, the distribution name (None: the build
+    stage's wheel names it), the CUDA tag, the upstream's version and `created` (never the clock)."""
 
     report: CheckReport
     series: Series
@@ -162,25 +146,11 @@ def plan(config: Config, subject: Subject, arches: dict[Platform, ArchList], opt
     for platform in platforms:
         own_arches = arches[platform]
         refs = (f"{config.image.name}:{own_tag(version, platform)}",) if several else shared
-        images.append(
-            PlatformImage(
-                platform=platform,
-                arches=own_arches,
-                refs=refs,
-                labels=_labels(config, subject, own_arches, platform),
-                build_args=container.stage_args(
-                    config, platform, str(own_arches), options.hermetic, subject.upstream_version
-                ),
-            )
-        )
-    return ImagePlan(
-        tuple(images),
-        shared if several else (),
-        configured <= set(platforms),
-        report.tree,
-        version,
-        dist_name is not None,
-    )
+        labels = _labels(config, subject, own_arches, platform)
+        args = container.stage_args(config, platform, str(own_arches), options.hermetic, subject.upstream_version)
+        images.append(PlatformImage(platform=platform, arches=own_arches, refs=refs, labels=labels, build_args=args))
+    complete = configured <= set(platforms)
+    return ImagePlan(tuple(images), shared if several else (), complete, report.tree, version, dist_name is not None)
 
 
 def _labels(config: Config, subject: Subject, arches: ArchList, platform: Platform) -> dict[str, str]:
@@ -223,8 +193,7 @@ def _cache_flags(
 
 @record(kw_only=True)
 class Sources:
-    """What the build context is assembled from: the upstream `mirror` (the bundle of the pin) and the upstream's
-    build `requirements`."""
+    """What the build context is assembled from: the upstream `mirror` and its build `requirements`."""
 
     mirror: Path
     requirements: list[str]
@@ -239,9 +208,8 @@ def build(
     builder: Builder,
     attester: Attester | None = None,
 ) -> ImageResult:
-    """Build every platform's image, then push each and join the shared tags into manifest lists. The registry
-    login is made once, before the builds: the push needs it, and so do the builds' cache imports and exports
-    (only those builds run with its DOCKER_CONFIG, which holds that registry's login alone)."""
+    """Build every platform's image, then push each and join the shared tags into manifest lists. The registry login is
+    made once, before the builds: the push needs it, and so do the builds' cache imports and exports."""
     from carry.image import registry
 
     log = cache.logs / f"image-{the_plan.tree[:12]}.log"
@@ -263,6 +231,7 @@ def build(
                     f"{', '.join(image.refs)}; log {log}",
                 )
                 caching = _cache_flags(config, options, builder, image, the_plan.version)
+                env = login.cli_env() if options.cache and login is not None else None
                 output = StageBuild(
                     image.platform,
                     container.RUNTIME_STAGE,
@@ -271,13 +240,7 @@ def build(
                     image.labels,
                     image.refs,
                     cache_args=caching.args,
-                ).run(
-                    builder,
-                    access.secret,
-                    context,
-                    log,
-                    login.cli_env() if options.cache and login is not None else None,
-                )
+                ).run(builder, access.secret, context, log, env)
                 if options.cache:
                     for note in layercache.outcome(output, caching.sources):
                         reporter.phase("layer cache", f"{image.platform}: {note}")
@@ -303,8 +266,7 @@ def _push(
     attester: Attester | None,
     hermetic: dict,
 ) -> dict[str, str]:
-    """Each platform's image from the engine to the registry (enginepush), handed to the publish stage (by digest,
-    signed and attested); then the list and the tags. ref -> digest."""
+    """Each platform's image pushed from the engine and handed to the publish stage; then the tags. ref -> digest."""
     from carry.image import registryhttp
     from carry.image.layerpush import Digests
 
@@ -319,12 +281,7 @@ def _push(
 
 
 def _assemble(
-    config: Config,
-    cache: Cache,
-    inputs: Sources,
-    the_plan: ImagePlan,
-    options: ImageOptions,
-    context: Path,
+    config: Config, cache: Cache, inputs: Sources, the_plan: ImagePlan, options: ImageOptions, context: Path
 ) -> None:
     """The build context in `context`: project, carry, the bundle; with --hermetic the wheelhouse too."""
     platforms = tuple(i.platform for i in the_plan.images)
@@ -354,9 +311,8 @@ def _subject(
     image: PlatformImage,
     hermetic: tuple[Wheel | None, dict[tuple[str, str], Wheel]] | None,
 ) -> publish.PlatformFacts:
-    """What a Dockerfile-built platform image's attestations say; with --hermetic its SBOM too, every installed
-    distribution matched to the wheel it came from. Without, pip resolved the wheels inside BuildKit, and carry knows
-    no hash for an SBOM."""
+    """What a Dockerfile-built platform image's attestations say; with --hermetic its SBOM too (without, pip resolved
+    the wheels inside BuildKit and carry knows no hash for an SBOM)."""
     base_ref = config.target(image.platform).runtime_image or config.image.runtime_image or ""
     try:
         base = client.api.inspect_image(base_ref) if base_ref else {}
@@ -426,8 +382,7 @@ def join_pushed(
     builder: Builder,
     attester: Attester | None = None,
 ) -> dict[str, str]:
-    """Make every shared tag a manifest list of the platforms' own images, which must be in the registry; with
-    `attester`, sign the list before any tag names it (carry.image.publish)."""
+    """Every shared tag made a manifest list of the platforms' own images, signed with `attester` first."""
     from carry.image import registry, registryhttp
 
     sources = {platform: f"{config.image.name}:{own_tag(version, platform)}" for platform in platforms}

@@ -1,19 +1,12 @@
-"""BuildKit's layer cache for `image --cache-from/--cache-to`: the grammar of a cache spec, the refs it names
-for each platform, and the build's flags on the engines users have (with buildx, or Docker's own BuildKit).
+"""BuildKit's layer cache for `image --cache-from/--cache-to`: the grammar of a cache spec, the refs it names per
+platform, and the build's flags with buildx or Docker's own BuildKit.
 
-- `inline` (any BuildKit): the cache metadata rides in the image itself (`BUILDKIT_INLINE_CACHE=1`; buildx:
-  `type=inline`) and `--cache-from inline` reads it back from this VERSION's platform image in the registry. It
-  records the final stage's layers only (mode=min), but a rebuild whose runtime stage hits in full never needs
-  the build stage's result, so BuildKit does not run it: nothing compiles (checked on Docker 20.10, whose
-  BuildKit reports that step CACHED). Anything that changes the runtime stage alone (its base, runtime env)
-  runs the build stage again.
-- `registry` (buildx): every stage's layers (mode=max) in a cache manifest at `<name>:<VERSION>-<arch>-buildcache`.
-- `type=...` (buildx): a BuildKit cache spec, as given; a ref, any image or cache ref (Docker's `--cache-from`).
-  Both may hold `{arch}` and `{version}`, filled per platform.
-The build stage's inputs include VERSION, so the layer cache serves rebuilds of the same VERSION (CI reruns,
-another runner, a maintainer's machine); a new VERSION's compile is served by the compile cache
-(build.remote_cache) instead.
-"""
+- `inline` (any BuildKit): the cache metadata rides in this VERSION's platform image itself. It records the final
+  stage only (mode=min), but a runtime stage that hits in full never needs the build stage: nothing compiles.
+- `registry` (buildx): every stage's layers (mode=max) at `<name>:<VERSION>-<arch>-buildcache`.
+- `type=...` (buildx): a BuildKit cache spec as given, or a ref; both may hold `{arch}` and `{version}`.
+The build stage's inputs include VERSION: the layer cache serves rebuilds of one VERSION, the compile cache
+(build.remote_cache) a new one."""
 
 from __future__ import annotations
 

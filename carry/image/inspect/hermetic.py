@@ -26,10 +26,8 @@ BUNDLED_WHEELS = ("/usr/share/python-wheels/",) + tuple(
 def distributions(
     client: docker.DockerClient, ref: str, platform: Platform, fixed: Wheel, wheelhouse: dict[tuple[str, str], Wheel]
 ) -> tuple[tuple[Wheel, ...], str]:
-    """The distributions a hermetic Dockerfile build's runtime stage installed, read from the image's layers (the
-    local engine), each matched by name and version to the wheel it came from: the fixed wheel (exported from the
-    build stage), the wheelhouse (`--no-index --find-links`), or the wheels the base's Python bundles for venv's
-    ensurepip (read from the same layers). ((distributions, ""), or ((), why not) when one has no known wheel)."""
+    """The distributions a hermetic build's runtime stage installed (read from the engine's layers), each matched to its
+    wheel: the fixed one, the wheelhouse's, or the base's bundled ensurepip wheels; ((), why not) for one unknown."""
     selection = imagefs.Selection(
         prefixes=(f"{installcheck.VENV}/", *BUNDLED_WHEELS),
         keep=lambda path: path.startswith(f"{installcheck.VENV}/lib/") and path.endswith(".dist-info/METADATA"),

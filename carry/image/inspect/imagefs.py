@@ -1,14 +1,8 @@
-"""An image's filesystem read on this machine from its layers, for any platform: nothing runs in a container,
-nothing is emulated and nothing is unpacked to disk.
-
-The layers come from the registry (HTTP API v2: the manifest list, the platform's manifest, its config and layer
-blobs, each checked against its digest as it streams, gzip inflated with ISA-L) or, for a ref no registry has,
-from the local engine (`docker save`, each layer checked against the config's diff_ids). Each layer is scanned on
-its own into the entries it adds and the OCI whiteouts it holds (`.wh.<name>`, `.wh..wh..opq`); applied in
-order they give the final view of the paths asked for: path -> (kind, mode, size, sha256, link target), file
-contents hashed as they stream, a few files kept whole (dist-info metadata), the heads of others (script
-shebangs), and shared objects parsed for the gate from their bytes in the stream.
-"""
+"""An image's filesystem read on this machine from its layers, for any platform: nothing runs in a container, nothing is
+emulated and nothing is unpacked to disk. The layers come from the registry (each blob checked against its digest as it
+streams) or, for a ref no registry has, from `docker save` (each layer checked against the config's diff_ids); each is
+scanned on its own, then applied in order with its OCI whiteouts into the final view of the paths asked for: kinds,
+modes, sizes and sha256, a few files kept whole or by their head, shared objects parsed for the gate as they stream."""
 
 from __future__ import annotations
 
@@ -105,8 +99,7 @@ class LayerFacts:
 
 @dataclasses.dataclass(frozen=True)
 class ImageFiles:
-    """One platform's image read from its layers: where from, its config (labels, diff_ids), its layers and the
-    final view of the selected paths."""
+    """One platform's image read from its layers: where from, its config, its layers and the final view."""
 
     ref: str
     platform: Platform
@@ -291,8 +284,7 @@ class _Checked(io.RawIOBase):
 
 
 def platform_manifest(repo: registryhttp.Repository, ref: str, platform: Platform) -> tuple[dict, str] | None:
-    """(`platform`'s manifest of `ref`, its digest), through the manifest list when `ref` names one; None when the
-    registry does not have `ref`."""
+    """(`platform`'s manifest of `ref`, its digest), through a manifest list; None when the registry lacks `ref`."""
     found = read_manifest(repo, reference_of(ref))
     if found is None:
         return None
@@ -317,8 +309,7 @@ def _platform_of(entry: dict) -> str:
 def from_registry(
     ref: str, platform: Platform, selection: Selection, auth: dict | None, plain_http: bool, workers: int | None = None
 ) -> ImageFiles | None:
-    """`platform`'s image of `ref` read from its registry, layers streamed several at a time; None when the
-    registry does not have `ref`."""
+    """`platform`'s image of `ref` read from its registry, several layers at a time; None when it lacks `ref`."""
     start = time.monotonic()
     repo = repository(ref, auth, plain_http)
     found = platform_manifest(repo, ref, platform)
@@ -329,9 +320,7 @@ def from_registry(
     config_blob = _Checked(repo.open_blob(config_digest), config_digest, f"{ref} config")
     config = json.loads(config_blob.read())
     config_blob.verify()
-    seen = _platform_of(
-        {"os": config.get("os"), "architecture": config.get("architecture"), "variant": config.get("variant")}
-    )
+    seen = _platform_of(config)  # the config names its os, architecture and variant as a list's entry does
     if seen != str(platform):
         raise Failed(f"{ref}: the {platform} manifest's config says {seen}")
     layers = image.get("layers") or []
@@ -394,8 +383,7 @@ class _Chunks(io.RawIOBase):
 
 
 def from_engine(client: docker.DockerClient, ref: str, platform: Platform, selection: Selection) -> ImageFiles:
-    """The local image `ref` read from `docker save` as it streams: each layer tar scanned where it comes in
-    the archive and checked against the config's diff_ids, the layers applied in the manifest's order."""
+    """The local image `ref` read from `docker save` as it streams, each layer checked against its diff_id."""
     start = time.monotonic()
     try:
         image = client.images.get(ref)
@@ -425,9 +413,7 @@ def from_engine(client: docker.DockerClient, ref: str, platform: Platform, selec
         ordered.append(
             dataclasses.replace(scan, nodes={p: dataclasses.replace(n, layer=index) for p, n in scan.nodes.items()})
         )
-    seen = _platform_of(
-        {"os": config.get("os"), "architecture": config.get("architecture"), "variant": config.get("variant")}
-    )
+    seen = _platform_of(config)
     if seen != str(platform):
         raise Failed(f"{ref} is a {seen} image, not {platform}")
     return _finish(ref, platform, "local engine", image.id, config, ordered, start)

@@ -1,11 +1,7 @@
-"""`verify IMAGE`: what a tag holds, per platform, against this repo: the labels, the installed wheel's buildinfo,
-the CPU its Python runs on, and the shared objects of the wheel (ELF machine and the arch gate by the policy the
-wheel records).
-
-A locked image (`image.lock` set) is read from its layers on this machine instead (carry.image.inspect.imagefs: no
-pull, no container, no emulator, so arm64 takes as long as amd64) and its files proven against the lock and the
-fixed wheel in dist/ (carry.image.inspect.installcheck); the labels, the buildinfo and the gate of the installed
-shared objects as before."""
+"""`verify IMAGE`: what a tag holds, per platform, against this repo: the labels, the installed wheel's buildinfo, the
+CPU its Python runs on, and the wheel's shared objects (ELF machine and the arch gate). A locked image is read from its
+layers on this machine instead (carry.image.inspect.imagefs: no pull, no container, no emulator) and its files proven
+against the lock and the fixed wheel in dist/ (carry.image.inspect.installcheck)."""
 
 from __future__ import annotations
 
@@ -66,10 +62,8 @@ class Request:
 
 
 def verify_image(request: Request, config: Config, expected: Expected, scratch: Path) -> tuple[Verification, ...]:
-    """Verify each platform `request.ref` holds (or the one asked), pulled from its registry; with `local`, the image
-    of that name in this Docker engine instead (never as a stand-in for a registry that cannot be read). Labels and
-    the wheel's buildinfo against this repo, the CPU its Python runs on, and the shared objects of the installed wheel
-    (ELF machine, and the arch gate for `arches` or else the arches the wheel records)."""
+    """Verify each platform `request.ref` holds (or the one asked) as pulled from its registry, or with `local` this
+    engine's image: labels, buildinfo, the CPU its Python runs on, and the installed wheel's shared objects."""
     from carry.image import registry
 
     client = registry.client()
@@ -164,8 +158,7 @@ def _trust_dockerfile(
     remote: tuple[str, tuple[Platform, ...]] | None,
     expected: Expected,
 ) -> tuple[list[str], list[str]]:
-    """A Dockerfile-built image: its signature (and the index's), its provenance against this repo (commit,
-    series, VERSION), and its SBOM, when it has one (a --hermetic build), against the dist-info its layers hold."""
+    """A Dockerfile-built image's signature (and the index's), provenance and, from a --hermetic build, SBOM."""
     from carry.image import registry, registryhttp
     from carry.image.inspect import imagefs, trustcheck
     from carry.trust import provenance
@@ -268,10 +261,8 @@ def verify_locked(
     expected: Expected,
     dist: Path = Path("dist"),
 ) -> tuple[Verification, ...]:
-    """Each platform of `request.ref` (or the one asked) read from its layers and proven against its lock
-    (carry.image.locked.runtimelock) and the fixed wheel for it in `dist`; with `key` (carry.trust.keys.PublicKey),
-    also its signature, SBOM and provenance (carry.image.inspect.trustcheck), the provenance against `patches`
-    (name, sha256)."""
+    """Each platform of `request.ref` (or the one asked) read from its layers and proven against its lock and the fixed
+    wheel in `dist`; with `key`, also its signature, SBOM and provenance."""
     from carry.image.locked import runtimelock
 
     ref, platform, arches, local = request.ref, request.platform, request.arches, request.local
@@ -322,8 +313,7 @@ def _trust_locked(
     expected: Expected,
     remote: tuple[str, tuple[Platform, ...]] | None,
 ) -> tuple[list[str], list[str]]:
-    """A locked image's signature, SBOM (against the distributions its layers install) and provenance (against
-    this repository: commit, series, VERSION, the fixed wheel in dist/, the lock); `request.key` is set."""
+    """A locked image's signature, SBOM and provenance (against this repository); `request.key` is set."""
     import hashlib
 
     from carry.image import registryhttp
@@ -337,13 +327,8 @@ def _trust_locked(
     repository = registryhttp.repository_of(request.ref)
     store = registryhttp.Repository.of(repository, login.auth)
     dists = installcheck.installed(files.nodes, content.site, [])
-    wanted = provenance.Expected(
-        expected.commit,
-        patches,
-        expected.version,
-        fixed.sha256,
-        (lock.path.name, hashlib.sha256(lock.path.read_bytes()).hexdigest()),
-    )
+    locked = (lock.path.name, hashlib.sha256(lock.path.read_bytes()).hexdigest())
+    wanted = provenance.Expected(expected.commit, patches, expected.version, fixed.sha256, locked)
     manifest = trustcheck.Manifest(
         repository=repository, digest=files.digest, platform=files.platform, labels=files.labels
     )
@@ -356,8 +341,7 @@ def _trust_locked(
 
 
 def fixed_wheel(dist: Path, version: str, platform: Platform) -> FixedWheel:
-    """The fixed wheel for `platform` in `dist`: the one whose version carries VERSION and whose tag is that
-    platform's (else a pure `-none-any` one, which every platform installs)."""
+    """The fixed wheel of VERSION in `dist` tagged for `platform` (else a pure `-none-any` one): exactly one."""
     from carry.image.inspect import installcheck
     from carry.wheelbuild.verify import wheel_platform
 
@@ -399,8 +383,7 @@ def read_and_check(
     from_registry: bool = True,
     wheels: dict[str, Path] | None = None,
 ) -> tuple[ImageFiles, ContentCheck]:
-    """`platform`'s image of `ref` read from its layers (the registry when it has `ref`, else the local engine)
-    and its files checked against `locked` (name, version pairs) and the `fixed` wheel."""
+    """`platform`'s image of `ref` read from its layers and its files checked against the lock and `fixed`."""
     from carry.binaries import sharedobjects as binaries
     from carry.image import registry
     from carry.image.inspect import imagefs, installcheck

@@ -1,8 +1,6 @@
-"""What a locked image's venv holds, proven from its files (carry.image.inspect.imagefs reads them from the layers): the
-installed distributions are exactly the lock plus the fixed wheel, every installed file matches its
-distribution's RECORD, nothing under site-packages or the venv's bin belongs to no RECORD, the fixed wheel is
-installed file for file as it is in dist/ (and nothing else under its top-level directories), console scripts
-run the image's own interpreter, and the fixed wheel's shared objects are handed to the gate."""
+"""What a locked image's venv holds, proven from its files: the installed distributions are exactly the lock plus the
+fixed wheel, every file matches its RECORD, nothing under site-packages or the venv's bin is in no RECORD, the fixed
+wheel is installed as it is in dist/, console scripts run the image's interpreter."""
 
 from __future__ import annotations
 
@@ -55,8 +53,7 @@ def parse_record(text: str) -> tuple[Row, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Installed:
-    """One `*.dist-info` in site-packages: its name (canonical and as written), version, rows and console
-    scripts."""
+    """One `*.dist-info` in site-packages: its name (canonical and as written), version, rows and scripts."""
 
     name: str
     shown: str
@@ -71,8 +68,7 @@ class Installed:
 
 @dataclasses.dataclass(frozen=True)
 class FixedWheel:
-    """The fixed wheel from dist/: its sha256, dist-info directory, RECORD rows (and RECORD's bytes), the paths of
-    its shared objects and its top-level names."""
+    """The fixed wheel from dist/: its sha256, dist-info, RECORD rows, shared objects and top-level names."""
 
     path: Path
     sha256: str
@@ -103,9 +99,8 @@ class FixedWheel:
 
 
 def _installed_path(wheel_path: str) -> str:
-    """Where a wheel member is installed, relative to site-packages: `.data/purelib|platlib/x` to `x`,
-    `.data/scripts/x` to `../../../bin/x`, `.data/data/x` to `../../../x` (the venv); `.data/headers` is left
-    out ("")."""
+    """Where a wheel member is installed, relative to site-packages (`.data/scripts/x` to `../../../bin/x`, ...); "" for
+    `.data/headers`."""
     top, _, rest = wheel_path.partition("/")
     if not top.endswith(".data"):
         return wheel_path
@@ -165,8 +160,7 @@ class ContentCheck:
 def check(
     files: ImageFiles, locked: Iterable[tuple[str, str]], fixed: FixedWheel, wheels: dict[str, Path] | None = None
 ) -> ContentCheck:
-    """The image's venv against the lock (name, version pairs) and the fixed wheel; `wheels` (canonical name ->
-    the locked wheel file, from the download store) have their RECORDs compared with the installed ones."""
+    """The image's venv against the lock (name, version pairs), the fixed wheel and the locked `wheels`' RECORDs."""
     nodes, locked = files.nodes, tuple(locked)
     problems: list[str] = []
     sites = sorted({match.group(0) for path in nodes if (match := SITE_RE.match(path))})
@@ -199,6 +193,10 @@ def check(
         for path in sorted(fixed.shared)
         if (node := nodes.get(posixpath.join(site, path))) is not None and node.shared is not None
     )
+    notes = (
+        (wrong_records, "whose own wheel's RECORD is wrong, installed with the wheel's bytes as pip installs them"),
+        (shared_paths, "two locked wheels install, each as one of them has it"),
+    )
     proven = (
         f"files: {len(dists)} distribution(s) = the lock's {len(locked)} + the fixed wheel; {checked} "
         f"file(s), {size / 1e6:,.1f} MB, each matching its RECORD; nothing under "
@@ -210,15 +208,10 @@ def check(
         f"console scripts: run {PYTHON}",
         *(f"CUDA_HOME's toolkit layout, carry's: {', '.join(_shown(p, site) for p in toolkit)}",) * bool(toolkit),
         *(
-            f"note: {len(wrong_records)} file(s) whose own wheel's RECORD is wrong, installed with the wheel's bytes "
-            f"as pip installs them: {'; '.join(wrong_records[:3])}{' …' if len(wrong_records) > 3 else ''}",
-        )
-        * bool(wrong_records),
-        *(
-            f"note: {len(shared_paths)} file(s) two locked wheels install, each as one of them has it: "
-            f"{'; '.join(shared_paths[:3])}{' …' if len(shared_paths) > 3 else ''}",
-        )
-        * bool(shared_paths),
+            f"note: {len(paths)} file(s) {what}: {'; '.join(paths[:3])}{' …' if len(paths) > 3 else ''}"
+            for paths, what in notes
+            if paths
+        ),
     )
     return ContentCheck(files.platform, site, len(dists), checked, size, tuple(problems), proven, shared)
 
@@ -429,9 +422,8 @@ def _against_fixed(nodes: dict[str, Node], site: str, dist: Installed, fixed: Fi
 
 
 def against_wheel(dist: Installed, wheel_rows: tuple[Row, ...], wheel_dist_info: str, what: str) -> list[str]:
-    """The installed RECORD against the RECORD of the wheel it was installed from: every row of the wheel's there
-    with the wheel's hash and size (`.data/scripts` files aside: their `#!python` is rewritten), and nothing else
-    but what an installer adds (INSTALLER, REQUESTED, direct_url.json, RECORD, console scripts in the bin)."""
+    """The installed RECORD against the RECORD of the wheel it was installed from: every row of the wheel's with its
+    hash and size (`.data/scripts` aside: rewritten), and nothing else but what an installer adds."""
     problems = []
     installed_rows = {posixpath.normpath(row.path): row for row in dist.rows}
     expected: set[str] = set()
@@ -492,8 +484,7 @@ def _describe(row: Row | None) -> str:
 
 
 def _scripts(nodes: dict[str, Node], dists: list[Installed]) -> list[str]:
-    """Every console script a distribution declares is in the venv's bin and runs its interpreter, and so does
-    every other script there that names a Python."""
+    """Every declared console script is in the venv's bin, and every script there that names a Python runs ours."""
     problems = []
     declared = {name: dist for dist in dists for name in dist.scripts}
     for name, dist in sorted(declared.items()):

@@ -1,9 +1,6 @@
-"""A tar archive read front to back from a stream, fast: each member's data goes through one reused buffer to
-whoever wants it (a hash), and is skipped the same way otherwise. The standard library's stream mode copies every
-block several times (about 20 MB/s of small files here); this reads at the speed of the inflater.
-
-ustar, GNU (long names, base-256 sizes) and pax (path, linkpath, size) headers are understood; that is what
-image layers are written with."""
+"""A tar archive read front to back from a stream through one reused buffer: the standard library's stream mode copies
+every block several times (about 20 MB/s of small files); this reads at the inflater's speed. ustar, GNU (long names,
+base-256 sizes) and pax (path, linkpath, size) headers, as image layers are written."""
 
 from __future__ import annotations
 
@@ -71,9 +68,8 @@ def _pax(data: bytes) -> dict[str, str]:
 
 
 class Reader:
-    """Members of the tar in `stream` (a buffered binary stream), one at a time: `next()` gives the next header
-    (skipping what was not read of the one before), `read_data(sink)` passes its data to `sink` in chunks
-    (memoryviews valid only during the call), `member_stream()` gives it as a stream (a tar inside a tar)."""
+    """Members of the tar in `stream`, one at a time: `next()` the next header (skipping what was not read),
+    `read_data(sink)` its data in chunks (memoryviews valid only during the call), `member_stream()` it as a stream."""
 
     def __init__(self, stream: io.BufferedIOBase, where: str):
         self.stream, self.where = stream, where
@@ -111,15 +107,9 @@ class Reader:
             if "size" in overrides:
                 size = int(overrides["size"])
                 padding = -size % BLOCK
-            header = Header(
-                overrides.get("path", name),
-                _number(block[100:108]),
-                size,
-                kind,
-                overrides.get("linkpath", _text(block[157:257])),
-            )
+            link = overrides.get("linkpath", _text(block[157:257]))
             self.pending, self.padding = size, padding
-            return header
+            return Header(overrides.get("path", name), _number(block[100:108]), size, kind, link)
 
     def read_data(self, sink: Callable[[memoryview], None] | None) -> None:
         while self.pending:

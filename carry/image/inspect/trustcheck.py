@@ -1,16 +1,8 @@
 """`verify IMAGE --key PUB`: what carry.trust attached to a pushed image, checked against the key, the image's own
-layers and (from a checkout) this repository:
-
-- the simple-signing signature of each platform manifest (and of the index the tag names) verifies with the key
-  and names that digest and the repository;
-- the SBOM and provenance envelopes under `.att` verify with the key and are about that digest;
-- the SBOM lists exactly the distributions the layers install (read by carry.image.inspect.imagefs, each `*.dist-info`),
-  and is valid CycloneDX 1.6;
-- the provenance agrees with itself, the SBOM and the labels, and, from a checkout, names this repository's
-  commit, series (each patch's sha256), VERSION, the fixed wheel in dist/ and the lock.
-
-Without a checkout (no build.yaml), `verify_without_checkout` reads the image's dist-info from its layers and does
-all but the comparison with a repository, and says so."""
+layers and (from a checkout) this repository: each manifest's signature (and the index's), the SBOM and provenance
+envelopes under `.att` about that digest, the SBOM against the distributions the layers install, and the provenance
+against itself, the SBOM, the labels and (from a checkout) this repository's commit, series, VERSION, fixed wheel and
+lock. Without a checkout, `verify_without_checkout` does all but the last, and says so."""
 
 from __future__ import annotations
 
@@ -113,8 +105,7 @@ NOT_COMPARED = (
 def verify_without_checkout(
     ref: str, key: PublicKey, platform: Platform | None, docker_cli: str, require: tuple[str, ...] = ()
 ) -> tuple[TrustOnly, ...]:
-    """Every platform of `ref` (or the one asked), read from the registry: signature, SBOM against the layers'
-    dist-info, provenance against itself, the SBOM and the labels."""
+    """Every platform of `ref` (or the one asked) read from the registry and its trust checked without a repository."""
     from carry.image import registry, registryhttp
     from carry.image.inspect import imagefs
 

@@ -1,18 +1,13 @@
 """The CUDA toolkit a runtime lock ships: when the lock holds NVIDIA's pip nvcc, the wheels that make the image's
-CUDA_HOME (the compiler, its front end and NVVM, the CCCL headers, the runtime's headers and libraries) must be one
-CUDA release, the one torch is built for (torch pins nvidia-cuda-runtime through cuda-toolkit). A JIT that compiles
-with that CUDA_HOME (FlashInfer's sampler, at vLLM's first request) otherwise stops at CCCL's "CUDA compiler and CUDA
-toolkit headers are incompatible": an unpinned requirement of nvcc (vLLM 0.33.0's humming-kernels) resolves to the
-newest nvcc, 13.5, beside torch's runtime 13.0.
+CUDA_HOME must be one CUDA release, torch's. Otherwise a JIT that compiles with it (FlashInfer's, at vLLM's first
+request) stops at CCCL's "CUDA compiler and CUDA toolkit headers are incompatible" (an unpinned nvcc resolves to the
+newest release beside torch's older runtime).
 
     the lock's pins -> mismatch() (None: one release) -> constraints() for uv -> the lock resolved again
 
-NVIDIA's wheels put the runtime in CUDA_HOME/lib as libcudart.so.13 only, where a JIT's link looks for a toolkit's
-layout: FlashInfer links `-L$CUDA_HOME/lib64 -L$CUDA_HOME/lib64/stubs -lcudart -lcuda` (flashinfer#5064). `layout`
-adds what the toolkit has there: lib64 -> lib, the runtime's development link, and the driver's link-time stub (an
-ELF shared object named libcuda.so.1, as the toolkit's stubs/libcuda.so is; at run time the container's driver,
-libcuda.so.1, is the one loaded).
-"""
+NVIDIA's wheels put libcudart.so.13 alone in CUDA_HOME/lib, where FlashInfer links `-L$CUDA_HOME/lib64
+-L$CUDA_HOME/lib64/stubs -lcudart -lcuda` (flashinfer#5064): `layout` adds a toolkit's lib64 -> lib, the runtime's
+development link and the driver's link-time stub (libcuda.so.1; at run time the container's driver is loaded)."""
 
 from __future__ import annotations
 
@@ -101,9 +96,8 @@ class Added:
 
 
 def layout(site: str, pins: Mapping[str, str], platform: Platform, cuda_h: bytes) -> list[Added]:
-    """What makes the lock's CUDA_HOME a toolkit's layout for a JIT's link, paths under `site`: empty when the lock
-    has no such CUDA_HOME (home_of). `cuda_h`: the runtime wheel's include/cuda.h, whose driver API the stub
-    defines."""
+    """What makes the lock's CUDA_HOME a toolkit's layout for a JIT's link, paths under `site` (empty without such a
+    CUDA_HOME); `cuda_h`: the runtime wheel's cuda.h, whose driver API the stub defines."""
     home = home_of(pins)
     if home is None:
         return []
@@ -155,15 +149,7 @@ def driver_stub(platform: Platform, symbols: tuple[str, ...], soname: str = "lib
         bytes(4),
         b"".join(
             struct.pack("<qQ", tag, value)  # SONAME, HASH, STRTAB, SYMTAB, STRSZ, SYMENT, NULL
-            for tag, value in (
-                (14, 1),
-                (4, hash_),
-                (5, at[2]),
-                (6, dynsym),
-                (10, len(dynstr)),
-                (11, 24),
-                (0, 0),
-            )
+            for tag, value in ((14, 1), (4, hash_), (5, at[2]), (6, dynsym), (10, len(dynstr)), (11, 24), (0, 0))
         ),
         shstr,
     ]

@@ -1,22 +1,14 @@
 """VERSION N's fixed wheel, rebuilt from its image in the registry, as the base a fresh runner derives VERSION N+1's
 from (carry.wheelbuild.derive): no PEP 517 build, no download of the wheel.
 
-A locked image holds the fixed wheel installed: the `vllm-release` layer is the precompiled release wheel installed
-(this run has that wheel, pinned by sha256), the `vllm-fixed` layer the difference to the fixed wheel (its changed
-and new files, its dist-info with the installed RECORD of every file, whiteouts for what it drops). So the fixed
-wheel's members are the release wheel's, with the fixed layer's files over them and its whiteouts taken out; members
-the release wheel has unchanged keep their compressed bytes. Only the fixed layer is read (kilobytes), checked
-against the record's digest and diff_id. What is rebuilt must install exactly as VERSION N's did: the RECORD that
-installing it writes is compared, byte for byte, with the one in the layer.
+The `vllm-release` layer is the precompiled release wheel installed (this run has it, pinned by sha256), the
+`vllm-fixed` layer the difference to the fixed wheel. So the fixed wheel's members are the release wheel's, with the
+fixed layer's files over them and its whiteouts taken out. Only the fixed layer is read (kilobytes), checked against the
+record's digest and diff_id, and what is rebuilt must install with exactly the RECORD in that layer.
 
-The derivation needs VERSION N's tree in the mirror: its series (names and sha256 in its buildinfo), each patch
-taken from this run's patches/ when it is there unchanged, else from the copy VERSION N's record carries (the
-patch files are kilobytes: `recorded_series`; a patch edited or dropped since), applied onto its pin; the tree
-must come out as the buildinfo names it. Each patch is held to the sha256 the buildinfo names, whichever copy.
-Then derive's own checks run (the same lineage: build environment, toolchain, arches, precompiled wheel;
-Python-only changes, modules added or removed in shipped packages), and the finish proves the result (tree check,
-gate).
-"""
+VERSION N's tree must be in the mirror, or made from its series (each patch from this run's patches/ when unchanged,
+else from the copy its record carries, held to the buildinfo's sha256) on its pin. Then derive's own checks run, and the
+finish proves the result (tree check, gate)."""
 
 from __future__ import annotations
 
@@ -69,12 +61,7 @@ def offer(
 
 
 def rebuild(
-    previous: Previous,
-    the_plan: WheelPlan,
-    mirror: Path,
-    series: Series,
-    venv: Venv,
-    scratch: Path,
+    previous: Previous, the_plan: WheelPlan, mirror: Path, series: Series, venv: Venv, scratch: Path
 ) -> tuple[derive.Base | None, str]:
     started = time.monotonic()
     ref = previous.ref
@@ -184,9 +171,8 @@ def recorded_series(wheel: Path, directory: Path) -> list[dict]:
 def _tree(
     stamped: dict, mirror: Path, series: Series, scratch: Path, recorded: list[dict] | None = None
 ) -> tuple[str | None, str]:
-    """VERSION N's tree in the mirror: there already, else its series (each patch found in this run's patches/ by
-    name and sha256, else in `recorded`, the copies VERSION N's record carries) applied onto its pin, giving the tree
-    its buildinfo names."""
+    """VERSION N's tree in the mirror: there already, else its series (this run's patches, else the copies in
+    `recorded`) applied onto its pin, giving the tree its buildinfo names."""
     tree = str(stamped.get("tree"))
     if git.object_exists(mirror, tree):
         return tree, ""
@@ -212,9 +198,8 @@ def _tree(
     subset = Series(series.directory, tuple(mine[(p["name"], p["sha256"])] for p in theirs))
     report = apply.check(mirror, pin, subset, scratch)
     if report.tree != tree:
-        return (
-            None,
-            f"VERSION {stamped.get('version')}'s series on its pin gives tree {str(report.tree)[:12]}, not {tree[:12]}",
+        return None, (
+            f"VERSION {stamped.get('version')}'s series on its pin gives tree {str(report.tree)[:12]}, not {tree[:12]}"
         )
     return tree, ""
 

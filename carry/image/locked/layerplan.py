@@ -157,9 +157,8 @@ def runtime_base(base: RuntimeBase, client: docker.DockerClient) -> tuple[str, d
 def fetch_wheels(
     lock: runtimelock.Lock, store: Store, scratch: Path, added: list[Path] | None = None
 ) -> dict[str, Path]:
-    """Every locked wheel in the download store, sha256-checked against the lock: those missing downloaded once
-    with pip (the user's index settings; no cache of pip's own), each file stored once by its sha256 (and listed
-    in `added`)."""
+    """Every locked wheel in the download store, sha256-checked against the lock: the missing ones downloaded once with
+    pip (the user's index settings), each stored by its sha256 (and listed in `added`)."""
     found: dict[str, Path] = {}
     missing = []
     for package in lock.packages:
@@ -286,16 +285,13 @@ def plan_platform(
             extra = cuda_home(lock, wheels, venv) if group == "nvidia" else []
             planned = _layer(group, entries, extra, overwritten=overwritten)
             layers.append(dataclasses.replace(planned, recipe=group_key(lock, group, venv), wheels=tuple(files[group])))
-    patched: dict[str, str] = {}
+    changed, whiteouts = list(fixed.entries), list[Item]()
     if release is not None:
         released = wheelinstall.plan(release, venv)
         layers.append(_layer("vllm-release", list(released.entries)))
         changed, whiteouts = difference(released, fixed)
-        layers.append(_layer("vllm-fixed", changed, whiteouts))
-        patched = {e.path: e.sha256_hex for e in changed if not e.path.startswith(fixed.dist_info + "/")}
-    else:
-        layers.append(_layer("vllm-fixed", list(fixed.entries)))
-        patched = {e.path: e.sha256_hex for e in fixed.entries if not e.path.startswith(fixed.dist_info + "/")}
+    layers.append(_layer("vllm-fixed", changed, whiteouts))
+    patched = {e.path: e.sha256_hex for e in changed if not e.path.startswith(fixed.dist_info + "/")}
     return PlatformPlan(
         platform, base_ref, base, tuple(layers), fixed, patched, _duplicates(layers), run_time_compilers(lock)
     )
@@ -327,11 +323,9 @@ def _layer(name: str, entries: list[Entry], extra: Iterable[Item] = (), overwrit
 
 
 def _merge(groups: dict[str, list[Installed]], venv: Venv) -> dict[str, tuple[list[Entry], tuple[str, ...]]]:
-    """The files of the locked wheels, per layer (group), each path stored once across all of them. A path two
-    wheels install (cuda-python 12.6 ships its own copy of cuda/bindings/, which cuda-bindings installs;
-    flashinfer-python and torch-c-dlpack-ext both ship a top-level build_backend.py) goes to the wheel whose name
-    is the path's package (cuda-bindings for cuda/bindings/...), else to the later by name, and only into that
-    wheel's layer; such paths are reported with the layer that keeps them."""
+    """The locked wheels' files per layer (group), each path stored once across all of them: a path two wheels install
+    (cuda-python's own cuda/bindings/, two wheels' build_backend.py) goes to the wheel named like the path's package,
+    else the later by name, and is reported with the layer that keeps it."""
     chosen: dict[str, tuple[str, str, Entry]] = {}
     twice: dict[str, set[str]] = {group: set() for group in groups}
     site = venv.site.lstrip("/") + "/"
@@ -413,7 +407,6 @@ def _duplicates(layers: list[LayerPlan]) -> tuple[str, ...]:
 
 def _venv_items(config: Config, lock: runtimelock.Lock, venv: Venv) -> list[Item]:
     """L1: the venv on the base's Python and carry's small files."""
-
     prefix = venv.prefix.lstrip("/")
     cfg = (
         f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {lock.python}\n"

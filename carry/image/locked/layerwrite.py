@@ -1,7 +1,6 @@
-"""Writing a locked image (carry.image.locked.lockedimage): its image config, the layers' digests remembered by
-their contents, and the layers and config pushed over the registry's HTTP API (carry.image.registryhttp) or streamed
-into the local engine with `docker load`. A layer of reporter.BAR_FROM_BYTES or more says each quarter of its tar
-written (a `layer` line)."""
+"""Writing a locked image: its image config, and the layers and config pushed over the registry's HTTP API or streamed
+into the local engine with `docker load`; a layer of reporter.BAR_FROM_BYTES or more says each quarter of its tar
+written."""
 
 from __future__ import annotations
 
@@ -96,12 +95,10 @@ def push_platform(
     labels: dict[str, str],
     config: Config,
 ) -> tuple[bytes, str, list[LayerOutcome], str]:
-    """Every layer (base ones included) and the config pushed unless the registry has them (`reuse`: this machine's
-    remembered digests, the previous image's record; each with its blob there); the manifest returned (bytes,
-    digest) for the caller to tag."""
+    """Every layer and the config pushed unless the registry has them (`reuse`); the manifest (bytes, digest) returned
+    for the caller to tag."""
     outcomes = _push_base(repo, client, plan, reuse)
-    for layer in plan.layers:
-        outcomes.append(_push_layer(repo, layer, reuse, plan.platform))
+    outcomes += [_push_layer(repo, layer, reuse, plan.platform) for layer in plan.layers]
     diff_ids = [o.written.diff_id for o in outcomes]
     body = image_config(config, plan, diff_ids, labels)
     manifest, config_action = push_config(repo, body, outcomes)
@@ -146,12 +143,7 @@ def _push_base(repo: Repository, client: docker.DockerClient, plan: PlatformPlan
 
     image = EngineImage(plan.base, plan.base_ref, plan.platform)
     return push_engine_layers(
-        repo,
-        client,
-        image,
-        reuse.digests,
-        known=known,
-        why=lambda key: reuse.why(plan.platform, "base", key),
+        repo, client, image, reuse.digests, known=known, why=lambda key: reuse.why(plan.platform, "base", key)
     )[0]
 
 
@@ -168,7 +160,6 @@ def load_platform(
     base_ids = list(plan.base.get("RootFS", {}).get("Layers") or [])
     outcomes: list[LayerOutcome] = [LayerOutcome("base", Written("", 0, d, 0, 0), "in the engine") for d in base_ids]
     done: list[Written] = []
-
     said = reporter.current()
 
     def archive() -> Iterator[bytes]:
@@ -184,16 +175,9 @@ def load_platform(
         diff_ids = base_ids + [w.diff_id for w in done]
         body = image_config(config, plan, diff_ids, labels)
         config_name = f"{hashlib.sha256(body).hexdigest()}.json"
-        manifest = json.dumps(
-            [
-                {
-                    "Config": config_name,
-                    "RepoTags": list(refs),
-                    "Layers": [f"base-{i}/layer.tar" for i in range(len(base_ids))]
-                    + [f"carry-{i}/layer.tar" for i in range(len(plan.layers))],
-                }
-            ]
-        ).encode()
+        layers = [f"base-{i}/layer.tar" for i in range(len(base_ids))]
+        layers += [f"carry-{i}/layer.tar" for i in range(len(plan.layers))]
+        manifest = json.dumps([{"Config": config_name, "RepoTags": list(refs), "Layers": layers}]).encode()
         for name, data in ((config_name, body), ("manifest.json", manifest)):
             yield _tar_header(name, len(data)) + data + b"\0" * (-len(data) % 512)
         yield b"\0" * 1024

@@ -1,10 +1,6 @@
-"""The locked, layered image (build.yaml `image.lock`): carry writes the layers itself, nothing of the target CPU
-runs, no build context is sent (docs/images.md: "The locked image").
-
-Per platform: the runtime lock's wheels are downloaded once into the download store (sha256 from the lock, pip's
-own client and index settings); each layer is a deterministic tar written straight from the wheels' zips
-(carry.image.locked.ocilayer), gzip-compressed with isal and streamed to the registry over its HTTP API
-(carry.image.registryhttp), or, without --push, streamed into the local engine with `docker load`:
+"""The locked, layered image (build.yaml `image.lock`): carry writes the layers itself, nothing of the target CPU runs,
+no build context is sent (docs/images.md: "The locked image"). Each layer is a deterministic tar of the lock's wheels,
+pushed over the registry's HTTP API or, without --push, streamed into `docker load`:
 
   base layers  the runtime base image's own, unchanged
   L1 venv      /opt/venv (pyvenv.cfg, python links, empty site-packages), /etc/carry/runtime.env, the entrypoint
@@ -15,13 +11,7 @@ own client and index settings); each layer is a deterministic tar written straig
   L6 fixed     the difference to installing the fixed wheel instead (changed and new files, the new dist-info,
                whiteouts for what it replaces); without a precompiled wheel L5 is absent and L6 is the wheel
 
-A layer's digests are remembered by its contents' description (paths, modes, sizes, hashes, the compressor) in
-$CARRY_CACHE/image-layers, so a rerun asks the registry (HEAD) and skips it: "already exists".
-
-Here: `prepare` and `build`, over the stages: carry.image.locked.layerplan (the wheels fetched, the layers
-planned), carry.image.locked.layerwrite (the image config, the layers pushed or loaded) and
-carry.image.locked.smoketest (the smoke test, the pushed image pulled back and kept).
-"""
+Here: `prepare` and `build`, over layerplan (planned), layerwrite (pushed or loaded) and smoketest."""
 
 from __future__ import annotations
 
@@ -211,21 +201,15 @@ def build(
     delivery: Delivery,
     client: docker.DockerClient,
 ) -> LockedImageResult:
-    """Download, plan, write and push (or load) every platform's image; then the shared tags and the smoke test.
-    With --push, `delivery.attester` (carry.image.attest) writes each platform's SBOM and signs and attests what was
-    pushed, and each platform's record goes beside it (registrycache)."""
+    """Download, plan, write and push (or load) every platform's image; then the shared tags and the smoke test. With
+    --push, `delivery.attester` signs and attests what was pushed, and each platform's record goes beside it."""
     digests = Digests(cache.root / "image-layers")
     job = _Job(
-        config=config,
-        cache=cache,
-        prepared=prepared,
-        the_plan=the_plan,
-        fixed_wheels=fixed_wheels,
-        client=client,
+        config=config, cache=cache, prepared=prepared, the_plan=the_plan, fixed_wheels=fixed_wheels, client=client
     )
     if delivery.push:
         return _push_all(job, delivery)
-    plans, _ = _plan_all(job, None)
+    plans = {image.platform: _plan(job, image.platform, None)[0] for image in the_plan.images}
     duplicates = tuple(d for p in plans.values() for d in p.duplicates)
     _say_layers(plans, duplicates)
     outcomes: list[PlatformOutcome] = []
@@ -338,8 +322,7 @@ def _smoke_all(
     delivery: Delivery,
     reuse: Reuse,
 ) -> list[PlatformOutcome]:
-    """Each platform smoke-tested as smoketest.choose says: pulled back and run (at the same time), or the changed
-    files checked against the image where the previous image's result holds for the rest."""
+    """Each platform smoke-tested as smoketest.choose says: pulled back and run, or its changed files checked."""
     from carry.image.locked import smoketest
 
     client = job.client
@@ -371,8 +354,7 @@ def _smoke_all(
 def _layer_facts(
     outcome: PlatformOutcome, plan: PlatformPlan, reuse: Reuse
 ) -> list[tuple[LayerOutcome, Facts | None, bytes | None]]:
-    """Per layer of the image (base layers aside): its facts and their blob, from its plan where it was planned,
-    else from the previous image's record."""
+    """Per layer (base aside): its facts and their blob, from its plan, else from the previous image's record."""
     from carry.image.locked import registrycache
 
     site = (plan.fixed.dist_info.rsplit("/", 1)[0]) if plan.fixed.dist_info else ""
@@ -422,36 +404,19 @@ def _record(
     )
     found = job.prepared.facts.get(outcome.platform)
     base = found.base.record(plan.base) if found is not None and found.base is not None else None
-    made = registrycache.Record(
-        outcome.digest,
-        str(outcome.platform),
-        entries,
-        base,
-        {
-            "file": job.fixed_wheels[outcome.platform].name,
-            "patches": imagewheel.recorded_series(job.fixed_wheels[outcome.platform], job.config.patches_dir),
-        },
-        outcome.smoke_record,
-    )
+    fixed = job.fixed_wheels[outcome.platform]
+    wheel = {"file": fixed.name, "patches": imagewheel.recorded_series(fixed, job.config.patches_dir)}
+    made = registrycache.Record(outcome.digest, str(outcome.platform), entries, base, wheel, outcome.smoke_record)
     attached = registrycache.push_record(stage, made, facts)
     reporter.phase("record", attached.line(outcome.platform))
     return dataclasses.replace(outcome, record=attached)
 
 
-def _plan_all(job: _Job, reuse: Reuse | None) -> tuple[dict[Platform, PlatformPlan], dict[Platform, dict[str, Path]]]:
-    plans, fetched = {}, {}
-    for image in job.the_plan.images:
-        plans[image.platform], fetched[image.platform] = _plan(job, image.platform, reuse)
-    return plans, fetched
-
-
 def _plan(
     job: _Job, platform: Platform, reuse: Reuse | None, added: list[Path] | None = None
 ) -> tuple[PlatformPlan, dict[str, Path]]:
-    """A platform's layers planned, with the wheel files of its lock. With `reuse`, a platform whose locked wheels'
-    layers the registry has (by key, each with its facts) is planned without reading those wheels, and none is
-    downloaded; otherwise the lock's wheels are fetched (those the store lacks, listed in `added`) and every layer
-    planned."""
+    """A platform's layers planned, with the wheel files of its lock; with `reuse`, layers the registry has are planned
+    by key, no wheel read, else the lock's wheels are fetched (new ones listed in `added`)."""
     config, cache, prepared, fixed_wheels = job.config, job.cache, job.prepared, job.fixed_wheels
     store = Store.from_env(cache.root)
     lock = prepared.locks[platform]
@@ -515,8 +480,7 @@ def _recorded_wheels(plan: PlatformPlan, reuse: Reuse, platform: Platform) -> di
 
 
 def _sbom_wheels(lock: runtimelock.Lock, store: Store, recorded: dict[str, tuple[str, str]]) -> dict[str, Path]:
-    """The wheel file of each locked package, as the SBOM names it: the record's (file name, sha256), each sha256 one
-    the lock lists for it; where the store holds the file, its path there."""
+    """The wheel file of each locked package as the record names it, each sha256 one the lock lists."""
     wheels = {}
     for package in lock.packages:
         file, sha = recorded.get(package.name, ("", ""))

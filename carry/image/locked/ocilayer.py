@@ -1,11 +1,7 @@
-"""Deterministic image layers: tar streams written straight from the wheels' zips, gzip-compressed with isal.
-
-A layer is a sorted list of items (directories, files, symlinks, OCI whiteouts). Every parent directory is
-written before its children, uid/gid 0, mtime 0, modes 0755/0644: the same items give the same bytes, so the same
-lock on the same base gives the same digests. Nothing is unpacked on disk: a file's bytes are inflated from its
-wheel member as the tar is written, hashed (the layer's diff_id), compressed (isal's igzip, several times faster
-than zlib) and handed to a sink (the registry upload, or `docker load`) chunk by chunk.
-"""
+"""Deterministic image layers: tar streams written straight from the wheels' zips. Every parent directory comes before
+its children, uid/gid 0, mtime 0, modes 0755/0644: the same items give the same bytes, so the same lock on the same base
+gives the same digests. A file's bytes are inflated from its wheel member as the tar is written, nothing unpacked on
+disk."""
 
 from __future__ import annotations
 
@@ -40,9 +36,7 @@ class Item:
 
 def items_for(entries: Iterable[Entry], extra: Iterable[Item] = ()) -> tuple[Item, ...]:
     """Files (and extra items) with every parent directory, sorted by path; a path given twice keeps the last."""
-    by_path: dict[str, Item] = {}
-    for entry in entries:
-        by_path[entry.path] = Item(entry.path, "file", entry.mode, entry.size, entry)
+    by_path = {entry.path: Item(entry.path, "file", entry.mode, entry.size, entry) for entry in entries}
     for item in extra:
         by_path[item.path] = item
     dirs: set[str] = set()
@@ -88,8 +82,7 @@ def tar_size(items: Iterable[Item]) -> int:
 
 
 def stream(items: Iterable[Item]) -> Iterator[bytes]:
-    """The layer's tar, chunk by chunk; each file's bytes are inflated from its wheel member (one open zip per
-    wheel) or taken from the entry's data."""
+    """The layer's tar, chunk by chunk, files inflated from their wheel members (one open zip per wheel)."""
     archives: dict[Path, zipfile.ZipFile] = {}
     pending = bytearray()  # headers, padding and small files gathered; big chunks pass through uncopied
     try:

@@ -1,24 +1,16 @@
-"""The registry as the cache of a locked image (docs/images.md, "A fresh runner"): what a later run needs to reuse a
-pushed platform image is recorded beside it, and a run with nothing of its own (an empty carry cache, an empty
-download store, an engine without carry's images) reads it back.
+"""The registry as the cache of a locked image (docs/images.md, "A fresh runner"): beside each pushed platform manifest,
+under the tag `sha256-<hex>.cache`, an OCI artifact whose config is the `Record` (per layer its key, digests and sizes;
+the base; the fixed wheel; the smoke result) and whose layers are one gzip `Facts` blob per layer (the modules it
+installs and removes, the wheels it was written from). It is pushed once the image's smoke test passed, signed with the
+image's key when there is one. A later run with an empty cache reads it back.
 
-Beside each pushed platform manifest, under the tag `sha256-<hex>.cache` (as cosign tags `.sig` and `.att`), an OCI
-artifact: its config blob is the record (`Record`: per layer its key, digest, diff_id and sizes; the base it was made
-on; the fixed wheel; what the smoke test proved), its layers one facts blob per layer (`Facts`: the modules the layer
-installs, the modules it removes, the wheel files it was written from; gzip, deterministic, so a layer that stays
-the same keeps the same facts blob, which the registry has already). It is pushed after the image, once its smoke
-test passed, and signed with the image's key when $CARRY_SIGNING_KEY is set.
-
-A run finds the previous image through `--cache-from REF`, else the tags this run pushes (its own VERSION, for a
-rerun) and image.tags (`latest`: the VERSION it replaces), per platform. What it trusts, and why:
+What a run trusts, and why:
 - a record only beside the manifest it names (`subject`), each entry only when it is that manifest's layer at its
   position (digest and size) and the config's diff_id there: the record describes the image as pushed;
 - with a key, only a record whose artifact carries a signature that verifies with it;
-- an entry only for a layer whose key is this run's (the key names what the layer is made of), and only while
-  the target repository holds its blob at its size (HEAD), or takes it by a cross-repo mount from the repository
-  the record is in. A remembered digest is never used without its blob.
-Anything else is built, and one line says why.
-"""
+- an entry only for a layer whose key is this run's, and only while the target repository holds its blob at its
+  size (HEAD), or takes it by a cross-repo mount. A remembered digest is never used without its blob.
+Anything else is built, and one line says why."""
 
 from __future__ import annotations
 
@@ -30,7 +22,7 @@ from typing import TYPE_CHECKING
 from carry.image import publish
 from carry.image.gzlayer import Written
 from carry.image.locked.ocilayer import Item
-from carry.image.registryhttp import digest_of
+from carry.image.registryhttp import OCI_MANIFEST, digest_of
 from carry.platforms import Platform
 from carry.util.errors import Failed
 
@@ -44,7 +36,6 @@ FORMAT = 1
 SUFFIX = ".cache"
 RECORD_MEDIA = "application/vnd.carry.layers.v1+json"
 FACTS_MEDIA = "application/vnd.carry.layer-facts.v1+json+gzip"
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
 
 def cache_tag(digest: str) -> str:
@@ -112,9 +103,8 @@ class Record:
 
 @dataclasses.dataclass(frozen=True)
 class Facts:
-    """What one layer holds, for a later run that does not read it: the modules it installs into site-packages
-    (dotted names: packages, modules, extension modules, namespace directories), those its whiteouts remove, and
-    the wheel files it was written from (name, file name, sha256)."""
+    """What one layer holds, for a later run that does not read it: the dotted modules it installs into site-packages,
+    those its whiteouts remove, and the wheel files it was written from (name, file name, sha256)."""
 
     modules: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
@@ -157,18 +147,11 @@ def facts_of(items: tuple[Item, ...], site: str, wheels: tuple[tuple[str, str, s
     modules, removed = set(), set()
     prefix = site.strip("/") + "/"
     for item in items:
-        if not item.path.startswith(prefix):
-            continue
-        relative = item.path[len(prefix) :]
-        if item.kind == "whiteout":
-            name = module_name(relative)
-            if name:
-                removed.add(name)
-            continue
-        if item.kind == "dir" or item.kind == "file" or item.kind == "symlink":
-            name = module_name(relative)
-            if name:
-                modules.add(name)
+        name = module_name(item.path[len(prefix) :]) if item.path.startswith(prefix) else None
+        if name and item.kind == "whiteout":
+            removed.add(name)
+        elif name and item.kind in ("dir", "file", "symlink"):
+            modules.add(name)
     return Facts(tuple(sorted(modules)), tuple(sorted(removed)), wheels)
 
 
@@ -177,8 +160,7 @@ def facts_of(items: tuple[Item, ...], site: str, wheels: tuple[tuple[str, str, s
 
 @dataclasses.dataclass
 class Previous:
-    """One platform's previous image in the registry: where it was found, its record and which entries are trusted
-    (`trusted`: key -> entry); `note` says what was found, or why nothing is used."""
+    """One platform's previous image in the registry: where, its record, its trusted entries and a note why."""
 
     platform: Platform
     ref: str
@@ -222,22 +204,13 @@ class Previous:
 
 
 def candidates(refs: tuple[str, ...], image_name: str) -> tuple[str, ...]:
-    """The refs to look for a previous image at, in order, each once: `--cache-from`, else this run's own tags and
-    image.tags' (the caller passes them in that order)."""
-    seen: list[str] = []
-    for ref in refs:
-        full = ref if "/" in ref else f"{image_name}:{ref}"  # a tag holds no '/': anything else names an image
-        if full not in seen:
-            seen.append(full)
-    return tuple(seen)
+    """The refs to look for a previous image at, in the order given, each once (a bare tag under `image_name`)."""
+    # a tag holds no '/': anything else names an image
+    return tuple(dict.fromkeys(ref if "/" in ref else f"{image_name}:{ref}" for ref in refs))
 
 
 def find(
-    repo: Repository,
-    image_name: str,
-    platform: Platform,
-    refs: tuple[str, ...],
-    key: PublicKey | None,
+    repo: Repository, image_name: str, platform: Platform, refs: tuple[str, ...], key: PublicKey | None
 ) -> Previous:
     """The first of `refs` (full refs: NAME:TAG or NAME@DIGEST) that holds an image for `platform`, with its record
     read and checked. `repo` is the target repository (its login reaches every repository of its registry)."""
@@ -300,8 +273,7 @@ def _platform_of(entry: dict) -> str:
 
 
 def _read_record(previous: Previous, manifest: dict, key: PublicKey | None, image_name: str) -> None:
-    """The record beside `previous.digest`, checked: signed (with a key), naming that manifest, each entry that
-    manifest's layer at its position and the config's diff_id there."""
+    """The record beside `previous.digest`, checked: signed (with a key), and naming that manifest's layers."""
     assert previous.repo is not None  # find() sets it
     ref, repo = previous.ref, previous.repo
     found = repo.get_manifest(cache_tag(previous.digest))
@@ -365,8 +337,7 @@ def _read_record(previous: Previous, manifest: dict, key: PublicKey | None, imag
 
 @dataclasses.dataclass(frozen=True)
 class Found:
-    """A layer the target repository has (or took by a mount): its digests, what was done, where it was known from,
-    and the previous image's entry of the same key (its facts), if any."""
+    """A layer the target repository has (or took by a mount), how it was known, and the previous entry if any."""
 
     written: Written
     action: str  # "already exists" | "mounted"
@@ -376,8 +347,7 @@ class Found:
 
 
 class Reuse:
-    """Which layers the target repository already has, asked once per key: this machine's remembered digests first
-    (`digests`), then the previous image's record; each only with its blob there at its size."""
+    """Which layers the target repository has, asked once per key: remembered digests first, then the record."""
 
     def __init__(self, repo: Repository, digests: Digests, previous: dict[Platform, Previous]):
         self.repo, self.digests, self.previous = repo, digests, previous
@@ -455,9 +425,8 @@ class Attached:
 
 
 def push_record(stage: publish.Stage, record: Record, facts: dict[str, bytes]) -> Attached:
-    """The record of `record.subject` under its `.cache` tag, through the publish stage (which signs it with the
-    image's key): its facts blobs (digest -> bytes; those the registry has are not sent), the record as the
-    artifact's config, the artifact's manifest."""
+    """The record of `record.subject` under its `.cache` tag through the publish stage (which signs it): its facts blobs
+    (those the registry has not sent), the record as the artifact's config, the artifact's manifest."""
     body = record.to_bytes()
     descriptors = [
         {"mediaType": FACTS_MEDIA, "size": len(facts[entry.facts]), "digest": entry.facts}

@@ -1,21 +1,13 @@
 """The runtime base of a locked image, per platform: the runtime image as configured, or, when it holds no python3
 (NVIDIA's CUDA runtime images), a base with Python that carry derives from it (image.runtime_python).
 
-    runtime_image (the local engine's, else pulled: by digest where pinned) -> its content digest
-      -> its own python3 (auto, off)  or  derived: the distribution's python3 + python3-venv (+ image.runtime_packages)
-         by the image's own apt (auto when it has no python3 or packages are named, apt always)
-      -> python3 run once in the base: Python version, glibc (memo by image ID)
+Deriving is one BuildKit build of carry/resources/runtime-python.<method>.Dockerfile FROM the runtime image, for that
+platform (under QEMU for another CPU: minutes, once), kept as the local image `carry-derived/python:<arch>-<key>`, the
+key a hash of the source's content digest and the recipe: a second run reuses it.
 
-Deriving is one BuildKit build of carry/resources/runtime-python.<method>.Dockerfile FROM the runtime image, for
-that platform (its package scripts run under QEMU for another CPU: minutes, once; nothing else of the target CPU
-runs), kept as the local image `carry-derived/python:<arch>-<key>`, the key a hash of the source's content digest
-and the recipe's hash (the packages named included): a second run, or another config on the same image, reuses it.
-
-What names a base, in the lock and the image's labels, is the source's *content digest* -- its layers' diff_ids
-and its run-time config (Env, Entrypoint, Cmd, User, WorkingDir, Labels), without creation times -- and, when
-derived, the recipe's hash. Both are the same on every machine that holds the same image (pulled, or rebuilt
-reproducibly), unlike a local image ID: a fresh runner that derives the base again finds the lock fresh.
-"""
+What names a base, in the lock and the image's labels, is the source's *content digest* (its diff_ids and run-time
+config, no creation times) and, when derived, the recipe's hash: the same on every machine that holds the same image,
+unlike a local image ID."""
 
 from __future__ import annotations
 
@@ -81,9 +73,8 @@ class RuntimeBase:
         return self.python != OWN
 
     def record(self, inspected: dict) -> dict:
-        """What a later run needs to use this base without deriving it again (registrycache.Record.base): what
-        names it, its Python and glibc, and of the image the layers went on (`inspected`) its run-time config and
-        layers."""
+        """What a later run needs to use this base without deriving it again (registrycache.Record.base), with the
+        run-time config and layers of the image the layers went on (`inspected`)."""
         config = inspected.get("Config") or {}
         return {
             "ref": self.ref,
@@ -97,12 +88,8 @@ class RuntimeBase:
         }
 
     def labels(self) -> dict[str, str]:
-        """What the locked image says of its base: the runtime image by name (and registry digest), its content
-        digest and where its Python comes from (the same fields as the lock's header)."""
-        found = {LABEL_BASE_NAME: self.ref, LABEL_BASE: self.content, LABEL_PYTHON: self.python}
-        if self.registry_digest:
-            found[LABEL_BASE_DIGEST] = self.registry_digest
-        return found
+        """What the locked image says of its base: the same fields as the lock's header."""
+        return _derived_labels(self.ref, self.content, self.python, self.registry_digest)
 
 
 def runtime_image(config: Config, platform: Platform) -> str:
@@ -116,10 +103,9 @@ def runtime_image(config: Config, platform: Platform) -> str:
 
 
 def resolve(config: Config, platform: Platform, cache: Cache, known: dict | None = None) -> RuntimeBase:
-    """The platform's runtime base: the runtime image (pulled when the engine lacks it), checked for the platform,
-    used as it is when it has python3 (or image.runtime_python is off), else derived (auto, or a method named);
-    not derived again when `known` (a previous image's record of its base, in the registry) shows the same recipe
-    on the same runtime image made it and this engine holds no such base."""
+    """The platform's runtime base: the runtime image (pulled when missing), used as it is when it has python3 (or
+    image.runtime_python is off), else derived; not derived again when `known` (a previous image's record) shows the
+    same recipe on the same image made it."""
     from carry.image.buildkit import container
 
     ref = runtime_image(config, platform)
@@ -167,19 +153,8 @@ def resolve(config: Config, platform: Platform, cache: Cache, known: dict | None
                 f"the same runtime image, python3 {known.get('python_version')}, glibc {known.get('glibc')}): its "
                 f"layers are in the registry, not derived again"
             )
-            return RuntimeBase(
-                platform,
-                ref,
-                content,
-                registry_digest,
-                python,
-                tag,
-                "",
-                str(known.get("python_version")),
-                str(known.get("glibc")),
-                line,
-                known,
-            )
+            version, glibc = str(known.get("python_version")), str(known.get("glibc"))
+            return RuntimeBase(platform, ref, content, registry_digest, python, tag, "", version, glibc, line, known)
     return derive(config, cache, docker, image, method, why, packages)
 
 
@@ -255,8 +230,7 @@ def inspect(docker: str, ref: str) -> dict | None:
 
 
 def _local_or_pulled(docker: str, config: Config, ref: str, platform: Platform) -> dict:
-    """The runtime image from the local engine, else pulled for the platform (by digest when `ref` pins one), with
-    the push credentials only when it lives in image.name's registry, else the user's own Docker login."""
+    """The runtime image from the local engine, else pulled (image.name's login only in its own registry)."""
     found = inspect(docker, ref)
     if found is not None:
         return found
@@ -282,8 +256,7 @@ def _local_or_pulled(docker: str, config: Config, ref: str, platform: Platform) 
 
 
 def python_facts(docker: str, cache: Cache, image_id: str, platform: Platform, ref: str) -> dict | None:
-    """{"python", "libc"} of the image's own python3, run once (no network; emulated for another CPU; a stdlib
-    one-liner) and kept by image ID under the cache; None when the image has no python3."""
+    """{"python", "libc"} of the image's own python3, run once and kept by image ID; None without python3."""
     memo = cache.root / FACTS_DIR / f"{image_id.removeprefix('sha256:')}.json"
     try:
         facts = json.loads(memo.read_text())
@@ -331,8 +304,7 @@ def derived_tag(content: str, python: str, platform: Platform) -> str:
 
 @record(kw_only=True)
 class SourceImage:
-    """The runtime image a base is derived from: `ref` for `platform`, as the engine inspects it (`inspected`), with
-    its content digest and its registry digest (None: it has none)."""
+    """The runtime image a base is derived from, as the engine inspects it, with its content and registry digests."""
 
     platform: Platform
     ref: str
@@ -342,17 +314,10 @@ class SourceImage:
 
 
 def derive(
-    config: Config,
-    cache: Cache,
-    docker: str,
-    image: SourceImage,
-    method: str,
-    why: str,
-    packages: tuple[str, ...] = (),
+    config: Config, cache: Cache, docker: str, image: SourceImage, method: str, why: str, packages: tuple[str, ...] = ()
 ) -> RuntimeBase:
-    """The derived base of `image` by `method` with `packages` besides python3: the local image made earlier, else
-    one BuildKit build (once per machine and key; a concurrent carry waits for it), said when it starts. `why`: why
-    the base is derived."""
+    """The derived base of `image` by `method` with `packages` besides python3: the local image made earlier, else one
+    BuildKit build (once per key; a concurrent carry waits), said with `why` when it starts."""
     platform, ref, source = image.platform, image.ref, image.inspected
     content, registry_digest = image.content, image.registry_digest
     python = f"{method} {recipe_hash(method, packages)}"
@@ -386,10 +351,8 @@ def derive(
 
 
 def _matching(docker: str, tag: str, labels: dict[str, str]) -> dict | None:
-    """The derived base at `tag` when its labels say it was made from the same content by the same recipe (and pinned
-    by the same registry digest); the name it was configured by is not compared: the same image named another way
-    (carry-local/runtime-base:amd64, carry-test/runtime-base:<tag>) would otherwise be derived again, leaving the
-    earlier one untagged."""
+    """The derived base at `tag` when its labels name the same content, recipe and registry digest; not the configured
+    name, so that the same image named another way is not derived again."""
     found = inspect(docker, tag)
     if found is None:
         return None
@@ -412,10 +375,8 @@ def _build(
     tag: str,
     labels: dict[str, str],
 ) -> float:
-    """One BuildKit build of the method's recipe (`recipe`: the method and the packages named) FROM a private tag of
-    the source image, for `platform` (QEMU for another CPU), with the network (the image's own package sources) and
-    without BuildKit's cache (a derivation runs the recipe: the distribution's packages as they are now); returns
-    its seconds."""
+    """One BuildKit build of the method's recipe FROM a private tag of the source image, for `platform`, with the
+    network and without BuildKit's cache (the distribution's packages as they are now); its seconds."""
     method, packages = recipe
     from carry.image.buildkit import container
     from carry.util.logtail import tail

@@ -1,23 +1,15 @@
 """The runtime lock: per platform, the fixed wheel's Requires-Dist resolved with uv into pinned, sha256-hashed wheels
-for the Python and glibc of that platform's runtime base image (read from the image itself), written beside
-build.yaml as `<image.lock>/<os>-<arch>.txt` and committed.
+for the Python and glibc of that platform's runtime base image, written beside build.yaml as
+`<image.lock>/<os>-<arch>.txt` and committed.
 
-    base facts (docker) + the wheel's Requires-Dist -> uv pip compile (the user's index) -> header + body -> file
+The body is `uv pip compile --generate-hashes --only-binary :all:` output (each pin's hashes narrowed to the target's
+wheels), so pip and uv both install it with --require-hashes; carry's header above it records what it was resolved from,
+by content digest, never a local image ID, so a lock made on one machine is fresh on another. `check_fresh` refuses a
+lock whose inputs drifted.
 
-The body is `uv pip compile --generate-hashes --only-binary :all: --no-header --no-annotate` output, so pip and uv
-both install it with --require-hashes, each pin's hashes narrowed to those of its wheels for the target (uv lists
-every file of the version; its pylock.toml of the same pins lists the target's); carry's header above it records
-what it was resolved from (the platform, the Python, uv's target, the runtime image by name and content digest and
-where its Python comes from (carry.image.locked.runtimebase: its own, or derived by a recipe, by hash), a digest of the
-Requires-Dist). `check_fresh` refuses a lock whose inputs drifted. Nothing in the header is a local image ID, so
-a lock made on one machine is fresh on another that holds the same runtime image.
-
-The index is the user's: uv's own configuration (uv.toml, UV_INDEX_URL / UV_DEFAULT_INDEX / UV_INDEX /
-UV_EXTRA_INDEX_URL), else pip's configured index-url / extra-index-url (`pip config list`, PIP_INDEX_URL), else
-uv's default. From pip's settings only http(s) indexes are taken: a file:// index or a path is this machine's
-own disk, and a lock must name files any machine with the same index can fetch. Index URLs reach uv through its
-environment, never argv, and are printed without credentials.
-"""
+The index is the user's: uv's own configuration, else pip's http(s) index-url / extra-index-url (a file:// index is this
+machine's own disk), else uv's default. Index URLs reach uv through its environment, never argv, and are printed without
+credentials."""
 
 from __future__ import annotations
 
@@ -49,17 +41,8 @@ if TYPE_CHECKING:
 
 FORMAT = 2
 TITLE = "# carry runtime lock: written by `build.py lock`; do not edit (relock: build.py lock)"
-HEADER_KEYS = (
-    "format",
-    "platform",
-    "python",
-    "target",
-    "base",
-    "base-content",
-    "base-python",
-    "requires-dist",
-    "requires",
-)
+HEADER_KEYS: tuple[str, ...] = ("format", "platform", "python", "target", "base", "base-content", "base-python")
+HEADER_KEYS += ("requires-dist", "requires")
 # Format 1 named the base by its local image ID (`base: REF@sha256:ID`): read, so that it is stale, not garbled.
 HEADER_KEYS_1 = ("format", "platform", "python", "target", "base", "requires-dist", "requires")
 UV_INDEX_ENV = ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX", "UV_EXTRA_INDEX_URL", "UV_FIND_LINKS")
@@ -269,8 +252,7 @@ def drift(lock: Lock, *, requires_dist: Iterable[str], base: BaseFacts) -> tuple
 
 
 def check_requires(lock: Lock, requires_dist: Iterable[str]) -> None:
-    """Bad input (stale_line) when the Requires-Dist lines are not the ones `lock` was made from: what can be
-    known before the base is pulled or derived."""
+    """Bad input (stale_line) when `lock` was not made from these Requires-Dist lines; before any base is read."""
     changes = _requires_drift(lock, requires_dist)
     if changes:
         raise BadInput(stale_line(lock, changes))
@@ -293,12 +275,11 @@ def check_fresh(lock: Lock, *, requires_dist: Iterable[str], base: BaseFacts) ->
 
 
 def require_fresh(config: Config, platform: Platform, wheel: Path, cache: Cache | None = None) -> Lock:
-    """The lock of `platform`, checked against `wheel` (its Requires-Dist) and the runtime base as it is now
-    (base_facts): read, then check_fresh; bad input when it is missing, garbled or stale."""
+    """The lock of `platform`, read and checked (check_fresh) against `wheel` and the runtime base as it is now."""
     current = read(config, platform)
     with reporter.silenced():  # the base's own lines are the lock's and the image's, not a check's
         base = base_facts(config, platform, cache)
-    check_fresh(current, requires_dist=requires_dist_of(wheel), base=base)
+    check_fresh(current, requires_dist=wheel_metadata(wheel)[1], base=base)
     return current
 
 
@@ -341,18 +322,12 @@ def wheel_metadata(wheel: Path) -> tuple[str, tuple[str, ...]]:
     return f"{name}=={metadata.get('Version')}", tuple(metadata.get_all("Requires-Dist") or ())
 
 
-def requires_dist_of(wheel: Path) -> tuple[str, ...]:
-    """The Requires-Dist lines of a wheel, as check_fresh takes them."""
-    return wheel_metadata(wheel)[1]
-
-
 # --- the base image ----------------------------------------------------------------------------------------------
 
 
 def base_facts(config: Config, platform: Platform, cache: Cache | None = None, known: dict | None = None) -> BaseFacts:
-    """The runtime base's Python version and glibc, read by running its own python3 (carry.image.locked.runtimebase:
-    pulled where missing, derived where it has no python3, or as `known` records it), and what names it: the
-    runtime image's content digest and where its Python comes from; what it pulled or derived said (`base` lines)."""
+    """The runtime base's Python version and glibc, read by running its own python3 (runtimebase.resolve: pulled,
+    derived or as `known` records it), and what names it: its content digest and where its Python comes from."""
     from carry.image.locked import runtimebase
 
     base = runtimebase.resolve(config, platform, cache or Cache.from_env(), known)
@@ -436,8 +411,7 @@ def _uv_has_index(env: Mapping[str, str], cwd: Path) -> bool:
 
 
 def _uv_config_files(env: Mapping[str, str], cwd: Path) -> list[Path]:
-    """uv's configuration files, as uv finds them: $UV_CONFIG_FILE, else the project's (uv.toml or pyproject.toml
-    in the directory or a parent), the user's and the system's."""
+    """uv's configuration files as uv finds them: $UV_CONFIG_FILE, else the project's, the user's and the system's."""
     if env.get("UV_CONFIG_FILE"):
         return [Path(env["UV_CONFIG_FILE"])]
     found: list[Path] = []
@@ -478,10 +452,8 @@ def resolve(
     upgrade: bool = False,
     cwd: Path | None = None,
 ) -> str:
-    """The lock body: uv pip compile of `requires` for the base's Python and glibc, wheels only, every pin hashed.
-    The previous lock's pins are uv's preferences (kept while they still fit), unless `upgrade`. uv runs in `cwd`
-    (the config's directory), where it finds a project's own uv.toml as choose_index does. A resolution whose CUDA
-    toolkit wheels are of several releases (cudatoolkit) is made again with them held to the runtime's, and said."""
+    """The lock body: uv pip compile of `requires` for the base's Python and glibc, wheels only, hashed, the previous
+    pins preferred unless `upgrade`; a CUDA toolkit of several releases is resolved again held to the runtime's."""
     from carry.wheelbuild.buildenv import find_uv
 
     uv = find_uv()
@@ -618,8 +590,7 @@ def lock(
     index: Index,
     upgrade: bool = False,
 ) -> tuple[Outcome, ...]:
-    """Resolve every platform (at once: uv waits mostly on the index), then write the files that changed (nothing
-    is written unless all resolved); each platform's resolution said (a `resolve` line)."""
+    """Resolve every platform at once, then write the files that changed (none unless all resolved)."""
 
     def one(platform: Platform) -> tuple[Platform, Path, str]:
         found = facts[platform]
@@ -664,7 +635,7 @@ def check(
     """Per platform, None when its lock is fresh, else the one line saying what drifted (or that it is missing)."""
     found: list[tuple[Platform, str | None]] = []
     for platform, base in facts.items():
-        dist = requires_dist_of(wheels[platform])
+        dist = wheel_metadata(wheels[platform])[1]
         try:
             current = read(config, platform)
         except BadInput as exc:

@@ -1,14 +1,11 @@
-"""The locked image's smoke test (docs/images.md: "Smoke test"): the image's Python run once without network, the
-fixed wheel's version, the patched files' bytes and the console scripts' interpreter checked; after a push each
-platform is pulled back, smoke-tested and kept in the engine (carry.image.locked.engineimage).
+"""The locked image's smoke test (docs/images.md: "Smoke test"): the image's Python run once without network, the fixed
+wheel's version, the patched files' bytes and the console scripts' interpreter checked; after a push each platform is
+pulled back, smoke-tested and kept in the engine.
 
-A run whose engine does not hold the image (a fresh runner) does not pull it when the previous image's smoke
-result holds for what did not change (`choose`): the layers other than the fixed one have the keys that result was
-proven on, and the fixed layer changed Python files only (and the dist-info). The changed files are then checked
-against the image itself without running it (`light`): each byte-compiled by the image's Python (the base's
-python3, in a container without network; emulated for another CPU), and each import a module runs at import time
-(its top level, not under `try`) resolving to a module of the image's Python or one the layers install (the
-layers' facts, carry.image.locked.registrycache). Anything else, or `--smoke full`, pulls the image and runs it."""
+Where the previous image's smoke result holds for what did not change (`choose`: the other layers' keys are the ones it
+was proven on, and the fixed layer changed Python files only), the image is not pulled: the changed files are checked
+against it without running it (`light`: byte-compiled by the base's python3, their top-level imports resolved among the
+layers' modules). Anything else, or `--smoke full`, pulls the image and runs it."""
 
 from __future__ import annotations
 
@@ -237,10 +234,8 @@ PARTIAL_LAYERS = ("venv", "vllm-release", "vllm-fixed")
 def partial_smoke(
     client: docker.DockerClient, config: Config, outcome: PlatformOutcome, plan: PlatformPlan
 ) -> PlatformOutcome:
-    """Another CPU's smoke test (under QEMU: the image's Python with the standard library, nothing of torch) on the
-    layers it reads: the base's (the engine's own), venv and the wheel's layers, loaded here from what carry wrote
-    (the same bytes as pushed: docker load checks each against its diff_id), then removed. The pushed image is not
-    pulled: holding another CPU's 9 GB image would prove nothing this check reads."""
+    """Another CPU's smoke test (under QEMU, nothing of torch) on the layers it reads: the engine's base, venv and the
+    wheel's layers loaded from what carry wrote, then removed; holding another CPU's 9 GB image proves nothing more."""
     from carry.image.layerpush import Digests
     from carry.image.locked.layerwrite import load_platform
 
@@ -266,9 +261,8 @@ def pull_and_smoke(
     login: Login,
     version: str,
 ) -> PlatformOutcome:
-    """Pull the pushed manifest back for its platform (the engine fetches only the layers it does not hold), run the
-    smoke test on it, and keep it tagged as the Dockerfile path tags, the engine tidied
-    (carry.image.locked.engineimage); an image that fails is removed."""
+    """Pull the pushed manifest back for its platform, smoke-test it, and keep it tagged as the Dockerfile path tags
+    (engineimage); an image that fails is removed."""
     ref = f"{config.image.name}@{outcome.digest}"
     reporter.phase("pull", f"{ref} ({outcome.platform})")
     before = engineimage.named(client, outcome.refs)
@@ -307,9 +301,8 @@ class Choice:
 def choose(
     requested: str, outcome: PlatformOutcome, plan: PlatformPlan, previous: Previous | None, engine_holds: bool
 ) -> Choice:
-    """`full` when asked, when no smoke result of the previous image holds for the unchanged layers, when more than
-    Python files changed, or when the engine holds every unchanged layer (the pull then fetches what changed); else
-    `light`."""
+    """`full` when asked, when no previous smoke result holds for the unchanged layers, when more than Python files
+    changed, or when the engine holds every unchanged layer (the pull fetches what changed); else `light`."""
     if requested == FULL:
         return Choice(FULL, "--smoke full")
     smoke = previous.record.smoke if previous is not None and previous.record is not None else None
@@ -329,8 +322,7 @@ def choose(
 
 
 def python_only(plan: PlatformPlan) -> str:
-    """'' when the fixed layer changes Python files only (besides the dist-info and the release's dist-info it
-    hides), else what else it holds."""
+    """'' when the fixed layer changes Python files only (dist-infos aside), else what else it holds."""
     fixed = next((layer for layer in plan.layers if layer.name == FIXED_LAYER), None)
     if fixed is None or not fixed.planned:
         return "no fixed layer"
@@ -365,8 +357,7 @@ print(json.dumps({"python": sys.version.split()[0], "stdlib": sorted(stdlib), "e
 def light(
     client: docker.DockerClient, plan: PlatformPlan, outcome: PlatformOutcome, previous: Previous, facts: list[Facts]
 ) -> tuple[str, dict]:
-    """The changed Python files of the fixed layer byte-compiled by the image's Python and their imports resolved
-    against the image's modules (`facts`, one per layer in order); the previous smoke result holds for the rest."""
+    """The fixed layer's changed Python files byte-compiled by the image's Python, their imports resolved."""
     assert previous.record is not None and previous.record.smoke is not None  # choose() said light
     fixed = next(layer for layer in plan.layers if layer.name == FIXED_LAYER)
     site = plan.fixed.dist_info.rsplit("/", 1)[0] + "/"
@@ -405,28 +396,19 @@ def light(
         f"{unchanged} unchanged layer(s)"
         + (f"; run-time compilers as it proved them: {smoke['compilers']}" if smoke.get("compilers") else "")
     )
-    record = {
-        "platform": str(outcome.platform),
-        "how": LIGHT,
-        "proof": smoke.get("proof"),
-        "compilers": smoke.get("compilers", ""),
-        "root": smoke.get("root"),
-        "layers": [layer.key for layer in outcome.layers],
-    }
-    return text, record
+    return text, _record(outcome, LIGHT, smoke.get("proof"), smoke.get("compilers", ""), smoke.get("root"))
 
 
 def full_record(outcome: PlatformOutcome, text: str) -> dict:
     """What a full smoke test proved, recorded with the image: on which layers."""
     proof = text.split(": ", 1)[1].split(";", 1)[0] if ": " in text else text
-    return {
-        "platform": str(outcome.platform),
-        "how": FULL,
-        "proof": proof,
-        "compilers": text.partition("; run-time compilers: ")[2].split(" (on its base", 1)[0],
-        "root": outcome.digest,
-        "layers": [layer.key for layer in outcome.layers],
-    }
+    compilers = text.partition("; run-time compilers: ")[2].split(" (on its base", 1)[0]
+    return _record(outcome, FULL, proof, compilers, outcome.digest)
+
+
+def _record(outcome: PlatformOutcome, how: str, proof: object, compilers: object, root: object) -> dict:
+    layers = [layer.key for layer in outcome.layers]
+    return dict(platform=str(outcome.platform), how=how, proof=proof, compilers=compilers, root=root, layers=layers)
 
 
 def _read(item: Item) -> bytes:
@@ -454,12 +436,8 @@ def _compile(client: docker.DockerClient, plan: PlatformPlan, sources: dict[str,
                 compile(data, "/" + path, "exec", dont_inherit=True)
             except SyntaxError as exc:
                 errors[path] = f"{type(exc).__name__}: {exc}"
-        return {
-            "python": sys.version.split()[0],
-            "stdlib": sorted(sys.stdlib_module_names),
-            "errors": errors,
-            "where": "this machine's",
-        }
+        python, stdlib = sys.version.split()[0], sorted(sys.stdlib_module_names)
+        return dict(python=python, stdlib=stdlib, errors=errors, where="this machine's")
     buffer = io.BytesIO()
     listing = json.dumps(sorted(sources)).encode()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
@@ -478,8 +456,7 @@ def _compile(client: docker.DockerClient, plan: PlatformPlan, sources: dict[str,
 def _run_json(
     client: docker.DockerClient, image: str, plan: PlatformPlan, argv: list[str], timeout: int, tar: bytes = b""
 ) -> dict:
-    """`argv` run once in a container of `image` without network (`tar` unpacked into / first), waited on for at most
-    `timeout` seconds: the JSON its last line prints; Failed when it exits otherwise than 0."""
+    """`argv` run once in a container of `image` without network: the JSON its last line prints."""
     container = client.containers.create(image, entrypoint=argv, network_disabled=True, platform=str(plan.platform))
     try:
         if tar:
