@@ -21,7 +21,6 @@ import json
 import re
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from carry.binaries import wheelzip
 from carry.binaries.sharedobjects import may_be_shared_object
@@ -34,9 +33,6 @@ from carry.util.cache import Cache
 from carry.util.download import Store
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text
-
-if TYPE_CHECKING:
-    pass
 
 
 class InputsDiffer(Failed):
@@ -217,7 +213,7 @@ def prove(config: Config, cache: Cache, mirror: Path, checked: Pin, tree: str, s
     commit = _commit(config, cache, mirror, ref)
     _prove_ref(config, cache, mirror, checked, commit)
     inputs = tuple(g.glob for g in settings.inputs)
-    changed = changed_inputs(mirror, commit, tree, inputs)
+    changed = git.changed_paths(mirror, commit, tree, inputs)
     if changed:
         raise InputsDiffer(_inputs_differ(changed, ref, series))
     env = {name: value.replace("{wheel}", str(checked.path)) for name, value in settings.env.items()}
@@ -318,11 +314,6 @@ def _commit(config: Config, cache: Cache, mirror: Path, ref: str) -> str:
         if found:
             return found
     return upstream.resolve_ref(config, cache, ref)
-
-
-def changed_inputs(mirror: Path, commit: str, tree: str, inputs: tuple[str, ...]) -> list[str]:
-    """The compiled inputs that differ between `commit` and the patched `tree`."""
-    return git.changed_paths(mirror, commit, tree, inputs)
 
 
 def _inputs_differ(changed: list[str], ref: str, series: Series) -> str:
