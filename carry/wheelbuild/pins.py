@@ -1,19 +1,11 @@
-"""`carry pin`: the precompiled wheels found, never guessed, and written into build.yaml.
+"""`carry pin`: the precompiled wheels found, never guessed, and written into build.yaml (docs/builds.md,
+"Finding the pins").
 
-For upstream.commit (or the commit a command moves the pin to), C is its merge-base with upstream.main. For every
-platform of image.platforms, the wheel is C's own on the per-commit index (build.precompiled.nightly: one variant,
-never another), else that of the nearest commit along main's first-parent history from C, within max_walk commits,
-C counted, that has one *and* whose compiled inputs (build.precompiled.inputs) are identical to the patched tree's,
-proven by git's tree ids. Each commit refused is named with why (inputs differ at a file; no wheels of the variant;
-none for the platform; a wheel whose version names another commit or variant). The platforms may end on different
-commits; the build proves each wheel against the patched tree again (precompiled.prove, the tree check).
-
-Each wheel found is downloaded into the download store and hashed (the index gives no hash: trust on first use),
-its commit proven from its own version (METADATA's, the file name's) and its tags held to the platform; then
-build.precompiled.wheels is written in place (requirement by name and version, the index as `{index}/{C}/[variant/]`
-with any ${NAME} kept, sha256, ref), comments and order kept. A pin of the same file whose sha256 changed on the
-server is refused: tampering or a re-upload, never an update. Later runs are hash-checked against the sha256
-written (the download store, or pip's hash-checking mode).
+For every platform of image.platforms, the wheel of C (the merge-base of the commit and upstream.main) on the
+per-commit index, else that of the nearest commit along main's first-parent history whose compiled inputs are the
+patched tree's; each refusal named with why. Each wheel found is downloaded, hashed (trust on first use: the index
+gives no hash) and proven from its own version, then build.precompiled.wheels is written in place; a pin of the same
+file whose sha256 changed on the server is refused: tampering or a re-upload, never an update.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Precompiled builds: the upstream's own mechanism (vLLM's VLLM_USE_PRECOMPILED) lifts the compiled code out of
-an existing upstream wheel, and carry proves that is right before any build work and after it.
+an existing upstream wheel, and carry proves that is right before any build work and after it (docs/builds.md).
 
-Before: the pin's ref is the one the wheel's own version names (a release `X.Y.Z` is the tag `vX.Y.Z` or
-`X.Y.Z`; a nightly `…+g<sha>` that commit; a version naming no commit, e.g. `0.33.0.dev5`, needs `ref` and is taken
-at its word, which the build says), read from the pin (its requirement or file name) before anything is fetched
-and held to the wheel's METADATA after; the wheel is the pinned file (sha256; downloaded once into the store), its
-RECORD holds for every member, and the compiled inputs (build.precompiled.inputs: csrc/, CMakeLists.txt, cmake/,
-...) are identical between the commit the wheel was built from and the patched tree (the PR's changes and the
-series included). After: the built wheel's shared objects (and every other member the upstream took from it) are
-byte-identical to the precompiled wheel's, its Requires-Dist is the precompiled wheel's own, and it carries the
+Before: the pin's ref is the one the wheel's own version names, the wheel is the pinned file with a sound RECORD,
+and the compiled inputs (build.precompiled.inputs) are identical between that commit and the patched tree. After:
+the members taken from it are byte-identical, its Requires-Dist is the precompiled wheel's own, and it carries the
 precompiled wheel's tags, not the build host's.
 """
 
