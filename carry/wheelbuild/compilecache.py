@@ -342,10 +342,7 @@ def _ccache_env(launcher_dir: Path, src: Path, scratch: Path, remote_url: str | 
 
 def _sccache_config(remote: RemoteCache, credentials: Credentials) -> str:
     """sccache's TOML for the backend; the password sits in this file only."""
-
-    def value(text: str) -> str:
-        return json.dumps(text)  # a TOML basic string
-
+    value = distbuild.toml_string
     user = [f"username = {value(credentials.user)}"] if credentials.user else []
     password = [f"password = {value(credentials.password)}"] if credentials.password else []
     if remote.scheme in (RemoteScheme.REDIS, RemoteScheme.REDISS):
