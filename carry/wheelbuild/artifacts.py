@@ -19,14 +19,7 @@ from pathlib import Path
 from carry.util import integrity
 from carry.util.cache import Cache
 from carry.util.errors import CarryError, Failed
-from carry.util.fsutil import (
-    atomic_write_text,
-    ensure_room,
-    is_no_space,
-    no_space_line,
-    owned_prefix,
-    sweep_dead,
-)
+from carry.util.fsutil import atomic_write_text, ensure_room, is_no_space, no_space_line, owned_prefix, sweep_dead
 
 GATE_SUFFIX = ".gate.txt"
 
