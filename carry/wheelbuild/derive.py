@@ -101,9 +101,7 @@ def remember(cache: Cache, family: str, tree: str, key: str, commit: str, lineag
 
 def find(cache: Cache, family: str, lineage: str = "") -> Base | None:
     """This machine's base for `family`, else for `lineage` (another VERSION)."""
-    for name in (family, f"lineage-{lineage}" if lineage else ""):
-        if not name:
-            continue
+    for name in filter(None, (family, f"lineage-{lineage}" if lineage else "")):
         try:
             record = json.loads((cache.root / PART / f"{name}.json").read_text())
         except (OSError, ValueError):
