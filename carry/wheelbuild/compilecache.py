@@ -467,9 +467,7 @@ def _sccache_server(
         if remote.scheme is RemoteScheme.GHA:
             env["SCCACHE_GHA_ENABLED"] = "on"
     server_env = {**secret_free_env(environ), **env}
-    for name in LAUNCHER_REMOTE_ENV:
-        if name not in env:
-            server_env.pop(name, None)
+    server_env = {k: v for k, v in server_env.items() if k in env or k not in LAUNCHER_REMOTE_ENV}
     note = None
     started = _start_sccache(launcher, server_env)
     if started is not None and remote is not None:
