@@ -540,8 +540,7 @@ def finish(
             proven=(f"precompiled: {taken.line()}",),
             metadata=tuple(precompiled.metadata_problems(wheel, taken.requires_dist, taken.path.name)),
         )
-    shown = checks.lines() if checks.ok else checks.full_lines()
-    for line in shown:
+    for line in checks.lines() if checks.ok else checks.full_lines():
         reporter.phase("gate", line)
     append_log(produced.log, checks.full_lines())
     if not checks.ok:
