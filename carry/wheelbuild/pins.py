@@ -510,13 +510,12 @@ def write(path: Path, pins: dict[Platform, dict[str, str]]) -> bool:
 
 def render(text: str, pins: dict[Platform, dict[str, str]], path: Path) -> str:
     """`text` with the pins written into build.precompiled.wheels (see `write`)."""
-    root = yaml.compose(text)
-    build = _value(root, "build")
-    precompiled = _value(build, "precompiled") if build is not None else None
-    if not isinstance(precompiled, yaml.MappingNode) or precompiled.flow_style or not precompiled.value:
+    held = _pair(_value(yaml.compose(text), "build"), "precompiled")  # (its key, its value)
+    if held is None or not isinstance(held[1], yaml.MappingNode) or held[1].flow_style or not held[1].value:
         raise BadInput(f"{path}: build.precompiled must be a block mapping for `carry pin` to write its wheels into")
+    named, precompiled = held
     indent = precompiled.value[0][0].start_mark.column
-    step = max(2, indent - _key(build, "precompiled").start_mark.column)
+    step = max(2, indent - named.start_mark.column)
     edits: list[tuple[int, int, str]] = []
     pair = _pair(precompiled, "wheels")
     if pair is None:
@@ -613,12 +612,6 @@ def _pair(node: yaml.Node | None, name: str) -> tuple[yaml.Node, yaml.Node] | No
 def _value(node: yaml.Node | None, name: str) -> yaml.Node | None:
     pair = _pair(node, name)
     return pair[1] if pair else None
-
-
-def _key(node: yaml.Node, name: str) -> yaml.Node:
-    pair = _pair(node, name)
-    assert pair is not None, f"no key {name}"  # asked only for a key whose value was found (_value)
-    return pair[0]
 
 
 def _empty(node: yaml.Node) -> bool:
