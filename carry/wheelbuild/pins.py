@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import email.parser
+import itertools
 import json
 import re
 import zipfile
@@ -386,16 +387,11 @@ def _names(
 
 def summary(refused: tuple[Refused, ...] | list[Refused]) -> str:
     """The commits refused with why, runs of the same reason joined (`a..b (3 commits): no cu130 wheels`)."""
-    runs: list[list] = []
-    for each in refused:
-        if runs and runs[-1][2] == each.reason:
-            runs[-1][1], runs[-1][3] = each.commit, runs[-1][3] + 1
-        else:
-            runs.append([each.commit, each.commit, each.reason, 1])
-    parts = [
-        f"{first[:12]}: {reason}" if count == 1 else f"{first[:12]}..{last[:12]} ({count} commits): {reason}"
-        for first, last, reason, count in runs
-    ]
+    parts = []
+    for reason, run in itertools.groupby(refused, key=lambda each: each.reason):
+        commits = [each.commit[:12] for each in run]
+        span = commits[0] if len(commits) == 1 else f"{commits[0]}..{commits[-1]} ({len(commits)} commits)"
+        parts.append(f"{span}: {reason}")
     if len(parts) > SHOWN:
         parts = [*parts[: SHOWN - 1], f"… {len(parts) - SHOWN + 1} more run(s)"]
     return "; ".join(parts)
