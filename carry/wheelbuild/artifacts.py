@@ -64,13 +64,10 @@ def store(cache: Cache, key: str, wheel: Path, report_lines: list[str]) -> Path:
         if final.exists():
             shutil.rmtree(final)
         os.replace(staging, final)
-    except OSError as exc:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        if is_no_space(exc):
+        if isinstance(exc, OSError) and is_no_space(exc):
             raise Failed(no_space_line(cache.artifacts / key, needed=size)) from None
-        raise
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
         raise
     return final / wheel.name
 
