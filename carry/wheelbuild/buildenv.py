@@ -219,11 +219,8 @@ def requires_of(src: Path) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:
-    """Everything a build environment is made from, resolved once; `key` names it in the cache.
-
-    `index_url` and `extra_index_urls` may hold `user:password@`: they go to uv through its environment, and
-    are keyed, printed and written without it (`public()`).
-    """
+    """Everything a build environment is made from, resolved once; `key` names it in the cache. `index_url` and
+    `extra_index_urls` may hold `user:password@`: uv gets them through its environment; `public()` drops it."""
 
     requires: tuple[str, ...]  # the upstream's [build-system] requires, normalized
     extra: tuple[str, ...]  # build.environment.requires, normalized

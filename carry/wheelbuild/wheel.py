@@ -193,11 +193,9 @@ def plan(
 
 
 def _build_env(config: Config, arches: ArchList, wheel_version: str, jobs: int, tools: toolchain.Toolchain) -> dict:
-    """The variables carry sets for the upstream build (on top of the caller's environment).
-
-    With no CUDA arches the arch variables are left out (and `unset` drops inherited ones): PyTorch and CMake
-    both reject an empty list, and a Python-only build (vLLM's VLLM_TARGET_DEVICE=empty) reads neither.
-    """
+    """The variables carry sets for the upstream build (on top of the caller's environment). Without CUDA arches
+    the arch variables are left out (and `unset` drops inherited ones): PyTorch and CMake both reject an empty list,
+    and a Python-only build (vLLM's VLLM_TARGET_DEVICE=empty) reads neither."""
     env = dict(config.build.env)
     if arches.expects_cuda:  # TORCH_CUDA_ARCH_LIST, CMAKE_CUDA_ARCHITECTURES
         env.update(zip(ARCH_VARIABLES, (arches.torch_cuda_arch_list(), arches.cmake_cuda_architectures())))
