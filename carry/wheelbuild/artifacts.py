@@ -129,8 +129,6 @@ def publish(wheel: Path, out: Path, *, sealed: bool = False) -> Path:
 
 
 def _copy(source: Path, dest: Path, *, checked: bool) -> integrity.Corrupt | None:
-    if checked and integrity.recorded(source) is None:
-        corrupt = checked_once(source)
-        if corrupt is not None:
-            return corrupt
+    if checked and integrity.recorded(source) is None and (corrupt := checked_once(source)) is not None:
+        return corrupt
     return integrity.copy_checked(source, dest, verify=checked)

@@ -238,15 +238,13 @@ def _replacements(
             replaced[path] = _blob(mirror, new_blob) if change == "A" else None
             packages.add(posixpath.dirname(path))
             continue
-        why = _not_in_place(path, change, old_mode, new_mode, generated)
-        if why:
+        if why := _not_in_place(path, change, old_mode, new_mode, generated):
             return {}, why
         if hashes.get(path) != wheelzip.record_hash(_blob(mirror, old_blob)):
             return {}, f"{path} changed, and the wheel does not carry it as it is in the tree"
         replaced[path] = _blob(mirror, new_blob)
     members = {*hashes, *replaced} - {path for path, data in replaced.items() if data is None}
-    missing = _not_shipped(mirror, tree, packages, members)
-    if missing:
+    if missing := _not_shipped(mirror, tree, packages, members):
         return {}, f"{missing} is in a package the wheel ships, but not in the wheel"
     return replaced, ""
 

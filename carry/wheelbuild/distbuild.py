@@ -35,8 +35,7 @@ def setting(config: Config, environ: Mapping[str, str]) -> Distributed | None:
 
 def token(environ: Mapping[str, str]) -> str | None:
     """The client token: $CARRY_DIST_TOKEN, else the first line of $CARRY_DIST_TOKEN_FILE (unreadable: bad input)."""
-    given = environ.get(TOKEN_ENV, "").strip()
-    if given:
+    if given := environ.get(TOKEN_ENV, "").strip():
         return given
     named = environ.get(TOKEN_FILE_ENV, "").strip()
     if not named:

@@ -66,8 +66,7 @@ class Entry:
         except InvalidVersion:
             return None, None
         head, _, rest = local.partition(".")
-        found = COMMIT_RE.match(head)
-        if found:
+        if found := COMMIT_RE.match(head):
             return found.group(1), rest or None
         return None, local or None
 

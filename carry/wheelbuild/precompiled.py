@@ -248,8 +248,7 @@ def _prove_ref(config: Config, cache: Cache, mirror: Path, checked: Pin, commit:
 
 def _tag_commit(config: Config, cache: Cache, mirror: Path, tags: tuple[str, ...]) -> str | None:
     for tag in tags:
-        found = git.resolve(mirror, f"refs/tags/{tag}^{{commit}}")
-        if found:
+        if found := git.resolve(mirror, f"refs/tags/{tag}^{{commit}}"):
             return found
     for tag in tags:
         try:
@@ -305,8 +304,7 @@ def _check_record_once(cache: Cache, chosen: PrecompiledWheel, path: Path) -> No
 
 def _commit(config: Config, cache: Cache, mirror: Path, ref: str) -> str:
     for candidate in (ref, f"refs/tags/{ref}"):
-        found = git.resolve(mirror, candidate)
-        if found:
+        if found := git.resolve(mirror, candidate):
             return found
     return upstream.resolve_ref(config, cache, ref)
 

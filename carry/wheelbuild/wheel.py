@@ -212,8 +212,7 @@ def build(
     """Reuse the stored wheel for this plan's key (checked by its sha256 as it is published), or produce and finish
     one; publish it into `out`. A stored wheel that is not what was recorded is removed, said, and built again."""
     with cache.held(f"wheel-{the_plan.key}", "cache"):
-        hit = _published_hit(cache, the_plan.key, out)
-        if hit is not None:
+        if (hit := _published_hit(cache, the_plan.key, out)) is not None:
             return WheelResult(hit, True, the_plan)
         derivation = _derivation(config, cache, mirror, the_plan)
         derivable = derivation is not None and derivation.possible and derivation.base is not None
