@@ -215,9 +215,7 @@ class Stopped(Failed):
 
 def download(entry: Entry, store: Store, stop: threading.Event | None = None) -> tuple[Path, str]:
     """`entry`'s wheel in the download store and its sha256, hashed as it streams; Failed, keeping nothing, for a
-    404 (a listed wheel that is not there) or a body shorter than the length the server announced (`stop` set:
-    Stopped, keeping nothing); the download said (a `download` line; one at each quarter of a big one, as the
-    store's own)."""
+    404 (a listed wheel that is not there) or a body shorter than announced (`stop` set: Stopped)."""
     import http.client
     import urllib.error
     import urllib.request

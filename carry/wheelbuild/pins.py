@@ -228,10 +228,8 @@ def repin(config: Config, cache: Cache, new_commit: str, tree: str | None = None
 
 def follow_release(config: Config, cache: Cache, ref: str) -> list[str]:
     """build.precompiled.wheels pinned by requirement to a release (`vllm==0.32.0`), moved to the release REF names
-    (a tag `v0.33.0` or `0.33.0`): each platform's wheel of that version as pip picks it from the index the pin
-    names (else pip's configured one), its sha256 the file's (trust on first use, as `pin`'s), kept in the download
-    store, and written with `ref: REF`. What was done, a line per platform; nothing written when REF names no
-    version or a wheel is missing."""
+    (`v0.33.0` or `0.33.0`), each wheel as pip picks it and trusted on first use: what was done, a line per platform;
+    nothing written when REF names no version or a wheel is missing."""
     from carry.util import index, integrity
 
     settings = config.build.precompiled
