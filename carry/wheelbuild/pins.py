@@ -320,7 +320,7 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
             found[platform] = Found(
                 platform, candidate, base, tuple(refused[platform]), entry, root, index.variant_name, named, alias=alias
             )
-    _require_every(wanted, found, refused, lambda why, named: _failure(named, index, base, len(history), why))
+    _require_every(wanted, found, refused, index, base, len(history))
     for each in found.values():
         index.check_page(each.commit, each.entry)
     return Discovery(commit, base, tuple(found[platform] for platform in wanted))
@@ -330,14 +330,24 @@ def _require_every(
     wanted: tuple[Platform, ...],
     found: dict[Platform, Found],
     refused: dict[Platform, list[Refused]],
-    failure: Callable[[tuple[Refused, ...], list[Platform]], str],
+    index: nightly.Index,
+    base: str,
+    walked: int,
 ) -> None:
-    """Failed, one clause per set of reasons (`failure`), unless every wanted platform has its wheel."""
+    """Failed, one clause per set of reasons, unless every wanted platform has its wheel."""
     missing: dict[tuple[Refused, ...], list[Platform]] = {}  # platforms refused for the same reasons: one clause
     for platform in (p for p in wanted if p not in found):
         missing.setdefault(tuple(refused[platform]), []).append(platform)
-    if missing:
-        raise Failed("; ".join(failure(why, named) for why, named in missing.items()))
+    end = "" if walked >= index.max_walk else ", where the history ends"
+    clauses = [
+        f"{', '.join(map(str, platforms))} (variant {index.variant_name}): no precompiled wheel in {len(why)} "
+        f"commit(s) of main's first-parent history from C {base[:12]} (max_walk {index.max_walk}{end}): "
+        f"{summary(why)}; nothing was written, and no other variant's or platform's wheel is taken: pin again "
+        f"once the index has one, or build from source (wheel --from-source)"
+        for why, platforms in missing.items()
+    ]
+    if clauses:
+        raise Failed("; ".join(clauses))
 
 
 def _project(mirror: Path, tree: str) -> str:
@@ -393,18 +403,6 @@ def summary(refused: tuple[Refused, ...] | list[Refused]) -> str:
     if len(parts) > SHOWN:
         parts = [*parts[: SHOWN - 1], f"… {len(parts) - SHOWN + 1} more run(s)"]
     return "; ".join(parts)
-
-
-def _failure(
-    platforms: list[Platform], index: nightly.Index, base: str, walked: int, refused: tuple[Refused, ...]
-) -> str:
-    end = "" if walked >= index.max_walk else ", where the history ends"
-    return (
-        f"{', '.join(map(str, platforms))} (variant {index.variant_name}): no precompiled wheel in {len(refused)} "
-        f"commit(s) of main's first-parent history from C {base[:12]} (max_walk {index.max_walk}{end}): "
-        f"{summary(refused)}; nothing was written, and no other variant's or platform's wheel is taken: pin again "
-        f"once the index has one, or build from source (wheel --from-source)"
-    )
 
 
 # --- download and proof ------------------------------------------------------------------------------------------
