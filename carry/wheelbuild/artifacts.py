@@ -19,14 +19,7 @@ from pathlib import Path
 from carry.util import integrity
 from carry.util.cache import Cache
 from carry.util.errors import CarryError, Failed
-from carry.util.fsutil import (
-    atomic_write_text,
-    ensure_room,
-    is_no_space,
-    no_space_line,
-    owned_prefix,
-    sweep_dead,
-)
+from carry.util.fsutil import atomic_write_text, ensure_room, is_no_space, no_space_line, owned_prefix, sweep_dead
 
 GATE_SUFFIX = ".gate.txt"
 
@@ -71,13 +64,10 @@ def store(cache: Cache, key: str, wheel: Path, report_lines: list[str]) -> Path:
         if final.exists():
             shutil.rmtree(final)
         os.replace(staging, final)
-    except OSError as exc:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        if is_no_space(exc):
+        if isinstance(exc, OSError) and is_no_space(exc):
             raise Failed(no_space_line(cache.artifacts / key, needed=size)) from None
-        raise
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
         raise
     return final / wheel.name
 
@@ -139,8 +129,6 @@ def publish(wheel: Path, out: Path, *, sealed: bool = False) -> Path:
 
 
 def _copy(source: Path, dest: Path, *, checked: bool) -> integrity.Corrupt | None:
-    if checked and integrity.recorded(source) is None:
-        corrupt = checked_once(source)
-        if corrupt is not None:
-            return corrupt
+    if checked and integrity.recorded(source) is None and (corrupt := checked_once(source)) is not None:
+        return corrupt
     return integrity.copy_checked(source, dest, verify=checked)

@@ -1,17 +1,11 @@
-"""The environment an upstream builds in when carry calls its PEP 517 backend itself (`build_isolation: false`).
+"""The environment an upstream builds in when carry calls its PEP 517 backend itself (`build_isolation: false`;
+docs/builds.md, "The build environment").
 
-It is made from the upstream's `[build-system] requires` at the pin plus `build.environment` in build.yaml, never
-from carry's own interpreter: a venv that uv creates from this machine's Python and fills from its own cache
-(shared by every CARRY_CACHE on the machine, hardlinked into the venv), under `$CARRY_CACHE/envs/<key>/`.
-
-The key is a sha256 over what went in: the normalized requirements, the indexes (without credentials), the
-interpreter (path and version), the platform and libc, and uv's version. A venv cannot be moved, so it is made
-in place under a lock and a marker file is written last: a directory without the marker (a killed run) is
-removed and made again, never taken as complete.
-
-uv reads no configuration file (`--no-config`) and none of the caller's `UV_*`/`PIP_*` variables except those
-that change how, not what, it installs (UV_KEPT); index URLs (which may hold `user:password@`) reach uv
-through its environment only, never argv, and are printed and keyed without their credentials.
+A venv uv makes from the upstream's `[build-system] requires` plus build.environment, never from carry's own
+interpreter, under `$CARRY_CACHE/envs/<key>/`, the key a sha256 over what went in. A venv cannot be moved, so it is
+made in place under a lock and a marker file is written last: a directory without the marker (a killed run) is
+removed and made again. Index URLs (which may hold `user:password@`) reach uv through its environment only, never
+argv, and are printed and keyed without their credentials.
 """
 
 from __future__ import annotations
@@ -225,11 +219,8 @@ def requires_of(src: Path) -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:
-    """Everything a build environment is made from, resolved once; `key` names it in the cache.
-
-    `index_url` and `extra_index_urls` may hold `user:password@`: they go to uv through its environment, and
-    are keyed, printed and written without it (`public()`).
-    """
+    """Everything a build environment is made from, resolved once; `key` names it in the cache. `index_url` and
+    `extra_index_urls` may hold `user:password@`: uv gets them through its environment; `public()` drops it."""
 
     requires: tuple[str, ...]  # the upstream's [build-system] requires, normalized
     extra: tuple[str, ...]  # build.environment.requires, normalized
@@ -421,13 +412,11 @@ def ensure(spec: EnvSpec, cache_root: Path) -> BuildEnv:
         )
     cache = Cache(Path(cache_root).absolute())
     root = env_dir(cache.root, spec)
-    found = _complete(root, spec, start)
-    if found is not None:
+    if (found := _complete(root, spec, start)) is not None:
         return found
     cache.ensure_writable()
     with cache.lock(f"env-{root.name}"):
-        found = _complete(root, spec, start)  # made by another run while this one waited
-        if found is not None:
+        if (found := _complete(root, spec, start)) is not None:  # made by another run while this one waited
             return found
         reporter.phase(
             "env",

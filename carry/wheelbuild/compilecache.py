@@ -342,10 +342,7 @@ def _ccache_env(launcher_dir: Path, src: Path, scratch: Path, remote_url: str | 
 
 def _sccache_config(remote: RemoteCache, credentials: Credentials) -> str:
     """sccache's TOML for the backend; the password sits in this file only."""
-
-    def value(text: str) -> str:
-        return json.dumps(text)  # a TOML basic string
-
+    value = distbuild.toml_string
     user = [f"username = {value(credentials.user)}"] if credentials.user else []
     password = [f"password = {value(credentials.password)}"] if credentials.password else []
     if remote.scheme in (RemoteScheme.REDIS, RemoteScheme.REDISS):
@@ -470,9 +467,7 @@ def _sccache_server(
         if remote.scheme is RemoteScheme.GHA:
             env["SCCACHE_GHA_ENABLED"] = "on"
     server_env = {**secret_free_env(environ), **env}
-    for name in LAUNCHER_REMOTE_ENV:
-        if name not in env:
-            server_env.pop(name, None)
+    server_env = {k: v for k, v in server_env.items() if k in env or k not in LAUNCHER_REMOTE_ENV}
     note = None
     started = _start_sccache(launcher, server_env)
     if started is not None and remote is not None:

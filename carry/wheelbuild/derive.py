@@ -1,30 +1,11 @@
-"""A precompiled build after a Python-only change, without running the upstream's build again.
+"""A precompiled build after a Python-only change, without running the upstream's build again (docs/builds.md,
+"A Python-only change derives the wheel").
 
-In precompiled mode the upstream's build does not compile: it copies the package files of the tree and the
-compiled members of the precompiled wheel into a wheel (vLLM: about 70 s a platform here, most of it deflating
-840 MB). When the plan differs from an earlier PEP 517 build only in its tree (same precompiled wheel, build
-environment, version, arches, toolchain: the plan's `family`), and every file that differs between the two trees
-is a file that wheel carries byte for byte from its tree (same path, same mode, changed in place), the new wheel
-is that wheel with those members replaced: every other member keeps its compressed bytes. A Python module added
-where the wheel carries its package (a package or namespace directory whose modules the wheel holds as in the base
-tree) is added, and one the wheel carries removed (a rename is both); then every module of those packages in the new
-tree must be in the wheel, as the upstream's build would ship it. Anything else (another kind of file added or
-removed, a new package, a build file, a file the wheel does not carry as it is in the tree, a file the build
-writes) and the upstream's build runs; the line says why.
-
-The finish is the same for both: the tree check proves every file of the wheel against the new tree and the
-precompiled wheel, and the gate runs. Only PEP 517 builds become bases, so a derived wheel is always one real
-build plus the files a series changed.
-
-A base of another VERSION (the same plan but for the wheel's version: the plan's `lineage`) derives too: the
-dist-info is renamed to the new version, METADATA's `Version:` line rewritten, and in each file the build writes
-(vLLM's vllm/_version.py) the old wheel version and its local label are replaced by the new ones. A written file
-that still names the old VERSION in another form (`20261201, 1`), or a dist-info file other than METADATA naming
-the old version, stops the derivation.
-
-A base is the last PEP 517 build of the family (or lineage) on this machine, else one the caller offers (a fresh
-runner: VERSION N's fixed wheel rebuilt from its image in the registry, carry.image.locked.imagewheel), checked the
-same way.
+When the plan differs from an earlier PEP 517 build only in its tree (the plan's `family`; in its VERSION too: its
+`lineage`), and every file that differs between the two trees is one that wheel carries byte for byte (or a Python
+module added to or removed from a package it ships), the new wheel is that wheel with those members replaced, every
+other member keeping its compressed bytes; anything else and the upstream's build runs, and the line says why. The
+finish (tree check, gate) is the same for both; only PEP 517 builds become bases.
 
 Limit: a file the upstream's build writes (not in the tree) is carried over from the base. That is right for what
 vLLM's build writes (vllm/_version.py, from VERSION), and a written file naming the base's commit stops the
@@ -120,9 +101,7 @@ def remember(cache: Cache, family: str, tree: str, key: str, commit: str, lineag
 
 def find(cache: Cache, family: str, lineage: str = "") -> Base | None:
     """This machine's base for `family`, else for `lineage` (another VERSION)."""
-    for name in (family, f"lineage-{lineage}" if lineage else ""):
-        if not name:
-            continue
+    for name in filter(None, (family, f"lineage-{lineage}" if lineage else "")):
         try:
             record = json.loads((cache.root / PART / f"{name}.json").read_text())
         except (OSError, ValueError):
@@ -259,15 +238,13 @@ def _replacements(
             replaced[path] = _blob(mirror, new_blob) if change == "A" else None
             packages.add(posixpath.dirname(path))
             continue
-        why = _not_in_place(path, change, old_mode, new_mode, generated)
-        if why:
+        if why := _not_in_place(path, change, old_mode, new_mode, generated):
             return {}, why
         if hashes.get(path) != wheelzip.record_hash(_blob(mirror, old_blob)):
             return {}, f"{path} changed, and the wheel does not carry it as it is in the tree"
         replaced[path] = _blob(mirror, new_blob)
     members = {*hashes, *replaced} - {path for path, data in replaced.items() if data is None}
-    missing = _not_shipped(mirror, tree, packages, members)
-    if missing:
+    if missing := _not_shipped(mirror, tree, packages, members):
         return {}, f"{missing} is in a package the wheel ships, but not in the wheel"
     return replaced, ""
 

@@ -35,8 +35,7 @@ def setting(config: Config, environ: Mapping[str, str]) -> Distributed | None:
 
 def token(environ: Mapping[str, str]) -> str | None:
     """The client token: $CARRY_DIST_TOKEN, else the first line of $CARRY_DIST_TOKEN_FILE (unreadable: bad input)."""
-    given = environ.get(TOKEN_ENV, "").strip()
-    if given:
+    if given := environ.get(TOKEN_ENV, "").strip():
         return given
     named = environ.get(TOKEN_FILE_ENV, "").strip()
     if not named:
@@ -109,28 +108,25 @@ def _ask(request: urllib.request.Request, timeout: float) -> tuple[int, bytes]:
 # the client's settings and what it did -------------------------------------------------------------------------
 
 
+def toml_string(text: str) -> str:
+    """`text` as a TOML basic string (JSON's escapes are TOML's)."""
+    return json.dumps(text)
+
+
 def client_config(distributed: Distributed, client_token: str, toolchains: Path) -> str:
     """sccache's `[dist]` TOML: the scheduler, token auth, the toolchains it packages itself (none named: Linux
     clients package their compilers) and where it keeps those archives. The token sits in this text only."""
-
-    def value(text: str) -> str:
-        return json.dumps(text)  # a TOML basic string
-
-    return (
-        "\n".join(
-            [
-                "[dist]",
-                f"scheduler_url = {value(distributed.scheduler_url)}",
-                "toolchains = []",
-                f"cache_dir = {value(str(toolchains))}",
-                "",
-                "[dist.auth]",
-                'type = "token"',
-                f"token = {value(client_token)}",
-            ]
-        )
-        + "\n"
-    )
+    lines = [
+        "[dist]",
+        f"scheduler_url = {toml_string(distributed.scheduler_url)}",
+        "toolchains = []",
+        f"cache_dir = {toml_string(str(toolchains))}",
+        "",
+        "[dist.auth]",
+        'type = "token"',
+        f"token = {toml_string(client_token)}",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,18 +1,9 @@
 """A per-commit wheel index, read the way vLLM lays it out: where `carry pin` finds the precompiled wheels.
 
-The layout (vLLM's `.buildkite/scripts/generate-nightly-index.py` and its "Nightly Builds of vLLM Wheels" page):
-the wheels of commit C sit at `{index}/{C}/`; each variant has a PEP 503 page and a machine-readable list of its
-wheels, `{index}/{C}/{variant}/{project}/index.html` and `metadata.json`, the default variant's at
-`{index}/{C}/{project}/`. Links are relative (`../<wheel>`, `../../<wheel>` under a variant) with `+` quoted as
-`%2B`; neither page gives a hash. metadata.json is a list of {package_name, version, build_tag, python_tag,
-abi_tag, platform_tag, variant, filename, path}, `path` relative to the project's directory. A wheel's version
-names its commit, `X.Y.Z.devN+g<9 hex>`, followed by `.<variant>` for an explicit variant (a variant folder that
-is an alias of the default lists the default's wheels, without it). Not every commit has every variant or CPU.
-
-Reading it: a 404 for a commit's metadata.json means no wheels of that variant at C; a body that is not that JSON
-list means the URL is not such an index (bad input). A listed wheel must be on the PEP 503 page too (pip reads that
-page on a runner whose download store is empty); it is downloaded once, its length held to what the server
-announced and hashed as it streams (the index gives no hash: trust on first use).
+The layout is vLLM's `.buildkite/scripts/generate-nightly-index.py` (docs/builds.md, "Finding the pins"): commit C's
+wheels at `{index}/{C}/`, each variant's PEP 503 page and metadata.json at `{index}/{C}/[{variant}/]{project}/`;
+neither gives a hash. A 404 for a commit's metadata.json means no wheels of that variant at C; a body that is not
+that JSON list means the URL is not such an index (bad input).
 """
 
 from __future__ import annotations
@@ -75,8 +66,7 @@ class Entry:
         except InvalidVersion:
             return None, None
         head, _, rest = local.partition(".")
-        found = COMMIT_RE.match(head)
-        if found:
+        if found := COMMIT_RE.match(head):
             return found.group(1), rest or None
         return None, local or None
 
@@ -225,9 +215,7 @@ class Stopped(Failed):
 
 def download(entry: Entry, store: Store, stop: threading.Event | None = None) -> tuple[Path, str]:
     """`entry`'s wheel in the download store and its sha256, hashed as it streams; Failed, keeping nothing, for a
-    404 (a listed wheel that is not there) or a body shorter than the length the server announced (`stop` set:
-    Stopped, keeping nothing); the download said (a `download` line; one at each quarter of a big one, as the
-    store's own)."""
+    404 (a listed wheel that is not there) or a body shorter than announced (`stop` set: Stopped)."""
     import http.client
     import urllib.error
     import urllib.request

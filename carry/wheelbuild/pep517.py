@@ -27,9 +27,7 @@ LEGACY_BACKEND = "setuptools.build_meta:__legacy__"
 
 
 class _StepFailed(Exception):
-    def __init__(self, status: int):
-        super().__init__(status)
-        self.status = status
+    """A build step's nonzero exit status (args[0])."""
 
 
 def build_wheel(
@@ -60,7 +58,7 @@ def build_wheel(
             _note(log, f"warning from the build backend: {warning.message}")
         return 0
     except _StepFailed as failed:
-        return failed.status
+        return failed.args[0]
     except (OSError, ValueError, pyproject_hooks.BackendUnavailable, pyproject_hooks.HookMissing) as exc:
         _note(log, f"carry: the build backend could not run: {exc}")
         return 1

@@ -1,19 +1,11 @@
-"""`carry pin`: the precompiled wheels found, never guessed, and written into build.yaml.
+"""`carry pin`: the precompiled wheels found, never guessed, and written into build.yaml (docs/builds.md,
+"Finding the pins").
 
-For upstream.commit (or the commit a command moves the pin to), C is its merge-base with upstream.main. For every
-platform of image.platforms, the wheel is C's own on the per-commit index (build.precompiled.nightly: one variant,
-never another), else that of the nearest commit along main's first-parent history from C, within max_walk commits,
-C counted, that has one *and* whose compiled inputs (build.precompiled.inputs) are identical to the patched tree's,
-proven by git's tree ids. Each commit refused is named with why (inputs differ at a file; no wheels of the variant;
-none for the platform; a wheel whose version names another commit or variant). The platforms may end on different
-commits; the build proves each wheel against the patched tree again (precompiled.prove, the tree check).
-
-Each wheel found is downloaded into the download store and hashed (the index gives no hash: trust on first use),
-its commit proven from its own version (METADATA's, the file name's) and its tags held to the platform; then
-build.precompiled.wheels is written in place (requirement by name and version, the index as `{index}/{C}/[variant/]`
-with any ${NAME} kept, sha256, ref), comments and order kept. A pin of the same file whose sha256 changed on the
-server is refused: tampering or a re-upload, never an update. Later runs are hash-checked against the sha256
-written (the download store, or pip's hash-checking mode).
+For every platform of image.platforms, the wheel of C (the merge-base of the commit and upstream.main) on the
+per-commit index, else that of the nearest commit along main's first-parent history whose compiled inputs are the
+patched tree's; each refusal named with why. Each wheel found is downloaded, hashed (trust on first use: the index
+gives no hash) and proven from its own version, then build.precompiled.wheels is written in place; a pin of the same
+file whose sha256 changed on the server is refused: tampering or a re-upload, never an update.
 """
 
 from __future__ import annotations
@@ -21,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import email.parser
+import itertools
 import json
 import re
 import zipfile
@@ -235,10 +228,8 @@ def repin(config: Config, cache: Cache, new_commit: str, tree: str | None = None
 
 def follow_release(config: Config, cache: Cache, ref: str) -> list[str]:
     """build.precompiled.wheels pinned by requirement to a release (`vllm==0.32.0`), moved to the release REF names
-    (a tag `v0.33.0` or `0.33.0`): each platform's wheel of that version as pip picks it from the index the pin
-    names (else pip's configured one), its sha256 the file's (trust on first use, as `pin`'s), kept in the download
-    store, and written with `ref: REF`. What was done, a line per platform; nothing written when REF names no
-    version or a wheel is missing."""
+    (`v0.33.0` or `0.33.0`), each wheel as pip picks it and trusted on first use: what was done, a line per platform;
+    nothing written when REF names no version or a wheel is missing."""
     from carry.util import index, integrity
 
     settings = config.build.precompiled
@@ -329,7 +320,7 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
             found[platform] = Found(
                 platform, candidate, base, tuple(refused[platform]), entry, root, index.variant_name, named, alias=alias
             )
-    _require_every(wanted, found, refused, lambda why, named: _failure(named, index, base, len(history), why))
+    _require_every(wanted, found, refused, index, base, len(history))
     for each in found.values():
         index.check_page(each.commit, each.entry)
     return Discovery(commit, base, tuple(found[platform] for platform in wanted))
@@ -339,14 +330,24 @@ def _require_every(
     wanted: tuple[Platform, ...],
     found: dict[Platform, Found],
     refused: dict[Platform, list[Refused]],
-    failure: Callable[[tuple[Refused, ...], list[Platform]], str],
+    index: nightly.Index,
+    base: str,
+    walked: int,
 ) -> None:
-    """Failed, one clause per set of reasons (`failure`), unless every wanted platform has its wheel."""
+    """Failed, one clause per set of reasons, unless every wanted platform has its wheel."""
     missing: dict[tuple[Refused, ...], list[Platform]] = {}  # platforms refused for the same reasons: one clause
     for platform in (p for p in wanted if p not in found):
         missing.setdefault(tuple(refused[platform]), []).append(platform)
-    if missing:
-        raise Failed("; ".join(failure(why, named) for why, named in missing.items()))
+    end = "" if walked >= index.max_walk else ", where the history ends"
+    clauses = [
+        f"{', '.join(map(str, platforms))} (variant {index.variant_name}): no precompiled wheel in {len(why)} "
+        f"commit(s) of main's first-parent history from C {base[:12]} (max_walk {index.max_walk}{end}): "
+        f"{summary(why)}; nothing was written, and no other variant's or platform's wheel is taken: pin again "
+        f"once the index has one, or build from source (wheel --from-source)"
+        for why, platforms in missing.items()
+    ]
+    if clauses:
+        raise Failed("; ".join(clauses))
 
 
 def _project(mirror: Path, tree: str) -> str:
@@ -394,31 +395,14 @@ def _names(
 
 def summary(refused: tuple[Refused, ...] | list[Refused]) -> str:
     """The commits refused with why, runs of the same reason joined (`a..b (3 commits): no cu130 wheels`)."""
-    runs: list[list] = []
-    for each in refused:
-        if runs and runs[-1][2] == each.reason:
-            runs[-1][1], runs[-1][3] = each.commit, runs[-1][3] + 1
-        else:
-            runs.append([each.commit, each.commit, each.reason, 1])
-    parts = [
-        f"{first[:12]}: {reason}" if count == 1 else f"{first[:12]}..{last[:12]} ({count} commits): {reason}"
-        for first, last, reason, count in runs
-    ]
+    parts = []
+    for reason, run in itertools.groupby(refused, key=lambda each: each.reason):
+        commits = [each.commit[:12] for each in run]
+        span = commits[0] if len(commits) == 1 else f"{commits[0]}..{commits[-1]} ({len(commits)} commits)"
+        parts.append(f"{span}: {reason}")
     if len(parts) > SHOWN:
         parts = [*parts[: SHOWN - 1], f"… {len(parts) - SHOWN + 1} more run(s)"]
     return "; ".join(parts)
-
-
-def _failure(
-    platforms: list[Platform], index: nightly.Index, base: str, walked: int, refused: tuple[Refused, ...]
-) -> str:
-    end = "" if walked >= index.max_walk else ", where the history ends"
-    return (
-        f"{', '.join(map(str, platforms))} (variant {index.variant_name}): no precompiled wheel in {len(refused)} "
-        f"commit(s) of main's first-parent history from C {base[:12]} (max_walk {index.max_walk}{end}): "
-        f"{summary(refused)}; nothing was written, and no other variant's or platform's wheel is taken: pin again "
-        f"once the index has one, or build from source (wheel --from-source)"
-    )
 
 
 # --- download and proof ------------------------------------------------------------------------------------------
@@ -518,13 +502,12 @@ def write(path: Path, pins: dict[Platform, dict[str, str]]) -> bool:
 
 def render(text: str, pins: dict[Platform, dict[str, str]], path: Path) -> str:
     """`text` with the pins written into build.precompiled.wheels (see `write`)."""
-    root = yaml.compose(text)
-    build = _value(root, "build")
-    precompiled = _value(build, "precompiled") if build is not None else None
-    if not isinstance(precompiled, yaml.MappingNode) or precompiled.flow_style or not precompiled.value:
+    held = _pair(_value(yaml.compose(text), "build"), "precompiled")  # (its key, its value)
+    if held is None or not isinstance(held[1], yaml.MappingNode) or held[1].flow_style or not held[1].value:
         raise BadInput(f"{path}: build.precompiled must be a block mapping for `carry pin` to write its wheels into")
+    named, precompiled = held
     indent = precompiled.value[0][0].start_mark.column
-    step = max(2, indent - _key(build, "precompiled").start_mark.column)
+    step = max(2, indent - named.start_mark.column)
     edits: list[tuple[int, int, str]] = []
     pair = _pair(precompiled, "wheels")
     if pair is None:
@@ -621,12 +604,6 @@ def _pair(node: yaml.Node | None, name: str) -> tuple[yaml.Node, yaml.Node] | No
 def _value(node: yaml.Node | None, name: str) -> yaml.Node | None:
     pair = _pair(node, name)
     return pair[1] if pair else None
-
-
-def _key(node: yaml.Node, name: str) -> yaml.Node:
-    pair = _pair(node, name)
-    assert pair is not None, f"no key {name}"  # asked only for a key whose value was found (_value)
-    return pair[0]
 
 
 def _empty(node: yaml.Node) -> bool:

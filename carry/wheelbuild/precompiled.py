@@ -1,14 +1,9 @@
 """Precompiled builds: the upstream's own mechanism (vLLM's VLLM_USE_PRECOMPILED) lifts the compiled code out of
-an existing upstream wheel, and carry proves that is right before any build work and after it.
+an existing upstream wheel, and carry proves that is right before any build work and after it (docs/builds.md).
 
-Before: the pin's ref is the one the wheel's own version names (a release `X.Y.Z` is the tag `vX.Y.Z` or
-`X.Y.Z`; a nightly `…+g<sha>` that commit; a version naming no commit, e.g. `0.33.0.dev5`, needs `ref` and is taken
-at its word, which the build says), read from the pin (its requirement or file name) before anything is fetched
-and held to the wheel's METADATA after; the wheel is the pinned file (sha256; downloaded once into the store), its
-RECORD holds for every member, and the compiled inputs (build.precompiled.inputs: csrc/, CMakeLists.txt, cmake/,
-...) are identical between the commit the wheel was built from and the patched tree (the PR's changes and the
-series included). After: the built wheel's shared objects (and every other member the upstream took from it) are
-byte-identical to the precompiled wheel's, its Requires-Dist is the precompiled wheel's own, and it carries the
+Before: the pin's ref is the one the wheel's own version names, the wheel is the pinned file with a sound RECORD,
+and the compiled inputs (build.precompiled.inputs) are identical between that commit and the patched tree. After:
+the members taken from it are byte-identical, its Requires-Dist is the precompiled wheel's own, and it carries the
 precompiled wheel's tags, not the build host's.
 """
 
@@ -21,7 +16,6 @@ import json
 import re
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from carry.binaries import wheelzip
 from carry.binaries.sharedobjects import may_be_shared_object
@@ -34,9 +28,6 @@ from carry.util.cache import Cache
 from carry.util.download import Store
 from carry.util.errors import BadInput, Failed
 from carry.util.fsutil import atomic_write_text
-
-if TYPE_CHECKING:
-    pass
 
 
 class InputsDiffer(Failed):
@@ -217,7 +208,7 @@ def prove(config: Config, cache: Cache, mirror: Path, checked: Pin, tree: str, s
     commit = _commit(config, cache, mirror, ref)
     _prove_ref(config, cache, mirror, checked, commit)
     inputs = tuple(g.glob for g in settings.inputs)
-    changed = changed_inputs(mirror, commit, tree, inputs)
+    changed = git.changed_paths(mirror, commit, tree, inputs)
     if changed:
         raise InputsDiffer(_inputs_differ(changed, ref, series))
     env = {name: value.replace("{wheel}", str(checked.path)) for name, value in settings.env.items()}
@@ -257,8 +248,7 @@ def _prove_ref(config: Config, cache: Cache, mirror: Path, checked: Pin, commit:
 
 def _tag_commit(config: Config, cache: Cache, mirror: Path, tags: tuple[str, ...]) -> str | None:
     for tag in tags:
-        found = git.resolve(mirror, f"refs/tags/{tag}^{{commit}}")
-        if found:
+        if found := git.resolve(mirror, f"refs/tags/{tag}^{{commit}}"):
             return found
     for tag in tags:
         try:
@@ -314,15 +304,9 @@ def _check_record_once(cache: Cache, chosen: PrecompiledWheel, path: Path) -> No
 
 def _commit(config: Config, cache: Cache, mirror: Path, ref: str) -> str:
     for candidate in (ref, f"refs/tags/{ref}"):
-        found = git.resolve(mirror, candidate)
-        if found:
+        if found := git.resolve(mirror, candidate):
             return found
     return upstream.resolve_ref(config, cache, ref)
-
-
-def changed_inputs(mirror: Path, commit: str, tree: str, inputs: tuple[str, ...]) -> list[str]:
-    """The compiled inputs that differ between `commit` and the patched `tree`."""
-    return git.changed_paths(mirror, commit, tree, inputs)
 
 
 def _inputs_differ(changed: list[str], ref: str, series: Series) -> str:

@@ -193,11 +193,9 @@ def plan(
 
 
 def _build_env(config: Config, arches: ArchList, wheel_version: str, jobs: int, tools: toolchain.Toolchain) -> dict:
-    """The variables carry sets for the upstream build (on top of the caller's environment).
-
-    With no CUDA arches the arch variables are left out (and `unset` drops inherited ones): PyTorch and CMake
-    both reject an empty list, and a Python-only build (vLLM's VLLM_TARGET_DEVICE=empty) reads neither.
-    """
+    """The variables carry sets for the upstream build (on top of the caller's environment). Without CUDA arches
+    the arch variables are left out (and `unset` drops inherited ones): PyTorch and CMake both reject an empty list,
+    and a Python-only build (vLLM's VLLM_TARGET_DEVICE=empty) reads neither."""
     env = dict(config.build.env)
     if arches.expects_cuda:  # TORCH_CUDA_ARCH_LIST, CMAKE_CUDA_ARCHITECTURES
         env.update(zip(ARCH_VARIABLES, (arches.torch_cuda_arch_list(), arches.cmake_cuda_architectures())))
@@ -214,8 +212,7 @@ def build(
     """Reuse the stored wheel for this plan's key (checked by its sha256 as it is published), or produce and finish
     one; publish it into `out`. A stored wheel that is not what was recorded is removed, said, and built again."""
     with cache.held(f"wheel-{the_plan.key}", "cache"):
-        hit = _published_hit(cache, the_plan.key, out)
-        if hit is not None:
+        if (hit := _published_hit(cache, the_plan.key, out)) is not None:
             return WheelResult(hit, True, the_plan)
         derivation = _derivation(config, cache, mirror, the_plan)
         derivable = derivation is not None and derivation.possible and derivation.base is not None
@@ -540,8 +537,7 @@ def finish(
             proven=(f"precompiled: {taken.line()}",),
             metadata=tuple(precompiled.metadata_problems(wheel, taken.requires_dist, taken.path.name)),
         )
-    shown = checks.lines() if checks.ok else checks.full_lines()
-    for line in shown:
+    for line in checks.lines() if checks.ok else checks.full_lines():
         reporter.phase("gate", line)
     append_log(produced.log, checks.full_lines())
     if not checks.ok:
