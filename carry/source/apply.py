@@ -211,11 +211,9 @@ def _offsets(report: str) -> tuple[str, ...]:
     current = "?"
     found = []
     for line in report.splitlines():
-        checking = re.match(CHECKING_RE, line)
-        if checking:
+        if checking := re.match(CHECKING_RE, line):
             current = checking.group(1)
-        offset = re.match(HUNK_OFFSET_RE, line)
-        if offset:
+        if offset := re.match(HUNK_OFFSET_RE, line):
             number, at, delta = offset.groups()
             found.append(f"{current}: hunk #{number} applied at line {at} (offset {delta} lines)")
     return tuple(found)
@@ -224,16 +222,14 @@ def _offsets(report: str) -> tuple[str, ...]:
 def _diagnose(mirror: Path, patch: Patch, report: str, env: dict[str, str]) -> Mismatch:
     """Name the file, hunk and first mismatching line from git's report and the index's blob."""
     for line in report.splitlines():
-        failed = re.match(FAILED_AT_RE, line)
-        if failed:
+        if failed := re.match(FAILED_AT_RE, line):
             name, start = failed.group(1), int(failed.group(2))
             hunk = _find_hunk(patch, name, start)
             blob = git.show_blob(mirror, f":{name}", env)
             if hunk is None or blob is None:
                 return Mismatch(name, hunk.header if hunk else None, start, None, "does not apply")
             return _first_mismatch(name, hunk, blob.split("\n"))
-        file_error = re.match(FILE_ERROR_RE, line)
-        if file_error:
+        if file_error := re.match(FILE_ERROR_RE, line):
             return Mismatch(file_error.group(1), None, None, None, file_error.group(2))
     lines = [line for line in report.splitlines() if line.startswith("error:")]
     first = patch.files[0] if patch.files else "?"

@@ -133,10 +133,7 @@ def run_status(repo: Path, *args: str, env: dict[str, str] | None = None, strip:
 
 
 def init_bare(path: Path) -> None:
-    """Create a bare repo at `path` in one rename, so a crash never leaves a half-made repo there.
-
-    When another process got there first, its repo is kept.
-    """
+    """Create a bare repo at `path` in one rename (a crash never leaves a half-made one); another process's stays."""
     import shutil
     import tempfile
 
@@ -157,10 +154,8 @@ def init_bare(path: Path) -> None:
 
 
 def clear_stale_locks(repo: Path) -> None:
-    """Remove the lock files a killed git leaves behind (ref, shallow, packed-refs, config locks).
-
-    Only call this while holding carry's own lock on `repo`: then no live git of ours can own them.
-    """
+    """Remove the lock files a killed git leaves behind (ref, shallow, packed-refs, config locks); only under
+    carry's own lock on `repo`, so that no live git of ours can own them."""
     for lock in [*repo.glob("*.lock"), *(repo / "refs").rglob("*.lock")]:
         lock.unlink(missing_ok=True)
 
@@ -281,11 +276,8 @@ def is_ancestor(repo: Path, a: str, b: str) -> bool:
 
 
 def split_credentials(url: str) -> tuple[str, dict[str, str]]:
-    """The URL git may show on its command line, and the env that hands it the URL's user:password instead.
-
-    Credentials in a URL would be in every process listing; here git asks a credential helper for them,
-    and the helper reads them from its own environment.
-    """
+    """The URL git may show on its command line, and the env that hands it the URL's user:password instead:
+    in a URL they would be in every process listing; a credential helper reads them from its own environment."""
     if "@" not in url:
         return url, {}
     import urllib.parse
@@ -366,13 +358,12 @@ def write_tree(repo: Path, env: dict[str, str]) -> str:
 
 def apply_cached(repo: Path, patch: Path, env: dict[str, str], *flags: str) -> tuple[int, str]:
     """`git apply --cached -v` into the index in `env`; return (status, git's verbose report)."""
-    status, out, err = run_status(repo, "apply", "--cached", "-v", *flags, str(patch), env=env)
-    return status, f"{out}\n{err}".strip()
+    return apply_cached_all(repo, [patch], env, *flags)
 
 
-def apply_cached_all(repo: Path, patches: list[Path], env: dict[str, str]) -> tuple[int, str]:
+def apply_cached_all(repo: Path, patches: list[Path], env: dict[str, str], *flags: str) -> tuple[int, str]:
     """Every patch in one `git apply --cached -v`, each on top of the ones before it; all or nothing."""
-    status, out, err = run_status(repo, "apply", "--cached", "-v", *(str(p) for p in patches), env=env)
+    status, out, err = run_status(repo, "apply", "--cached", "-v", *flags, *(str(p) for p in patches), env=env)
     return status, f"{out}\n{err}".strip()
 
 
@@ -385,16 +376,11 @@ def show_blob(repo: Path, spec: str, env: dict[str, str] | None = None) -> str |
 TREE_COMMIT_ENV = {"GIT_AUTHOR_DATE": "1970-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "1970-01-01T00:00:00Z"}
 
 
-def commit_tree(repo: Path, tree: str, parent: str | None, message: str) -> str:
-    """A commit of `tree` on `parent` (none: a root commit); deterministic: same tree, parent and message give the
-    same id."""
-    parents = ("-p", parent) if parent else ()
-    return run(repo, "commit-tree", tree, *parents, "-m", message, env=TREE_COMMIT_ENV)
-
-
 def tree_commit(repo: Path, tree: str, parent: str | None) -> str:
-    """The commit a build checks `tree` out as (checkout_tree): the same for the same tree and parent."""
-    return commit_tree(repo, tree, parent, f"carry: patched tree {tree}")
+    """The commit a build checks `tree` out as (checkout_tree) on `parent` (none: a root commit): the same for the
+    same tree and parent."""
+    parents = ("-p", parent) if parent else ()
+    return run(repo, "commit-tree", tree, *parents, "-m", f"carry: patched tree {tree}", env=TREE_COMMIT_ENV)
 
 
 def checkout_tree(repo: Path, tree: str, parent: str | None, worktree: Path, keep: tuple[str, ...] = ()) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import os
 from pathlib import Path
@@ -82,14 +81,10 @@ def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
     try:
         return _fetch(config, cache, mirror_for(config, cache), with_pr)
     except BadInput:
-        import shutil
+        from carry.util.fsutil import remove
 
         for path in reversed(created):
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    path.unlink()
+            remove(path)
         raise
 
 
@@ -433,8 +428,7 @@ def _restore_from_bundle(config: Config, cache: Cache, mirror: Path, error: git.
         git.add_shallow(mirror, pin)
         git.fetch(mirror, str(bundle), f"{head}:{PIN_REF}")
     git.update_ref(mirror, PIN_REF, pin)
-    url = public_url(config.upstream.url)
-    return f"upstream {url} unreachable ({_reason(error)}); using cached bundle {bundle}"
+    return f"upstream {public_url(config.upstream.url)} unreachable ({_reason(error)}); using cached bundle {bundle}"
 
 
 def _since_base(config: Config, mirror: Path) -> tuple[str, ...]:

@@ -273,19 +273,15 @@ class Store:
         bad input naming the source, the part removed."""
         size = part.stat().st_size
         if pinned.size is not None and size != pinned.size:
-            if not last_try:
-                return None
-            _discard(part)
-            raise BadInput(f"{_public(pinned.source)}: {size} bytes, not the pinned {pinned.size}; fix the pin or URL")
-        found = file_sha256(part)
-        if found == pinned.sha256:
+            problem = f"{size} bytes, not the pinned {pinned.size}; fix the pin or URL"
+        elif (found := file_sha256(part)) == pinned.sha256:
             return found
+        else:
+            problem = f"sha256 is {found}, not the pinned {pinned.sha256}; fix the sha256 or the URL"
         if not last_try:
             return None
         _discard(part)
-        raise BadInput(
-            f"{_public(pinned.source)}: sha256 is {found}, not the pinned {pinned.sha256}; fix the sha256 or the URL"
-        )
+        raise BadInput(f"{_public(pinned.source)}: {problem}")
 
 
 def _fetch_into(url: str, part: Path, size: int | None, store: Store) -> None:

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     import urllib.request
 
 PIP_TIMEOUT_S = 1800
-# The glibc of the images carry builds (Debian 12: 2.36) down to manylinux2014: the wheels that run there.
 INDEX_KEYS = ("index-url", "extra-index-url")
 # The variables that change what `pip config list` says: its own, and where it finds its files.
 PIP_ENV = ("PIP_", "HOME", "XDG_CONFIG_")
@@ -156,12 +155,10 @@ def find_file(project: str, filename: str, where: str) -> tuple[str, str | None]
         if text is None:
             continue
         for href, label in links(text):
-            link = urllib.parse.urljoin(page, href)
-            path = urllib.parse.urlsplit(link).path
-            if label == filename or urllib.parse.unquote(path.rsplit("/", 1)[-1]) == filename:
-                fragment = urllib.parse.urlsplit(link).fragment
-                sha = fragment.split("=", 1)[1] if fragment.startswith("sha256=") else None
-                return urllib.parse.urlunsplit(urllib.parse.urlsplit(link)._replace(fragment="")), sha
+            link = urllib.parse.urlsplit(urllib.parse.urljoin(page, href))
+            if label == filename or urllib.parse.unquote(link.path.rsplit("/", 1)[-1]) == filename:
+                sha = link.fragment.split("=", 1)[1] if link.fragment.startswith("sha256=") else None
+                return urllib.parse.urlunsplit(link._replace(fragment="")), sha
     raise BadInput(
         f"{where}: {filename} is on no index pip asks ({indexes.describe()}); check the name and "
         f"version, or configure pip's index (PIP_INDEX_URL, pip config set global.index-url URL)"
@@ -216,8 +213,9 @@ def request(url: str, accept: str = "*/*") -> urllib.request.Request:
 
 
 def manylinux_tags(machine: str, major: int = 2, minor: int = 36) -> list[str]:
-    """pip's --platform list for a target of that CPU and glibc: every manylinux tag down to the oldest of the
-    CPU, with the legacy aliases, as an installing pip on that glibc accepts (pip download adds none itself)."""
+    """pip's --platform list for a target of that CPU and glibc (by default the images', Debian 12's 2.36): every
+    manylinux tag down to the oldest of the CPU, with the legacy aliases, as an installing pip on that glibc accepts
+    (pip download adds none itself)."""
     floor = 5 if machine in ("x86_64", "i686") else 17
     tags = [f"manylinux_{major}_{m}_{machine}" for m in range(minor, floor - 1, -1)]
     legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
@@ -230,28 +228,11 @@ def pip_download_command(
     """`pip download` of hash-pinned `requirements` (wheels only, no dependencies, no pip cache) for CPython
     `python` (X.Y) on the platform `tags` into `into`, through the user's own pip configuration; not `hashed`: a
     release nothing pinned yet (its sha256 is then the file's, trust on first use)."""
-    return [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        *(["--require-hashes"] if hashed else []),
-        "--no-cache-dir",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "off",
-        "--implementation",
-        "cp",
-        "--python-version",
-        python,
-        *(arg for tag in tags for arg in ("--platform", tag)),
-        "-d",
-        str(into),
-        "-r",
-        str(requirements),
-    ]
+    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    argv += ["--require-hashes"] if hashed else []
+    argv += ["--no-cache-dir", "--disable-pip-version-check", "--progress-bar", "off", "--implementation", "cp"]
+    argv += ["--python-version", python, *(arg for tag in tags for arg in ("--platform", tag))]
+    return [*argv, "-d", str(into), "-r", str(requirements)]
 
 
 def download_wheel(
