@@ -75,7 +75,7 @@ class PublicKey:
         from cryptography.hazmat.primitives import serialization
 
         info = serialization.PublicFormat.SubjectPublicKeyInfo
-        return self._key.public_bytes(serialization.Encoding[encoding], info)  # type: ignore[attr-defined]
+        return self._key.public_bytes(getattr(serialization.Encoding, encoding), info)  # type: ignore[attr-defined]
 
 
 def _p256(key: PrivateKeyTypes | PublicKeyTypes, where: str) -> None:
