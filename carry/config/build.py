@@ -648,8 +648,7 @@ def _index_url(section: Section, key: str, url: str) -> str:
         parts is None
         or scheme not in ("https", "http", "file")
         or re.search(r"\s", url)
-        or (scheme != "file" and not parts.hostname)
-        or (scheme == "file" and not parts.path)
+        or not (parts.path if scheme == "file" else parts.hostname)
     ):
         raise BadInput(f"{section.path}: build.environment.{key} has {shown!r}; use {INDEX_FORM}")
     return url

@@ -181,10 +181,7 @@ def pytest_runtest_logreport(report: Any) -> None:
 
 
 def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
-    modules = {}
-    for name in MODULES:
-        module = sys.modules.get(name)
-        modules[name] = getattr(module, "__file__", None) if module is not None else None
+    modules = {name: getattr(sys.modules.get(name), "__file__", None) for name in MODULES}
     version = None
     if DIST:
         from importlib import metadata

@@ -418,14 +418,13 @@ def make_report(
 
 
 def _side_json(side: Side, subject: Subject) -> dict:
-    counts = side.counts()
     return {
         "name": side.wheel,
         "sha256": side.digest,
         "version": side.version,
         "imported": side.modules,
         "collected": side.collected,
-        "counts": counts,
+        "counts": side.counts(),
         "collect_errors": side.collect_errors,
         "exitstatus": side.exitstatus,
         "died": side.died,

@@ -96,9 +96,8 @@ class CheckReport:
 
 
 def check(mirror: Path, base: str, series: Series, scratch: Path) -> CheckReport:
-    """Apply each patch on base + all earlier patches; the tree id is set only when every patch applied.
-
-    The answer depends only on the base commit and the patches' bytes, so it is kept in the mirror
+    """Apply each patch on base + all earlier patches; the tree id is set only when every patch applied. The answer
+    depends only on the base commit and the patches' bytes, so it is kept in the mirror
     (carry/checks/<base>-<series hash>.json) and a second check of the same series on the same base reads it back,
     as long as the tree it names is still in the mirror."""
     known = _known(mirror, base, series)
