@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
@@ -165,13 +166,11 @@ def _remember(mirror: Path, report: CheckReport) -> None:
             for r in report.results
         ],
     }
-    try:
+    with contextlib.suppress(OSError):  # only a cache
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, path)
-    except OSError:
-        pass  # only a cache
 
 
 def _all_at_once(mirror: Path, base: str, series: Series, env: dict[str, str]) -> tuple[PatchResult, ...] | None:

@@ -258,11 +258,8 @@ def ls_remote_tags(repo: Path, url: str) -> dict[str, str]:
 def local_tags(repo: Path, prefix: str) -> dict[str, str]:
     """name (without `prefix`) -> commit for the tags `repo` keeps under `prefix` (annotated tags peeled)."""
     out = run(repo, "for-each-ref", "--format=%(objectname) %(*objectname) %(refname)", prefix)
-    found = {}
-    for line in out.splitlines():
-        parts = line.split()
-        found[parts[-1].removeprefix(prefix)] = parts[1] if len(parts) == 3 else parts[0]
-    return found
+    rows = [line.split() for line in out.splitlines()]
+    return {parts[-1].removeprefix(prefix): parts[1] if len(parts) == 3 else parts[0] for parts in rows}
 
 
 def merge_base(repo: Path, a: str, b: str) -> str | None:
@@ -323,11 +320,9 @@ def read_tree(repo: Path, treeish: str, env: dict[str, str]) -> None:
     index = Path(env["GIT_INDEX_FILE"])
     kept = repo / "carry" / "index" / treeish
     if len(treeish) == 40 and kept.is_file():
-        try:
+        with contextlib.suppress(OSError):
             index.write_bytes(kept.read_bytes())
             return
-        except OSError:
-            pass
     run(repo, "read-tree", treeish, env=env)
     if len(treeish) == 40 and all(c in "0123456789abcdef" for c in treeish):
         _keep_index(index, kept)
@@ -338,7 +333,7 @@ INDEX_KEEP = 8
 
 def _keep_index(index: Path, kept: Path) -> None:
     """Copy a freshly read index into the repo's store through a temp file and a rename; drop the oldest ones."""
-    try:
+    with contextlib.suppress(OSError):  # only a cache: the next read reads the tree again
         kept.parent.mkdir(parents=True, exist_ok=True)
         tmp = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
         tmp.write_bytes(index.read_bytes())
@@ -348,8 +343,6 @@ def _keep_index(index: Path, kept: Path) -> None:
         )
         for old in stored[:-INDEX_KEEP]:
             old.unlink(missing_ok=True)
-    except OSError:
-        pass  # only a cache: the next read reads the tree again
 
 
 def write_tree(repo: Path, env: dict[str, str]) -> str:

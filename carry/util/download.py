@@ -22,6 +22,7 @@ wheel's RECORD, git's pack checksum). A local path is hashed where it lies, reme
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -241,7 +242,6 @@ class Store:
         """`pinned.source` appended to `part` (ATTEMPTS tries, each resuming what the last one got); the offsets it
         resumed at. A full disk is not retried: one line naming the part and what it needs."""
         import http.client
-        import urllib.error
 
         resumed: list[int] = []
         last_error: Exception | None = None
@@ -254,12 +254,10 @@ class Store:
                     resumed.append(have)
                 _fetch_into(pinned.source, part, pinned.size, self)
                 return resumed
-            except OSError as exc:
+            except (OSError, http.client.HTTPException) as exc:  # OSError: URLError and TimeoutError too
                 if is_no_space(exc):
                     needed = pinned.size - have if pinned.size is not None else None
                     raise Failed(no_space_line(part, needed=needed, written=have)) from None
-                last_error = exc
-            except (urllib.error.URLError, http.client.HTTPException, TimeoutError) as exc:
                 last_error = exc
             if attempt + 1 < ATTEMPTS:
                 time.sleep(min(2**attempt, 8))  # 1, 2, 4 s: then one line, the part kept to resume
@@ -319,10 +317,8 @@ def _fetch_into(url: str, part: Path, size: int | None, store: Store) -> None:
 def _discard(part: Path) -> None:
     """A download that is not the pinned file: removed, with its store directory when that is left empty."""
     part.unlink(missing_ok=True)
-    try:
+    with contextlib.suppress(OSError):
         part.parent.rmdir()
-    except OSError:
-        pass
 
 
 def sha256_in_store(path: Path) -> str:

@@ -68,11 +68,8 @@ def pip_settings() -> dict[str, str]:
 @functools.cache
 def _pip_config_list(environ: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
     result = execute([sys.executable, "-m", "pip", "config", "list"], text=True, timeout=120)
-    found = {}
-    for line in result.stdout.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            found[key.strip()] = value.strip().strip("'\"")
+    pairs = (line.partition("=") for line in result.stdout.splitlines())
+    found = {key.strip(): value.strip().strip("'\"") for key, sep, value in pairs if sep}
     return tuple(found.items())
 
 
