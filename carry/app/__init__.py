@@ -181,15 +181,9 @@ class App:
         tree."""
         from carry.wheelbuild import wheel
 
+        policy = self.policy(arch, platform)
         return wheel.Builder.resolve(
-            self.config,
-            self.cache,
-            self.policy(arch, platform),
-            jobs,
-            self.version(),
-            platform,
-            from_source,
-            self.build_tools(),
+            self.config, self.cache, policy, jobs, self.version(), platform, from_source, self.build_tools()
         )
 
     def repin(self, commit: str, tree: str | None = None) -> None:

@@ -86,11 +86,8 @@ def _patch(patch: CarriedPatch, facts: ImageFacts) -> Patch:
                 f"{patch.forwarded or '(none)'}",
             )
         )
-    return Patch(
-        type=kind,
-        diff=Diff(text=AttachedText(content=patch.text, content_type="text/x-diff")),
-        resolves=resolves,
-    )
+    diff = Diff(text=AttachedText(content=patch.text, content_type="text/x-diff"))
+    return Patch(type=kind, diff=diff, resolves=resolves)
 
 
 def _fixed(facts: ImageFacts) -> Component:
