@@ -41,9 +41,7 @@ def bump_version(config_path: Path) -> str:
 
 def _version_file(config_path: Path) -> Path:
     """VERSION's path: from the config when it loads, else beside it (so `version` works on a broken config)."""
-    if config_path.exists():
-        return config.load(config_path).version_file
-    return config_path.absolute().parent / "VERSION"
+    return config.load(config_path).version_file if config_path.exists() else config_path.absolute().parent / "VERSION"
 
 
 @record

@@ -307,9 +307,7 @@ def candidates(cache: Cache, keep: Needed) -> tuple[list[Candidate], int]:
     kept = 0
 
     def entries(directory: Path) -> list[Path]:
-        if not directory.is_dir():
-            return []
-        return sorted(p for p in directory.iterdir() if not p.name.startswith("."))
+        return sorted(p for p in directory.iterdir() if not p.name.startswith(".")) if directory.is_dir() else []
 
     kept_keys = {path.name for path in entries(cache.artifacts) if _artifact_tree(path) in keep.trees}
 

@@ -237,10 +237,7 @@ def _diagnose(mirror: Path, patch: Patch, report: str, env: dict[str, str]) -> M
 def _find_hunk(patch: Patch, name: str, start: int) -> Hunk | None:
     for diff in patch.diffs:
         if name in (diff.old_path, diff.new_path):
-            for hunk in diff.hunks:
-                if hunk.old_start == start:
-                    return hunk
-            return diff.hunks[0] if diff.hunks else None
+            return next((h for h in diff.hunks if h.old_start == start), diff.hunks[0] if diff.hunks else None)
     return None
 
 

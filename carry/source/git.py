@@ -74,11 +74,8 @@ def commit_with_patch_id(repo: Path, wanted: str, *log_args: str) -> str | None:
     log = run(
         repo, "log", "-p", "--no-merges", "--no-color", "--full-index", "--format=commit %H", *log_args, strip=False
     )
-    for line in run_input(repo, ("patch-id", "--stable"), log).splitlines():
-        fields = line.split()
-        if fields and fields[0] == wanted:
-            return fields[1]
-    return None
+    rows = (line.split() for line in run_input(repo, ("patch-id", "--stable"), log).splitlines())
+    return next((fields[1] for fields in rows if fields and fields[0] == wanted), None)
 
 
 def _execute(

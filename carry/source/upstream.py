@@ -189,9 +189,7 @@ def _fetched(mirror: Path, local: str) -> str:
 
 def candidates(ref: str) -> tuple[str, ...]:
     """The full ref names a name given by a user may mean, in git's order (refs/tags/ before refs/heads/)."""
-    if ref.startswith("refs/"):
-        return (ref,)
-    return (f"refs/tags/{ref}", f"refs/heads/{ref}")
+    return (ref,) if ref.startswith("refs/") else (f"refs/tags/{ref}", f"refs/heads/{ref}")
 
 
 def local_ref(name: str) -> str:

@@ -118,9 +118,7 @@ def keygen(directory: Path, environ: Mapping[str, str]) -> tuple[Path, Path]:
 def from_environment(environ: Mapping[str, str]) -> SigningKey | None:
     """The key $CARRY_SIGNING_KEY names (with $CARRY_SIGNING_KEY_PASSWORD), or None when it is not set."""
     path = environ.get(KEY_ENV, "")
-    if not path:
-        return None
-    return load_private(Path(path), environ.get(PASSWORD_ENV) or None, f"${KEY_ENV}")
+    return load_private(Path(path), environ.get(PASSWORD_ENV) or None, f"${KEY_ENV}") if path else None
 
 
 def load_private(path: Path, password: str | None, named_by: str = "the key") -> SigningKey:

@@ -121,9 +121,7 @@ class Store:
         if not pinned.is_url:
             return self._checked_local(pinned)
         target = self.path(pinned)
-        if target.is_file() and self.intact(target, pinned.sha256):
-            return target
-        return self._download(pinned, target)
+        return target if target.is_file() and self.intact(target, pinned.sha256) else self._download(pinned, target)
 
     # --- by name, from the package index ---------------------------------------------------------------------
 
