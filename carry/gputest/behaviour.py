@@ -65,7 +65,6 @@ class Behaviour:
 
 def tests_for(config: Config, patch: Patch, learned: dict) -> tuple[tuple[TestCommand, ...], str] | None:
     """The patch's tests and where they came from: its Carry-Test trailers, else what prove learned; None if neither.
-
     A trailer naming a build.tests entry (same arguments) takes that entry's settings (gpu, against); any other
     command is its own, run against the wheel on a GPU like build.tests entries by default."""
     if patch.tests:

@@ -407,8 +407,7 @@ def _inspect_image(docker: str, ref: str) -> tuple[str, list[str]]:
                 f"pass a wheel path or an image reference that exists"
             )
     image_id, _, labels = result.stdout.strip().partition(" ")
-    runtime_args = (json.loads(labels or "null") or {}).get(RUNTIME_ARGS_LABEL, "")
-    return image_id, shlex.split(runtime_args)
+    return image_id, shlex.split((json.loads(labels or "null") or {}).get(RUNTIME_ARGS_LABEL, ""))
 
 
 class TestReportCheck(ReportCheck):

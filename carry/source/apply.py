@@ -247,6 +247,5 @@ def _first_mismatch(name: str, hunk: Hunk, lines: list[str]) -> Mismatch:
         index = first + offset
         found = lines[index] if index < len(lines) else None
         if found != expected:
-            shown = found if found is not None else "<end of file>"
-            return Mismatch(name, hunk.header, index + 1, expected, shown)
+            return Mismatch(name, hunk.header, index + 1, expected, found if found is not None else "<end of file>")
     return Mismatch(name, hunk.header, hunk.old_start, None, "context matches here but git could not apply it")

@@ -400,8 +400,7 @@ def _unquote(field: str) -> str:
         code = match.group(1)
         return bytes([int(code, 8) & 0xFF]) if code[0] in b"01234567" else C_ESCAPES.get(code, code)
 
-    raw = re.sub(rb"\\([0-7]{1,3}|.)", unescape, field[1:-1].encode())
-    return raw.decode(errors="surrogateescape")
+    return re.sub(rb"\\([0-7]{1,3}|.)", unescape, field[1:-1].encode()).decode(errors="surrogateescape")
 
 
 def _check_path(name: str, path: Path) -> str:

@@ -131,8 +131,7 @@ def _make(cls: Any, order: bool, kw_only: bool = False) -> Any:
 
 
 def _is_classvar(kind: Any) -> bool:
-    text = kind if isinstance(kind, str) else repr(kind)
-    return text.startswith(("ClassVar", "typing.ClassVar"))
+    return (kind if isinstance(kind, str) else repr(kind)).startswith(("ClassVar", "typing.ClassVar"))
 
 
 class _DataclassFields:
