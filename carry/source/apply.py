@@ -235,10 +235,9 @@ def _diagnose(mirror: Path, patch: Patch, report: str, env: dict[str, str]) -> M
 
 
 def _find_hunk(patch: Patch, name: str, start: int) -> Hunk | None:
-    for diff in patch.diffs:
-        if name in (diff.old_path, diff.new_path):
-            return next((h for h in diff.hunks if h.old_start == start), diff.hunks[0] if diff.hunks else None)
-    return None
+    diff = next((d for d in patch.diffs if name in (d.old_path, d.new_path)), None)
+    hunks = diff.hunks if diff is not None else ()
+    return next((h for h in hunks if h.old_start == start), hunks[0] if hunks else None)
 
 
 def _first_mismatch(name: str, hunk: Hunk, lines: list[str]) -> Mismatch:

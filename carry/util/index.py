@@ -269,9 +269,4 @@ def download_wheel(
             f"requirement, the platform or the index"
         )
     lines = [line for line in said.splitlines() if line.strip() and not line.startswith("WARNING")]
-    raise Failed(f"{where}: pip could not download {asked}: {public_text(lines[-1] if lines else 'no output')}")
-
-
-def public_text(text: str) -> str:
-    """A line of pip's with any user:password@ in a URL taken out."""
-    return redact.credentials(text)
+    raise Failed(f"{where}: pip could not download {asked}: {redact.credentials(lines[-1] if lines else 'no output')}")
