@@ -41,9 +41,7 @@ def bump_version(config_path: Path) -> str:
 
 def _version_file(config_path: Path) -> Path:
     """VERSION's path: from the config when it loads, else beside it (so `version` works on a broken config)."""
-    if config_path.exists():
-        return config.load(config_path).version_file
-    return config_path.absolute().parent / "VERSION"
+    return config.load(config_path).version_file if config_path.exists() else config_path.absolute().parent / "VERSION"
 
 
 @record
@@ -181,15 +179,9 @@ class App:
         tree."""
         from carry.wheelbuild import wheel
 
+        policy = self.policy(arch, platform)
         return wheel.Builder.resolve(
-            self.config,
-            self.cache,
-            self.policy(arch, platform),
-            jobs,
-            self.version(),
-            platform,
-            from_source,
-            self.build_tools(),
+            self.config, self.cache, policy, jobs, self.version(), platform, from_source, self.build_tools()
         )
 
     def repin(self, commit: str, tree: str | None = None) -> None:

@@ -22,7 +22,6 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 import stat
 import time
 import zipfile
@@ -33,7 +32,7 @@ from typing import TYPE_CHECKING
 from carry.util.cache import Cache
 from carry.util.download import Store
 from carry.util.errors import BadInput
-from carry.util.fsutil import human_size, owned_prefix, sweep_dead
+from carry.util.fsutil import human_size, owned_prefix, remove, sweep_dead
 
 if TYPE_CHECKING:
     from carry.config import Config
@@ -117,9 +116,7 @@ def freed_by(path: Path) -> int:
     """The bytes removing `path` gives back: the inodes all of whose links lie inside it."""
     links: dict[tuple[int, int], list] = {}
     for info in _walk(path):
-        key = (info.st_dev, info.st_ino)
-        entry = links.setdefault(key, [0, info])
-        entry[0] += 1
+        links.setdefault((info.st_dev, info.st_ino), [0, info])[0] += 1
     return sum(
         info.st_blocks * 512 for count, info in links.values() if stat.S_ISDIR(info.st_mode) or count >= info.st_nlink
     )
@@ -212,8 +209,7 @@ def needed(cache: Cache, config_paths: Iterable[Path]) -> Needed:
 
     found = Needed()
     for path in config_paths:
-        loaded = configuration.load(Path(path))
-        _needs_of(cache, loaded, found)
+        _needs_of(cache, configuration.load(Path(path)), found)
     return found
 
 
@@ -311,9 +307,7 @@ def candidates(cache: Cache, keep: Needed) -> tuple[list[Candidate], int]:
     kept = 0
 
     def entries(directory: Path) -> list[Path]:
-        if not directory.is_dir():
-            return []
-        return sorted(p for p in directory.iterdir() if not p.name.startswith("."))
+        return sorted(p for p in directory.iterdir() if not p.name.startswith(".")) if directory.is_dir() else []
 
     kept_keys = {path.name for path in entries(cache.artifacts) if _artifact_tree(path) in keep.trees}
 
@@ -443,7 +437,7 @@ def prune(cache: Cache, config_paths: Iterable[Path], dry_run: bool = False) -> 
             if not dry_run and trash is None:
                 continue
         if trash is not None:
-            _delete(trash)
+            remove(trash)
         removed.append(Removal(candidate.part, candidate.path, size))
     if not dry_run:
         _sweep_tmp(cache)
@@ -460,14 +454,6 @@ def _to_trash(path: Path) -> Path | None:
     except FileNotFoundError:
         return None
     return trash
-
-
-def _delete(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(OSError):
-            path.unlink()
 
 
 def _sweep_tmp(cache: Cache) -> None:

@@ -328,12 +328,8 @@ def _carry_series(run: Follow) -> None:
         space = rebase.Workspace.open(mirror, run.report["pin"], run.report["commit"], patches, run.home / "upstream")
     else:
         space = _workspace(run, state, loaded.patches_dir)
-    run.report["workspace"] = {
-        "path": str(space.path),
-        "names": space.names,
-        "commits": space.commits,
-        "done": space.done,
-    }
+    saved = {"path": str(space.path), "names": space.names, "commits": space.commits, "done": space.done}
+    run.report["workspace"] = saved
     try:
         space.advance(patches)
     finally:

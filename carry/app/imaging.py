@@ -40,19 +40,12 @@ def attester_for(
         return None
     from carry import __version__
     from carry.image.attest import Attester
-    from carry.image.inspect import hermetic
+    from carry.image.inspect.hermetic import distributions
     from carry.trust import keys
 
     key = keys.from_environment(os.environ)  # nothing printed yet: a later bad input stays one line
     return Attester(
-        key,
-        app.config,
-        app.series(),
-        app.version(),
-        __version__,
-        dist,
-        read_installed=hermetic.distributions,
-        attest=attest,
+        key, app.config, app.series(), app.version(), __version__, dist, read_installed=distributions, attest=attest
     )
 
 

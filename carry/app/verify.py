@@ -66,9 +66,11 @@ def verify_artifact(request: VerifyRequest) -> VerifyOutcome:
     if artifact.endswith(".suite.json"):
         from carry.gputest import upstreamsuite
 
-        if has_config:
-            return VerifyOutcome((suite_report(App.open(request.config_path), Path(artifact)),))
-        return VerifyOutcome((upstreamsuite.check_report(Path(artifact), upstreamsuite.Expected()),))
+        expected = upstreamsuite.Expected()
+        if has_config:  # the selection, patched tree and pins this repository says now
+            app = App.open(request.config_path)
+            expected = upstreamsuite.expected_of(app.config, app.check().report.tree)
+        return VerifyOutcome((upstreamsuite.check_report(Path(artifact), expected),))
     if artifact.endswith(".test.json"):
         from carry.gputest import testrun
 
@@ -79,13 +81,6 @@ def verify_artifact(request: VerifyRequest) -> VerifyOutcome:
 
         reporter.note("note: the image's signature was not checked (pass --key PUB to check it)")
     return VerifyOutcome(results)
-
-
-def suite_report(app: App, path: Path) -> Any:
-    """A suite report against the wheel beside it and this repository now (selection, patched tree, pins)."""
-    from carry.gputest import upstreamsuite
-
-    return upstreamsuite.check_report(path, upstreamsuite.expected_of(app.config, app.check().report.tree))
 
 
 def verify_built(app: App, request: VerifyRequest, key: PublicKey | None) -> tuple[verify.Verification, ...]:

@@ -66,12 +66,8 @@ def _facts(app: App, platform: Platform, from_source: bool) -> producer.Facts:
     from carry.platforms import Platform
     from carry.wheelbuild import producer
 
-    return producer.Facts(
-        platform=platform,
-        native=Platform.native(),
-        precompiled=not from_source and precompiled_for(app, platform),
-        staged=True,
-    )
+    precompiled = not from_source and precompiled_for(app, platform)
+    return producer.Facts(platform=platform, native=Platform.native(), precompiled=precompiled, staged=True)
 
 
 def wheel_here(app: App, request: WheelRequest) -> wheel.WheelResult:
@@ -129,7 +125,6 @@ def pin(app: App, check: bool) -> pins.Pinned:
     checked = app.check()
     if checked.report.tree is None:
         raise Failed("the series does not apply; run `check` for details")
-
     return pins.pin(app.config, app.cache, checked.mirror, checked.report.tree, check)
 
 
@@ -150,14 +145,9 @@ def one_artifact(app: App, checked: CheckResult, out: Path, platform: Platform, 
     from carry.config.reader import public_url
     from carry.wheelbuild import wheel
 
+    report, upstream = checked.report, public_url(app.config.upstream.url)
     wheel.refuse_another_artifact(
-        out,
-        app.version(),
-        public_url(app.config.upstream.url),
-        checked.report.base,
-        checked.report.patched_tree(),
-        platform,
-        precompiled,
+        out, app.version(), upstream, report.base, report.patched_tree(), platform, precompiled
     )
 
 

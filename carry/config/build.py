@@ -425,8 +425,7 @@ def _tree_path(where: str, value: Any, ids: bool = False) -> str:
     """A path in the upstream's tree, relative to its root (a test id `path::name` where `ids`)."""
     text = value.strip().rstrip("/") if isinstance(value, str) else ""
     path = text.split("::", 1)[0] if ids else text
-    parts = path.split("/")
-    if not path or path.startswith("/") or "\\" in path or any(part in ("", ".", "..") for part in parts):
+    if not path or path.startswith("/") or "\\" in path or any(part in ("", ".", "..") for part in path.split("/")):
         form = "a path relative to the tree's root, e.g. tests/v1/core" + (" or a test id (path::name)" if ids else "")
         raise BadInput(f"{where} has {value!r}; use {form}")
     if not ids and "::" in text:
@@ -648,8 +647,7 @@ def _index_url(section: Section, key: str, url: str) -> str:
         parts is None
         or scheme not in ("https", "http", "file")
         or re.search(r"\s", url)
-        or (scheme != "file" and not parts.hostname)
-        or (scheme == "file" and not parts.path)
+        or not (parts.path if scheme == "file" else parts.hostname)
     ):
         raise BadInput(f"{section.path}: build.environment.{key} has {shown!r}; use {INDEX_FORM}")
     return url

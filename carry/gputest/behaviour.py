@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from carry.gputest.testrun import CommandResult
     from carry.source.apply import CheckReport
     from carry.util.cache import Cache
-    from carry.verdicts.verdicts import PatchVerdict, StatusReport, Verdict
+    from carry.verdicts.verdicts import PatchVerdict, StatusReport
     from carry.wheelbuild.wheel import WheelResult
 
 TEST_TIMEOUT_S = 900
@@ -65,7 +65,6 @@ class Behaviour:
 
 def tests_for(config: Config, patch: Patch, learned: dict) -> tuple[tuple[TestCommand, ...], str] | None:
     """The patch's tests and where they came from: its Carry-Test trailers, else what prove learned; None if neither.
-
     A trailer naming a build.tests entry (same arguments) takes that entry's settings (gpu, against); any other
     command is its own, run against the wheel on a GPU like build.tests entries by default."""
     if patch.tests:
@@ -73,8 +72,8 @@ def tests_for(config: Config, patch: Patch, learned: dict) -> tuple[tuple[TestCo
     found = learned.get(patch.name)
     if found is None:
         return None
-    known = [_command(config, text) for text in found.fixes]
-    return tuple(known), f"what prove learned on {found.proved} (patches/PROVED.json)"
+    known = tuple(_command(config, text) for text in found.fixes)
+    return known, f"what prove learned on {found.proved} (patches/PROVED.json)"
 
 
 def _command(config: Config, text: str) -> TestCommand:
@@ -212,16 +211,13 @@ def judge(
 
 def combine(verdict: PatchVerdict, behaviour: Behaviour) -> PatchVerdict:
     """The verdict once the patch's test has run on REF without it (see the module's docstring)."""
-    from carry.verdicts.verdicts import Verdict
+    from carry.verdicts.verdicts import Verdict, advice
 
     tests = ", ".join(f"`{t}`" for t in behaviour.tests)
     said = f"its test {tests} (from {behaviour.source})"
-    built = (
-        "REF as it is"
-        if not behaviour.earlier
-        else (f"REF with the earlier patches as far as they apply there ({', '.join(behaviour.earlier)})")
-    )
-    lines = (*behaviour.lines, f"tested on {built}, {_how(behaviour.mode)}")
+    earlier = f"REF with the earlier patches as far as they apply there ({', '.join(behaviour.earlier)})"
+    how = "checked out, nothing built" if behaviour.mode == "tree" else "built into a wheel"
+    lines = (*behaviour.lines, f"tested on {earlier if behaviour.earlier else 'REF as it is'}, {how}")
     data = behaviour.to_json()
     text = verdict.verdict
     if behaviour.outcome is Outcome.PASS and not text.merged:
@@ -238,7 +234,7 @@ def combine(verdict: PatchVerdict, behaviour: Behaviour) -> PatchVerdict:
             commit=None,
             evidence=evidence,
             behaviour=data,
-            advice=_advice(verdict, Verdict.FIXED_UPSTREAM),
+            advice=advice(verdict.patch, Verdict.FIXED_UPSTREAM),
         )
     if behaviour.outcome is Outcome.PASS:
         return dataclasses.replace(
@@ -261,13 +257,3 @@ def combine(verdict: PatchVerdict, behaviour: Behaviour) -> PatchVerdict:
         decided = "test" if text is Verdict.NEEDED else verdict.test
         return dataclasses.replace(verdict, test=decided, evidence=(head, *lines, *verdict.evidence), behaviour=data)
     return dataclasses.replace(verdict, evidence=(*verdict.evidence, *lines), behaviour=data)
-
-
-def _how(mode: str) -> str:
-    return "checked out, nothing built" if mode == "tree" else "built into a wheel"
-
-
-def _advice(verdict: PatchVerdict, now: Verdict) -> str | None:
-    from carry.verdicts.verdicts import advice
-
-    return advice(verdict.patch, now)

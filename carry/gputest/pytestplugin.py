@@ -40,12 +40,8 @@ class _State:
     handle: Any = None
 
 
-def _worker() -> bool:
-    return _State.config is not None and hasattr(_State.config, "workerinput")
-
-
 def _emit(event: str, **fields: Any) -> None:
-    if not EVENTS or _worker():
+    if not EVENTS or hasattr(_State.config, "workerinput"):  # an xdist worker: the controller writes
         return
     if _State.handle is None:
         _State.handle = open(EVENTS, "a", encoding="utf-8")  # noqa: SIM115 - open for the run, closed at exit
@@ -68,10 +64,6 @@ def _local(host: Any) -> bool:
     return address.is_loopback or address.is_unspecified
 
 
-def _refuse(host: Any) -> OSError:
-    return OSError(errno.ENETUNREACH, f"carry suite: no network here (only this machine): {host}")
-
-
 _connect = socket.socket.connect
 _connect_ex = socket.socket.connect_ex
 _getaddrinfo = socket.getaddrinfo
@@ -79,7 +71,7 @@ _getaddrinfo = socket.getaddrinfo
 
 def _guarded_connect(self: socket.socket, address: Any) -> Any:
     if self.family in (socket.AF_INET, socket.AF_INET6) and not _local(address[0]):
-        raise _refuse(address[0])
+        raise OSError(errno.ENETUNREACH, f"carry suite: no network here (only this machine): {address[0]}")
     return _connect(self, address)
 
 
@@ -181,10 +173,7 @@ def pytest_runtest_logreport(report: Any) -> None:
 
 
 def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
-    modules = {}
-    for name in MODULES:
-        module = sys.modules.get(name)
-        modules[name] = getattr(module, "__file__", None) if module is not None else None
+    modules = {name: getattr(sys.modules.get(name), "__file__", None) for name in MODULES}
     version = None
     if DIST:
         from importlib import metadata

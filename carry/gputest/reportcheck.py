@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from carry.util.errors import BadInput, Failed
 from carry.util.record import record
+
+if TYPE_CHECKING:
+    from carry.wheelbuild.verify import Verification
 
 
 def read_json(path: Path, kind: str, made_by: str) -> Any:
@@ -43,3 +46,12 @@ class ReportCheck:
         rows += [f"  MISMATCH {mismatch}" for mismatch in self.mismatches]
         rows.append(f"  report belongs to the {self.beside} beside it" if self.ok else "  NOT verified")
         return rows
+
+    def added_to(self, result: Verification, what: str, expected: str, note: str) -> Verification:
+        """`verify` of a wheel with this report's mismatches (each of `what`, `expected` to be) and `note` added."""
+        import dataclasses
+
+        from carry.wheelbuild.verify import Mismatch
+
+        mismatches = tuple(Mismatch(what, expected, m) for m in self.mismatches)
+        return dataclasses.replace(result, mismatches=result.mismatches + mismatches, notes=result.notes + (note,))

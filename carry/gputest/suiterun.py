@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from carry.config.build import BuildEnvironment, UpstreamTests
+from carry.gputest.testrun import purelib
 from carry.source import git
 from carry.util import reporter, run
 from carry.util.digest import sha256
@@ -216,8 +217,8 @@ def _make_wheel_env(root: Path, wheel: Path, deps: buildenv.BuildEnv, log: Path)
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as handle:
         _run_logged([uv.path, "venv", "--no-config", "--quiet", "--python", str(deps.python), str(root)], env, handle)
-        site = Path(_purelib(root / "bin" / "python"))
-        (site / "_carry_suite_deps.pth").write_text(f"import site; site.addsitedir({_purelib(deps.python)!r})\n")
+        site = Path(purelib(root / "bin" / "python"))
+        (site / "_carry_suite_deps.pth").write_text(f"import site; site.addsitedir({purelib(deps.python)!r})\n")
         install = [uv.path, "pip", "install", "--no-config", "--no-deps", "--no-cache", "--color", "never"]
         _run_logged([*install, "--python", str(root / "bin" / "python"), str(wheel)], env, handle)
     return site
@@ -229,14 +230,6 @@ def _run_logged(argv: list[str], env: dict[str, str], log: Any) -> None:
     if done.returncode != 0:
         said = [line for line in done.stderr.splitlines() if line.strip()]
         raise Failed(f"making the test environment: {argv[1]} failed: {said[-1] if said else done.returncode}")
-
-
-def _purelib(python: Path) -> str:
-    done = run.execute(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], timeout=run.PROBE_S, text=True
-    )
-    done.check_returncode()
-    return str(done.stdout).strip()
 
 
 def top_level_modules(wheel: Path) -> tuple[str, ...]:
@@ -290,10 +283,8 @@ class Side:
         return dict(collections.Counter(outcome for outcome, *_ in self.tests.values()))
 
     def describe(self) -> str:
-        counts = self.counts()
-        passed = sum(counts.get(o, 0) for o in PASS)
-        failed = sum(counts.get(o, 0) for o in FAIL)
-        parts = [f"{passed} passed", f"{failed} failed", f"{counts.get('skipped', 0)} skipped"]
+        passed, failed, skipped = tally(self.counts())
+        parts = [f"{passed} passed", f"{failed} failed", f"{skipped} skipped"]
         if self.collect_errors:
             parts.append(f"{len(self.collect_errors)} module(s) not collected")
         return f"{', '.join(parts)} in {self.seconds:.1f} s"
@@ -319,6 +310,11 @@ class Side:
             data.get("died"),
             str(data.get("log_tail") or ""),
         )
+
+
+def tally(counts: dict[str, int]) -> tuple[int, int, int]:
+    """(passed, failed, skipped) of a run's counts per outcome."""
+    return sum(counts.get(o, 0) for o in PASS), sum(counts.get(o, 0) for o in FAIL), counts.get("skipped", 0)
 
 
 def pytest_argv(python: Path, tests: UpstreamTests) -> list[str]:
@@ -399,16 +395,11 @@ def wait_for_collection(started: Started, poll_s: float = 0.2) -> int:
     return 0
 
 
-def stop(started: Started) -> None:
-    """Kill what is left of the run's process group (a test's leftovers, or a run cut short)."""
-    started.process.kill()
-
-
 def finish(started: Started, label: str = "") -> Side:
     """Wait for the run (killed past SIDE_LIMIT_S) and read it back per test id; with a `label`, a `suite` line
     says how it went."""
     status = started.process.wait()
-    stop(started)  # past the limit; or what a test left running in the background
+    started.process.kill()  # past the limit; or what a test left running in the background
     seconds = time.monotonic() - started.clock
     side = read_events(started, status, seconds)
     if label:

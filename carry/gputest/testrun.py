@@ -337,15 +337,19 @@ def _now() -> str:
 def _make_venv(venv: Path) -> Path:
     """A venv with no packages of its own; the running Python's site-packages are added behind its own."""
     execute([sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=VENV_S).check_returncode()
-    python = venv / "bin" / "python"
-    purelib = execute(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True, timeout=PROBE_S
-    )
-    purelib.check_returncode()
     parents = [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
     lines = [f"import site; site.addsitedir({path!r})\n" for path in parents if Path(path).is_dir()]
-    (Path(purelib.stdout.strip()) / "_carry_parent_site.pth").write_text("".join(lines))
+    (Path(purelib(venv / "bin" / "python")) / "_carry_parent_site.pth").write_text("".join(lines))
     return venv
+
+
+def purelib(python: Path) -> str:
+    """The site-packages directory of the interpreter `python`."""
+    done = execute(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], timeout=PROBE_S, text=True
+    )
+    done.check_returncode()
+    return str(done.stdout).strip()
 
 
 def _install(venv: Path, wheel: Path) -> None:
@@ -403,8 +407,7 @@ def _inspect_image(docker: str, ref: str) -> tuple[str, list[str]]:
                 f"pass a wheel path or an image reference that exists"
             )
     image_id, _, labels = result.stdout.strip().partition(" ")
-    runtime_args = (json.loads(labels or "null") or {}).get(RUNTIME_ARGS_LABEL, "")
-    return image_id, shlex.split(runtime_args)
+    return image_id, shlex.split((json.loads(labels or "null") or {}).get(RUNTIME_ARGS_LABEL, ""))
 
 
 class TestReportCheck(ReportCheck):
@@ -464,8 +467,6 @@ def summary(report: TestReport, path: Path) -> list[str]:
 
 def with_test_report(wheel: Path, result: Verification) -> Verification:
     """`verify` of a wheel: a test report beside the wheel must belong to it (same sha256); say what it recorded."""
-    from carry.wheelbuild.verify import Mismatch
-
     report_path = wheel_report_path(wheel)
     if not report_path.exists():
         return result
@@ -474,5 +475,4 @@ def with_test_report(wheel: Path, result: Verification) -> Verification:
     note = (
         f"test report {report_path.name}: {passed}/{len(check.report.results)} passed on {check.report.gpu.describe()}"
     )
-    mismatches = tuple(Mismatch("test report", "a report of this wheel", m) for m in check.mismatches)
-    return dataclasses.replace(result, mismatches=result.mismatches + mismatches, notes=result.notes + (note,))
+    return check.added_to(result, "test report", "a report of this wheel", note)

@@ -209,7 +209,7 @@ def _run_sides(
             sides = {label: suiterun.finish(started[label], label) for label in labels}
         finally:
             for run in started.values():
-                suiterun.stop(run)
+                run.process.kill()
     if cached is not None:
         reporter.phase("suite", f"against: {cached.describe()} (cached)")
         sides["against"] = cached
@@ -418,14 +418,13 @@ def make_report(
 
 
 def _side_json(side: Side, subject: Subject) -> dict:
-    counts = side.counts()
     return {
         "name": side.wheel,
         "sha256": side.digest,
         "version": side.version,
         "imported": side.modules,
         "collected": side.collected,
-        "counts": counts,
+        "counts": side.counts(),
         "collect_errors": side.collect_errors,
         "exitstatus": side.exitstatus,
         "died": side.died,
@@ -487,13 +486,11 @@ def _selection_line(selection: dict) -> str:
 
 
 def _side_line(name: str, side: dict, cached: bool) -> str:
-    counts = side["counts"]
-    passed = sum(counts.get(o, 0) for o in PASS)
-    failed = sum(counts.get(o, 0) for o in FAIL)
+    passed, failed, skipped = suiterun.tally(side["counts"])
     imported = "; ".join(f"{m} from {o}" for m, o in side["imported"].items() if o) or "nothing of the wheel imported"
     return (
         f"{name:<9} {side['name']} ({side['sha256'][:19]}, {side['version']}): {passed} passed, {failed} failed, "
-        f"{counts.get('skipped', 0)} skipped in {side['seconds']:.1f} s{' (cached)' if cached else ''}; {imported}"
+        f"{skipped} skipped in {side['seconds']:.1f} s{' (cached)' if cached else ''}; {imported}"
     )
 
 
@@ -579,17 +576,12 @@ def check_report(path: Path, expected: Expected) -> SuiteReportCheck:
 
 def with_suite_report(wheel: Path, result: Verification, expected: Expected) -> Verification:
     """`verify` of a wheel: a suite report beside it must belong to it; say what it found."""
-    import dataclasses
-
-    from carry.wheelbuild.verify import Mismatch
-
     path = report_path(wheel)
     if not path.exists():
         return result
     check = check_report(path, expected)
     note = f"suite report {path.name}: {check.report['verdict']}: {check.report['line']}"
-    mismatches = tuple(Mismatch("suite report", "a report of this wheel and selection", m) for m in check.mismatches)
-    return dataclasses.replace(result, mismatches=result.mismatches + mismatches, notes=result.notes + (note,))
+    return check.added_to(result, "suite report", "a report of this wheel and selection", note)
 
 
 def expected_of(config: Config, tree: str | None) -> Expected:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import os
@@ -96,9 +97,8 @@ class CheckReport:
 
 
 def check(mirror: Path, base: str, series: Series, scratch: Path) -> CheckReport:
-    """Apply each patch on base + all earlier patches; the tree id is set only when every patch applied.
-
-    The answer depends only on the base commit and the patches' bytes, so it is kept in the mirror
+    """Apply each patch on base + all earlier patches; the tree id is set only when every patch applied. The answer
+    depends only on the base commit and the patches' bytes, so it is kept in the mirror
     (carry/checks/<base>-<series hash>.json) and a second check of the same series on the same base reads it back,
     as long as the tree it names is still in the mirror."""
     known = _known(mirror, base, series)
@@ -166,13 +166,11 @@ def _remember(mirror: Path, report: CheckReport) -> None:
             for r in report.results
         ],
     }
-    try:
+    with contextlib.suppress(OSError):  # only a cache
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, path)
-    except OSError:
-        pass  # only a cache
 
 
 def _all_at_once(mirror: Path, base: str, series: Series, env: dict[str, str]) -> tuple[PatchResult, ...] | None:
@@ -211,11 +209,9 @@ def _offsets(report: str) -> tuple[str, ...]:
     current = "?"
     found = []
     for line in report.splitlines():
-        checking = re.match(CHECKING_RE, line)
-        if checking:
+        if checking := re.match(CHECKING_RE, line):
             current = checking.group(1)
-        offset = re.match(HUNK_OFFSET_RE, line)
-        if offset:
+        if offset := re.match(HUNK_OFFSET_RE, line):
             number, at, delta = offset.groups()
             found.append(f"{current}: hunk #{number} applied at line {at} (offset {delta} lines)")
     return tuple(found)
@@ -224,16 +220,14 @@ def _offsets(report: str) -> tuple[str, ...]:
 def _diagnose(mirror: Path, patch: Patch, report: str, env: dict[str, str]) -> Mismatch:
     """Name the file, hunk and first mismatching line from git's report and the index's blob."""
     for line in report.splitlines():
-        failed = re.match(FAILED_AT_RE, line)
-        if failed:
+        if failed := re.match(FAILED_AT_RE, line):
             name, start = failed.group(1), int(failed.group(2))
             hunk = _find_hunk(patch, name, start)
             blob = git.show_blob(mirror, f":{name}", env)
             if hunk is None or blob is None:
                 return Mismatch(name, hunk.header if hunk else None, start, None, "does not apply")
             return _first_mismatch(name, hunk, blob.split("\n"))
-        file_error = re.match(FILE_ERROR_RE, line)
-        if file_error:
+        if file_error := re.match(FILE_ERROR_RE, line):
             return Mismatch(file_error.group(1), None, None, None, file_error.group(2))
     lines = [line for line in report.splitlines() if line.startswith("error:")]
     first = patch.files[0] if patch.files else "?"
@@ -241,13 +235,9 @@ def _diagnose(mirror: Path, patch: Patch, report: str, env: dict[str, str]) -> M
 
 
 def _find_hunk(patch: Patch, name: str, start: int) -> Hunk | None:
-    for diff in patch.diffs:
-        if name in (diff.old_path, diff.new_path):
-            for hunk in diff.hunks:
-                if hunk.old_start == start:
-                    return hunk
-            return diff.hunks[0] if diff.hunks else None
-    return None
+    diff = next((d for d in patch.diffs if name in (d.old_path, d.new_path)), None)
+    hunks = diff.hunks if diff is not None else ()
+    return next((h for h in hunks if h.old_start == start), hunks[0] if hunks else None)
 
 
 def _first_mismatch(name: str, hunk: Hunk, lines: list[str]) -> Mismatch:
@@ -256,6 +246,5 @@ def _first_mismatch(name: str, hunk: Hunk, lines: list[str]) -> Mismatch:
         index = first + offset
         found = lines[index] if index < len(lines) else None
         if found != expected:
-            shown = found if found is not None else "<end of file>"
-            return Mismatch(name, hunk.header, index + 1, expected, shown)
+            return Mismatch(name, hunk.header, index + 1, expected, found if found is not None else "<end of file>")
     return Mismatch(name, hunk.header, hunk.old_start, None, "context matches here but git could not apply it")

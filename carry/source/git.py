@@ -74,11 +74,8 @@ def commit_with_patch_id(repo: Path, wanted: str, *log_args: str) -> str | None:
     log = run(
         repo, "log", "-p", "--no-merges", "--no-color", "--full-index", "--format=commit %H", *log_args, strip=False
     )
-    for line in run_input(repo, ("patch-id", "--stable"), log).splitlines():
-        fields = line.split()
-        if fields and fields[0] == wanted:
-            return fields[1]
-    return None
+    rows = (line.split() for line in run_input(repo, ("patch-id", "--stable"), log).splitlines())
+    return next((fields[1] for fields in rows if fields and fields[0] == wanted), None)
 
 
 def _execute(
@@ -133,10 +130,7 @@ def run_status(repo: Path, *args: str, env: dict[str, str] | None = None, strip:
 
 
 def init_bare(path: Path) -> None:
-    """Create a bare repo at `path` in one rename, so a crash never leaves a half-made repo there.
-
-    When another process got there first, its repo is kept.
-    """
+    """Create a bare repo at `path` in one rename (a crash never leaves a half-made one); another process's stays."""
     import shutil
     import tempfile
 
@@ -157,10 +151,8 @@ def init_bare(path: Path) -> None:
 
 
 def clear_stale_locks(repo: Path) -> None:
-    """Remove the lock files a killed git leaves behind (ref, shallow, packed-refs, config locks).
-
-    Only call this while holding carry's own lock on `repo`: then no live git of ours can own them.
-    """
+    """Remove the lock files a killed git leaves behind (ref, shallow, packed-refs, config locks); only under
+    carry's own lock on `repo`, so that no live git of ours can own them."""
     for lock in [*repo.glob("*.lock"), *(repo / "refs").rglob("*.lock")]:
         lock.unlink(missing_ok=True)
 
@@ -263,11 +255,8 @@ def ls_remote_tags(repo: Path, url: str) -> dict[str, str]:
 def local_tags(repo: Path, prefix: str) -> dict[str, str]:
     """name (without `prefix`) -> commit for the tags `repo` keeps under `prefix` (annotated tags peeled)."""
     out = run(repo, "for-each-ref", "--format=%(objectname) %(*objectname) %(refname)", prefix)
-    found = {}
-    for line in out.splitlines():
-        parts = line.split()
-        found[parts[-1].removeprefix(prefix)] = parts[1] if len(parts) == 3 else parts[0]
-    return found
+    rows = [line.split() for line in out.splitlines()]
+    return {parts[-1].removeprefix(prefix): parts[1] if len(parts) == 3 else parts[0] for parts in rows}
 
 
 def merge_base(repo: Path, a: str, b: str) -> str | None:
@@ -281,11 +270,8 @@ def is_ancestor(repo: Path, a: str, b: str) -> bool:
 
 
 def split_credentials(url: str) -> tuple[str, dict[str, str]]:
-    """The URL git may show on its command line, and the env that hands it the URL's user:password instead.
-
-    Credentials in a URL would be in every process listing; here git asks a credential helper for them,
-    and the helper reads them from its own environment.
-    """
+    """The URL git may show on its command line, and the env that hands it the URL's user:password instead:
+    in a URL they would be in every process listing; a credential helper reads them from its own environment."""
     if "@" not in url:
         return url, {}
     import urllib.parse
@@ -331,11 +317,9 @@ def read_tree(repo: Path, treeish: str, env: dict[str, str]) -> None:
     index = Path(env["GIT_INDEX_FILE"])
     kept = repo / "carry" / "index" / treeish
     if len(treeish) == 40 and kept.is_file():
-        try:
+        with contextlib.suppress(OSError):
             index.write_bytes(kept.read_bytes())
             return
-        except OSError:
-            pass
     run(repo, "read-tree", treeish, env=env)
     if len(treeish) == 40 and all(c in "0123456789abcdef" for c in treeish):
         _keep_index(index, kept)
@@ -346,7 +330,7 @@ INDEX_KEEP = 8
 
 def _keep_index(index: Path, kept: Path) -> None:
     """Copy a freshly read index into the repo's store through a temp file and a rename; drop the oldest ones."""
-    try:
+    with contextlib.suppress(OSError):  # only a cache: the next read reads the tree again
         kept.parent.mkdir(parents=True, exist_ok=True)
         tmp = kept.with_name(f".{kept.name}.{os.getpid()}.tmp")
         tmp.write_bytes(index.read_bytes())
@@ -356,8 +340,6 @@ def _keep_index(index: Path, kept: Path) -> None:
         )
         for old in stored[:-INDEX_KEEP]:
             old.unlink(missing_ok=True)
-    except OSError:
-        pass  # only a cache: the next read reads the tree again
 
 
 def write_tree(repo: Path, env: dict[str, str]) -> str:
@@ -366,13 +348,12 @@ def write_tree(repo: Path, env: dict[str, str]) -> str:
 
 def apply_cached(repo: Path, patch: Path, env: dict[str, str], *flags: str) -> tuple[int, str]:
     """`git apply --cached -v` into the index in `env`; return (status, git's verbose report)."""
-    status, out, err = run_status(repo, "apply", "--cached", "-v", *flags, str(patch), env=env)
-    return status, f"{out}\n{err}".strip()
+    return apply_cached_all(repo, [patch], env, *flags)
 
 
-def apply_cached_all(repo: Path, patches: list[Path], env: dict[str, str]) -> tuple[int, str]:
+def apply_cached_all(repo: Path, patches: list[Path], env: dict[str, str], *flags: str) -> tuple[int, str]:
     """Every patch in one `git apply --cached -v`, each on top of the ones before it; all or nothing."""
-    status, out, err = run_status(repo, "apply", "--cached", "-v", *(str(p) for p in patches), env=env)
+    status, out, err = run_status(repo, "apply", "--cached", "-v", *flags, *(str(p) for p in patches), env=env)
     return status, f"{out}\n{err}".strip()
 
 
@@ -385,16 +366,11 @@ def show_blob(repo: Path, spec: str, env: dict[str, str] | None = None) -> str |
 TREE_COMMIT_ENV = {"GIT_AUTHOR_DATE": "1970-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "1970-01-01T00:00:00Z"}
 
 
-def commit_tree(repo: Path, tree: str, parent: str | None, message: str) -> str:
-    """A commit of `tree` on `parent` (none: a root commit); deterministic: same tree, parent and message give the
-    same id."""
-    parents = ("-p", parent) if parent else ()
-    return run(repo, "commit-tree", tree, *parents, "-m", message, env=TREE_COMMIT_ENV)
-
-
 def tree_commit(repo: Path, tree: str, parent: str | None) -> str:
-    """The commit a build checks `tree` out as (checkout_tree): the same for the same tree and parent."""
-    return commit_tree(repo, tree, parent, f"carry: patched tree {tree}")
+    """The commit a build checks `tree` out as (checkout_tree) on `parent` (none: a root commit): the same for the
+    same tree and parent."""
+    parents = ("-p", parent) if parent else ()
+    return run(repo, "commit-tree", tree, *parents, "-m", f"carry: patched tree {tree}", env=TREE_COMMIT_ENV)
 
 
 def checkout_tree(repo: Path, tree: str, parent: str | None, worktree: Path, keep: tuple[str, ...] = ()) -> list[str]:

@@ -222,9 +222,7 @@ def parse_patch(path: Path, number: int) -> Patch:
 def _parse_message(lines: list[str]) -> tuple[dict[str, str], str]:
     """Split a format-patch message into its mail headers and the description above `---`."""
     headers: dict[str, str] = {}
-    index = 0
-    if lines and lines[0].startswith("From ") and re.match(r"^From [0-9a-f]{40} ", lines[0]):
-        index = 1
+    index = 1 if lines and re.match(r"^From [0-9a-f]{40} ", lines[0]) else 0
     key = None
     while index < len(lines):
         line = lines[index]
@@ -307,8 +305,7 @@ def _parse_file_diff(lines: list[str], index: int, path: Path) -> tuple[FileDiff
     start = index
     if lines[index].startswith("diff --git "):
         _reject_crlf(lines[index], path)
-        git_paths = GIT_DIFF_RE.match(lines[index])
-        if git_paths:
+        if git_paths := GIT_DIFF_RE.match(lines[index]):
             old_path, new_path = (_diff_path(field, path) for field in git_paths.groups())
         index += 1
     while index < len(lines) and not lines[index].startswith(("@@", "diff --git ")):
@@ -357,10 +354,7 @@ def _parse_hunk(lines: list[str], index: int, path: Path, name: str) -> tuple[Hu
     old_start = int(match.group(1))
     old_count = int(match.group(2) or 1)
     new_count = int(match.group(4) or 1)
-    old: list[str] = []
-    new: list[str] = []
-    added: list[str] = []
-    removed: list[str] = []
+    old, new, added, removed = list[str](), list[str](), list[str](), list[str]()
     index += 1
     while (len(old) < old_count or len(new) < new_count) and index < len(lines):
         line = lines[index]
@@ -384,18 +378,14 @@ def _parse_hunk(lines: list[str], index: int, path: Path, name: str) -> tuple[Hu
             f"{path}: truncated hunk {header.strip()} in {name} (expected {old_count}/{new_count} lines, "
             f"found {len(old)}/{len(new)}); regenerate the patch"
         )
-    hunk = Hunk(
-        header.strip(), old_start, tuple(old), tuple(new), tuple(added), tuple(removed), tuple(lines[start:index])
-    )
-    return hunk, index
+    raw = tuple(lines[start:index])
+    return Hunk(header.strip(), old_start, tuple(old), tuple(new), tuple(added), tuple(removed), raw), index
 
 
 def _diff_path(field: str, path: Path) -> str | None:
     field = _unquote(field.split("\t", 1)[0].strip())
     if field == "/dev/null":
         return None
-    if field.startswith("/"):
-        raise BadInput(f"{path}: absolute path {field!r} in the patch; paths must be relative to the tree")
     if field.startswith(("a/", "b/")):
         field = field[2:]
     return _check_path(field, path)
@@ -410,8 +400,7 @@ def _unquote(field: str) -> str:
         code = match.group(1)
         return bytes([int(code, 8) & 0xFF]) if code[0] in b"01234567" else C_ESCAPES.get(code, code)
 
-    raw = re.sub(rb"\\([0-7]{1,3}|.)", unescape, field[1:-1].encode())
-    return raw.decode(errors="surrogateescape")
+    return re.sub(rb"\\([0-7]{1,3}|.)", unescape, field[1:-1].encode()).decode(errors="surrogateescape")
 
 
 def _check_path(name: str, path: Path) -> str:

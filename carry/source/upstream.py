@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import os
 from pathlib import Path
@@ -72,24 +71,18 @@ def mirror_for(config: Config, cache: Cache) -> Path:
 
 def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
     """Fetch the pin (and the PR head); fall back to the cached bundle when upstream can't give the pin (a note says
-    so, and one says when the PR head could not be fetched).
-
-    When nothing can be fetched and the mirror was new, everything this call created is removed again.
-    """
+    so, and one says when the PR head could not be fetched). When nothing can be fetched and the mirror was new,
+    everything this call created is removed again."""
     mirror = cache.mirror(config.upstream.url)
     lock = cache.lock_path(mirror.name)
     created = [p for p in (cache.root, mirror.parent, lock.parent, mirror, lock) if not p.exists()]
     try:
         return _fetch(config, cache, mirror_for(config, cache), with_pr)
     except BadInput:
-        import shutil
+        from carry.util.fsutil import remove
 
         for path in reversed(created):
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    path.unlink()
+            remove(path)
         raise
 
 
@@ -152,11 +145,9 @@ def _pinned(mirror: Path) -> str | None:
 
 def resolve_ref(config: Config, cache: Cache, ref: str) -> str:
     """The commit an upstream ref names now, fetching it when possible: a tag (`v0.33.0`), a branch (`main`), a
-    full name (`refs/pull/N/head`) or a commit SHA, older or newer than the pin.
-
-    A short name is looked up on upstream as git does, a tag before a branch. A ref whose tip the mirror has already
-    is not fetched again; offline, the ref as last fetched is used and a note says so.
-    """
+    full name (`refs/pull/N/head`) or a commit SHA, older or newer than the pin. A short name is looked up on
+    upstream as git does, a tag before a branch. A ref whose tip the mirror has already is not fetched again;
+    offline, the ref as last fetched is used and a note says so."""
     mirror = mirror_for(config, cache)
     if SHA_RE.match(ref):
         return _resolve_sha(config, cache, mirror, ref)
@@ -198,9 +189,7 @@ def _fetched(mirror: Path, local: str) -> str:
 
 def candidates(ref: str) -> tuple[str, ...]:
     """The full ref names a name given by a user may mean, in git's order (refs/tags/ before refs/heads/)."""
-    if ref.startswith("refs/"):
-        return (ref,)
-    return (f"refs/tags/{ref}", f"refs/heads/{ref}")
+    return (ref,) if ref.startswith("refs/") else (f"refs/tags/{ref}", f"refs/heads/{ref}")
 
 
 def local_ref(name: str) -> str:
@@ -285,10 +274,9 @@ def first_parents(config: Config, cache: Cache, mirror: Path, start: str, count:
 
 
 def update_pin(config: Config, new_commit: str) -> None:
-    """Rewrite only `upstream.commit` in build.yaml, keeping comments and layout.
-
-    Every move of the pin goes through here (`fetch --update-pin`, `refresh`, `drop`): what must follow a new pin
-    is done here. The callers bump VERSION (a new pin is a new artifact)."""
+    """Rewrite only `upstream.commit` in build.yaml, keeping comments and layout. Every move of the pin goes through
+    here (`fetch --update-pin`, `refresh`, `drop`): what must follow a new pin is done here. The callers bump VERSION
+    (a new pin is a new artifact)."""
     from carry.util.fsutil import atomic_write_text  # here, not on `check`'s path: only a moved pin writes
 
     text = config.path.read_text()
@@ -433,8 +421,7 @@ def _restore_from_bundle(config: Config, cache: Cache, mirror: Path, error: git.
         git.add_shallow(mirror, pin)
         git.fetch(mirror, str(bundle), f"{head}:{PIN_REF}")
     git.update_ref(mirror, PIN_REF, pin)
-    url = public_url(config.upstream.url)
-    return f"upstream {url} unreachable ({_reason(error)}); using cached bundle {bundle}"
+    return f"upstream {public_url(config.upstream.url)} unreachable ({_reason(error)}); using cached bundle {bundle}"
 
 
 def _since_base(config: Config, mirror: Path) -> tuple[str, ...]:

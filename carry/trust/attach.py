@@ -184,13 +184,8 @@ def attest(store: Registry, key: SigningKey, subject: str, digest: str, predicat
         if predicate_type in same:
             continue
         body = signing.statement(subject, digest, predicate_type, predicate)
-        kept.append(
-            Layer(
-                DSSE_ENVELOPE,
-                signing.envelope(key, body),
-                {SIGNATURE_ANNOTATION: "", PREDICATE_ANNOTATION: predicate_type},
-            )
-        )
+        annotations = {SIGNATURE_ANNOTATION: "", PREDICATE_ANNOTATION: predicate_type}
+        kept.append(Layer(DSSE_ENVELOPE, signing.envelope(key, body), annotations))
     return Attached("attestation", tag, _push(store, tag, kept), len(kept), "pushed")
 
 

@@ -63,21 +63,19 @@ class PublicKey:
         return True
 
     def pem(self) -> bytes:
-        from cryptography.hazmat.primitives import serialization
-
-        return self._key.public_bytes(  # type: ignore[attr-defined]
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+        return self._info("PEM")
 
     @property
     def fingerprint(self) -> str:
         """sha256 of the DER SubjectPublicKeyInfo: names the key in output without showing it."""
+        return "sha256:" + hashlib.sha256(self._info("DER")).hexdigest()
+
+    def _info(self, encoding: str) -> bytes:
+        """The SubjectPublicKeyInfo, as PEM or DER."""
         from cryptography.hazmat.primitives import serialization
 
-        der = self._key.public_bytes(  # type: ignore[attr-defined]
-            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-        return "sha256:" + hashlib.sha256(der).hexdigest()
+        info = serialization.PublicFormat.SubjectPublicKeyInfo
+        return self._key.public_bytes(getattr(serialization.Encoding, encoding), info)  # type: ignore[attr-defined]
 
 
 def _p256(key: PrivateKeyTypes | PublicKeyTypes, where: str) -> None:
@@ -106,12 +104,10 @@ def keygen(directory: Path, environ: Mapping[str, str]) -> tuple[Path, Path]:
     password = environ.get(PASSWORD_ENV, "")
     encryption = serialization.BestAvailableEncryption(password.encode()) if password else serialization.NoEncryption()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
-    fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as handle:
+    with os.fdopen(os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
         handle.write(pem)
     try:
-        fd = os.open(public, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        with os.fdopen(fd, "wb") as handle:
+        with os.fdopen(os.open(public, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as handle:
             handle.write(PublicKey(key.public_key(), str(public)).pem())
     except BaseException:
         private.unlink(missing_ok=True)
@@ -122,9 +118,7 @@ def keygen(directory: Path, environ: Mapping[str, str]) -> tuple[Path, Path]:
 def from_environment(environ: Mapping[str, str]) -> SigningKey | None:
     """The key $CARRY_SIGNING_KEY names (with $CARRY_SIGNING_KEY_PASSWORD), or None when it is not set."""
     path = environ.get(KEY_ENV, "")
-    if not path:
-        return None
-    return load_private(Path(path), environ.get(PASSWORD_ENV) or None, f"${KEY_ENV}")
+    return load_private(Path(path), environ.get(PASSWORD_ENV) or None, f"${KEY_ENV}") if path else None
 
 
 def load_private(path: Path, password: str | None, named_by: str = "the key") -> SigningKey:
@@ -150,11 +144,9 @@ def load_private(path: Path, password: str | None, named_by: str = "the key") ->
         raise BadInput(f"{where}: the key is encrypted; set ${PASSWORD_ENV} to its passphrase")
     try:
         key = serialization.load_pem_private_key(data, password.encode() if password and encrypted else None)
-    except (ValueError, TypeError) as exc:
-        if encrypted:
+    except Exception as exc:  # ValueError, TypeError, and cryptography's UnsupportedAlgorithm and kin
+        if encrypted and isinstance(exc, (ValueError, TypeError)):
             raise BadInput(f"{where}: wrong passphrase in ${PASSWORD_ENV} (the key does not decrypt)") from None
-        raise BadInput(f"{where}: not a readable private key ({_short(exc)})") from None
-    except Exception as exc:  # cryptography's UnsupportedAlgorithm and kin
         raise BadInput(f"{where}: not a readable private key ({_short(exc)})") from None
     _p256(key, where)
     return SigningKey(key, str(path))

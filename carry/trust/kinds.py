@@ -108,10 +108,8 @@ class Sbom(_NoArg):
 
     def check(self, statement: dict, checking: Checking) -> tuple[list[str], list[str]]:
         document = statement["predicate"]
-        problems = []
         invalid = sbom.validate(json.dumps(document).encode())
-        if invalid:
-            problems.append(f"SBOM: not valid CycloneDX 1.6: {invalid}")
+        problems = [f"SBOM: not valid CycloneDX 1.6: {invalid}"] if invalid else []
         listed = sbom.installed(document)
         problems += sbom.against_layers(listed, checking.installed)
         if problems:

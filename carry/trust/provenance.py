@@ -171,12 +171,8 @@ def against_repository(found: Read, expected: Expected) -> list[str]:
     if found.commit != expected.commit:
         problems.append(f"provenance: upstream commit {found.commit}, this repository pins {expected.commit}")
     if list(found.patches) != list(expected.patches):
-        problems.append(
-            "provenance: patches "
-            + ", ".join(f"{n} {s[:12]}" for n, s in found.patches)
-            + "; this repository's series: "
-            + ", ".join(f"{n} {s[:12]}" for n, s in expected.patches)
-        )
+        listed, series = (", ".join(f"{n} {s[:12]}" for n, s in p) for p in (found.patches, expected.patches))
+        problems.append(f"provenance: patches {listed}; this repository's series: {series}")
     if found.version != expected.version:
         problems.append(f"provenance: VERSION {found.version}, this repository's {expected.version}")
     fixed = found.wheels.get("fixed-wheel")

@@ -24,33 +24,23 @@ from carry.trust.facts import CarriedPatch, ImageFacts, Wheel
 
 if TYPE_CHECKING:
     from cyclonedx.model.component import Component, Patch, Pedigree
-    from packageurl import PackageURL
 
 SPEC = "1.6"
 PURL_FILE = "file_name"
 
 
-def _purl(wheel: Wheel, with_file: bool = True) -> PackageURL:
-    from packageurl import PackageURL
-
-    return PackageURL(
-        type="pypi",
-        name=wheel.canonical,
-        version=wheel.version,
-        qualifiers={PURL_FILE: wheel.filename} if with_file and wheel.filename else None,
-    )
-
-
 def _library(wheel: Wheel, pedigree: Pedigree | None = None) -> Component:
     from cyclonedx.model import HashAlgorithm, HashType
     from cyclonedx.model.component import Component, ComponentType
+    from packageurl import PackageURL
 
+    qualifiers = {PURL_FILE: wheel.filename} if wheel.filename else None
     return Component(
         type=ComponentType.LIBRARY,
         name=wheel.name,
         version=wheel.version,
         bom_ref=f"pypi/{wheel.canonical}@{wheel.version}",
-        purl=_purl(wheel),
+        purl=PackageURL(type="pypi", name=wheel.canonical, version=wheel.version, qualifiers=qualifiers),
         hashes=[HashType(alg=HashAlgorithm.SHA_256, content=wheel.sha256)] if wheel.sha256 else None,
         pedigree=pedigree,
     )
@@ -96,20 +86,15 @@ def _patch(patch: CarriedPatch, facts: ImageFacts) -> Patch:
                 f"{patch.forwarded or '(none)'}",
             )
         )
-    return Patch(
-        type=kind,
-        diff=Diff(text=AttachedText(content=patch.text, content_type="text/x-diff")),
-        resolves=resolves,
-    )
+    diff = Diff(text=AttachedText(content=patch.text, content_type="text/x-diff"))
+    return Patch(type=kind, diff=diff, resolves=resolves)
 
 
 def _fixed(facts: ImageFacts) -> Component:
     from cyclonedx.model import ExternalReference, ExternalReferenceType, XsUri
     from cyclonedx.model.component import Commit, Component, ComponentType, Pedigree
 
-    ancestors = []
-    if facts.release is not None:
-        ancestors.append(_library(facts.release))
+    ancestors = [_library(facts.release)] if facts.release is not None else []
     source_ref = []
     if "://" in facts.upstream_url:
         source_ref = [ExternalReference(type=ExternalReferenceType.VCS, url=XsUri(facts.upstream_url))]
@@ -213,14 +198,8 @@ def installed(document: dict) -> dict[tuple[str, str], str]:
 def fixed_component(document: dict, name: str) -> dict | None:
     from carry.trust.facts import canonical
 
-    return next(
-        (
-            c
-            for c in document.get("components") or []
-            if canonical(c.get("name", "")) == canonical(name) and c.get("pedigree")
-        ),
-        None,
-    )
+    named = (c for c in document.get("components") or [] if canonical(c.get("name", "")) == canonical(name))
+    return next((c for c in named if c.get("pedigree")), None)
 
 
 def pedigreed(document: dict) -> dict | None:

@@ -79,7 +79,6 @@ def statement(subject_name: str, digest: str, predicate_type: str, predicate: di
             "predicate": predicate,
         },
         separators=(",", ":"),
-        sort_keys=False,
     ).encode()
 
 
@@ -102,16 +101,9 @@ def open_envelope(data: bytes, key: PublicKey | None) -> tuple[dict, bool]:
     document = json.loads(data)
     payload_type = document["payloadType"]
     body = base64.b64decode(document["payload"])
-    good = False
-    if key is not None:
-        for entry in document.get("signatures") or []:
-            try:
-                signature = base64.b64decode(entry.get("sig", ""), validate=True)
-            except ValueError:
-                continue
-            if key.verifies(signature, pae(payload_type, body)):
-                good = True
-                break
+    good = key is not None and any(
+        verify_simple(key, pae(payload_type, body), entry.get("sig", "")) for entry in document.get("signatures") or []
+    )
     if payload_type != IN_TOTO_PAYLOAD:
         raise ValueError(f"payloadType {payload_type!r}, not {IN_TOTO_PAYLOAD}")
     found = json.loads(body)

@@ -25,8 +25,7 @@ class Cache:
 
     @classmethod
     def from_env(cls) -> Cache:
-        root = Path(os.environ.get("CARRY_CACHE") or Path.home() / ".cache" / "carry").absolute()
-        return cls(root)
+        return cls(Path(os.environ.get("CARRY_CACHE") or Path.home() / ".cache" / "carry").absolute())
 
     def ensure_writable(self) -> None:
         """Fail early, with one line, when the cache cannot be written."""

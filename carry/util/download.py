@@ -22,6 +22,7 @@ wheel's RECORD, git's pack checksum). A local path is hashed where it lies, reme
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -120,9 +121,7 @@ class Store:
         if not pinned.is_url:
             return self._checked_local(pinned)
         target = self.path(pinned)
-        if target.is_file() and self.intact(target, pinned.sha256):
-            return target
-        return self._download(pinned, target)
+        return target if target.is_file() and self.intact(target, pinned.sha256) else self._download(pinned, target)
 
     # --- by name, from the package index ---------------------------------------------------------------------
 
@@ -241,7 +240,6 @@ class Store:
         """`pinned.source` appended to `part` (ATTEMPTS tries, each resuming what the last one got); the offsets it
         resumed at. A full disk is not retried: one line naming the part and what it needs."""
         import http.client
-        import urllib.error
 
         resumed: list[int] = []
         last_error: Exception | None = None
@@ -254,12 +252,10 @@ class Store:
                     resumed.append(have)
                 _fetch_into(pinned.source, part, pinned.size, self)
                 return resumed
-            except OSError as exc:
+            except (OSError, http.client.HTTPException) as exc:  # OSError: URLError and TimeoutError too
                 if is_no_space(exc):
                     needed = pinned.size - have if pinned.size is not None else None
                     raise Failed(no_space_line(part, needed=needed, written=have)) from None
-                last_error = exc
-            except (urllib.error.URLError, http.client.HTTPException, TimeoutError) as exc:
                 last_error = exc
             if attempt + 1 < ATTEMPTS:
                 time.sleep(min(2**attempt, 8))  # 1, 2, 4 s: then one line, the part kept to resume
@@ -273,19 +269,15 @@ class Store:
         bad input naming the source, the part removed."""
         size = part.stat().st_size
         if pinned.size is not None and size != pinned.size:
-            if not last_try:
-                return None
-            _discard(part)
-            raise BadInput(f"{_public(pinned.source)}: {size} bytes, not the pinned {pinned.size}; fix the pin or URL")
-        found = file_sha256(part)
-        if found == pinned.sha256:
+            problem = f"{size} bytes, not the pinned {pinned.size}; fix the pin or URL"
+        elif (found := file_sha256(part)) == pinned.sha256:
             return found
+        else:
+            problem = f"sha256 is {found}, not the pinned {pinned.sha256}; fix the sha256 or the URL"
         if not last_try:
             return None
         _discard(part)
-        raise BadInput(
-            f"{_public(pinned.source)}: sha256 is {found}, not the pinned {pinned.sha256}; fix the sha256 or the URL"
-        )
+        raise BadInput(f"{_public(pinned.source)}: {problem}")
 
 
 def _fetch_into(url: str, part: Path, size: int | None, store: Store) -> None:
@@ -323,10 +315,8 @@ def _fetch_into(url: str, part: Path, size: int | None, store: Store) -> None:
 def _discard(part: Path) -> None:
     """A download that is not the pinned file: removed, with its store directory when that is left empty."""
     part.unlink(missing_ok=True)
-    try:
+    with contextlib.suppress(OSError):
         part.parent.rmdir()
-    except OSError:
-        pass
 
 
 def sha256_in_store(path: Path) -> str:

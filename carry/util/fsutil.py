@@ -28,16 +28,22 @@ def sweep_dead(parent: Path, prefix: str) -> None:
     if not parent.is_dir():
         return
     import glob
-    import shutil
 
     for entry in parent.glob(f"{glob.escape(prefix)}*"):
         pid = entry.name[len(prefix) :].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    entry.unlink()
+            remove(entry)
+
+
+def remove(path: Path) -> None:
+    """Remove a file, a link or a whole directory, whatever is there (nothing when it is gone)."""
+    import shutil
+
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def _alive(pid: int) -> bool:
@@ -45,9 +51,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return True  # a PermissionError too: the process exists, another user's
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -62,20 +66,13 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
-        else:
-            os.chmod(tmp, 0o644)
+        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o644)
         os.replace(tmp, path)
-    except OSError as exc:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         if is_no_space(exc):  # the file keeps what it held; the line names it, not the temp file
             raise Failed(no_space_line(path, needed=len(data))) from None
-        raise
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
         raise
 
 

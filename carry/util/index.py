@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     import urllib.request
 
 PIP_TIMEOUT_S = 1800
-# The glibc of the images carry builds (Debian 12: 2.36) down to manylinux2014: the wheels that run there.
 INDEX_KEYS = ("index-url", "extra-index-url")
 # The variables that change what `pip config list` says: its own, and where it finds its files.
 PIP_ENV = ("PIP_", "HOME", "XDG_CONFIG_")
@@ -69,11 +68,8 @@ def pip_settings() -> dict[str, str]:
 @functools.cache
 def _pip_config_list(environ: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
     result = execute([sys.executable, "-m", "pip", "config", "list"], text=True, timeout=120)
-    found = {}
-    for line in result.stdout.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            found[key.strip()] = value.strip().strip("'\"")
+    pairs = (line.partition("=") for line in result.stdout.splitlines())
+    found = {key.strip(): value.strip().strip("'\"") for key, sep, value in pairs if sep}
     return tuple(found.items())
 
 
@@ -156,12 +152,10 @@ def find_file(project: str, filename: str, where: str) -> tuple[str, str | None]
         if text is None:
             continue
         for href, label in links(text):
-            link = urllib.parse.urljoin(page, href)
-            path = urllib.parse.urlsplit(link).path
-            if label == filename or urllib.parse.unquote(path.rsplit("/", 1)[-1]) == filename:
-                fragment = urllib.parse.urlsplit(link).fragment
-                sha = fragment.split("=", 1)[1] if fragment.startswith("sha256=") else None
-                return urllib.parse.urlunsplit(urllib.parse.urlsplit(link)._replace(fragment="")), sha
+            link = urllib.parse.urlsplit(urllib.parse.urljoin(page, href))
+            if label == filename or urllib.parse.unquote(link.path.rsplit("/", 1)[-1]) == filename:
+                sha = link.fragment.split("=", 1)[1] if link.fragment.startswith("sha256=") else None
+                return urllib.parse.urlunsplit(link._replace(fragment="")), sha
     raise BadInput(
         f"{where}: {filename} is on no index pip asks ({indexes.describe()}); check the name and "
         f"version, or configure pip's index (PIP_INDEX_URL, pip config set global.index-url URL)"
@@ -216,8 +210,9 @@ def request(url: str, accept: str = "*/*") -> urllib.request.Request:
 
 
 def manylinux_tags(machine: str, major: int = 2, minor: int = 36) -> list[str]:
-    """pip's --platform list for a target of that CPU and glibc: every manylinux tag down to the oldest of the
-    CPU, with the legacy aliases, as an installing pip on that glibc accepts (pip download adds none itself)."""
+    """pip's --platform list for a target of that CPU and glibc (by default the images', Debian 12's 2.36): every
+    manylinux tag down to the oldest of the CPU, with the legacy aliases, as an installing pip on that glibc accepts
+    (pip download adds none itself)."""
     floor = 5 if machine in ("x86_64", "i686") else 17
     tags = [f"manylinux_{major}_{m}_{machine}" for m in range(minor, floor - 1, -1)]
     legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
@@ -230,28 +225,11 @@ def pip_download_command(
     """`pip download` of hash-pinned `requirements` (wheels only, no dependencies, no pip cache) for CPython
     `python` (X.Y) on the platform `tags` into `into`, through the user's own pip configuration; not `hashed`: a
     release nothing pinned yet (its sha256 is then the file's, trust on first use)."""
-    return [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        *(["--require-hashes"] if hashed else []),
-        "--no-cache-dir",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "off",
-        "--implementation",
-        "cp",
-        "--python-version",
-        python,
-        *(arg for tag in tags for arg in ("--platform", tag)),
-        "-d",
-        str(into),
-        "-r",
-        str(requirements),
-    ]
+    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    argv += ["--require-hashes"] if hashed else []
+    argv += ["--no-cache-dir", "--disable-pip-version-check", "--progress-bar", "off", "--implementation", "cp"]
+    argv += ["--python-version", python, *(arg for tag in tags for arg in ("--platform", tag))]
+    return [*argv, "-d", str(into), "-r", str(requirements)]
 
 
 def download_wheel(
@@ -291,9 +269,4 @@ def download_wheel(
             f"requirement, the platform or the index"
         )
     lines = [line for line in said.splitlines() if line.strip() and not line.startswith("WARNING")]
-    raise Failed(f"{where}: pip could not download {asked}: {public_text(lines[-1] if lines else 'no output')}")
-
-
-def public_text(text: str) -> str:
-    """A line of pip's with any user:password@ in a URL taken out."""
-    return redact.credentials(text)
+    raise Failed(f"{where}: pip could not download {asked}: {redact.credentials(lines[-1] if lines else 'no output')}")

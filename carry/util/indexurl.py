@@ -19,9 +19,7 @@ def check_template(template: str, where: str, schemes: tuple[str, ...] = ("http"
     use); bad input naming `where` for a stray '$' or another form."""
     if "$" in ENV_REF_RE.sub("", template):
         raise BadInput(f"{where} is {template!r}: a '$' outside ${{NAME}}; write the variable as ${{NAME}}")
-    if ENV_REF_RE.search(template):
-        return template
-    return _check_url(template, where, schemes)
+    return template if ENV_REF_RE.search(template) else _check_url(template, where, schemes)
 
 
 def expand(template: str, where: str, schemes: tuple[str, ...] = ("http", "https")) -> str:

@@ -80,9 +80,7 @@ def check(path: Path) -> Corrupt | None:
     entry cannot be told whole."""
     found = file_sha256(path)
     want = recorded(path)
-    if found == want:
-        return None
-    return Corrupt(path, found, want or "", "" if want else "no sha256 recorded beside it")
+    return None if found == want else Corrupt(path, found, want or "", "" if want else "no sha256 recorded beside it")
 
 
 def copy_checked(source: Path, dest: Path, *, verify: bool = True) -> Corrupt | None:

@@ -76,8 +76,7 @@ class Pinned:
         elif index is not None:
             import urllib.parse
 
-            scheme = urllib.parse.urlsplit(index).scheme.lower()
-            if scheme not in ("http", "https", "file"):
+            if urllib.parse.urlsplit(index).scheme.lower() not in ("http", "https", "file"):
                 raise BadInput(
                     f"{where}: index {index!r} is not an index URL; give a simple-API index "
                     f"(https://HOST/PATH or file:///PATH), or leave it out to use pip's own"

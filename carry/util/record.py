@@ -17,6 +17,7 @@ parameters: named at each call, never by position). Not supported: `init=False` 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -130,8 +131,7 @@ def _make(cls: Any, order: bool, kw_only: bool = False) -> Any:
 
 
 def _is_classvar(kind: Any) -> bool:
-    text = kind if isinstance(kind, str) else repr(kind)
-    return text.startswith(("ClassVar", "typing.ClassVar"))
+    return (kind if isinstance(kind, str) else repr(kind)).startswith(("ClassVar", "typing.ClassVar"))
 
 
 class _DataclassFields:
@@ -218,17 +218,9 @@ def _delattr(self: Any, name: str) -> None:
     raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
 
 
-def _lt(self: Any, other: Any) -> Any:
-    return _key(self) < _key(other) if other.__class__ is self.__class__ else NotImplemented
+def _ordering(compare: Callable[[tuple, tuple], bool]) -> Callable[[Any, Any], Any]:
+    """One of `order=True`'s methods: `compare` over the compared fields of two records of one class."""
+    return lambda self, other: compare(_key(self), _key(other)) if other.__class__ is self.__class__ else NotImplemented
 
 
-def _le(self: Any, other: Any) -> Any:
-    return _key(self) <= _key(other) if other.__class__ is self.__class__ else NotImplemented
-
-
-def _gt(self: Any, other: Any) -> Any:
-    return _key(self) > _key(other) if other.__class__ is self.__class__ else NotImplemented
-
-
-def _ge(self: Any, other: Any) -> Any:
-    return _key(self) >= _key(other) if other.__class__ is self.__class__ else NotImplemented
+_lt, _le, _gt, _ge = (_ordering(compare) for compare in (operator.lt, operator.le, operator.gt, operator.ge))
