@@ -104,8 +104,7 @@ class Cell:
         return not self.in_scope and self.found.how is How.NONE
 
     def text(self) -> str:
-        """The table's cell: `exact sm_90`, `compat sm_120`, `family sm_120f`, `JIT compute_80`, `by design`,
-        `NOTHING`, with ` !` when it fails."""
+        """The table's cell (`exact sm_90`, `JIT compute_80`, `by design`, `NOTHING`), with ` !` when it fails."""
         if self.by_design:
             return "by design"
         how = self.found.how
@@ -268,8 +267,7 @@ class GateReport:
         return f"arch gate {verdict}: {count}, arches {self.policy.arches}"
 
     def _table(self, width: int) -> list[str]:
-        """One row per group of shared objects whose cells are alike; a name too long for its column gets a line
-        of its own above the cells."""
+        """One row per group of shared objects whose cells are alike; a name too long for its column on its own line."""
         cuda = [o for o in self.objects if o.has_cuda]
         groups: dict[tuple[str, ...], list[str]] = {}
         for o in cuda:
@@ -285,9 +283,7 @@ class GateReport:
 
         rows = [row("", headers)]
         for key, paths in groups.items():
-            listed = textwrap.wrap(
-                ", ".join(names[p] for p in paths), name_width, break_on_hyphens=False, break_long_words=False
-            ) or [""]
+            listed = _wrap(", ".join(names[p] for p in paths), name_width, "")
             if len(listed[0]) > name_width:
                 rows += [listed[0], row("", list(key))]
             else:
@@ -333,18 +329,10 @@ def check(objects: Iterable[SharedObject], policy: GatePolicy, platform: Platfor
     reports = []
     for obj in sorted(objects, key=lambda o: o.path):
         rule = policy.rule_for(obj.path)
-        cells = (
-            ()
-            if not obj.has_cuda
-            else tuple(
-                Cell(
-                    target,
-                    coverage(obj.entries, target.capability),
-                    rule is None or rule.covers(target.capability),
-                    target.ptx or bool(rule and rule.jit),
-                )
-                for target in policy.arches
-            )
+        jit = bool(rule and rule.jit)
+        cells = tuple(
+            Cell(t, coverage(obj.entries, t.capability), rule is None or rule.covers(t.capability), t.ptx or jit)
+            for t in (policy.arches if obj.has_cuda else ())
         )
         reports.append(ObjectReport(obj, rule, cells))
     return GateReport(policy, tuple(reports), platform)
@@ -373,9 +361,8 @@ def _short_names(paths: list[str]) -> dict[str, str]:
 
 
 def _wrap(text: str, width: int, indent: str) -> list[str]:
-    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False) or [
-        text
-    ]
+    lines = textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False)
+    return lines or [text]
 
 
 def _unexpected_message(report: ObjectReport) -> str:
