@@ -8,6 +8,7 @@ build wrote it. Anything else (a stale module from an earlier build, a file chan
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import hashlib
 import zipfile
@@ -95,11 +96,8 @@ def compare(
     precompiled: dict[str, str] | None = None,
     ignored: Callable[[list[str]], set[str]] = lambda paths: set(),
 ) -> TreeCheck:
-    """Compare every file `wheel` installs with `files` (the patched tree's, from `tree_files`).
-
-    `precompiled` maps member paths of the precompiled wheel to their RECORD hashes (`sha256=…`); a member that
-    comes from it must have the same hash in this wheel, and a compiled build's shared objects must all come
-    from it. `ignored` answers which of some tree paths the upstream's .gitignore excludes (`ignored_by`)."""
+    """Compare every file `wheel` installs with `files` (the patched tree's, from `tree_files`); `precompiled` maps
+    the precompiled wheel's members to their RECORD hashes, `ignored` says which paths .gitignore excludes."""
     with zipfile.ZipFile(wheel) as archive:
         members = [m for m in archive.infolist() if not m.is_dir()]
         record = _record(archive)
@@ -168,8 +166,6 @@ def ignored_by(mirror: Path, tree: str) -> Callable[[list[str]], set[str]]:
 
 
 def _record(archive: zipfile.ZipFile) -> dict[str, str]:
-    import csv
-
     name = next((n for n in archive.namelist() if n.endswith(".dist-info/RECORD") and n.count("/") == 1), None)
     if name is None:
         return {}
