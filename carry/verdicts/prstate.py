@@ -87,8 +87,7 @@ def github_repo(url: str, forced: bool) -> tuple[str, str] | None:
 
 
 def find(config: Config, cache: Cache, mirror: Path, resolve: Callable[[str], str]) -> PrState | None:
-    """The PR's state, from the API where it answers, else from git (a note says why the API's answer was not
-    used); None without upstream.pr."""
+    """The PR's state, from the API where it answers, else from git (with a note why); None without upstream.pr."""
     number = config.upstream.pr
     if number is None:
         return None
@@ -155,33 +154,17 @@ def from_git(config: Config, cache: Cache, mirror: Path, resolve: Callable[[str]
     if unknown:
         reporter.note(unknown)
     if merge_base == head:
-        return PrState(
-            number,
-            State.MERGED,
-            "git",
-            where,
-            _merge_commit(mirror, head, main_commit),
-            f"its head {head[:12]} is in {main}",
-        )
+        detail = f"its head {head[:12]} is in {main}"
+        return PrState(number, State.MERGED, "git", where, _merge_commit(mirror, head, main_commit), detail)
     if merge_base is None:
         return PrState(number, State.UNKNOWN, "git", where, detail="its head and main share no fetched history")
     squash = _same_change(mirror, merge_base, head, main_commit)
     if squash is not None:
-        return PrState(
-            number,
-            State.MERGED,
-            "git",
-            where,
-            squash,
-            f"{squash[:12]} on {main} has the PR's whole change (same patch-id)",
-        )
+        detail = f"{squash[:12]} on {main} has the PR's whole change (same patch-id)"
+        return PrState(number, State.MERGED, "git", where, squash, detail)
+    unmerged = f"its head {head[:12]} is not in {main} and no commit there has its change"
     return PrState(
-        number,
-        State.UNMERGED,
-        "git",
-        where,
-        detail=f"its head {head[:12]} is not in {main} and no commit there has its change; git cannot "
-        f"tell an open PR from a closed one",
+        number, State.UNMERGED, "git", where, detail=f"{unmerged}; git cannot tell an open PR from a closed one"
     )
 
 
