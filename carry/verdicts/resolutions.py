@@ -42,12 +42,8 @@ def current(git_dir: Path) -> dict[str, str]:
         data = (git_dir / "MERGE_RR").read_bytes().decode("utf-8", errors="surrogateescape")
     except FileNotFoundError:
         return {}
-    found = {}
-    for item in data.split("\0"):
-        entry, _, path = item.partition("\t")
-        if path:
-            found[path] = entry.split(".")[0]
-    return found
+    items = (item.partition("\t") for item in data.split("\0"))
+    return {path: entry.split(".")[0] for entry, _, path in items if path}
 
 
 def replayed(stderr: str) -> list[str]:
