@@ -17,7 +17,7 @@ import textwrap
 from collections.abc import Iterable
 from enum import Enum
 
-from carry.arch import ArchList, ComputeCapability, CudaTarget, Variant
+from carry.arch import ComputeCapability, CudaTarget, Variant
 from carry.binaries.fatbin import FatbinEntry, Kind
 from carry.binaries.gatepolicy import GatePolicy, GateRule
 from carry.binaries.sharedobjects import SharedObject
@@ -189,10 +189,6 @@ class GateReport:
     policy: GatePolicy
     objects: tuple[ObjectReport, ...]
     platform: Platform | None = None
-
-    @property
-    def archlist(self) -> ArchList:
-        return self.policy.arches
 
     @property
     def unmatched_rules(self) -> tuple[GateRule, ...]:
