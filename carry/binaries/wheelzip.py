@@ -53,9 +53,8 @@ def member_bytes(wheel: Path, member: zipfile.ZipInfo, handle: IO[bytes] | None 
         with open(wheel, "rb") as own:
             return member_bytes(wheel, member, own)
     raw = os.pread(handle.fileno(), member.compress_size, data_start(handle, member, wheel))
-    data = (
-        raw if member.compress_type == zipfile.ZIP_STORED else _inflater.decompress(raw, -15, max(member.file_size, 1))
-    )  # one output buffer of the known size
+    stored = member.compress_type == zipfile.ZIP_STORED
+    data = raw if stored else _inflater.decompress(raw, -15, max(member.file_size, 1))  # one buffer of the known size
     if len(data) != member.file_size:
         raise Failed(f"{wheel}: {member.filename} inflates to {len(data)} bytes, not {member.file_size}")
     return data
