@@ -1,10 +1,7 @@
-"""Does the wheel hold exactly the patched tree? Every file it installs into site-packages is compared with the
-patched tree (git blob ids, computed from the wheel's bytes): it must be the same file, or a shared object the
-build compiled, or a file build.generated lists (its content is the build's, even where a precompiled wheel has
-the file too), or, in a precompiled build, the very bytes of the precompiled wheel's member. A file the tree does
-not track and the upstream's own .gitignore excludes (setuptools-scm's version file) counts as generated without
-being listed: carry's build dir starts clean (every untracked file removed but build.keep's objects), so this
-build wrote it. Anything else (a stale module from an earlier build, a file changed after the build) is named."""
+"""Does the wheel hold exactly the patched tree? Every file it installs into site-packages must be the tree's file
+(by git blob id), a shared object the build compiled, a file build.generated lists, an untracked file the upstream's
+.gitignore excludes (carry's build dir starts clean, so this build wrote it), or in a precompiled build the
+precompiled wheel's very bytes. Anything else (a stale module, a file changed after the build) is named."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
 """Wheels as zip files: a member's bytes read straight from the file (inflated with the GIL released), every
-member checked against RECORD, and a wheel rewritten without inflating it: every member that does not change is
-copied as its compressed bytes (a 300 MB shared object costs a file copy, not a deflate), the changed and added
-members are written anew, and RECORD is regenerated last from the old rows and the new hashes.
+member checked against RECORD, and a wheel rewritten without inflating it: unchanged members are copied as their
+compressed bytes (a 300 MB shared object costs a file copy, not a deflate), RECORD regenerated last.
 
 It leans on three zipfile internals (`fp`, `filelist`/`NameToInfo`, `start_dir`) to place raw members in an
-archive zipfile then finishes with its own central directory; `read()` in buildinfo re-checks every member
-against RECORD, and the tests do too.
+archive; `read()` in buildinfo re-checks every member against RECORD, and the tests do too.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
-"""`drop`: remove a patch REF needs no more (merged, fixed upstream, or its file deleted upstream or only in the PR),
-carry the rest of the series over to the new pin, bump VERSION once and log it in `patches/DROPPED.md`.
+"""`drop`: remove a patch REF needs no more, carry the rest of the series over to the new pin, bump VERSION once and
+log it in `patches/DROPPED.md`.
 
-A merged patch moves the pin to the upstream commit `status` named (the one that merged it; else REF's commit), or
-to `--onto REF`; never back. With `upstream.pr` set the pin stays on the PR: it moves to the PR head, which must
-hold that commit. When the rest of the series does not carry over there, or the pin cannot move, nothing changes.
-Another droppable verdict (its file deleted upstream or only in the PR, fixed its own way) leaves the pin where it
-is unless `--onto` moves it (several such patches often go together, then `refresh --onto REF`). Either way
-DROPPED.md names the commit the pin must hold, and `wheel` and `image` refuse a pin without it
-(droplog.check_pin): a dropped patch's bug never ships again.
+A merged patch moves the pin to the commit that merged it (else REF's), or to `--onto REF`, never back; with
+`upstream.pr` set the pin moves to the PR head, which must hold that commit. Another droppable verdict leaves the pin
+unless `--onto` moves it. Either way DROPPED.md names the commit the pin must hold, and `wheel` and `image` refuse a
+pin without it (droplog.check_pin): a dropped patch's bug never ships again.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Why a file a patch changes is not on REF, from upstream's history: deleted upstream (by which commit), renamed
-(to where, by which commit), or never on REF because only the carried PR's side of history adds it.
-
-The two sides are the pinned base (the PR, or an older release) and REF. Their merge base M splits the history:
-a file M has and REF lacks went away upstream, between M and REF; a file M lacks was added on the base's side,
-between M and the base, which REF does not contain.
+"""Why a file a patch changes is not on REF, from upstream's history: deleted upstream, renamed, or only on the
+carried PR's side. Their merge base M decides: a file M has and REF lacks went away upstream; a file M lacks was
+added on the base's side, which REF does not contain.
 """
 
 from __future__ import annotations

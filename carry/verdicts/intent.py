@@ -1,9 +1,7 @@
 """Is a hunk's intent in a file: the lines it adds present where it targets, the lines it removes gone.
 
-Lines are compared as tokens, so whitespace, line breaks, quote style, trailing commas and trailing comments do
-not matter. The place a hunk targets is found by lining its post-image up with the file; the counts there are
-compared with the same window of the pre- and post-image on the pinned base, so a line that was already nearby
-does not count as added.
+Lines are compared as tokens (whitespace, line breaks, quote style, trailing commas and comments do not matter),
+in the window where the hunk's post-image lines up with the file, against the same window on the pinned base.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """The carried PR's own state: open, closed (not merged) or merged, with the merge commit, and where that was learned.
 
-First from the forge: GitHub's REST API (`GET /repos/{owner}/{repo}/pulls/{n}`) when upstream.url is on github.com,
-or at `$CARRY_GITHUB_API` (GitHub Enterprise, a test server) for any upstream, with a token from `$GITHUB_TOKEN` or
-`$GH_TOKEN` in a request header (never in argv, a log or the output). Where the API cannot be reached or refuses,
-from what git shows: `refs/pull/N/head` is merged when it is an ancestor of upstream.main (merge or fast-forward)
-or when a commit on main has the PR's whole change as its patch-id (squash); otherwise git cannot tell an open PR
-from a closed one, and says so.
+First from GitHub's REST API (github.com upstreams, or any at `$CARRY_GITHUB_API`), with `$GITHUB_TOKEN` or
+`$GH_TOKEN` in a request header (never in argv, a log or the output); else from git: `refs/pull/N/head` is merged when
+upstream.main contains it or has its whole change as one patch-id (squash); git cannot tell open from closed.
 """
 
 from __future__ import annotations

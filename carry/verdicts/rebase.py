@@ -1,10 +1,7 @@
 """Moving the series onto a new upstream base, patch by patch, in a workspace of its own: a clone of the cache
-mirror that borrows its objects (as `git clone --shared`: nothing copied, no git state shared) in which each patch
-is committed on the pin (`git am`) and cherry-picked onto the new base with git's 3-way merge.
-
-Recorded resolutions (`patches/resolutions/`, carry/verdicts/resolutions.py) replay there through git rerere, so a
-conflict resolved once, on any machine, resolves itself again wherever it comes back. `follow` keeps a workspace
-across a conflict, for the maintainer to resolve in place (`resume` records that resolution).
+mirror that borrows its objects (nothing copied, no git state shared) where each patch is committed on the pin
+(`git am`) and cherry-picked onto the new base with git's 3-way merge, the recorded resolutions replayed by rerere
+(carry/verdicts/resolutions.py). `follow` keeps a workspace across a conflict for the maintainer to resolve in place.
 """
 
 from __future__ import annotations

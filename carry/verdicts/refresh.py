@@ -1,9 +1,7 @@
 """`refresh`: move the series onto a new upstream base with a 3-way merge, then rewrite the patches that moved.
 
-The work happens in a temporary worktree of the cache mirror: each patch is committed on the pin (`git am`),
-cherry-picked onto the new base, and written back with `git format-patch` in one stable form. Nothing in the
-project changes until every patch has been carried over; then the patches, DROPPED.md, the pin and VERSION are
-written (`write`, which `drop` uses too: a new pin or a changed series is a new VERSION).
+Nothing in the project changes until every patch has been carried over (carry/verdicts/rebase.py); then the patches,
+DROPPED.md, the pin and VERSION are written (`write`, which `drop` uses too).
 """
 
 from __future__ import annotations
