@@ -1,13 +1,10 @@
 """Gate: does every CUDA shared object run on every GPU the policy asks for, and is it code for the right CPU?
 
-A GPU of compute capability X.Y runs a cubin built for X.Y itself (any variant), a plain or 'f' cubin for X.Z
-with Z < Y ('a' cubins run on their own chip only), or, JIT-compiled at load time, PTX it can compile: plain
-PTX for any capability up to X.Y, 'f' PTX for X.Z with Z <= Y, 'a' PTX for X.Y only. JIT passes only for list
-entries that ask for PTX (``+PTX``, ``compute_``) or where the policy's rule for the object accepts it. A GPU a
-rule says the object is not built for (by the upstream's design) is reported as such and does not fail. An empty
-list (``none``) expects no CUDA code: the gate then fails any shared object that holds some.
-
-The gate is pure: it judges `binaries.SharedObject`s (read from a wheel, a tree or files) by a `GatePolicy`.
+A GPU X.Y runs a cubin for X.Y (any variant), a plain or 'f' cubin for X.Z with Z < Y ('a' cubins run on their own
+chip only), or JIT-compiled PTX: plain up to X.Y, 'f' for X.Z with Z <= Y, 'a' for X.Y only; JIT passes only where
+the list asks for PTX (``+PTX``, ``compute_``) or the object's rule accepts it. A GPU a rule says the object is not
+built for is reported so and does not fail; an empty list (``none``) fails any CUDA code. The gate is pure: it
+judges `SharedObject`s by a `GatePolicy`.
 """
 
 from __future__ import annotations

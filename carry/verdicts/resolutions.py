@@ -1,9 +1,6 @@
-"""Recorded conflict resolutions, in git rerere's own format, committed with the series:
-`patches/resolutions/<patch>/<id>/preimage` (the conflict as git showed it, its sides in a stable order) and
-`postimage` (the maintainer's resolution). `<id>` is rerere's hash of the conflict's text, so the entry answers the
-same conflict on any machine and any later upstream ref where it comes back; a conflict whose text differs has
-another id and is never resolved by it (carry/verdicts/rebase.py stops and names the entries that did not fit).
-"""
+"""Recorded conflict resolutions in git rerere's format, committed with the series: `patches/resolutions/<patch>/<id>/`
+preimage (the conflict, its sides in a stable order) and postimage (the resolution). `<id>` is rerere's hash of the
+conflict's text, so an entry answers the same conflict wherever it comes back, and no other."""
 
 from __future__ import annotations
 
