@@ -68,10 +68,6 @@ class Variant(Enum):
     ARCH_SPECIFIC = "a"
     FAMILY = "f"
 
-    @classmethod
-    def parse(cls, suffix: str) -> Variant:
-        return cls(suffix.lower())
-
 
 def _bad_token(token: str, reason: str) -> BadInput:
     known = ", ".join(str(cc) for cc in ComputeCapability)
@@ -97,12 +93,11 @@ class CudaTarget:
         capability = ComputeCapability.from_numbers(int(parts["major"]), int(parts["minor"]))
         if capability is None:
             raise _bad_token(token, "is not a compute capability nvcc 13 builds for")
-        variant = Variant.parse(parts["variant"])
+        variant = Variant(parts["variant"])  # the token is lowercased
         if not capability.supports(variant):
             raise _bad_token(token, f"has no '{variant.value}' variant")
-        if parts.get("prefix") == "compute":
-            return cls(capability, variant, cubin=False, ptx=True)
-        return cls(capability, variant, cubin=True, ptx=bool(parts.get("ptx")))
+        ptx_only = parts.get("prefix") == "compute"
+        return cls(capability, variant, cubin=not ptx_only, ptx=ptx_only or bool(parts.get("ptx")))
 
     @property
     def key(self) -> tuple[ComputeCapability, Variant]:
@@ -118,10 +113,7 @@ class CudaTarget:
         return CudaTarget(self.capability, self.variant, self.cubin or other.cubin, self.ptx or other.ptx)
 
     def __str__(self) -> str:
-        if not self.cubin:
-            return f"compute_{self.code_name}"
-        dotted = f"{self.capability}{self.variant.value}"
-        return dotted + "+PTX" if self.ptx else dotted
+        return self.torch_spelling() if self.cubin else f"compute_{self.code_name}"
 
     def torch_spelling(self) -> str:
         """TORCH_CUDA_ARCH_LIST has no PTX-only form: a PTX-only target becomes ``X.Y+PTX``."""
@@ -181,8 +173,7 @@ class ArchList:
 
     def cmake_cuda_architectures(self) -> str:
         """``CMAKE_CUDA_ARCHITECTURES``, e.g. ``90-real;121a-real;120-virtual``."""
-        spellings = (spelling for target in self.targets for spelling in target.cmake_spellings())
-        return ";".join(spellings)
+        return ";".join(spelling for target in self.targets for spelling in target.cmake_spellings())
 
     def gencode_flags(self) -> list[str]:
         """nvcc arguments, one ``-gencode=arch=...,code=...`` per cubin or PTX."""

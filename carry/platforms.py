@@ -120,12 +120,8 @@ class Emulation:
         """(name, has the F flag) of an enabled handler that matches the platform's ELF header, else None."""
         header = platform.elf_header()
         for entry in sorted(self.directory.glob("*")) if self.directory.is_dir() else []:
-            if entry.name in ("register", "status"):
-                continue
-            fields = _read_handler(entry)
-            if fields is None or not fields.get("enabled"):
-                continue
-            if _matches(header, fields):
+            fields = None if entry.name in ("register", "status") else _read_handler(entry)
+            if fields is not None and fields.get("enabled") and _matches(header, fields):
                 return entry.name, "F" in fields.get("flags", "")
         return None
 

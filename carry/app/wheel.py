@@ -54,7 +54,7 @@ def wheel_command(app: App, request: WheelRequest) -> WheelOutcome:
     if not here:
         assert target is not None  # not here: a --platform was given
         staged = platform_wheel(app, target, request.arch, request.out, request.hermetic, request.wheelhouse)
-        reporter.phase("done", f"{staged.platform} wheel, gate passed for {staged.gate.archlist}")
+        reporter.phase("done", f"{staged.platform} wheel, gate passed for {staged.gate.policy.arches}")
         return WheelOutcome(staged=staged)
     made = wheel_here(app, request)
     reporter.phase("done", "reused from cache" if made.reused else "built")

@@ -17,9 +17,8 @@ FORMAT = 1
 
 
 def stamp(wheel_path: Path, info: dict, tags: tuple[str, ...] | None = None) -> Path:
-    """Add the buildinfo to the wheel's .dist-info and list it in RECORD; with `tags`, also retag the wheel
-    (its WHEEL file's Tag lines and its file name). Every other member keeps its compressed bytes. The new wheel
-    replaces the old one through a rename; returns its path."""
+    """Add the buildinfo to the wheel's .dist-info and RECORD (with `tags`, retag its WHEEL file and file name);
+    the new wheel replaces the old one through a rename: its path."""
     data = (json.dumps(info, indent=2, sort_keys=True) + "\n").encode()
     with zipfile.ZipFile(wheel_path) as archive:
         info_dir = wheelzip.dist_info(archive)
@@ -55,8 +54,7 @@ def wheel_tags(wheel_path: Path) -> tuple[str, ...]:
 
 
 def read(wheel_path: Path) -> dict | None:
-    """The buildinfo in a wheel, or None; every member's RECORD hash is checked first (inflated several at a time,
-    biggest first: a vLLM wheel holds 650 MB of shared objects)."""
+    """The buildinfo in a wheel, or None; every member's RECORD hash is checked first."""
     try:
         with zipfile.ZipFile(wheel_path) as archive:
             wheelzip.check_record(wheel_path, archive)

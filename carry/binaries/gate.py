@@ -1,13 +1,10 @@
 """Gate: does every CUDA shared object run on every GPU the policy asks for, and is it code for the right CPU?
 
-A GPU of compute capability X.Y runs a cubin built for X.Y itself (any variant), a plain or 'f' cubin for X.Z
-with Z < Y ('a' cubins run on their own chip only), or, JIT-compiled at load time, PTX it can compile: plain
-PTX for any capability up to X.Y, 'f' PTX for X.Z with Z <= Y, 'a' PTX for X.Y only. JIT passes only for list
-entries that ask for PTX (``+PTX``, ``compute_``) or where the policy's rule for the object accepts it. A GPU a
-rule says the object is not built for (by the upstream's design) is reported as such and does not fail. An empty
-list (``none``) expects no CUDA code: the gate then fails any shared object that holds some.
-
-The gate is pure: it judges `binaries.SharedObject`s (read from a wheel, a tree or files) by a `GatePolicy`.
+A GPU X.Y runs a cubin for X.Y (any variant), a plain or 'f' cubin for X.Z with Z < Y ('a' cubins run on their own
+chip only), or JIT-compiled PTX: plain up to X.Y, 'f' for X.Z with Z <= Y, 'a' for X.Y only; JIT passes only where
+the list asks for PTX (``+PTX``, ``compute_``) or the object's rule accepts it. A GPU a rule says the object is not
+built for is reported so and does not fail; an empty list (``none``) fails any CUDA code. The gate is pure: it
+judges `SharedObject`s by a `GatePolicy`.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import textwrap
 from collections.abc import Iterable
 from enum import Enum
 
-from carry.arch import ArchList, ComputeCapability, CudaTarget, Variant
+from carry.arch import ComputeCapability, CudaTarget, Variant
 from carry.binaries.fatbin import FatbinEntry, Kind
 from carry.binaries.gatepolicy import GatePolicy, GateRule
 from carry.binaries.sharedobjects import SharedObject
@@ -104,8 +101,7 @@ class Cell:
         return not self.in_scope and self.found.how is How.NONE
 
     def text(self) -> str:
-        """The table's cell: `exact sm_90`, `compat sm_120`, `family sm_120f`, `JIT compute_80`, `by design`,
-        `NOTHING`, with ` !` when it fails."""
+        """The table's cell (`exact sm_90`, `JIT compute_80`, `by design`, `NOTHING`), with ` !` when it fails."""
         if self.by_design:
             return "by design"
         how = self.found.how
@@ -192,10 +188,6 @@ class GateReport:
     platform: Platform | None = None
 
     @property
-    def archlist(self) -> ArchList:
-        return self.policy.arches
-
-    @property
     def unmatched_rules(self) -> tuple[GateRule, ...]:
         return tuple(rule for rule in self.policy.rules if not any(rule.matches(o.path) for o in self.objects))
 
@@ -268,8 +260,7 @@ class GateReport:
         return f"arch gate {verdict}: {count}, arches {self.policy.arches}"
 
     def _table(self, width: int) -> list[str]:
-        """One row per group of shared objects whose cells are alike; a name too long for its column gets a line
-        of its own above the cells."""
+        """One row per group of shared objects whose cells are alike; a name too long for its column on its own line."""
         cuda = [o for o in self.objects if o.has_cuda]
         groups: dict[tuple[str, ...], list[str]] = {}
         for o in cuda:
@@ -285,9 +276,7 @@ class GateReport:
 
         rows = [row("", headers)]
         for key, paths in groups.items():
-            listed = textwrap.wrap(
-                ", ".join(names[p] for p in paths), name_width, break_on_hyphens=False, break_long_words=False
-            ) or [""]
+            listed = _wrap(", ".join(names[p] for p in paths), name_width, "")
             if len(listed[0]) > name_width:
                 rows += [listed[0], row("", list(key))]
             else:
@@ -333,18 +322,10 @@ def check(objects: Iterable[SharedObject], policy: GatePolicy, platform: Platfor
     reports = []
     for obj in sorted(objects, key=lambda o: o.path):
         rule = policy.rule_for(obj.path)
-        cells = (
-            ()
-            if not obj.has_cuda
-            else tuple(
-                Cell(
-                    target,
-                    coverage(obj.entries, target.capability),
-                    rule is None or rule.covers(target.capability),
-                    target.ptx or bool(rule and rule.jit),
-                )
-                for target in policy.arches
-            )
+        jit = bool(rule and rule.jit)
+        cells = tuple(
+            Cell(t, coverage(obj.entries, t.capability), rule is None or rule.covers(t.capability), t.ptx or jit)
+            for t in (policy.arches if obj.has_cuda else ())
         )
         reports.append(ObjectReport(obj, rule, cells))
     return GateReport(policy, tuple(reports), platform)
@@ -373,9 +354,8 @@ def _short_names(paths: list[str]) -> dict[str, str]:
 
 
 def _wrap(text: str, width: int, indent: str) -> list[str]:
-    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False) or [
-        text
-    ]
+    lines = textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False)
+    return lines or [text]
 
 
 def _unexpected_message(report: ObjectReport) -> str:

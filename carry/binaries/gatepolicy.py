@@ -78,11 +78,7 @@ class GatePolicy:
         return f"{len(self.rules)} rule(s) from {self.source}" if self.rules else self.source
 
     def to_json(self) -> dict:
-        return {
-            "cuda_arches": str(self.arches),
-            "rules": [rule.to_json() for rule in self.rules],
-            "source": self.source,
-        }
+        return {"cuda_arches": str(self.arches), "rules": [r.to_json() for r in self.rules], "source": self.source}
 
     def digest(self) -> str:
         """What the gate checks, for the wheel cache key (the source's name does not change the verdict)."""
@@ -101,8 +97,7 @@ class GatePolicy:
 
 
 def for_config(config: Config, arches: ArchList) -> GatePolicy:
-    """The gate's policy for a build of `config` promising `arches`: build.gate's rules (read here, every error
-    naming the entry and the form), else the strict rule."""
+    """The gate's policy for a build of `config` promising `arches`: build.gate's rules, else the strict rule."""
     rules = parse_rules(config.build.gate, f"{config.path}: build.gate")
     return GatePolicy(arches, rules, f"{config.path.name} build.gate") if rules else GatePolicy(arches)
 
@@ -158,10 +153,8 @@ def _gpus(value: object, where: str) -> tuple[frozenset[ComputeCapability] | Non
         raise BadInput(f"{where}: {exc}") from None
     if not targets.expects_cuda:
         raise BadInput(f"{where} is empty; give the GPUs it is built for, e.g. '9.0a', or '{ALL}'")
-    covered: set[ComputeCapability] = set()
-    for target in targets:
-        covered |= _reach(target.capability, target.variant)
-    return frozenset(covered), str(targets)
+    covered = frozenset(cc for target in targets for cc in _reach(target.capability, target.variant))
+    return covered, str(targets)
 
 
 def _reach(capability: ComputeCapability, variant: Variant) -> set[ComputeCapability]:

@@ -54,8 +54,7 @@ def read(targets: Iterable[str | Path]) -> tuple[list[SharedObject], str | None]
 
 
 def from_paths(paths: Iterable[Path]) -> list[SharedObject]:
-    """Every ELF shared object among `paths`: files as given, directories searched for `*.so*` (shown relative
-    to the directory)."""
+    """Every ELF shared object among `paths`: files as given, directories searched for `*.so*` (shown relative)."""
     found = []
     for path in paths:
         if path.is_dir():
@@ -76,8 +75,7 @@ def named(name: str, path: Path) -> SharedObject:
 
 
 def from_bytes(name: str, data: bytes) -> SharedObject | None:
-    """The shared object in `data` (e.g. a file's bytes read from an image layer), shown as `name`; None when the
-    bytes are not ELF."""
+    """The shared object in `data` (e.g. a file in an image layer), shown as `name`; None when it is not ELF."""
     return _parse(name, data) if data.startswith(ELF_MAGIC) else None
 
 
@@ -91,13 +89,8 @@ def from_wheel(wheel: Path) -> list[SharedObject]:
     members.sort(key=lambda member: -member.file_size)
     workers = max(1, min(len(members), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2, 4))
     with ThreadPoolExecutor(workers) as pool:
-        found = list(pool.map(lambda member: _from_member(wheel, member), members))
+        found = list(pool.map(lambda member: from_bytes(member.filename, member_bytes(wheel, member)), members))
     return sorted((obj for obj in found if obj is not None), key=lambda obj: obj.path)
-
-
-def _from_member(wheel: Path, member: zipfile.ZipInfo) -> SharedObject | None:
-    data = member_bytes(wheel, member)
-    return _parse(member.filename, data) if data.startswith(ELF_MAGIC) else None
 
 
 def _parse(name: str, data: bytes) -> SharedObject:

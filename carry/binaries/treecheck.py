@@ -1,13 +1,11 @@
-"""Does the wheel hold exactly the patched tree? Every file it installs into site-packages is compared with the
-patched tree (git blob ids, computed from the wheel's bytes): it must be the same file, or a shared object the
-build compiled, or a file build.generated lists (its content is the build's, even where a precompiled wheel has
-the file too), or, in a precompiled build, the very bytes of the precompiled wheel's member. A file the tree does
-not track and the upstream's own .gitignore excludes (setuptools-scm's version file) counts as generated without
-being listed: carry's build dir starts clean (every untracked file removed but build.keep's objects), so this
-build wrote it. Anything else (a stale module from an earlier build, a file changed after the build) is named."""
+"""Does the wheel hold exactly the patched tree? Every file it installs into site-packages must be the tree's file
+(by git blob id), a shared object the build compiled, a file build.generated lists, an untracked file the upstream's
+.gitignore excludes (carry's build dir starts clean, so this build wrote it), or in a precompiled build the
+precompiled wheel's very bytes. Anything else (a stale module, a file changed after the build) is named."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import hashlib
 import zipfile
@@ -95,11 +93,8 @@ def compare(
     precompiled: dict[str, str] | None = None,
     ignored: Callable[[list[str]], set[str]] = lambda paths: set(),
 ) -> TreeCheck:
-    """Compare every file `wheel` installs with `files` (the patched tree's, from `tree_files`).
-
-    `precompiled` maps member paths of the precompiled wheel to their RECORD hashes (`sha256=…`); a member that
-    comes from it must have the same hash in this wheel, and a compiled build's shared objects must all come
-    from it. `ignored` answers which of some tree paths the upstream's .gitignore excludes (`ignored_by`)."""
+    """Compare every file `wheel` installs with `files` (the patched tree's, from `tree_files`); `precompiled` maps
+    the precompiled wheel's members to their RECORD hashes, `ignored` says which paths .gitignore excludes."""
     with zipfile.ZipFile(wheel) as archive:
         members = [m for m in archive.infolist() if not m.is_dir()]
         record = _record(archive)
@@ -168,8 +163,6 @@ def ignored_by(mirror: Path, tree: str) -> Callable[[list[str]], set[str]]:
 
 
 def _record(archive: zipfile.ZipFile) -> dict[str, str]:
-    import csv
-
     name = next((n for n in archive.namelist() if n.endswith(".dist-info/RECORD") and n.count("/") == 1), None)
     if name is None:
         return {}

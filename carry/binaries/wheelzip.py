@@ -1,11 +1,9 @@
 """Wheels as zip files: a member's bytes read straight from the file (inflated with the GIL released), every
-member checked against RECORD, and a wheel rewritten without inflating it: every member that does not change is
-copied as its compressed bytes (a 300 MB shared object costs a file copy, not a deflate), the changed and added
-members are written anew, and RECORD is regenerated last from the old rows and the new hashes.
+member checked against RECORD, and a wheel rewritten without inflating it: unchanged members are copied as their
+compressed bytes (a 300 MB shared object costs a file copy, not a deflate), RECORD regenerated last.
 
 It leans on three zipfile internals (`fp`, `filelist`/`NameToInfo`, `start_dir`) to place raw members in an
-archive zipfile then finishes with its own central directory; `read()` in buildinfo re-checks every member
-against RECORD, and the tests do too.
+archive; `read()` in buildinfo re-checks every member against RECORD, and the tests do too.
 """
 
 from __future__ import annotations
@@ -53,9 +51,8 @@ def member_bytes(wheel: Path, member: zipfile.ZipInfo, handle: IO[bytes] | None 
         with open(wheel, "rb") as own:
             return member_bytes(wheel, member, own)
     raw = os.pread(handle.fileno(), member.compress_size, data_start(handle, member, wheel))
-    data = (
-        raw if member.compress_type == zipfile.ZIP_STORED else _inflater.decompress(raw, -15, max(member.file_size, 1))
-    )  # one output buffer of the known size
+    stored = member.compress_type == zipfile.ZIP_STORED
+    data = raw if stored else _inflater.decompress(raw, -15, max(member.file_size, 1))  # one buffer of the known size
     if len(data) != member.file_size:
         raise Failed(f"{wheel}: {member.filename} inflates to {len(data)} bytes, not {member.file_size}")
     return data
@@ -70,9 +67,8 @@ def data_start(handle: IO[bytes], member: zipfile.ZipInfo, where: str | Path) ->
 
 
 def check_record(wheel: Path, archive: zipfile.ZipFile, unhashed_ok: bool = False) -> int:
-    """Every member of the open `archive` (the wheel at `wheel`) against its RECORD sha256, inflated several at a
-    time, biggest first (a vLLM wheel holds 650 MB of shared objects); a member with no hash there is an error
-    unless `unhashed_ok`. Returns how many were checked."""
+    """How many members of the open `archive` (at `wheel`) were checked against RECORD, several at a time, biggest
+    first (a vLLM wheel holds 650 MB of shared objects); a member with no hash fails unless `unhashed_ok`."""
     record_name = f"{dist_info(archive)}/RECORD"
     record = {row[0]: row[1] for row in csv.reader(archive.read(record_name).decode().splitlines()) if row}
     members = sorted(
@@ -105,11 +101,9 @@ def record_line(name: str, data: bytes) -> list[str]:
 
 
 def rewrite(src: Path, dest: Path, changes: dict[str, bytes | None], dist_info_as: str | None = None) -> None:
-    """Write `dest` as `src` with `changes` applied (name -> new bytes, or None to drop the member), RECORD
-    regenerated: a member replaced keeps its place, date and mode; names not in `src` are added before RECORD;
-    every other member keeps its compressed bytes. `dist_info_as` renames the .dist-info directory (another
-    version), its members written anew (`changes` names them by their new names). `dest` is written in place;
-    callers rename it."""
+    """Write `dest` in place as `src` with `changes` (name -> new bytes, None drops it) and RECORD regenerated: a
+    replaced member keeps its place, date and mode, new names go before RECORD, the rest keep their compressed
+    bytes. `dist_info_as` renames the .dist-info directory (`changes` names its members by their new names)."""
     with zipfile.ZipFile(src) as archive, open(src, "rb") as raw:
         info_dir = dist_info(archive)
         new_info = dist_info_as or info_dir
@@ -125,8 +119,8 @@ def rewrite(src: Path, dest: Path, changes: dict[str, bytes | None], dist_info_a
                     name = f"{new_info}/{name[len(info_dir) + 1 :]}"
                 placed.add(name)
                 if name == member.filename and name not in changes:
-                    _copy_raw(raw, member, out)
-                    rows.append(old_rows.get(name) or _recompute(archive, member))
+                    copy_member(raw, member, out)
+                    rows.append(old_rows.get(name) or record_line(name, archive.read(member)))
                 elif (data := changes[name] if name in changes else archive.read(member)) is not None:
                     _write(out, name, data, member.date_time, member.external_attr)
                     rows.append(record_line(name, data))
@@ -147,17 +141,8 @@ def _write(out: zipfile.ZipFile, name: str, data: bytes, date_time: tuple, exter
     out.writestr(entry, data)
 
 
-def _recompute(archive: zipfile.ZipFile, member: zipfile.ZipInfo) -> list[str]:
-    return record_line(member.filename, archive.read(member))
-
-
 def copy_member(raw: IO[bytes], member: zipfile.ZipInfo, out: zipfile.ZipFile) -> None:
-    """Append `member` of the zip file open as `raw` to `out`, its compressed bytes as they are."""
-    _copy_raw(raw, member, out)
-
-
-def _copy_raw(raw: IO[bytes], member: zipfile.ZipInfo, out: zipfile.ZipFile) -> None:
-    """Append `member`'s local header, compressed data and data descriptor as they are in `raw`."""
+    """Append `member`'s local header, compressed data and data descriptor as they are in `raw` to `out`."""
     length = data_start(raw, member, raw.name) - member.header_offset + member.compress_size
     if member.flag_bits & 0x08:
         tail = os.pread(raw.fileno(), 4, member.header_offset + length)

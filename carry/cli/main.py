@@ -1,9 +1,5 @@
 """carry's command line: the click group (`--config`), `main` with its exit codes, and COMMANDS, what `--help`
-lists. Parse flags, call the `carry` modules, print.
-
-One module per command (or small family) in carry/cli/commands/, imported only when that command runs: `check`
-and `version` load neither the other commands nor the image, gate and registry modules (and their libraries) they
-use. `--help` lists every command from COMMANDS below without importing any of them.
+lists without importing any command; each command's module in carry/cli/commands/ is imported only when it runs.
 """
 
 from __future__ import annotations
@@ -227,8 +223,6 @@ def main() -> None:
         click.echo(f"carry: error: {fsutil.no_space_line(Path(full)) if full else exc}", err=True)
         sys.exit(1)
     finally:
-        # The process ends here. The interpreter's garbage collection at exit walks every object still alive (the
-        # modules, the click commands, the config), which cost `check` ~10 ms, as much as all of carry's own work;
-        # frozen objects it skips. atexit handlers still run and modules are still torn down; only cycles of garbage
-        # made before this line are left to the OS, and carry closes what it opens with `with`.
+        # The garbage collection at exit walks every object still alive (~10 ms for `check`, as much as carry's own
+        # work) and skips frozen ones; atexit handlers and module teardown still run.
         gc.freeze()

@@ -1,7 +1,5 @@
-"""build.yaml, read once with YAML's safe loader and resolved into frozen records (carry/util/record.py): `load` reads
-the file and its top-level keys and hands each section to what reads it. Here: `Config`, and the `upstream:`,
-`patches:` and `image:` sections (the image's name, tags, platforms, labels, runtime Python, lock and exec forms);
-`build.py` the `build:` section; `reader.py` the `Section` reader and the checks every section shares."""
+"""build.yaml, read once with YAML's safe loader into frozen records: `Config` and the `upstream:`, `patches:` and
+`image:` sections here, `build:` in build.py, the `Section` reader and its shared checks in reader.py."""
 
 from __future__ import annotations
 
@@ -65,8 +63,7 @@ class Image:
     entrypoint: tuple[str, ...] | None = None  # image.entrypoint, exec form; None: the base's
     cmd: tuple[str, ...] | None = None  # image.cmd, exec form (may be empty); None: the base's
     runtime_python: str = "auto"  # a runtime image without python3: auto (derive one), apt (always), off (never)
-    # image.runtime_packages: the distribution's packages the runtime needs besides python3 (e.g. g++ and
-    # python3-dev for a runtime that compiles: Triton, FlashInfer's JIT); carry derives a base with them
+    # the distribution's packages the runtime needs besides python3 (e.g. g++ for Triton's JIT): a derived base
     runtime_packages: tuple[str, ...] = ()
 
 
@@ -228,9 +225,7 @@ def _image(section: Section, path: Path) -> Image:
 
 def check_image_name(name: str, path: Path) -> str:
     """A docker repository name: optional registry host[:port], lowercase path components."""
-    # one component at a time: the same language as the whole name's pattern
-    # ^([a-z0-9.-]+(:[0-9]+)?/)?[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$, whose compile alone cost
-    # every command that loads build.yaml 1-3 ms
+    # one component at a time: the same language as one whole-name pattern, whose compile alone cost 1-3 ms
     first, *rest = name.split("/")
     component = r"[a-z0-9]+(?:[._-][a-z0-9]+)*"
     valid = all(re.fullmatch(component, part) for part in rest) and bool(
@@ -342,15 +337,9 @@ def _platforms(section: Section) -> tuple[PlatformTarget, ...]:
         arches = own.data.get("cuda_arches")
         if arches is not None and not isinstance(arches, (str, list)):
             raise own.fail("cuda_arches", "a string like '12.1' or a list of arches")
-        targets.append(
-            PlatformTarget(
-                platform=platform,
-                cuda_arches=ArchList.parse(arches) if arches is not None else None,
-                base_image=own.string("base_image"),
-                runtime_image=own.string("runtime_image"),
-                runtime_python=_runtime_python(own),
-            )
-        )
+        own_arches = ArchList.parse(arches) if arches is not None else None
+        images = own.string("base_image"), own.string("runtime_image")
+        targets.append(PlatformTarget(platform, own_arches, *images, _runtime_python(own)))
     return tuple(targets)
 
 

@@ -28,8 +28,7 @@ class Failed(CarryError):
 
 
 def read_input(path: Path, unreadable: Callable[[Exception], str]) -> str | None:
-    """The text of the input file `path`, None when there is none; BadInput `unreadable(reason)` when it cannot be
-    read."""
+    """The text of the input file `path`, None when there is none; BadInput `unreadable(reason)` when unreadable."""
     try:
         return path.read_text()
     except FileNotFoundError:

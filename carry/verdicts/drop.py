@@ -1,13 +1,10 @@
-"""`drop`: remove a patch REF needs no more (merged, fixed upstream, or its file deleted upstream or only in the PR),
-carry the rest of the series over to the new pin, bump VERSION once and log it in `patches/DROPPED.md`.
+"""`drop`: remove a patch REF needs no more, carry the rest of the series over to the new pin, bump VERSION once and
+log it in `patches/DROPPED.md`.
 
-A merged patch moves the pin to the upstream commit `status` named (the one that merged it; else REF's commit), or
-to `--onto REF`; never back. With `upstream.pr` set the pin stays on the PR: it moves to the PR head, which must
-hold that commit. When the rest of the series does not carry over there, or the pin cannot move, nothing changes.
-Another droppable verdict (its file deleted upstream or only in the PR, fixed its own way) leaves the pin where it
-is unless `--onto` moves it (several such patches often go together, then `refresh --onto REF`). Either way
-DROPPED.md names the commit the pin must hold, and `wheel` and `image` refuse a pin without it
-(droplog.check_pin): a dropped patch's bug never ships again.
+A merged patch moves the pin to the commit that merged it (else REF's), or to `--onto REF`, never back; with
+`upstream.pr` set the pin moves to the PR head, which must hold that commit. Another droppable verdict leaves the pin
+unless `--onto` moves it. Either way DROPPED.md names the commit the pin must hold, and `wheel` and `image` refuse a
+pin without it (droplog.check_pin): a dropped patch's bug never ships again.
 """
 
 from __future__ import annotations
@@ -70,10 +67,8 @@ def drop(
     judge: Callable | None = None,
     repin: refresh.Repin | None = None,
 ) -> Dropped:
-    """Drop `request.name` when REF (default upstream.main) needs it no more (a droppable verdict); anything else is
-    refused unless `force`. The pin moves (see the module's doc); a conflict of the rest of the series there is
-    Failed. Before the pin moves, `repin(new_base, tree)` moves the precompiled pins with it (as for `refresh`); when
-    it fails, nothing changes."""
+    """Drop `request.name` when REF (default upstream.main) needs it no more, else only with `force`; the pin moves
+    (see the module's doc), `repin` moving the precompiled pins first (as for `refresh`)."""
     name, against, force, onto = request.name, request.against, request.force, request.onto
     patch = series.find(name)
     ref = against or config.upstream.main
@@ -92,8 +87,7 @@ def drop(
     # Where upstream has what the patch did: the commit status named, else REF's own. The pin must come to hold it
     # (now for a merged patch; a refresh later for the others, until which `wheel` refuses; droplog.check_pin).
     needs = None if forced else (found.commit or report.reports[0].commit)
-    merged = found.verdict.merged
-    move = _Move(name=patch.name, ref=ref, needs=needs, merged=merged, onto=onto)
+    move = _Move(name=patch.name, ref=ref, needs=needs, merged=found.verdict.merged, onto=onto)
     target = _new_pin(config, cache, mirror, move)
     try:
         carried = refresh.carry_over(config, cache, mirror, series, target, leave_out=patch.name)
@@ -125,8 +119,7 @@ def drop(
 
 def _new_pin(config: Config, cache: Cache, mirror: Path, move: _Move) -> str:
     """Where the pin goes: `onto`, else for a merged patch the PR head (upstream.pr set) or the commit that merged
-    it (`needs`), which the new pin must hold; else (not merged, or forced) it stays. Never back to a commit the pin
-    already holds."""
+    it (`needs`), which the new pin must hold; else it stays. Never back to a commit the pin already holds."""
     name, ref, needs, onto = move.name, move.ref, move.needs, move.onto
     pin = config.upstream.commit
     merged_at = needs if move.merged else None
@@ -163,8 +156,7 @@ def _new_pin(config: Config, cache: Cache, mirror: Path, move: _Move) -> str:
 
 
 def _contains(config: Config, cache: Cache, mirror: Path, commit: str, ancestor: str) -> bool:
-    """Whether `commit` holds `ancestor` in its history (a shallow mirror is deepened to tell; a note says when it
-    cannot be)."""
+    """Whether `commit` holds `ancestor` in its history (a shallow mirror deepened to tell, else a note)."""
     if commit == ancestor:
         return True
     found, unknown = upstream.merge_base(config, cache, mirror, commit, ancestor)

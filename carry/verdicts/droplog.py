@@ -59,9 +59,8 @@ def held_entries(path: Path) -> list[Entry]:
 
 
 def check_pin(config: Config, cache: Cache, mirror: Path, patches_dir: Path) -> None:
-    """Bad input when DROPPED.md says a patch was dropped because upstream has what it did at a commit the pin does
-    not contain (the build would ship its bug again); a `dropped` line for each commit nobody can tell about
-    (offline)."""
+    """Bad input when DROPPED.md says upstream has a dropped patch's change at a commit the pin does not contain (the
+    build would ship its bug again); a `dropped` line for each commit nobody can tell about (offline)."""
     from carry.source import git, upstream
     from carry.util import prog, reporter
 

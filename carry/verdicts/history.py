@@ -1,9 +1,6 @@
-"""Why a file a patch changes is not on REF, from upstream's history: deleted upstream (by which commit), renamed
-(to where, by which commit), or never on REF because only the carried PR's side of history adds it.
-
-The two sides are the pinned base (the PR, or an older release) and REF. Their merge base M splits the history:
-a file M has and REF lacks went away upstream, between M and REF; a file M lacks was added on the base's side,
-between M and the base, which REF does not contain.
+"""Why a file a patch changes is not on REF, from upstream's history: deleted upstream, renamed, or only on the
+carried PR's side. Their merge base M decides: a file M has and REF lacks went away upstream; a file M lacks was
+added on the base's side, which REF does not contain.
 """
 
 from __future__ import annotations
@@ -14,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from carry.source import git
+from carry.util import reporter
 
 # A commit as the evidence names it: the full SHA and its subject.
 FORMAT = "--format=%H%x00%s"
@@ -45,9 +43,8 @@ class Absence:
 
 
 class History:
-    """The history between the pinned base and one REF in the mirror; the merge base is looked up (and a shallow
-    mirror deepened, through `deepen`: the merge base, or None and why not) only when a question needs it, and a
-    note says when it cannot be found."""
+    """The history between the pinned base and one REF in the mirror; the merge base is looked up (a shallow mirror
+    deepened through `deepen`) only when a question needs it, with a note when it cannot be found."""
 
     def __init__(self, mirror: Path, base: str, ref: str, commit: str, deepen: Callable[[], tuple[str | None, str]]):
         self.mirror = mirror
@@ -73,8 +70,6 @@ class History:
         if self._merge_base is None:
             self._merge_base = self._deepen()
             if self._merge_base[1]:
-                from carry.util import reporter
-
                 reporter.note(self._merge_base[1])
         return self._merge_base
 
@@ -86,10 +81,8 @@ class History:
     def renamed_by(self, old: str, new: str) -> Commit | None:
         """The newest commit on REF's side that renamed `old` to `new`, when the history has it."""
         start = self.merge_base or self.base
-        out = git.run(
-            self.mirror, "log", "-1", "-M", "--diff-filter=R", FORMAT, self.commit, "--not", start, "--", old, new
-        )
-        return _commit(out)
+        args = ("log", "-1", "-M", "--diff-filter=R", FORMAT, self.commit, "--not", start, "--", old, new)
+        return _commit(git.run(self.mirror, *args))
 
     def absence(self, path: str) -> Absence:
         """Why `path` (on the base) is not on REF; the caller has ruled out a rename. Asked once per path (every
@@ -102,47 +95,22 @@ class History:
         merge_base = self.merge_base
         if merge_base is None:
             why = self.unknown or "the base and REF share no history"
-            return Absence(
-                path,
-                Gone.UNKNOWN,
-                None,
-                f"{path} is not in REF, and whether upstream deleted it or only the PR adds it cannot be told: {why}",
-            )
+            told = f"whether upstream deleted it or only the PR adds it cannot be told: {why}"
+            return Absence(path, Gone.UNKNOWN, None, f"{path} is not in REF, and {told}")
         at = f"{merge_base[:12]} {git.subject(self.mirror, merge_base)!r}"
         if has(self.mirror, merge_base, path):
-            deleted = _commit(
-                git.run(
-                    self.mirror, "log", "-1", "--diff-filter=D", FORMAT, self.commit, "--not", self.base, "--", path
-                )
-            )
+            args = ("log", "-1", "--diff-filter=D", FORMAT, self.commit, "--not", self.base, "--", path)
+            deleted = _commit(git.run(self.mirror, *args))
             if deleted is None:
-                return Absence(
-                    path,
-                    Gone.DELETED,
-                    None,
-                    f"{path} is in the merge base {at} and not in REF: deleted "
-                    f"upstream, by a commit this mirror's history does not reach",
-                )
-            return Absence(
-                path,
-                Gone.DELETED,
-                deleted,
-                f"{path} was deleted upstream by {deleted.describe()} (it is in the merge base {at}, not in REF)",
-            )
-        added = _commit(
-            git.run(
-                self.mirror, "log", "--diff-filter=A", "--reverse", FORMAT, self.base, "--not", merge_base, "--", path
-            ).split("\n", 1)[0]
-        )
-        by = f", added by {added.describe()}" if added else ""
-        return Absence(
-            path,
-            Gone.PR_ONLY,
-            added,
-            f"{path} is not in REF: only the PR's side of history has it{by}; "
-            f"REF shares only the merge base {at} with it: the PR that adds "
-            f"this file is not in REF",
-        )
+                told = "deleted upstream, by a commit this mirror's history does not reach"
+                return Absence(path, Gone.DELETED, None, f"{path} is in the merge base {at} and not in REF: {told}")
+            told = f"(it is in the merge base {at}, not in REF)"
+            return Absence(path, Gone.DELETED, deleted, f"{path} was deleted upstream by {deleted.describe()} {told}")
+        args = ("log", "--diff-filter=A", "--reverse", FORMAT, self.base, "--not", merge_base, "--", path)
+        added = _commit(git.run(self.mirror, *args).split("\n", 1)[0])
+        side = "only the PR's side of history has it" + (f", added by {added.describe()}" if added else "")
+        shares = f"REF shares only the merge base {at} with it: the PR that adds this file is not in REF"
+        return Absence(path, Gone.PR_ONLY, added, f"{path} is not in REF: {side}; {shares}")
 
     def _renames_for(self, start: str, path: str) -> dict[str, str]:
         """old -> new for files renamed between `start` and REF, with rename detection run only for `path` against

@@ -1,9 +1,7 @@
 """Is a hunk's intent in a file: the lines it adds present where it targets, the lines it removes gone.
 
-Lines are compared as tokens, so whitespace, line breaks, quote style, trailing commas and trailing comments do
-not matter. The place a hunk targets is found by lining its post-image up with the file; the counts there are
-compared with the same window of the pre- and post-image on the pinned base, so a line that was already nearby
-does not count as added.
+Lines are compared as tokens (whitespace, line breaks, quote style, trailing commas and comments do not matter),
+in the window where the hunk's post-image lines up with the file, against the same window on the pinned base.
 """
 
 from __future__ import annotations
@@ -85,17 +83,12 @@ def is_code(line: str) -> bool:
 
 
 class Stream:
-    """A region of lines as tokens with the line breaks kept as markers.
-
-    A line counts where its tokens cover whole lines of the region, line breaks allowed between them: a line
-    split over several (or given a trailing comma) still counts, a prefix of a longer line does not.
-    """
+    """A region of lines as tokens with the line breaks kept as markers, so a line split over several (or given a
+    trailing comma) still counts as that line, and a prefix of a longer line does not."""
 
     def __init__(self, lines: list[str], lexer: Lexer):
         self.lexer = lexer
-        stream = []
-        for line in lines:
-            stream += [*lexer.tokens(line), NEWLINE]
+        stream = [t for line in lines for t in (*lexer.tokens(line), NEWLINE)]
         kept = [t for i, t in enumerate(stream) if not (t == "," and _next_token(stream, i) in CLOSERS)]
         self.text = NEWLINE + "".join(t if t == NEWLINE else t + SEP for t in kept)
 
@@ -120,13 +113,11 @@ def locate(lines: tuple[str, ...], ref: list[str], expected: int, slack: int, le
     hits = [(i, p) for i, line in enumerate(lines) if has_words(line) for p in where.get(lexer.key(line), ())]
     rare = [(i, p) for i, p in hits if len(where[lexer.key(lines[i])]) <= RARE_LINE]
     hits = rare or hits
-    best, best_rank = None, None
-    for start in sorted({p - i for i, p in hits}):
-        score = len({i for i, p in hits if abs(p - i - start) <= slack})
-        rank = (-score, abs(start - expected))
-        if best_rank is None or rank < best_rank:
-            best, best_rank = start, rank
-    return best
+
+    def rank(start: int) -> tuple[int, int]:
+        return -len({i for i, p in hits if abs(p - i - start) <= slack}), abs(start - expected)
+
+    return min(sorted({p - i for i, p in hits}), key=rank, default=None)
 
 
 def _window(lines: list[str], start: int, length: int, slack: int) -> list[str]:
@@ -136,10 +127,8 @@ def _window(lines: list[str], start: int, length: int, slack: int) -> list[str]:
 def find(
     hunk: Hunk, new_start: int, pre: list[str] | None, post: list[str] | None, ref: list[str], where: str, lexer: Lexer
 ) -> Found:
-    """Whether `ref` (the file in REF, named `where`) holds the hunk's intent, and what differs.
-
-    `pre` and `post` are the file before and after the patch on the pinned base (None when unknown: then the
-    hunk's own lines stand in for them)."""
+    """Whether `ref` (the file in REF, named `where`) holds the hunk's intent, and what differs; `pre` and `post`,
+    the file before and after the patch on the base, are None when unknown (the hunk's own lines stand in)."""
     slack = max(MIN_SLACK, len(hunk.new_lines))
     start = locate(hunk.new_lines, ref, new_start - 1, slack, lexer)
     if start is None:
@@ -206,11 +195,8 @@ def _absent(
 
 
 def _difference(hunk: Hunk, region: list[str], where: str, lexer: Lexer) -> str:
-    """A unified diff from the hunk's post-image to the lines of REF it lines up with.
-
-    The two are aligned line by line (code as tokens, other lines as text), and REF's side runs only from the
-    first to the last aligned line with words, so code upstream has around the hunk is not shown as added.
-    """
+    """A unified diff from the hunk's post-image to the lines of REF it lines up with; REF's side runs from the first
+    to the last aligned line with words, so code upstream has around the hunk is not shown as added."""
     words = [i for i, line in enumerate(hunk.new_lines) if has_words(line)]
     if not words:
         return ""

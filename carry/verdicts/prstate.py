@@ -1,11 +1,8 @@
 """The carried PR's own state: open, closed (not merged) or merged, with the merge commit, and where that was learned.
 
-First from the forge: GitHub's REST API (`GET /repos/{owner}/{repo}/pulls/{n}`) when upstream.url is on github.com,
-or at `$CARRY_GITHUB_API` (GitHub Enterprise, a test server) for any upstream, with a token from `$GITHUB_TOKEN` or
-`$GH_TOKEN` in a request header (never in argv, a log or the output). Where the API cannot be reached or refuses,
-from what git shows: `refs/pull/N/head` is merged when it is an ancestor of upstream.main (merge or fast-forward)
-or when a commit on main has the PR's whole change as its patch-id (squash); otherwise git cannot tell an open PR
-from a closed one, and says so.
+First from GitHub's REST API (github.com upstreams, or any at `$CARRY_GITHUB_API`), with `$GITHUB_TOKEN` or
+`$GH_TOKEN` in a request header (never in argv, a log or the output); else from git: `refs/pull/N/head` is merged when
+upstream.main contains it or has its whole change as one patch-id (squash); git cannot tell open from closed.
 """
 
 from __future__ import annotations
@@ -87,8 +84,7 @@ def github_repo(url: str, forced: bool) -> tuple[str, str] | None:
 
 
 def find(config: Config, cache: Cache, mirror: Path, resolve: Callable[[str], str]) -> PrState | None:
-    """The PR's state, from the API where it answers, else from git (a note says why the API's answer was not
-    used); None without upstream.pr."""
+    """The PR's state, from the API where it answers, else from git (with a note why); None without upstream.pr."""
     number = config.upstream.pr
     if number is None:
         return None
@@ -155,33 +151,17 @@ def from_git(config: Config, cache: Cache, mirror: Path, resolve: Callable[[str]
     if unknown:
         reporter.note(unknown)
     if merge_base == head:
-        return PrState(
-            number,
-            State.MERGED,
-            "git",
-            where,
-            _merge_commit(mirror, head, main_commit),
-            f"its head {head[:12]} is in {main}",
-        )
+        detail = f"its head {head[:12]} is in {main}"
+        return PrState(number, State.MERGED, "git", where, _merge_commit(mirror, head, main_commit), detail)
     if merge_base is None:
         return PrState(number, State.UNKNOWN, "git", where, detail="its head and main share no fetched history")
     squash = _same_change(mirror, merge_base, head, main_commit)
     if squash is not None:
-        return PrState(
-            number,
-            State.MERGED,
-            "git",
-            where,
-            squash,
-            f"{squash[:12]} on {main} has the PR's whole change (same patch-id)",
-        )
+        detail = f"{squash[:12]} on {main} has the PR's whole change (same patch-id)"
+        return PrState(number, State.MERGED, "git", where, squash, detail)
+    unmerged = f"its head {head[:12]} is not in {main} and no commit there has its change"
     return PrState(
-        number,
-        State.UNMERGED,
-        "git",
-        where,
-        detail=f"its head {head[:12]} is not in {main} and no commit there has its change; git cannot "
-        f"tell an open PR from a closed one",
+        number, State.UNMERGED, "git", where, detail=f"{unmerged}; git cannot tell an open PR from a closed one"
     )
 
 

@@ -1,14 +1,7 @@
 """Moving the series onto a new upstream base, patch by patch, in a workspace of its own: a clone of the cache
-mirror that borrows its objects (as `git clone --shared` would: nothing copied, and no git state shared with the
-mirror or another run) in which
-each patch is committed on the pin (`git am`, later patches may need an earlier one's context) and cherry-picked
-onto the new base with git's 3-way merge.
-
-Recorded resolutions replay there: git rerere runs in the workspace with the entries committed under
-`patches/resolutions/` (carry/verdicts/resolutions.py), so a conflict resolved once, on any machine, resolves
-itself again where the same conflict comes back; anything else stays a Conflict. `refresh` and `drop` use a
-workspace for the time of one command; `follow` keeps it across a conflict, for the maintainer to resolve in
-place (`resume` records that resolution).
+mirror that borrows its objects (nothing copied, no git state shared) where each patch is committed on the pin
+(`git am`) and cherry-picked onto the new base with git's 3-way merge, the recorded resolutions replayed by rerere
+(carry/verdicts/resolutions.py). `follow` keeps a workspace across a conflict for the maintainer to resolve in place.
 """
 
 from __future__ import annotations
@@ -118,17 +111,12 @@ class Workspace:
         may leave no MERGE_RR to say which)."""
         resolved = (self.path / file).read_bytes()
         directory = self.patches_dir / resolutions.DIR_NAME / name
-        found = (
-            e
-            for e in resolutions.recorded_for(self.patches_dir, name)
-            if (directory / e / "postimage").read_bytes() == resolved
-        )
-        return next(found, "?")
+        recorded = resolutions.recorded_for(self.patches_dir, name)
+        return next((e for e in recorded if (directory / e / "postimage").read_bytes() == resolved), "?")
 
     def resume(self, patches_dir: Path) -> tuple[str, list[Path]]:
-        """The maintainer resolved the conflicted patch in place: check no conflict marker is left, record the
-        resolution with rerere and copy it under `patches_dir`/resolutions/, then finish its cherry-pick. Returns
-        the patch's name and the files recorded. Bad input when anything is still unresolved."""
+        """Record the maintainer's resolution of the conflicted patch (none may be left) under `patches_dir` and finish
+        its cherry-pick: the patch's name and the files recorded."""
         name = self.names[self.done]
         merge_rr = resolutions.current(self.path / ".git")
         left = {f: r for f in merge_rr if (r := marker_regions(self.path / f))}
@@ -154,12 +142,10 @@ class Workspace:
             raise Failed(f"{self.path}: {len(new)} commits on the new base for {len(self.names)} patches")
         found: dict[str, str | None] = {}
         for name, commit in zip(self.names, new):
-            if git.run(self.path, "rev-parse", f"{commit}^{{tree}}") == git.run(
-                self.path, "rev-parse", f"{commit}^^{{tree}}"
-            ):
-                found[name] = None
-            else:
-                found[name] = git.run(self.path, *FORMAT_PATCH, commit, env=CLEAN_ENV, strip=False)
+            tree, parent = git.run(self.path, "rev-parse", f"{commit}^{{tree}}", f"{commit}^^{{tree}}").split()
+            found[name] = (
+                None if tree == parent else git.run(self.path, *FORMAT_PATCH, commit, env=CLEAN_ENV, strip=False)
+            )
         # The patched tree is read later from the mirror (`pin` finds the precompiled wheels by it), after this
         # workspace is gone: its new objects are packed into the mirror the workspace borrows from.
         borrowed = Path((self.path / ".git/objects/info/alternates").read_text().strip())

@@ -1,9 +1,7 @@
 """`refresh`: move the series onto a new upstream base with a 3-way merge, then rewrite the patches that moved.
 
-The work happens in a temporary worktree of the cache mirror: each patch is committed on the pin (`git am`),
-cherry-picked onto the new base, and written back with `git format-patch` in one stable form. Nothing in the
-project changes until every patch has been carried over; then the patches, DROPPED.md, the pin and VERSION are
-written (`write`, which `drop` uses too: a new pin or a changed series is a new VERSION).
+Nothing in the project changes until every patch has been carried over (carry/verdicts/rebase.py); then the patches,
+DROPPED.md, the pin and VERSION are written (`write`, which `drop` uses too).
 """
 
 from __future__ import annotations
@@ -67,10 +65,8 @@ def refresh(
     judge: Callable | None = None,
     repin: Repin | None = None,
 ) -> Refreshed:
-    """Rebase `patches` onto `onto` (default upstream.main); on a conflict raise Failed and change nothing, naming
-    the patches REF needs no more (`drop` is their way out; `judge` adds the verdict by their tests). Before the pin
-    moves, `repin(new_base, tree)` moves what follows it (the precompiled pins) and says what it did; when it fails,
-    nothing changes."""
+    """Rebase `patches` onto `onto` (default upstream.main); a conflict changes nothing and names the patches REF
+    needs no more (`judge` adds their tests' verdict); `repin` moves the precompiled pins before the pin moves."""
     mirror = upstream.ensure_base(config, cache)
     ref = onto or config.upstream.main
     new_base = upstream.resolve_ref(config, cache, ref)
@@ -86,9 +82,8 @@ def refresh(
 def carry_over(
     config: Config, cache: Cache, mirror: Path, patches: series.Series, new_base: str, leave_out: str | None = None
 ) -> Carried:
-    """The series (less `leave_out`, which upstream merged) moved onto `new_base`; Conflict names the first patch
-    that does not go there (after replaying the recorded resolutions, carry/verdicts/rebase.py). Nothing is
-    written."""
+    """The series (less `leave_out`, which upstream merged) moved onto `new_base`, nothing written; Conflict names
+    the first patch that does not go there after the recorded resolutions replayed."""
     pin = config.upstream.commit
     kept = tuple(p for p in patches.patches if p.name != leave_out)
     exact = apply.check(mirror, new_base, series.Series(patches.directory, kept), cache.scratch)
@@ -108,8 +103,7 @@ def carry_over(
 
 
 def moved_pins(carried: Carried, repin: Repin | None) -> None:
-    """When the pin moves: `repin` (the precompiled pins found for the new base and its patched tree, written or
-    refused before anything else is; it says what it did)."""
+    """When the pin moves: `repin` the precompiled pins to the new base and tree, before anything else is written."""
     if repin is not None and carried.moved:
         repin(carried.new_base, carried.tree)
 
@@ -158,9 +152,8 @@ def substance_moved(patch: series.Patch, text: str, work: Path) -> bool:
 def write(
     config: Config, patches: series.Series, carried: Carried, emptied_why: str, dropped: tuple[str, str] | None = None
 ) -> str | None:
-    """Write what `carried` changed: the moved patches, the emptied ones (and `dropped`: (name, its DROPPED.md
-    line)) removed and logged, the pin moved; then VERSION bumped once, since a new pin or another series is
-    another artifact. Each file atomically; nothing is written when nothing changed (None, else the new VERSION)."""
+    """Write what `carried` (and `dropped`: name, DROPPED.md line) changed, each file atomically, and bump VERSION
+    once (a new pin or series is another artifact); None when nothing changed, else the new VERSION."""
     if not (carried.moved or carried.changed or carried.emptied or dropped):
         return None
     bumped = version.following(config.version_file)

@@ -1,9 +1,6 @@
-"""Recorded conflict resolutions, in git rerere's own format, committed with the series:
-`patches/resolutions/<patch>/<id>/preimage` (the conflict as git showed it, its sides in a stable order) and
-`postimage` (the maintainer's resolution). `<id>` is rerere's hash of the conflict's text, so the entry answers the
-same conflict on any machine and any later upstream ref where it comes back; a conflict whose text differs has
-another id and is never resolved by it (carry/verdicts/rebase.py stops and names the entries that did not fit).
-"""
+"""Recorded conflict resolutions in git rerere's format, committed with the series: `patches/resolutions/<patch>/<id>/`
+preimage (the conflict, its sides in a stable order) and postimage (the resolution). `<id>` is rerere's hash of the
+conflict's text, so an entry answers the same conflict wherever it comes back, and no other."""
 
 from __future__ import annotations
 
@@ -42,12 +39,8 @@ def current(git_dir: Path) -> dict[str, str]:
         data = (git_dir / "MERGE_RR").read_bytes().decode("utf-8", errors="surrogateescape")
     except FileNotFoundError:
         return {}
-    found = {}
-    for item in data.split("\0"):
-        entry, _, path = item.partition("\t")
-        if path:
-            found[path] = entry.split(".")[0]
-    return found
+    items = (item.partition("\t") for item in data.split("\0"))
+    return {path: entry.split(".")[0] for entry, _, path in items if path}
 
 
 def replayed(stderr: str) -> list[str]:

@@ -1,10 +1,7 @@
 """Status verdicts: is each carried patch still needed against a newer upstream ref, and what proves it.
 
-Patches are judged in series order on REF, in a private index that holds REF plus the earlier patches as far as
-they still apply. A second private index follows the same series on the pinned base, so each hunk can be
-compared with the pre- and post-image it was written against. When a file a patch changes is not on REF, upstream's
-history says why (carry/verdicts/history.py): renamed (the patch is judged at the new path), deleted upstream, or only
-on the PR's side. `--test` adds a verdict by behaviour (carry/gputest/behaviour.py).
+Patches are judged in series order in a private index of REF plus the earlier patches as far as they apply; a second
+index follows the series on the pinned base, for the pre- and post-image each hunk was written against.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ from typing import TYPE_CHECKING
 from carry.config import Config
 from carry.source import git, upstream
 from carry.source.series import HUNK_RE, FileDiff, Hunk, Patch, Series, UpstreamState
+from carry.util import prog
 from carry.util.cache import Cache
 from carry.util.errors import BadInput
 from carry.util.fsutil import temp_dir
@@ -214,8 +212,6 @@ class Assessor:
         commit = self._introduced_by(patch, parts) if any(f.state.merged for f in findings) else None
         return _combine(patch, findings, forward, commit, self._moves(parts))
 
-    # --- applying -------------------------------------------------------------------------------------
-
     def _units(self, parts: tuple[FileDiff, ...]) -> Iterator[tuple[FileDiff, tuple[int, ...]]]:
         """(file diff, hunk index) pairs; a file change without hunks (a pure rename) is one unit."""
         for diff in parts:
@@ -226,9 +222,6 @@ class Assessor:
 
     def _whole(self, parts: tuple[FileDiff, ...], env: dict[str, str]) -> str:
         return "".join(d.text(target=self._target(d, env)) for d in parts)
-
-    def _unit_text(self, diff: FileDiff, hunks: tuple[int, ...], env: dict[str, str]) -> str:
-        return diff.text(hunks, self._target(diff, env))
 
     def _apply(self, text: str, env: dict[str, str], reverse: bool = False, check: bool = True) -> str | None:
         """Apply `text` strictly, else ignoring whitespace; the way it applied, or None."""
@@ -244,7 +237,7 @@ class Assessor:
     def _apply_units(self, units: Iterable[tuple[FileDiff, tuple[int, ...]]], env: dict[str, str]) -> None:
         """Apply each (file diff, hunks) unit that still applies, one by one."""
         for diff, hunks in units:
-            self._apply(self._unit_text(diff, hunks, env), env, check=False)
+            self._apply(diff.text(hunks, self._target(diff, env)), env, check=False)
 
     def _carry_forward(self, parts: tuple[FileDiff, ...], verdict: PatchVerdict) -> None:
         """Put what REF still lacks into the REF index, so later patches see the series as far as it applies."""
@@ -254,8 +247,6 @@ class Assessor:
             settled = {(f.file, f.header) for f in verdict.hunks if f.state.settled}
             units = [(d, i) for d, i in self._units(parts) if (d.path, _unit_header(d, i)) not in settled]
             self._apply_units(units, self.ref_env)
-
-    # --- reading the indexes --------------------------------------------------------------------------
 
     def _read(self, path: str | None, env: dict[str, str]) -> list[str] | None:
         text = git.show_blob(self.mirror, f":{path}", env) if path else None
@@ -276,14 +267,12 @@ class Assessor:
             self._moved[path] = self.history.moved(path) if gone else None
         return self._moved[path]
 
-    # --- the tests ------------------------------------------------------------------------------------
-
     def _hunk_finding(self, diff: FileDiff, hunks: tuple[int, ...], pre: dict, post: dict) -> HunkFinding:
         target = self._target(diff, self.ref_env)
         header = _unit_header(diff, hunks)
         if target is None and diff.old_path is not None and diff.new_path is not None:
             return self._gone(diff, header, self.history.absence(diff.old_path), hunks)
-        text = self._unit_text(diff, hunks, self.ref_env)
+        text = diff.text(hunks, self._target(diff, self.ref_env))
         forward = self._apply(text, self.ref_env)
         reverse = self._apply(text, self.ref_env, reverse=True)
         moved = f" (at {target}, renamed upstream)" if target and target not in (diff.old_path, diff.new_path) else ""
@@ -450,8 +439,7 @@ def advice(patch: Patch, verdict: Verdict) -> str | None:
 
 
 def assess(mirror: Path, history: History, series: Series, scratch: Path, trees: bool = False) -> RefReport:
-    """Verdicts for every patch of `series` against `history.commit` (named `history.ref`), in series order; with
-    `trees`, each verdict records the tree it was judged on (REF plus the earlier patches as far as they apply)."""
+    """Verdicts for every patch of `series` against `history.commit`; `trees` records each one's tree for `--test`."""
     with contextlib.ExitStack() as stack:
         work = stack.enter_context(temp_dir(scratch, "status-"))
         ref_env = stack.enter_context(git.temp_index(mirror, work / "ref"))
@@ -490,8 +478,6 @@ def table(status: StatusReport) -> str:
 
 
 def drop_command(name: str, ref: str) -> str:
-    from carry.util import prog
-
     return prog.command("drop", name, "--against", ref)
 
 
@@ -521,20 +507,15 @@ def default_refs(config: Config) -> tuple[str, ...]:
 def status(
     config: Config, cache: Cache, series: Series, refs: tuple[str, ...] = (), with_pr: bool = True, trees: bool = False
 ) -> StatusReport:
-    """Verdicts for the series against each ref (default: `default_refs`), every ref resolved before any work;
-    with the PR's own state when upstream.pr is set and `with_pr`; `trees` for `--test` (see assess)."""
+    """Verdicts for the series against each ref (default: `default_refs`), every ref resolved before any work."""
     mirror = upstream.ensure_base(config, cache)
     resolve = functools.cache(functools.partial(upstream.resolve_ref, config, cache))
-    for ref in dict.fromkeys(refs or default_refs(config)):
-        resolve(ref)
+    commits = {ref: resolve(ref) for ref in dict.fromkeys(refs or default_refs(config))}
     base = config.upstream.commit
     reports = []
-    for ref in dict.fromkeys(refs or default_refs(config)):
-        commit = resolve(ref)
-        history = History(
-            mirror, base, ref, commit, functools.partial(upstream.merge_base, config, cache, mirror, base, commit)
-        )
-        reports.append(assess(mirror, history, series, cache.scratch, trees))
+    for ref, commit in commits.items():
+        merge_base = functools.partial(upstream.merge_base, config, cache, mirror, base, commit)
+        reports.append(assess(mirror, History(mirror, base, ref, commit, merge_base), series, cache.scratch, trees))
     pr = None
     if with_pr and config.upstream.pr is not None:
         from carry.verdicts import prstate
