@@ -1,14 +1,7 @@
-"""The locked image kept in the local engine after its smoke test (docs/images.md: "Smoke test").
-
-After `image --push` each platform's manifest is pulled back by digest (`pull`): the engine fetches only the layers
-it does not hold already, so after a patch change it fetches the last, small layer; what it fetched is counted from
-the engine's own progress messages against the manifest's layer sizes. The image that passed is kept, tagged as
-the Dockerfile path tags it (`NAME:VERSION-<arch>` with several platforms, every tag with one), and the engine is
-tidied (`keep`): the images those tags named before are removed once no tag names them, and the tags an older
-VERSION of the same platform left in NAME are removed, so the engine holds one image per platform of the latest
-VERSION however often `image` runs. A newer VERSION's image, one a container still uses, and one that another tag
-still names are left, and said.
-"""
+"""The locked image kept in the local engine after its smoke test (docs/images.md: "Smoke test"): pulled back by digest
+(`pull`, which fetches only the layers the engine lacks, counted from its progress messages), tagged as the Dockerfile
+path tags it, and the engine tidied (`keep`) so that it holds one image per platform of the latest VERSION however often
+`image` runs; a newer VERSION's image, one a container still uses, and one another tag names are left, and said."""
 
 from __future__ import annotations
 
