@@ -71,7 +71,6 @@ def verify_image(request: Request, config: Config, expected: Expected, scratch: 
     if getattr(config.image, "lock", None):
         return verify_locked(client, docker_cli, request, config, expected)
     ref, platform, arches, local, key = request.ref, request.platform, request.arches, request.local, request.key
-    notes: tuple[str, ...] = ()
     with _login(ref, docker_cli, local) as login:
         remote = None if local else _remote(client, ref, login)
         if remote is None:
@@ -92,7 +91,7 @@ def verify_image(request: Request, config: Config, expected: Expected, scratch: 
         if key is not None:
             trusted = _trust_dockerfile(client, docker_cli, found_platform, request, remote, expected)
             result = _with_trust(result, trusted)
-        results.append(dataclasses.replace(result, notes=notes + result.notes))
+        results.append(result)
     return tuple(results)
 
 
