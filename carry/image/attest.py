@@ -1,10 +1,7 @@
-"""The publish stage's side of signing (carry.trust), inside carry.image.publish: the facts of a pushed image, from what
-a family hands over (`PlatformFacts`) and what `image` resolved (the config, the series, VERSION), and what is
-attached for it: each chosen kind's predicate (carry.trust.kinds), signed and attested (carry.trust.attach), each
-step timed, so that `image` can say what signing cost against the whole push. The stage calls `Attester` once per
-pushed platform manifest and once per multi-platform index; app/imaging.py makes it (with the key loaded before any
-work) and nothing else here knows about keys. It is handed what the image installed (a lock's pins and their wheels,
-the distributions read back from a hermetic build) and imports no image family."""
+"""The publish stage's side of signing (carry.trust): the facts of a pushed image, from what a family hands over
+(`PlatformFacts`) and what `image` resolved, and each chosen kind's predicate (carry.trust.kinds) signed and attested
+(carry.trust.attach), each step timed against the whole push. The stage calls `Attester` once per platform manifest and
+once per index; app/imaging.py makes it (the key loaded before any work). It imports no image family."""
 
 from __future__ import annotations
 

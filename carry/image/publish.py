@@ -1,22 +1,17 @@
 """The publish stage: what both image families hand a pushed image to, and the one order every `image --push` and
 `manifest` keeps, so that a run killed anywhere leaves no tag on an incomplete or mixed image (docs/reliability.md,
-"Registry and push"). A family writes its blobs and config (BuildKit's from the engine, the locked image's layers as
-they are written) and hands each platform over (`Stage.platform`, `Stage.record`); the stage does the rest:
+"Registry and push"). A family writes its blobs and config and hands each platform over (`Stage.platform`,
+`Stage.record`); then, in this order:
 
 1. each platform's manifest PUT by digest: no tag names it yet;
-2. its signature and each attestation the attester chose (cosign's `sha256-<hex>.sig` / `.att`, by digest too:
-   carry.image.attest over carry.trust.kinds' table); a locked image's smoke test (pulled by digest) and its
-   record (`sha256-<hex>.cache`, carry.image.locked.registrycache), signed with the same key;
+2. its signature and chosen attestations (cosign's `sha256-<hex>.sig` / `.att`, by digest: carry.image.attest); a
+   locked image's smoke test (pulled by digest) and record (`sha256-<hex>.cache`, registrycache), signed alike;
 3. with every platform there, the manifest list PUT by digest, and its signature;
-4. only then the tags, each one PUT: every platform's own (`<VERSION>-<arch>`; with one platform, every tag), then
-   the shared ones (VERSION, the templates, --tag), each naming the list.
+4. only then the tags: every platform's own (`<VERSION>-<arch>`; with one platform, every tag), then the shared ones.
 
-A tag therefore moves from one whole, signed image to another. A rerun finds every blob, manifest and signature in
-the registry and PUTs the same bytes again: the digests are the same, nothing in the registry changes.
-
+A tag therefore moves from one whole, signed image to another; a rerun PUTs the same bytes under the same digests.
 This module is the families' one door to signing: they import neither carry.trust nor carry.image.attest
-(tests/test_architecture.py), only the names below.
-"""
+(tests/test_architecture.py), only the names below."""
 
 from __future__ import annotations
 

@@ -52,10 +52,8 @@ class CacheSpec:
             "" if exporting else " or an image ref"
         )
         value = text.strip()
-        try:
+        if value in {mode.value for mode in CacheMode}:
             return cls(CacheMode(value), exporting=exporting)
-        except ValueError:
-            pass
         _check_fields(value, flag)
         sample = _fill(value, "amd64", "1")
         if value.startswith("type="):

@@ -431,9 +431,8 @@ def _scan_saved(handle: io.BufferedIOBase, name: str, selection: Selection) -> t
     scan = scan_layer(buffered, name, selection, -1)
     while buffered.read(CHUNK):
         pass
-    digest = "sha256:" + checked.hash.hexdigest()
-    scan.digest = digest
-    return scan, digest
+    scan.digest = "sha256:" + checked.hash.hexdigest()
+    return scan, scan.digest
 
 
 def _scan_small(small: dict[str, bytes], name: str, selection: Selection) -> tuple[LayerScan, str]:
@@ -445,6 +444,5 @@ def _scan_small(small: dict[str, bytes], name: str, selection: Selection) -> tup
 
         data = igzip.decompress(data)
     scan = scan_layer(io.BytesIO(data), name, selection, -1)
-    digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    scan.digest = digest
-    return scan, digest
+    scan.digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    return scan, scan.digest

@@ -71,7 +71,6 @@ def verify_image(request: Request, config: Config, expected: Expected, scratch: 
     if getattr(config.image, "lock", None):
         return verify_locked(client, docker_cli, request, config, expected)
     ref, platform, arches, local, key = request.ref, request.platform, request.arches, request.local, request.key
-    notes: tuple[str, ...] = ()
     with _login(ref, docker_cli, local) as login:
         remote = None if local else _remote(client, ref, login)
         if remote is None:
@@ -92,7 +91,7 @@ def verify_image(request: Request, config: Config, expected: Expected, scratch: 
         if key is not None:
             trusted = _trust_dockerfile(client, docker_cli, found_platform, request, remote, expected)
             result = _with_trust(result, trusted)
-        results.append(dataclasses.replace(result, notes=notes + result.notes))
+        results.append(result)
     return tuple(results)
 
 
@@ -178,13 +177,10 @@ def _trust_dockerfile(
         manifest = trustcheck.Manifest(
             repository=repository, digest=files.digest, platform=platform, labels=files.labels
         )
-        proven, problems = trustcheck.check_platform(
-            store, key, manifest, trustcheck.installed_in(files), wanted, hermetic=False, require=request.require
+        installed = trustcheck.installed_in(files)
+        return trustcheck.check_platform(
+            store, key, manifest, installed, wanted, hermetic=False, require=request.require, index=remote[0]
         )
-        if files.digest != remote[0]:
-            more = trustcheck.check_index(store, key, repository, remote[0])
-            proven, problems = more[0] + proven, more[1] + problems
-    return proven, problems
 
 
 def _coverage(ref: str, config: Config, version: str, held: tuple[Platform, ...]) -> list[Mismatch]:
@@ -333,11 +329,7 @@ def _trust_locked(
         repository=repository, digest=files.digest, platform=files.platform, labels=files.labels
     )
     installed = [(d.shown, d.version) for d in dists]
-    proven, problems = trustcheck.check_platform(store, key, manifest, installed, wanted, require=request.require)
-    if files.digest != remote[0]:
-        more = trustcheck.check_index(store, key, repository, remote[0])
-        proven, problems = more[0] + proven, more[1] + problems
-    return proven, problems
+    return trustcheck.check_platform(store, key, manifest, installed, wanted, require=request.require, index=remote[0])
 
 
 def fixed_wheel(dist: Path, version: str, platform: Platform) -> FixedWheel:

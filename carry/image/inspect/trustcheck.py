@@ -38,9 +38,11 @@ def check_platform(
     expected: provenance.Expected | None,
     hermetic: bool = True,
     require: tuple[str, ...] = (),
+    index: str = "",
 ) -> tuple[list[str], list[str]]:
     """(proven lines, problems) for one platform manifest, each kind of carry.trust.kinds that is there checked; a
-    kind not `required` of it (a Dockerfile build without --hermetic has no SBOM) nor in `require` may be missing."""
+    kind not `required` of it (a Dockerfile build without --hermetic has no SBOM) nor in `require` may be missing.
+    With the `index` that names it (another digest), that index's signature is checked too, its lines first."""
     repository, digest, platform, labels = manifest.repository, manifest.digest, manifest.platform, manifest.labels
     started = time.monotonic()
     proven: list[str] = []
@@ -61,6 +63,9 @@ def check_platform(
             more_proven, more_problems = kind.check(statement, checking)
             proven, problems = proven + more_proven, problems + more_problems
     proven.append(f"trust checks: {time.monotonic() - started:.1f} s")
+    if index and index != digest:
+        more = check_index(store, key, repository, index)
+        proven, problems = more[0] + proven, more[1] + problems
     return proven, problems
 
 
@@ -129,10 +134,7 @@ def verify_without_checkout(
                 raise Failed(f"cannot read {ref} for {target} from its registry")
             dists = installed_in(files)
             manifest = Manifest(repository=repository, digest=files.digest, platform=target, labels=files.labels)
-            proven, problems = check_platform(store, key, manifest, dists, None, require=require)
-            if files.digest != remote[0]:
-                more_proven, more_problems = check_index(store, key, repository, remote[0])
-                proven, problems = more_proven + proven, more_problems + problems
+            proven, problems = check_platform(store, key, manifest, dists, None, require=require, index=remote[0])
             proven.insert(
                 0,
                 f"platform {target}: read from the registry ({len(files.layers)} layers, {len(dists)} "

@@ -1,17 +1,11 @@
-"""The locked image kept in the local engine after its smoke test (docs/images.md: "Smoke test").
-
-After `image --push` each platform's manifest is pulled back by digest (`pull`): the engine fetches only the layers
-it does not hold already, so after a patch change it fetches the last, small layer; what it fetched is counted from
-the engine's own progress messages against the manifest's layer sizes. The image that passed is kept, tagged as
-the Dockerfile path tags it (`NAME:VERSION-<arch>` with several platforms, every tag with one), and the engine is
-tidied (`keep`): the images those tags named before are removed once no tag names them, and the tags an older
-VERSION of the same platform left in NAME are removed, so the engine holds one image per platform of the latest
-VERSION however often `image` runs. A newer VERSION's image, one a container still uses, and one that another tag
-still names are left, and said.
-"""
+"""The locked image kept in the local engine after its smoke test (docs/images.md: "Smoke test"): pulled back by digest
+(`pull`, which fetches only the layers the engine lacks, counted from its progress messages), tagged as the Dockerfile
+path tags it, and the engine tidied (`keep`) so that it holds one image per platform of the latest VERSION however often
+`image` runs; a newer VERSION's image, one a container still uses, and one another tag names are left, and said."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import time
@@ -19,6 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import docker.errors
 
+from carry.image.layerpush import size_text
 from carry.platforms import Platform
 from carry.util.errors import Failed
 
@@ -51,15 +46,12 @@ class Kept:
     pulled: Pulled | None = None
 
     def line(self, platform: Platform) -> str:
-        parts = []
-        if self.pulled is not None:
-            pulled = self.pulled
-            parts.append(
+        parts = [f"{platform}: loaded"]
+        if (pulled := self.pulled) is not None:
+            parts = [
                 f"{platform}: pulled {pulled.fetched} of {pulled.layers} layer(s), {size_text(pulled.size)} in "
                 f"{pulled.seconds:.1f}s ({pulled.layers - pulled.fetched} already in the engine)"
-            )
-        else:
-            parts.append(f"{platform}: loaded")
+            ]
         parts.append(f"kept as {', '.join(self.refs)}")
         if self.untagged:
             parts.append(f"untagged {', '.join(self.untagged)} (an older VERSION)")
@@ -78,13 +70,6 @@ class Kept:
             "left": list(self.left),
             "pulled": self.pulled.to_json() if self.pulled else None,
         }
-
-
-def size_text(value: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if value >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{value} B"
 
 
 def pull(
@@ -124,10 +109,8 @@ def named(client: docker.DockerClient, refs: Iterable[str]) -> set[str]:
     """The image IDs `refs` name in the engine now."""
     found = set()
     for ref in refs:
-        try:
+        with contextlib.suppress(docker.errors.NotFound):
             found.add(client.api.inspect_image(ref)["Id"])
-        except docker.errors.NotFound:
-            pass
     return found
 
 
@@ -191,19 +174,14 @@ def keep(
 def forget_pulled(client: docker.DockerClient, ref: str) -> None:
     """A pulled image that failed its smoke test: its digest reference removed (the image with it, unless another
     reference names it)."""
-    try:
+    with contextlib.suppress(docker.errors.APIError):  # still used or named by another tag the user made
         client.images.remove(ref)
-    except docker.errors.APIError:  # still used or named by another tag the user made
-        pass
 
 
 def _newer(version: str, than: str) -> bool:
     """Whether VERSION `version` (`YYYYMMDD.N`) is newer than `than`, comparing their numbers in order."""
-    return _numbers(version) > _numbers(than)
-
-
-def _numbers(version: str) -> tuple[int, ...]:
-    return tuple(int(n) for n in re.findall(r"\d+", version))
+    mine, theirs = ([int(n) for n in re.findall(r"\d+", v)] for v in (version, than))
+    return mine > theirs
 
 
 def _short_id(digest: str) -> str:

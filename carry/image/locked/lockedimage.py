@@ -110,12 +110,7 @@ class LockedImageResult:
                     "registry": {"sent": o.sent, "received": o.received, "trust": o.trust_sent},
                     "layers": [
                         {
-                            "name": layer.name,
-                            "action": layer.action,
-                            "files": layer.files,
-                            "key": layer.key,
-                            "source": layer.source,
-                            "why": layer.why,
+                            **{key: getattr(layer, key) for key in ("name", "action", "files", "key", "source", "why")},
                             **layer.written.to_json(),
                         }
                         for layer in o.layers

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from carry.config import Config
+from carry.image.layerpush import size_text
 from carry.image.locked import engineimage
 from carry.image.locked.layerplan import PREFIX, PlatformPlan
 from carry.image.locked.layerwrite import PlatformOutcome
@@ -270,7 +271,7 @@ def pull_and_smoke(
     pulled = engineimage.pull(client, ref, outcome.platform, login.auth, layers)
     reporter.phase(
         "pull",
-        f"{outcome.platform}: {pulled.fetched} of {pulled.layers} layer(s), {engineimage.size_text(pulled.size)} "
+        f"{outcome.platform}: {pulled.fetched} of {pulled.layers} layer(s), {size_text(pulled.size)} "
         f"in {pulled.seconds:.1f}s",
     )
     try:
