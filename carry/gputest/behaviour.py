@@ -72,8 +72,9 @@ def tests_for(config: Config, patch: Patch, learned: dict) -> tuple[tuple[TestCo
     found = learned.get(patch.name)
     if found is None:
         return None
-    known = tuple(_command(config, text) for text in found.fixes)
-    return known, f"what prove learned on {found.proved} (patches/PROVED.json)"
+    return tuple(
+        _command(config, text) for text in found.fixes
+    ), f"what prove learned on {found.proved} (patches/PROVED.json)"
 
 
 def _command(config: Config, text: str) -> TestCommand:
@@ -103,19 +104,12 @@ def run_without(
     timeout: float = TEST_TIMEOUT_S,
 ) -> Behaviour:
     """Build REF with `target.series` applied in the cheapest correct mode, run the patch's `target.tests` on it, and
-    say PASS, FAIL or NEEDS_GPU (ERROR: REF plus the series could not be built or tested, with the reason). `found`
-    is the GPU that answered, or None.
+    say PASS, FAIL, NEEDS_GPU (a test needs a GPU and `found`, the GPU that answered, is None: before anything is
+    built) or ERROR (REF plus the series could not be built or tested, with the reason).
 
-    The modes, cheapest first:
-    - every test runs in the source tree (build.tests `against: tree`): nothing is built; the tree is checked out
-      into a stable scratch directory (only changed files rewritten) and each command runs there;
-    - otherwise a wheel is built by the configured builder (`builder_for`, the command's `App.builder`:
-      the upstream's own PEP 517 build, Python-only when build.cuda_arches is []; cached by tree like every build)
-      and the tests run through testrun in a fresh venv (tree tests in a checkout beside it); with
-      build.precompiled (vLLM's precompiled mode) nothing is compiled when REF still has the compiled inputs of the
-      precompiled wheel, else it is built from source (`_build`).
-
-    A test that needs a GPU where none answers makes it NEEDS_GPU before anything is built: never a guess."""
+    When every test runs in the source tree (`against: tree`) nothing is built: each runs in a checkout of the tree.
+    Otherwise `builder_for` (the command's `App.builder`, cached by tree like every build) builds a wheel (see
+    `_build`) and testrun runs the tests in a fresh venv (tree tests in a checkout beside it)."""
     from carry.gputest import testrun
     from carry.source import apply
     from carry.util.fsutil import temp_dir

@@ -1,21 +1,16 @@
 """One side of `suite`: the upstream's own tests checked out of the patched tree, a wheel's environment, and one
 pytest run of the selection in it, read back per test id.
 
-The test tree: the top directory of every test path (e.g. `tests/`, with its conftest files and data), the paths
-build.upstream_tests.checkout adds, and the root's pytest config files, exported with git from the patched tree
-(the series applied: patches may change tests) into `$CARRY_CACHE/suites/trees/<key>/`, keyed by the git object
-ids of what it holds; the user's checkout is never touched, and the upstream's package sources are not there to
-shadow the wheel.
+The test tree: the top directory of every test path (with its conftest files and data), build.upstream_tests.checkout
+and the root's pytest config files, exported from the patched tree (patches may change tests) into
+`$CARRY_CACHE/suites/trees/<key>/`, keyed by their git object ids; the upstream's package sources are not there to
+shadow the wheel. The environments: the test requirements and the wheel's Requires-Dist made once with uv
+(buildenv.py; shared by both sides when their Requires-Dist agree), and per wheel a venv of its own over it holding
+the wheel alone (`--no-deps`), keyed by the wheel's sha256 and the deps environment.
 
-The environments: the test requirements and the wheel's own Requires-Dist, made once with uv by
-carry/wheelbuild/buildenv.py (`$CARRY_CACHE/envs/<key>/`, shared by both sides whenever their Requires-Dist agree),
-and per wheel a venv of its own over it (`$CARRY_CACHE/suites/envs/<key>/`: the wheel alone, installed with
-`--no-deps`, whose site-packages come first), keyed by the wheel's sha256 and the deps environment.
-
-The run: `python -m pytest` in the test tree with the selection, a per-test timeout (pytest-timeout), no network
-(carry's plugin refuses connections to other hosts; the hubs' offline switches are set), no GPU
-(CUDA_VISIBLE_DEVICES empty), PYTHONHASHSEED=0 (so pytest-xdist's workers collect the same ids), and HOME and the
-caches in an empty scratch directory; carry's plugin (pytestplugin.py) writes each outcome as it comes.
+The run: `python -m pytest` in the test tree, with a per-test timeout, no network (carry's plugin, pytestplugin.py,
+refuses other hosts and writes each outcome as it comes; the hubs' offline switches are set), no GPU,
+PYTHONHASHSEED=0 (so pytest-xdist's workers collect the same ids), and HOME and the caches in a scratch directory.
 """
 
 from __future__ import annotations
@@ -160,12 +155,10 @@ def wheel_env(wheel: Path, digest: str, deps: buildenv.BuildEnv, cache: Cache) -
     start = time.monotonic()
     key = sha256(json.dumps({"format": FORMAT, "wheel": digest, "deps": deps.key}).encode()).hexdigest()
     root = cache.root / SUITES_DIR / "envs" / key[:32]
-    found = _complete_env(root, key, deps, start)
-    if found is not None:
+    if (found := _complete_env(root, key, deps, start)) is not None:
         return found
     with cache.lock(f"suite-env-{root.name}"):
-        found = _complete_env(root, key, deps, start)
-        if found is not None:
+        if (found := _complete_env(root, key, deps, start)) is not None:
             return found
         shutil.rmtree(root, ignore_errors=True)
         try:

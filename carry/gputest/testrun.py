@@ -1,14 +1,10 @@
 """Run build.tests against a built artifact on this machine's GPU, and record the result beside it.
 
-A wheel is installed, with no dependencies and no index, into a fresh venv whose own site-packages come first;
-the site-packages of the Python running carry stay visible behind it (like `--system-site-packages`, but also when
-carry itself runs in a venv), so tests find what the wheel needs, e.g. torch, while the wheel under test shadows
-any other install of it. Each command runs with that venv first on PATH, in an empty directory, never through a
-shell. An image runs each command with `docker run --rm --gpus all`.
-
-The report names the artifact by its sha256 (a wheel) or image ID (an image): `<wheel>.test.json` beside the
-wheel, `image-sha256-<hex>.test.json` for an image. `check_report` tells whether a report belongs to the artifact
-it sits beside.
+A wheel is installed alone (no dependencies, no index) into a fresh venv whose own site-packages come first, with the
+running Python's site-packages behind it (also when carry runs in a venv): tests find what the wheel needs, e.g.
+torch, while the wheel shadows any other install of it. Each command runs with that venv first on PATH, in an empty
+directory, never through a shell; an image runs each with `docker run --rm --gpus all`. The report names the artifact
+by sha256 (`<wheel>.test.json` beside the wheel) or image ID (`image-sha256-<hex>.test.json`).
 """
 
 from __future__ import annotations
@@ -233,9 +229,8 @@ def names_a_wheel(artifact: str) -> bool:
 def run_artifact(
     artifact: str, config: Config, commands: tuple[TestCommand, ...], gpu: Gpu, scratch: Path, out: Path, timeout: float
 ) -> tuple[TestReport, Path]:
-    """Run commands against a wheel (fresh venv) or an image (docker run --gpus all, with the config's docker);
-    the report is written beside the wheel, or into `out` keyed by the image's ID. Returns the report and where it
-    was written."""
+    """Run commands against a wheel (fresh venv) or an image (docker run --gpus all, with the config's docker); the
+    report (returned with where it went) is written beside the wheel, or into `out` keyed by the image's ID."""
     if names_a_wheel(artifact):
         wheel = Path(artifact)
         report = run_on_wheel(wheel, commands, gpu, scratch, timeout, project=config.root)
@@ -368,8 +363,7 @@ def _install(venv: Path, wheel: Path) -> None:
 def _run(
     command: TestCommand, argv: Sequence[str], env: dict[str, str], work: Path, timeout: float, cwd: Path | None = None
 ) -> CommandResult:
-    """Run one command in a fresh empty directory (or `cwd`); its output goes to a file, its tail into the
-    result."""
+    """Run one command in a fresh empty directory (or `cwd`); its output goes to a file, its tail into the result."""
     index = len(list(work.glob("run-*")))
     run_dir, log = work / f"run-{index}", work / f"output-{index}.log"
     run_dir.mkdir()
@@ -448,10 +442,8 @@ def check_report(path: Path, docker: str | None = None) -> TestReportCheck:
     if result.returncode != 0:
         return TestReportCheck(str(path), report, (f"image: {artifact.name} is not here; pull it first",))
     image_id = result.stdout.strip()
-    mismatches = (
-        () if image_id == artifact.digest else (f"image id: report {artifact.digest}, {artifact.name} is {image_id}",)
-    )
-    return TestReportCheck(str(path), report, mismatches)
+    mismatch = f"image id: report {artifact.digest}, {artifact.name} is {image_id}"
+    return TestReportCheck(str(path), report, () if image_id == artifact.digest else (mismatch,))
 
 
 def summary(report: TestReport, path: Path) -> list[str]:

@@ -1,18 +1,13 @@
 """`suite`: the upstream's own test suite run on the fixed wheel and on the wheel it was made from (the precompiled
-release wheel by default), compared per test id, with a JSON report beside the fixed wheel.
+release wheel by default), at the same time, with the same selection (build.upstream_tests) in the same test tree
+(suiterun.py), compared per test id; a JSON report, `<wheel>.suite.json`, is written beside the fixed wheel.
 
-Both sides run the same selection (build.upstream_tests) in the same test tree (carry/gputest/suiterun.py), each in
-an environment made the same way; they run at the same time. Per test id: the same outcome on both sides (passed
-both, failed both: the upstream's own failures, reported as such, or skipped both), or changed: **regressed**
-(passed or skipped before, fails now: exit 1), **fixed** (failed before, passes now), or a skip that came or went. A
-test collected on one side only is listed; one that only the fixed side has and that fails counts as a failure too
-(nothing passed before it, but it fails now). A module that does not import on one side makes each of its tests
-collected on the other an error there.
-
-The comparison side's result is cached by what it depends on (its wheel's sha256, the selection, the test tree, the
-environment, this plugin), so a rerun of a changed series runs the fixed side only. The report, `<wheel>.suite.json`,
-names both wheels by sha256 and the selection by digest, which `verify` checks; `label()` is its summary in one line,
-for an image label or an attestation.
+Per test id: the same outcome on both sides (failed both: the upstream's own failures), or **regressed** (exit 1),
+**fixed**, a skip that came or went, or collected on one side only (failing on the fixed side only counts as a
+failure). A module that does not import on one side makes each of its tests collected on the other an error there.
+The comparison side's result is cached by what it depends on, so a rerun of a changed series runs the fixed side
+only. The report names both wheels by sha256 and the selection by digest, which `verify` checks; `label()` is its
+one-line summary, for an image label or an attestation.
 """
 
 from __future__ import annotations
@@ -452,10 +447,14 @@ def lines(report: dict, path: Path) -> list[str]:
     env = report["environment"]
     shown = ", ".join(f"{name} {version}" for name, version in list(env["versions"].items())[:4])
     same = "the same for both sides" if env["same_deps"] else "NOT the same for both sides (their Requires-Dist differ)"
+    selection = report["selection"]
+    marker = f"-m {selection['marker']!r}, " if selection["marker"] else ""
+    workers = f"{selection['workers']} xdist worker(s)" if selection["workers"] else "one process"
     rows = [
         f"tests     {', '.join(report['upstream']['tests'])} of {report['upstream']['tree'][:12]} (the pin "
         f"{report['upstream']['commit'][:12]} with the series)",
-        f"selection {_selection_line(report['selection'])}",
+        f"selection {marker}{len(selection['paths'])} path(s), {len(selection['deselect'])} deselected with a "
+        f"reason, timeout {selection['timeout']} s per test, {workers}, no network, no GPU",
         f"env       {env['packages']} packages ({shown}), {same}",
         _side_line("against", against, times["against_cached"]),
         _side_line("fixed", wheel, False),
@@ -474,15 +473,6 @@ def lines(report: dict, path: Path) -> list[str]:
     rows.append(f"verdict   {report['verdict']}")
     rows.append(f"report    {path}")
     return rows
-
-
-def _selection_line(selection: dict) -> str:
-    marker = f"-m {selection['marker']!r}, " if selection["marker"] else ""
-    workers = f"{selection['workers']} xdist worker(s)" if selection["workers"] else "one process"
-    return (
-        f"{marker}{len(selection['paths'])} path(s), {len(selection['deselect'])} deselected with a reason, "
-        f"timeout {selection['timeout']} s per test, {workers}, no network, no GPU"
-    )
 
 
 def _side_line(name: str, side: dict, cached: bool) -> str:
