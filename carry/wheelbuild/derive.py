@@ -1,16 +1,12 @@
 """A precompiled build after a Python-only change, without running the upstream's build again (docs/builds.md,
 "A Python-only change derives the wheel").
 
-When the plan differs from an earlier PEP 517 build only in its tree (the plan's `family`; in its VERSION too: its
-`lineage`), and every file that differs between the two trees is one that wheel carries byte for byte (or a Python
-module added to or removed from a package it ships), the new wheel is that wheel with those members replaced, every
-other member keeping its compressed bytes; anything else and the upstream's build runs, and the line says why. The
-finish (tree check, gate) is the same for both; only PEP 517 builds become bases.
-
-Limit: a file the upstream's build writes (not in the tree) is carried over from the base. That is right for what
-vLLM's build writes (vllm/_version.py, from VERSION), and a written file naming the base's commit stops the
-derivation; a build that writes files from the content of its Python sources would need the upstream's build every
-time.
+When the plan differs from an earlier PEP 517 build only in its tree (its `family`; across VERSIONs, its `lineage`)
+and every file that differs between the two trees is one that wheel carries byte for byte (or a Python module added
+to or removed from a package it ships), the new wheel is that wheel with those members replaced; else the upstream's
+build runs, and the line says why. Only PEP 517 builds become bases. Limit: a file the build writes (not in the tree)
+is carried over from the base: right for vLLM's vllm/_version.py, and one naming the base's commit stops the
+derivation; a build writing files from the content of its Python sources would need its build every time.
 """
 
 from __future__ import annotations
@@ -220,9 +216,8 @@ def _reversion(
 def _replacements(
     mirror: Path, base_tree: str, tree: str, diff: str, hashes: dict[str, str], generated: tuple[str, ...]
 ) -> tuple[dict[str, bytes | None], str]:
-    """The members to replace, add (bytes) or remove (None) for `diff` (git diff-tree -z of the base tree and
-    `tree`), or why the upstream's build must run. `generated`: build.generated's globs and what the base's build
-    wrote (paths)."""
+    """The members to replace, add (bytes) or remove (None) for `diff` (git diff-tree -z of the base tree and `tree`),
+    or why the upstream's build must run. `generated`: build.generated's globs and the base build's written paths."""
     replaced: dict[str, bytes | None] = {}
     packages: set[str] = set()  # the packages a module was added to or removed from
     fields = diff.split("\0")
@@ -297,8 +292,7 @@ def _not_in_place(path: str, change: str, old_mode: str, new_mode: str, generate
 
 
 def _blob(mirror: Path, sha: str) -> bytes:
-    text = git.run(mirror, "cat-file", "blob", sha, strip=False)
-    return text.encode("utf-8", errors="surrogateescape")
+    return git.run(mirror, "cat-file", "blob", sha, strip=False).encode("utf-8", errors="surrogateescape")
 
 
 def write(derivation: Derivation, dest: Path) -> Path:
@@ -311,6 +305,5 @@ def write(derivation: Derivation, dest: Path) -> Path:
     wheel = dest / name
     with zipfile.ZipFile(derivation.base.wheel) as archive:
         buildinfo = f"{wheelzip.dist_info(archive)}/{BUILDINFO}"
-    changes = {buildinfo: None, **derivation.replaced}
-    wheelzip.rewrite(derivation.base.wheel, wheel, changes, derivation.dist_info_as)
+    wheelzip.rewrite(derivation.base.wheel, wheel, {buildinfo: None, **derivation.replaced}, derivation.dist_info_as)
     return wheel
