@@ -1,9 +1,7 @@
 """The compiler cache around the upstream build: where the launcher keeps its files, the shared backend it may
-use (probed first, and never the build's failure), and what it did, read from its own statistics.
-
-The backend's password comes only from $CARRY_REMOTE_CACHE_PASSWORD. It reaches the launcher through a private
-mode-600 file in the build's scratch dir (ccache's config file, sccache's TOML), never through argv, the build's
-environment, the log, buildinfo or the wheel.
+use (probed first, and never the build's failure), and what it did, read from its own statistics. The backend's
+password comes only from $CARRY_REMOTE_CACHE_PASSWORD and reaches the launcher through a private mode-600 file in
+the build's scratch dir, never through argv, the build's environment, the log, buildinfo or the wheel.
 """
 
 from __future__ import annotations
@@ -326,13 +324,10 @@ def _ccache_env(launcher_dir: Path, src: Path, scratch: Path, remote_url: str | 
     }
     if remote_url is not None:
         own = launcher_dir / "ccache.conf"
-        kept = ""
-        if own.is_file():
-            kept = "".join(
-                line
-                for line in own.read_text(errors="replace").splitlines(keepends=True)
-                if line.split("=", 1)[0].strip() not in ("remote_storage", "secondary_storage")
-            )
+        lines = own.read_text(errors="replace").splitlines(keepends=True) if own.is_file() else []
+        kept = "".join(
+            line for line in lines if line.split("=", 1)[0].strip() not in ("remote_storage", "secondary_storage")
+        )
         if kept and not kept.endswith("\n"):
             kept += "\n"
         config = write_private(scratch / "ccache-private.conf", f"{kept}remote_storage = {remote_url}\n")

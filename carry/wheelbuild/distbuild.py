@@ -1,11 +1,9 @@
 """A source build's compiles sent to an sccache-dist build cluster (`build.distributed`): the scheduler checked
 before the build (reachable, the token accepted, a server registered), the client's settings for the build's private
-sccache server, and what was distributed, read from sccache's own statistics.
-
-The client token comes only from $CARRY_DIST_TOKEN, or the file $CARRY_DIST_TOKEN_FILE names. It reaches sccache
-through the build's private mode-600 config file (compilecache writes it), never argv, the build's environment, the
-log, buildinfo or the wheel. A scheduler that is down, refuses the token or has no server costs one line and the
-build compiles locally: sccache itself fails every compile on a wrong token (docs/builds.md, "A build cluster").
+sccache server, and what was distributed, read from sccache's own statistics. The client token comes only from
+$CARRY_DIST_TOKEN or the file $CARRY_DIST_TOKEN_FILE names, and reaches sccache through that server's private mode-600
+config file only. A scheduler that is down, refuses the token or has no server costs one line and the build compiles
+locally: sccache itself fails every compile on a wrong token (docs/builds.md, "A build cluster").
 """
 
 from __future__ import annotations

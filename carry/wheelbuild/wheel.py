@@ -1,10 +1,7 @@
-"""A wheel of the patched tree: planned once, produced (the upstream's own PEP 517 build in a clean build dir),
-then finished the same way whoever produced it: gate, tree check, version, stamp, store; published into `out`.
-
-    plan -> produce (the upstream's build, or derive) -> finish (inspect: gate + tree check, stamp, store) -> publish
-
-A rerun with the same plan key reuses the stored wheel and runs nothing. In precompiled mode a Python-only change
-derives the wheel from the last PEP 517 build of the same family (derive.py) instead of running the build again.
+"""A wheel of the patched tree: planned once, produced (the upstream's own PEP 517 build in a clean build dir, or in
+precompiled mode after a Python-only change derived from the family's last such build: derive.py), then finished the
+same way whoever produced it (gate, tree check, version, stamp, store) and published into `out`. A rerun with the
+same plan key reuses the stored wheel and runs nothing.
 """
 
 from __future__ import annotations
@@ -246,12 +243,10 @@ def _published_hit(cache: Cache, key: str, out: Path) -> Path | None:
 
 
 class Builder:
-    """What every build of one command shares, resolved once and before any work: the gate policy, the compile
-    jobs, VERSION, the tools (`toolchain.BuildTools`: the command's one probe and its compiler cache, found at the
-    first build, after the caller's check, which reports an unusable cache first) and, unless building from
-    source, the precompiled wheel for the platform (checked: a wrong pin is bad input before anything is written).
-    Calling it picks the producer for one checked tree (precompiled when its compiled inputs are proven, else the
-    source build), plans and builds."""
+    """What every build of one command shares, resolved once before any work: the gate policy, the compile jobs,
+    VERSION, the tools (`toolchain.BuildTools`, probed at the first build) and, unless building from source, the
+    precompiled wheel for the platform (checked: a wrong pin is bad input before anything is written). Calling it
+    picks the producer for one checked tree, plans and builds."""
 
     def __init__(
         self,
@@ -490,8 +485,7 @@ def _run_build(
         else:
             status = pep517.build_wheel(src, out, env, handle, True)
     if status != 0 and says_no_space(log.read_text(errors="replace")):
-        written = tree_size(src) + tree_size(out)
-        raise Failed(f"the upstream build: {no_space_line(src, written=written)}; log: {log}")
+        raise Failed(f"the upstream build: {no_space_line(src, written=tree_size(src) + tree_size(out))}; log: {log}")
     if status != 0:
         raise Failed(f"the upstream build failed (exit {status}); log: {log}\n{tail(log)}")
     wheels = list(out.glob("*.whl"))
