@@ -144,10 +144,8 @@ def _pinned(mirror: Path) -> str | None:
 
 
 def resolve_ref(config: Config, cache: Cache, ref: str) -> str:
-    """The commit an upstream ref names now, fetching it when possible: a tag (`v0.33.0`), a branch (`main`), a
-    full name (`refs/pull/N/head`) or a commit SHA, older or newer than the pin. A short name is looked up on
-    upstream as git does, a tag before a branch. A ref whose tip the mirror has already is not fetched again;
-    offline, the ref as last fetched is used and a note says so."""
+    """The commit an upstream ref names now (a tag before a branch of a short name, as git does; a full name; a commit
+    SHA), fetched unless the mirror has its tip; offline, the ref as last fetched is used and a note says so."""
     mirror = mirror_for(config, cache)
     if SHA_RE.match(ref):
         return _resolve_sha(config, cache, mirror, ref)
@@ -181,8 +179,7 @@ def resolve_ref(config: Config, cache: Cache, ref: str) -> str:
 
 def _fetched(mirror: Path, local: str) -> str:
     """The commit of a ref just fetched or updated into the mirror; one that names none is a failed fetch."""
-    commit = git.resolve(mirror, local)
-    if commit is None:
+    if (commit := git.resolve(mirror, local)) is None:
         raise Failed(f"{local} names no commit in {mirror} after the fetch; run the command again")
     return commit
 
@@ -249,8 +246,10 @@ def merge_base(config: Config, cache: Cache, mirror: Path, base: str, commit: st
             git.settle_shallow(mirror)
             found = git.merge_base(mirror, base, commit)
             if found is None and (depth >= MAX_HISTORY_DEPTH or not git.shallow_commits(mirror)):
-                shared = f"share no commit in the {depth} commits of history before each"
-                return None, f"{base[:12]} and {commit[:12]} {shared}"
+                return (
+                    None,
+                    f"{base[:12]} and {commit[:12]} share no commit in the {depth} commits of history before each",
+                )
             depth *= 4
     return found, ""
 
@@ -326,11 +325,9 @@ def _fetch_pr_head(config: Config, mirror: Path) -> PrHead:
 
 
 def write_bundle(mirror: Path, cache: Cache, commit: str, *, verify: bool = False) -> Path:
-    """The cached bundle of `commit`, from the mirror (which has it): made once through a temp file and a rename,
-    from a ref of its own (refs/carry/bundle/<commit>, so it holds that commit whatever the mirror's pin is now:
-    two pins of one upstream share the mirror), its sha256 recorded beside it. One already there that does not
-    name `commit`, has no sha256 recorded (an older carry's) or, with `verify`, is not that sha256 is made again,
-    and a note says why."""
+    """The cached bundle of `commit` with its sha256 recorded beside it, made once from the mirror through a temp file
+    and a rename, from a ref of its own (two pins of one upstream share the mirror); one already there that cannot
+    serve `commit` (`_bundle_problem`) is made again, and a note says why."""
     from carry.util import integrity, reporter  # here: `check` and `version` never hash a bundle
 
     bundle = cache.bundle(commit)
@@ -383,8 +380,7 @@ def copy_bundle(mirror: Path, cache: Cache, commit: str, dest_dir: Path) -> Path
         bundle = write_bundle(mirror, cache, commit)
         dest = dest_dir / bundle.name
         dest.unlink(missing_ok=True)
-        corrupt = integrity.copy_checked(bundle, dest)
-        if corrupt is None:
+        if (corrupt := integrity.copy_checked(bundle, dest)) is None:
             import shutil
 
             shutil.copyfile(integrity.seal_path(bundle), integrity.seal_path(dest))
@@ -412,8 +408,7 @@ def _restore_from_bundle(config: Config, cache: Cache, mirror: Path, error: git.
         )
     if not git.has_commit(mirror, pin):
         # A bundle of an older carry has no sha256 beside it: git checks its pack's own checksum as it fetches.
-        corrupt = integrity.check(bundle) if integrity.recorded(bundle) else None
-        if corrupt is not None:
+        if (corrupt := integrity.check(bundle) if integrity.recorded(bundle) else None) is not None:
             raise BadInput(corrupt.line("refused; delete it and fetch while online"))
         head = next((name for name, sha in git.bundle_heads(mirror, bundle).items() if sha == pin), None)
         if head is None:
