@@ -78,8 +78,7 @@ class TestTree:
 
 
 def test_tree(cache: Cache, mirror: Path, tree: str, tests: UpstreamTests, where: str) -> TestTree:
-    """The test tree of `tree` for the selection `tests`; bad input naming a test path, deselection or checkout path
-    the tree does not hold."""
+    """The test tree of `tree` for `tests`; bad input naming a path of the selection the tree does not hold."""
     start = time.monotonic()
     named = {
         **{path: "paths" for path in tests.paths},
@@ -389,8 +388,7 @@ def wait_for_collection(started: Started, poll_s: float = 0.2) -> int:
 
 
 def finish(started: Started, label: str = "") -> Side:
-    """Wait for the run (killed past SIDE_LIMIT_S) and read it back per test id; with a `label`, a `suite` line
-    says how it went."""
+    """Wait for the run (killed past SIDE_LIMIT_S) and read it back per test id; with a `label`, say how it went."""
     status = started.process.wait()
     started.process.kill()  # past the limit; or what a test left running in the background
     seconds = time.monotonic() - started.clock

@@ -243,8 +243,7 @@ BUILTIN_MARKERS = frozenset(
 
 
 def _judge_fixed(fixed: Side, against: Side) -> Side:
-    """The fixed side as it is compared: when pytest could not even start on it, each test the other side ran is an
-    error, with why."""
+    """The fixed side as compared: where pytest did not start, each test the other side ran is an error."""
     if fixed.started:
         return fixed
     reason = f"pytest did not start on this wheel: {_last_error(fixed.log_tail)}"
@@ -258,8 +257,7 @@ def _last_error(log: str) -> str:
 
 
 def _check_origins(subjects: dict[str, Subject], sides: dict[str, Side]) -> None:
-    """Each module the tests imported from a wheel must come from that wheel's own venv, never from the test tree or
-    another install."""
+    """Each module imported from a wheel must come from that wheel's own venv, never the test tree or another."""
     for label, side in sides.items():
         site = str(subjects[label].env.site)
         for name, origin in side.modules.items():
@@ -429,8 +427,7 @@ def _side_json(side: Side, subject: Subject) -> dict:
 
 
 def label(report: dict) -> str:
-    """The report's summary in one line, for an image label or an attestation: the counts, the verdict, what was
-    compared with and the selection."""
+    """The report's summary in one line, for an image label or an attestation."""
     summary = report["summary"]
     only = summary["only_fixed"] + summary["only_against"]
     return (

@@ -87,8 +87,7 @@ class FileDiff:
         return name
 
     def text(self, hunks: tuple[int, ...] | None = None, target: str | None = None) -> str:
-        """This file's diff with only `hunks` (all by default), its path moved to `target` when given (a file
-        upstream renamed)."""
+        """This file's diff with only `hunks` (default all), its path moved to `target` (upstream renamed it)."""
         header = self.header
         if target and self.old_path == self.new_path and target != self.old_path:
             header = tuple(_retarget(line, target) for line in header)

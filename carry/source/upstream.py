@@ -353,8 +353,7 @@ def write_bundle(mirror: Path, cache: Cache, commit: str, *, verify: bool = Fals
 
 
 def _bundle_problem(mirror: Path, bundle: Path, commit: str, verify: bool) -> str | None:
-    """Why a cached bundle cannot serve `commit` (its heads, whether a sha256 is recorded, with `verify` that
-    sha256): one line, or None."""
+    """Why a cached bundle cannot serve `commit` (heads, no sha256 recorded, with `verify` that sha256), or None."""
     from carry.util import integrity  # here: `check` and `version` never hash a bundle
 
     again = "made again from the mirror"

@@ -44,8 +44,7 @@ class UpstreamVersion:
 
 
 def resolve(config: Config, cache: Cache, mirror: Path, tree: str) -> UpstreamVersion:
-    """$CARRY_UPSTREAM_VERSION (the image build's), else the tree's static [project] version, else the pin's
-    nearest version tag, else 0."""
+    """$CARRY_UPSTREAM_VERSION, else the tree's static [project] version, else the pin's nearest tag, else 0."""
     if given := os.environ.get(ENV, "").strip():
         if not TAG_RE.match(given) or given.startswith("v"):
             raise BadInput(f"${ENV} is {given!r}, not a version like 1.6.0; unset it")

@@ -115,8 +115,7 @@ class Uv:
 
 @functools.cache
 def find_uv() -> Uv:
-    """The uv binary of the `uv` package installed next to carry, and its version (the package's: read without
-    starting uv)."""
+    """The uv binary of the `uv` package installed next to carry, and the package's version (uv not started)."""
     from importlib import metadata
 
     try:

@@ -86,8 +86,7 @@ class Derivation:
 
 
 def remember(cache: Cache, family: str, tree: str, key: str, commit: str, lineage: str = "") -> None:
-    """Record a PEP 517 build of `family` as the base of the next Python-only change (and of `lineage`: the next
-    VERSION's)."""
+    """Record a PEP 517 build as the base of `family`'s next Python-only change (and of `lineage`'s: VERSION's)."""
     record = {"tree": tree, "key": key, "commit": commit}
     (cache.root / PART).mkdir(parents=True, exist_ok=True)
     atomic_write_text(cache.root / PART / f"{family}.json", json.dumps(record) + "\n")

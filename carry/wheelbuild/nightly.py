@@ -42,8 +42,7 @@ COMMIT_RE = re.compile(r"^g([0-9a-f]{7,40})$")
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """One wheel a commit's metadata.json lists: its file name, absolute URL, version (from the file name, the
-    variant included) and platform tag."""
+    """One wheel a commit's metadata.json lists; `version` from the file name, the variant included."""
 
     filename: str
     url: str
@@ -91,8 +90,7 @@ class Listing:
         return tuple(e for e in self.entries if indexes.canonical(e.project) == indexes.canonical(project))
 
     def wheel_for(self, project: str, platform: Platform) -> Entry | None:
-        """The wheel pip would take for `platform` (a manylinux tag of its CPU up to glibc 2.36, the newest such
-        tag first), or None."""
+        """The wheel pip would take for `platform` (its CPU's newest manylinux tag up to glibc 2.36), or None."""
         allowed = indexes.manylinux_tags(platform.machine)
         fitting = [e for e in self.wheels_of(project) if e.platform_tag in allowed]
         return min(fitting, key=lambda e: (allowed.index(e.platform_tag), e.filename), default=None)
@@ -177,8 +175,7 @@ class Index:
         return tuple(sorted({name for name in found if name and "/" not in name}))
 
     def check_page(self, commit: str, entry: Entry) -> None:
-        """The PEP 503 page of `entry`'s project lists it, linking to the same file: pip finds it there on a runner
-        whose download store lacks it."""
+        """`entry`'s project page lists it, linking the same file (pip reads it where the store lacks it)."""
         page = f"{self.root(commit)}{indexes.canonical(entry.project)}/"
         body = indexes.get(page, timeout=TIMEOUT_S)
         if body is None:

@@ -605,8 +605,7 @@ def _empty(node: yaml.Node) -> bool:
 
 
 def _end(node: yaml.Node) -> int:
-    """Where a node's text ends: its last scalar's end (a block collection's own end mark lies past the comments and
-    blank lines that follow it)."""
+    """Where a node's text ends: its last scalar's (a block's own end mark lies past the comments after it)."""
     if isinstance(node, yaml.ScalarNode) or getattr(node, "flow_style", False):
         return node.end_mark.index
     if isinstance(node, yaml.MappingNode) and node.value:

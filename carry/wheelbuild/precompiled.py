@@ -255,8 +255,7 @@ def _tag_commit(config: Config, cache: Cache, mirror: Path, tags: tuple[str, ...
 
 
 def _read(wheel: Path) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str], str]:
-    """The wheel's tags (WHEEL), Requires-Dist (METADATA), RECORD hashes and Version (METADATA), read without
-    inflating its code."""
+    """The wheel's tags, Requires-Dist, RECORD hashes and Version, read without inflating its code."""
     try:
         with zipfile.ZipFile(wheel) as archive:
             info = wheelzip.dist_info(archive)

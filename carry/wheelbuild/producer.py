@@ -44,8 +44,7 @@ class Facts:
 
 @dataclasses.dataclass(frozen=True)
 class Produced:
-    """A wheel some producer made in scratch space, not yet checked, with its log and what the compiler cache
-    did (None where nothing compiled)."""
+    """A wheel a producer made in scratch space, unchecked, with its log and the compiler cache's outcome."""
 
     wheel: Path
     log: Path

@@ -20,8 +20,7 @@ from carry.util.errors import Failed
 
 @dataclasses.dataclass(frozen=True)
 class Expected:
-    """What this repo says the artifact must be built from; `mirror` and `tree` (the patched tree) let the
-    wheel's files be compared with it."""
+    """What this repo says the artifact must be built from; `mirror` and `tree` let its files be compared."""
 
     version: str
     series_hash: str

@@ -323,8 +323,7 @@ class Builder:
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One wheel to produce, what every producer is handed: the plan, where its tree is, and the derivation planned
-    for it (None: not in precompiled mode)."""
+    """One wheel to produce, as every producer is handed it (`derivation` None: not in precompiled mode)."""
 
     config: Config
     cache: Cache
