@@ -64,9 +64,8 @@ class Behaviour:
 
 
 def tests_for(config: Config, patch: Patch, learned: dict) -> tuple[tuple[TestCommand, ...], str] | None:
-    """The patch's tests and where they came from: its Carry-Test trailers, else what prove learned; None if neither.
-    A trailer naming a build.tests entry (same arguments) takes that entry's settings (gpu, against); any other
-    command is its own, run against the wheel on a GPU like build.tests entries by default."""
+    """The patch's tests and their source: its Carry-Test trailers, else what prove learned; None if neither. A
+    trailer naming a build.tests entry (same arguments) takes its settings; any other runs like a default entry."""
     if patch.tests:
         return tuple(_command(config, text) for text in patch.tests), "its Carry-Test trailer"
     found = learned.get(patch.name)
@@ -84,9 +83,8 @@ def _command(config: Config, text: str) -> TestCommand:
 
 @record(kw_only=True)
 class Without:
-    """What `run_without` tests: the patch's `tests` on REF (`commit`) with `series` applied -- the series without the
-    patch being judged. `tree` is the tree of REF with `series` applied as far as it applies (status writes it: it
-    follows upstream's renames, which `git apply` of the raw patches cannot)."""
+    """What `run_without` tests: the patch's `tests` on REF (`commit`) with `series` (the series without it);
+    `tree` is REF with `series` applied as far as it applies (status follows upstream's renames; `git apply` cannot)."""
 
     commit: str
     series: Series

@@ -244,9 +244,8 @@ def run_artifact(
 def run_in_tree(
     tree: Path | None, commands: tuple[TestCommand, ...], scratch: Path, timeout: float, project: Path | None = None
 ) -> tuple[CommandResult, ...]:
-    """Run commands that read the upstream's sources in `tree` (a checkout; their working directory), with no wheel
-    and no PYTHONPATH. In their arguments `{tree}` is that checkout and `{project}` the directory of build.yaml (a
-    project's own check scripts live there); CARRY_TREE and CARRY_PROJECT say the same."""
+    """Run commands that read the upstream's sources in the checkout `tree`, with no wheel and no PYTHONPATH; `{tree}`
+    and `{project}` (build.yaml's directory) in their arguments, and CARRY_TREE and CARRY_PROJECT, name those."""
     with temp_dir(scratch, "test-") as work:
         return tuple(_run_one(command, _plain_env(), work, tree, project, timeout) for command in commands)
 
@@ -306,9 +305,8 @@ def run_on_image(
     timeout: float,
     project: Path | None = None,
 ) -> TestReport:
-    """Run every command in the image with `docker run --rm --gpus all` (plus the image's runtime args label), its
-    first word as the entrypoint (an image's own, e.g. `vllm serve`, would take the command as arguments), the
-    project's directory (build.yaml's) mounted read-only at IMAGE_PROJECT for `{project}` in its arguments."""
+    """Run every command in the image (`docker run --rm --gpus all` plus its runtime args label), its first word the
+    entrypoint (an image's own would take it as arguments), build.yaml's directory read-only at IMAGE_PROJECT."""
     image_id, runtime_args = _inspect_image(docker, ref)
     if "--gpus" not in " ".join(runtime_args):
         runtime_args = ["--gpus", "all", *runtime_args]

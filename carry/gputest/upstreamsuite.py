@@ -87,9 +87,8 @@ def dist_name(wheel: Path) -> str:
 
 
 def run(inputs: Inputs) -> Outcome:
-    """Check out the tests, make both environments, run both sides (the comparison side from the cache when it
-    ran before), compare and write the report beside the fixed wheel. What is said is held until the selection is
-    known to be good: bad input after a run began is still one line."""
+    """Check out the tests, make both environments, run both sides (the comparison side cached), compare, write the
+    report beside the fixed wheel; what is said is held until the selection is known good (bad input is one line)."""
     with reporter.holding() as held:
         assert isinstance(held, reporter.Holding)
         return _run(inputs, held)
@@ -184,9 +183,8 @@ def _run_sides(
     cached: Side | None,
     held: reporter.Holding,
 ) -> dict[str, Side]:
-    """Both sides at once (the comparison side only when it is not cached), each in a scratch dir of its own. What
-    is printed is held until the comparison side has collected (a selection it cannot run is bad input: one line);
-    whatever still runs when this ends, on any error, is stopped."""
+    """Both sides at once (the comparison side unless cached), each in its own scratch dir; output is held until the
+    comparison side has collected (a selection it cannot run is bad input); what still runs at the end is stopped."""
     where = f"{inputs.config.path}: build.upstream_tests"
     labels = ("fixed",) if cached is not None else ("against", "fixed")
     with temp_dir(inputs.cache.scratch, "suite-") as work:

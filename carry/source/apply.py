@@ -172,9 +172,8 @@ def _remember(mirror: Path, report: CheckReport) -> None:
 
 
 def _all_at_once(mirror: Path, base: str, series: Series, env: dict[str, str]) -> tuple[PatchResult, ...] | None:
-    """The usual case in one git process: the whole series applies. Each patch's part of git's report is found by
-    counting its files' "Checking patch" lines. None (the index as it was) when a patch fails: then they are
-    applied one by one, to say which and where."""
+    """The usual case in one git process: the whole series applies (each patch's part of git's report found by its
+    files' "Checking patch" lines); None, the index as it was, when a patch fails: one by one then says which."""
     if len(series.patches) < 2:
         return None
     status, report = git.apply_cached_all(mirror, [p.path for p in series.patches], env)

@@ -85,9 +85,8 @@ def _execute(
     strip: bool,
     data: bytes | None = None,
 ) -> tuple[int | None, str, str]:
-    """(exit status, stdout, stderr) of one git run in `repo`, its messages in English (carry reads some); the
-    status is None when it ran past `timeout` (LOCAL_TIMEOUT_S when None): then git and whatever it started are
-    killed. stdout loses its one trailing newline when `strip`."""
+    """(exit status, stdout, stderr) of one git run in `repo`, messages in English (carry reads some); status None past
+    `timeout` (default LOCAL_TIMEOUT_S; git and its children killed); `strip` drops stdout's one trailing newline."""
     import subprocess  # here: `check` of a series already checked on its base starts no git at all
 
     from carry.util.run import execute

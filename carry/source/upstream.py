@@ -70,9 +70,8 @@ def mirror_for(config: Config, cache: Cache) -> Path:
 
 
 def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
-    """Fetch the pin (and the PR head); fall back to the cached bundle when upstream can't give the pin (a note says
-    so, and one says when the PR head could not be fetched). When nothing can be fetched and the mirror was new,
-    everything this call created is removed again."""
+    """Fetch the pin (and the PR head), else fall back to the cached bundle, either said in a note; when nothing can be
+    fetched and the mirror was new, everything this call created is removed again."""
     mirror = cache.mirror(config.upstream.url)
     lock = cache.lock_path(mirror.name)
     created = [p for p in (cache.root, mirror.parent, lock.parent, mirror, lock) if not p.exists()]
@@ -273,9 +272,8 @@ def first_parents(config: Config, cache: Cache, mirror: Path, start: str, count:
 
 
 def update_pin(config: Config, new_commit: str) -> None:
-    """Rewrite only `upstream.commit` in build.yaml, keeping comments and layout. Every move of the pin goes through
-    here (`fetch --update-pin`, `refresh`, `drop`): what must follow a new pin is done here. The callers bump VERSION
-    (a new pin is a new artifact)."""
+    """Rewrite only `upstream.commit` in build.yaml, keeping comments and layout; every move of the pin goes through
+    here (`fetch --update-pin`, `refresh`, `drop`), and the callers bump VERSION (a new pin is a new artifact)."""
     from carry.util.fsutil import atomic_write_text  # here, not on `check`'s path: only a moved pin writes
 
     text = config.path.read_text()

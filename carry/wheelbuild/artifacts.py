@@ -95,9 +95,8 @@ def check(wheel: Path) -> integrity.Corrupt | None:
 
 
 def publish(wheel: Path, out: Path, *, sealed: bool = False) -> Path:
-    """Copy the wheel, then its gate report (when there is one), into `out` through temp names and renames: `out`
-    never holds a partial wheel, nor a report without its wheel. A `sealed` wheel (from the artifact cache) is
-    hashed as it is copied: a mismatch publishes nothing and raises CorruptEntry (the caller removes the entry)."""
+    """Copy the wheel, then its gate report, into `out` through temp names and renames (never a partial wheel, nor a
+    report without one); a `sealed` wheel is hashed as it is copied: a mismatch publishes nothing (CorruptEntry)."""
     out.mkdir(parents=True, exist_ok=True)
     report = gate_report_path(wheel)
     sources = [wheel, *([report] if report.exists() else [])]

@@ -444,9 +444,8 @@ def _sccache_server(
     credentials: Credentials,
     dist_config: str | None = None,
 ) -> Iterator[CacheRun]:
-    """A private sccache server on a free port, so its settings and statistics are this build's alone; when it
-    does not start with the backend, it starts again with the local disk cache (and says why in the run's
-    `remote_note`). `dist_config`: the build cluster's client settings, in the same private file."""
+    """A private sccache server on a free port (its settings and statistics this build's alone); started again with
+    the local disk cache when it will not start with the backend (why: `remote_note`); `dist_config` in its file."""
     local = {
         "SCCACHE_DIR": environ.get("SCCACHE_DIR") or str(cache_root / "sccache"),
         "SCCACHE_BASEDIRS": str(src),

@@ -51,9 +51,8 @@ Offer = Callable[[], "tuple[Base | None, str]"]
 
 @dataclasses.dataclass(frozen=True)
 class Derivation:
-    """The base and the members to replace (path -> the new tree's bytes); `reason` says why not, when empty. Across
-    VERSIONs: `dist_info_as` (the new dist-info), `version` (the new wheel version), `rewritten` (the members whose
-    version was rewritten)."""
+    """The base and the members to replace (path -> the new tree's bytes), or `reason` why not; across VERSIONs also
+    `dist_info_as` (the new dist-info), `version` (the new wheel version), the members whose version was `rewritten`."""
 
     base: Base | None
     replaced: dict[str, bytes | None]

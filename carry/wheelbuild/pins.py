@@ -365,9 +365,8 @@ def _missing(
 def _names(
     entry: nightly.Entry, commit: str, variant: str | None, tagged: Callable[[str], tuple[str, str | None]]
 ) -> tuple[str, str | None]:
-    """(what the listed wheel's version names, why it is not this commit's wheel of this variant: None when it
-    is). A nightly names its commit (`+g<sha>`); a release (built at a tagged commit) names a tag, which must be
-    this commit."""
+    """(what the listed wheel's version names, why it is not this commit's wheel of this variant, or None): a nightly
+    names its commit (`+g<sha>`), a release (built at a tagged commit) a tag, which must be this commit."""
     named, suffix = entry.names()
     if suffix is not None and suffix != (variant or "").lower():
         return "", f"lists {entry.filename}, a wheel of variant {suffix}, on the {variant or 'default'} variant's page"
@@ -466,9 +465,8 @@ def _prove(found: Found, path: Path) -> str:
 
 
 def write(path: Path, pins: dict[Platform, dict[str, str]]) -> bool:
-    """build.precompiled.wheels.<platform> set to `pins` in `path`, every other byte kept (comments, order, the
-    other keys); False when the file says that already. The new text must read back as the old data with exactly
-    these pins, or nothing is written."""
+    """build.precompiled.wheels.<platform> set to `pins` in `path`, every other byte kept; False when it says that
+    already. The new text must read back as the old data with exactly these pins, or nothing is written."""
     text = path.read_text()
     new = render(text, pins, path)
     if new == text:

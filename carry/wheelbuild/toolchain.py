@@ -71,9 +71,8 @@ def find_nvcc(env: dict[str, str]) -> str | None:
 def find_launcher(
     cache: CompilerCache, env: dict[str, str], remote: RemoteCache | None = None, distributed: bool = False
 ) -> Launcher | None:
-    """The compiler cache to wrap the compilers in. `auto`: ccache, else sccache, else none, preferring one that
-    can use the remote backend (sccache first when the build is `distributed`: only it is a cluster client); an
-    explicit one that is missing is bad input."""
+    """The compiler cache to wrap the compilers in; `auto`: ccache, else sccache, preferring one that can use the
+    remote (sccache first when `distributed`: only it is a cluster client); an explicit one missing is bad input."""
     if cache is CompilerCache.NONE:
         return None
     if cache is CompilerCache.AUTO:
