@@ -269,9 +269,8 @@ def _run_one(
     command: TestCommand, env: dict[str, str], work: Path, tree: Path | None, project: Path | None, timeout: float
 ) -> CommandResult:
     if not command.tree:  # `{project}`: the directory of build.yaml (a project's own test scripts live there)
-        return _run(
-            command, [_fill(arg, {"{project}": str(project or work)}) for arg in command.argv], env, work, timeout
-        )
+        argv = [_fill(arg, {"{project}": str(project or work)}) for arg in command.argv]
+        return _run(command, argv, env, work, timeout)
     if tree is None:
         return CommandResult(
             command.text, 127, 0.0, "carry: this command runs in the source tree, and none was checked out for it"

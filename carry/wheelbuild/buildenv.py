@@ -306,8 +306,7 @@ def _interpreter(python: str) -> dict:
         if done.returncode != 0:
             raise BadInput(f"python {python} cannot run carry's probe (exit {done.returncode}); use Python >= 3.10")
         facts = json.loads(done.stdout)
-    found = Platform.from_machine(facts["machine"])
-    if found is None:
+    if (found := Platform.from_machine(facts["machine"])) is None:
         raise BadInput(
             f"python {python} runs on {facts['machine']}, a CPU carry has no platform for; use "
             f"one of: {', '.join(str(p) for p in Platform)}"

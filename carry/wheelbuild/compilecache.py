@@ -378,9 +378,8 @@ def run(
     environ: Mapping[str, str],
     distributed: Distributed | None = None,
 ) -> Iterator[CacheRun | None]:
-    """Set the launcher up for one build in `src`: yields its settings (None without a launcher); the `remote`
-    backend (from `remote_setting`) is probed first and left out, with one progress line saying why, when it
-    cannot be used; so is the build cluster (`distributed`, from distbuild.setting: sccache only)."""
+    """Set the launcher up for one build in `src` (None without one); the `remote` backend is probed first, and it and
+    the build cluster (`distributed`: sccache only) are left out, with one progress line saying why, when unusable."""
     credentials = Credentials.from_env(environ)
     if distributed is not None and (launcher is None or launcher.kind is not CompilerCache.SCCACHE):
         raise BadInput(f"build.distributed {distributed} needs sccache as the compiler launcher; set compiler_cache")

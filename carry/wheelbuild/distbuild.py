@@ -58,9 +58,8 @@ class Check:
 
 
 def check(distributed: Distributed, client_token: str | None, timeout: float = CHECK_TIMEOUT_S) -> Check:
-    """Ask the scheduler, with a short timeout, before the build relies on it: its status (no token needed: the
-    servers and cores it counts; none is a reason not to use it), then a job request with no job in it, which the
-    scheduler answers 401 for a wrong token and 400 (no job) for the right one, allocating nothing."""
+    """Ask the scheduler (short timeout) before the build relies on it: its status (servers and cores; none is a
+    reason not to use it), then an empty job request: 401 for a wrong token, 400 (no job) for the right one."""
     if not client_token:
         return Check(False, f"no client token (set ${TOKEN_ENV} or ${TOKEN_FILE_ENV})")
     base = distributed.scheduler_url

@@ -198,9 +198,8 @@ def pin(
 
 
 def repin(config: Config, cache: Cache, new_commit: str, tree: str | None = None) -> None:
-    """What every command that moves upstream.commit runs first: the pins of `new_commit` (its patched tree `tree`,
-    else the series applied on it) found and written, as `pin` does, each line said in a note. Nothing without
-    build.precompiled.nightly. On a failure nothing is written and the pin must not move."""
+    """What every command that moves upstream.commit runs first (given build.precompiled.nightly): `pin` for
+    `new_commit` (patched tree `tree`, else the series applied), each line a note; failing, the pin must not move."""
     settings = config.build.precompiled
     if settings is None or settings.nightly is None:
         return
@@ -253,9 +252,8 @@ def follow_release(config: Config, cache: Cache, ref: str) -> list[str]:
 
 
 def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str) -> Discovery:
-    """Each platform's wheel for `commit` (its patched tree `tree`): C's, else the nearest on main's first-parent
-    history with the tree's compiled inputs; Failed, one line naming every platform without one, the variant and
-    the commits tried with why each was refused."""
+    """Each platform's wheel for `commit` (patched tree `tree`): C's, else the nearest on main's first-parent history
+    with the tree's compiled inputs; Failed naming every platform without one, the variant and each commit refused."""
     index = nightly.Index.of(config)
     main = upstream.resolve_ref(config, cache, config.upstream.main)
     base, unknown = upstream.merge_base(config, cache, mirror, commit, main)
@@ -400,9 +398,8 @@ def summary(refused: tuple[Refused, ...] | list[Refused]) -> str:
 
 
 def fetch(config: Config, cache: Cache, discovery: Discovery, refuse_changed: bool = True) -> tuple[Fetched, ...]:
-    """Each found wheel downloaded into the store (all at once; when one fails, the others stop and keep nothing)
-    and hashed; a file whose sha256 changed since it was pinned is refused (`refuse_changed`) before anything else;
-    then its commit is proven from its own version."""
+    """Each found wheel downloaded into the store at once (one failing stops the others, keeping nothing) and hashed;
+    a file whose sha256 changed since it was pinned is refused first (`refuse_changed`), then its commit proven."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -492,7 +489,8 @@ def write(path: Path, pins: dict[Platform, dict[str, str]]) -> bool:
 
 def render(text: str, pins: dict[Platform, dict[str, str]], path: Path) -> str:
     """`text` with the pins written into build.precompiled.wheels (see `write`)."""
-    held = _pair(_value(yaml.compose(text), "build"), "precompiled")  # (its key, its value)
+    build = _pair(yaml.compose(text), "build")
+    held = _pair(build[1] if build else None, "precompiled")  # (its key, its value)
     if held is None or not isinstance(held[1], yaml.MappingNode) or held[1].flow_style or not held[1].value:
         raise BadInput(f"{path}: build.precompiled must be a block mapping for `carry pin` to write its wheels into")
     named, precompiled = held
@@ -589,11 +587,6 @@ def _pair(node: yaml.Node | None, name: str) -> tuple[yaml.Node, yaml.Node] | No
     if not isinstance(node, yaml.MappingNode):
         return None
     return next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == name), None)
-
-
-def _value(node: yaml.Node | None, name: str) -> yaml.Node | None:
-    pair = _pair(node, name)
-    return pair[1] if pair else None
 
 
 def _empty(node: yaml.Node) -> bool:

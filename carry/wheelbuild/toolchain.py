@@ -209,10 +209,9 @@ def choose_jobs(requested: int | None, build_env: dict[str, str]) -> JobPlan:
     # cores idle through the serial front end and host compile of every job.
     cores = usable_cores()
     by_memory = max(1, (available_memory() - MEMORY_HEADROOM_BYTES) // per_job)
-    jobs = max(1, min(cores, by_memory))
     gib = available_memory() / 1024**3
     reason = f"{cores} cores, {gib:.1f} GiB free, {per_job / 1024**3:.0f} GiB per job of {threads} nvcc thread(s)"
-    return JobPlan(int(jobs), reason, per_job, threads)
+    return JobPlan(int(max(1, min(cores, by_memory))), reason, per_job, threads)
 
 
 def _positive_int(text: str, where: str) -> int:
