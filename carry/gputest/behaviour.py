@@ -1,14 +1,11 @@
 """A verdict by behaviour (`status --test`): does the patch's own test pass on REF without the patch?
 
-A patch names its test in a `Carry-Test:` trailer (one of build.tests, matched by its arguments, or a command of its
-own), or `prove` learned which test it fixes (patches/PROVED.json, carry/gputest/learned.py). For each ref, REF plus the
-earlier patches that still apply there (the series without the patch) is built and the test run on it:
-
-- it passes: upstream fixed the bug its own way -> FIXED-UPSTREAM, whatever the text says (a MERGED-* verdict
-  stays, the test backing it);
-- it fails: the patch is still needed; the text's verdict stays (NEEDED is then decided by the test; CONFLICT
-  still says it needs rebasing; DELETED-UPSTREAM / PR-ONLY still say there is nothing left to patch);
-- it needs a GPU and none answers: not run, said in one line; the text's verdict stands.
+A patch names its test in a `Carry-Test:` trailer (one of build.tests, or a command of its own), or `prove` learned
+which test it fixes (patches/PROVED.json). For each ref, REF plus the earlier patches that still apply there is built
+and the test run on it: it passes -> FIXED-UPSTREAM whatever the text says (a MERGED-* verdict stays, the test
+backing it); it fails -> still needed, the text's verdict stays (NEEDED is then decided by the test; CONFLICT still
+says it needs rebasing, DELETED-UPSTREAM / PR-ONLY that nothing is left to patch); it needs a GPU and none answers ->
+not run, said in one line, the text's verdict stands.
 """
 
 from __future__ import annotations

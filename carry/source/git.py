@@ -371,10 +371,9 @@ def tree_commit(repo: Path, tree: str, parent: str | None) -> str:
 
 
 def checkout_tree(repo: Path, tree: str, parent: str | None, worktree: Path, keep: tuple[str, ...] = ()) -> list[str]:
-    """Make `worktree` a git worktree of `repo` holding exactly `tree` (committed on `parent`; a real worktree, since
-    setuptools-scm lists the package files with `git ls-files`): only files whose content differs are rewritten (so
-    incremental builds and compiler caches stay warm), and everything untracked is removed but paths matching `keep`.
-    Returns what was removed."""
+    """Make `worktree` a git worktree of `repo` holding exactly `tree` on `parent` (a real worktree: setuptools-scm
+    lists the package files with `git ls-files`): only changed files are rewritten (incremental builds and compiler
+    caches stay warm), and everything untracked but paths matching `keep` is removed. Returns what was removed."""
     commit = tree_commit(repo, tree, parent)
     if not (worktree / ".git").is_file():
         if worktree.exists():

@@ -323,9 +323,8 @@ def _fetch_pr_head(config: Config, mirror: Path) -> PrHead:
 
 
 def write_bundle(mirror: Path, cache: Cache, commit: str, *, verify: bool = False) -> Path:
-    """The cached bundle of `commit` with its sha256 recorded beside it, made once from the mirror through a temp file
-    and a rename, from a ref of its own (two pins of one upstream share the mirror); one already there that cannot
-    serve `commit` (`_bundle_problem`) is made again, and a note says why."""
+    """The cached bundle of `commit` with its sha256 beside it, made once from the mirror (from a ref of its own: two
+    pins share the mirror) through a temp file and a rename; one that cannot serve `commit` is made again, said."""
     from carry.util import integrity, reporter  # here: `check` and `version` never hash a bundle
 
     bundle = cache.bundle(commit)

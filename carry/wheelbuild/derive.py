@@ -243,10 +243,9 @@ def _replacements(
 
 
 def _module_change(mirror: Path, tree: str, path: str, change: str, mode: str, hashes: dict[str, str]) -> str:
-    """Why a file added to or removed from the tree (`change` A or D) is not a module the wheel takes the same way,
-    or '': a .py file (mode 644) in a directory of the base tree whose modules the wheel carries byte for byte (its
-    __init__.py, else its first module: the upstream's build ships that package's modules); a removed one the wheel
-    carries as it was."""
+    """Why a file added to or removed from the tree (`change` A or D) is not a module the wheel takes the same way, or
+    '': a .py file (mode 644) in a base tree directory whose modules the wheel carries byte for byte (its __init__.py,
+    else its first: the build ships that package's modules); a removed one the wheel carries as it was."""
     what = "added" if change == "A" else "removed"
     if not path.endswith(".py") or mode != "100644":
         return f"{path} {what} (only a Python module added or removed is derived)"

@@ -218,9 +218,8 @@ def repin(config: Config, cache: Cache, new_commit: str, tree: str | None = None
 
 
 def follow_release(config: Config, cache: Cache, ref: str) -> list[str]:
-    """build.precompiled.wheels pinned by requirement to a release (`vllm==0.32.0`), moved to the release REF names
-    (`v0.33.0` or `0.33.0`), each wheel as pip picks it and trusted on first use: what was done, a line per platform;
-    nothing written when REF names no version or a wheel is missing."""
+    """build.precompiled.wheels pinned to a release (`vllm==0.32.0`) moved to the one REF names, as pip picks each
+    (trusted on first use): a line per platform; nothing written when REF names no version or a wheel is missing."""
     from carry.util import index, integrity
 
     settings = config.build.precompiled

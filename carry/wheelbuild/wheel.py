@@ -245,8 +245,7 @@ def _published_hit(cache: Cache, key: str, out: Path) -> Path | None:
 class Builder:
     """What every build of one command shares, resolved once before any work: the gate policy, the compile jobs,
     VERSION, the tools (`toolchain.BuildTools`, probed at the first build) and, unless building from source, the
-    precompiled wheel for the platform (checked: a wrong pin is bad input before anything is written). Calling it
-    picks the producer for one checked tree, plans and builds."""
+    checked precompiled wheel (a wrong pin is bad input before anything is written). Calling it builds one tree."""
 
     def __init__(
         self,
