@@ -223,9 +223,8 @@ def _fetch_ref(config: Config, mirror: Path, refspec: str) -> None:
 
 
 def merge_base(config: Config, cache: Cache, mirror: Path, base: str, commit: str) -> tuple[str | None, str]:
-    """The merge base of the pinned base and `commit`, deepening a shallow mirror's history of both (x4 each time,
-    up to MAX_HISTORY_DEPTH commits) until they meet; None with why not (one line, evidence for the caller, which
-    says it as a note where a user should hear it) when they don't, else ""."""
+    """The merge base of the pinned base and `commit`, deepening a shallow mirror's history of both (x4, up to
+    MAX_HISTORY_DEPTH) until they meet, and ""; else None and why (one line, for the caller to say as a note)."""
     found = git.merge_base(mirror, base, commit)
     if found or not git.shallow_commits(mirror):
         return found, ""

@@ -42,7 +42,8 @@ COMMIT_RE = re.compile(r"^g([0-9a-f]{7,40})$")
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """One wheel a commit's metadata.json lists; `version` from the file name, the variant included."""
+    """One wheel a commit's metadata.json lists: its file name, absolute URL, version (from the file name, the
+    variant included) and platform tag."""
 
     filename: str
     url: str

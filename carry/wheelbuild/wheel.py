@@ -133,9 +133,8 @@ def plan(
     taken: precompiled.Plan | None = None,
     template: str | None = None,
 ) -> WheelPlan:
-    """The plan of one build of `report`'s tree by `builder` (its config, VERSION, gate policy, jobs and remote
-    cache) with the probed `tools`. `template`: the wheel version with {version} (build.wheel_version, else the
-    upstream's own, see carry/source/upstreamversion.py); VERSION fills it in."""
+    """The plan of one build of `report`'s tree by `builder` with the probed `tools`; `template`: the wheel version with
+    {version} for VERSION (build.wheel_version, else the upstream's own: carry/source/upstreamversion.py)."""
     config, version, policy, job_plan = builder.config, builder.version, builder.policy, builder.job_plan
     remote = builder.tools.remote
     tree = report.patched_tree()
@@ -602,9 +601,8 @@ def make_info(
 def refuse_another_artifact(
     out: Path, version: str, url: str, pin: str, tree: str, platform: Platform, precompiled_sha256: str | None
 ) -> None:
-    """Bad input when `out` holds a wheel of this upstream under this VERSION built from another tree, or (for the
-    same platform) from another precompiled wheel: one VERSION names one artifact. (`prove` and `status --test` build
-    prefixes of the series on purpose and publish elsewhere; the cache is keyed by content.)"""
+    """Bad input when `out` holds a wheel of this upstream and VERSION from another tree or (same platform) precompiled
+    wheel: one VERSION names one artifact (`prove` and `status --test` build series prefixes and publish elsewhere)."""
     from carry.util import prog
 
     for path in sorted(out.glob("*.whl")) if out.is_dir() else ():
