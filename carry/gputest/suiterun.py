@@ -126,8 +126,7 @@ class WheelEnv:
 
 
 def test_requirements(tests: UpstreamTests, where: str) -> tuple[str, ...]:
-    """build.upstream_tests.requires, normalized, with pytest, pytest-timeout (the per-test timeout) and, with
-    workers, pytest-xdist added unless named there."""
+    """build.upstream_tests.requires, normalized, plus pytest, pytest-timeout, (workers) pytest-xdist unless named."""
     from packaging.requirements import Requirement
 
     given = [buildenv.normalize_requirement(text, f"{where}.requires") for text in tests.requires]

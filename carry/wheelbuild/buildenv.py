@@ -167,8 +167,7 @@ def normalize_requirement(text: str, where: str) -> str:
 
 
 def requires_from_pyproject(pyproject: dict, where: str = "pyproject.toml") -> tuple[str, ...]:
-    """The `[build-system] requires` of a parsed pyproject.toml, normalized; PEP 518's legacy setuptools default
-    when there is no [build-system] table."""
+    """A parsed pyproject.toml's `[build-system] requires`, normalized (PEP 518's legacy default without one)."""
     system = pyproject.get("build-system")
     if system is None:
         return LEGACY_REQUIRES

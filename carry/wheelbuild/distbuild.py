@@ -89,8 +89,7 @@ def check(distributed: Distributed, client_token: str | None, timeout: float = C
 
 
 def _ask(request: urllib.request.Request, timeout: float) -> tuple[int, bytes]:
-    """The HTTP status and body of one request; a connection that fails raises its OSError (TimeoutError,
-    ConnectionRefusedError, ...), not urllib's wrapper."""
+    """The HTTP status and body of one request; a failing connection raises its own OSError, not urllib's wrapper."""
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             return answer.status, answer.read()

@@ -132,8 +132,7 @@ class Index:
         return f"{base}/{commit}/" + (f"{self.variant}/" if self.variant else "")
 
     def listing(self, commit: str, project: str) -> Listing | None:
-        """`commit`'s metadata.json of this variant (None: 404, no wheels of it there); bad input for a body that is
-        not the list vLLM's index writes."""
+        """`commit`'s metadata.json of this variant (None: 404); bad input for a body that is not vLLM's list."""
         url = f"{self.root(commit)}{indexes.canonical(project)}/metadata.json"
         body = indexes.get(url, timeout=TIMEOUT_S)
         return None if body is None else Listing(url, tuple(self._entries(url, body)))

@@ -55,8 +55,7 @@ class Claim:
 
 
 def claim(wheel: PrecompiledWheel, where: str) -> Claim:
-    """The pin's ref proven against the version the pin names, before anything is fetched (bad input, naming
-    both, when they disagree)."""
+    """The pin's ref proven against the version the pin names before any fetch (bad input naming both if not)."""
     from packaging.version import InvalidVersion, Version
 
     version, ref, name = wheel.pinned.version or "", wheel.ref, wheel.pinned.name or wheel.pinned.requirement

@@ -62,8 +62,7 @@ class EnvPlan:
 
 
 def env_plan(config: Config, mirror: Path, tree: str) -> EnvPlan | None:
-    """The build environment of `tree` (its [build-system] requires plus build.environment); None with isolation,
-    where `python -m build` makes its own."""
+    """The build environment of `tree` ([build-system] requires plus build.environment); None with isolation."""
     if config.build.build_isolation:
         return None
     spec = buildenv.EnvSpec.resolve(buildenv.requires_of_tree(mirror, tree), config.build.environment)
