@@ -1,14 +1,11 @@
 """A verdict by behaviour (`status --test`): does the patch's own test pass on REF without the patch?
 
-A patch names its test in a `Carry-Test:` trailer (one of build.tests, matched by its arguments, or a command of its
-own), or `prove` learned which test it fixes (patches/PROVED.json, carry/gputest/learned.py). For each ref, REF plus the
-earlier patches that still apply there (the series without the patch) is built and the test run on it:
-
-- it passes: upstream fixed the bug its own way -> FIXED-UPSTREAM, whatever the text says (a MERGED-* verdict
-  stays, the test backing it);
-- it fails: the patch is still needed; the text's verdict stays (NEEDED is then decided by the test; CONFLICT
-  still says it needs rebasing; DELETED-UPSTREAM / PR-ONLY still say there is nothing left to patch);
-- it needs a GPU and none answers: not run, said in one line; the text's verdict stands.
+A patch names its test in a `Carry-Test:` trailer (one of build.tests, or a command of its own), or `prove` learned
+which test it fixes (patches/PROVED.json). For each ref, REF plus the earlier patches that still apply there is built
+and the test run on it: it passes -> FIXED-UPSTREAM whatever the text says (a MERGED-* verdict stays, the test
+backing it); it fails -> still needed, the text's verdict stays (NEEDED is then decided by the test; CONFLICT still
+says it needs rebasing, DELETED-UPSTREAM / PR-ONLY that nothing is left to patch); it needs a GPU and none answers ->
+not run, said in one line, the text's verdict stands.
 """
 
 from __future__ import annotations
@@ -64,16 +61,16 @@ class Behaviour:
 
 
 def tests_for(config: Config, patch: Patch, learned: dict) -> tuple[tuple[TestCommand, ...], str] | None:
-    """The patch's tests and where they came from: its Carry-Test trailers, else what prove learned; None if neither.
-    A trailer naming a build.tests entry (same arguments) takes that entry's settings (gpu, against); any other
-    command is its own, run against the wheel on a GPU like build.tests entries by default."""
+    """The patch's tests and their source: its Carry-Test trailers, else what prove learned; None if neither. A
+    trailer naming a build.tests entry (same arguments) takes its settings; any other runs like a default entry."""
     if patch.tests:
         return tuple(_command(config, text) for text in patch.tests), "its Carry-Test trailer"
     found = learned.get(patch.name)
     if found is None:
         return None
-    known = tuple(_command(config, text) for text in found.fixes)
-    return known, f"what prove learned on {found.proved} (patches/PROVED.json)"
+    return tuple(
+        _command(config, text) for text in found.fixes
+    ), f"what prove learned on {found.proved} (patches/PROVED.json)"
 
 
 def _command(config: Config, text: str) -> TestCommand:
@@ -83,9 +80,8 @@ def _command(config: Config, text: str) -> TestCommand:
 
 @record(kw_only=True)
 class Without:
-    """What `run_without` tests: the patch's `tests` on REF (`commit`) with `series` applied -- the series without the
-    patch being judged. `tree` is the tree of REF with `series` applied as far as it applies (status writes it: it
-    follows upstream's renames, which `git apply` of the raw patches cannot)."""
+    """What `run_without` tests: the patch's `tests` on REF (`commit`) with `series` (the series without it);
+    `tree` is REF with `series` applied as far as it applies (status follows upstream's renames; `git apply` cannot)."""
 
     commit: str
     series: Series
@@ -103,19 +99,12 @@ def run_without(
     timeout: float = TEST_TIMEOUT_S,
 ) -> Behaviour:
     """Build REF with `target.series` applied in the cheapest correct mode, run the patch's `target.tests` on it, and
-    say PASS, FAIL or NEEDS_GPU (ERROR: REF plus the series could not be built or tested, with the reason). `found`
-    is the GPU that answered, or None.
+    say PASS, FAIL, NEEDS_GPU (a test needs a GPU and `found`, the GPU that answered, is None: before anything is
+    built) or ERROR (REF plus the series could not be built or tested, with the reason).
 
-    The modes, cheapest first:
-    - every test runs in the source tree (build.tests `against: tree`): nothing is built; the tree is checked out
-      into a stable scratch directory (only changed files rewritten) and each command runs there;
-    - otherwise a wheel is built by the configured builder (`builder_for`, the command's `App.builder`:
-      the upstream's own PEP 517 build, Python-only when build.cuda_arches is []; cached by tree like every build)
-      and the tests run through testrun in a fresh venv (tree tests in a checkout beside it); with
-      build.precompiled (vLLM's precompiled mode) nothing is compiled when REF still has the compiled inputs of the
-      precompiled wheel, else it is built from source (`_build`).
-
-    A test that needs a GPU where none answers makes it NEEDS_GPU before anything is built: never a guess."""
+    When every test runs in the source tree (`against: tree`) nothing is built: each runs in a checkout of the tree.
+    Otherwise `builder_for` (the command's `App.builder`, cached by tree like every build) builds a wheel (see
+    `_build`) and testrun runs the tests in a fresh venv (tree tests in a checkout beside it)."""
     from carry.gputest import testrun
     from carry.source import apply
     from carry.util.fsutil import temp_dir

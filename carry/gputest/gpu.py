@@ -32,8 +32,7 @@ class Gpu:
 
 def probe() -> Gpu | None:
     """The GPU nvidia-smi answers for, or None where there is no nvidia-smi, no driver or no device."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
+    if (smi := shutil.which("nvidia-smi")) is None:
         return None
     try:
         result = execute([smi, f"--query-gpu={','.join(QUERY)}", "--format=csv,noheader"], text=True, timeout=60)

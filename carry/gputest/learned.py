@@ -1,11 +1,9 @@
 """What `prove` learned, kept beside the patches: which build.tests command each patch makes pass.
 
 `prove` finds, by building every prefix of the series, that adding 0002 turns `python -m pkg.repro` from FAIL to
-PASS. That is a fact about the patch, so it is written to `patches/PROVED.json`, next to the patches it is about,
-and committed with them: it travels to every machine that runs `status --test` (a CI runner has no cache of ours),
-it is reviewed like the patches, and `Carry-Test` trailers, when a patch has them, take precedence. Each entry
-records the patch's sha256 and the GPU and date it was learned on, so a reader sees when it was learned on an older
-text of the patch (after `refresh`, the test usually still holds).
+PASS: a fact about the patch, so it is written to `patches/PROVED.json` and committed with the patches, reaching every
+machine that runs `status --test` (a CI runner has no cache of ours); `Carry-Test` trailers take precedence. Each
+entry records the patch's sha256 and the GPU and date, so a reader sees when it was learned on an older text.
 
     {"format": 1, "patches": {"0002-x.patch": {"fixes": ["python -m pkg.repro"], "sha256": "…",
                                                "proved": "2026-12-01T10:00:00+00:00", "gpu": "…"}}}
@@ -53,11 +51,7 @@ def load(directory: Path) -> dict[str, Learned]:
             raise BadInput(f"{where}: format {data['format']!r}, this carry reads {FORMAT}; run `prove` again")
         return {
             name: Learned(
-                name,
-                tuple(str(t) for t in entry["fixes"]),
-                str(entry["sha256"]),
-                str(entry["proved"]),
-                str(entry["gpu"]),
+                name, tuple(str(t) for t in entry["fixes"]), *(str(entry[k]) for k in ("sha256", "proved", "gpu"))
             )
             for name, entry in data["patches"].items()
         }
@@ -68,9 +62,8 @@ def load(directory: Path) -> dict[str, Learned]:
 
 
 def record(directory: Path, fixes: Mapping[str, Sequence[str]], sha256: Mapping[str, str], gpu: str) -> Path | None:
-    """Write what a proof learned: `fixes`, patch name -> the tests it makes pass, with each patch's `sha256` and
-    the `gpu` it ran on, replacing what an earlier prove wrote; nothing is written when no patch fixes a test and no
-    file is there yet."""
+    """Write `fixes` (patch name -> the tests it makes pass) with each patch's `sha256` and the `gpu`, replacing what
+    an earlier prove wrote; nothing is written when no patch fixes a test and no file is there yet."""
     where = path(directory)
     if not fixes and not where.exists():
         return None

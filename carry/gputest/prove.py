@@ -1,8 +1,6 @@
-"""`prove`: build every prefix of the series, run build.tests on each, and name the patch that flips each test.
-
-The behavioural counterpart of `status`: base, base+0001, base+0001+0002, ... each become a wheel (cached by tree
-like every build) with a test report beside it, and a test that fails on one prefix and passes on the next was
-made to pass by the patch that prefix adds.
+"""`prove`: build every prefix of the series, run build.tests on each, and name the patch that flips each test. The
+behavioural counterpart of `status`: base, base+0001, ... each become a wheel (cached by tree like every build) with
+a test report beside it; a test that fails on one prefix and passes on the next was fixed by the patch it adds.
 """
 
 from __future__ import annotations
@@ -98,8 +96,7 @@ class Proof:
         return self.steps[-1].report.passed
 
     def learned(self) -> tuple[dict[str, list[str]], dict[str, str], str]:
-        """What this proof learned, for learned.record: patch name -> the tests it makes pass, each patch's sha256,
-        the GPU."""
+        """For learned.record: patch name -> the tests it makes pass, each patch's sha256, the GPU."""
         fixes: dict[str, list[str]] = {}
         for flip in self.flips:
             if flip.after == "PASS":
@@ -142,8 +139,7 @@ def table(proof: Proof) -> str:
     width = max(len(step.prefix.label) for step in proof.steps)
     rows = [f"gpu {proof.gpu.describe()}", ""]
     for step in proof.steps:
-        verdict = "PASS" if step.report.passed else "FAIL"
-        rows.append(f"{step.prefix.label:<{width}}  {verdict}  {step.wheel}")
+        rows.append(f"{step.prefix.label:<{width}}  {'PASS' if step.report.passed else 'FAIL'}  {step.wheel}")
         for result in step.report.results:
             rows.append(f"  {result.verdict}  {result.command}  ({result.outcome()})")
             if result.last_line():

@@ -25,8 +25,7 @@ def read_json(path: Path, kind: str, made_by: str) -> Any:
 
 @record
 class ReportCheck:
-    """Whether a report belongs to the artifact beside it; `lines()` says what was compared (each kind of report its
-    own `described()` rows)."""
+    """Whether a report belongs to the artifact beside it; `lines()` says what was compared (`described()`)."""
 
     subject: str
     report: Any

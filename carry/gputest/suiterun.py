@@ -1,21 +1,16 @@
 """One side of `suite`: the upstream's own tests checked out of the patched tree, a wheel's environment, and one
 pytest run of the selection in it, read back per test id.
 
-The test tree: the top directory of every test path (e.g. `tests/`, with its conftest files and data), the paths
-build.upstream_tests.checkout adds, and the root's pytest config files, exported with git from the patched tree
-(the series applied: patches may change tests) into `$CARRY_CACHE/suites/trees/<key>/`, keyed by the git object
-ids of what it holds; the user's checkout is never touched, and the upstream's package sources are not there to
-shadow the wheel.
+The test tree: the top directory of every test path (with its conftest files and data), build.upstream_tests.checkout
+and the root's pytest config files, exported from the patched tree (patches may change tests) into
+`$CARRY_CACHE/suites/trees/<key>/`, keyed by their git object ids; the upstream's package sources are not there to
+shadow the wheel. The environments: the test requirements and the wheel's Requires-Dist made once with uv
+(buildenv.py; shared by both sides when their Requires-Dist agree), and per wheel a venv of its own over it holding
+the wheel alone (`--no-deps`), keyed by the wheel's sha256 and the deps environment.
 
-The environments: the test requirements and the wheel's own Requires-Dist, made once with uv by
-carry/wheelbuild/buildenv.py (`$CARRY_CACHE/envs/<key>/`, shared by both sides whenever their Requires-Dist agree),
-and per wheel a venv of its own over it (`$CARRY_CACHE/suites/envs/<key>/`: the wheel alone, installed with
-`--no-deps`, whose site-packages come first), keyed by the wheel's sha256 and the deps environment.
-
-The run: `python -m pytest` in the test tree with the selection, a per-test timeout (pytest-timeout), no network
-(carry's plugin refuses connections to other hosts; the hubs' offline switches are set), no GPU
-(CUDA_VISIBLE_DEVICES empty), PYTHONHASHSEED=0 (so pytest-xdist's workers collect the same ids), and HOME and the
-caches in an empty scratch directory; carry's plugin (pytestplugin.py) writes each outcome as it comes.
+The run: `python -m pytest` in the test tree, with a per-test timeout, no network (carry's plugin, pytestplugin.py,
+refuses other hosts and writes each outcome as it comes; the hubs' offline switches are set), no GPU,
+PYTHONHASHSEED=0 (so pytest-xdist's workers collect the same ids), and HOME and the caches in a scratch directory.
 """
 
 from __future__ import annotations
@@ -83,8 +78,7 @@ class TestTree:
 
 
 def test_tree(cache: Cache, mirror: Path, tree: str, tests: UpstreamTests, where: str) -> TestTree:
-    """The test tree of `tree` for the selection `tests`; bad input naming a test path, deselection or checkout path
-    the tree does not hold."""
+    """The test tree of `tree` for `tests`; bad input naming a path of the selection the tree does not hold."""
     start = time.monotonic()
     named = {
         **{path: "paths" for path in tests.paths},
@@ -132,8 +126,7 @@ class WheelEnv:
 
 
 def test_requirements(tests: UpstreamTests, where: str) -> tuple[str, ...]:
-    """build.upstream_tests.requires, normalized, with pytest, pytest-timeout (the per-test timeout) and, with
-    workers, pytest-xdist added unless named there."""
+    """build.upstream_tests.requires, normalized, plus pytest, pytest-timeout, (workers) pytest-xdist unless named."""
     from packaging.requirements import Requirement
 
     given = [buildenv.normalize_requirement(text, f"{where}.requires") for text in tests.requires]
@@ -160,12 +153,10 @@ def wheel_env(wheel: Path, digest: str, deps: buildenv.BuildEnv, cache: Cache) -
     start = time.monotonic()
     key = sha256(json.dumps({"format": FORMAT, "wheel": digest, "deps": deps.key}).encode()).hexdigest()
     root = cache.root / SUITES_DIR / "envs" / key[:32]
-    found = _complete_env(root, key, deps, start)
-    if found is not None:
+    if (found := _complete_env(root, key, deps, start)) is not None:
         return found
     with cache.lock(f"suite-env-{root.name}"):
-        found = _complete_env(root, key, deps, start)
-        if found is not None:
+        if (found := _complete_env(root, key, deps, start)) is not None:
             return found
         shutil.rmtree(root, ignore_errors=True)
         try:
@@ -396,8 +387,7 @@ def wait_for_collection(started: Started, poll_s: float = 0.2) -> int:
 
 
 def finish(started: Started, label: str = "") -> Side:
-    """Wait for the run (killed past SIDE_LIMIT_S) and read it back per test id; with a `label`, a `suite` line
-    says how it went."""
+    """Wait for the run (killed past SIDE_LIMIT_S) and read it back per test id; with a `label`, say how it went."""
     status = started.process.wait()
     started.process.kill()  # past the limit; or what a test left running in the background
     seconds = time.monotonic() - started.clock

@@ -1,14 +1,10 @@
 """Run build.tests against a built artifact on this machine's GPU, and record the result beside it.
 
-A wheel is installed, with no dependencies and no index, into a fresh venv whose own site-packages come first;
-the site-packages of the Python running carry stay visible behind it (like `--system-site-packages`, but also when
-carry itself runs in a venv), so tests find what the wheel needs, e.g. torch, while the wheel under test shadows
-any other install of it. Each command runs with that venv first on PATH, in an empty directory, never through a
-shell. An image runs each command with `docker run --rm --gpus all`.
-
-The report names the artifact by its sha256 (a wheel) or image ID (an image): `<wheel>.test.json` beside the
-wheel, `image-sha256-<hex>.test.json` for an image. `check_report` tells whether a report belongs to the artifact
-it sits beside.
+A wheel is installed alone (no dependencies, no index) into a fresh venv whose own site-packages come first, with the
+running Python's site-packages behind it (also when carry runs in a venv): tests find what the wheel needs, e.g.
+torch, while the wheel shadows any other install of it. Each command runs with that venv first on PATH, in an empty
+directory, never through a shell; an image runs each with `docker run --rm --gpus all`. The report names the artifact
+by sha256 (`<wheel>.test.json` beside the wheel) or image ID (`image-sha256-<hex>.test.json`).
 """
 
 from __future__ import annotations
@@ -233,9 +229,8 @@ def names_a_wheel(artifact: str) -> bool:
 def run_artifact(
     artifact: str, config: Config, commands: tuple[TestCommand, ...], gpu: Gpu, scratch: Path, out: Path, timeout: float
 ) -> tuple[TestReport, Path]:
-    """Run commands against a wheel (fresh venv) or an image (docker run --gpus all, with the config's docker);
-    the report is written beside the wheel, or into `out` keyed by the image's ID. Returns the report and where it
-    was written."""
+    """Run commands against a wheel (fresh venv) or an image (docker run --gpus all, with the config's docker); the
+    report (returned with where it went) is written beside the wheel, or into `out` keyed by the image's ID."""
     if names_a_wheel(artifact):
         wheel = Path(artifact)
         report = run_on_wheel(wheel, commands, gpu, scratch, timeout, project=config.root)
@@ -249,9 +244,8 @@ def run_artifact(
 def run_in_tree(
     tree: Path | None, commands: tuple[TestCommand, ...], scratch: Path, timeout: float, project: Path | None = None
 ) -> tuple[CommandResult, ...]:
-    """Run commands that read the upstream's sources in `tree` (a checkout; their working directory), with no wheel
-    and no PYTHONPATH. In their arguments `{tree}` is that checkout and `{project}` the directory of build.yaml (a
-    project's own check scripts live there); CARRY_TREE and CARRY_PROJECT say the same."""
+    """Run commands that read the upstream's sources in the checkout `tree`, with no wheel and no PYTHONPATH; `{tree}`
+    and `{project}` (build.yaml's directory) in their arguments, and CARRY_TREE and CARRY_PROJECT, name those."""
     with temp_dir(scratch, "test-") as work:
         return tuple(_run_one(command, _plain_env(), work, tree, project, timeout) for command in commands)
 
@@ -275,9 +269,8 @@ def _run_one(
     command: TestCommand, env: dict[str, str], work: Path, tree: Path | None, project: Path | None, timeout: float
 ) -> CommandResult:
     if not command.tree:  # `{project}`: the directory of build.yaml (a project's own test scripts live there)
-        return _run(
-            command, [_fill(arg, {"{project}": str(project or work)}) for arg in command.argv], env, work, timeout
-        )
+        argv = [_fill(arg, {"{project}": str(project or work)}) for arg in command.argv]
+        return _run(command, argv, env, work, timeout)
     if tree is None:
         return CommandResult(
             command.text, 127, 0.0, "carry: this command runs in the source tree, and none was checked out for it"
@@ -311,9 +304,8 @@ def run_on_image(
     timeout: float,
     project: Path | None = None,
 ) -> TestReport:
-    """Run every command in the image with `docker run --rm --gpus all` (plus the image's runtime args label), its
-    first word as the entrypoint (an image's own, e.g. `vllm serve`, would take the command as arguments), the
-    project's directory (build.yaml's) mounted read-only at IMAGE_PROJECT for `{project}` in its arguments."""
+    """Run every command in the image (`docker run --rm --gpus all` plus its runtime args label), its first word the
+    entrypoint (an image's own would take it as arguments), build.yaml's directory read-only at IMAGE_PROJECT."""
     image_id, runtime_args = _inspect_image(docker, ref)
     if "--gpus" not in " ".join(runtime_args):
         runtime_args = ["--gpus", "all", *runtime_args]
@@ -368,8 +360,7 @@ def _install(venv: Path, wheel: Path) -> None:
 def _run(
     command: TestCommand, argv: Sequence[str], env: dict[str, str], work: Path, timeout: float, cwd: Path | None = None
 ) -> CommandResult:
-    """Run one command in a fresh empty directory (or `cwd`); its output goes to a file, its tail into the
-    result."""
+    """Run one command in a fresh empty directory (or `cwd`); its output goes to a file, its tail into the result."""
     index = len(list(work.glob("run-*")))
     run_dir, log = work / f"run-{index}", work / f"output-{index}.log"
     run_dir.mkdir()
@@ -448,10 +439,8 @@ def check_report(path: Path, docker: str | None = None) -> TestReportCheck:
     if result.returncode != 0:
         return TestReportCheck(str(path), report, (f"image: {artifact.name} is not here; pull it first",))
     image_id = result.stdout.strip()
-    mismatches = (
-        () if image_id == artifact.digest else (f"image id: report {artifact.digest}, {artifact.name} is {image_id}",)
-    )
-    return TestReportCheck(str(path), report, mismatches)
+    mismatch = f"image id: report {artifact.digest}, {artifact.name} is {image_id}"
+    return TestReportCheck(str(path), report, () if image_id == artifact.digest else (mismatch,))
 
 
 def summary(report: TestReport, path: Path) -> list[str]:

@@ -1,18 +1,13 @@
 """`suite`: the upstream's own test suite run on the fixed wheel and on the wheel it was made from (the precompiled
-release wheel by default), compared per test id, with a JSON report beside the fixed wheel.
+release wheel by default), at the same time, with the same selection (build.upstream_tests) in the same test tree
+(suiterun.py), compared per test id; a JSON report, `<wheel>.suite.json`, is written beside the fixed wheel.
 
-Both sides run the same selection (build.upstream_tests) in the same test tree (carry/gputest/suiterun.py), each in
-an environment made the same way; they run at the same time. Per test id: the same outcome on both sides (passed
-both, failed both: the upstream's own failures, reported as such, or skipped both), or changed: **regressed**
-(passed or skipped before, fails now: exit 1), **fixed** (failed before, passes now), or a skip that came or went. A
-test collected on one side only is listed; one that only the fixed side has and that fails counts as a failure too
-(nothing passed before it, but it fails now). A module that does not import on one side makes each of its tests
-collected on the other an error there.
-
-The comparison side's result is cached by what it depends on (its wheel's sha256, the selection, the test tree, the
-environment, this plugin), so a rerun of a changed series runs the fixed side only. The report, `<wheel>.suite.json`,
-names both wheels by sha256 and the selection by digest, which `verify` checks; `label()` is its summary in one line,
-for an image label or an attestation.
+Per test id: the same outcome on both sides (failed both: the upstream's own failures), or **regressed** (exit 1),
+**fixed**, a skip that came or went, or collected on one side only (failing on the fixed side only counts as a
+failure). A module that does not import on one side makes each of its tests collected on the other an error there.
+The comparison side's result is cached by what it depends on, so a rerun of a changed series runs the fixed side
+only. The report names both wheels by sha256 and the selection by digest, which `verify` checks; `label()` is its
+one-line summary, for an image label or an attestation.
 """
 
 from __future__ import annotations
@@ -92,9 +87,8 @@ def dist_name(wheel: Path) -> str:
 
 
 def run(inputs: Inputs) -> Outcome:
-    """Check out the tests, make both environments, run both sides (the comparison side from the cache when it
-    ran before), compare and write the report beside the fixed wheel. What is said is held until the selection is
-    known to be good: bad input after a run began is still one line."""
+    """Check out the tests, make both environments, run both sides (the comparison side cached), compare, write the
+    report beside the fixed wheel; what is said is held until the selection is known good (bad input is one line)."""
     with reporter.holding() as held:
         assert isinstance(held, reporter.Holding)
         return _run(inputs, held)
@@ -189,9 +183,8 @@ def _run_sides(
     cached: Side | None,
     held: reporter.Holding,
 ) -> dict[str, Side]:
-    """Both sides at once (the comparison side only when it is not cached), each in a scratch dir of its own. What
-    is printed is held until the comparison side has collected (a selection it cannot run is bad input: one line);
-    whatever still runs when this ends, on any error, is stopped."""
+    """Both sides at once (the comparison side unless cached), each in its own scratch dir; output is held until the
+    comparison side has collected (a selection it cannot run is bad input); what still runs at the end is stopped."""
     where = f"{inputs.config.path}: build.upstream_tests"
     labels = ("fixed",) if cached is not None else ("against", "fixed")
     with temp_dir(inputs.cache.scratch, "suite-") as work:
@@ -248,8 +241,7 @@ BUILTIN_MARKERS = frozenset(
 
 
 def _judge_fixed(fixed: Side, against: Side) -> Side:
-    """The fixed side as it is compared: when pytest could not even start on it, each test the other side ran is an
-    error, with why."""
+    """The fixed side as compared: where pytest did not start, each test the other side ran is an error."""
     if fixed.started:
         return fixed
     reason = f"pytest did not start on this wheel: {_last_error(fixed.log_tail)}"
@@ -263,8 +255,7 @@ def _last_error(log: str) -> str:
 
 
 def _check_origins(subjects: dict[str, Subject], sides: dict[str, Side]) -> None:
-    """Each module the tests imported from a wheel must come from that wheel's own venv, never from the test tree or
-    another install."""
+    """Each module imported from a wheel must come from that wheel's own venv, never the test tree or another."""
     for label, side in sides.items():
         site = str(subjects[label].env.site)
         for name, origin in side.modules.items():
@@ -434,8 +425,7 @@ def _side_json(side: Side, subject: Subject) -> dict:
 
 
 def label(report: dict) -> str:
-    """The report's summary in one line, for an image label or an attestation: the counts, the verdict, what was
-    compared with and the selection."""
+    """The report's summary in one line, for an image label or an attestation."""
     summary = report["summary"]
     only = summary["only_fixed"] + summary["only_against"]
     return (
@@ -452,10 +442,14 @@ def lines(report: dict, path: Path) -> list[str]:
     env = report["environment"]
     shown = ", ".join(f"{name} {version}" for name, version in list(env["versions"].items())[:4])
     same = "the same for both sides" if env["same_deps"] else "NOT the same for both sides (their Requires-Dist differ)"
+    selection = report["selection"]
+    marker = f"-m {selection['marker']!r}, " if selection["marker"] else ""
+    workers = f"{selection['workers']} xdist worker(s)" if selection["workers"] else "one process"
     rows = [
         f"tests     {', '.join(report['upstream']['tests'])} of {report['upstream']['tree'][:12]} (the pin "
         f"{report['upstream']['commit'][:12]} with the series)",
-        f"selection {_selection_line(report['selection'])}",
+        f"selection {marker}{len(selection['paths'])} path(s), {len(selection['deselect'])} deselected with a "
+        f"reason, timeout {selection['timeout']} s per test, {workers}, no network, no GPU",
         f"env       {env['packages']} packages ({shown}), {same}",
         _side_line("against", against, times["against_cached"]),
         _side_line("fixed", wheel, False),
@@ -474,15 +468,6 @@ def lines(report: dict, path: Path) -> list[str]:
     rows.append(f"verdict   {report['verdict']}")
     rows.append(f"report    {path}")
     return rows
-
-
-def _selection_line(selection: dict) -> str:
-    marker = f"-m {selection['marker']!r}, " if selection["marker"] else ""
-    workers = f"{selection['workers']} xdist worker(s)" if selection["workers"] else "one process"
-    return (
-        f"{marker}{len(selection['paths'])} path(s), {len(selection['deselect'])} deselected with a reason, "
-        f"timeout {selection['timeout']} s per test, {workers}, no network, no GPU"
-    )
 
 
 def _side_line(name: str, side: dict, cached: bool) -> str:

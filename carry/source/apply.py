@@ -98,11 +98,9 @@ class CheckReport:
 
 def check(mirror: Path, base: str, series: Series, scratch: Path) -> CheckReport:
     """Apply each patch on base + all earlier patches; the tree id is set only when every patch applied. The answer
-    depends only on the base commit and the patches' bytes, so it is kept in the mirror
-    (carry/checks/<base>-<series hash>.json) and a second check of the same series on the same base reads it back,
-    as long as the tree it names is still in the mirror."""
-    known = _known(mirror, base, series)
-    if known is not None:
+    depends only on the base commit and the patches' bytes, so it is kept in the mirror (carry/checks/) and read
+    back by a second check of the same series on the same base while the tree it names is still there."""
+    if (known := _known(mirror, base, series)) is not None:
         return known
     report = _check(mirror, base, series, scratch)
     _remember(mirror, report)
@@ -174,9 +172,8 @@ def _remember(mirror: Path, report: CheckReport) -> None:
 
 
 def _all_at_once(mirror: Path, base: str, series: Series, env: dict[str, str]) -> tuple[PatchResult, ...] | None:
-    """The usual case in one git process: the whole series applies. Each patch's part of git's report is found by
-    counting its files' "Checking patch" lines. None (the index as it was) when a patch fails: then they are
-    applied one by one, to say which and where."""
+    """The usual case in one git process: the whole series applies (each patch's part of git's report found by its
+    files' "Checking patch" lines); None, the index as it was, when a patch fails: one by one then says which."""
     if len(series.patches) < 2:
         return None
     status, report = git.apply_cached_all(mirror, [p.path for p in series.patches], env)
@@ -191,8 +188,7 @@ def _all_at_once(mirror: Path, base: str, series: Series, env: dict[str, str]) -
     for patch in series.patches:
         mine = "".join(checks[index : index + len(patch.diffs)])
         index += len(patch.diffs)
-        offsets = _offsets(mine)
-        results.append(PatchResult(patch, PatchStatus.OFFSET if offsets else PatchStatus.CLEAN, offsets))
+        results.append(_applied(patch, mine))
     return tuple(results)
 
 
@@ -200,12 +196,12 @@ def apply_patch(mirror: Path, patch: Patch, env: dict[str, str]) -> PatchResult:
     """Apply one patch into the index in `env`; on failure the index is left as it was."""
     status, report = git.apply_cached(mirror, patch.path, env)
     if status == 0:
-        offsets = _offsets(report)
-        return PatchResult(patch, PatchStatus.OFFSET if offsets else PatchStatus.CLEAN, offsets)
+        return _applied(patch, report)
     return PatchResult(patch, PatchStatus.FAILED, failure=_diagnose(mirror, patch, report, env))
 
 
-def _offsets(report: str) -> tuple[str, ...]:
+def _applied(patch: Patch, report: str) -> PatchResult:
+    """The patch applied: CLEAN, or OFFSET with each hunk git applied elsewhere, named from its report."""
     current = "?"
     found = []
     for line in report.splitlines():
@@ -214,7 +210,7 @@ def _offsets(report: str) -> tuple[str, ...]:
         if offset := re.match(HUNK_OFFSET_RE, line):
             number, at, delta = offset.groups()
             found.append(f"{current}: hunk #{number} applied at line {at} (offset {delta} lines)")
-    return tuple(found)
+    return PatchResult(patch, PatchStatus.OFFSET if found else PatchStatus.CLEAN, tuple(found))
 
 
 def _diagnose(mirror: Path, patch: Patch, report: str, env: dict[str, str]) -> Mismatch:

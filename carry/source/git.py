@@ -1,7 +1,6 @@
-"""Small functions around git, each one `git` process run with an argument list (never a shell).
-
-Every call runs with SAFE_ENV over the caller's environment: only https, ssh, git and file transports, no
-terminal prompts, no system config, and carry's own identity for the commits it makes (refresh).
+"""Small functions around git, each one `git` process run with an argument list (never a shell) and SAFE_ENV over
+the caller's environment: only https, ssh, git and file transports, no terminal prompts, no system config, and
+carry's own identity for the commits it makes (refresh).
 """
 
 from __future__ import annotations
@@ -86,9 +85,8 @@ def _execute(
     strip: bool,
     data: bytes | None = None,
 ) -> tuple[int | None, str, str]:
-    """(exit status, stdout, stderr) of one git run in `repo`, its messages in English (carry reads some); the
-    status is None when it ran past `timeout` (LOCAL_TIMEOUT_S when None): then git and whatever it started are
-    killed. stdout loses its one trailing newline when `strip`."""
+    """(exit status, stdout, stderr) of one git run in `repo`, messages in English (carry reads some); status None past
+    `timeout` (default LOCAL_TIMEOUT_S; git and its children killed); `strip` drops stdout's one trailing newline."""
     import subprocess  # here: `check` of a series already checked on its base starts no git at all
 
     from carry.util.run import execute
@@ -367,18 +365,15 @@ TREE_COMMIT_ENV = {"GIT_AUTHOR_DATE": "1970-01-01T00:00:00Z", "GIT_COMMITTER_DAT
 
 
 def tree_commit(repo: Path, tree: str, parent: str | None) -> str:
-    """The commit a build checks `tree` out as (checkout_tree) on `parent` (none: a root commit): the same for the
-    same tree and parent."""
+    """The commit checkout_tree checks `tree` out as on `parent` (none: a root commit); the same for the same inputs."""
     parents = ("-p", parent) if parent else ()
     return run(repo, "commit-tree", tree, *parents, "-m", f"carry: patched tree {tree}", env=TREE_COMMIT_ENV)
 
 
 def checkout_tree(repo: Path, tree: str, parent: str | None, worktree: Path, keep: tuple[str, ...] = ()) -> list[str]:
-    """Make `worktree` a git worktree of `repo` holding exactly `tree` (committed on `parent`): only files whose
-    content differs are rewritten (unchanged ones keep their mtimes, so incremental builds and compiler caches
-    stay warm), and everything untracked is removed except paths matching `keep`. A real worktree, so that the
-    upstream's build sees a git checkout (setuptools-scm lists the package files with `git ls-files`, as in the
-    upstream's own builds). Returns what was removed."""
+    """Make `worktree` a git worktree of `repo` holding exactly `tree` on `parent` (a real worktree: setuptools-scm
+    lists the package files with `git ls-files`): only changed files are rewritten (incremental builds and compiler
+    caches stay warm), and everything untracked but paths matching `keep` is removed. Returns what was removed."""
     commit = tree_commit(repo, tree, parent)
     if not (worktree / ".git").is_file():
         if worktree.exists():
@@ -435,8 +430,7 @@ def entries(repo: Path, tree: str, paths: tuple[str, ...]) -> dict[str, str]:
 
 
 def export(repo: Path, tree: str, paths: tuple[str, ...], dest: Path) -> None:
-    """The files of `paths` in `tree` written under `dest` (git archive; no worktree, no index, the user's checkout
-    untouched)."""
+    """The files of `paths` in `tree` written under `dest` (git archive: no worktree, no index, no checkout touched)."""
     import tarfile
 
     dest.mkdir(parents=True, exist_ok=True)

@@ -70,8 +70,7 @@ def fetch(path: Path, names: Iterable[str] = ()) -> list[Path]:
     releases = load(path)
     wanted = list(names) or [release.name for release in releases]
     by_name = {release.name: release for release in releases}
-    unknown = [name for name in wanted if name not in by_name]
-    if unknown:
+    if unknown := [name for name in wanted if name not in by_name]:
         raise BadInput(f"{path}: no release named {unknown[0]!r}; it lists {', '.join(by_name)}")
     where = store()
     return [where.get(by_name[name].pinned) for name in wanted]

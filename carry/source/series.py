@@ -1,7 +1,6 @@
-"""The patch series: `NNNN-slug.patch` files, their headers, DEP-3 trailers and what each one touches.
-
-Each file section keeps its raw header lines and each hunk its raw lines, so the patch file is read once: whatever
-needs a part of a patch as text (status tries single hunks) takes it from here.
+"""The patch series: `NNNN-slug.patch` files, their headers, DEP-3 trailers and what each one touches. Each file
+section keeps its raw header lines and each hunk its raw lines, so the patch file is read once: whatever needs a part
+of a patch as text (status tries single hunks) takes it from here.
 """
 
 from __future__ import annotations
@@ -88,8 +87,7 @@ class FileDiff:
         return name
 
     def text(self, hunks: tuple[int, ...] | None = None, target: str | None = None) -> str:
-        """This file's diff with only `hunks` (all by default), its path moved to `target` when given (a file
-        upstream renamed)."""
+        """This file's diff with only `hunks` (default all), its path moved to `target` (upstream renamed it)."""
         header = self.header
         if target and self.old_path == self.new_path and target != self.old_path:
             header = tuple(_retarget(line, target) for line in header)
@@ -326,9 +324,8 @@ def _parse_file_diff(lines: list[str], index: int, path: Path) -> tuple[FileDiff
         elif not line.strip() or line.startswith(("-- ", "--\n")):
             break
         index += 1
-    for name in (old_path, new_path):
-        if name is not None:
-            _check_path(name, path)
+    for name in (n for n in (old_path, new_path) if n is not None):
+        _check_path(name, path)
     file_name = new_path or old_path
     if file_name is None:
         raise BadInput(f"{path}: a file diff names no file (or /dev/null on both sides); regenerate the patch")
@@ -338,9 +335,8 @@ def _parse_file_diff(lines: list[str], index: int, path: Path) -> tuple[FileDiff
         hunk, index = _parse_hunk(lines, index, path, file_name)
         hunks.append(hunk)
     if symlink and new_path is not None:  # a symlink's target is checked where the diff makes one
-        for hunk in hunks:
-            for target in hunk.added:
-                _check_symlink_target(new_path, target, path)
+        for target in (added for hunk in hunks for added in hunk.added):
+            _check_symlink_target(new_path, target, path)
     return FileDiff(old_path, new_path, tuple(hunks), header), index
 
 

@@ -70,9 +70,8 @@ def mirror_for(config: Config, cache: Cache) -> Path:
 
 
 def fetch(config: Config, cache: Cache, with_pr: bool = True) -> FetchReport:
-    """Fetch the pin (and the PR head); fall back to the cached bundle when upstream can't give the pin (a note says
-    so, and one says when the PR head could not be fetched). When nothing can be fetched and the mirror was new,
-    everything this call created is removed again."""
+    """Fetch the pin (and the PR head), else fall back to the cached bundle, either said in a note; when nothing can be
+    fetched and the mirror was new, everything this call created is removed again."""
     mirror = cache.mirror(config.upstream.url)
     lock = cache.lock_path(mirror.name)
     created = [p for p in (cache.root, mirror.parent, lock.parent, mirror, lock) if not p.exists()]
@@ -144,10 +143,8 @@ def _pinned(mirror: Path) -> str | None:
 
 
 def resolve_ref(config: Config, cache: Cache, ref: str) -> str:
-    """The commit an upstream ref names now, fetching it when possible: a tag (`v0.33.0`), a branch (`main`), a
-    full name (`refs/pull/N/head`) or a commit SHA, older or newer than the pin. A short name is looked up on
-    upstream as git does, a tag before a branch. A ref whose tip the mirror has already is not fetched again;
-    offline, the ref as last fetched is used and a note says so."""
+    """The commit an upstream ref names now (a tag before a branch of a short name, as git does; a full name; a commit
+    SHA), fetched unless the mirror has its tip; offline, the ref as last fetched is used and a note says so."""
     mirror = mirror_for(config, cache)
     if SHA_RE.match(ref):
         return _resolve_sha(config, cache, mirror, ref)
@@ -181,8 +178,7 @@ def resolve_ref(config: Config, cache: Cache, ref: str) -> str:
 
 def _fetched(mirror: Path, local: str) -> str:
     """The commit of a ref just fetched or updated into the mirror; one that names none is a failed fetch."""
-    commit = git.resolve(mirror, local)
-    if commit is None:
+    if (commit := git.resolve(mirror, local)) is None:
         raise Failed(f"{local} names no commit in {mirror} after the fetch; run the command again")
     return commit
 
@@ -227,9 +223,8 @@ def _fetch_ref(config: Config, mirror: Path, refspec: str) -> None:
 
 
 def merge_base(config: Config, cache: Cache, mirror: Path, base: str, commit: str) -> tuple[str | None, str]:
-    """The merge base of the pinned base and `commit`, deepening a shallow mirror's history of both (x4 each time,
-    up to MAX_HISTORY_DEPTH commits) until they meet; None with why not (one line, evidence for the caller, which
-    says it as a note where a user should hear it) when they don't, else ""."""
+    """The merge base of the pinned base and `commit`, deepening a shallow mirror's history of both (x4, up to
+    MAX_HISTORY_DEPTH) until they meet, and ""; else None and why (one line, for the caller to say as a note)."""
     found = git.merge_base(mirror, base, commit)
     if found or not git.shallow_commits(mirror):
         return found, ""
@@ -249,8 +244,10 @@ def merge_base(config: Config, cache: Cache, mirror: Path, base: str, commit: st
             git.settle_shallow(mirror)
             found = git.merge_base(mirror, base, commit)
             if found is None and (depth >= MAX_HISTORY_DEPTH or not git.shallow_commits(mirror)):
-                shared = f"share no commit in the {depth} commits of history before each"
-                return None, f"{base[:12]} and {commit[:12]} {shared}"
+                return (
+                    None,
+                    f"{base[:12]} and {commit[:12]} share no commit in the {depth} commits of history before each",
+                )
             depth *= 4
     return found, ""
 
@@ -274,9 +271,8 @@ def first_parents(config: Config, cache: Cache, mirror: Path, start: str, count:
 
 
 def update_pin(config: Config, new_commit: str) -> None:
-    """Rewrite only `upstream.commit` in build.yaml, keeping comments and layout. Every move of the pin goes through
-    here (`fetch --update-pin`, `refresh`, `drop`): what must follow a new pin is done here. The callers bump VERSION
-    (a new pin is a new artifact)."""
+    """Rewrite only `upstream.commit` in build.yaml, keeping comments and layout; every move of the pin goes through
+    here (`fetch --update-pin`, `refresh`, `drop`), and the callers bump VERSION (a new pin is a new artifact)."""
     from carry.util.fsutil import atomic_write_text  # here, not on `check`'s path: only a moved pin writes
 
     text = config.path.read_text()
@@ -326,11 +322,8 @@ def _fetch_pr_head(config: Config, mirror: Path) -> PrHead:
 
 
 def write_bundle(mirror: Path, cache: Cache, commit: str, *, verify: bool = False) -> Path:
-    """The cached bundle of `commit`, from the mirror (which has it): made once through a temp file and a rename,
-    from a ref of its own (refs/carry/bundle/<commit>, so it holds that commit whatever the mirror's pin is now:
-    two pins of one upstream share the mirror), its sha256 recorded beside it. One already there that does not
-    name `commit`, has no sha256 recorded (an older carry's) or, with `verify`, is not that sha256 is made again,
-    and a note says why."""
+    """The cached bundle of `commit` with its sha256 beside it, made once from the mirror (from a ref of its own: two
+    pins share the mirror) through a temp file and a rename; one that cannot serve `commit` is made again, said."""
     from carry.util import integrity, reporter  # here: `check` and `version` never hash a bundle
 
     bundle = cache.bundle(commit)
@@ -356,8 +349,7 @@ def write_bundle(mirror: Path, cache: Cache, commit: str, *, verify: bool = Fals
 
 
 def _bundle_problem(mirror: Path, bundle: Path, commit: str, verify: bool) -> str | None:
-    """Why a cached bundle cannot serve `commit` (its heads, whether a sha256 is recorded, with `verify` that
-    sha256): one line, or None."""
+    """Why a cached bundle cannot serve `commit` (heads, no sha256 recorded, with `verify` that sha256), or None."""
     from carry.util import integrity  # here: `check` and `version` never hash a bundle
 
     again = "made again from the mirror"
@@ -383,8 +375,7 @@ def copy_bundle(mirror: Path, cache: Cache, commit: str, dest_dir: Path) -> Path
         bundle = write_bundle(mirror, cache, commit)
         dest = dest_dir / bundle.name
         dest.unlink(missing_ok=True)
-        corrupt = integrity.copy_checked(bundle, dest)
-        if corrupt is None:
+        if (corrupt := integrity.copy_checked(bundle, dest)) is None:
             import shutil
 
             shutil.copyfile(integrity.seal_path(bundle), integrity.seal_path(dest))
@@ -412,8 +403,7 @@ def _restore_from_bundle(config: Config, cache: Cache, mirror: Path, error: git.
         )
     if not git.has_commit(mirror, pin):
         # A bundle of an older carry has no sha256 beside it: git checks its pack's own checksum as it fetches.
-        corrupt = integrity.check(bundle) if integrity.recorded(bundle) else None
-        if corrupt is not None:
+        if (corrupt := integrity.check(bundle) if integrity.recorded(bundle) else None) is not None:
             raise BadInput(corrupt.line("refused; delete it and fetch while online"))
         head = next((name for name, sha in git.bundle_heads(mirror, bundle).items() if sha == pin), None)
         if head is None:

@@ -1,11 +1,8 @@
 """The upstream's own version, which a wheel carry builds carries in front of its local label (`1.6.0+carry.VERSION`)
-when `build.wheel_version` is not set, so that what depends on the upstream (`pluggy>=1.5`) still resolves.
-
-It is the static `[project] version` of the tree being built; else the nearest version tag on the pinned commit
-(`vX.Y.Z` or `X.Y.Z`, the fewest commits before it, as `git describe` finds it), from the tags upstream lists now;
-else `0`. Each answer says where it came from. A tag's answer is kept in the mirror per pin
-(`carry/versions/<pin>.json`), so that an offline rerun builds the same version; the image's build stage, which has
-only a bundle of the pin, is handed the host's answer in $CARRY_UPSTREAM_VERSION.
+when `build.wheel_version` is not set, so that what depends on the upstream (`pluggy>=1.5`) still resolves: the
+tree's static `[project] version`, else the nearest version tag on the pin (as `git describe` finds it) from the tags
+upstream lists now, else `0`, each saying where it came from. A tag's answer is kept in the mirror per pin, so an
+offline rerun builds the same version; the image's build stage gets the host's in $CARRY_UPSTREAM_VERSION.
 """
 
 from __future__ import annotations
@@ -47,10 +44,8 @@ class UpstreamVersion:
 
 
 def resolve(config: Config, cache: Cache, mirror: Path, tree: str) -> UpstreamVersion:
-    """$CARRY_UPSTREAM_VERSION (the image build's), else the tree's static [project] version, else the pin's
-    nearest version tag, else 0."""
-    given = os.environ.get(ENV, "").strip()
-    if given:
+    """$CARRY_UPSTREAM_VERSION, else the tree's static [project] version, else the pin's nearest tag, else 0."""
+    if given := os.environ.get(ENV, "").strip():
         if not TAG_RE.match(given) or given.startswith("v"):
             raise BadInput(f"${ENV} is {given!r}, not a version like 1.6.0; unset it")
         return UpstreamVersion(given, f"${ENV}, as the image build found it")
@@ -92,8 +87,7 @@ def static(mirror: Path, tree: str) -> UpstreamVersion | None:
 def of_pin(config: Config, cache: Cache, mirror: Path) -> UpstreamVersion:
     """The nearest version tag on the pin (remembered per pin in the mirror), else 0."""
     pin = config.upstream.commit
-    remembered = _remembered(mirror, pin)
-    if remembered is not None:
+    if (remembered := _remembered(mirror, pin)) is not None:
         return remembered
     tags, asked = _tags(config, mirror)
     found = _nearest(config, cache, mirror, pin, tags) if tags else None
@@ -106,8 +100,10 @@ def of_pin(config: Config, cache: Cache, mirror: Path) -> UpstreamVersion:
         answer = UpstreamVersion(
             "0", f"no static [project] version and no version tag on the pin{why}; set build.wheel_version"
         )
-    if asked:
-        _remember(mirror, pin, answer)
+    if asked:  # remembered for an offline rerun
+        path = _path(mirror, pin)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(answer.to_json(), indent=2) + "\n")
     return answer
 
 
@@ -123,12 +119,6 @@ def _remembered(mirror: Path, pin: str) -> UpstreamVersion | None:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         return None
     return UpstreamVersion(str(data["version"]), str(data["source"]))
-
-
-def _remember(mirror: Path, pin: str, answer: UpstreamVersion) -> None:
-    path = _path(mirror, pin)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(answer.to_json(), indent=2) + "\n")
 
 
 def _tags(config: Config, mirror: Path) -> tuple[dict[str, list[str]], bool]:
@@ -154,8 +144,7 @@ def _nearest(
     depth = FIRST_DEPTH
     while True:
         history = git.rev_list(mirror, pin)
-        hits = [commit for commit in history if commit in tags]
-        if hits:
+        if hits := [commit for commit in history if commit in tags]:
             counted = {commit: int(git.run(mirror, "rev-list", "--count", f"{commit}..{pin}")) for commit in hits}
             best = min(hits, key=lambda commit: counted[commit])
             return _highest(tags[best]), counted[best]

@@ -1,10 +1,8 @@
 """The artifact cache and dist/: `$CARRY_CACHE/artifacts/<key>/` holds one finished wheel, its gate report and the
-wheel's sha256 (recorded as it is stored, carry.util.integrity); publishing copies them into `out`.
-
-A hit is checked while it is copied out (one read): a wheel whose bytes are not the recorded ones is never published,
-the entry is removed and the caller builds it again. An entry an older carry stored without a sha256 is held to its
-own RECORD once (every member inflated and hashed) and then sealed. What lands in `out` is a copy (a reflink where
-the filesystem has them), never a hard link into the cache: a later change to either never reaches the other.
+wheel's sha256 (recorded as it is stored, carry.util.integrity); publishing copies them into `out`. A hit is checked
+while it is copied out (one read): a wheel whose bytes are not the recorded ones is never published, the entry is
+removed and built again; an older carry's entry without a sha256 is held to its own RECORD once, then sealed. `out`
+gets a copy (a reflink where the filesystem has them), never a hard link: a change to either would reach the other.
 """
 
 from __future__ import annotations
@@ -97,9 +95,8 @@ def check(wheel: Path) -> integrity.Corrupt | None:
 
 
 def publish(wheel: Path, out: Path, *, sealed: bool = False) -> Path:
-    """Copy the wheel, then its gate report (when there is one), into `out` through temp names and renames: `out`
-    never holds a partial wheel, nor a report without its wheel. A `sealed` wheel (from the artifact cache) is
-    hashed as it is copied: a mismatch publishes nothing and raises CorruptEntry (the caller removes the entry)."""
+    """Copy the wheel, then its gate report, into `out` through temp names and renames (never a partial wheel, nor a
+    report without one); a `sealed` wheel is hashed as it is copied: a mismatch publishes nothing (CorruptEntry)."""
     out.mkdir(parents=True, exist_ok=True)
     report = gate_report_path(wheel)
     sources = [wheel, *([report] if report.exists() else [])]
@@ -112,8 +109,7 @@ def publish(wheel: Path, out: Path, *, sealed: bool = False) -> Path:
             sweep_dead(out, f".{dest.name}.")
             tmp = Path(tempfile.mktemp(prefix=owned_prefix(f".{dest.name}."), suffix=".tmp", dir=out))
             placed.append((tmp, dest))
-            corrupt = _copy(source, tmp, checked=sealed and source == wheel)
-            if corrupt is not None:
+            if (corrupt := _copy(source, tmp, checked=sealed and source == wheel)) is not None:
                 raise CorruptEntry(corrupt)
         for tmp, dest in placed:
             os.replace(tmp, dest)

@@ -1,11 +1,8 @@
 """The environment an upstream builds in when carry calls its PEP 517 backend itself (`build_isolation: false`;
-docs/builds.md, "The build environment").
-
-A venv uv makes from the upstream's `[build-system] requires` plus build.environment, never from carry's own
-interpreter, under `$CARRY_CACHE/envs/<key>/`, the key a sha256 over what went in. A venv cannot be moved, so it is
-made in place under a lock and a marker file is written last: a directory without the marker (a killed run) is
-removed and made again. Index URLs (which may hold `user:password@`) reach uv through its environment only, never
-argv, and are printed and keyed without their credentials.
+docs/builds.md, "The build environment"): a venv uv makes from the upstream's `[build-system] requires` plus
+build.environment under `$CARRY_CACHE/envs/<key>/`, keyed by a sha256 over what went in. A venv cannot be moved, so
+it is made in place under a lock, its marker file written last (a directory without one is made again). Index URLs
+(which may hold `user:password@`) reach uv through its environment only, and are printed and keyed without them.
 """
 
 from __future__ import annotations
@@ -118,8 +115,7 @@ class Uv:
 
 @functools.cache
 def find_uv() -> Uv:
-    """The uv binary of the `uv` package installed next to carry, and its version (the package's own: the same
-    number, read without starting uv; a binary that does not run is reported when it is first run)."""
+    """The uv binary of the `uv` package installed next to carry, and the package's version (uv not started)."""
     from importlib import metadata
 
     try:
@@ -171,8 +167,7 @@ def normalize_requirement(text: str, where: str) -> str:
 
 
 def requires_from_pyproject(pyproject: dict, where: str = "pyproject.toml") -> tuple[str, ...]:
-    """The `[build-system] requires` of a parsed pyproject.toml, normalized; PEP 518's legacy setuptools default
-    when there is no [build-system] table."""
+    """A parsed pyproject.toml's `[build-system] requires`, normalized (PEP 518's legacy default without one)."""
     system = pyproject.get("build-system")
     if system is None:
         return LEGACY_REQUIRES
@@ -310,8 +305,7 @@ def _interpreter(python: str) -> dict:
         if done.returncode != 0:
             raise BadInput(f"python {python} cannot run carry's probe (exit {done.returncode}); use Python >= 3.10")
         facts = json.loads(done.stdout)
-    found = Platform.from_machine(facts["machine"])
-    if found is None:
+    if (found := Platform.from_machine(facts["machine"])) is None:
         raise BadInput(
             f"python {python} runs on {facts['machine']}, a CPU carry has no platform for; use "
             f"one of: {', '.join(str(p) for p in Platform)}"
@@ -481,20 +475,18 @@ def _make(spec: EnvSpec, root: Path, log: Path, start: float) -> BuildEnv:
         install += ["--no-index"] if spec.no_index else []
         installed = _uv(spec, [*install, *sources, "--", *spec.requirements], env, handle, log)
     packages = _installed(python, env)
-    versions = _key_versions(packages, spec)
     fetched = re.search(r"^Prepared (\d+) package", installed, re.MULTILINE)
     downloaded = int(fetched.group(1)) if fetched else 0
-    copied = "falling back to full copy" in installed
     seconds = time.monotonic() - start
     marker = {
         "key": spec.key,
         "spec": spec.public(),
-        "versions": versions,
+        "versions": _key_versions(packages, spec),
         "packages": packages,
         "uv": spec.uv.version,
         "made_s": round(seconds, 3),
         "downloaded": downloaded,
-        "copied": copied,
+        "copied": "falling back to full copy" in installed,
         "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     atomic_write_text(root / MARKER, json.dumps(marker, indent=2) + "\n")  # last: from here on it is complete
@@ -589,9 +581,8 @@ PROVIDED_ENV = "CARRY_BUILD_PYTHON"
 
 
 def provided(python: str, spec: EnvSpec) -> BuildEnv:
-    """The environment of `python` as given by `$CARRY_BUILD_PYTHON` (the image's build stage, whose venv it made
-    from the same requires): used as it is once every requirement of `spec` is satisfied there; the first that
-    is not is bad input naming it."""
+    """The environment `$CARRY_BUILD_PYTHON` names (the image's build stage's venv), used as it is once every
+    requirement of `spec` is satisfied there; the first that is not is bad input naming it."""
     from packaging.markers import default_environment
     from packaging.version import InvalidVersion, Version
 

@@ -1,9 +1,7 @@
 """The compiler cache around the upstream build: where the launcher keeps its files, the shared backend it may
-use (probed first, and never the build's failure), and what it did, read from its own statistics.
-
-The backend's password comes only from $CARRY_REMOTE_CACHE_PASSWORD. It reaches the launcher through a private
-mode-600 file in the build's scratch dir (ccache's config file, sccache's TOML), never through argv, the build's
-environment, the log, buildinfo or the wheel.
+use (probed first, and never the build's failure), and what it did, read from its own statistics. The backend's
+password comes only from $CARRY_REMOTE_CACHE_PASSWORD and reaches the launcher through a private mode-600 file in
+the build's scratch dir, never through argv, the build's environment, the log, buildinfo or the wheel.
 """
 
 from __future__ import annotations
@@ -326,13 +324,10 @@ def _ccache_env(launcher_dir: Path, src: Path, scratch: Path, remote_url: str | 
     }
     if remote_url is not None:
         own = launcher_dir / "ccache.conf"
-        kept = ""
-        if own.is_file():
-            kept = "".join(
-                line
-                for line in own.read_text(errors="replace").splitlines(keepends=True)
-                if line.split("=", 1)[0].strip() not in ("remote_storage", "secondary_storage")
-            )
+        lines = own.read_text(errors="replace").splitlines(keepends=True) if own.is_file() else []
+        kept = "".join(
+            line for line in lines if line.split("=", 1)[0].strip() not in ("remote_storage", "secondary_storage")
+        )
         if kept and not kept.endswith("\n"):
             kept += "\n"
         config = write_private(scratch / "ccache-private.conf", f"{kept}remote_storage = {remote_url}\n")
@@ -383,9 +378,8 @@ def run(
     environ: Mapping[str, str],
     distributed: Distributed | None = None,
 ) -> Iterator[CacheRun | None]:
-    """Set the launcher up for one build in `src`: yields its settings (None without a launcher); the `remote`
-    backend (from `remote_setting`) is probed first and left out, with one progress line saying why, when it
-    cannot be used; so is the build cluster (`distributed`, from distbuild.setting: sccache only)."""
+    """Set the launcher up for one build in `src` (None without one); the `remote` backend is probed first, and it and
+    the build cluster (`distributed`: sccache only) are left out, with one progress line saying why, when unusable."""
     credentials = Credentials.from_env(environ)
     if distributed is not None and (launcher is None or launcher.kind is not CompilerCache.SCCACHE):
         raise BadInput(f"build.distributed {distributed} needs sccache as the compiler launcher; set compiler_cache")
@@ -449,9 +443,8 @@ def _sccache_server(
     credentials: Credentials,
     dist_config: str | None = None,
 ) -> Iterator[CacheRun]:
-    """A private sccache server on a free port, so its settings and statistics are this build's alone; when it
-    does not start with the backend, it starts again with the local disk cache (and says why in the run's
-    `remote_note`). `dist_config`: the build cluster's client settings, in the same private file."""
+    """A private sccache server on a free port (its settings and statistics this build's alone); started again with
+    the local disk cache when it will not start with the backend (why: `remote_note`); `dist_config` in its file."""
     local = {
         "SCCACHE_DIR": environ.get("SCCACHE_DIR") or str(cache_root / "sccache"),
         "SCCACHE_BASEDIRS": str(src),

@@ -1,16 +1,12 @@
 """A precompiled build after a Python-only change, without running the upstream's build again (docs/builds.md,
 "A Python-only change derives the wheel").
 
-When the plan differs from an earlier PEP 517 build only in its tree (the plan's `family`; in its VERSION too: its
-`lineage`), and every file that differs between the two trees is one that wheel carries byte for byte (or a Python
-module added to or removed from a package it ships), the new wheel is that wheel with those members replaced, every
-other member keeping its compressed bytes; anything else and the upstream's build runs, and the line says why. The
-finish (tree check, gate) is the same for both; only PEP 517 builds become bases.
-
-Limit: a file the upstream's build writes (not in the tree) is carried over from the base. That is right for what
-vLLM's build writes (vllm/_version.py, from VERSION), and a written file naming the base's commit stops the
-derivation; a build that writes files from the content of its Python sources would need the upstream's build every
-time.
+When the plan differs from an earlier PEP 517 build only in its tree (its `family`; across VERSIONs, its `lineage`)
+and every file that differs between the two trees is one that wheel carries byte for byte (or a Python module added
+to or removed from a package it ships), the new wheel is that wheel with those members replaced; else the upstream's
+build runs, and the line says why. Only PEP 517 builds become bases. Limit: a file the build writes (not in the tree)
+is carried over from the base: right for vLLM's vllm/_version.py, and one naming the base's commit stops the
+derivation; a build writing files from the content of its Python sources would need its build every time.
 """
 
 from __future__ import annotations
@@ -55,9 +51,8 @@ Offer = Callable[[], "tuple[Base | None, str]"]
 
 @dataclasses.dataclass(frozen=True)
 class Derivation:
-    """The base and the members to replace (path -> the new tree's bytes); `reason` says why not, when empty. Across
-    VERSIONs: `dist_info_as` (the new dist-info), `version` (the new wheel version), `rewritten` (the members whose
-    version was rewritten)."""
+    """The base and the members to replace (path -> the new tree's bytes), or `reason` why not; across VERSIONs also
+    `dist_info_as` (the new dist-info), `version` (the new wheel version), the members whose version was `rewritten`."""
 
     base: Base | None
     replaced: dict[str, bytes | None]
@@ -90,8 +85,7 @@ class Derivation:
 
 
 def remember(cache: Cache, family: str, tree: str, key: str, commit: str, lineage: str = "") -> None:
-    """Record a PEP 517 build of `family` as the base of the next Python-only change (and of `lineage`: the next
-    VERSION's)."""
+    """Record a PEP 517 build as the base of `family`'s next Python-only change (and of `lineage`'s: VERSION's)."""
     record = {"tree": tree, "key": key, "commit": commit}
     (cache.root / PART).mkdir(parents=True, exist_ok=True)
     atomic_write_text(cache.root / PART / f"{family}.json", json.dumps(record) + "\n")
@@ -220,9 +214,8 @@ def _reversion(
 def _replacements(
     mirror: Path, base_tree: str, tree: str, diff: str, hashes: dict[str, str], generated: tuple[str, ...]
 ) -> tuple[dict[str, bytes | None], str]:
-    """The members to replace, add (bytes) or remove (None) for `diff` (git diff-tree -z of the base tree and
-    `tree`), or why the upstream's build must run. `generated`: build.generated's globs and what the base's build
-    wrote (paths)."""
+    """The members to replace, add (bytes) or remove (None) for `diff` (git diff-tree -z of the base tree and `tree`),
+    or why the upstream's build must run. `generated`: build.generated's globs and the base build's written paths."""
     replaced: dict[str, bytes | None] = {}
     packages: set[str] = set()  # the packages a module was added to or removed from
     fields = diff.split("\0")
@@ -250,10 +243,9 @@ def _replacements(
 
 
 def _module_change(mirror: Path, tree: str, path: str, change: str, mode: str, hashes: dict[str, str]) -> str:
-    """Why a file added to or removed from the tree (`change` A or D) is not a module the wheel takes the same way,
-    or '': a .py file (mode 644) in a directory of the base tree whose modules the wheel carries byte for byte (its
-    __init__.py, else its first module: the upstream's build ships that package's modules); a removed one the wheel
-    carries as it was."""
+    """Why a file added to or removed from the tree (`change` A or D) is not a module the wheel takes the same way, or
+    '': a .py file (mode 644) in a base tree directory whose modules the wheel carries byte for byte (its __init__.py,
+    else its first: the build ships that package's modules); a removed one the wheel carries as it was."""
     what = "added" if change == "A" else "removed"
     if not path.endswith(".py") or mode != "100644":
         return f"{path} {what} (only a Python module added or removed is derived)"
@@ -297,8 +289,7 @@ def _not_in_place(path: str, change: str, old_mode: str, new_mode: str, generate
 
 
 def _blob(mirror: Path, sha: str) -> bytes:
-    text = git.run(mirror, "cat-file", "blob", sha, strip=False)
-    return text.encode("utf-8", errors="surrogateescape")
+    return git.run(mirror, "cat-file", "blob", sha, strip=False).encode("utf-8", errors="surrogateescape")
 
 
 def write(derivation: Derivation, dest: Path) -> Path:
@@ -311,6 +302,5 @@ def write(derivation: Derivation, dest: Path) -> Path:
     wheel = dest / name
     with zipfile.ZipFile(derivation.base.wheel) as archive:
         buildinfo = f"{wheelzip.dist_info(archive)}/{BUILDINFO}"
-    changes = {buildinfo: None, **derivation.replaced}
-    wheelzip.rewrite(derivation.base.wheel, wheel, changes, derivation.dist_info_as)
+    wheelzip.rewrite(derivation.base.wheel, wheel, {buildinfo: None, **derivation.replaced}, derivation.dist_info_as)
     return wheel

@@ -1,11 +1,9 @@
 """A source build's compiles sent to an sccache-dist build cluster (`build.distributed`): the scheduler checked
 before the build (reachable, the token accepted, a server registered), the client's settings for the build's private
-sccache server, and what was distributed, read from sccache's own statistics.
-
-The client token comes only from $CARRY_DIST_TOKEN, or the file $CARRY_DIST_TOKEN_FILE names. It reaches sccache
-through the build's private mode-600 config file (compilecache writes it), never argv, the build's environment, the
-log, buildinfo or the wheel. A scheduler that is down, refuses the token or has no server costs one line and the
-build compiles locally: sccache itself fails every compile on a wrong token (docs/builds.md, "A build cluster").
+sccache server, and what was distributed, read from sccache's own statistics. The client token comes only from
+$CARRY_DIST_TOKEN or the file $CARRY_DIST_TOKEN_FILE names, and reaches sccache through that server's private mode-600
+config file only. A scheduler that is down, refuses the token or has no server costs one line and the build compiles
+locally: sccache itself fails every compile on a wrong token (docs/builds.md, "A build cluster").
 """
 
 from __future__ import annotations
@@ -60,9 +58,8 @@ class Check:
 
 
 def check(distributed: Distributed, client_token: str | None, timeout: float = CHECK_TIMEOUT_S) -> Check:
-    """Ask the scheduler, with a short timeout, before the build relies on it: its status (no token needed: the
-    servers and cores it counts; none is a reason not to use it), then a job request with no job in it, which the
-    scheduler answers 401 for a wrong token and 400 (no job) for the right one, allocating nothing."""
+    """Ask the scheduler (short timeout) before the build relies on it: its status (servers and cores; none is a
+    reason not to use it), then an empty job request: 401 for a wrong token, 400 (no job) for the right one."""
     if not client_token:
         return Check(False, f"no client token (set ${TOKEN_ENV} or ${TOKEN_FILE_ENV})")
     base = distributed.scheduler_url
@@ -92,8 +89,7 @@ def check(distributed: Distributed, client_token: str | None, timeout: float = C
 
 
 def _ask(request: urllib.request.Request, timeout: float) -> tuple[int, bytes]:
-    """The HTTP status and body of one request; a connection that fails raises its OSError (TimeoutError,
-    ConnectionRefusedError, ...), not urllib's wrapper."""
+    """The HTTP status and body of one request; a failing connection raises its own OSError, not urllib's wrapper."""
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             return answer.status, answer.read()

@@ -1,9 +1,8 @@
 """A per-commit wheel index, read the way vLLM lays it out: where `carry pin` finds the precompiled wheels.
 
-The layout is vLLM's `.buildkite/scripts/generate-nightly-index.py` (docs/builds.md, "Finding the pins"): commit C's
-wheels at `{index}/{C}/`, each variant's PEP 503 page and metadata.json at `{index}/{C}/[{variant}/]{project}/`;
-neither gives a hash. A 404 for a commit's metadata.json means no wheels of that variant at C; a body that is not
-that JSON list means the URL is not such an index (bad input).
+The layout is vLLM's `.buildkite/scripts/generate-nightly-index.py` (docs/builds.md, "Finding the pins"): each
+variant's PEP 503 page and metadata.json (no hashes) at `{index}/{C}/[{variant}/]{project}/`. A 404 for it means no
+wheels of that variant at C; a body that is not that JSON list means the URL is not such an index (bad input).
 """
 
 from __future__ import annotations
@@ -92,8 +91,7 @@ class Listing:
         return tuple(e for e in self.entries if indexes.canonical(e.project) == indexes.canonical(project))
 
     def wheel_for(self, project: str, platform: Platform) -> Entry | None:
-        """The wheel pip would take for `platform` (a manylinux tag of its CPU up to glibc 2.36, the newest such
-        tag first), or None."""
+        """The wheel pip would take for `platform` (its CPU's newest manylinux tag up to glibc 2.36), or None."""
         allowed = indexes.manylinux_tags(platform.machine)
         fitting = [e for e in self.wheels_of(project) if e.platform_tag in allowed]
         return min(fitting, key=lambda e: (allowed.index(e.platform_tag), e.filename), default=None)
@@ -134,13 +132,10 @@ class Index:
         return f"{base}/{commit}/" + (f"{self.variant}/" if self.variant else "")
 
     def listing(self, commit: str, project: str) -> Listing | None:
-        """`commit`'s metadata.json of this variant (None: 404, no wheels of it there); bad input for a body that is
-        not the list vLLM's index writes."""
+        """`commit`'s metadata.json of this variant (None: 404); bad input for a body that is not vLLM's list."""
         url = f"{self.root(commit)}{indexes.canonical(project)}/metadata.json"
         body = indexes.get(url, timeout=TIMEOUT_S)
-        if body is None:
-            return None
-        return Listing(url, tuple(self._entries(url, body)))
+        return None if body is None else Listing(url, tuple(self._entries(url, body)))
 
     def _entries(self, url: str, body: bytes) -> Iterator[Entry]:
         try:
@@ -180,8 +175,7 @@ class Index:
         return tuple(sorted({name for name in found if name and "/" not in name}))
 
     def check_page(self, commit: str, entry: Entry) -> None:
-        """The PEP 503 page of `entry`'s project lists it, linking to the same file: pip finds it there on a runner
-        whose download store lacks it."""
+        """`entry`'s project page lists it, linking the same file (pip reads it where the store lacks it)."""
         page = f"{self.root(commit)}{indexes.canonical(entry.project)}/"
         body = indexes.get(page, timeout=TIMEOUT_S)
         if body is None:

@@ -1,8 +1,6 @@
-"""Run an upstream's own PEP 517 build into a wheel, its output going to a log.
-
-Without build isolation carry calls the backend's `build_wheel` hook itself through pyproject_hooks, in the
-build environment's interpreter (carry/wheelbuild/buildenv.py), as `python -m build --no-isolation` would there, one
-interpreter fewer per build. With isolation it runs
+"""Run an upstream's own PEP 517 build into a wheel, its output going to a log. Without build isolation carry calls
+the backend's `build_wheel` hook itself through pyproject_hooks in the build environment's interpreter (buildenv.py),
+as `python -m build --no-isolation` would there, one interpreter fewer per build; with isolation it runs
 `python -m build`, which makes the isolated environment and installs the build requirements into it.
 """
 

@@ -1,11 +1,8 @@
 """`carry pin`: the precompiled wheels found, never guessed, and written into build.yaml (docs/builds.md,
-"Finding the pins").
-
-For every platform of image.platforms, the wheel of C (the merge-base of the commit and upstream.main) on the
-per-commit index, else that of the nearest commit along main's first-parent history whose compiled inputs are the
-patched tree's; each refusal named with why. Each wheel found is downloaded, hashed (trust on first use: the index
-gives no hash) and proven from its own version, then build.precompiled.wheels is written in place; a pin of the same
-file whose sha256 changed on the server is refused: tampering or a re-upload, never an update.
+"Finding the pins"). Each platform's wheel is that of C (the merge-base of the commit and upstream.main) on the
+per-commit index, else of the nearest commit on main's first-parent history with the patched tree's compiled inputs;
+downloaded, hashed (trust on first use: the index gives no hash), proven from its own version, and written in place.
+A pinned file whose sha256 changed on the server is refused: tampering or a re-upload, never an update.
 """
 
 from __future__ import annotations
@@ -96,12 +93,7 @@ class Fetched:
         return self.found.platform
 
     def fields(self) -> dict[str, str]:
-        return {
-            "requirement": self.found.requirement,
-            "index": self.found.index,
-            "sha256": self.sha256,
-            "ref": self.found.commit,
-        }
+        return dict(zip(FIELDS, (self.found.requirement, self.found.index, self.sha256, self.found.commit)))
 
     @property
     def unchanged(self) -> bool:
@@ -206,9 +198,8 @@ def pin(
 
 
 def repin(config: Config, cache: Cache, new_commit: str, tree: str | None = None) -> None:
-    """What every command that moves upstream.commit runs first: the pins of `new_commit` (its patched tree `tree`,
-    else the series applied on it) found and written, as `pin` does, each line said in a note. Nothing without
-    build.precompiled.nightly. On a failure nothing is written and the pin must not move."""
+    """What every command that moves upstream.commit runs first (given build.precompiled.nightly): `pin` for
+    `new_commit` (patched tree `tree`, else the series applied), each line a note; failing, the pin must not move."""
     settings = config.build.precompiled
     if settings is None or settings.nightly is None:
         return
@@ -227,9 +218,8 @@ def repin(config: Config, cache: Cache, new_commit: str, tree: str | None = None
 
 
 def follow_release(config: Config, cache: Cache, ref: str) -> list[str]:
-    """build.precompiled.wheels pinned by requirement to a release (`vllm==0.32.0`), moved to the release REF names
-    (`v0.33.0` or `0.33.0`), each wheel as pip picks it and trusted on first use: what was done, a line per platform;
-    nothing written when REF names no version or a wheel is missing."""
+    """build.precompiled.wheels pinned to a release (`vllm==0.32.0`) moved to the one REF names, as pip picks each
+    (trusted on first use): a line per platform; nothing written when REF names no version or a wheel is missing."""
     from carry.util import index, integrity
 
     settings = config.build.precompiled
@@ -261,9 +251,8 @@ def follow_release(config: Config, cache: Cache, ref: str) -> list[str]:
 
 
 def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str) -> Discovery:
-    """Each platform's wheel for `commit` (its patched tree `tree`): C's, else the nearest on main's first-parent
-    history with the tree's compiled inputs; Failed, one line naming every platform without one, the variant and
-    the commits tried with why each was refused."""
+    """Each platform's wheel for `commit` (patched tree `tree`): C's, else the nearest on main's first-parent history
+    with the tree's compiled inputs; Failed naming every platform without one, the variant and each commit refused."""
     index = nightly.Index.of(config)
     main = upstream.resolve_ref(config, cache, config.upstream.main)
     base, unknown = upstream.merge_base(config, cache, mirror, commit, main)
@@ -298,8 +287,7 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
         pending = [platform for platform in wanted if platform not in found]
         if not pending:
             break
-        changed = git.changed_paths(mirror, candidate, tree, inputs)
-        if changed:
+        if changed := git.changed_paths(mirror, candidate, tree, inputs):
             differ = f"inputs differ at {changed[0]}" + (f" and {len(changed) - 1} more" if len(changed) > 1 else "")
             for platform in pending:
                 refused[platform].append(Refused(candidate, differ))
@@ -308,8 +296,9 @@ def discover(config: Config, cache: Cache, mirror: Path, commit: str, tree: str)
         for platform in pending:
             entry = listing.wheel_for(project, platform) if listing is not None else None
             if entry is None:
-                why = _missing(index, listing, project, platform, candidate, base)
-                refused[platform].append(Refused(candidate, why))
+                refused[platform].append(
+                    Refused(candidate, _missing(index, listing, project, platform, candidate, base))
+                )
                 continue
             named, reason = _names(entry, candidate, index.variant, tagged)
             if reason:
@@ -373,9 +362,8 @@ def _missing(
 def _names(
     entry: nightly.Entry, commit: str, variant: str | None, tagged: Callable[[str], tuple[str, str | None]]
 ) -> tuple[str, str | None]:
-    """(what the listed wheel's version names, why it is not this commit's wheel of this variant: None when it
-    is). A nightly names its commit (`+g<sha>`); a release (built at a tagged commit) names a tag, which must be
-    this commit."""
+    """(what the listed wheel's version names, why it is not this commit's wheel of this variant, or None): a nightly
+    names its commit (`+g<sha>`), a release (built at a tagged commit) a tag, which must be this commit."""
     named, suffix = entry.names()
     if suffix is not None and suffix != (variant or "").lower():
         return "", f"lists {entry.filename}, a wheel of variant {suffix}, on the {variant or 'default'} variant's page"
@@ -409,9 +397,8 @@ def summary(refused: tuple[Refused, ...] | list[Refused]) -> str:
 
 
 def fetch(config: Config, cache: Cache, discovery: Discovery, refuse_changed: bool = True) -> tuple[Fetched, ...]:
-    """Each found wheel downloaded into the store (all at once; when one fails, the others stop and keep nothing)
-    and hashed; a file whose sha256 changed since it was pinned is refused (`refuse_changed`) before anything else;
-    then its commit is proven from its own version."""
+    """Each found wheel downloaded into the store at once (one failing stops the others, keeping nothing) and hashed;
+    a file whose sha256 changed since it was pinned is refused first (`refuse_changed`), then its commit proven."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -474,9 +461,8 @@ def _prove(found: Found, path: Path) -> str:
 
 
 def write(path: Path, pins: dict[Platform, dict[str, str]]) -> bool:
-    """build.precompiled.wheels.<platform> set to `pins` in `path`, every other byte kept (comments, order, the
-    other keys); False when the file says that already. The new text must read back as the old data with exactly
-    these pins, or nothing is written."""
+    """build.precompiled.wheels.<platform> set to `pins` in `path`, every other byte kept; False when it says that
+    already. The new text must read back as the old data with exactly these pins, or nothing is written."""
     text = path.read_text()
     new = render(text, pins, path)
     if new == text:
@@ -502,7 +488,8 @@ def write(path: Path, pins: dict[Platform, dict[str, str]]) -> bool:
 
 def render(text: str, pins: dict[Platform, dict[str, str]], path: Path) -> str:
     """`text` with the pins written into build.precompiled.wheels (see `write`)."""
-    held = _pair(_value(yaml.compose(text), "build"), "precompiled")  # (its key, its value)
+    build = _pair(yaml.compose(text), "build")
+    held = _pair(build[1] if build else None, "precompiled")  # (its key, its value)
     if held is None or not isinstance(held[1], yaml.MappingNode) or held[1].flow_style or not held[1].value:
         raise BadInput(f"{path}: build.precompiled must be a block mapping for `carry pin` to write its wheels into")
     named, precompiled = held
@@ -601,11 +588,6 @@ def _pair(node: yaml.Node | None, name: str) -> tuple[yaml.Node, yaml.Node] | No
     return next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == name), None)
 
 
-def _value(node: yaml.Node | None, name: str) -> yaml.Node | None:
-    pair = _pair(node, name)
-    return pair[1] if pair else None
-
-
 def _empty(node: yaml.Node) -> bool:
     if isinstance(node, yaml.ScalarNode):
         return node.tag.endswith(":null")
@@ -613,8 +595,7 @@ def _empty(node: yaml.Node) -> bool:
 
 
 def _end(node: yaml.Node) -> int:
-    """Where a node's text ends: its last scalar's end (a block collection's own end mark lies past the comments and
-    blank lines that follow it)."""
+    """Where a node's text ends: its last scalar's (a block's own end mark lies past the comments after it)."""
     if isinstance(node, yaml.ScalarNode) or getattr(node, "flow_style", False):
         return node.end_mark.index
     if isinstance(node, yaml.MappingNode) and node.value:

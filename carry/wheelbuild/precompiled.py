@@ -1,10 +1,8 @@
 """Precompiled builds: the upstream's own mechanism (vLLM's VLLM_USE_PRECOMPILED) lifts the compiled code out of
-an existing upstream wheel, and carry proves that is right before any build work and after it (docs/builds.md).
-
-Before: the pin's ref is the one the wheel's own version names, the wheel is the pinned file with a sound RECORD,
-and the compiled inputs (build.precompiled.inputs) are identical between that commit and the patched tree. After:
-the members taken from it are byte-identical, its Requires-Dist is the precompiled wheel's own, and it carries the
-precompiled wheel's tags, not the build host's.
+an existing upstream wheel, and carry proves that right before any build work and after it (docs/builds.md).
+Before: the pin's ref is the one the wheel's version names, the wheel is the pinned file with a sound RECORD, and the
+compiled inputs (build.precompiled.inputs) are identical between that commit and the patched tree. After: the members
+taken from it are byte-identical, and the built wheel has its Requires-Dist and its tags, not the build host's.
 """
 
 from __future__ import annotations
@@ -57,8 +55,7 @@ class Claim:
 
 
 def claim(wheel: PrecompiledWheel, where: str) -> Claim:
-    """The pin's ref proven against the version the pin names, before anything is fetched (bad input, naming
-    both, when they disagree)."""
+    """The pin's ref proven against the version the pin names before any fetch (bad input naming both if not)."""
     from packaging.version import InvalidVersion, Version
 
     version, ref, name = wheel.pinned.version or "", wheel.ref, wheel.pinned.name or wheel.pinned.requirement
@@ -126,12 +123,11 @@ class Plan:
 
     def key(self) -> dict:
         """What the build takes from the precompiled wheel, independent of where the file lies."""
-        env = {name: value.replace(str(self.path), "{wheel}") for name, value in self.env.items()}
         return {
             "sha256": self.wheel.pinned.sha256,
             "platform": str(self.platform),
             "commit": self.commit,
-            "env": env,
+            "env": {name: value.replace(str(self.path), "{wheel}") for name, value in self.env.items()},
             "clear": list(self.clear),
             "inputs": list(self.inputs),
         }
@@ -208,8 +204,7 @@ def prove(config: Config, cache: Cache, mirror: Path, checked: Pin, tree: str, s
     commit = _commit(config, cache, mirror, ref)
     _prove_ref(config, cache, mirror, checked, commit)
     inputs = tuple(g.glob for g in settings.inputs)
-    changed = git.changed_paths(mirror, commit, tree, inputs)
-    if changed:
+    if changed := git.changed_paths(mirror, commit, tree, inputs):
         raise InputsDiffer(_inputs_differ(changed, ref, series))
     env = {name: value.replace("{wheel}", str(checked.path)) for name, value in settings.env.items()}
     return Plan(
@@ -259,8 +254,7 @@ def _tag_commit(config: Config, cache: Cache, mirror: Path, tags: tuple[str, ...
 
 
 def _read(wheel: Path) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str], str]:
-    """The wheel's tags (WHEEL), Requires-Dist (METADATA), RECORD hashes and Version (METADATA), read without
-    inflating its code."""
+    """The wheel's tags, Requires-Dist, RECORD hashes and Version, read without inflating its code."""
     try:
         with zipfile.ZipFile(wheel) as archive:
             info = wheelzip.dist_info(archive)
@@ -270,11 +264,10 @@ def _read(wheel: Path) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, str]
     except (OSError, KeyError, Failed, zipfile.BadZipFile) as exc:
         raise BadInput(f"{wheel}: not a readable wheel ({exc}); check build.precompiled") from None
     tags = file_name_tags(wheel.name) or wheelzip.tags_of(wheel_file)
-    members = {}
-    for row in csv.reader(record.splitlines()):
-        name, digest = (row + ["", ""])[:2]
-        if digest and not name.split("/", 1)[0].endswith((".dist-info", ".data")):
-            members[name] = digest
+    rows = ((row + ["", ""])[:2] for row in csv.reader(record.splitlines()))
+    members = {
+        name: digest for name, digest in rows if digest and not name.split("/", 1)[0].endswith((".dist-info", ".data"))
+    }
     return tags, tuple(metadata.get_all("Requires-Dist") or ()), members, str(metadata.get("Version", ""))
 
 
@@ -328,7 +321,6 @@ def metadata_problems(wheel: Path, requires_dist: tuple[str, ...], source: str) 
         ours, theirs = set(requires), set(requires_dist)
         detail = "; ".join([*(f"+ {r}" for r in sorted(ours - theirs)), *(f"- {r}" for r in sorted(theirs - ours))])
         problems.append(f"Requires-Dist differs from {source}'s ({detail[:600]})")
-    cpu = [r for r in requires if re.match(r"^torch\b", r) and "+cpu" in r]
-    if cpu:
+    if cpu := [r for r in requires if re.match(r"^torch\b", r) and "+cpu" in r]:
         problems.append(f"Requires-Dist asks for a CPU torch: {', '.join(cpu)}")
     return problems

@@ -44,8 +44,7 @@ class Facts:
 
 @dataclasses.dataclass(frozen=True)
 class Produced:
-    """A wheel some producer made in scratch space, not yet checked, with its log and what the compiler cache
-    did (None where nothing compiled)."""
+    """A wheel a producer made in scratch space, unchecked, with its log and the compiler cache's outcome."""
 
     wheel: Path
     log: Path
@@ -61,9 +60,8 @@ class Producer(Protocol[Job]):
 
 
 def here(facts: Facts) -> bool:
-    """The placement rule: a platform's wheel is made on this machine when its compiled code comes from
-    build.precompiled's wheel (nothing compiles, so any CPU will do), or when the platform is this machine's and no
-    build stage was asked for."""
+    """The placement rule: made on this machine when its compiled code comes from build.precompiled's wheel (nothing
+    compiles: any CPU will do), or when the platform is this machine's and no build stage was asked for."""
     return facts.precompiled or (facts.platform is facts.native and not facts.staged)
 
 

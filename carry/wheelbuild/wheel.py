@@ -1,10 +1,7 @@
-"""A wheel of the patched tree: planned once, produced (the upstream's own PEP 517 build in a clean build dir),
-then finished the same way whoever produced it: gate, tree check, version, stamp, store; published into `out`.
-
-    plan -> produce (the upstream's build, or derive) -> finish (inspect: gate + tree check, stamp, store) -> publish
-
-A rerun with the same plan key reuses the stored wheel and runs nothing. In precompiled mode a Python-only change
-derives the wheel from the last PEP 517 build of the same family (derive.py) instead of running the build again.
+"""A wheel of the patched tree: planned once, produced (the upstream's own PEP 517 build in a clean build dir, or in
+precompiled mode after a Python-only change derived from the family's last such build: derive.py), then finished the
+same way whoever produced it (gate, tree check, version, stamp, store) and published into `out`. A rerun with the
+same plan key reuses the stored wheel and runs nothing.
 """
 
 from __future__ import annotations
@@ -65,8 +62,7 @@ class EnvPlan:
 
 
 def env_plan(config: Config, mirror: Path, tree: str) -> EnvPlan | None:
-    """The build environment of `tree` (its [build-system] requires plus build.environment); None with isolation,
-    where `python -m build` makes its own."""
+    """The build environment of `tree` ([build-system] requires plus build.environment); None with isolation."""
     if config.build.build_isolation:
         return None
     spec = buildenv.EnvSpec.resolve(buildenv.requires_of_tree(mirror, tree), config.build.environment)
@@ -136,9 +132,8 @@ def plan(
     taken: precompiled.Plan | None = None,
     template: str | None = None,
 ) -> WheelPlan:
-    """The plan of one build of `report`'s tree by `builder` (its config, VERSION, gate policy, jobs and remote
-    cache) with the probed `tools`. `template`: the wheel version with {version} (build.wheel_version, else the
-    upstream's own, see carry/source/upstreamversion.py); VERSION fills it in."""
+    """The plan of one build of `report`'s tree by `builder` with the probed `tools`; `template`: the wheel version with
+    {version} for VERSION (build.wheel_version, else the upstream's own: carry/source/upstreamversion.py)."""
     config, version, policy, job_plan = builder.config, builder.version, builder.policy, builder.job_plan
     remote = builder.tools.remote
     tree = report.patched_tree()
@@ -246,12 +241,9 @@ def _published_hit(cache: Cache, key: str, out: Path) -> Path | None:
 
 
 class Builder:
-    """What every build of one command shares, resolved once and before any work: the gate policy, the compile
-    jobs, VERSION, the tools (`toolchain.BuildTools`: the command's one probe and its compiler cache, found at the
-    first build, after the caller's check, which reports an unusable cache first) and, unless building from
-    source, the precompiled wheel for the platform (checked: a wrong pin is bad input before anything is written).
-    Calling it picks the producer for one checked tree (precompiled when its compiled inputs are proven, else the
-    source build), plans and builds."""
+    """What every build of one command shares, resolved once before any work: the gate policy, the compile jobs,
+    VERSION, the tools (`toolchain.BuildTools`, probed at the first build) and, unless building from source, the
+    checked precompiled wheel (a wrong pin is bad input before anything is written). Calling it builds one tree."""
 
     def __init__(
         self,
@@ -328,8 +320,7 @@ class Builder:
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One wheel to produce, what every producer is handed: the plan, where its tree is, and the derivation planned
-    for it (None: not in precompiled mode)."""
+    """One wheel to produce, as every producer is handed it (`derivation` None: not in precompiled mode)."""
 
     config: Config
     cache: Cache
@@ -490,8 +481,7 @@ def _run_build(
         else:
             status = pep517.build_wheel(src, out, env, handle, True)
     if status != 0 and says_no_space(log.read_text(errors="replace")):
-        written = tree_size(src) + tree_size(out)
-        raise Failed(f"the upstream build: {no_space_line(src, written=written)}; log: {log}")
+        raise Failed(f"the upstream build: {no_space_line(src, written=tree_size(src) + tree_size(out))}; log: {log}")
     if status != 0:
         raise Failed(f"the upstream build failed (exit {status}); log: {log}\n{tail(log)}")
     wheels = list(out.glob("*.whl"))
@@ -610,9 +600,8 @@ def make_info(
 def refuse_another_artifact(
     out: Path, version: str, url: str, pin: str, tree: str, platform: Platform, precompiled_sha256: str | None
 ) -> None:
-    """Bad input when `out` holds a wheel of this upstream under this VERSION built from another tree, or (for the
-    same platform) from another precompiled wheel: one VERSION names one artifact. (`prove` and `status --test` build
-    prefixes of the series on purpose and publish elsewhere; the cache is keyed by content.)"""
+    """Bad input when `out` holds a wheel of this upstream and VERSION from another tree or (same platform) precompiled
+    wheel: one VERSION names one artifact (`prove` and `status --test` build series prefixes and publish elsewhere)."""
     from carry.util import prog
 
     for path in sorted(out.glob("*.whl")) if out.is_dir() else ():
