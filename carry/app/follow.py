@@ -1,23 +1,15 @@
 """`follow [REF]`: take the project from its pin to a newer upstream REF on a branch of its own, one commit per step,
-and write what happened as the pull request's body (carry/verdicts/followreport.py). The steps are the commands'
-own: carry/verdicts/ (status, rebase, resolutions), carry/wheelbuild/pins.py, and `lock`, `wheel`, `suite` and
-`test` run as a maintainer runs them.
+and write what happened as the pull request's body (carry/verdicts/followreport.py). The steps are the commands' own
+(carry/verdicts/, carry/wheelbuild/pins.py, and `lock`, `wheel`, `suite`, `test` as a maintainer runs them).
 
-1. REF: the argument, else `upstream.follow` (the PR head, main, or the newest release tag matching a pattern).
-   REF is the pin: one line, exit 0, no branch. REF older than the pin, unknown, or a work tree with uncommitted
-   changes: bad input, nothing made.
-2. A worktree of the project's repository on `carry/follow/<REF>`, made again from HEAD on every run (a second run
-   updates the branch, never makes another); the current branch and work tree are not touched.
-3. `status` against REF; every droppable patch dropped, one commit each, its verdict and evidence in the message and
-   in DROPPED.md.
-4. The rest moved onto REF (carry/verdicts/rebase.py: 3-way, recorded resolutions replayed). A conflict stops here
-   (exit 1), the workspace left where the maintainer resolves it; `follow --continue` records the resolution under
-   patches/resolutions/ and goes on. Then the pin, the precompiled pins and VERSION (once): one commit; the runtime
-   lock: one commit.
-5. The fixed wheel of each platform built, `suite` against the release wheel it was made from, `test` where a GPU
-   answers; each said, and where none answered, said so.
-6. `--push REMOTE`: the branch pushed (git's own credentials; a conflict or a regression pushes it too, for the
-   human to start from).
+1. REF: the argument, else `upstream.follow`. REF is the pin: one line, exit 0, no branch. REF older than the pin,
+   unknown, or a work tree with uncommitted changes: bad input, nothing made.
+2. A worktree on `carry/follow/<REF>`, made again from HEAD on every run; the current work tree is not touched.
+3. `status` against REF; every droppable patch dropped, one commit each (verdict and evidence in it and DROPPED.md).
+4. The rest rebased onto REF (carry/verdicts/rebase.py). A conflict stops here (exit 1); `follow --continue` records
+   the resolution under patches/resolutions/ and goes on. Then the pins and VERSION: one commit; the lock: one.
+5. Each platform's fixed wheel built, `suite` against its release wheel, `test` where a GPU answers.
+6. `--push REMOTE`: the branch pushed (a conflict or a regression pushes it too, for the human to start from).
 
 Exit 0: a ready branch; 1: a human is needed (a conflict, a regression, a failed proof); 2: bad input.
 """

@@ -1,23 +1,15 @@
 """Files pinned by sha256 (an upstream's released wheels and sdists), downloaded once into a content-addressed
-store and checked before anyone reads them.
+store and checked before anyone reads them. A file is pinned (carry/util/pinned.py) by name (fetched from the
+user's package index, carry/util/index.py), by a local path, or by an http(s) URL.
 
-A file is pinned (carry/util/pinned.py) by name (`vllm==0.33.0` and its sha256; the package index the user
-configured serves it, see carry/util/index.py), by a local path, or by an http(s) URL.
+The store is `$CARRY_DOWNLOADS`, default `$CARRY_CACHE/downloads`: one directory per sha256 holding the file under
+its own name. A download goes to a `.part` file first (resumed with an HTTP range request when one is left over) and
+is renamed into place only once its size and sha256 match; a mismatch is removed and reported, never used. A
+download of `Store.bar_from` bytes or more says how far it got at each quarter.
 
-The store lives in `$CARRY_DOWNLOADS`, default `$CARRY_CACHE/downloads` (`~/.cache/carry/downloads`): one
-directory per sha256 holding the file under its own name. A download goes to a `.part` file first, resumes it
-with an HTTP range request when a killed run or a cut connection left one (a server that ignores the range sends
-it whole again), and is renamed into place only once its size and sha256 match; a mismatch removes it and is
-reported, never used (a resumed one is fetched once more from the start first). A download of `Store.bar_from`
-bytes or more (default carry.util.reporter.BAR_FROM_BYTES; its size from the pin, else Content-Length) says how far
-it got at each quarter (a `download` line; a resumed one counts from where it resumed).
-
-Every file is hashed once, as it is stored, and its stamp remembered beside the store (`checked/`: path, size,
-mtime_ns and inode, with the sha256): a stored file whose stamp still holds is not read again (the locked image's
-wheels are GBs), one whose stamp changed (anything wrote to it) is hashed again before it is used, and when its bytes
-are not its sha256 it is removed, said in one line, and downloaded again. A change that keeps size, mtime and inode
-(bit rot, or a writer that puts the mtime back) goes unnoticed until the file is read through a check of its own (a
-wheel's RECORD, git's pack checksum). A local path is hashed where it lies, remembered the same way, and not copied.
+Every file is hashed once, as it is stored, and its stamp (path, size, mtime_ns, inode) remembered under `checked/`:
+a file whose stamp holds is not read again (the locked image's wheels are GBs); one whose stamp changed is hashed
+again before use, and removed and downloaded again when its bytes are wrong. A local path is hashed where it lies.
 """
 
 from __future__ import annotations
