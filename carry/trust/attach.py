@@ -1,16 +1,13 @@
 """Signatures and attestations attached to an image the way cosign attaches them, in the image's own repository:
 
-- `sha256-<hex>.sig`: an OCI image manifest whose layers are simple-signing payloads
-  (`application/vnd.dev.cosign.simplesigning.v1+json`), each with its base64 signature in the layer annotation
-  `dev.cosignproject.cosign/signature`; skopeo 1.9 and podman read this tag (`use-sigstore-attachments: true`);
-- `sha256-<hex>.att`: the same shape, whose layers are DSSE envelopes (`application/vnd.dsse.envelope.v1+json`)
-  with the annotations `dev.cosignproject.cosign/signature: ""` and `predicateType: <the statement's>`, as
-  `cosign attest` stores them.
+- `sha256-<hex>.sig`: an OCI manifest whose layers are simple-signing payloads, each with its base64 signature in the
+  layer annotation `dev.cosignproject.cosign/signature` (what skopeo and podman read);
+- `sha256-<hex>.att`: the same shape, whose layers are DSSE envelopes annotated with an empty signature and their
+  `predicateType`, as `cosign attest` stores them.
 
-Signatures of others (other keys, keyless ones) already under a tag are kept; carry's own, of the same payload or
-predicate type, are replaced rather than piled up. The registry is reached through `store`, any object with
-`upload_bytes(data, digest)`, `put_manifest(reference, body, media_type) -> digest`, `get_manifest(reference) ->
-(content type, body) | None` and `get_blob(digest) -> bytes` (carry.image.registryhttp.Repository)."""
+Others' signatures under a tag are kept; carry's own, of the same payload or predicate type, are replaced. The
+registry is reached through `store` (carry.image.registryhttp.Repository: `upload_bytes`, `put_manifest`,
+`get_manifest`, `get_blob`)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """The package index the user configured for pip: where carry asks for a file it knows by name, version and sha256.
 
-carry writes no index host anywhere. A wheel pinned by requirement (`vllm==0.33.0` and its sha256) is fetched by
-pip itself, in hash-checking mode, for the wheel's platform (`pip download --platform … --require-hashes`): pip's
-own configuration and environment (pip.conf, PIP_INDEX_URL, extra indexes, find-links, certificates, netrc) decide
-where it asks, and `--index-url` is added only where build.yaml gives an `index:` (vLLM's per-commit nightly index,
-a company mirror). A file known by its exact name (an sdist in a release list, which pip cannot download without
-building its metadata) is looked up on the simple-API page (PEP 503) of the index pip is configured with, and its
-link followed.
+carry writes no index host anywhere. A wheel pinned by requirement is fetched by pip itself, hash-checked, for the
+wheel's platform, so pip's own configuration decides where it asks (`--index-url` only where build.yaml gives an
+`index:`). A file known by its exact name (an sdist, which pip cannot download without building its metadata) is
+looked up on the simple-API page (PEP 503) of the index pip is configured with.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """carry's one output channel: the reporter that every module prints its progress through.
 
-A module calls `reporter.phase(name, detail)` (a line `[  12.3s] name: detail` on stderr), `reporter.note(line)`
-or `reporter.warn(line)` (`carry: ...` on stderr) where what it says arises, and `reporter.bar(name, total, ...)` for
-long work of a known size (a phase line at each quarter; nothing below its minimum); none of them takes a stream or
-a callback, and nothing returns lines for a caller to print. Which reporter answers is held in a context variable:
-the command line installs one per command (carry/cli/main.py), a test or a bench that calls library functions
-installs its own with `using(Reporter(...))`, `silenced()` keeps a block quiet and `recording()` also keeps what a
-block said. Where nothing was installed, a default one prints to stderr.
-
-A context variable is not inherited by a new thread: work handed to a pool goes through `carried(fn)`, which runs
-`fn` in a copy of the submitting thread's context (the same reporter, its clock, its recordings).
+A module calls `reporter.phase(name, detail)` (`[  12.3s] name: detail` on stderr), `reporter.note(line)`,
+`reporter.warn(line)` or `reporter.bar(name, total, ...)` where what it says arises; nothing returns lines for a
+caller to print. The reporter is held in a context variable: the command line installs one per command, a test
+installs its own with `using(Reporter(...))`, `silenced()` keeps a block quiet and `recording()` keeps what it said;
+by default one prints to stderr. A new thread does not inherit it: work handed to a pool goes through `carried(fn)`.
 """
 
 from __future__ import annotations
