@@ -107,9 +107,8 @@ class App:
         return self._tools
 
     def build_tools(self) -> BuildTools:
-        """What every build of this command compiles with: `toolchain` and build.compiler_cache (with the remote
-        cache, resolved now: a bad $CARRY_REMOTE_CACHE_URL is bad input before any work), shared by every
-        platform's builder."""
+        """What every platform's build of this command compiles with: `toolchain` and build.compiler_cache, the remote
+        cache resolved now (a bad $CARRY_REMOTE_CACHE_URL is bad input before any work)."""
         if self._build_tools is None:
             import os
 
@@ -185,9 +184,8 @@ class App:
         )
 
     def repin(self, commit: str, tree: str | None = None) -> None:
-        """What every command that moves upstream.commit runs before it writes it: the precompiled pins of `commit`
-        found and written as `pin` does, and said (pins.repin: nothing without build.precompiled.nightly; a failure
-        changes nothing). `tree` is the patched tree on `commit` where the caller has it."""
+        """Run by every command that moves upstream.commit, before it writes it: the precompiled pins of `commit` found,
+        written and said as `pin` does (a failure changes nothing). `tree`: the patched tree on `commit`, if at hand."""
         settings = self.config.build.precompiled
         if settings is None or settings.nightly is None:
             return

@@ -103,10 +103,9 @@ def _offers(app: App, platforms: tuple[Platform, ...], prepared: lockedimage.Pre
 
 
 def image_wheels(app: App, platforms: tuple[Platform, ...], arch: str | None, offers: dict | None = None) -> dict:
-    """The fixed wheel of each platform of a locked image, in dist/: made here where the placement rule says
-    (producer.here: this machine's CPU, or a platform with a precompiled wheel); for another, this machine's own
-    when it is pure Python (as `lock` takes it: a `py3-none-any` wheel installs anywhere), never a wheel of this
-    CPU's code. `offers`: per platform, a base a derivation may start from (wheel.Builder.offer)."""
+    """The fixed wheel of each platform of a locked image, in dist/: made here where producer.here says; for another
+    platform, this machine's own when it is pure Python, never a wheel of this CPU's code. `offers`: per platform, a
+    base a derivation may start from (wheel.Builder.offer)."""
     from carry.app import wheel
     from carry.platforms import Platform
     from carry.wheelbuild import producer
@@ -143,9 +142,8 @@ def image_wheels(app: App, platforms: tuple[Platform, ...], arch: str | None, of
 def previous_images(
     app: App, platforms: tuple[Platform, ...], options: ImageOptions, attester: Attester | None
 ) -> dict:
-    """Each platform's previous image in the registry and its record (registrycache.find): at --cache-from's refs
-    ({arch}, {version} filled), else this VERSION's own tags (a rerun) and image.tags (`latest`: the VERSION
-    this one replaces). The record is trusted only signed when $CARRY_SIGNING_KEY is set."""
+    """Each platform's previous image in the registry and its record (registrycache.find): at --cache-from's refs,
+    else this VERSION's own tags and image.tags. The record is trusted only signed when $CARRY_SIGNING_KEY is set."""
     from carry.app.imaging import cuda_tag
     from carry.image import registry, registryhttp
     from carry.image.buildkit import image

@@ -105,9 +105,8 @@ class Store:
         atomic_write_text(memo, json.dumps({"key": key, "sha256": sha256}))
 
     def get(self, pinned: Pinned) -> Path:
-        """The checked file: a local path as it is, a URL or a pin by name from the store (fetched first when
-        missing: a name from the package index pip is configured with, see carry/util/index.py), each download said
-        (a `download` line)."""
+        """The checked file: a local path as it is, a URL or a pin by name from the store (downloaded first when
+        missing, and said)."""
         if pinned.requirement:
             return self.find(pinned) or self._from_index(pinned)
         if not pinned.is_url:
@@ -168,9 +167,8 @@ class Store:
         return target
 
     def adopt(self, part: Path, name: str, sha256: str) -> Path:
-        """A file downloaded and hashed by its caller (`part`, on the store's filesystem) placed as `name` under
-        its sha256: the first download of a file nothing pinned yet (trust on first use). A file of that sha256
-        already there is kept and `part` removed."""
+        """`part`, downloaded and hashed by its caller on the store's filesystem, placed as `name` under its sha256
+        (trust on first use). A file of that sha256 already there is kept and `part` removed."""
         target = self.root / sha256 / name
         if target.is_file() and self.intact(target, sha256):
             part.unlink(missing_ok=True)
@@ -197,9 +195,8 @@ class Store:
     # --- downloads -----------------------------------------------------------------------------------
 
     def _download(self, pinned: Pinned, target: Path) -> Path:
-        """`pinned` into `target` through `target.part`: resumed where a part is there, retried (resumed) on a cut
-        connection, renamed into place only when its size and sha256 are the pinned ones. A part that resumed into
-        other bytes is discarded and fetched once more from the start."""
+        """`pinned` into `target` through `target.part`: resumed where a part is there, and on a cut connection; renamed
+        into place only when its size and sha256 are the pinned ones. A resumed part of other bytes is fetched anew."""
         from carry.util import reporter
 
         target.parent.mkdir(parents=True, exist_ok=True)

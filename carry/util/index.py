@@ -207,9 +207,8 @@ def request(url: str, accept: str = "*/*") -> urllib.request.Request:
 
 
 def manylinux_tags(machine: str, major: int = 2, minor: int = 36) -> list[str]:
-    """pip's --platform list for a target of that CPU and glibc (by default the images', Debian 12's 2.36): every
-    manylinux tag down to the oldest of the CPU, with the legacy aliases, as an installing pip on that glibc accepts
-    (pip download adds none itself)."""
+    """pip's --platform list for a target of that CPU and glibc (default Debian 12's 2.36): every manylinux tag down
+    to the CPU's oldest, with the legacy aliases (pip download adds none itself)."""
     floor = 5 if machine in ("x86_64", "i686") else 17
     tags = [f"manylinux_{major}_{m}_{machine}" for m in range(minor, floor - 1, -1)]
     legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
@@ -219,9 +218,8 @@ def manylinux_tags(machine: str, major: int = 2, minor: int = 36) -> list[str]:
 def pip_download_command(
     requirements: Path, into: Path, python: str, tags: list[str], hashed: bool = True
 ) -> list[str]:
-    """`pip download` of hash-pinned `requirements` (wheels only, no dependencies, no pip cache) for CPython
-    `python` (X.Y) on the platform `tags` into `into`, through the user's own pip configuration; not `hashed`: a
-    release nothing pinned yet (its sha256 is then the file's, trust on first use)."""
+    """`pip download` of hash-pinned `requirements` (wheels only, no dependencies, no cache) for CPython `python` on
+    the platform `tags` into `into`, through the user's pip configuration; not `hashed`: trust on first use."""
     argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
     argv += ["--require-hashes"] if hashed else []
     argv += ["--no-cache-dir", "--disable-pip-version-check", "--progress-bar", "off", "--implementation", "cp"]
@@ -232,10 +230,8 @@ def pip_download_command(
 def download_wheel(
     requirement: str, sha256: str | None, platform: WheelPlatform, index: str | None, into: Path, where: str
 ) -> Path:
-    """The one wheel pip picks for `requirement` on `platform`, downloaded by pip in hash-checking mode (`sha256`
-    None: a release nothing pinned yet) into the empty directory `into`; bad input (one line naming the requirement,
-    the platform and the indexes asked) when the index has no such version or no wheel of it for that platform,
-    or serves other bytes."""
+    """The one wheel pip picks for `requirement` on `platform`, downloaded hash-checked (`sha256` None: trust on first
+    use) into the empty directory `into`; bad input naming the requirement, platform and indexes when there is none."""
     indexes = configured(index)
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     with tempfile.TemporaryDirectory(prefix="carry-pip-") as scratch:

@@ -79,9 +79,8 @@ def check(path: Path) -> Corrupt | None:
 
 
 def copy_checked(source: Path, dest: Path, *, verify: bool = True) -> Corrupt | None:
-    """Copy `source` to the new file `dest`: a reflink where the filesystem makes one, else the bytes. With `verify`
-    (a sealed cache entry) what is read on the way is hashed (the clone, after a reflink) and held to the seal: on a
-    mismatch `dest` is removed and the mismatch returned."""
+    """Copy `source` to the new file `dest` (a reflink where possible, else the bytes). With `verify`, what is read is
+    hashed and held to the seal: on a mismatch `dest` is removed and the mismatch returned."""
     import hashlib
 
     digest = hashlib.sha256()

@@ -20,9 +20,8 @@ SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 @record
 class Pinned:
-    """A file known by its sha256: where to get it (an http(s) URL, a local path, or by requirement from the
-    package index: `source` is then empty), its name (empty until the index names a wheel pinned by requirement
-    and platform) and size."""
+    """A file known by its sha256: where to get it (a URL, a local path, or empty: by requirement from the package
+    index), its name (empty until the index names the wheel) and size."""
 
     source: str
     sha256: str

@@ -55,10 +55,8 @@ class Reporter:
     def bar(
         self, name: str, total: float, unit: str = "", *, minimum: float = 0, done: float = 0, shown: str = ""
     ) -> Bar:
-        """A hook for long work of a known size: `advance(n)` as it goes; a phase line at each quarter done. Work
-        smaller than `minimum` says nothing (small work grows no lines); `done` is what was done before it began (a
-        resumed download: the quarters it passed are not said again); `shown` is the total in words (default
-        `{total:g}{unit}`)."""
+        """A hook for long work of a known size: `advance(n)` as it goes; a phase line at each quarter. Work smaller
+        than `minimum` says nothing; `done` is what was done before it began; `shown` is the total in words."""
         return Bar(self, name, total if total >= minimum else 0, unit, done, shown)
 
     def child(self, *, quiet: bool | None = None, keep: list[str] | None = None) -> Reporter:
@@ -111,9 +109,8 @@ class Holding(Reporter):
 
 
 class Bar:
-    """Progress of long work: a phase line `name: 50% of 1.2 GB` each time another quarter is done; none where the
-    total is 0 (not known, or below the bar's minimum). It holds the reporter it was made by: work in another
-    thread may advance it."""
+    """Progress of long work: a phase line `name: 50% of 1.2 GB` at each quarter; none where the total is 0. Work in
+    another thread may advance it (it holds its reporter)."""
 
     STEPS = 4
 

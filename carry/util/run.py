@@ -51,9 +51,8 @@ def execute(
     text: bool = False,
     english: bool = False,
 ) -> subprocess.CompletedProcess[Any]:
-    """Run `argv` and wait for it, at most `timeout` seconds; its exit status and output (`check_returncode()`
-    raises as subprocess's does). `stdin`: bytes or str fed to it, a file's path, or None (nothing: /dev/null).
-    `env`: its whole environment (None: carry's). OSError when the program cannot start."""
+    """Run `argv` and wait at most `timeout` seconds; its exit status and output. `stdin`: bytes, str, a file's path,
+    or None (/dev/null). `env`: its whole environment (None: carry's). OSError when the program cannot start."""
     shown = [redact.credentials(os.fspath(arg)) for arg in argv]
     environ = None if env is None and not english else {**(os.environ if env is None else env)}
     if english and environ is not None:
@@ -124,10 +123,8 @@ def spawn(
     env: Mapping[str, str] | None = None,
     own_group: bool = False,
 ) -> Spawned:
-    """Start `argv` and return at once, its output (stderr with stdout) streamed into `log`, nothing on its stdin:
-    for programs that run side by side. `own_group`: in a process group of its own, so that `kill` reaches what
-    it daemonised too (a test suite's leftovers), where a signal to carry's group does not. The caller `wait`s or
-    `kill`s; `timeout` bounds the wait."""
+    """Start `argv` and return at once, its output streamed into `log`, nothing on its stdin. `own_group`: in a group
+    of its own, so that `kill` reaches what it daemonised too. The caller `wait`s (at most `timeout`) or `kill`s."""
     process = subprocess.Popen(
         [os.fspath(arg) for arg in argv],
         cwd=cwd,
