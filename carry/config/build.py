@@ -142,9 +142,8 @@ T = TypeVar("T", bound=_NeedsLauncher)
 def overridden(
     environ: Mapping[str, str], name: str, configured: T | None, parse: Callable[[str, str], T], launcher: CompilerCache
 ) -> T | None:
-    """The setting as build.yaml has it (checked when loaded), or as the variable `name` says when set (`none` turns it
-    off): a shared compile cache or a build cluster for one run, as in CI; `parse(text, where)` reads it and the
-    compiler cache `launcher` must suit it (bad input names $NAME)."""
+    """The setting as build.yaml has it, or as the variable `name` says when set (`none` turns it off), as in CI;
+    `parse(text, where)` reads it and the compiler cache `launcher` must suit it (bad input names $NAME)."""
     override = environ.get(name, "").strip()
     if not override:
         return configured
@@ -200,9 +199,8 @@ class Distributed:
 
 @record
 class TestCommand:
-    """One entry of build.tests: the argv to run, never through a shell, and the command as written; whether it
-    needs a GPU, and whether it runs against the built wheel (a fresh venv) or in the patched source tree (nothing is
-    built: for a test that reads the upstream's Python sources itself)."""
+    """One entry of build.tests: the argv (never through a shell) and the command as written; whether it needs a GPU,
+    and whether it runs against the built wheel (a fresh venv) or in the patched source tree (nothing built)."""
 
     __test__ = False  # not a pytest class
     argv: tuple[str, ...]
@@ -225,9 +223,9 @@ class Generated:
 
 @record
 class BuildEnvironment:
-    """`build.environment`: what carry adds to the upstream's `[build-system] requires` when it makes the
-    environment the upstream builds in (build_isolation: false; see carry/wheelbuild/buildenv.py). The index URLs may
-    hold `user:password@`: they reach uv through its environment only and are never printed with it."""
+    """`build.environment`: what carry adds to the upstream's `[build-system] requires` in the environment it builds
+    in (build_isolation: false; carry/wheelbuild/buildenv.py). The index URLs may hold `user:password@`: they reach uv
+    through its environment only and are never printed."""
 
     requires: tuple[str, ...] = ()  # PEP 508 requirements, installed with the upstream's own
     index_url: str | None = None  # replaces PyPI
@@ -236,9 +234,8 @@ class BuildEnvironment:
 
 @record
 class PrecompiledWheel:
-    """One platform's upstream wheel to take the compiled code from: the file (by requirement from the package
-    index, a path, or a URL) pinned by sha256, and the upstream ref or commit it was built from (None: read from
-    its version)."""
+    """One platform's upstream wheel to take the compiled code from, pinned by sha256, and the upstream ref or commit
+    it was built from (None: read from its version)."""
 
     platform: Platform
     pinned: Pinned
@@ -247,10 +244,9 @@ class PrecompiledWheel:
 
 @record
 class Nightly:
-    """build.precompiled.nightly: where `carry pin` finds the precompiled wheels. `index` is the root of a per-commit
-    wheel index in vLLM's layout (`{index}/{commit}/[{variant}/]{project}/`), as written: it may hold `${NAME}`,
-    taken from the environment when it is used (util/indexurl.expand); `variant` None reads the default variant's
-    pages; `max_walk` is how many commits of main's first-parent history may be tried, the merge-base included."""
+    """build.precompiled.nightly: where `carry pin` finds the precompiled wheels. `index`: the root of a per-commit
+    wheel index in vLLM's layout (`{index}/{commit}/[{variant}/]{project}/`), maybe with `${NAME}` (indexurl.expand);
+    `variant` None: the default variant; `max_walk`: how many commits of main's first-parent history may be tried."""
 
     index: str
     variant: str | None = None
@@ -259,10 +255,9 @@ class Nightly:
 
 @record
 class Precompiled:
-    """build.precompiled: how the upstream takes compiled code from an existing wheel (the variables carry sets,
-    `{wheel}` being the checked local file, and the prefixes of inherited ones it removes), which files are
-    compiled inputs (each with why), the wheel per platform, and where `carry pin` finds those wheels (nightly;
-    the wheels may then be missing until it ran)."""
+    """build.precompiled: how the upstream takes compiled code from an existing wheel: the variables carry sets
+    (`{wheel}` is the checked local file) and the prefixes of inherited ones it removes, the compiled inputs (each with
+    why), the wheel per platform, and where `carry pin` finds them (nightly; the wheels may be missing until then)."""
 
     env: dict[str, str]
     clear: tuple[str, ...]
@@ -293,11 +288,9 @@ class Deselection:
 
 @record
 class UpstreamTests:
-    """build.upstream_tests: the selection of the upstream's own test suite `suite` runs on the fixed wheel and on
-    the wheel it is compared with (carry/gputest/upstreamsuite.py): test paths (relative to the tree's root), a
-    pytest marker expression, deselections each with a reason, the test requirements installed beside the wheel's
-    own, a per-test timeout, pytest-xdist workers (0: one process), variables for the run, and more paths of the
-    tree the tests read (the top directory of each test path and the root's pytest config files come anyway)."""
+    """build.upstream_tests: the selection of the upstream's own test suite `suite` runs on the fixed wheel and the
+    wheel it is compared with (carry/gputest/upstreamsuite.py): paths, marker, deselections with reasons, test
+    requirements, per-test timeout, xdist workers (0: one process), variables, and more tree paths the tests read."""
 
     paths: tuple[str, ...]
     marker: str | None = None
@@ -714,10 +707,9 @@ def _check_wheel_version(section: Section, template: str) -> None:
 
 
 def release_and_local(version: str) -> bool:
-    """Whether `version` is a public version and a local label in their canonical forms (`0.33.0+carry.20260101.1`,
-    `0.23.0.dev0+carry.20260101.1`): then it is a PEP 440 version with a local label, told without packaging (its
-    import and its pattern's compile would cost every command that loads build.yaml more than the rest of the file);
-    other forms are for packaging to judge."""
+    """Whether `version` is a public version and a local label in their canonical forms (`0.33.0+carry.20260101.1`):
+    then it is a PEP 440 version with a local label, told without importing packaging (which would cost every command
+    that loads build.yaml more than the rest of the file); other forms are for packaging to judge."""
     public, plus, local = version.partition("+")
     return (
         bool(plus)

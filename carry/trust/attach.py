@@ -153,9 +153,8 @@ def sign(store: Registry, key: SigningKey, repository: str, digest: str) -> Atta
 
 
 def attest(store: Registry, key: SigningKey, subject: str, digest: str, predicates: list[tuple[str, dict]]) -> Attached:
-    """Signed DSSE envelopes of in-toto statements about `digest` (one per predicate type) under
-    `sha256-<hex>.att`; carry's earlier envelopes of the same types (signed with this key) are replaced, unless each
-    says what the new one says but for the run's times (a rerun: nothing in the registry changes)."""
+    """Signed DSSE envelopes of in-toto statements about `digest` (one per predicate type) under `sha256-<hex>.att`;
+    carry's earlier envelopes of the same types are replaced, unless each says the same but for the run's times."""
     tag = att_tag(digest)
     public = key.public
     wanted = {kind: json.loads(signing.statement(subject, digest, kind, predicate)) for kind, predicate in predicates}

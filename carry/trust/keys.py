@@ -175,8 +175,7 @@ def load_public(path: Path) -> PublicKey:
 
 def _cosign_private(data: bytes, password: str | None, where: str) -> bytes:
     """cosign's own format (`cosign generate-key-pair`): a PEM block (`ENCRYPTED SIGSTORE PRIVATE KEY`, earlier
-    `ENCRYPTED COSIGN PRIVATE KEY`) holding go-securesystemslib's encrypted JSON, whose plaintext is the PKCS#8 DER
-    key. PyNaCl (a dependency) opens the secretbox."""
+    `ENCRYPTED COSIGN PRIVATE KEY`) of go-securesystemslib's encrypted JSON around the PKCS#8 DER key."""
     body = b"".join(line for line in data.splitlines() if line and not line.startswith(b"-----"))
     try:
         document = base64.b64decode(body)
