@@ -1,10 +1,9 @@
-"""The application layer: `App`, the context every command is handed (the config, the cache, and VERSION, the
-series, its check on the pin and the toolchain, each computed once, when first asked), and one module per family
-of commands (source, wheel, image, locked, lock, verdicts, verify, gputest, gate), each entry taking `App` and its
-command's frozen request record.
+"""The application layer: `App`, the context every command is handed (the config, the cache, VERSION, the series,
+its check on the pin and the toolchain, each computed once, when first asked), and one module per family of
+commands, each entry taking `App` and its command's frozen request record.
 
 This `__init__` is the context itself, not a re-export: `check` and `version` load it and nothing else of app/
-(tests/test_spine.py). Modules that only some commands need are imported inside those commands.
+(tests/test_spine.py); what only some commands need is imported inside them.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""The signing key pair: ECDSA P-256, as cosign uses it. `keygen` writes a new pair (the private key PKCS#8 PEM,
-mode 0600, encrypted with $CARRY_SIGNING_KEY_PASSWORD when it is set; the public key SubjectPublicKeyInfo PEM);
-`load_private` reads the user's key (PKCS#8 or SEC1 PEM, optionally encrypted) for `image --push`
-($CARRY_SIGNING_KEY names the file), `load_public` the key `verify --key` checks with.
+"""The signing key pair: ECDSA P-256, as cosign uses it. `keygen` writes a new pair (PKCS#8 PEM, mode 0600,
+encrypted with $CARRY_SIGNING_KEY_PASSWORD when set; the public key SubjectPublicKeyInfo PEM); `load_private` reads
+the key $CARRY_SIGNING_KEY names (PKCS#8 or SEC1 PEM, maybe encrypted), `load_public` the key of `verify --key`.
 
-The key's bytes and its passphrase stay in this process: never in argv, a log line, a layer or a label. A key that
-cannot be read, or a wrong passphrase, is bad input (exit 2), found before anything is pushed."""
+The key's bytes and passphrase stay in this process: never in argv, a log line, a layer or a label. An unreadable
+key or a wrong passphrase is bad input (exit 2), found before anything is pushed."""
 
 from __future__ import annotations
 
