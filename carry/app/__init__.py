@@ -95,8 +95,7 @@ class App:
         return checked
 
     def toolchain(self) -> toolchain.Toolchain:
-        """nvcc and the host compiler as the build's environment (build.env over this process's) finds them:
-        probed once a command, for the `{cuda}` tag and every build."""
+        """nvcc and the host compiler as build.env finds them: probed once a command (`{cuda}`, builds)."""
         if self._tools is None:
             import os
 
@@ -173,8 +172,7 @@ class App:
     def builder(
         self, arch: str | None, jobs: int | None, platform: Platform | None = None, from_source: bool = False
     ) -> Builder:
-        """What every build of this command shares, resolved now (wheel.Builder); calling it builds one checked
-        tree."""
+        """What every build of this command shares, resolved now (wheel.Builder); calling it builds a checked tree."""
         from carry.wheelbuild import wheel
 
         policy = self.policy(arch, platform)

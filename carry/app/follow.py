@@ -99,8 +99,7 @@ class Follow:
         entry["fate"], entry["detail"] = fate, detail
 
     def carry(self, *args: str) -> tuple[int, str]:
-        """`carry --config <the worktree's build.yaml> ARGS` in a process of its own, as a maintainer runs it; its
-        output kept in the run's logs. (exit status, stdout)."""
+        """`carry --config <the worktree's build.yaml> ARGS` as a maintainer runs it, logged: (exit status, stdout)."""
         from carry.util.run import BUILD_S, execute
 
         argv = [sys.executable, "-m", "carry", "--config", str(self.config_path), *args]
@@ -195,8 +194,7 @@ def _start(loaded: configs.Config, cache: Cache, request: Request) -> Follow | N
 
 
 def default_ref(loaded: configs.Config, cache: Cache) -> str:
-    """What upstream.follow names: `pr` (the PR head), `main` (upstream.main), or a tag pattern (`v*`): the newest
-    release tag matching it, pre-releases left out."""
+    """What upstream.follow names: `pr`, `main`, or the newest release tag matching a pattern (`v*`), no pre-release."""
     setting = loaded.upstream.follow or ("pr" if loaded.upstream.pr is not None else "main")
     if setting == "pr":
         if loaded.upstream.pr_ref is None:
@@ -309,8 +307,7 @@ def _drop(run: Follow, loaded: configs.Config, verdict: Any, ref_commit: str) ->
 
 
 def _carry_series(run: Follow) -> None:
-    """The rest of the series onto REF in the workspace (made now, or taken up after a resolution); a conflict
-    raises rebase.Conflict with the workspace left in place."""
+    """The rest of the series onto REF in the workspace; a conflict raises rebase.Conflict, the workspace kept."""
     loaded = run.config()
     patches = series.load(loaded.patches_dir)
     state = run.report.get("workspace")

@@ -73,8 +73,7 @@ def run_tests(app: App, request: TestRequest) -> TestOutcome:
 
 
 def prove_series(app: App, request: ProveRequest) -> prove.Proof:
-    """base and each prefix of the series built and tested (prove.run); the GPU and the tests are checked
-    before anything is resolved or built."""
+    """base and each prefix of the series built and tested (prove.run); the GPU and tests checked before any build."""
     from carry.gputest import gpu, prove
 
     commands = _tests(app)

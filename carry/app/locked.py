@@ -90,8 +90,7 @@ def locked_image(app: App, request: ImageRequest) -> lockedimage.LockedImageResu
 
 
 def _offers(app: App, platforms: tuple[Platform, ...], prepared: lockedimage.Prepared, previous: dict) -> dict:
-    """Per platform, a base a derivation may start from when this machine has none: VERSION N's fixed wheel
-    rebuilt from its pushed image (wheel.Builder.offer)."""
+    """Per platform, a base a derivation may start from: VERSION N's fixed wheel rebuilt from its pushed image."""
     from carry.image.locked import imagewheel, layerplan
 
     return {

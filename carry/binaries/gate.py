@@ -235,8 +235,7 @@ class GateReport:
         return rows
 
     def full_lines(self, width: int = WIDTH) -> list[str]:
-        """`lines()`, then what each shared object holds and every rule with its reason (the `.gate.txt` file,
-        and what is printed when the gate fails)."""
+        """`lines()`, what each shared object holds and every rule with its reason (`.gate.txt`; printed on failure)."""
         rows = self.lines(width)
         cuda = [o for o in self.objects if o.has_cuda]
         if cuda:

@@ -214,8 +214,7 @@ DEFAULT_KEEP = ("build/temp.*",)
 
 @record
 class Generated:
-    """A glob of wheel paths the upstream's build writes (a version file, code copied from a dependency), with
-    why; such files need not be in the patched tree, or may differ from it."""
+    """A glob of wheel paths the upstream's build writes, with why: not needed in the patched tree, or may differ."""
 
     glob: str
     why: str
@@ -427,8 +426,7 @@ def _tree_path(where: str, value: Any, ids: bool = False) -> str:
 
 
 def _upstream_tests(build: Section) -> UpstreamTests | None:
-    """build.upstream_tests: {paths: [...], marker: EXPR, deselect: {path or id: why}, requires: [...], timeout: S,
-    workers: N, env: {NAME: value}, checkout: [...]}."""
+    """build.upstream_tests: {paths, marker, deselect: {path or id: why}, requires, timeout, workers, env, checkout}."""
     if not build.has("upstream_tests"):
         return None
     section = build.section("upstream_tests", UPSTREAM_TESTS_KEYS)
@@ -719,8 +717,7 @@ def release_and_local(version: str) -> bool:
 
 
 def _canonical_public(version: str) -> bool:
-    """Whether `version` is `N(.N)*[{a|b|rc}N][.postN][.devN]`, each N ASCII digits: PEP 440's canonical form of a
-    public version without an epoch."""
+    """Whether `version` is `N(.N)*[{a|b|rc}N][.postN][.devN]` (N ASCII digits): PEP 440's canonical public form."""
     parts = version.split(".")
     for segment in ("dev", "post"):  # from the end: .postN.devN
         if len(parts) > 1 and parts[-1].startswith(segment) and _dotted(parts[-1][len(segment) :], str.isdigit):

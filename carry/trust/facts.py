@@ -10,8 +10,7 @@ import re
 
 @dataclasses.dataclass(frozen=True)
 class Wheel:
-    """A distribution installed from a wheel: its name and version (as METADATA has them), the wheel file's name
-    and sha256 (hex)."""
+    """A distribution installed from a wheel: its name and version (as METADATA has them), the wheel's name, sha256."""
 
     name: str
     version: str

@@ -87,8 +87,7 @@ def _p256(key: PrivateKeyTypes | PublicKeyTypes, where: str) -> None:
 
 
 def keygen(directory: Path, environ: Mapping[str, str]) -> tuple[Path, Path]:
-    """A new pair in `directory`: carry.key (PKCS#8 PEM, 0600, encrypted when $CARRY_SIGNING_KEY_PASSWORD is set)
-    and carry.pub. Refuses to overwrite either (nothing written)."""
+    """A new pair in `directory`: carry.key (PKCS#8 PEM, 0600, maybe encrypted) and carry.pub; never overwrites."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 

@@ -92,8 +92,7 @@ def envelope(key: SigningKey, body: bytes, payload_type: str = IN_TOTO_PAYLOAD) 
 
 
 def open_envelope(data: bytes, key: PublicKey | None) -> tuple[dict, bool]:
-    """(the statement in a DSSE envelope, whether one of its signatures verifies under `key`). A statement that is
-    not readable JSON raises ValueError."""
+    """(the statement in a DSSE envelope, whether a signature verifies under `key`); ValueError for unreadable JSON."""
     document = json.loads(data)
     payload_type = document["payloadType"]
     body = base64.b64decode(document["payload"])

@@ -46,8 +46,7 @@ class Store:
         return cls(Path(os.environ.get("CARRY_DOWNLOADS") or cache_root / "downloads").absolute())
 
     def bar(self, total: int, name: str, done: int = 0) -> reporter.Bar:
-        """The `download` bar of a file of `total` bytes (`done` of them there before): each quarter said from
-        `bar_from` bytes on (reporter.BAR_FROM_BYTES unless set)."""
+        """The `download` bar of a file of `total` bytes (`done` of them there): each quarter said from `bar_from`."""
         from carry.util import reporter
         from carry.util.fsutil import human_size
 
@@ -58,8 +57,7 @@ class Store:
         return self.root / pinned.sha256 / (name or pinned.name)
 
     def find(self, pinned: Pinned) -> Path | None:
-        """The file of that sha256 in the store already (under its pinned name, or its only file) and intact, or
-        None (a corrupt one is removed, and said)."""
+        """The intact file of that sha256 in the store already, or None (a corrupt one is removed, and said)."""
         folder = self.root / pinned.sha256
         if pinned.name:
             found = [folder / pinned.name] if (folder / pinned.name).is_file() else []
@@ -105,8 +103,7 @@ class Store:
         atomic_write_text(memo, json.dumps({"key": key, "sha256": sha256}))
 
     def get(self, pinned: Pinned) -> Path:
-        """The checked file: a local path as it is, a URL or a pin by name from the store (downloaded first when
-        missing, and said)."""
+        """The checked file: a local path as it is, a URL or a pin by name from the store (downloaded when missing)."""
         if pinned.requirement:
             return self.find(pinned) or self._from_index(pinned)
         if not pinned.is_url:

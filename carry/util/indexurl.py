@@ -15,16 +15,14 @@ URL_SCHEMES = ("http", "https", "file")
 
 
 def check_template(template: str, where: str, schemes: tuple[str, ...] = ("http", "https")) -> str:
-    """An index URL as build.yaml writes it: a URL of `schemes`, or one holding ${NAME} (the environment's, at
-    use); bad input naming `where` for a stray '$' or another form."""
+    """An index URL of `schemes`, or one holding ${NAME}; bad input naming `where` for a stray '$' or another form."""
     if "$" in ENV_REF_RE.sub("", template):
         raise BadInput(f"{where} is {template!r}: a '$' outside ${{NAME}}; write the variable as ${{NAME}}")
     return template if ENV_REF_RE.search(template) else _check_url(template, where, schemes)
 
 
 def expand(template: str, where: str, schemes: tuple[str, ...] = ("http", "https")) -> str:
-    """The index URL `template` names now: every ${NAME} replaced by that environment variable (bad input naming
-    the first one unset or empty), the result a URL of `schemes`."""
+    """`template` with every ${NAME} set from the environment (bad input for one unset or empty); a URL of `schemes`."""
     for name in ENV_REF_RE.findall(template):
         if not os.environ.get(name):
             raise BadInput(

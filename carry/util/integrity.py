@@ -33,8 +33,7 @@ class Corrupt:
     why: str = ""
 
     def line(self, action: str) -> str:
-        """One line naming the entry, both hashes (or what else failed) and what was done (`removed; building it
-        again`)."""
+        """One line: the entry, both hashes (or what else failed) and what was done (`removed; building it again`)."""
         what = self.why or f"sha256 {self.found[:16]}… is not the {self.recorded[:16]}… recorded when it was written"
         return f"{self.path}: {what}: a corrupt cache entry, {action}"
 
@@ -71,8 +70,7 @@ def recorded(path: Path) -> str | None:
 
 
 def check(path: Path) -> Corrupt | None:
-    """`path` hashed and held to its seal (one read); None when they agree. A missing seal is a mismatch too: the
-    entry cannot be told whole."""
+    """`path` hashed and held to its seal; None when they agree. A missing seal is a mismatch too."""
     found = file_sha256(path)
     want = recorded(path)
     return None if found == want else Corrupt(path, found, want or "", "" if want else "no sha256 recorded beside it")

@@ -87,8 +87,7 @@ class Relay(Reporter):
 
 
 class Holding(Reporter):
-    """A reporter whose phase lines wait until `release` (then printed, and every later one as it comes); those
-    never released are dropped (a failure's one line stays alone)."""
+    """A reporter whose phase lines wait until `release`; those never released are dropped (a failure stays alone)."""
 
     def __init__(self, parent: Reporter) -> None:
         super().__init__(parent._lines.stream, parent.quiet)

@@ -85,8 +85,7 @@ class History:
         return _commit(git.run(self.mirror, *args))
 
     def absence(self, path: str) -> Absence:
-        """Why `path` (on the base) is not on REF; the caller has ruled out a rename. Asked once per path (every
-        hunk of a gone file asks the same)."""
+        """Why `path` (on the base, not renamed) is not on REF; asked once per path (every hunk of a gone file asks)."""
         if path not in self._absences:
             self._absences[path] = self._absence(path)
         return self._absences[path]

@@ -107,8 +107,7 @@ class Workspace:
         raise Conflict(patch, ", ".join(unmerged), regions, unfit)
 
     def _entry(self, name: str, file: str) -> str:
-        """The recorded entry of patch `name` whose postimage `file` now is (rerere, having resolved every file,
-        may leave no MERGE_RR to say which)."""
+        """The recorded entry of patch `name` whose postimage `file` now is (rerere may leave no MERGE_RR to say)."""
         resolved = (self.path / file).read_bytes()
         directory = self.patches_dir / resolutions.DIR_NAME / name
         recorded = resolutions.recorded_for(self.patches_dir, name)
