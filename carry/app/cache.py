@@ -80,8 +80,7 @@ def _walk(path: Path) -> Iterator[os.stat_result]:
 
 
 class Meter:
-    """Disk usage with every inode counted once across everything measured by this meter, and which of those
-    inodes have links outside it (uv's cache hardlinked into environments, a hardlinked copy of a cache)."""
+    """Disk usage with every inode counted once across this meter, and which inodes have links outside it."""
 
     def __init__(self) -> None:
         self.seen: dict[tuple[int, int], list] = {}  # inode -> [links seen, blocks, st_nlink, part]

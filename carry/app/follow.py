@@ -57,8 +57,7 @@ class Request:
 
 
 class Follow:
-    """One follow run: the project's repository, its worktree on the branch, the workspace, and the report (a dict,
-    saved as state.json beside them, so that --continue takes it up)."""
+    """One follow run: the repository, its worktree on the branch, the workspace, and the report (state.json)."""
 
     def __init__(self, cache: Cache, report: dict[str, Any]):
         self.cache = cache
@@ -459,8 +458,7 @@ def _after_rebase(run: Follow, request: Request) -> None:
 
 
 def _build_and_prove(run: Follow) -> None:
-    """`wheel` per platform (the precompiled ones, else this machine's); `suite` of each wheel this machine runs
-    against the release wheel it was made from; then the proofs."""
+    """`wheel` per platform; `suite` of each wheel this machine runs against its release wheel; then the proofs."""
     loaded = run.config()
     settings = loaded.build.precompiled
     platforms = [str(w.platform) for w in settings.wheels] if settings and settings.wheels else [None]

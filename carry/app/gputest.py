@@ -84,8 +84,7 @@ def prove_series(app: App, request: ProveRequest) -> prove.Proof:
 
 
 def suite(app: App, request: SuiteRequest) -> upstreamsuite.Outcome:
-    """The upstream's own tests (build.upstream_tests) on `wheel` and on `against` (default: build.precompiled's
-    wheel for its platform), compared per test id (carry/gputest/upstreamsuite.py)."""
+    """The upstream's own tests on `wheel` and on `against` (default: build.precompiled's), compared per test id."""
     from carry.gputest import upstreamsuite
 
     upstreamsuite.selection_of(app.config)  # no selection: bad input before any work

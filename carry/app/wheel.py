@@ -71,8 +71,7 @@ def _facts(app: App, platform: Platform, from_source: bool) -> producer.Facts:
 
 
 def wheel_here(app: App, request: WheelRequest) -> wheel.WheelResult:
-    """check -> (precompiled: prove the binaries match) -> plan -> reuse or build the wheel -> publish; refused
-    when `out` holds another wheel under this VERSION."""
+    """check -> (precompiled: binaries proven) -> plan -> reuse or build -> publish; refused when `out` has another."""
     builder = app.builder(request.arch, request.jobs, request.platform, request.from_source)
     checked = app.check()
     dropped_are_in_the_pin(app, checked)

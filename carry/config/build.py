@@ -62,8 +62,7 @@ REMOTE_FORMS = "redis://HOST[:PORT][/DB], rediss://…, http(s)://HOST[:PORT][/P
 
 @record
 class RemoteCache:
-    """`build.remote_cache`: where compiled objects are shared between machines. Never holds a credential:
-    the password comes from $CARRY_REMOTE_CACHE_PASSWORD when the build runs."""
+    """`build.remote_cache`: where compiled objects are shared; the password comes from $CARRY_REMOTE_CACHE_PASSWORD."""
 
     scheme: RemoteScheme
     host: str  # the bucket for s3, empty for gha
@@ -468,8 +467,7 @@ def _distribution(section: Section) -> str | None:
 
 
 def _precompiled(build: Section) -> Precompiled | None:
-    """build.precompiled: env (with {wheel}), clear (prefixes), inputs (glob: why), wheels (platform: requirement
-    with an optional index, or path, or url; sha256; ref)."""
+    """build.precompiled: env (with {wheel}), clear, inputs (glob: why), wheels (platform: requirement, path or url)."""
     if not build.has("precompiled"):
         return None
     from carry.platforms import Platform

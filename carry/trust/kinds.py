@@ -19,8 +19,7 @@ from carry.util.fsutil import atomic_write_bytes
 
 @dataclasses.dataclass(frozen=True)
 class Making:
-    """What a kind makes its predicate from besides the facts: dist/ (where a kind writes a file of its own), whether
-    the image is locked, when the run started."""
+    """What a kind makes its predicate from besides the facts: dist/, whether the image is locked, the start time."""
 
     dist: Path
     locked: bool

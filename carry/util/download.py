@@ -306,8 +306,7 @@ def _discard(part: Path) -> None:
 
 
 def sha256_in_store(path: Path) -> str:
-    """A wheel's sha256: in the download store, the name of the directory that holds it (fetch_wheels and the store
-    check it when they put it there); anywhere else, read."""
+    """A wheel's sha256: in the download store, its directory's name (checked when put there); anywhere else, read."""
     import re
 
     name = path.parent.name

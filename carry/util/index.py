@@ -33,8 +33,7 @@ PIP_ENV = ("PIP_", "HOME", "XDG_CONFIG_")
 
 
 class WheelPlatform(Protocol):
-    """What pip's --platform list needs of a container platform (carry.platforms.Platform is one): its CPU as
-    `uname -m` says it, and its name (`linux/arm64`) for messages."""
+    """What pip's --platform list needs of a container platform: its CPU as `uname -m` says it, and its name."""
 
     @property
     def machine(self) -> str: ...

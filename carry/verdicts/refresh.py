@@ -139,8 +139,7 @@ def _conflict_message(
 
 
 def substance_moved(patch: series.Patch, text: str, work: Path) -> bool:
-    """Whether the new text differs from the file in substance: its diff, description or mail headers (when it has
-    them); index lines and the diffstat are form only."""
+    """Whether the new text differs in substance (diff, description, mail headers), not just index lines or diffstat."""
     candidate = work / patch.name
     candidate.write_text(text)
     new = series.parse_patch(candidate, patch.number)
