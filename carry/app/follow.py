@@ -46,8 +46,7 @@ PROGRESS_RE = re.compile(r"[\w ]+: \d+% of ")  # reporter.Bar's lines
 
 @record(kw_only=True)
 class Request:
-    """What `follow` was asked: REF (None: upstream.follow), `resume` (--continue), the remote to push to, whether
-    the patches' tests judge too (`test`) and whether to build and prove (`build`)."""
+    """What `follow` was asked: REF (None: upstream.follow), --continue, --push, whether tests judge too, and build."""
 
     ref: str | None = None
     resume: bool = False

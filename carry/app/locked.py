@@ -39,9 +39,8 @@ def _refuse_what_does_not_apply(app: App, options: ImageOptions, discard_wheels:
 
 
 def locked_image(app: App, request: ImageRequest) -> lockedimage.LockedImageResult:
-    """image.lock set: locks read and checked (before any work) -> with --push, each platform's previous image
-    in the registry and its record -> check -> each platform's fixed wheel here (native or precompiled) -> carry
-    writes the layers (lockedimage), reusing what the registry has -> push or load -> smoke test -> record."""
+    """image.lock set: locks read and checked -> with --push, each platform's previous image and record -> check ->
+    the fixed wheels -> carry writes the layers, reusing the registry's -> push or load -> smoke test -> record."""
     from carry.app import imaging, wheel
     from carry.image import registry
     from carry.image.buildkit import image

@@ -38,8 +38,7 @@ class RefreshRequest:
 
 
 def status(app: App, request: StatusRequest) -> verdicts.StatusReport:
-    """A verdict per patch against each ref (default: upstream.main, and the PR head when pr is set); with
-    `test`, each patch's test is run on the ref without it too (carry/gputest/behaviour.py)."""
+    """A verdict per patch against each ref (default: main and the PR head); with `test`, each patch's test too."""
     from carry.verdicts import verdicts
 
     patches = app.series()

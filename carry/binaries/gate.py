@@ -136,8 +136,7 @@ class Cell:
 
 @dataclasses.dataclass(frozen=True)
 class GateFailure:
-    """What fails: a requested target an object cannot run on, code for the wrong CPU, or CUDA code where none
-    is expected (`path` None when the wheel as a whole has no CUDA code)."""
+    """What fails: a GPU an object cannot run on, wrong-CPU code, or unexpected CUDA (`path` None: the whole wheel)."""
 
     path: str | None
     target: CudaTarget | None

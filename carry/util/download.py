@@ -251,8 +251,7 @@ class Store:
         )
 
     def _checked_part(self, pinned: Pinned, part: Path, last_try: bool) -> str | None:
-        """The part's sha256 when it is the pinned file; else None (to try again from the start), or on the last try
-        bad input naming the source, the part removed."""
+        """The part's sha256 when it is the pinned file; else None (to try again), or on the last try bad input."""
         size = part.stat().st_size
         if pinned.size is not None and size != pinned.size:
             problem = f"{size} bytes, not the pinned {pinned.size}; fix the pin or URL"

@@ -60,8 +60,7 @@ class Pinned:
         index: str | None = None,
         platform: WheelPlatform | None = None,
     ) -> Pinned:
-        """A file the package index serves: `project==version` (one exact version), its sha256, and either its file
-        name (an sdist or a wheel of a release list) or the platform whose wheel pip picks."""
+        """A file the package index serves: `project==version`, its sha256, and its file name or wheel platform."""
         sha = _sha(sha256, where)
         text = str(requirement or "").strip()
         if _exact_version(text) is None:

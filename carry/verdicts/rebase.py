@@ -80,8 +80,7 @@ class Workspace:
         return cls(path, patches.directory, new_base, [n for n, _ in kept], [c for _, c in kept])
 
     def advance(self, patches: series.Series) -> None:
-        """Cherry-pick the patches not yet on the new base, in order, letting rerere replay what it recorded; a
-        patch left with a conflict raises Conflict and stays mid-cherry-pick (`done` at it)."""
+        """Cherry-pick the rest onto the new base (rerere replaying); a Conflict stops mid-pick, `done` at it."""
         while self.done < len(self.names):
             patch = patches.find(self.names[self.done])
             status, _, err = git.run_status(

@@ -117,8 +117,7 @@ def _conflict_message(
     conflict: rebase.Conflict,
     judge: Callable | None,
 ) -> str:
-    """One line: the patch that conflicts, and the way out: `drop` for every patch REF needs no more (by the
-    verdicts of `status`), else rebasing that patch by hand."""
+    """One line: the patch that conflicts, and the way out: `drop` for the patches REF needs no more, else by hand."""
     from carry.verdicts import verdicts
 
     head = f"{conflict.patch.name} conflicts with {ref} {new_base[:12]} in {conflict.files}; nothing was changed"
