@@ -367,8 +367,7 @@ def _failure_message(report: ObjectReport, cell: Cell) -> str:
     gpu = cell.target.capability
     if cell.found.how is How.JIT:
         return (
-            f"{report.path}: no cubin runs on {gpu} (sm_{gpu.number}), "
-            f"only {cell.found.via} by JIT at load; "
+            f"{report.path}: no cubin runs on {gpu} (sm_{gpu.number}), only {cell.found.via} by JIT at load; "
             f"build sm_{gpu.number}, ask for '{gpu}+PTX', or add a gate rule with jit: true to accept JIT"
         )
     return f"{report.path}: nothing runs on {gpu} (sm_{gpu.number}); the fatbin holds {report.held}"

@@ -507,9 +507,8 @@ def _precompiled(build: Section) -> Precompiled | None:
         here = f"{where}.wheels.{name}"
         if sum(own.has(key) for key in ("requirement", "path", "url")) != 1:
             raise BadInput(
-                f"{here} needs one of requirement (e.g. 'vllm==0.33.0', served by the package index pip is "
-                f"configured with, or by index:), path or url: the upstream wheel to take the compiled "
-                f"code from"
+                f"{here} needs one of requirement (e.g. 'vllm==0.33.0', served by the package index pip is configured "
+                f"with, or by index:), path or url: the upstream wheel to take the compiled code from"
             )
         if own.has("index") and not own.has("requirement"):
             raise BadInput(f"{here}: index is for a wheel pinned by requirement; give requirement: 'NAME==VERSION'")

@@ -249,9 +249,8 @@ def download_wheel(
     if "DO NOT MATCH THE HASHES" in said:
         got = re.search(r"Got\s+([0-9a-f]{64})", said)
         raise BadInput(
-            f"{where}: the index serves {requirement} for {platform} with sha256 "
-            f"{got.group(1) if got else '(other)'}, not the pinned {sha256}; fix the sha256 or the index "
-            f"(asked: {indexes.describe()})"
+            f"{where}: the index serves {requirement} for {platform} with sha256 {got.group(1) if got else '(other)'}, "
+            f"not the pinned {sha256}; fix the sha256 or the index (asked: {indexes.describe()})"
         )
     if "No matching distribution" in said or "Could not find a version" in said:
         versions = re.search(r"\(from versions: ([^)]*)\)", said)
