@@ -1,7 +1,6 @@
-"""build.yaml's `build:` section, resolved once into frozen records: the CUDA arches, the variables and version of the
-build, the compiler cache (local or remote), the tests, what the build generates and keeps, the environment it is
-built in, its precompiled wheels (and where `carry pin` finds them) and the upstream's own test suite. build.gate is
-kept as written (carry/binaries/gatepolicy.py reads it)."""
+"""build.yaml's `build:` section, resolved once into frozen records: arches, variables, version, compiler cache,
+tests, what the build generates and keeps, its environment, precompiled wheels (and where `carry pin` finds them)
+and the upstream's own test suite. build.gate is kept as written (carry/binaries/gatepolicy.py reads it)."""
 
 from __future__ import annotations
 

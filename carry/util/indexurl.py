@@ -1,7 +1,6 @@
-"""An index URL as build.yaml writes it (build.precompiled.nightly.index, a precompiled wheel's index:): a URL, or one
-holding ${NAME} that the environment fills in when it is used. Checked where build.yaml is read (`check` and `version`
-load it), so it imports nothing of the index client (carry/util/index.py: pip, processes); what parses a URL
-(urllib.parse) only for a URL written out."""
+"""An index URL as build.yaml writes it (a nightly index, a precompiled wheel's index:): a URL, or one holding ${NAME}
+that the environment fills in when it is used. Checked where build.yaml is read (`check` and `version` load it), so
+it imports nothing of carry/util/index.py, and urllib.parse only for a URL written out."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""A file pinned by sha256 (an upstream's released wheel or sdist, a precompiled wheel of build.yaml): by requirement
-from the package index, by a local path, or by an http(s) URL. Read where build.yaml is read (`check` and `version`
-load it): what parses a URL (urllib.parse) is imported only for a pin by URL or path, or an index given by URL; the
-download store that fetches and checks the file is carry/util/download.py."""
+"""A file pinned by sha256 (an upstream's released wheel or sdist, a precompiled wheel): by requirement from the
+package index, by a local path, or by an http(s) URL. Read with build.yaml (`check` and `version` load it), so
+urllib.parse is imported only where needed; carry/util/download.py fetches and checks the file."""
 
 from __future__ import annotations
 
