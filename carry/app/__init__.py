@@ -154,8 +154,7 @@ class App:
         )
 
     def require_pins(self, platforms: tuple[Platform, ...]) -> None:
-        """With build.precompiled.nightly, a build for each of `platforms` (none: this machine's) needs the pin
-        `carry pin` writes: bad input before any work, never a silent build from source."""
+        """With build.precompiled.nightly, a build for `platforms` without its pin is bad input, not a source build."""
         settings = self.config.build.precompiled
         if settings is None or settings.nightly is None:
             return

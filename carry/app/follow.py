@@ -234,8 +234,7 @@ def _clear(repo: Path, home: Path) -> None:
 
 
 def _link_upstream(loaded: configs.Config, run: Follow) -> None:
-    """An upstream.url that is a path the repository does not track (examples/vllm's upstream.git, made by its
-    make_upstream.py) is linked into the worktree, so that the branch reads the same upstream (and cache mirror)."""
+    """An untracked upstream.url path (examples/vllm's upstream.git) linked into the worktree: the same upstream."""
     url = Path(loaded.upstream.url)
     project = loaded.path.absolute().parent
     if not url.is_absolute() or not url.exists():

@@ -17,8 +17,7 @@ FORMAT = 1
 
 
 def stamp(wheel_path: Path, info: dict, tags: tuple[str, ...] | None = None) -> Path:
-    """Add the buildinfo to the wheel's .dist-info and RECORD (with `tags`, retag its WHEEL file and file name);
-    the new wheel replaces the old one through a rename: its path."""
+    """Add the buildinfo to the wheel's .dist-info and RECORD (retagged with `tags`), replaced by rename: its path."""
     data = (json.dumps(info, indent=2, sort_keys=True) + "\n").encode()
     with zipfile.ZipFile(wheel_path) as archive:
         info_dir = wheelzip.dist_info(archive)

@@ -268,8 +268,7 @@ class Precompiled:
 
 @record
 class Deselection:
-    """One entry of build.upstream_tests.deselect: a test path (a file or directory, left out of collection) or a
-    test id (`path::name`, a prefix of the ids it deselects), and why it cannot run here."""
+    """One build.upstream_tests.deselect entry: a test path or id (`path::name`, a prefix of ids), and why."""
 
     target: str
     why: str

@@ -70,8 +70,7 @@ class Store:
         return found[0] if self.intact(found[0], pinned.sha256) else None
 
     def intact(self, path: Path, sha256: str) -> bool:
-        """Whether the stored `path` is the file of `sha256`: its stamp as remembered, else hashed (and the stamp
-        remembered). A file that is not is removed, and said (a `download` line): the caller downloads it again."""
+        """Whether stored `path` is the file of `sha256` (its stamp, else hashed); if not it is removed, and said."""
         if self._memo_says(path, sha256):
             return True
         found = file_sha256(path)

@@ -68,8 +68,7 @@ class Reporter:
 
 
 class Relay(Reporter):
-    """A reporter for a script outside carry that prints in its own words: each phase's detail and each note handed
-    to `line` (examples/*/make_upstream.py: `make_upstream: downloaded ...`)."""
+    """A reporter for a script outside carry (examples/*/make_upstream.py): each phase's detail and note to `line`."""
 
     def __init__(self, line: Callable[[str], None]) -> None:
         super().__init__()

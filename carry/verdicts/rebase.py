@@ -113,8 +113,7 @@ class Workspace:
         return next((e for e in recorded if (directory / e / "postimage").read_bytes() == resolved), "?")
 
     def resume(self, patches_dir: Path) -> tuple[str, list[Path]]:
-        """Record the maintainer's resolution of the conflicted patch (none may be left) under `patches_dir` and finish
-        its cherry-pick: the patch's name and the files recorded."""
+        """Record the maintainer's resolution under `patches_dir`, finish the cherry-pick: (patch, files recorded)."""
         name = self.names[self.done]
         merge_rr = resolutions.current(self.path / ".git")
         left = {f: r for f in merge_rr if (r := marker_regions(self.path / f))}

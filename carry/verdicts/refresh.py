@@ -82,8 +82,7 @@ def refresh(
 def carry_over(
     config: Config, cache: Cache, mirror: Path, patches: series.Series, new_base: str, leave_out: str | None = None
 ) -> Carried:
-    """The series (less `leave_out`, which upstream merged) moved onto `new_base`, nothing written; Conflict names
-    the first patch that does not go there after the recorded resolutions replayed."""
+    """The series (less `leave_out`) moved onto `new_base`, nothing written; Conflict names the first that won't go."""
     pin = config.upstream.commit
     kept = tuple(p for p in patches.patches if p.name != leave_out)
     exact = apply.check(mirror, new_base, series.Series(patches.directory, kept), cache.scratch)
