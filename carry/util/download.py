@@ -265,8 +265,7 @@ class Store:
 
 
 def _fetch_into(url: str, part: Path, size: int | None, store: Store) -> None:
-    """Append the rest of `url` to `part` (a range request when it has bytes already); the file's `size` (else
-    Content-Length tells) goes to the store's bar, counted from where it resumed."""
+    """Append the rest of `url` to `part` (a range request when it has bytes); `size` or Content-Length to the bar."""
     import urllib.error
     import urllib.request
 

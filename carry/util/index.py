@@ -56,8 +56,7 @@ def public(url: str) -> str:
 
 
 def pip_settings() -> dict[str, str]:
-    """pip's own configuration as `pip config list` gives it (its files and PIP_* variables): `section.key` -> value.
-    Asked once per process for the same environment (the PIP_* variables and where pip finds its files)."""
+    """pip's configuration as `pip config list` gives it (`section.key` -> value), asked once per environment."""
     return dict(_pip_config_list(tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(PIP_ENV)))))
 
 
@@ -92,8 +91,7 @@ def pip_default_index() -> str:
 
 
 def configured(index: str | None = None) -> Indexes:
-    """The indexes pip asks for a download: build.yaml's `index:` first where given, then pip's configuration
-    (for `pip download`: PIP_* variables, then the [download], then the [global] section), else pip's default."""
+    """The indexes pip asks for a download: build.yaml's `index:` first where given, then pip's configuration."""
     chosen = {key: value.split() for key, value in pip_indexes("download").items()}
     extra = tuple(chosen.get("extra-index-url", ()))
     if index:
