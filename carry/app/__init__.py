@@ -135,8 +135,7 @@ class App:
         return gatepolicy.for_config(self.config, self.arches(arch, platform))
 
     def expected(self, checked: CheckResult | None = None) -> verify.Expected:
-        """What an artifact built from this repo now must say about itself; with the `checked` series, also the
-        patched tree (so that a wheel's files can be compared with it) and the precompiled pins."""
+        """What an artifact built from here now must say; with `checked`, also the patched tree and precompiled pins."""
         from carry.wheelbuild import verify
 
         if checked is None:

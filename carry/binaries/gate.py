@@ -338,8 +338,7 @@ def _held(entries: Iterable[FatbinEntry]) -> list[str]:
 
 
 def _short_names(paths: list[str]) -> dict[str, str]:
-    """Paths without the directory they all share and without the extension-module suffix (`.abi3.so`,
-    `.cpython-311-x86_64-linux-gnu.so`); the full path where that would make two alike."""
+    """Paths less their shared directory and extension-module suffix (`.abi3.so`); in full where two would match."""
     parts = [path.split("/") for path in paths]
     common = 0
     while all(len(p) > common + 1 for p in parts) and len({p[common] for p in parts}) == 1:

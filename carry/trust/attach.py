@@ -199,8 +199,7 @@ def _timeless(statement: dict) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class SignatureCheck:
-    """What the `.sig` of one digest holds for one key: whether a signature verifies and names the digest and
-    repository, and what else is there (keyless ones, other keys', wrong identities)."""
+    """What the `.sig` of one digest holds for one key: whether a signature verifies for it, and what else is there."""
 
     digest: str
     tag: str
@@ -244,8 +243,7 @@ def check_signature(store: Registry, key: PublicKey, repository: str, digest: st
 
 @dataclasses.dataclass(frozen=True)
 class Statements:
-    """The statements under `.att` about one digest, by predicate type, whose envelope verifies with the key (or,
-    without a key, every readable one), and the problems found reading them."""
+    """The `.att` statements on one digest, by predicate type, verifying with the key (without one: all); problems."""
 
     by_type: dict[str, dict]
     problems: tuple[str, ...]

@@ -137,8 +137,7 @@ def canonical(project: str) -> str:
 
 
 def find_file(project: str, filename: str, where: str) -> tuple[str, str | None]:
-    """(URL, sha256 from the link when the index gives it) of `filename` on `project`'s simple page, on the first
-    of pip's configured indexes that lists it; bad input naming the file and the indexes asked when none does."""
+    """(URL, sha256 if given) of `filename` on the first index whose `project` page lists it; else bad input."""
     indexes = configured()
     for url in indexes.urls:
         page = f"{url.rstrip('/')}/{canonical(project)}/"

@@ -35,8 +35,7 @@ class Replay:
 
 
 class Conflict(Exception):
-    """A patch that does not cherry-pick onto the new base: the files it conflicts in, each with the line ranges of
-    its conflict markers in the workspace, and the recorded resolutions of that patch that did not fit."""
+    """A patch that won't cherry-pick onto the new base: each file's conflict-marker line ranges; unfit resolutions."""
 
     def __init__(self, patch: series.Patch, files: str, regions: dict[str, list[tuple[int, int]]], unfit: tuple = ()):
         super().__init__(patch.name)

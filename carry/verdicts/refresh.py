@@ -21,8 +21,7 @@ from carry.verdicts import droplog, rebase
 
 @dataclasses.dataclass(frozen=True)
 class Carried:
-    """The series carried over to `new_base`: the new text of each patch whose substance moved, the patches that
-    came out empty (already upstream), the rest, unchanged, and the patched tree there."""
+    """The series on `new_base`: each patch's new text where its substance moved, those emptied, the rest, the tree."""
 
     old_base: str
     new_base: str
