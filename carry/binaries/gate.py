@@ -210,9 +210,8 @@ class GateReport:
             GateFailure(
                 o.path,
                 None,
-                f"{o.path} is {machine_name(o.obj.machine)} code (ELF e_machine "
-                f"{o.obj.machine}), not {self.platform.machine} ({self.platform.e_machine}) "
-                f"as {self.platform} needs",
+                f"{o.path} is {machine_name(o.obj.machine)} code (ELF e_machine {o.obj.machine}), not "
+                f"{self.platform.machine} ({self.platform.e_machine}) as {self.platform} needs",
             )
             for o in self.objects
             if o.obj.machine is not None and o.obj.machine != self.platform.e_machine
