@@ -43,8 +43,7 @@ class Absence:
 
 
 class History:
-    """The history between the pinned base and one REF in the mirror; the merge base is looked up (a shallow mirror
-    deepened through `deepen`) only when a question needs it, with a note when it cannot be found."""
+    """History between the pinned base and one REF; the merge base found through `deepen` when asked (else a note)."""
 
     def __init__(self, mirror: Path, base: str, ref: str, commit: str, deepen: Callable[[], tuple[str | None, str]]):
         self.mirror = mirror
