@@ -69,8 +69,7 @@ def _pip_config_list(environ: tuple[tuple[str, str], ...]) -> tuple[tuple[str, s
 
 
 def pip_indexes(command: str) -> dict[str, str]:
-    """pip's index-url and extra-index-url for `pip <command>` (download, install) as pip resolves them: the PIP_*
-    variables over the [command] section over [global]; key -> value as written (extra ones space-separated)."""
+    """pip's index-url and extra-index-url for `pip <command>`, as written: PIP_* over [command] over [global]."""
     settings = pip_settings()
     chosen = {}
     for key in INDEX_KEYS:
