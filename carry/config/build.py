@@ -465,7 +465,8 @@ def _distribution(section: Section) -> str | None:
 
 
 def _precompiled(build: Section) -> Precompiled | None:
-    """build.precompiled: env (with {wheel}), clear, inputs (glob: why), wheels (platform: requirement, path or url)."""
+    """build.precompiled: env (with {wheel}), clear (prefixes), inputs (glob: why), wheels (platform: requirement
+    with an optional index, or path, or url; sha256; ref)."""
     if not build.has("precompiled"):
         return None
     from carry.platforms import Platform
