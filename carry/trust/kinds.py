@@ -158,8 +158,7 @@ class Provenance(_NoArg):
 
 
 class Suite:
-    """The upstream-suite report of the fixed wheel (`carry suite` writes `<wheel>.suite.json` beside it): the
-    report at ARG, else the one beside the fixed wheel in dist/, when there is one and it is about that wheel."""
+    """The fixed wheel's upstream-suite report (`<wheel>.suite.json`): at ARG, else beside it in dist/ if about it."""
 
     name, title, predicate_type = "suite", "suite", "urn:carry:upstream-suite:v1"
 

@@ -24,8 +24,7 @@ BAR_FROM_BYTES = 64 * 1000 * 1000
 
 
 class Reporter:
-    """Phase lines with the time since the reporter began, notes and warnings; `heard` are the recordings that
-    also keep each line said (`name: detail`, a note as it is), what follows `carry: ` in a log."""
+    """Timed phase lines, notes and warnings; each line said is also kept (`name: detail`, or the note) in `heard`."""
 
     def __init__(self, stream: TextIO | None = None, quiet: bool = False) -> None:
         self._lines = Progress(stream, quiet)
