@@ -1,10 +1,9 @@
-"""The application layer: `App`, the context every command is handed (the config, the cache, and VERSION, the
-series, its check on the pin and the toolchain, each computed once, when first asked), and one module per family
-of commands (source, wheel, image, locked, lock, verdicts, verify, gputest, gate), each entry taking `App` and its
-command's frozen request record.
+"""The application layer: `App`, the context every command is handed (the config, the cache, VERSION, the series,
+its check on the pin and the toolchain, each computed once, when first asked), and one module per family of
+commands, each entry taking `App` and its command's frozen request record.
 
 This `__init__` is the context itself, not a re-export: `check` and `version` load it and nothing else of app/
-(tests/test_spine.py). Modules that only some commands need are imported inside those commands.
+(tests/test_spine.py); what only some commands need is imported inside them.
 """
 
 from __future__ import annotations
@@ -96,8 +95,7 @@ class App:
         return checked
 
     def toolchain(self) -> toolchain.Toolchain:
-        """nvcc and the host compiler as the build's environment (build.env over this process's) finds them:
-        probed once a command, for the `{cuda}` tag and every build."""
+        """nvcc and the host compiler as build.env finds them: probed once a command (`{cuda}`, builds)."""
         if self._tools is None:
             import os
 
@@ -107,9 +105,8 @@ class App:
         return self._tools
 
     def build_tools(self) -> BuildTools:
-        """What every build of this command compiles with: `toolchain` and build.compiler_cache (with the remote
-        cache, resolved now: a bad $CARRY_REMOTE_CACHE_URL is bad input before any work), shared by every
-        platform's builder."""
+        """What every platform's build of this command compiles with: `toolchain` and build.compiler_cache, the remote
+        cache resolved now (a bad $CARRY_REMOTE_CACHE_URL is bad input before any work)."""
         if self._build_tools is None:
             import os
 
@@ -138,8 +135,7 @@ class App:
         return gatepolicy.for_config(self.config, self.arches(arch, platform))
 
     def expected(self, checked: CheckResult | None = None) -> verify.Expected:
-        """What an artifact built from this repo now must say about itself; with the `checked` series, also the
-        patched tree (so that a wheel's files can be compared with it) and the precompiled pins."""
+        """What an artifact built from here now must say; with `checked`, also the patched tree and precompiled pins."""
         from carry.wheelbuild import verify
 
         if checked is None:
@@ -157,8 +153,7 @@ class App:
         )
 
     def require_pins(self, platforms: tuple[Platform, ...]) -> None:
-        """With build.precompiled.nightly, a build for each of `platforms` (none: this machine's) needs the pin
-        `carry pin` writes: bad input before any work, never a silent build from source."""
+        """With build.precompiled.nightly, a build for `platforms` without its pin is bad input, not a source build."""
         settings = self.config.build.precompiled
         if settings is None or settings.nightly is None:
             return
@@ -175,8 +170,7 @@ class App:
     def builder(
         self, arch: str | None, jobs: int | None, platform: Platform | None = None, from_source: bool = False
     ) -> Builder:
-        """What every build of this command shares, resolved now (wheel.Builder); calling it builds one checked
-        tree."""
+        """What every build of this command shares, resolved now (wheel.Builder); calling it builds a checked tree."""
         from carry.wheelbuild import wheel
 
         policy = self.policy(arch, platform)
@@ -185,9 +179,8 @@ class App:
         )
 
     def repin(self, commit: str, tree: str | None = None) -> None:
-        """What every command that moves upstream.commit runs before it writes it: the precompiled pins of `commit`
-        found and written as `pin` does, and said (pins.repin: nothing without build.precompiled.nightly; a failure
-        changes nothing). `tree` is the patched tree on `commit` where the caller has it."""
+        """Run by every command that moves upstream.commit, before it writes it: the precompiled pins of `commit` found,
+        written and said as `pin` does (a failure changes nothing). `tree`: the patched tree on `commit`, if at hand."""
         settings = self.config.build.precompiled
         if settings is None or settings.nightly is None:
             return

@@ -1,18 +1,15 @@
 """`cache` and `cache prune`: how big each part of `$CARRY_CACHE` is, and removing what no current config needs.
 
-Sizes are disk usage (allocated blocks, as `du`), measured with os.scandir/lstat, every inode counted once: a build
-environment hardlinks uv's cache, and a copy of a cache made with hard links shares its files. A removed entry frees
-only the inodes no link outside it keeps.
+Sizes are disk usage (as `du`), every inode counted once: build environments and cache copies share files by hard
+links, so a removed entry frees only the inodes no link outside it keeps.
 
-Prune keeps, for each config given: its mirror and the bundle of its pin; its build dirs; the build environment of
-its current `[build-system] requires` (the patched tree's); every cached wheel of its current patched tree; the
-download-store files it pins (build.precompiled's wheels, the releases.yaml beside it, every wheel its runtime lock
-lists); the wheelhouses of its image.platforms; the logs of what is kept. Everything else of those parts goes,
-and temp dirs of processes that are gone. Compiler caches (ccache, sccache) bound themselves and are left alone.
+Prune keeps, for each config given, what its current state uses: its mirror and pin bundle, build dirs, the build
+environment of its current `[build-system] requires`, the cached wheels of its patched tree, the download-store files
+it pins, the wheelhouses of its image.platforms, and the logs of what is kept. Everything else of those parts goes,
+and temp dirs of processes that are gone. Compiler caches bound themselves and are left alone.
 
-Safe while another carry runs: each entry's own lock (the one carry takes to make or use it) is taken without
-waiting, and an entry whose lock is held is skipped and named; a removed entry is first renamed to a hidden name
-beside it (one rename: a reader finds it whole or not at all), then deleted.
+Safe while another carry runs: each entry's own lock is taken without waiting (a held one is skipped and named), and
+a removed entry is first renamed to a hidden name beside it (a reader finds it whole or not at all), then deleted.
 """
 
 from __future__ import annotations
@@ -83,8 +80,7 @@ def _walk(path: Path) -> Iterator[os.stat_result]:
 
 
 class Meter:
-    """Disk usage with every inode counted once across everything measured by this meter, and which of those
-    inodes have links outside it (uv's cache hardlinked into environments, a hardlinked copy of a cache)."""
+    """Disk usage with every inode counted once across this meter, and which inodes have links outside it."""
 
     def __init__(self) -> None:
         self.seen: dict[tuple[int, int], list] = {}  # inode -> [links seen, blocks, st_nlink, part]

@@ -1,23 +1,15 @@
 """`follow [REF]`: take the project from its pin to a newer upstream REF on a branch of its own, one commit per step,
-and write what happened as the pull request's body (carry/verdicts/followreport.py). The steps are the commands'
-own: carry/verdicts/ (status, rebase, resolutions), carry/wheelbuild/pins.py, and `lock`, `wheel`, `suite` and
-`test` run as a maintainer runs them.
+and write what happened as the pull request's body (carry/verdicts/followreport.py). The steps are the commands' own
+(carry/verdicts/, carry/wheelbuild/pins.py, and `lock`, `wheel`, `suite`, `test` as a maintainer runs them).
 
-1. REF: the argument, else `upstream.follow` (the PR head, main, or the newest release tag matching a pattern).
-   REF is the pin: one line, exit 0, no branch. REF older than the pin, unknown, or a work tree with uncommitted
-   changes: bad input, nothing made.
-2. A worktree of the project's repository on `carry/follow/<REF>`, made again from HEAD on every run (a second run
-   updates the branch, never makes another); the current branch and work tree are not touched.
-3. `status` against REF; every droppable patch dropped, one commit each, its verdict and evidence in the message and
-   in DROPPED.md.
-4. The rest moved onto REF (carry/verdicts/rebase.py: 3-way, recorded resolutions replayed). A conflict stops here
-   (exit 1), the workspace left where the maintainer resolves it; `follow --continue` records the resolution under
-   patches/resolutions/ and goes on. Then the pin, the precompiled pins and VERSION (once): one commit; the runtime
-   lock: one commit.
-5. The fixed wheel of each platform built, `suite` against the release wheel it was made from, `test` where a GPU
-   answers; each said, and where none answered, said so.
-6. `--push REMOTE`: the branch pushed (git's own credentials; a conflict or a regression pushes it too, for the
-   human to start from).
+1. REF: the argument, else `upstream.follow`. REF is the pin: one line, exit 0, no branch. REF older than the pin,
+   unknown, or a work tree with uncommitted changes: bad input, nothing made.
+2. A worktree on `carry/follow/<REF>`, made again from HEAD on every run; the current work tree is not touched.
+3. `status` against REF; every droppable patch dropped, one commit each (verdict and evidence in it and DROPPED.md).
+4. The rest rebased onto REF (carry/verdicts/rebase.py). A conflict stops here (exit 1); `follow --continue` records
+   the resolution under patches/resolutions/ and goes on. Then the pins and VERSION: one commit; the lock: one.
+5. Each platform's fixed wheel built, `suite` against its release wheel, `test` where a GPU answers.
+6. `--push REMOTE`: the branch pushed (a conflict or a regression pushes it too, for the human to start from).
 
 Exit 0: a ready branch; 1: a human is needed (a conflict, a regression, a failed proof); 2: bad input.
 """
@@ -54,8 +46,7 @@ PROGRESS_RE = re.compile(r"[\w ]+: \d+% of ")  # reporter.Bar's lines
 
 @record(kw_only=True)
 class Request:
-    """What `follow` was asked: REF (None: upstream.follow), `resume` (--continue), the remote to push to, whether
-    the patches' tests judge too (`test`) and whether to build and prove (`build`)."""
+    """What `follow` was asked: REF (None: upstream.follow), --continue, --push, whether tests judge too, and build."""
 
     ref: str | None = None
     resume: bool = False
@@ -65,8 +56,7 @@ class Request:
 
 
 class Follow:
-    """One follow run: the project's repository, its worktree on the branch, the workspace, and the report (a dict,
-    saved as state.json beside them, so that --continue takes it up)."""
+    """One follow run: the repository, its worktree on the branch, the workspace, and the report (state.json)."""
 
     def __init__(self, cache: Cache, report: dict[str, Any]):
         self.cache = cache
@@ -107,8 +97,7 @@ class Follow:
         entry["fate"], entry["detail"] = fate, detail
 
     def carry(self, *args: str) -> tuple[int, str]:
-        """`carry --config <the worktree's build.yaml> ARGS` in a process of its own, as a maintainer runs it; its
-        output kept in the run's logs. (exit status, stdout)."""
+        """`carry --config <the worktree's build.yaml> ARGS` as a maintainer runs it, logged: (exit status, stdout)."""
         from carry.util.run import BUILD_S, execute
 
         argv = [sys.executable, "-m", "carry", "--config", str(self.config_path), *args]
@@ -203,8 +192,7 @@ def _start(loaded: configs.Config, cache: Cache, request: Request) -> Follow | N
 
 
 def default_ref(loaded: configs.Config, cache: Cache) -> str:
-    """What upstream.follow names: `pr` (the PR head), `main` (upstream.main), or a tag pattern (`v*`): the newest
-    release tag matching it, pre-releases left out."""
+    """What upstream.follow names: `pr`, `main`, or the newest release tag matching a pattern (`v*`), no pre-release."""
     setting = loaded.upstream.follow or ("pr" if loaded.upstream.pr is not None else "main")
     if setting == "pr":
         if loaded.upstream.pr_ref is None:
@@ -246,8 +234,7 @@ def _clear(repo: Path, home: Path) -> None:
 
 
 def _link_upstream(loaded: configs.Config, run: Follow) -> None:
-    """An upstream.url that is a path the repository does not track (examples/vllm's upstream.git, made by its
-    make_upstream.py) is linked into the worktree, so that the branch reads the same upstream (and cache mirror)."""
+    """An untracked upstream.url path (examples/vllm's upstream.git) linked into the worktree: the same upstream."""
     url = Path(loaded.upstream.url)
     project = loaded.path.absolute().parent
     if not url.is_absolute() or not url.exists():
@@ -317,8 +304,7 @@ def _drop(run: Follow, loaded: configs.Config, verdict: Any, ref_commit: str) ->
 
 
 def _carry_series(run: Follow) -> None:
-    """The rest of the series onto REF in the workspace (made now, or taken up after a resolution); a conflict
-    raises rebase.Conflict with the workspace left in place."""
+    """The rest of the series onto REF in the workspace; a conflict raises rebase.Conflict, the workspace kept."""
     loaded = run.config()
     patches = series.load(loaded.patches_dir)
     state = run.report.get("workspace")
@@ -470,8 +456,7 @@ def _after_rebase(run: Follow, request: Request) -> None:
 
 
 def _build_and_prove(run: Follow) -> None:
-    """`wheel` per platform (the precompiled ones, else this machine's); `suite` of each wheel this machine runs
-    against the release wheel it was made from; then the proofs."""
+    """`wheel` per platform; `suite` of each wheel this machine runs against its release wheel; then the proofs."""
     loaded = run.config()
     settings = loaded.build.precompiled
     platforms = [str(w.platform) for w in settings.wheels] if settings and settings.wheels else [None]

@@ -1,5 +1,4 @@
-"""`gate`: which GPUs (and which CPU) can run any wheel, tree or .so files, by build.yaml's policy where there is
-one."""
+"""`gate`: which GPUs (and which CPU) can run any wheel, tree or .so files, by build.yaml's policy if there is one."""
 
 from __future__ import annotations
 
@@ -26,9 +25,8 @@ class GateRequest:
 
 
 def gate(request: GateRequest) -> GateReport:
-    """Gate a wheel, an unpacked tree or `.so` files, upstream's own releases included: by build.yaml's policy
-    when there is a config (its arches, or --arch), by the strict rule when not; the CPU of every `.so` against
-    --platform, else the wheel's tag."""
+    """Gate a wheel, an unpacked tree or `.so` files, upstream's own releases included: by build.yaml's policy (its
+    arches, or --arch) where there is a config, else the strict rule; each `.so`'s CPU against --platform or the tag."""
     from carry.binaries import gate as gating
     from carry.binaries import gatepolicy
     from carry.binaries import sharedobjects as binaries

@@ -73,8 +73,7 @@ def run_tests(app: App, request: TestRequest) -> TestOutcome:
 
 
 def prove_series(app: App, request: ProveRequest) -> prove.Proof:
-    """base and each prefix of the series built and tested (prove.run); the GPU and the tests are checked
-    before anything is resolved or built."""
+    """base and each prefix of the series built and tested (prove.run); the GPU and tests checked before any build."""
     from carry.gputest import gpu, prove
 
     commands = _tests(app)
@@ -85,8 +84,7 @@ def prove_series(app: App, request: ProveRequest) -> prove.Proof:
 
 
 def suite(app: App, request: SuiteRequest) -> upstreamsuite.Outcome:
-    """The upstream's own tests (build.upstream_tests) on `wheel` and on `against` (default: build.precompiled's
-    wheel for its platform), compared per test id (carry/gputest/upstreamsuite.py)."""
+    """The upstream's own tests on `wheel` and on `against` (default: build.precompiled's), compared per test id."""
     from carry.gputest import upstreamsuite
 
     upstreamsuite.selection_of(app.config)  # no selection: bad input before any work

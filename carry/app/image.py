@@ -42,8 +42,7 @@ def image_command(app: App, request: ImageRequest) -> ImageOutcome:
 
 
 def buildkit_image(app: App, options: ImageOptions, arch: str | None) -> image.ImageResult:
-    """check -> context (carry + config + bundle) -> a BuildKit build per platform -> tags and labels -> push
-    -> shared tags as manifest lists."""
+    """check -> context -> a BuildKit build per platform -> tags and labels -> push -> shared tags as manifest lists."""
     from carry.app import imaging, wheel
     from carry.image.buildkit import container, image
 

@@ -50,8 +50,7 @@ def attester_for(
 
 
 def registry_answers(app: App, push: bool) -> None:
-    """With --push, image.name's registry asked once before any work: one that cannot be reached or refuses the
-    login is bad input naming $CARRY_REGISTRY_USER / $CARRY_REGISTRY_PASSWORD (carry.image.registry.probe)."""
+    """With --push, image.name's registry asked once before any work: unreachable or refusing the login is bad input."""
     if push:
         from carry.image import registry
 

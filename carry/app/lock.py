@@ -33,9 +33,8 @@ class LockResult:
 
 
 def lock(app: App, request: LockRequest) -> LockResult:
-    """The runtime lock of each platform (image.platforms, or those given): the base image's facts first (bad
-    input before any work), then the fixed wheel as `wheel` makes it, then uv; with `check`, only whether each
-    lock is fresh."""
+    """The runtime lock of each platform (image.platforms, or those given): the base image's facts first, then the
+    fixed wheel as `wheel` makes it, then uv; with `check`, only whether each lock is fresh."""
     from carry.image.locked import runtimelock
     from carry.util.fsutil import temp_dir
 
@@ -57,10 +56,8 @@ def lock(app: App, request: LockRequest) -> LockResult:
 
 
 def lock_wheels(app: App, platforms: tuple[Platform, ...], out: Path) -> dict[Platform, Path]:
-    """The fixed wheel of each platform, made as `wheel` makes it (cached by content), where the placement rule
-    says (producer.choose): here (this machine's CPU, or build.precompiled's wheel for the platform), else this
-    machine's own wheel when it is pure Python (`py3-none-any` installs anywhere), else in that platform's build
-    stage."""
+    """The fixed wheel of each platform, made as `wheel` makes it, where the placement rule says (producer.choose):
+    here, else this machine's own wheel when it is pure Python, else in that platform's build stage."""
     from carry.app import wheel
     from carry.platforms import Platform
     from carry.wheelbuild import producer

@@ -39,9 +39,8 @@ def _refuse_what_does_not_apply(app: App, options: ImageOptions, discard_wheels:
 
 
 def locked_image(app: App, request: ImageRequest) -> lockedimage.LockedImageResult:
-    """image.lock set: locks read and checked (before any work) -> with --push, each platform's previous image
-    in the registry and its record -> check -> each platform's fixed wheel here (native or precompiled) -> carry
-    writes the layers (lockedimage), reusing what the registry has -> push or load -> smoke test -> record."""
+    """image.lock set: locks read and checked -> with --push, each platform's previous image and record -> check ->
+    the fixed wheels -> carry writes the layers, reusing the registry's -> push or load -> smoke test -> record."""
     from carry.app import imaging, wheel
     from carry.image import registry
     from carry.image.buildkit import image
@@ -90,8 +89,7 @@ def locked_image(app: App, request: ImageRequest) -> lockedimage.LockedImageResu
 
 
 def _offers(app: App, platforms: tuple[Platform, ...], prepared: lockedimage.Prepared, previous: dict) -> dict:
-    """Per platform, a base a derivation may start from when this machine has none: VERSION N's fixed wheel
-    rebuilt from its pushed image (wheel.Builder.offer)."""
+    """Per platform, a base a derivation may start from: VERSION N's fixed wheel rebuilt from its pushed image."""
     from carry.image.locked import imagewheel, layerplan
 
     return {
@@ -103,10 +101,9 @@ def _offers(app: App, platforms: tuple[Platform, ...], prepared: lockedimage.Pre
 
 
 def image_wheels(app: App, platforms: tuple[Platform, ...], arch: str | None, offers: dict | None = None) -> dict:
-    """The fixed wheel of each platform of a locked image, in dist/: made here where the placement rule says
-    (producer.here: this machine's CPU, or a platform with a precompiled wheel); for another, this machine's own
-    when it is pure Python (as `lock` takes it: a `py3-none-any` wheel installs anywhere), never a wheel of this
-    CPU's code. `offers`: per platform, a base a derivation may start from (wheel.Builder.offer)."""
+    """The fixed wheel of each platform of a locked image, in dist/: made here where producer.here says; for another
+    platform, this machine's own when it is pure Python, never a wheel of this CPU's code. `offers`: per platform, a
+    base a derivation may start from (wheel.Builder.offer)."""
     from carry.app import wheel
     from carry.platforms import Platform
     from carry.wheelbuild import producer
@@ -143,9 +140,8 @@ def image_wheels(app: App, platforms: tuple[Platform, ...], arch: str | None, of
 def previous_images(
     app: App, platforms: tuple[Platform, ...], options: ImageOptions, attester: Attester | None
 ) -> dict:
-    """Each platform's previous image in the registry and its record (registrycache.find): at --cache-from's refs
-    ({arch}, {version} filled), else this VERSION's own tags (a rerun) and image.tags (`latest`: the VERSION
-    this one replaces). The record is trusted only signed when $CARRY_SIGNING_KEY is set."""
+    """Each platform's previous image in the registry and its record (registrycache.find): at --cache-from's refs,
+    else this VERSION's own tags and image.tags. The record is trusted only signed when $CARRY_SIGNING_KEY is set."""
     from carry.app.imaging import cuda_tag
     from carry.image import registry, registryhttp
     from carry.image.buildkit import image

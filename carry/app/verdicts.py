@@ -38,8 +38,7 @@ class RefreshRequest:
 
 
 def status(app: App, request: StatusRequest) -> verdicts.StatusReport:
-    """A verdict per patch against each ref (default: upstream.main, and the PR head when pr is set); with
-    `test`, each patch's test is run on the ref without it too (carry/gputest/behaviour.py)."""
+    """A verdict per patch against each ref (default: main and the PR head); with `test`, each patch's test too."""
     from carry.verdicts import verdicts
 
     patches = app.series()
@@ -69,10 +68,8 @@ def refresh_series(app: App, request: RefreshRequest) -> refresh.Refreshed:
 def _judge(
     app: App, test: bool, notes: bool
 ) -> Callable[[verdicts.StatusReport, Series], verdicts.StatusReport] | None:
-    """With `test`, what drop and refresh call to judge a status report by the patches' tests too. Drop and refresh
-    say their result in one line: the tests' phases are not said (held, never released); the judge's notes (a patch
-    judged by its text alone) are, for `drop` (`notes`), not for refresh, which judges only to name in its one
-    failure line the patches `drop` takes."""
+    """With `test`, what drop and refresh call to judge a status report by the patches' tests too. The tests' phases
+    are held, never said (drop and refresh say one line); the judge's notes are said for `drop` (`notes`) only."""
     if not test:
         return None
     from carry.gputest import behaviour

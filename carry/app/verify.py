@@ -84,8 +84,7 @@ def verify_artifact(request: VerifyRequest) -> VerifyOutcome:
 
 
 def verify_built(app: App, request: VerifyRequest, key: PublicKey | None) -> tuple[verify.Verification, ...]:
-    """A wheel file (and the test report beside it), or every platform (or the one asked) of an image
-    reference; with `key` (a loaded public key) the image's signature, SBOM and provenance too."""
+    """A wheel (and its test report), or an image's platforms; with `key`, its signature, SBOM and provenance too."""
     from carry.gputest import testrun
     from carry.wheelbuild import verify
 

@@ -39,8 +39,7 @@ class WheelOutcome:
 
 
 def wheel_command(app: App, request: WheelRequest) -> WheelOutcome:
-    """Here (this machine's CPU, or build.precompiled's wheel for --platform) or in --platform's build stage, as
-    the placement rule says; the flags that go with the other place are bad input."""
+    """Here or in --platform's build stage, as the placement rule says; the other place's flags are bad input."""
     from carry.wheelbuild import producer
 
     target = request.platform
@@ -71,8 +70,7 @@ def _facts(app: App, platform: Platform, from_source: bool) -> producer.Facts:
 
 
 def wheel_here(app: App, request: WheelRequest) -> wheel.WheelResult:
-    """check -> (precompiled: prove the binaries match) -> plan -> reuse or build the wheel -> publish; refused
-    when `out` holds another wheel under this VERSION."""
+    """check -> (precompiled: binaries proven) -> plan -> reuse or build -> publish; refused when `out` has another."""
     builder = app.builder(request.arch, request.jobs, request.platform, request.from_source)
     checked = app.check()
     dropped_are_in_the_pin(app, checked)
@@ -159,8 +157,7 @@ def dropped_are_in_the_pin(app: App, checked: CheckResult) -> None:
 
 
 def upstream_version(app: App, checked: CheckResult) -> str | None:
-    """The upstream's own version for a build stage to put in front of +carry.VERSION (None: build.wheel_version
-    says the version), found here, where upstream's tags are (carry/source/upstreamversion.py)."""
+    """The upstream's own version to go before +carry.VERSION (None: build.wheel_version), found here from its tags."""
     if app.config.build.wheel_version is not None:
         return None
     from carry.source import upstreamversion

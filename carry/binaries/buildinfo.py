@@ -17,8 +17,7 @@ FORMAT = 1
 
 
 def stamp(wheel_path: Path, info: dict, tags: tuple[str, ...] | None = None) -> Path:
-    """Add the buildinfo to the wheel's .dist-info and RECORD (with `tags`, retag its WHEEL file and file name);
-    the new wheel replaces the old one through a rename: its path."""
+    """Add the buildinfo to the wheel's .dist-info and RECORD (retagged with `tags`), replaced by rename: its path."""
     data = (json.dumps(info, indent=2, sort_keys=True) + "\n").encode()
     with zipfile.ZipFile(wheel_path) as archive:
         info_dir = wheelzip.dist_info(archive)
@@ -39,8 +38,7 @@ def stamp(wheel_path: Path, info: dict, tags: tuple[str, ...] | None = None) -> 
 
 
 def retagged_name(name: str, tags: tuple[str, ...]) -> str:
-    """`dist-version-cp311-cp311-linux_x86_64.whl` with its tag triple replaced by `tags` (compressed the way
-    wheel names are: `py2.py3-none-any`)."""
+    """`dist-version-cp311-cp311-linux_x86_64.whl` with its tags replaced by `tags` (compressed: `py2.py3-none-any`)."""
     stem = name.removesuffix(".whl").split("-")
     pythons, abis, platforms = (".".join(dict.fromkeys(tag.split("-")[i] for tag in tags)) for i in range(3))
     return "-".join([*stem[:-3], pythons, abis, platforms]) + ".whl"
@@ -65,8 +63,7 @@ def read(wheel_path: Path) -> dict | None:
 
 
 def peek(wheel_path: Path) -> dict | None:
-    """The buildinfo in a wheel without checking RECORD (to tell which artifact a wheel is, not to trust it), or
-    None when it has none or cannot be read."""
+    """The buildinfo in a wheel, RECORD unchecked (to tell which artifact it is, not to trust it), or None."""
     try:
         with zipfile.ZipFile(wheel_path) as archive:
             return json.loads(archive.read(f"{wheelzip.dist_info(archive)}/{FILENAME}"))

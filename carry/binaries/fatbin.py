@@ -1,11 +1,11 @@
 """List the cubins and PTX in a shared object's ``.nv_fatbin`` section, without cuobjdump.
 
-Layout (observed on nvcc 13 output and cross-checked against cuobjdump in the tests): the section
-holds one or more fatbins back to back, each starting at the section's alignment (the linker pads with zeros
-where a fatbin's size is not a multiple of it, as aarch64 links do). A fatbin is a 16-byte header (u32 magic 0xBA55ED50,
-u16 version, u16 header size, u64 payload size) followed by entries. Each entry starts with
-u16 kind, u16 version, u32 header size, u64 payload size; its u32 arch (e.g. 121) sits at 0x1C
-and its u32 flags at 0x28, where 0x100000 marks an 'a' and 0x200000 an 'f' target.
+Layout (observed on nvcc 13 output and cross-checked against cuobjdump in the tests): the section holds one or more
+fatbins back to back, each starting at the section's alignment (the linker pads with zeros where a fatbin's size is
+not a multiple of it, as aarch64 links do). A fatbin is a 16-byte header (u32 magic 0xBA55ED50, u16 version, u16
+header size, u64 payload size) followed by entries. Each entry starts with u16 kind, u16 version, u32 header size,
+u64 payload size; its u32 arch (e.g. 121) sits at 0x1C and its u32 flags at 0x28, where 0x100000 marks an 'a' and
+0x200000 an 'f' target.
 """
 
 from __future__ import annotations

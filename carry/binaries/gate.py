@@ -136,8 +136,7 @@ class Cell:
 
 @dataclasses.dataclass(frozen=True)
 class GateFailure:
-    """What fails: a requested target an object cannot run on, code for the wrong CPU, or CUDA code where none
-    is expected (`path` None when the wheel as a whole has no CUDA code)."""
+    """What fails: a GPU an object cannot run on, wrong-CPU code, or unexpected CUDA (`path` None: the whole wheel)."""
 
     path: str | None
     target: CudaTarget | None
@@ -211,9 +210,8 @@ class GateReport:
             GateFailure(
                 o.path,
                 None,
-                f"{o.path} is {machine_name(o.obj.machine)} code (ELF e_machine "
-                f"{o.obj.machine}), not {self.platform.machine} ({self.platform.e_machine}) "
-                f"as {self.platform} needs",
+                f"{o.path} is {machine_name(o.obj.machine)} code (ELF e_machine {o.obj.machine}), not "
+                f"{self.platform.machine} ({self.platform.e_machine}) as {self.platform} needs",
             )
             for o in self.objects
             if o.obj.machine is not None and o.obj.machine != self.platform.e_machine
@@ -235,8 +233,7 @@ class GateReport:
         return rows
 
     def full_lines(self, width: int = WIDTH) -> list[str]:
-        """`lines()`, then what each shared object holds and every rule with its reason (the `.gate.txt` file,
-        and what is printed when the gate fails)."""
+        """`lines()`, what each shared object holds and every rule with its reason (`.gate.txt`; printed on failure)."""
         rows = self.lines(width)
         cuda = [o for o in self.objects if o.has_cuda]
         if cuda:
@@ -340,8 +337,7 @@ def _held(entries: Iterable[FatbinEntry]) -> list[str]:
 
 
 def _short_names(paths: list[str]) -> dict[str, str]:
-    """Paths without the directory they all share and without the extension-module suffix (`.abi3.so`,
-    `.cpython-311-x86_64-linux-gnu.so`); the full path where that would make two alike."""
+    """Paths less their shared directory and extension-module suffix (`.abi3.so`); in full where two would match."""
     parts = [path.split("/") for path in paths]
     common = 0
     while all(len(p) > common + 1 for p in parts) and len({p[common] for p in parts}) == 1:
@@ -369,8 +365,7 @@ def _failure_message(report: ObjectReport, cell: Cell) -> str:
     gpu = cell.target.capability
     if cell.found.how is How.JIT:
         return (
-            f"{report.path}: no cubin runs on {gpu} (sm_{gpu.number}), "
-            f"only {cell.found.via} by JIT at load; "
+            f"{report.path}: no cubin runs on {gpu} (sm_{gpu.number}), only {cell.found.via} by JIT at load; "
             f"build sm_{gpu.number}, ask for '{gpu}+PTX', or add a gate rule with jit: true to accept JIT"
         )
     return f"{report.path}: nothing runs on {gpu} (sm_{gpu.number}); the fatbin holds {report.held}"

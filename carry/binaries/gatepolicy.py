@@ -7,15 +7,11 @@ upstream meant it for by design, resolved once from build.yaml into one typed ob
         - match: vllm/vllm_flash_attn/_vllm_fa3_C.*so   # a glob on the path inside the wheel
           gpus: "9.0a"                                  # what it is built for by design
           why: FA3 is Hopper's ...
-        - match: vllm/vllm_flash_attn/_vllm_fa2_C.*so
           jit: true                                     # PTX compiled at load is accepted for it
-          why: ...
 
-A shared object no rule matches keeps the strict rule: every requested arch, by cubin (PTX only where the list
-asks for it with +PTX or compute_XY). For a matched one, a requested GPU outside its `gpus` is reported as not
-built for it by design (never silently), and inside them the strict rule holds, with JIT accepted when `jit`.
-`gpus` takes the arch-list grammar: `9.0a` is that chip, `10.0f` its family (10.0 and 10.3), `9.0` the GPU 9.0
-itself; `all` (the default) means every GPU. The first matching rule decides.
+A shared object no rule matches must hold a cubin for every requested arch (PTX only where the list asks for it).
+For a matched one, a requested GPU outside its `gpus` is reported as not built for it by design, and inside them
+the strict rule holds. `gpus` takes the arch-list grammar (`all`, the default, is every GPU); the first match decides.
 """
 
 from __future__ import annotations

@@ -185,8 +185,7 @@ def _is_metadata(name: str) -> bool:
 
 
 def _prefixes(paths: list[str | None], files: dict[str, str]) -> dict[str, str]:
-    """Per top-level package of the wheel, the directory of the tree it comes from: '' for a flat layout,
-    'src/' for a src layout, whichever holds most of its files."""
+    """Per top-level package of the wheel, the tree directory it comes from ('' flat, 'src/'), holding most of it."""
     tops: dict[str, list[str]] = {}
     for path in paths:
         if path and "/" in path:

@@ -94,8 +94,7 @@ class Config:
         return own if own is not None else self.build.cuda_arches
 
     def build_arches(self, given: ArchList | None, platform: Platform | None = None) -> ArchList:
-        """The arches a build promises: `given` (--arch), else the platform's own cuda_arches, else
-        build.cuda_arches; the empty list (`none`, `[]`) builds a wheel with no CUDA code."""
+        """The arches a build promises: `given` (--arch), else the platform's, else build.cuda_arches ([]: no CUDA)."""
         if given is not None:
             return given
         configured = self.arches_for(platform)

@@ -1,7 +1,6 @@
-"""build.yaml's `build:` section, resolved once into frozen records: the CUDA arches, the variables and version of the
-build, the compiler cache (local or remote), the tests, what the build generates and keeps, the environment it is
-built in, its precompiled wheels (and where `carry pin` finds them) and the upstream's own test suite. build.gate is
-kept as written (carry/binaries/gatepolicy.py reads it)."""
+"""build.yaml's `build:` section, resolved once into frozen records: arches, variables, version, compiler cache,
+tests, what the build generates and keeps, its environment, precompiled wheels (and where `carry pin` finds them)
+and the upstream's own test suite. build.gate is kept as written (carry/binaries/gatepolicy.py reads it)."""
 
 from __future__ import annotations
 
@@ -62,8 +61,7 @@ REMOTE_FORMS = "redis://HOST[:PORT][/DB], rediss://…, http(s)://HOST[:PORT][/P
 
 @record
 class RemoteCache:
-    """`build.remote_cache`: where compiled objects are shared between machines. Never holds a credential:
-    the password comes from $CARRY_REMOTE_CACHE_PASSWORD when the build runs."""
+    """`build.remote_cache`: where compiled objects are shared; the password comes from $CARRY_REMOTE_CACHE_PASSWORD."""
 
     scheme: RemoteScheme
     host: str  # the bucket for s3, empty for gha
@@ -142,9 +140,8 @@ T = TypeVar("T", bound=_NeedsLauncher)
 def overridden(
     environ: Mapping[str, str], name: str, configured: T | None, parse: Callable[[str, str], T], launcher: CompilerCache
 ) -> T | None:
-    """The setting as build.yaml has it (checked when loaded), or as the variable `name` says when set (`none` turns it
-    off): a shared compile cache or a build cluster for one run, as in CI; `parse(text, where)` reads it and the
-    compiler cache `launcher` must suit it (bad input names $NAME)."""
+    """The setting as build.yaml has it, or as the variable `name` says when set (`none` turns it off), as in CI;
+    `parse(text, where)` reads it and the compiler cache `launcher` must suit it (bad input names $NAME)."""
     override = environ.get(name, "").strip()
     if not override:
         return configured
@@ -200,9 +197,8 @@ class Distributed:
 
 @record
 class TestCommand:
-    """One entry of build.tests: the argv to run, never through a shell, and the command as written; whether it
-    needs a GPU, and whether it runs against the built wheel (a fresh venv) or in the patched source tree (nothing is
-    built: for a test that reads the upstream's Python sources itself)."""
+    """One entry of build.tests: the argv (never through a shell) and the command as written; whether it needs a GPU,
+    and whether it runs against the built wheel (a fresh venv) or in the patched source tree (nothing built)."""
 
     __test__ = False  # not a pytest class
     argv: tuple[str, ...]
@@ -216,8 +212,7 @@ DEFAULT_KEEP = ("build/temp.*",)
 
 @record
 class Generated:
-    """A glob of wheel paths the upstream's build writes (a version file, code copied from a dependency), with
-    why; such files need not be in the patched tree, or may differ from it."""
+    """A glob of wheel paths the upstream's build writes, with why: not needed in the patched tree, or may differ."""
 
     glob: str
     why: str
@@ -225,9 +220,9 @@ class Generated:
 
 @record
 class BuildEnvironment:
-    """`build.environment`: what carry adds to the upstream's `[build-system] requires` when it makes the
-    environment the upstream builds in (build_isolation: false; see carry/wheelbuild/buildenv.py). The index URLs may
-    hold `user:password@`: they reach uv through its environment only and are never printed with it."""
+    """`build.environment`: what carry adds to the upstream's `[build-system] requires` in the environment it builds
+    in (build_isolation: false; carry/wheelbuild/buildenv.py). The index URLs may hold `user:password@`: they reach uv
+    through its environment only and are never printed."""
 
     requires: tuple[str, ...] = ()  # PEP 508 requirements, installed with the upstream's own
     index_url: str | None = None  # replaces PyPI
@@ -236,9 +231,8 @@ class BuildEnvironment:
 
 @record
 class PrecompiledWheel:
-    """One platform's upstream wheel to take the compiled code from: the file (by requirement from the package
-    index, a path, or a URL) pinned by sha256, and the upstream ref or commit it was built from (None: read from
-    its version)."""
+    """One platform's upstream wheel to take the compiled code from, pinned by sha256, and the upstream ref or commit
+    it was built from (None: read from its version)."""
 
     platform: Platform
     pinned: Pinned
@@ -247,10 +241,9 @@ class PrecompiledWheel:
 
 @record
 class Nightly:
-    """build.precompiled.nightly: where `carry pin` finds the precompiled wheels. `index` is the root of a per-commit
-    wheel index in vLLM's layout (`{index}/{commit}/[{variant}/]{project}/`), as written: it may hold `${NAME}`,
-    taken from the environment when it is used (util/indexurl.expand); `variant` None reads the default variant's
-    pages; `max_walk` is how many commits of main's first-parent history may be tried, the merge-base included."""
+    """build.precompiled.nightly: where `carry pin` finds the precompiled wheels. `index`: the root of a per-commit
+    wheel index in vLLM's layout (`{index}/{commit}/[{variant}/]{project}/`), maybe with `${NAME}` (indexurl.expand);
+    `variant` None: the default variant; `max_walk`: how many commits of main's first-parent history may be tried."""
 
     index: str
     variant: str | None = None
@@ -259,10 +252,9 @@ class Nightly:
 
 @record
 class Precompiled:
-    """build.precompiled: how the upstream takes compiled code from an existing wheel (the variables carry sets,
-    `{wheel}` being the checked local file, and the prefixes of inherited ones it removes), which files are
-    compiled inputs (each with why), the wheel per platform, and where `carry pin` finds those wheels (nightly;
-    the wheels may then be missing until it ran)."""
+    """build.precompiled: how the upstream takes compiled code from an existing wheel: the variables carry sets
+    (`{wheel}` is the checked local file) and the prefixes of inherited ones it removes, the compiled inputs (each with
+    why), the wheel per platform, and where `carry pin` finds them (nightly; the wheels may be missing until then)."""
 
     env: dict[str, str]
     clear: tuple[str, ...]
@@ -276,8 +268,7 @@ class Precompiled:
 
 @record
 class Deselection:
-    """One entry of build.upstream_tests.deselect: a test path (a file or directory, left out of collection) or a
-    test id (`path::name`, a prefix of the ids it deselects), and why it cannot run here."""
+    """One build.upstream_tests.deselect entry: a test path or id (`path::name`, a prefix of ids), and why."""
 
     target: str
     why: str
@@ -293,11 +284,9 @@ class Deselection:
 
 @record
 class UpstreamTests:
-    """build.upstream_tests: the selection of the upstream's own test suite `suite` runs on the fixed wheel and on
-    the wheel it is compared with (carry/gputest/upstreamsuite.py): test paths (relative to the tree's root), a
-    pytest marker expression, deselections each with a reason, the test requirements installed beside the wheel's
-    own, a per-test timeout, pytest-xdist workers (0: one process), variables for the run, and more paths of the
-    tree the tests read (the top directory of each test path and the root's pytest config files come anyway)."""
+    """build.upstream_tests: the selection of the upstream's own test suite `suite` runs on the fixed wheel and the
+    wheel it is compared with (carry/gputest/upstreamsuite.py): paths, marker, deselections with reasons, test
+    requirements, per-test timeout, xdist workers (0: one process), variables, and more tree paths the tests read."""
 
     paths: tuple[str, ...]
     marker: str | None = None
@@ -434,8 +423,7 @@ def _tree_path(where: str, value: Any, ids: bool = False) -> str:
 
 
 def _upstream_tests(build: Section) -> UpstreamTests | None:
-    """build.upstream_tests: {paths: [...], marker: EXPR, deselect: {path or id: why}, requires: [...], timeout: S,
-    workers: N, env: {NAME: value}, checkout: [...]}."""
+    """build.upstream_tests: {paths, marker, deselect: {path or id: why}, requires, timeout, workers, env, checkout}."""
     if not build.has("upstream_tests"):
         return None
     section = build.section("upstream_tests", UPSTREAM_TESTS_KEYS)
@@ -518,9 +506,8 @@ def _precompiled(build: Section) -> Precompiled | None:
         here = f"{where}.wheels.{name}"
         if sum(own.has(key) for key in ("requirement", "path", "url")) != 1:
             raise BadInput(
-                f"{here} needs one of requirement (e.g. 'vllm==0.33.0', served by the package index pip is "
-                f"configured with, or by index:), path or url: the upstream wheel to take the compiled "
-                f"code from"
+                f"{here} needs one of requirement (e.g. 'vllm==0.33.0', served by the package index pip is configured "
+                f"with, or by index:), path or url: the upstream wheel to take the compiled code from"
             )
         if own.has("index") and not own.has("requirement"):
             raise BadInput(f"{here}: index is for a wheel pinned by requirement; give requirement: 'NAME==VERSION'")
@@ -714,10 +701,9 @@ def _check_wheel_version(section: Section, template: str) -> None:
 
 
 def release_and_local(version: str) -> bool:
-    """Whether `version` is a public version and a local label in their canonical forms (`0.33.0+carry.20260101.1`,
-    `0.23.0.dev0+carry.20260101.1`): then it is a PEP 440 version with a local label, told without packaging (its
-    import and its pattern's compile would cost every command that loads build.yaml more than the rest of the file);
-    other forms are for packaging to judge."""
+    """Whether `version` is a public version and a local label in their canonical forms (`0.33.0+carry.20260101.1`):
+    then it is a PEP 440 version with a local label, told without importing packaging (which would cost every command
+    that loads build.yaml more than the rest of the file); other forms are for packaging to judge."""
     public, plus, local = version.partition("+")
     return (
         bool(plus)
@@ -727,8 +713,7 @@ def release_and_local(version: str) -> bool:
 
 
 def _canonical_public(version: str) -> bool:
-    """Whether `version` is `N(.N)*[{a|b|rc}N][.postN][.devN]`, each N ASCII digits: PEP 440's canonical form of a
-    public version without an epoch."""
+    """Whether `version` is `N(.N)*[{a|b|rc}N][.postN][.devN]` (N ASCII digits): PEP 440's canonical public form."""
     parts = version.split(".")
     for segment in ("dev", "post"):  # from the end: .postN.devN
         if len(parts) > 1 and parts[-1].startswith(segment) and _dotted(parts[-1][len(segment) :], str.isdigit):

@@ -1,16 +1,13 @@
 """Signatures and attestations attached to an image the way cosign attaches them, in the image's own repository:
 
-- `sha256-<hex>.sig`: an OCI image manifest whose layers are simple-signing payloads
-  (`application/vnd.dev.cosign.simplesigning.v1+json`), each with its base64 signature in the layer annotation
-  `dev.cosignproject.cosign/signature`; skopeo 1.9 and podman read this tag (`use-sigstore-attachments: true`);
-- `sha256-<hex>.att`: the same shape, whose layers are DSSE envelopes (`application/vnd.dsse.envelope.v1+json`)
-  with the annotations `dev.cosignproject.cosign/signature: ""` and `predicateType: <the statement's>`, as
-  `cosign attest` stores them.
+- `sha256-<hex>.sig`: an OCI manifest whose layers are simple-signing payloads, each with its base64 signature in the
+  layer annotation `dev.cosignproject.cosign/signature` (what skopeo and podman read);
+- `sha256-<hex>.att`: the same shape, whose layers are DSSE envelopes annotated with an empty signature and their
+  `predicateType`, as `cosign attest` stores them.
 
-Signatures of others (other keys, keyless ones) already under a tag are kept; carry's own, of the same payload or
-predicate type, are replaced rather than piled up. The registry is reached through `store`, any object with
-`upload_bytes(data, digest)`, `put_manifest(reference, body, media_type) -> digest`, `get_manifest(reference) ->
-(content type, body) | None` and `get_blob(digest) -> bytes` (carry.image.registryhttp.Repository)."""
+Others' signatures under a tag are kept; carry's own, of the same payload or predicate type, are replaced. The
+registry is reached through `store` (carry.image.registryhttp.Repository: `upload_bytes`, `put_manifest`,
+`get_manifest`, `get_blob`)."""
 
 from __future__ import annotations
 
@@ -156,9 +153,8 @@ def sign(store: Registry, key: SigningKey, repository: str, digest: str) -> Atta
 
 
 def attest(store: Registry, key: SigningKey, subject: str, digest: str, predicates: list[tuple[str, dict]]) -> Attached:
-    """Signed DSSE envelopes of in-toto statements about `digest` (one per predicate type) under
-    `sha256-<hex>.att`; carry's earlier envelopes of the same types (signed with this key) are replaced, unless each
-    says what the new one says but for the run's times (a rerun: nothing in the registry changes)."""
+    """Signed DSSE envelopes of in-toto statements about `digest` (one per predicate type) under `sha256-<hex>.att`;
+    carry's earlier envelopes of the same types are replaced, unless each says the same but for the run's times."""
     tag = att_tag(digest)
     public = key.public
     wanted = {kind: json.loads(signing.statement(subject, digest, kind, predicate)) for kind, predicate in predicates}
@@ -203,8 +199,7 @@ def _timeless(statement: dict) -> dict:
 
 @dataclasses.dataclass(frozen=True)
 class SignatureCheck:
-    """What the `.sig` of one digest holds for one key: whether a signature verifies and names the digest and
-    repository, and what else is there (keyless ones, other keys', wrong identities)."""
+    """What the `.sig` of one digest holds for one key: whether a signature verifies for it, and what else is there."""
 
     digest: str
     tag: str
@@ -248,8 +243,7 @@ def check_signature(store: Registry, key: PublicKey, repository: str, digest: st
 
 @dataclasses.dataclass(frozen=True)
 class Statements:
-    """The statements under `.att` about one digest, by predicate type, whose envelope verifies with the key (or,
-    without a key, every readable one), and the problems found reading them."""
+    """The `.att` statements on one digest, by predicate type, verifying with the key (without one: all); problems."""
 
     by_type: dict[str, dict]
     problems: tuple[str, ...]

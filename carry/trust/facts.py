@@ -10,8 +10,7 @@ import re
 
 @dataclasses.dataclass(frozen=True)
 class Wheel:
-    """A distribution installed from a wheel: its name and version (as METADATA has them), the wheel file's name
-    and sha256 (hex)."""
+    """A distribution installed from a wheel: its name and version (as METADATA has them), the wheel's name, sha256."""
 
     name: str
     version: str
@@ -25,8 +24,7 @@ class Wheel:
 
 @dataclasses.dataclass(frozen=True)
 class CarriedPatch:
-    """One patch of the series: file name, sha256 of the file, its text (the diff with its header), subject and
-    its DEP-3 fields (Upstream-Status as written, Forwarded)."""
+    """One patch of the series: file name, sha256, its text, subject and DEP-3 fields (Upstream-Status, Forwarded)."""
 
     name: str
     sha256: str

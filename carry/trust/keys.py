@@ -1,10 +1,9 @@
-"""The signing key pair: ECDSA P-256, as cosign uses it. `keygen` writes a new pair (the private key PKCS#8 PEM,
-mode 0600, encrypted with $CARRY_SIGNING_KEY_PASSWORD when it is set; the public key SubjectPublicKeyInfo PEM);
-`load_private` reads the user's key (PKCS#8 or SEC1 PEM, optionally encrypted) for `image --push`
-($CARRY_SIGNING_KEY names the file), `load_public` the key `verify --key` checks with.
+"""The signing key pair: ECDSA P-256, as cosign uses it. `keygen` writes a new pair (PKCS#8 PEM, mode 0600,
+encrypted with $CARRY_SIGNING_KEY_PASSWORD when set; the public key SubjectPublicKeyInfo PEM); `load_private` reads
+the key $CARRY_SIGNING_KEY names (PKCS#8 or SEC1 PEM, maybe encrypted), `load_public` the key of `verify --key`.
 
-The key's bytes and its passphrase stay in this process: never in argv, a log line, a layer or a label. A key that
-cannot be read, or a wrong passphrase, is bad input (exit 2), found before anything is pushed."""
+The key's bytes and passphrase stay in this process: never in argv, a log line, a layer or a label. An unreadable
+key or a wrong passphrase is bad input (exit 2), found before anything is pushed."""
 
 from __future__ import annotations
 
@@ -88,8 +87,7 @@ def _p256(key: PrivateKeyTypes | PublicKeyTypes, where: str) -> None:
 
 
 def keygen(directory: Path, environ: Mapping[str, str]) -> tuple[Path, Path]:
-    """A new pair in `directory`: carry.key (PKCS#8 PEM, 0600, encrypted when $CARRY_SIGNING_KEY_PASSWORD is set)
-    and carry.pub. Refuses to overwrite either (nothing written)."""
+    """A new pair in `directory`: carry.key (PKCS#8 PEM, 0600, maybe encrypted) and carry.pub; never overwrites."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
 
@@ -175,8 +173,7 @@ def load_public(path: Path) -> PublicKey:
 
 def _cosign_private(data: bytes, password: str | None, where: str) -> bytes:
     """cosign's own format (`cosign generate-key-pair`): a PEM block (`ENCRYPTED SIGSTORE PRIVATE KEY`, earlier
-    `ENCRYPTED COSIGN PRIVATE KEY`) holding go-securesystemslib's encrypted JSON, whose plaintext is the PKCS#8 DER
-    key. PyNaCl (a dependency) opens the secretbox."""
+    `ENCRYPTED COSIGN PRIVATE KEY`) of go-securesystemslib's encrypted JSON around the PKCS#8 DER key."""
     body = b"".join(line for line in data.splitlines() if line and not line.startswith(b"-----"))
     try:
         document = base64.b64decode(body)

@@ -19,8 +19,7 @@ from carry.util.fsutil import atomic_write_bytes
 
 @dataclasses.dataclass(frozen=True)
 class Making:
-    """What a kind makes its predicate from besides the facts: dist/ (where a kind writes a file of its own), whether
-    the image is locked, when the run started."""
+    """What a kind makes its predicate from besides the facts: dist/, whether the image is locked, the start time."""
 
     dist: Path
     locked: bool
@@ -159,8 +158,7 @@ class Provenance(_NoArg):
 
 
 class Suite:
-    """The upstream-suite report of the fixed wheel (`carry suite` writes `<wheel>.suite.json` beside it): the
-    report at ARG, else the one beside the fixed wheel in dist/, when there is one and it is about that wheel."""
+    """The fixed wheel's upstream-suite report (`<wheel>.suite.json`): at ARG, else beside it in dist/ if about it."""
 
     name, title, predicate_type = "suite", "suite", "urn:carry:upstream-suite:v1"
 

@@ -1,12 +1,7 @@
 """SLSA provenance v1 for one platform's image (the predicate of an in-toto Statement v1 whose subject is the
-platform manifest's digest), from carry.trust.facts:
-
-- `buildDefinition.buildType`: `urn:carry:locked-image:v1` (a locked image) or `urn:carry:dockerfile-image:v1`;
-- `externalParameters`: the config (path, sha256, text without credentials), VERSION and the platform;
-- `resolvedDependencies`: the upstream commit (`gitCommit`), each patch (`sha256`), the fixed wheel and the upstream
-  release wheel it was made from (`sha256`, with their purl), the runtime lock (`sha256`) and the base image
-  (its digest);
-- `runDetails.builder`: `urn:carry:builder` with carry's version; `metadata` the start and end of the push.
+platform manifest's digest), from carry.trust.facts: the build type (locked or dockerfile image), the config,
+VERSION and platform as external parameters, every input as a resolved dependency (the upstream commit, each patch,
+the fixed and release wheels, the runtime lock, the base image), and carry as the builder.
 
 `check` compares a provenance with a repository (commit, series, wheels, lock, VERSION) or, without one, with
 itself and the SBOM."""

@@ -1,14 +1,10 @@
 """The image's SBOM: CycloneDX 1.6 JSON made with cyclonedx-python-lib, from what carry knows exactly (the lock, the
 fixed wheel, the series, the base image), not from scanning the image.
 
-- `metadata.component`: the image (type container, its repository and VERSION), whose `pedigree.ancestors` is the
-  runtime base image with its digest (the image ID for a local base);
-- `components`: every installed distribution (library, `pkg:pypi/<name>@<version>?file_name=<wheel>`, sha256 of
-  the wheel it came from): the lock's packages plus the fixed wheel, nothing else;
-- the fixed wheel's `pedigree`: its ancestors (the upstream release wheel it was made from, and the upstream
-  source at the pinned commit), the commit, and one patch per carried patch: its type from DEP-3 Upstream-Status
-  (Backport: backport, Accepted: cherry-pick, otherwise unofficial), its diff, and what it resolves (the URLs of
-  Forwarded / Upstream-Status, and the carried PR);
+- `metadata.component`: the image, whose `pedigree.ancestors` is the runtime base image with its digest;
+- `components`: the lock's packages plus the fixed wheel (purl, sha256 of the wheel), nothing else;
+- the fixed wheel's `pedigree`: the upstream release wheel and source it was made from, the commit, and one patch per
+  carried patch (its type from DEP-3 Upstream-Status, its diff, and the URLs it resolves);
 - `metadata.tools`: carry and its version.
 
 Validated against the CycloneDX 1.6 schema (`validate`)."""

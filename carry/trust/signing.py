@@ -1,12 +1,8 @@
 """The two signed forms cosign writes, made and checked here with the key pair of carry.trust.keys:
 
-- **simple signing** (the `.sig` attachment): the payload `{"critical": {"identity": {"docker-reference": REPO},
-  "image": {"docker-manifest-digest": DIGEST}, "type": "cosign container image signature"}, "optional": null}`,
-  signed as it is (ECDSA P-256, SHA-256, DER), the signature base64 in a layer annotation. skopeo and podman
-  check it with a `sigstoreSigned` policy; they accept exactly these fields.
-- **DSSE** (the `.att` attachment): an envelope `{"payloadType": "application/vnd.in-toto+json", "payload":
-  base64(statement), "signatures": [{"keyid": "", "sig": base64(signature over PAE)}]}`, where PAE is
-  `DSSEv1 <len(type)> <type> <len(body)> <body>`; the statement is an in-toto Statement v1. Read back, a Statement
+- **simple signing** (the `.sig` attachment): the payload naming the repository and manifest digest, signed as it is
+  (ECDSA P-256, SHA-256, DER); skopeo and podman accept exactly these fields.
+- **DSSE** (the `.att` attachment): an envelope of an in-toto Statement v1, signed over its PAE. Read back, a Statement
   v0.1 is accepted too: `cosign attest` (2.5) writes that type, with the same subject, predicateType and predicate."""
 
 from __future__ import annotations
@@ -96,8 +92,7 @@ def envelope(key: SigningKey, body: bytes, payload_type: str = IN_TOTO_PAYLOAD) 
 
 
 def open_envelope(data: bytes, key: PublicKey | None) -> tuple[dict, bool]:
-    """(the statement in a DSSE envelope, whether one of its signatures verifies under `key`). A statement that is
-    not readable JSON raises ValueError."""
+    """(the statement in a DSSE envelope, whether a signature verifies under `key`); ValueError for unreadable JSON."""
     document = json.loads(data)
     payload_type = document["payloadType"]
     body = base64.b64decode(document["payload"])

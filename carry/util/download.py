@@ -1,23 +1,15 @@
 """Files pinned by sha256 (an upstream's released wheels and sdists), downloaded once into a content-addressed
-store and checked before anyone reads them.
+store and checked before anyone reads them. A file is pinned (carry/util/pinned.py) by name (fetched from the
+user's package index, carry/util/index.py), by a local path, or by an http(s) URL.
 
-A file is pinned (carry/util/pinned.py) by name (`vllm==0.33.0` and its sha256; the package index the user
-configured serves it, see carry/util/index.py), by a local path, or by an http(s) URL.
+The store is `$CARRY_DOWNLOADS`, default `$CARRY_CACHE/downloads`: one directory per sha256 holding the file under
+its own name. A download goes to a `.part` file first (resumed with an HTTP range request when one is left over) and
+is renamed into place only once its size and sha256 match; a mismatch is removed and reported, never used. A
+download of `Store.bar_from` bytes or more says how far it got at each quarter.
 
-The store lives in `$CARRY_DOWNLOADS`, default `$CARRY_CACHE/downloads` (`~/.cache/carry/downloads`): one
-directory per sha256 holding the file under its own name. A download goes to a `.part` file first, resumes it
-with an HTTP range request when a killed run or a cut connection left one (a server that ignores the range sends
-it whole again), and is renamed into place only once its size and sha256 match; a mismatch removes it and is
-reported, never used (a resumed one is fetched once more from the start first). A download of `Store.bar_from`
-bytes or more (default carry.util.reporter.BAR_FROM_BYTES; its size from the pin, else Content-Length) says how far
-it got at each quarter (a `download` line; a resumed one counts from where it resumed).
-
-Every file is hashed once, as it is stored, and its stamp remembered beside the store (`checked/`: path, size,
-mtime_ns and inode, with the sha256): a stored file whose stamp still holds is not read again (the locked image's
-wheels are GBs), one whose stamp changed (anything wrote to it) is hashed again before it is used, and when its bytes
-are not its sha256 it is removed, said in one line, and downloaded again. A change that keeps size, mtime and inode
-(bit rot, or a writer that puts the mtime back) goes unnoticed until the file is read through a check of its own (a
-wheel's RECORD, git's pack checksum). A local path is hashed where it lies, remembered the same way, and not copied.
+Every file is hashed once, as it is stored, and its stamp (path, size, mtime_ns, inode) remembered under `checked/`:
+a file whose stamp holds is not read again (the locked image's wheels are GBs); one whose stamp changed is hashed
+again before use, and removed and downloaded again when its bytes are wrong. A local path is hashed where it lies.
 """
 
 from __future__ import annotations
@@ -54,8 +46,7 @@ class Store:
         return cls(Path(os.environ.get("CARRY_DOWNLOADS") or cache_root / "downloads").absolute())
 
     def bar(self, total: int, name: str, done: int = 0) -> reporter.Bar:
-        """The `download` bar of a file of `total` bytes (`done` of them there before): each quarter said from
-        `bar_from` bytes on (reporter.BAR_FROM_BYTES unless set)."""
+        """The `download` bar of a file of `total` bytes (`done` of them there): each quarter said from `bar_from`."""
         from carry.util import reporter
         from carry.util.fsutil import human_size
 
@@ -66,8 +57,7 @@ class Store:
         return self.root / pinned.sha256 / (name or pinned.name)
 
     def find(self, pinned: Pinned) -> Path | None:
-        """The file of that sha256 in the store already (under its pinned name, or its only file) and intact, or
-        None (a corrupt one is removed, and said)."""
+        """The intact file of that sha256 in the store already, or None (a corrupt one is removed, and said)."""
         folder = self.root / pinned.sha256
         if pinned.name:
             found = [folder / pinned.name] if (folder / pinned.name).is_file() else []
@@ -80,8 +70,7 @@ class Store:
         return found[0] if self.intact(found[0], pinned.sha256) else None
 
     def intact(self, path: Path, sha256: str) -> bool:
-        """Whether the stored `path` is the file of `sha256`: its stamp as remembered, else hashed (and the stamp
-        remembered). A file that is not is removed, and said (a `download` line): the caller downloads it again."""
+        """Whether stored `path` is the file of `sha256` (its stamp, else hashed); if not it is removed, and said."""
         if self._memo_says(path, sha256):
             return True
         found = file_sha256(path)
@@ -113,9 +102,7 @@ class Store:
         atomic_write_text(memo, json.dumps({"key": key, "sha256": sha256}))
 
     def get(self, pinned: Pinned) -> Path:
-        """The checked file: a local path as it is, a URL or a pin by name from the store (fetched first when
-        missing: a name from the package index pip is configured with, see carry/util/index.py), each download said
-        (a `download` line)."""
+        """The checked file: a local path as it is, a URL or a pin by name from the store (downloaded when missing)."""
         if pinned.requirement:
             return self.find(pinned) or self._from_index(pinned)
         if not pinned.is_url:
@@ -176,9 +163,8 @@ class Store:
         return target
 
     def adopt(self, part: Path, name: str, sha256: str) -> Path:
-        """A file downloaded and hashed by its caller (`part`, on the store's filesystem) placed as `name` under
-        its sha256: the first download of a file nothing pinned yet (trust on first use). A file of that sha256
-        already there is kept and `part` removed."""
+        """`part`, downloaded and hashed by its caller on the store's filesystem, placed as `name` under its sha256
+        (trust on first use). A file of that sha256 already there is kept and `part` removed."""
         target = self.root / sha256 / name
         if target.is_file() and self.intact(target, sha256):
             part.unlink(missing_ok=True)
@@ -205,9 +191,8 @@ class Store:
     # --- downloads -----------------------------------------------------------------------------------
 
     def _download(self, pinned: Pinned, target: Path) -> Path:
-        """`pinned` into `target` through `target.part`: resumed where a part is there, retried (resumed) on a cut
-        connection, renamed into place only when its size and sha256 are the pinned ones. A part that resumed into
-        other bytes is discarded and fetched once more from the start."""
+        """`pinned` into `target` through `target.part`: resumed where a part is there, and on a cut connection; renamed
+        into place only when its size and sha256 are the pinned ones. A resumed part of other bytes is fetched anew."""
         from carry.util import reporter
 
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -265,8 +250,7 @@ class Store:
         )
 
     def _checked_part(self, pinned: Pinned, part: Path, last_try: bool) -> str | None:
-        """The part's sha256 when it is the pinned file; else None (to try again from the start), or on the last try
-        bad input naming the source, the part removed."""
+        """The part's sha256 when it is the pinned file; else None (to try again), or on the last try bad input."""
         size = part.stat().st_size
         if pinned.size is not None and size != pinned.size:
             problem = f"{size} bytes, not the pinned {pinned.size}; fix the pin or URL"
@@ -281,8 +265,7 @@ class Store:
 
 
 def _fetch_into(url: str, part: Path, size: int | None, store: Store) -> None:
-    """Append the rest of `url` to `part` (a range request when it has bytes already); the file's `size` (else
-    Content-Length tells) goes to the store's bar, counted from where it resumed."""
+    """Append the rest of `url` to `part` (a range request when it has bytes); `size` or Content-Length to the bar."""
     import urllib.error
     import urllib.request
 
@@ -320,8 +303,7 @@ def _discard(part: Path) -> None:
 
 
 def sha256_in_store(path: Path) -> str:
-    """A wheel's sha256: in the download store, the name of the directory that holds it (fetch_wheels and the store
-    check it when they put it there); anywhere else, read."""
+    """A wheel's sha256: in the download store, its directory's name (checked when put there); anywhere else, read."""
     import re
 
     name = path.parent.name

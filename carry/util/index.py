@@ -1,12 +1,9 @@
 """The package index the user configured for pip: where carry asks for a file it knows by name, version and sha256.
 
-carry writes no index host anywhere. A wheel pinned by requirement (`vllm==0.33.0` and its sha256) is fetched by
-pip itself, in hash-checking mode, for the wheel's platform (`pip download --platform … --require-hashes`): pip's
-own configuration and environment (pip.conf, PIP_INDEX_URL, extra indexes, find-links, certificates, netrc) decide
-where it asks, and `--index-url` is added only where build.yaml gives an `index:` (vLLM's per-commit nightly index,
-a company mirror). A file known by its exact name (an sdist in a release list, which pip cannot download without
-building its metadata) is looked up on the simple-API page (PEP 503) of the index pip is configured with, and its
-link followed.
+carry writes no index host anywhere. A wheel pinned by requirement is fetched by pip itself, hash-checked, for the
+wheel's platform, so pip's own configuration decides where it asks (`--index-url` only where build.yaml gives an
+`index:`). A file known by its exact name (an sdist, which pip cannot download without building its metadata) is
+looked up on the simple-API page (PEP 503) of the index pip is configured with.
 """
 
 from __future__ import annotations
@@ -36,8 +33,7 @@ PIP_ENV = ("PIP_", "HOME", "XDG_CONFIG_")
 
 
 class WheelPlatform(Protocol):
-    """What pip's --platform list needs of a container platform (carry.platforms.Platform is one): its CPU as
-    `uname -m` says it, and its name (`linux/arm64`) for messages."""
+    """What pip's --platform list needs of a container platform: its CPU as `uname -m` says it, and its name."""
 
     @property
     def machine(self) -> str: ...
@@ -60,8 +56,7 @@ def public(url: str) -> str:
 
 
 def pip_settings() -> dict[str, str]:
-    """pip's own configuration as `pip config list` gives it (its files and PIP_* variables): `section.key` -> value.
-    Asked once per process for the same environment (the PIP_* variables and where pip finds its files)."""
+    """pip's configuration as `pip config list` gives it (`section.key` -> value), asked once per environment."""
     return dict(_pip_config_list(tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(PIP_ENV)))))
 
 
@@ -74,8 +69,7 @@ def _pip_config_list(environ: tuple[tuple[str, str], ...]) -> tuple[tuple[str, s
 
 
 def pip_indexes(command: str) -> dict[str, str]:
-    """pip's index-url and extra-index-url for `pip <command>` (download, install) as pip resolves them: the PIP_*
-    variables over the [command] section over [global]; key -> value as written (extra ones space-separated)."""
+    """pip's index-url and extra-index-url for `pip <command>`, as written: PIP_* over [command] over [global]."""
     settings = pip_settings()
     chosen = {}
     for key in INDEX_KEYS:
@@ -96,8 +90,7 @@ def pip_default_index() -> str:
 
 
 def configured(index: str | None = None) -> Indexes:
-    """The indexes pip asks for a download: build.yaml's `index:` first where given, then pip's configuration
-    (for `pip download`: PIP_* variables, then the [download], then the [global] section), else pip's default."""
+    """The indexes pip asks for a download: build.yaml's `index:` first where given, then pip's configuration."""
     chosen = {key: value.split() for key, value in pip_indexes("download").items()}
     extra = tuple(chosen.get("extra-index-url", ()))
     if index:
@@ -143,8 +136,7 @@ def canonical(project: str) -> str:
 
 
 def find_file(project: str, filename: str, where: str) -> tuple[str, str | None]:
-    """(URL, sha256 from the link when the index gives it) of `filename` on `project`'s simple page, on the first
-    of pip's configured indexes that lists it; bad input naming the file and the indexes asked when none does."""
+    """(URL, sha256 if given) of `filename` on the first index whose `project` page lists it; else bad input."""
     indexes = configured()
     for url in indexes.urls:
         page = f"{url.rstrip('/')}/{canonical(project)}/"
@@ -210,9 +202,8 @@ def request(url: str, accept: str = "*/*") -> urllib.request.Request:
 
 
 def manylinux_tags(machine: str, major: int = 2, minor: int = 36) -> list[str]:
-    """pip's --platform list for a target of that CPU and glibc (by default the images', Debian 12's 2.36): every
-    manylinux tag down to the oldest of the CPU, with the legacy aliases, as an installing pip on that glibc accepts
-    (pip download adds none itself)."""
+    """pip's --platform list for a target of that CPU and glibc (default Debian 12's 2.36): every manylinux tag down
+    to the CPU's oldest, with the legacy aliases (pip download adds none itself)."""
     floor = 5 if machine in ("x86_64", "i686") else 17
     tags = [f"manylinux_{major}_{m}_{machine}" for m in range(minor, floor - 1, -1)]
     legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
@@ -222,9 +213,8 @@ def manylinux_tags(machine: str, major: int = 2, minor: int = 36) -> list[str]:
 def pip_download_command(
     requirements: Path, into: Path, python: str, tags: list[str], hashed: bool = True
 ) -> list[str]:
-    """`pip download` of hash-pinned `requirements` (wheels only, no dependencies, no pip cache) for CPython
-    `python` (X.Y) on the platform `tags` into `into`, through the user's own pip configuration; not `hashed`: a
-    release nothing pinned yet (its sha256 is then the file's, trust on first use)."""
+    """`pip download` of hash-pinned `requirements` (wheels only, no dependencies, no cache) for CPython `python` on
+    the platform `tags` into `into`, through the user's pip configuration; not `hashed`: trust on first use."""
     argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
     argv += ["--require-hashes"] if hashed else []
     argv += ["--no-cache-dir", "--disable-pip-version-check", "--progress-bar", "off", "--implementation", "cp"]
@@ -235,10 +225,8 @@ def pip_download_command(
 def download_wheel(
     requirement: str, sha256: str | None, platform: WheelPlatform, index: str | None, into: Path, where: str
 ) -> Path:
-    """The one wheel pip picks for `requirement` on `platform`, downloaded by pip in hash-checking mode (`sha256`
-    None: a release nothing pinned yet) into the empty directory `into`; bad input (one line naming the requirement,
-    the platform and the indexes asked) when the index has no such version or no wheel of it for that platform,
-    or serves other bytes."""
+    """The one wheel pip picks for `requirement` on `platform`, downloaded hash-checked (`sha256` None: trust on first
+    use) into the empty directory `into`; bad input naming the requirement, platform and indexes when there is none."""
     indexes = configured(index)
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     with tempfile.TemporaryDirectory(prefix="carry-pip-") as scratch:
@@ -257,9 +245,8 @@ def download_wheel(
     if "DO NOT MATCH THE HASHES" in said:
         got = re.search(r"Got\s+([0-9a-f]{64})", said)
         raise BadInput(
-            f"{where}: the index serves {requirement} for {platform} with sha256 "
-            f"{got.group(1) if got else '(other)'}, not the pinned {sha256}; fix the sha256 or the index "
-            f"(asked: {indexes.describe()})"
+            f"{where}: the index serves {requirement} for {platform} with sha256 {got.group(1) if got else '(other)'}, "
+            f"not the pinned {sha256}; fix the sha256 or the index (asked: {indexes.describe()})"
         )
     if "No matching distribution" in said or "Could not find a version" in said:
         versions = re.search(r"\(from versions: ([^)]*)\)", said)

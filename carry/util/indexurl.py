@@ -1,7 +1,6 @@
-"""An index URL as build.yaml writes it (build.precompiled.nightly.index, a precompiled wheel's index:): a URL, or one
-holding ${NAME} that the environment fills in when it is used. Checked where build.yaml is read (`check` and `version`
-load it), so it imports nothing of the index client (carry/util/index.py: pip, processes); what parses a URL
-(urllib.parse) only for a URL written out."""
+"""An index URL as build.yaml writes it (a nightly index, a precompiled wheel's index:): a URL, or one holding ${NAME}
+that the environment fills in when it is used. Checked where build.yaml is read (`check` and `version` load it), so
+it imports nothing of carry/util/index.py, and urllib.parse only for a URL written out."""
 
 from __future__ import annotations
 
@@ -15,16 +14,14 @@ URL_SCHEMES = ("http", "https", "file")
 
 
 def check_template(template: str, where: str, schemes: tuple[str, ...] = ("http", "https")) -> str:
-    """An index URL as build.yaml writes it: a URL of `schemes`, or one holding ${NAME} (the environment's, at
-    use); bad input naming `where` for a stray '$' or another form."""
+    """An index URL of `schemes`, or one holding ${NAME}; bad input naming `where` for a stray '$' or another form."""
     if "$" in ENV_REF_RE.sub("", template):
         raise BadInput(f"{where} is {template!r}: a '$' outside ${{NAME}}; write the variable as ${{NAME}}")
     return template if ENV_REF_RE.search(template) else _check_url(template, where, schemes)
 
 
 def expand(template: str, where: str, schemes: tuple[str, ...] = ("http", "https")) -> str:
-    """The index URL `template` names now: every ${NAME} replaced by that environment variable (bad input naming
-    the first one unset or empty), the result a URL of `schemes`."""
+    """`template` with every ${NAME} set from the environment (bad input for one unset or empty); a URL of `schemes`."""
     for name in ENV_REF_RE.findall(template):
         if not os.environ.get(name):
             raise BadInput(

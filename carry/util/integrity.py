@@ -1,16 +1,11 @@
 """Cache entries checked by the sha256 recorded when they were written, before anyone uses them.
 
-A file carry keeps (a finished wheel in `$CARRY_CACHE/artifacts/`, a bundle in `$CARRY_CACHE/bundles/`) is hashed
-once, as it is stored, and the figure kept beside it in `<file>.sha256` (sha256sum's format: `sha256sum -c` checks
-it too). A cache hit hashes the file again while it is read for its use (copied into `dist/`, into a build
-context) and compares: one read, never a second one. A file whose bytes are not what was recorded is a corrupt
-entry: the caller removes it and makes it again, or refuses it, and says which in one line (`Corrupt.line`).
+A file carry keeps (a wheel in `$CARRY_CACHE/artifacts/`, a bundle in `$CARRY_CACHE/bundles/`) is hashed once, as
+it is stored, into `<file>.sha256` (sha256sum's format). A cache hit hashes the file again while it is copied for
+its use and compares, in one read. A mismatch is a corrupt entry: the caller removes and remakes it, or refuses it,
+in one line (`Corrupt.line`). Copies out of the cache are never hard links, so neither side's changes reach the other.
 
-Copies out of the cache are copies (a reflink where the filesystem has them, else bytes copied), never hard links:
-no later change to the published file reaches the cache, nor the other way round.
-
-hashlib is imported where files are hashed: its OpenSSL sha256 is 3.6x the interpreter's own on this machine
-(965 vs 270 MB/s), which a 330 MB wheel notices, and `check` never hashes a file.
+hashlib is imported where files are hashed: its sha256 is 3.6x the interpreter's own, and `check` never hashes.
 """
 
 from __future__ import annotations
@@ -38,8 +33,7 @@ class Corrupt:
     why: str = ""
 
     def line(self, action: str) -> str:
-        """One line naming the entry, both hashes (or what else failed) and what was done (`removed; building it
-        again`)."""
+        """One line: the entry, both hashes (or what else failed) and what was done (`removed; building it again`)."""
         what = self.why or f"sha256 {self.found[:16]}… is not the {self.recorded[:16]}… recorded when it was written"
         return f"{self.path}: {what}: a corrupt cache entry, {action}"
 
@@ -76,17 +70,15 @@ def recorded(path: Path) -> str | None:
 
 
 def check(path: Path) -> Corrupt | None:
-    """`path` hashed and held to its seal (one read); None when they agree. A missing seal is a mismatch too: the
-    entry cannot be told whole."""
+    """`path` hashed and held to its seal; None when they agree. A missing seal is a mismatch too."""
     found = file_sha256(path)
     want = recorded(path)
     return None if found == want else Corrupt(path, found, want or "", "" if want else "no sha256 recorded beside it")
 
 
 def copy_checked(source: Path, dest: Path, *, verify: bool = True) -> Corrupt | None:
-    """Copy `source` to the new file `dest`: a reflink where the filesystem makes one, else the bytes. With `verify`
-    (a sealed cache entry) what is read on the way is hashed (the clone, after a reflink) and held to the seal: on a
-    mismatch `dest` is removed and the mismatch returned."""
+    """Copy `source` to the new file `dest` (a reflink where possible, else the bytes). With `verify`, what is read is
+    hashed and held to the seal: on a mismatch `dest` is removed and the mismatch returned."""
     import hashlib
 
     digest = hashlib.sha256()

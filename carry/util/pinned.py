@@ -1,7 +1,6 @@
-"""A file pinned by sha256 (an upstream's released wheel or sdist, a precompiled wheel of build.yaml): by requirement
-from the package index, by a local path, or by an http(s) URL. Read where build.yaml is read (`check` and `version`
-load it): what parses a URL (urllib.parse) is imported only for a pin by URL or path, or an index given by URL; the
-download store that fetches and checks the file is carry/util/download.py."""
+"""A file pinned by sha256 (an upstream's released wheel or sdist, a precompiled wheel): by requirement from the
+package index, by a local path, or by an http(s) URL. Read with build.yaml (`check` and `version` load it), so
+urllib.parse is imported only where needed; carry/util/download.py fetches and checks the file."""
 
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 @record
 class Pinned:
-    """A file known by its sha256: where to get it (an http(s) URL, a local path, or by requirement from the
-    package index: `source` is then empty), its name (empty until the index names a wheel pinned by requirement
-    and platform) and size."""
+    """A file known by its sha256: where to get it (a URL, a local path, or empty: by requirement from the package
+    index), its name (empty until the index names the wheel) and size."""
 
     source: str
     sha256: str
@@ -61,8 +59,7 @@ class Pinned:
         index: str | None = None,
         platform: WheelPlatform | None = None,
     ) -> Pinned:
-        """A file the package index serves: `project==version` (one exact version), its sha256, and either its file
-        name (an sdist or a wheel of a release list) or the platform whose wheel pip picks."""
+        """A file the package index serves: `project==version`, its sha256, and its file name or wheel platform."""
         sha = _sha(sha256, where)
         text = str(requirement or "").strip()
         if _exact_version(text) is None:

@@ -1,18 +1,14 @@
 """Frozen records: the classes `@dataclasses.dataclass(frozen=True)` makes, without compiling code at import.
 
-A dataclass writes the source of its `__init__`, `__eq__`, `__hash__`, `__repr__`, `__setattr__` and `__delattr__`
-and compiles each when its class is made: half a millisecond a class on the machines carry runs on, and `check`
-made thirty of them before reading a file (a third of its own start-up). `@record` makes the same class from methods
-shared by every record, which read the fields from the class: nothing is compiled, a class costs microseconds, and
-the `dataclasses` module itself is imported only when something asks for it.
+A dataclass compiles its generated methods when its class is made (half a millisecond a class; `check` made thirty
+before reading a file). `@record` makes the same class from methods shared by every record, which read the fields
+from the class: nothing is compiled, and `dataclasses` is imported only when something asks for it.
 
-What stays as with a dataclass: typed fields in order, defaults, `field(default=..., default_factory=...,
-compare=False, repr=False)`, frozen instances (`dataclasses.FrozenInstanceError`), equality and hash over the
-compared fields, `order=True`, `__post_init__`, and `dataclasses.fields`, `replace`, `asdict` and `is_dataclass`
-(`__dataclass_fields__` is made on first use). Type checkers read a record as a frozen dataclass
-(`dataclass_transform`). `@record(kw_only=True)` makes every field keyword-only (a record that groups a function's
-parameters: named at each call, never by position). Not supported: `init=False` fields, `InitVar`, per-field
-`kw_only`, `slots`.
+Kept as with a dataclass: typed fields in order, defaults, `field(default=..., default_factory=..., compare=False,
+repr=False)`, frozen instances, equality and hash, `order=True`, `__post_init__`, and `dataclasses.fields`,
+`replace`, `asdict` and `is_dataclass`; type checkers see a frozen dataclass (`dataclass_transform`).
+`@record(kw_only=True)` makes every field keyword-only. Not supported: `init=False`, `InitVar`, per-field `kw_only`,
+`slots`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """carry's one output channel: the reporter that every module prints its progress through.
 
-A module calls `reporter.phase(name, detail)` (a line `[  12.3s] name: detail` on stderr), `reporter.note(line)`
-or `reporter.warn(line)` (`carry: ...` on stderr) where what it says arises, and `reporter.bar(name, total, ...)` for
-long work of a known size (a phase line at each quarter; nothing below its minimum); none of them takes a stream or
-a callback, and nothing returns lines for a caller to print. Which reporter answers is held in a context variable:
-the command line installs one per command (carry/cli/main.py), a test or a bench that calls library functions
-installs its own with `using(Reporter(...))`, `silenced()` keeps a block quiet and `recording()` also keeps what a
-block said. Where nothing was installed, a default one prints to stderr.
-
-A context variable is not inherited by a new thread: work handed to a pool goes through `carried(fn)`, which runs
-`fn` in a copy of the submitting thread's context (the same reporter, its clock, its recordings).
+A module calls `reporter.phase(name, detail)` (`[  12.3s] name: detail` on stderr), `reporter.note(line)`,
+`reporter.warn(line)` or `reporter.bar(name, total, ...)` where what it says arises; nothing returns lines for a
+caller to print. The reporter is held in a context variable: the command line installs one per command, a test
+installs its own with `using(Reporter(...))`, `silenced()` keeps a block quiet and `recording()` keeps what it said;
+by default one prints to stderr. A new thread does not inherit it: work handed to a pool goes through `carried(fn)`.
 """
 
 from __future__ import annotations
@@ -29,8 +24,7 @@ BAR_FROM_BYTES = 64 * 1000 * 1000
 
 
 class Reporter:
-    """Phase lines with the time since the reporter began, notes and warnings; `heard` are the recordings that
-    also keep each line said (`name: detail`, a note as it is), what follows `carry: ` in a log."""
+    """Timed phase lines, notes and warnings; each line said is also kept (`name: detail`, or the note) in `heard`."""
 
     def __init__(self, stream: TextIO | None = None, quiet: bool = False) -> None:
         self._lines = Progress(stream, quiet)
@@ -60,10 +54,8 @@ class Reporter:
     def bar(
         self, name: str, total: float, unit: str = "", *, minimum: float = 0, done: float = 0, shown: str = ""
     ) -> Bar:
-        """A hook for long work of a known size: `advance(n)` as it goes; a phase line at each quarter done. Work
-        smaller than `minimum` says nothing (small work grows no lines); `done` is what was done before it began (a
-        resumed download: the quarters it passed are not said again); `shown` is the total in words (default
-        `{total:g}{unit}`)."""
+        """A hook for long work of a known size: `advance(n)` as it goes; a phase line at each quarter. Work smaller
+        than `minimum` says nothing; `done` is what was done before it began; `shown` is the total in words."""
         return Bar(self, name, total if total >= minimum else 0, unit, done, shown)
 
     def child(self, *, quiet: bool | None = None, keep: list[str] | None = None) -> Reporter:
@@ -75,8 +67,7 @@ class Reporter:
 
 
 class Relay(Reporter):
-    """A reporter for a script outside carry that prints in its own words: each phase's detail and each note handed
-    to `line` (examples/*/make_upstream.py: `make_upstream: downloaded ...`)."""
+    """A reporter for a script outside carry (examples/*/make_upstream.py): each phase's detail and note to `line`."""
 
     def __init__(self, line: Callable[[str], None]) -> None:
         super().__init__()
@@ -94,8 +85,7 @@ class Relay(Reporter):
 
 
 class Holding(Reporter):
-    """A reporter whose phase lines wait until `release` (then printed, and every later one as it comes); those
-    never released are dropped (a failure's one line stays alone)."""
+    """A reporter whose phase lines wait until `release`; those never released are dropped (a failure stays alone)."""
 
     def __init__(self, parent: Reporter) -> None:
         super().__init__(parent._lines.stream, parent.quiet)
@@ -116,9 +106,8 @@ class Holding(Reporter):
 
 
 class Bar:
-    """Progress of long work: a phase line `name: 50% of 1.2 GB` each time another quarter is done; none where the
-    total is 0 (not known, or below the bar's minimum). It holds the reporter it was made by: work in another
-    thread may advance it."""
+    """Progress of long work: a phase line `name: 50% of 1.2 GB` at each quarter; none where the total is 0. Work in
+    another thread may advance it (it holds its reporter)."""
 
     STEPS = 4
 

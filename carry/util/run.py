@@ -1,18 +1,13 @@
-"""The one way carry runs another program (git, pip, uv, docker, nvcc, nvidia-smi, a test command): `execute`, an
-argument list (never a shell) and always a timeout.
+"""The one way carry runs another program (git, pip, uv, docker, nvcc, a test command): `execute`, an argument list
+(never a shell) and always a timeout (PROBE_S, NETWORK_S or BUILD_S).
 
-- A timeout is required: a quick probe names a minute or two (PROBE_S), a download or a resolve an hour
-  (NETWORK_S), a build a day (BUILD_S). Past it, or on Ctrl-C, the program and every process it started are
-  killed, and `TimedOut` (both subprocess's `TimeoutExpired` and carry's `Failed`: one line, exit 1, where no
-  caller says more) or the KeyboardInterrupt goes on to the caller.
-- The program stays in carry's own process group: whoever kills carry's group (a supervisor, a test of crash
-  safety) kills it too. So the tree is killed by reading it from /proc: each process stopped first, so that none
-  forks or is handed to init while it is read, then each killed.
-- argv appears in messages (a timeout's, a failed check's) without the user:password@ of any URL in it
-  (carry.util.redact).
-- `english=True` where carry parses what the program says: its messages untranslated (LC_ALL=C, LANG=C).
-- Its output is captured (`stdout`, `stderr` of the result), or, with `log`, streamed into that file as it comes
-  (stderr with stdout): the form for long builds, whose log is read back afterwards.
+- Past the timeout, or on Ctrl-C, the program and every process it started are killed, and `TimedOut` (both
+  `TimeoutExpired` and carry's `Failed`) or the KeyboardInterrupt goes on to the caller.
+- The program stays in carry's own process group, so whoever kills carry's group kills it too; its tree is therefore
+  killed by reading /proc, each process stopped first (so none forks or is reparented while it is read).
+- argv appears in messages without the user:password@ of any URL in it (carry.util.redact).
+- `english=True` where carry parses what the program says (LC_ALL=C, LANG=C).
+- Output is captured, or with `log` streamed into that file as it comes (stderr with stdout), for long builds.
 """
 
 from __future__ import annotations
@@ -56,9 +51,8 @@ def execute(
     text: bool = False,
     english: bool = False,
 ) -> subprocess.CompletedProcess[Any]:
-    """Run `argv` and wait for it, at most `timeout` seconds; its exit status and output (`check_returncode()`
-    raises as subprocess's does). `stdin`: bytes or str fed to it, a file's path, or None (nothing: /dev/null).
-    `env`: its whole environment (None: carry's). OSError when the program cannot start."""
+    """Run `argv` and wait at most `timeout` seconds; its exit status and output. `stdin`: bytes, str, a file's path,
+    or None (/dev/null). `env`: its whole environment (None: carry's). OSError when the program cannot start."""
     shown = [redact.credentials(os.fspath(arg)) for arg in argv]
     environ = None if env is None and not english else {**(os.environ if env is None else env)}
     if english and environ is not None:
@@ -129,10 +123,8 @@ def spawn(
     env: Mapping[str, str] | None = None,
     own_group: bool = False,
 ) -> Spawned:
-    """Start `argv` and return at once, its output (stderr with stdout) streamed into `log`, nothing on its stdin:
-    for programs that run side by side. `own_group`: in a process group of its own, so that `kill` reaches what
-    it daemonised too (a test suite's leftovers), where a signal to carry's group does not. The caller `wait`s or
-    `kill`s; `timeout` bounds the wait."""
+    """Start `argv` and return at once, its output streamed into `log`, nothing on its stdin. `own_group`: in a group
+    of its own, so that `kill` reaches what it daemonised too. The caller `wait`s (at most `timeout`) or `kill`s."""
     process = subprocess.Popen(
         [os.fspath(arg) for arg in argv],
         cwd=cwd,

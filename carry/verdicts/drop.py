@@ -1,10 +1,9 @@
 """`drop`: remove a patch REF needs no more, carry the rest of the series over to the new pin, bump VERSION once and
 log it in `patches/DROPPED.md`.
 
-A merged patch moves the pin to the commit that merged it (else REF's), or to `--onto REF`, never back; with
-`upstream.pr` set the pin moves to the PR head, which must hold that commit. Another droppable verdict leaves the pin
-unless `--onto` moves it. Either way DROPPED.md names the commit the pin must hold, and `wheel` and `image` refuse a
-pin without it (droplog.check_pin): a dropped patch's bug never ships again.
+A merged patch moves the pin (never back) to the commit that merged it, else REF's, or to `--onto REF`; with
+`upstream.pr` set, to the PR head, which must hold that commit. Another droppable verdict moves it only with `--onto`.
+DROPPED.md names the commit the pin must hold, and `wheel` and `image` refuse a pin without it (droplog.check_pin).
 """
 
 from __future__ import annotations

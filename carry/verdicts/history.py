@@ -43,8 +43,7 @@ class Absence:
 
 
 class History:
-    """The history between the pinned base and one REF in the mirror; the merge base is looked up (a shallow mirror
-    deepened through `deepen`) only when a question needs it, with a note when it cannot be found."""
+    """History between the pinned base and one REF; the merge base found through `deepen` when asked (else a note)."""
 
     def __init__(self, mirror: Path, base: str, ref: str, commit: str, deepen: Callable[[], tuple[str | None, str]]):
         self.mirror = mirror
@@ -85,8 +84,7 @@ class History:
         return _commit(git.run(self.mirror, *args))
 
     def absence(self, path: str) -> Absence:
-        """Why `path` (on the base) is not on REF; the caller has ruled out a rename. Asked once per path (every
-        hunk of a gone file asks the same)."""
+        """Why `path` (on the base, not renamed) is not on REF; asked once per path (every hunk of a gone file asks)."""
         if path not in self._absences:
             self._absences[path] = self._absence(path)
         return self._absences[path]

@@ -35,8 +35,7 @@ class Replay:
 
 
 class Conflict(Exception):
-    """A patch that does not cherry-pick onto the new base: the files it conflicts in, each with the line ranges of
-    its conflict markers in the workspace, and the recorded resolutions of that patch that did not fit."""
+    """A patch that won't cherry-pick onto the new base: each file's conflict-marker line ranges; unfit resolutions."""
 
     def __init__(self, patch: series.Patch, files: str, regions: dict[str, list[tuple[int, int]]], unfit: tuple = ()):
         super().__init__(patch.name)
@@ -80,8 +79,7 @@ class Workspace:
         return cls(path, patches.directory, new_base, [n for n, _ in kept], [c for _, c in kept])
 
     def advance(self, patches: series.Series) -> None:
-        """Cherry-pick the patches not yet on the new base, in order, letting rerere replay what it recorded; a
-        patch left with a conflict raises Conflict and stays mid-cherry-pick (`done` at it)."""
+        """Cherry-pick the rest onto the new base (rerere replaying); a Conflict stops mid-pick, `done` at it."""
         while self.done < len(self.names):
             patch = patches.find(self.names[self.done])
             status, _, err = git.run_status(
@@ -107,16 +105,14 @@ class Workspace:
         raise Conflict(patch, ", ".join(unmerged), regions, unfit)
 
     def _entry(self, name: str, file: str) -> str:
-        """The recorded entry of patch `name` whose postimage `file` now is (rerere, having resolved every file,
-        may leave no MERGE_RR to say which)."""
+        """The recorded entry of patch `name` whose postimage `file` now is (rerere may leave no MERGE_RR to say)."""
         resolved = (self.path / file).read_bytes()
         directory = self.patches_dir / resolutions.DIR_NAME / name
         recorded = resolutions.recorded_for(self.patches_dir, name)
         return next((e for e in recorded if (directory / e / "postimage").read_bytes() == resolved), "?")
 
     def resume(self, patches_dir: Path) -> tuple[str, list[Path]]:
-        """Record the maintainer's resolution of the conflicted patch (none may be left) under `patches_dir` and finish
-        its cherry-pick: the patch's name and the files recorded."""
+        """Record the maintainer's resolution under `patches_dir`, finish the cherry-pick: (patch, files recorded)."""
         name = self.names[self.done]
         merge_rr = resolutions.current(self.path / ".git")
         left = {f: r for f in merge_rr if (r := marker_regions(self.path / f))}

@@ -21,8 +21,7 @@ from carry.verdicts import droplog, rebase
 
 @dataclasses.dataclass(frozen=True)
 class Carried:
-    """The series carried over to `new_base`: the new text of each patch whose substance moved, the patches that
-    came out empty (already upstream), the rest, unchanged, and the patched tree there."""
+    """The series on `new_base`: each patch's new text where its substance moved, those emptied, the rest, the tree."""
 
     old_base: str
     new_base: str
@@ -82,8 +81,7 @@ def refresh(
 def carry_over(
     config: Config, cache: Cache, mirror: Path, patches: series.Series, new_base: str, leave_out: str | None = None
 ) -> Carried:
-    """The series (less `leave_out`, which upstream merged) moved onto `new_base`, nothing written; Conflict names
-    the first patch that does not go there after the recorded resolutions replayed."""
+    """The series (less `leave_out`) moved onto `new_base`, nothing written; Conflict names the first that won't go."""
     pin = config.upstream.commit
     kept = tuple(p for p in patches.patches if p.name != leave_out)
     exact = apply.check(mirror, new_base, series.Series(patches.directory, kept), cache.scratch)
@@ -117,8 +115,7 @@ def _conflict_message(
     conflict: rebase.Conflict,
     judge: Callable | None,
 ) -> str:
-    """One line: the patch that conflicts, and the way out: `drop` for every patch REF needs no more (by the
-    verdicts of `status`), else rebasing that patch by hand."""
+    """One line: the patch that conflicts, and the way out: `drop` for the patches REF needs no more, else by hand."""
     from carry.verdicts import verdicts
 
     head = f"{conflict.patch.name} conflicts with {ref} {new_base[:12]} in {conflict.files}; nothing was changed"
@@ -139,8 +136,7 @@ def _conflict_message(
 
 
 def substance_moved(patch: series.Patch, text: str, work: Path) -> bool:
-    """Whether the new text differs from the file in substance: its diff, description or mail headers (when it has
-    them); index lines and the diffstat are form only."""
+    """Whether the new text differs in substance (diff, description, mail headers), not just index lines or diffstat."""
     candidate = work / patch.name
     candidate.write_text(text)
     new = series.parse_patch(candidate, patch.number)

@@ -49,8 +49,7 @@ def replayed(stderr: str) -> list[str]:
 
 
 def record(git_dir: Path, merge_rr: dict[str, str], patches_dir: Path, name: str) -> list[Path]:
-    """Copy the entries rerere just recorded (pre- and postimage) for the conflict of patch `name` under
-    `patches_dir`/resolutions/`name`/; the paths written."""
+    """Copy what rerere just recorded for patch `name`'s conflict under `patches_dir`/resolutions/`name`/; the paths."""
     written = []
     for entry in sorted(set(merge_rr.values())):
         source = git_dir / "rr-cache" / entry
