@@ -21,6 +21,7 @@ may add to that store, never take from it: the run fails naming what went (pytes
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import os
 from collections.abc import Callable
@@ -222,8 +223,12 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """A test may add to the machine's download store, never take from it: the run fails, naming what went."""
-    if os.environ.get("PYTEST_XDIST_WORKER") or "files" not in _STORE_BEFORE:
+    """A test may add to the machine's download store, never take from it: the run fails, naming what went. The
+    Python bases carry derived from the test bases (its engine-side cache) go with the run."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    _remove_derived_test_bases()
+    if "files" not in _STORE_BEFORE:
         return
     store = _machine_store()
     gone = sorted(f for f in _STORE_BEFORE["files"] if not (store / f).exists())
@@ -234,6 +239,24 @@ def pytest_sessionfinish(session, exitstatus):
             + (" …" if len(gone) > 10 else "")
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _remove_derived_test_bases() -> None:
+    """carry-derived/python images whose base is a `carry-test/` image (a user's own derived bases stay)."""
+    import docker
+
+    import dockerenv
+    from carry.image.locked import runtimebase
+
+    try:
+        client = dockerenv.docker_client()
+        derived = client.images.list(name=runtimebase.DERIVED_REPO)
+    except (docker.errors.DockerException, OSError):  # no engine in this run: nothing was derived
+        return
+    for image in derived:
+        if (image.labels or {}).get(runtimebase.LABEL_BASE_NAME, "").startswith("carry-test/"):
+            with contextlib.suppress(docker.errors.APIError):
+                client.images.remove(image.id, force=True)
 
 
 def pytest_runtest_logreport(report):

@@ -86,18 +86,27 @@ def env_file() -> Path:
 
 def remove_repository(name: str) -> None:
     """A repository a test pushed to the test registry (`host/path`, no tag) removed from the registry's storage
-    (beside the env file, as .ci/services.sh lays it out), with every blob no other repository links: tests
-    leave no registry blob behind. The registry keeps no blob cache, so a later push of the same blob uploads it."""
+    (beside the env file, as .ci/services.sh lays it out), with every blob (layer, config or manifest) no other
+    repository links and the folders it leaves empty: tests leave no registry blob behind. The registry keeps no blob
+    cache, so a later push of the same blob uploads it."""
     import shutil
 
     root = env_file().parent / "registry" / "data" / "docker" / "registry" / "v2"
     repositories = root / "repositories"
     path = repositories / name.split("/", 1)[1]
-    mine = {p.name for p in (path / "_layers" / "sha256").glob("*")}
+
+    def linked(under: Path, deep: str = "") -> set[str]:
+        return {p.name for links in ("_layers", "_manifests/revisions") for p in under.glob(f"{deep}{links}/sha256/*")}
+
+    mine = linked(path)
     shutil.rmtree(path, ignore_errors=True)
-    others = {p.name for p in repositories.glob("**/_layers/sha256/*")}
-    for digest in mine - others:
+    for digest in mine - linked(repositories, "**/"):
         shutil.rmtree(root / "blobs" / "sha256" / digest[:2] / digest, ignore_errors=True)
+    for parent in path.parents:
+        if parent == repositories or not parent.is_dir() or any(parent.iterdir()):
+            break
+        with contextlib.suppress(OSError):  # a push beside this one made it again
+            parent.rmdir()
 
 
 def forget(name: str, made: Iterable[str] = ()) -> None:
