@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -206,6 +207,10 @@ def second_engine():
 _MODULE_SECONDS: dict[str, float] = {}
 _SETUP_SECONDS: list[tuple[float, str]] = []  # (seconds, test) of every setup: its 10 slowest printed before it
 _STORE_BEFORE: dict[str, set[str]] = {}
+# The checkout's dist/, where a test's `carry` run without its own cwd or --out writes (`image` has no --out): what the
+# run made there is removed at its end
+CHECKOUT_DIST = Path(__file__).resolve().parent.parent / "dist"
+_DIST_BEFORE: dict[str, set[str] | None] = {}
 
 
 def _machine_store() -> Path:
@@ -215,9 +220,11 @@ def _machine_store() -> Path:
 
 
 def pytest_sessionstart(session):
-    """What the machine's download store holds when the run starts (the controller's view: xdist or not)."""
+    """What the machine's download store and the checkout's dist/ hold when the run starts (the controller's view:
+    xdist or not)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
+    _DIST_BEFORE["names"] = {p.name for p in CHECKOUT_DIST.glob("*")} if CHECKOUT_DIST.is_dir() else None
     store = _machine_store()
     _STORE_BEFORE["files"] = {str(p.relative_to(store)) for p in store.glob("*/*")} if store.is_dir() else set()
 
@@ -228,6 +235,8 @@ def pytest_sessionfinish(session, exitstatus):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
     _remove_derived_test_bases()
+    if "names" in _DIST_BEFORE:
+        _remove_what_the_run_made_in_dist(_DIST_BEFORE["names"])
     if "files" not in _STORE_BEFORE:
         return
     store = _machine_store()
@@ -239,6 +248,18 @@ def pytest_sessionfinish(session, exitstatus):
             + (" …" if len(gone) > 10 else "")
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _remove_what_the_run_made_in_dist(before: set[str] | None) -> None:
+    """The entries of the checkout's dist/ that were not there when the run started (and dist/ if it was not)."""
+    for made in [p for p in CHECKOUT_DIST.glob("*") if p.name not in (before or set())]:
+        if made.is_dir() and not made.is_symlink():
+            shutil.rmtree(made, ignore_errors=True)
+        else:
+            made.unlink(missing_ok=True)
+    if before is None:
+        with contextlib.suppress(OSError):  # gone already, or something else writes there now
+            CHECKOUT_DIST.rmdir()
 
 
 def _remove_derived_test_bases() -> None:

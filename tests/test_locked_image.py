@@ -216,9 +216,10 @@ def test_a_fresh_runner_derives_an_edited_a_module_adding_and_a_dropped_patch(pr
         second.unlink()
     (changed / "VERSION").write_text(version + "\n")
     fresh = {**env, "CARRY_CACHE": str(tmp_path / "cache")}
+    # run in the copy: its fixed wheels (670 MB) go to the copy's dist/, not the checkout's
     result = carry(
         "--config", str(changed / "build.yaml"), "image", "--push", "--json", "--no-smoke", "--cache-from",
-        f"{name}:20261201.1", env=fresh, timeout=1500,
+        f"{name}:20261201.1", env=fresh, timeout=1500, cwd=changed,
     )  # fmt: skip
     assert result.code == 0, result.err[-3000:]
     assert "build: PEP 517" not in result.err and "env: making" not in result.err, result.err[-3000:]
