@@ -1,12 +1,14 @@
 """The disk a run uses: the largest drop of free space on the filesystems of some paths while it runs, sampled in a
 thread (DiskWatch: bench/freshrunner.py, bench/lockedimage.py), or by this script until it is stopped (.ci/run):
 
-    python3 bench/diskwatch.py [--every S] [--parent PID] PATH...
+    python3 bench/diskwatch.py [--every S] [--parent PID] [--explain DIR]... PATH...
 
 which prints `ci: peak disk used X GB above the start at HH:MM:SS, M min into the run (Y GB free at the low point)`
-when SIGTERM or SIGINT stops it, or when PID has gone. Each filesystem counts once; a path not made yet (Docker's data
-root before dockerd starts) counts as its nearest existing parent's. Standard library only; a failed sample is
-skipped, never an error.
+when SIGTERM or SIGINT stops it, or when PID has gone; with `--explain DIR`, also what held the most near the peak:
+the largest folders three levels below DIR (under pytest's temp root: pytest-N/popen-gwX/NAME, a test's, module's
+or session's own dir, and pytest-N/shared/NAME), measured whenever the peak has grown by a GB since the last time, at
+most once a minute. Each filesystem counts once; a path not made yet (Docker's data root before dockerd starts)
+counts as its nearest existing parent's. Standard library only; a failed sample is skipped, never an error.
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ def size_of(path: Path) -> int:
     return total
 
 
+def largest(roots: tuple[Path, ...], count: int = 8) -> list[tuple[int, str]]:
+    """The `count` largest folders three levels below `roots` (bytes, path), largest first."""
+    folders = [f for root in roots for f in root.glob("*/*/*") if f.is_dir() and not f.is_symlink()]
+    return sorted(((size_of(f), str(f)) for f in folders), reverse=True)[:count]
+
+
 def _existing(path: Path) -> Path:
     path = path.absolute()
     while not path.exists() and path != path.parent:
@@ -51,9 +59,11 @@ class DiskWatch:
     `started` (the wall clock); `low`: the least free space seen. Sampled every `every` seconds while it runs, and once
     as it stops."""
 
-    def __init__(self, *paths: Path, remote: Path | None = None, every: float = 1.0):
+    def __init__(self, *paths: Path, remote: Path | None = None, every: float = 1.0, explain: tuple[Path, ...] = ()):
         devices = {os.stat(found).st_dev: found for found in map(_existing, paths)}
-        self.paths, self.remote, self.every = list(devices.values()), remote, every
+        self.paths, self.remote, self.every, self.explain = list(devices.values()), remote, every, explain
+        self.held: list[tuple[int, str]] = []  # (bytes, folder): the largest under `explain` near the peak
+        self.explained, self.held_at = 0, 0.0  # the peak when `held` was measured, and when
         self.start_free = self.low = self._free()
         self.start_remote = size_of(remote) if remote else 0
         self.peak, self.peak_at, self.started = 0, 0.0, time.time()
@@ -73,6 +83,9 @@ class DiskWatch:
         used = self.start_free - free - grown
         if used > self.peak:
             self.peak, self.peak_at = used, time.time() - self.started
+            if self.explain and used > self.explained + GB and time.time() > self.held_at + 60:
+                self.explained, self.held_at = used, time.time()
+                self.held = largest(self.explain)
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
@@ -93,12 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+", type=Path, help="a path on each filesystem to watch")
     parser.add_argument("--every", type=float, default=5.0, help="seconds between samples (default 5)")
     parser.add_argument("--parent", type=int, help="stop when this process has gone")
+    parser.add_argument("--explain", type=Path, action="append", default=[], help="say what under DIR held the peak")
     args = parser.parse_args(argv)
     stopped = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopped.set())
     try:
-        with DiskWatch(*args.paths, every=args.every) as disk:
+        with DiskWatch(*args.paths, every=args.every, explain=tuple(args.explain)) as disk:
             while not stopped.wait(args.every) and (args.parent is None or Path(f"/proc/{args.parent}").exists()):
                 pass
         peak, low = disk.peak / GB, disk.low / GB
@@ -108,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             f"({low:.1f} GB free at the low point)",
             file=sys.stderr,
         )
+        if disk.held:
+            held = ", ".join(f"{size / GB:.1f} GB {path}" for size, path in disk.held)
+            at = time.strftime("%H:%M:%S", time.localtime(disk.held_at))
+            print(f"ci: the largest folders at {at} ({disk.explained / GB:.1f} GB used then): {held}", file=sys.stderr)
     except Exception as exc:  # a sampler never fails the run it watches
         print(f"ci: disk not measured ({exc})", file=sys.stderr)
     return 0
