@@ -41,8 +41,9 @@ def size_of(path: Path) -> int:
 
 
 def largest(roots: tuple[Path, ...], count: int = 8) -> list[tuple[int, str]]:
-    """The `count` largest folders three levels below `roots` (bytes, path), largest first."""
-    folders = [f for root in roots for f in root.glob("*/*/*") if f.is_dir() and not f.is_symlink()]
+    """The `count` largest folders three levels below `roots` (bytes, path), largest first; each once, by its real
+    path (pytest's `pytest-current` is a link to the run's `pytest-N`)."""
+    folders = {f.resolve() for root in roots for f in root.glob("*/*/*") if f.is_dir() and not f.is_symlink()}
     return sorted(((size_of(f), str(f)) for f in folders), reverse=True)[:count]
 
 

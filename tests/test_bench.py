@@ -287,13 +287,14 @@ def test_the_vllm_part_measures_carry_as_installed_and_counts_only_carry_imports
 
 def test_diskwatch_names_the_largest_fixture_dirs_under_pytests_temp_root(tmp_path):
     """.ci/run's sampler explains its peak by the largest folders three levels below pytest's temp root: a worker's
-    fixture dir, a shared one, a test's, each measured on disk (a hard link once), largest first."""
+    fixture dir, a shared one, each measured on disk (a hard link once) and named once, largest first."""
     root = tmp_path / "pytest-of-ci"
     dirs = [root / "pytest-1" / "popen-gw0" / "big0", root / "pytest-1" / "shared" / "small", root / "pytest-1" / "x"]
     for folder, size in zip(dirs, (3_000_000, 100_000, 50_000)):
         (folder / "deeper").mkdir(parents=True)
         (folder / "deeper" / "f").write_bytes(b"x" * size)
     os.link(dirs[0] / "deeper" / "f", dirs[0] / "again")
+    (root / "pytest-current").symlink_to(root / "pytest-1")  # as pytest makes it: counted once
     found = diskwatch.largest((root,), count=2)
     assert [path for _, path in found] == [str(dirs[0]), str(dirs[1])]
     assert 3_000_000 <= found[0][0] < 3_200_000 and found[1][0] < 200_000
