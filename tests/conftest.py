@@ -25,6 +25,7 @@ import contextlib
 import heapq
 import os
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -206,6 +207,10 @@ def second_engine():
 # costs against its budget (docs/testing.md). Under pytest-xdist the reports reach the controller, which prints it.
 _MODULE_SECONDS: dict[str, float] = {}
 _SETUP_SECONDS: list[tuple[float, str]] = []  # (seconds, test) of every setup: its 10 slowest printed before it
+# Per xdist worker: the seconds its tests took and when its last one ended (since the session started): the run's
+# wall time is the later of the two ends, and a gap between them is work one worker could have taken from the other
+_WORKER: dict[str, list[float]] = {}
+_STARTED: list[float] = []
 _STORE_BEFORE: dict[str, set[str]] = {}
 # The checkout's dist/, where a test's `carry` run without its own cwd or --out writes (`image` has no --out): what the
 # run made there is removed at its end
@@ -224,6 +229,7 @@ def pytest_sessionstart(session):
     xdist or not)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
+    _STARTED.append(time.monotonic())
     _DIST_BEFORE["names"] = {p.name for p in CHECKOUT_DIST.glob("*")} if CHECKOUT_DIST.is_dir() else None
     store = _machine_store()
     _STORE_BEFORE["files"] = {str(p.relative_to(store)) for p in store.glob("*/*")} if store.is_dir() else set()
@@ -283,6 +289,10 @@ def _remove_derived_test_bases() -> None:
 def pytest_runtest_logreport(report):
     module = report.nodeid.split("::", 1)[0]
     _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + getattr(report, "duration", 0.0)
+    node = getattr(report, "node", None)  # pytest-xdist's controller: the worker that ran it
+    busy = _WORKER.setdefault(node.gateway.id if node else "main", [0.0, 0.0])
+    busy[0] += getattr(report, "duration", 0.0)
+    busy[1] = time.monotonic() - (_STARTED or [time.monotonic()])[0]
     if report.when == "setup":
         _SETUP_SECONDS.append((getattr(report, "duration", 0.0), report.nodeid))
 
@@ -298,3 +308,6 @@ def pytest_terminal_summary(terminalreporter, config):
     for module, seconds in sorted(_MODULE_SECONDS.items(), key=lambda pair: -pair[1]):
         if seconds >= 1:
             terminalreporter.write_line(f"{seconds:8.1f}s {module}")
+    terminalreporter.write_sep("=", "seconds per worker")
+    for worker, (busy, ended) in sorted(_WORKER.items()):
+        terminalreporter.write_line(f"{busy:8.1f}s {worker}: its tests; its last ended {ended:.0f} s into the run")
