@@ -1,6 +1,8 @@
 """Wheels as zip files: a member's bytes read straight from the file (inflated with the GIL released), every
 member checked against RECORD, and a wheel rewritten without inflating it: unchanged members are copied as their
-compressed bytes (a 300 MB shared object costs a file copy, not a deflate), RECORD regenerated last.
+compressed bytes (a 300 MB shared object costs a file copy, not a deflate), RECORD regenerated last. Stored members
+(carry asks setuptools for them, wheelbuild/pep517.py) are deflated on the way, by ISA-L: a precompiled vLLM wheel's
+837 MB in 3.3 s here, where zlib's level 6 took 27.8 s, for a wheel 7 % larger (358 MB, not 335).
 
 It leans on three zipfile internals (`fp`, `filelist`/`NameToInfo`, `start_dir`) to place raw members in an
 archive; `read()` in buildinfo re-checks every member against RECORD, and the tests do too.
@@ -17,6 +19,7 @@ import os
 import struct
 import zipfile
 import zlib
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO
@@ -24,9 +27,10 @@ from typing import IO
 from carry.util.errors import Failed
 
 try:  # ISA-L inflates about twice as fast as zlib; both release the GIL, so members inflate in parallel
-    from isal import isal_zlib as _inflater
+    from isal import isal_zlib as _zlib
 except ImportError:  # pragma: no cover - isal is a dependency; zlib keeps carry working without it
-    _inflater = zlib  # type: ignore[misc]
+    _zlib = zlib  # type: ignore[misc]
+DEFLATE_LEVEL = 3  # ISA-L's highest (0-3)
 
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")
 _DESCRIPTOR_SIGNATURE = b"PK\x07\x08"
@@ -52,7 +56,7 @@ def member_bytes(wheel: Path, member: zipfile.ZipInfo, handle: IO[bytes] | None 
             return member_bytes(wheel, member, own)
     raw = os.pread(handle.fileno(), member.compress_size, data_start(handle, member, wheel))
     stored = member.compress_type == zipfile.ZIP_STORED
-    data = raw if stored else _inflater.decompress(raw, -15, max(member.file_size, 1))  # one buffer of the known size
+    data = raw if stored else _zlib.decompress(raw, -15, max(member.file_size, 1))  # one buffer of the known size
     if len(data) != member.file_size:
         raise Failed(f"{wheel}: {member.filename} inflates to {len(data)} bytes, not {member.file_size}")
     return data
@@ -119,7 +123,8 @@ def rewrite(src: Path, dest: Path, changes: dict[str, bytes | None], dist_info_a
                     name = f"{new_info}/{name[len(info_dir) + 1 :]}"
                 placed.add(name)
                 if name == member.filename and name not in changes:
-                    copy_member(raw, member, out)
+                    if member.compress_type != zipfile.ZIP_STORED or not _deflated(out, member, raw):
+                        copy_member(raw, member, out)
                     rows.append(old_rows.get(name) or record_line(name, archive.read(member)))
                 elif (data := changes[name] if name in changes else archive.read(member)) is not None:
                     _write(out, name, data, member.date_time, member.external_attr)
@@ -141,6 +146,21 @@ def _write(out: zipfile.ZipFile, name: str, data: bytes, date_time: tuple, exter
     out.writestr(entry, data)
 
 
+def _deflated(out: zipfile.ZipFile, member: zipfile.ZipInfo, raw: IO[bytes]) -> bool:
+    """Whether the stored `member` of `raw` was appended to `out` deflated by ISA-L (not when that is no smaller)."""
+    data = member_bytes(Path(raw.name), member, raw)
+    compressor = _zlib.compressobj(DEFLATE_LEVEL, zipfile.ZIP_DEFLATED, -15)
+    packed = compressor.compress(data) + compressor.flush()
+    if len(packed) >= len(data):
+        return False
+    placed = zipfile.ZipInfo(member.filename, date_time=member.date_time)
+    placed.external_attr, placed.create_system = member.external_attr, member.create_system
+    placed.compress_type, placed.CRC = zipfile.ZIP_DEFLATED, _zlib.crc32(data)
+    placed.file_size, placed.compress_size = len(data), len(packed)
+    _place(out, placed, [placed.FileHeader(), packed])
+    return True
+
+
 def copy_member(raw: IO[bytes], member: zipfile.ZipInfo, out: zipfile.ZipFile) -> None:
     """Append `member`'s local header, compressed data and data descriptor as they are in `raw` to `out`."""
     length = data_start(raw, member, raw.name) - member.header_offset + member.compress_size
@@ -148,19 +168,27 @@ def copy_member(raw: IO[bytes], member: zipfile.ZipInfo, out: zipfile.ZipFile) -
         tail = os.pread(raw.fileno(), 4, member.header_offset + length)
         zip64 = member.file_size >= 0xFFFFFFFF or member.compress_size >= 0xFFFFFFFF
         length += (4 if tail == _DESCRIPTOR_SIGNATURE else 0) + (20 if zip64 else 12)
+
+    def chunks(remaining: int) -> Iterator[bytes]:
+        raw.seek(member.header_offset)
+        while remaining:
+            chunk = raw.read(min(_COPY_CHUNK, remaining))
+            if not chunk:
+                raise Failed(f"{raw.name}: {member.filename} is cut short")
+            remaining -= len(chunk)
+            yield chunk
+
+    _place(out, copy.copy(member), chunks(length))
+
+
+def _place(out: zipfile.ZipFile, placed: zipfile.ZipInfo, chunks: Iterable[bytes]) -> None:
+    """Write `chunks` (a local header and its data) at the end of `out`'s members and list `placed` there."""
     fp = out.fp
     assert fp is not None, "out is an archive open for writing"
     fp.seek(out.start_dir)
-    placed = copy.copy(member)
     placed.header_offset = fp.tell()
-    raw.seek(member.header_offset)
-    remaining = length
-    while remaining:
-        chunk = raw.read(min(_COPY_CHUNK, remaining))
-        if not chunk:
-            raise Failed(f"{raw.name}: {member.filename} is cut short")
+    for chunk in chunks:
         fp.write(chunk)
-        remaining -= len(chunk)
     out.start_dir = fp.tell()
     out.filelist.append(placed)
     out.NameToInfo[placed.filename] = placed

@@ -2,6 +2,8 @@
 the backend's `build_wheel` hook itself through pyproject_hooks in the build environment's interpreter (buildenv.py),
 as `python -m build --no-isolation` would there, one interpreter fewer per build; with isolation it runs
 `python -m build`, which makes the isolated environment and installs the build requirements into it.
+setuptools is asked for a wheel of stored members (`bdist_wheel --compression=stored`): zlib's deflate was 27 of a
+precompiled vLLM build's 42 s here; carry deflates them with ISA-L when it stamps the wheel (binaries/wheelzip.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ except ImportError:  # Python 3.10: `build` depends on tomli there
 from carry.util.run import BUILD_S, execute
 
 LEGACY_BACKEND = "setuptools.build_meta:__legacy__"
+STORED = "--compression=stored"  # an option of setuptools' (and wheel's) bdist_wheel
 
 
 class _StepFailed(Exception):
@@ -40,18 +43,20 @@ def build_wheel(
             raise _StepFailed(status)
 
     try:
+        backend, backend_path = backend_of(src)
+        settings = {"--build-option": [STORED]} if backend.startswith("setuptools.build_meta") else None
         if isolated:
             command = [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(src)]
+            command += [f"-C--build-option={STORED}"] if settings else []
             _note(log, f"$ {' '.join(command)}")
             run(command, cwd=src)
             return 0
-        backend, backend_path = backend_of(src)
-        _note(log, f"$ {backend} build_wheel {out} (PEP 517 hook in {python}, no isolation)")
+        _note(log, f"$ {backend} build_wheel {out} {settings or {}} (PEP 517 hook in {python}, no isolation)")
         hooks = pyproject_hooks.BuildBackendHookCaller(str(src), backend, backend_path, run, str(python))
         out.mkdir(parents=True, exist_ok=True)
         with warnings.catch_warnings(record=True) as caught:  # the backend's warnings belong in the log
             warnings.simplefilter("always")
-            hooks.build_wheel(str(out))
+            hooks.build_wheel(str(out), settings)
         for warning in caught:
             _note(log, f"warning from the build backend: {warning.message}")
         return 0
