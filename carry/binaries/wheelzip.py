@@ -2,7 +2,7 @@
 member checked against RECORD, and a wheel rewritten without inflating it: unchanged members are copied as their
 compressed bytes (a 300 MB shared object costs a file copy, not a deflate), RECORD regenerated last. Stored members
 (carry asks setuptools for them, wheelbuild/pep517.py) are deflated on the way, by ISA-L: a precompiled vLLM wheel's
-837 MB in 3.3 s here, where zlib's level 6 took 27.8 s, for a wheel 7 % larger (358 MB, not 335).
+837 MB in 3.3 s here, where zlib's level 6 took 27.8 s, for a wheel 7 % larger (359 MB, not 336).
 
 It leans on three zipfile internals (`fp`, `filelist`/`NameToInfo`, `start_dir`) to place raw members in an
 archive; `read()` in buildinfo re-checks every member against RECORD, and the tests do too.
