@@ -319,21 +319,22 @@ def bench_runners(work: Path, size: Size) -> list[Row]:
     with redisd.started(base / "redis") as redis:
         shared = {"CARRY_REMOTE_CACHE_URL": redis.url, "CARRY_REMOTE_CACHE_PASSWORD": redis.password}
 
-        def wheel(cache: Path) -> tuple[Wheel, dict]:
+        def wheel(cache: Path, out: str) -> tuple[Wheel, dict]:
+            """A build into its own `out`: one VERSION names one artifact, so another tree's wheel needs another."""
             before = len(cuda.calls())
             env = {**carry_env(cache, cuda.home), **shared}
-            run = carry(project.config, env, "wheel", "--out", str(cache.parent / "dist"), "--json")
+            run = carry(project.config, env, "wheel", "--out", str(base / out), "--json")
             result = json.loads(run.out)
             if result["reused"] or result["compiler_cache"] is None:
                 raise SystemExit(f"bench: expected a build from `wheel`:\n{run.err}")
             return Wheel(run, cuda.calls()[before:]), result["compiler_cache"]
 
-        cold, cold_cache = wheel(base / "runner-a" / "cache")
+        cold, cold_cache = wheel(base / "runner-a" / "cache", "dist-a")
         if cold_cache["remote"] is None or cold_cache["remote_errors"]:
             raise SystemExit(f"bench: runner A did not use the shared cache:\n{cold.run.err}")
-        second, second_cache = wheel(base / "machine-b" / "home" / "ci" / ".cache" / "carry")
+        second, second_cache = wheel(base / "machine-b" / "home" / "ci" / ".cache" / "carry", "dist-b")
         project.use(python=1, cuda=0)
-        python, python_cache = wheel(base / "machine-b" / "home" / "ci" / ".cache" / "carry")
+        python, python_cache = wheel(base / "machine-b" / "home" / "ci" / ".cache" / "carry", "dist-b-python")
     base_s = cold.run.wall_s
     units = second_cache["compiles"]
     served = second_cache["remote_hits"] / units if units else 0.0
