@@ -446,6 +446,9 @@ def test_source_build_builds_each_configured_platform_on_its_own_cpu():
     assert job["runs-on"] == "${{ matrix.runner }}"
     build_step = next(step for step in job["steps"] if "ci/build-platform.sh" in step.get("run", ""))
     assert {"CARRY_REGISTRY_USER", "CARRY_REGISTRY_PASSWORD", "PLATFORM"} <= set(build_step["env"])
+    # the build cluster as repository settings, like the remote cache: the URL for the job, the token for this step
+    assert job["env"]["CARRY_DIST_SCHEDULER_URL"] == "${{ secrets.CARRY_DIST_SCHEDULER_URL }}"
+    assert build_step["env"]["CARRY_DIST_TOKEN"] == "${{ secrets.CARRY_DIST_TOKEN }}"
     assert "$PLATFORM" in build_step["run"]
     uploads = {
         step["with"]["name"]: step["with"]["path"]
