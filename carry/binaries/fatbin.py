@@ -80,6 +80,12 @@ def read(path: str | Path) -> list[FatbinEntry]:
 
 def read_bytes(data: bytes) -> list[FatbinEntry]:
     """Every cubin and PTX entry in the ELF file `data`, in section order; [] for non-ELF or CPU-only code."""
+    return [entry for entry, _ in read_images(data)]
+
+
+def read_images(data: bytes) -> list[tuple[FatbinEntry, bytes]]:
+    """Every cubin and PTX entry in the ELF file `data` (a shared object or a relocatable object) with its image as
+    stored (compressed where nvcc compressed it), in section order; [] for non-ELF or CPU-only code."""
     if not data.startswith(ELF_MAGIC):
         return []
     try:
@@ -97,8 +103,8 @@ def _section_data(data: bytes) -> tuple[bytes, int]:
     return section.data(), max(1, section["sh_addralign"])
 
 
-def _parse_section(data: bytes, align: int = 1) -> list[FatbinEntry]:
-    entries: list[FatbinEntry] = []
+def _parse_section(data: bytes, align: int = 1) -> list[tuple[FatbinEntry, bytes]]:
+    entries: list[tuple[FatbinEntry, bytes]] = []
     offset = 0
     while offset < len(data) and not _only_padding(data, offset):
         magic, _version, header_size, payload_size = _FATBIN_HEADER.unpack_from(data, offset)
@@ -116,15 +122,16 @@ def _skip_alignment_padding(data: bytes, offset: int, align: int) -> int:
     return aligned if data.count(0, offset, aligned) == aligned - offset else offset
 
 
-def _parse_fatbin(data: bytes, offset: int, end: int) -> list[FatbinEntry]:
-    entries: list[FatbinEntry] = []
+def _parse_fatbin(data: bytes, offset: int, end: int) -> list[tuple[FatbinEntry, bytes]]:
+    entries: list[tuple[FatbinEntry, bytes]] = []
     while offset < end:
         kind, _version, header_size, payload_size = _ENTRY_HEADER.unpack_from(data, offset)
         if header_size < _ENTRY_HEADER_MIN:
             raise _Corrupt(f"entry header of {header_size} bytes at offset {offset:#x}")
+        start, after = offset + header_size, _bounded(offset + header_size + payload_size, end)
         if kind in (Kind.PTX.value, Kind.CUBIN.value):
-            entries.append(_entry(data, offset, Kind(kind)))
-        offset = _bounded(offset + header_size + payload_size, end)
+            entries.append((_entry(data, offset, Kind(kind)), data[start:after]))
+        offset = after
     return entries
 
 
