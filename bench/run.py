@@ -47,7 +47,11 @@ Everything runs in a temp dir against generated upstreams, driving `python build
       Python-only patch change as N+1 (time, bytes downloaded and pushed, peak disk, the smoke test), its layers
       against the warm runner's, a no-change fresh run against `verify IMAGE` (see bench/freshrunner.py);
   18. `suite` on the real vLLM: examples/vllm's selection of vLLM's own tests on the fixed and the release wheel,
-      cold, again (the release side cached) and with a sabotaged patch (see bench/suite.py).
+      cold, again (the release side cached) and with a sabotaged patch (see bench/suite.py);
+  19. a build cluster (sccache-dist) for vLLM's CUDA build: vLLM 0.33.0 csrc files compiled plainly, through
+      sccache and through a scheduler and two build servers on loopback (overhead per job, CPU left on the client,
+      cubins per arch), and a model of vLLM's whole csrc build over 1-64 servers of 16 cores (see
+      bench/distbuild.py, which also runs alone, with its own options and the model's assumptions).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
 """
@@ -71,6 +75,7 @@ sys.path[:0] = [str(HERE), str(ROOT)]
 
 import buildenv  # noqa: E402
 import cudahome  # noqa: E402
+import distbuild  # noqa: E402
 import emulation  # noqa: E402
 import freshrunner  # noqa: E402
 import gitrepo  # noqa: E402
@@ -515,7 +520,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
     parser.add_argument(
         "--only",
-        default="check,fetch,rebuild,runners,arm64,image,buildenv,vllm,gate,precompiled,pin,locked,verify,trust,runtimebase,rootpath,fresh,suite",
+        default="check,fetch,rebuild,runners,distbuild,arm64,image,buildenv,vllm,gate,precompiled,pin,locked,verify,trust,runtimebase,rootpath,fresh,suite",
         help="comma-separated parts to run",
     )
     options = parser.parse_args()
@@ -538,6 +543,7 @@ def main() -> int:
         "rootpath": lambda work, size: rootpath.bench(work, Row),
         "fresh": lambda work, size: freshrunner.bench(work, Row),
         "suite": lambda work, size: suite.bench(work, Row),
+        "distbuild": lambda work, size: distbuild.bench(work, Row, quick=size is QUICK),
     }
     # The start-up ratios (check, vllm) run first, before the parts that churn gigabytes through the page cache.
     # verify reads the image `locked` pushed.
@@ -547,6 +553,7 @@ def main() -> int:
         "fetch",
         "rebuild",
         "runners",
+        "distbuild",
         "arm64",
         "image",
         "buildenv",
