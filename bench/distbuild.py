@@ -879,14 +879,30 @@ ANCHORS = (
     Anchor("ai-dynamo/dynamo#839: GB200, VLLM_MAX_JOBS=64", "release", 64, (60, 90), "the same, 'about 1-1.5 hours'"),
 )  # fmt: skip
 RAPIDS = ("rapidsai/raft#2859, NVIDIA/cccl#7014", 261.0, 138.0)  # uncached build, minutes: alone, with a cluster
-# How a heavy file's factor k applies (device, host side, client part): the model's choice first, then the other
-# readings of the same calibration, each fitted to the anchor again, to show what the 16 servers' figure rests on.
-SHAPES = {
-    "": lambda k: (k, k, 1.0),
-    "a heavy file's client part cost the factor too": lambda k: (k, k, k),
-    "the factor were on its device jobs only (cicc, ptxas)": lambda k: (k, 1.0, 1.0),
-    "the heavy work were spread over twice the files": lambda k: (k, k, 1.0),
-}
+# How a heavy file's factor k applies: (its device jobs, its host side, its client part), and whether each heavy file
+# counts twice; the model's reading first, then others, each fitted to the anchor again: what the figure rests on.
+READINGS = (
+    ("", lambda k: (k, k, 1.0), False),
+    ("a heavy file's client part cost the factor too", lambda k: (k, k, k), False),
+    ("the factor were on its device jobs only (cicc, ptxas)", lambda k: (k, 1.0, 1.0), False),
+    ("the heavy work were spread over twice the files", lambda k: (k, k, 1.0), True),
+)
+
+
+def fitted(builds: dict[str, Build], heavy: set[str], profile: Profile, reading, twice: bool):
+    """For one reading of the heavy factor: the units of a build (each heavy file twice when `twice`), a heavy
+    file's costs for a factor, and the factor fitted to the first anchor (None: not fittable)."""
+
+    def units(build: Build) -> tuple[Unit, ...]:
+        return build.units + tuple(dataclasses.replace(u, path=f"{u.path}#2") for u in build.units if u.path in heavy)
+
+    def shape(k: float) -> Heavy:
+        return Heavy(frozenset(heavy | {f"{p}#2" for p in heavy}), *reading(k))
+
+    anchor = ANCHORS[0]
+    chosen = units if twice else (lambda build: build.units)
+    k = calibrate(chosen(builds[anchor.arches]), profile, shape, anchor.slots, 60 * sum(anchor.minutes) / 2)
+    return chosen, shape, k
 
 
 def model(root: Path, profile: Profile, source: str) -> tuple[list[tuple], list[str], dict]:
@@ -895,68 +911,49 @@ def model(root: Path, profile: Profile, source: str) -> tuple[list[tuple], list[
     builds = {arches: read_build(root, arches) for arches in dict.fromkeys((MODEL_ARCHES, "12.1", releases))}
     scanner = Includes(root)
     heavy = {u.path for b in builds.values() for u in b.units if u.path.endswith(".cu") and scanner.heavy(u.path)}
-    anchor = ANCHORS[0]
     rows: list[tuple] = []
     results: dict = {}
 
     def minutes(seconds: float) -> str:
         return f"{seconds / 60:.1f} min"
 
-    for name, reading in SHAPES.items():
-        twice = name.startswith("the heavy work were spread")  # each heavy file twice, at the factor fitted then
-
-        def units(build: Build) -> tuple[Unit, ...]:
-            more = tuple(dataclasses.replace(u, path=f"{u.path}#2") for u in build.units if u.path in heavy)  # noqa: B023
-            return build.units + more if twice else build.units  # noqa: B023
-
-        marked = frozenset(heavy | {f"{p}#2" for p in heavy})
-
-        def shape(k: float) -> Heavy:
-            return Heavy(marked, *reading(k))  # noqa: B023
-
-        fitted = calibrate(units(builds[anchor.arches]), profile, shape, anchor.slots, 60 * sum(anchor.minutes) / 2)
-        k = fitted or 1.0
+    for name, reading, twice in READINGS:
+        units, shape, k = fitted(builds, heavy, profile, reading, twice)
         main = units(builds[MODEL_ARCHES])
-        base = schedule(jobs_for(main, profile, shape(k), cluster=False), CORES, 0)
-        cluster_jobs = jobs_for(main, profile, shape(k), cluster=True)
+        base = schedule(jobs_for(main, profile, shape(k or 1.0), cluster=False), CORES, 0)
+        cluster_jobs = jobs_for(main, profile, shape(k or 1.0), cluster=True)
         if name:
             got = schedule(cluster_jobs, CORES, TARGET_SERVERS * CORES)
             rows.append(
                 ("model", f"  {TARGET_SERVERS} servers, if {name}",
                  f"{minutes(got.wall)} = {base.wall / got.wall:.1f}x its one machine ({minutes(base.wall)}; factor "
-                 f"{k:.1f})", "", None)
+                 f"{k or 1.0:.1f})", "", None)
             )  # fmt: skip
             results[name] = {"factor": k, "speedup": base.wall / got.wall}
             continue
-        factor, results["factor"], results["fitted"] = k, k, fitted is not None
+        main_shape = shape(k or 1.0)
+        results.update(factor=k or 1.0, fitted=k is not None, alone=dataclasses.asdict(base))
         rows.append(
             ("model", f"1 machine, {CORES} cores, alone ('{MODEL_ARCHES}')",
              f"{minutes(base.wall)}; {base.client_busy / 3600:.1f} CPU-h; longest chain {minutes(base.critical)}", "",
              None)
         )  # fmt: skip
-        results["alone"] = dataclasses.asdict(base)
         for servers in SERVERS:
             got = schedule(cluster_jobs, CORES, servers * CORES)
             target = servers == TARGET_SERVERS
             rows.append(
-                (
-                    "model",
-                    f"{servers} server(s) x {CORES} cores + the client's {CORES}",
-                    f"{minutes(got.wall)} = {base.wall / got.wall:.1f}x one machine; {got.sent} jobs sent, "
-                    f"{got.fallback} run on the client (no server free); client "
-                    f"{100 * got.client_busy / (CORES * got.wall):.0f}% busy, servers "
-                    f"{100 * got.server_busy / (servers * CORES * got.wall):.0f}%; longest chain "
-                    f"{minutes(got.critical)}",
-                    f"<= 1/{TARGET_SPEEDUP:g} of one machine ({minutes(base.wall / TARGET_SPEEDUP)})" if target else "",
-                    base.wall / got.wall >= TARGET_SPEEDUP if target else None,
-                )
-            )
+                ("model", f"{servers} server(s) x {CORES} cores + the client's {CORES}",
+                 f"{minutes(got.wall)} = {base.wall / got.wall:.1f}x one machine; {got.sent} jobs sent, "
+                 f"{got.fallback} run on the client (no server free); client "
+                 f"{100 * got.client_busy / (CORES * got.wall):.0f}% busy, servers "
+                 f"{100 * got.server_busy / (servers * CORES * got.wall):.0f}%; longest chain {minutes(got.critical)}",
+                 f"<= 1/{TARGET_SPEEDUP:g} of one machine ({minutes(base.wall / TARGET_SPEEDUP)})" if target else "",
+                 base.wall / got.wall >= TARGET_SPEEDUP if target else None)
+            )  # fmt: skip
             results[f"servers_{servers}"] = {**dataclasses.asdict(got), "speedup": base.wall / got.wall}
     for item in ANCHORS:
         build = builds[releases if item.arches == "release" else item.arches]
-        got = schedule(
-            jobs_for(build.units, profile, Heavy(frozenset(heavy), factor, factor, 1.0), False), item.slots, 0
-        )
+        got = schedule(jobs_for(build.units, profile, main_shape, cluster=False), item.slots, 0)
         low, high = item.minutes
         rows.append(
             ("anchor", f"{item.what} ('{build.requested}', {item.slots} jobs)",
