@@ -31,8 +31,9 @@ WAIT_SECONDS=${CARRY_CI_WAIT_SECONDS:-60}
 # pigz: dockerd decompresses pulled layers with unpigz when it is on PATH (a 9 GB vLLM image pulls much faster).
 # skopeo: someone else's registry client reading carry's signatures back in the tests (docs/trust.md).
 # bubblewrap: the sandbox of the sccache-dist build servers tests/test_distbuild.py starts (ci/dist-cluster.sh).
+# cmake: reads vLLM's own CMakeLists.txt for its file list (bench/distbuild.py, tests/test_bench_distbuild.py).
 PACKAGES=(docker.io docker-registry apache2-utils ccache mmdebstrap zstd curl redis-server redis-tools shellcheck pigz skopeo
-    bubblewrap)
+    bubblewrap cmake)
 
 log() { printf 'services: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
