@@ -72,6 +72,9 @@ TORCH_NVCC_FLAGS = (
     "-D__CUDA_NO_HALF_OPERATORS__;-D__CUDA_NO_HALF_CONVERSIONS__;-D__CUDA_NO_BFLOAT16_CONVERSIONS__;"
     "-D__CUDA_NO_HALF2_OPERATORS__;--expt-relaxed-constexpr"
 )
+# what find_package(Torch) appends to CMAKE_CUDA_FLAGS (torch's Caffe2/public/cuda.cmake), which the stubbed cmake
+# run does not call: without --expt-extended-lambda, csrc/quantization/w8a8/fp8/common.cu does not compile
+TORCH_CMAKE_CUDA_FLAGS = ("--expt-relaxed-constexpr", "--expt-extended-lambda")
 HEAVY_INCLUDES = ("cutlass/", "cute/", "marlin_template.h")
 
 
@@ -549,10 +552,11 @@ def cluster(state: Path, port: int, count: int = 2) -> Iterator[Cluster]:
 
 
 def compile_argv(nvcc: str, build: Build, unit: Unit, root: Path, includes: list[Path], obj: Path) -> list[str]:
-    """nvcc's command for `unit` as vLLM's CMake sets it up (Release: -O3 -DNDEBUG; C++20; the target's flags and
-    definitions; csrc/ and torch's, Python's and the extra include dirs), for MEASURED_GENCODES."""
+    """nvcc's command for `unit` as vLLM's CMake sets it up (torch's CMake CUDA flags; Release: -O3 -DNDEBUG;
+    C++20; the target's flags and definitions; csrc/ and torch's, Python's and the extra include dirs), for
+    MEASURED_GENCODES."""
     target = unit.target
-    argv = [nvcc, "-forward-unknown-to-host-compiler", *build.flags[target]]
+    argv = [nvcc, "-forward-unknown-to-host-compiler", *TORCH_CMAKE_CUDA_FLAGS, *build.flags[target]]
     argv += [f"-DTORCH_EXTENSION_NAME={target}", f"-D{target}_EXPORTS", "-DPy_LIMITED_API=3", f"-I{root / 'csrc'}"]
     argv += [item for path in includes for item in ("-isystem", str(path))]
     argv += ["-O3", "-DNDEBUG", "-std=c++20", "-Xcompiler=-fPIC"]
