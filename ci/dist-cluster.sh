@@ -10,7 +10,8 @@
 # Auth is real: clients give the scheduler a random shared token (sccache-dist's `token` mode); each server gives
 # it a JWT signed with a random HS256 key for that server's own address (`jwt_hs256`). Every secret lives only in
 # a mode-600 TOML file in DIR (sccache-dist reads its secrets from its --config file, never from argv).
-# DIR/client.toml is a ready client config (`[dist]` scheduler_url, auth, cache dirs): SCCACHE_CONF=DIR/client.toml.
+# DIR/client.toml is a ready client config (`[dist]` scheduler_url, auth, cache dirs): SCCACHE_CONF=DIR/client.toml;
+# DIR/client.token (mode 600) holds the client token alone, for carry's CARRY_DIST_TOKEN_FILE.
 # Build servers run each compile inside a bubblewrap sandbox (an overlay of the client's toolchain archive), which
 # needs root; `bwrap` comes from Debian's bubblewrap package, installed here when missing.
 #
@@ -126,6 +127,7 @@ token = "$client_token"
 [cache.disk]
 dir = "$dir/client/cache"
 EOF
+        printf '%s\n' "$client_token" >"$dir/client.token"
     )
     launch "$dir" scheduler "$dist_bin" scheduler --config "$dir/scheduler.toml"
 
@@ -176,6 +178,7 @@ EOF
     fi
     echo "scheduler: $url ($status)"
     echo "client config: $dir/client.toml (mode 600: holds the client token)"
+    echo "client token: $dir/client.token (mode 600; for carry: CARRY_DIST_TOKEN_FILE=$dir/client.token)"
     echo "use: SCCACHE_CONF=$dir/client.toml sccache --dist-status"
 }
 
