@@ -441,11 +441,15 @@ def phases(csv_text: str) -> dict[str, float]:
     return out
 
 
-def cubins(obj: Path) -> dict[str, str]:
-    """sha256 of each cubin and PTX image in an object's .nv_fatbin, by arch (carry's fatbin reader)."""
+def cubins(data: bytes) -> dict[str, list[str]]:
+    """sha256 of each cubin and PTX image in an ELF file's .nv_fatbin (an object: one per arch; a shared object: one
+    per TU and arch), by arch, in section order (carry's fatbin reader)."""
     from carry.binaries import fatbin
 
-    return {str(entry): hashlib.sha256(image).hexdigest() for entry, image in fatbin.read_images(obj.read_bytes())}
+    found: dict[str, list[str]] = {}
+    for entry, image in fatbin.read_images(data):
+        found.setdefault(str(entry), []).append(hashlib.sha256(image).hexdigest())
+    return found
 
 
 def nvcc_include_dirs(nvcc: str) -> list[Path]:
@@ -636,7 +640,7 @@ def measure_here(options: Options, work: Path, root: Path, build: Build) -> dict
                 "wall": run.wall_s,
                 "cpu": run.cpu_s + (proc_cpu(server.proc.pid) - client0 if server else 0.0),
                 "load": (load0 + os.getloadavg()[0]) / 2,
-                "cubins": cubins(obj),
+                "cubins": cubins(obj.read_bytes()),
             }
             result["load"].append(record["load"])
             if server is None:
