@@ -51,7 +51,11 @@ Everything runs in a temp dir against generated upstreams, driving `python build
   19. a build cluster (sccache-dist) for vLLM's CUDA build: vLLM 0.33.0 csrc files compiled plainly, through
       sccache and through a scheduler and two build servers on loopback (overhead per job, CPU left on the client,
       cubins per arch), and a model of vLLM's whole csrc build over 1-64 servers of 16 cores (see
-      bench/distbuild.py, which also runs alone, with its own options and the model's assumptions).
+      bench/distbuild.py, which also runs alone, with its own options and the model's assumptions);
+  20. a whole CUDA tree on that cluster: the scale upstream (48 units; --quick: 12) and the demo (full run only)
+      built by `wheel` for 9.0 and 12.1 locally, through a scheduler and two servers, with a server killed and the
+      scheduler stopped mid-build, and with a wrong token: jobs per server, local fallbacks, cubins per arch against
+      the local build's, gate and verify, the token in no argv or file (see bench/disttree.py, which also runs alone).
 Machines are noisy, so costs are ratios measured in the same run; CPU used by other processes during the
 cold build is measured from /proc/stat and reported next to the utilization.
 """
@@ -76,6 +80,7 @@ sys.path[:0] = [str(HERE), str(ROOT)]
 import buildenv  # noqa: E402
 import cudahome  # noqa: E402
 import distbuild  # noqa: E402
+import disttree  # noqa: E402
 import emulation  # noqa: E402
 import freshrunner  # noqa: E402
 import gitrepo  # noqa: E402
@@ -520,7 +525,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
     parser.add_argument(
         "--only",
-        default="check,fetch,rebuild,runners,distbuild,arm64,image,buildenv,vllm,gate,precompiled,pin,locked,verify,trust,runtimebase,rootpath,fresh,suite",
+        default="check,fetch,rebuild,runners,distbuild,disttree,arm64,image,buildenv,vllm,gate,precompiled,pin,locked,verify,trust,runtimebase,rootpath,fresh,suite",
         help="comma-separated parts to run",
     )
     options = parser.parse_args()
@@ -544,6 +549,7 @@ def main() -> int:
         "fresh": lambda work, size: freshrunner.bench(work, Row),
         "suite": lambda work, size: suite.bench(work, Row),
         "distbuild": lambda work, size: distbuild.bench(work, Row, quick=size is QUICK),
+        "disttree": lambda work, size: disttree.bench(work, Row, quick=size is QUICK),
     }
     # The start-up ratios (check, vllm) run first, before the parts that churn gigabytes through the page cache.
     # verify reads the image `locked` pushed.
@@ -554,6 +560,7 @@ def main() -> int:
         "rebuild",
         "runners",
         "distbuild",
+        "disttree",
         "arm64",
         "image",
         "buildenv",
