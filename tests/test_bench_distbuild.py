@@ -1,6 +1,6 @@
 """bench/distbuild.py's model, without a compile: vLLM 0.33.0's own CMakeLists.txt read by cmake for an arch list
 (its generators left out), nvcc --time's phases sorted into client and server steps, and the scheduler on a case
-small enough to work out by hand. Its bad input: one line, exit 2."""
+small enough to work out by hand. Its bad input, and bench/disttree.py's: one line, exit 2."""
 
 from __future__ import annotations
 
@@ -127,6 +127,26 @@ def test_the_heavy_factor_is_fitted_to_the_anchor():
 def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "distbuild.py"), *args, "--keep", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and needle in lines[0], done.stderr
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--units", "1"], "--units 1: at least 2"),
+        (["--port", "10800"], "--port 10800: use 10900"),
+        (["--units", "many"], "argument --units: invalid int value: 'many'"),
+    ],
+)
+def test_disttree_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
+    """bench/disttree.py refuses its bad options before any build or cluster."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "disttree.py"), *args, "--keep", str(tmp_path / "work")],
         capture_output=True,
         text=True,
         timeout=120,
