@@ -37,7 +37,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -1106,18 +1105,8 @@ def main(argv: list[str] | None = None) -> int:
     args = vars(parser.parse_args(argv))
     keep, includes = args.pop("keep"), tuple(args.pop("include"))
     options = Options(**args, includes=includes)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the cluster and sccache are stopped on the way out
     started = time.monotonic()
-    work = keep or Path(tempfile.mkdtemp(prefix="carry-bench-distbuild-"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
-        rows, assumptions, _ = run_all(options, work)
-    except CarryError as exc:
-        print(f"bench/distbuild.py: {exc}", file=sys.stderr)
-        return exc.exit_code
-    finally:
-        if keep is None:
-            shutil.rmtree(work, ignore_errors=True)
+    rows, assumptions, _ = measure.alone("distbuild", keep, lambda work: run_all(options, work))
     import run
 
     mode = "--model-only" if options.model_only else "--quick" if options.quick else "full"

@@ -39,7 +39,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -113,6 +112,7 @@ class Built:
     token: str | None  # the client token it was given
     code: int
     wall: float
+    load: tuple[float, float]  # the 1-minute load average when it started and ended
     result: dict  # carry's --json ({} when it failed)
     err: str
     stopped: str | None  # what was stopped mid-build, when
@@ -175,7 +175,7 @@ def build(project: Project, case: Case, place: Path, options: Options, dist=None
         env.update(CARRY_DIST_SCHEDULER_URL=dist.url, CARRY_DIST_TOKEN_FILE=str(token))
     argv = carry_argv(project, "wheel", "--out", str(place / "out"), "--json")
     argv += ["--jobs", str(options.jobs)] if options.jobs else []
-    stopped, start = None, time.monotonic()
+    stopped, start, load = None, time.monotonic(), os.getloadavg()[0]
     with open(place / "wheel.json", "w") as out, open(place / "wheel.err", "w") as err:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
         while proc.poll() is None:
@@ -183,7 +183,7 @@ def build(project: Project, case: Case, place: Path, options: Options, dist=None
             if case.stop and stopped is None:
                 stopped = stop_mid_build(case, project, dist, state, time.monotonic() - start)
             time.sleep(0.2)
-    wall = time.monotonic() - start
+    wall, loads = time.monotonic() - start, (load, os.getloadavg()[0])
     result = json.loads((place / "wheel.json").read_text()) if proc.returncode == 0 else {}
     wheel, gate, verify, cubins = result.get("wheel"), False, False, {}
     if wheel:
@@ -194,7 +194,7 @@ def build(project: Project, case: Case, place: Path, options: Options, dist=None
     client_token = Path(token).read_text().strip() if token else None
     err = (place / "wheel.err").read_text()
     cache.rename(place / "cache")
-    return Built(case, place, client_token, proc.returncode, wall, result, err, stopped, cubins, gate, verify)
+    return Built(case, place, client_token, proc.returncode, wall, loads, result, err, stopped, cubins, gate, verify)
 
 
 def builds(project: Project, work: Path, options: Options) -> list[Built]:
@@ -258,8 +258,8 @@ def rows_for(project: Project, done: list[Built]) -> list[tuple]:
                 ok = ok and built.stopped is not None and dist.get("failed", 0) >= 1
             else:
                 ok = ok and len(dist.get("servers", {})) == SERVERS and all(dist["servers"].values())
-        value = f"{built.wall:.0f} s, exit {built.code}; {figures}; {checks}"
-        rows.append((project.name, case.name, value, case.target, ok))
+        walled = f"{built.wall:.0f} s (load {built.load[0]:.1f}-{built.load[1]:.1f})"
+        rows.append((project.name, case.name, f"{walled}, exit {built.code}; {figures}; {checks}", case.target, ok))
         if case.stop:
             rows.append((project.name, "  stopped", built.stopped or "NOTHING: the build ended first", "", None))
         rows.append((project.name, "  told", " | ".join(told) or "(no line)", "", None))
@@ -350,18 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     args = vars(parser.parse_args(argv))
     keep = args.pop("keep")
     options = Options(**args)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the clusters are stopped on the way out
     started, load = time.monotonic(), os.getloadavg()[0]
-    work = keep or Path(tempfile.mkdtemp(prefix="carry-bench-disttree-"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
-        rows = run_all(options, work)
-    except CarryError as exc:
-        print(f"bench/disttree.py: {exc}", file=sys.stderr)
-        return exc.exit_code
-    finally:
-        if keep is None:
-            shutil.rmtree(work, ignore_errors=True)
+    rows = measure.alone("disttree", keep, lambda work: run_all(options, work))
     import run
 
     print(

@@ -5,12 +5,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import resource
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 TICKS = os.sysconf("SC_CLK_TCK")
 BUILD_PY = Path(__file__).resolve().parent.parent / "build.py"
@@ -120,3 +127,22 @@ def part_main(prefix: str, measure_all, report) -> int:
     if options.json:
         options.json.write_text(json.dumps(result, indent=2))
     return 1 if any(ok is False for _, _, t, ok in rows if t) else 0
+
+
+def alone(name: str, keep: Path | None, body: Callable[[Path], T]) -> T:
+    """A bench part run alone (`python bench/NAME.py`): body(work) in `keep` (made, and kept) or in a temp dir removed
+    afterwards; SIGTERM stops it as an exception does (its clusters and servers stopped on the way out); carry's
+    errors (bad input) are one line on stderr and their exit code."""
+    from carry.util.errors import CarryError
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    work = keep or Path(tempfile.mkdtemp(prefix=f"carry-bench-{name}-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        return body(work)
+    except CarryError as exc:
+        print(f"bench/{name}.py: {exc}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+    finally:
+        if keep is None:
+            shutil.rmtree(work, ignore_errors=True)

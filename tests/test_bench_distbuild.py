@@ -117,36 +117,19 @@ def test_the_heavy_factor_is_fitted_to_the_anchor():
 
 
 @pytest.mark.parametrize(
-    "args, needle",
+    "script, args, needle",
     [
-        (["--port", "10600"], "--port 10600"),
-        (["--model-only"], "--model-only needs --measured"),
-        (["--sdist", str(ROOT / "VERSION")], "not vllm-0.33.0.tar.gz"),
+        ("distbuild", ["--port", "10600"], "--port 10600"),
+        ("distbuild", ["--model-only"], "--model-only needs --measured"),
+        ("distbuild", ["--sdist", str(ROOT / "VERSION")], "not vllm-0.33.0.tar.gz"),
+        ("disttree", ["--units", "1"], "--units 1: at least 2"),
+        ("disttree", ["--port", "10800"], "--port 10800: use 10900"),
+        ("disttree", ["--units", "many"], "argument --units: invalid int value: 'many'"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
+def test_bad_input_is_one_line_and_exit_2(script, args, needle, tmp_path):
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "distbuild.py"), *args, "--keep", str(tmp_path / "work")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1 and needle in lines[0], done.stderr
-
-
-@pytest.mark.parametrize(
-    "args, needle",
-    [
-        (["--units", "1"], "--units 1: at least 2"),
-        (["--port", "10800"], "--port 10800: use 10900"),
-        (["--units", "many"], "argument --units: invalid int value: 'many'"),
-    ],
-)
-def test_disttree_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
-    """bench/disttree.py refuses its bad options before any build or cluster."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "disttree.py"), *args, "--keep", str(tmp_path / "work")],
+        [sys.executable, str(ROOT / "bench" / f"{script}.py"), *args, "--keep", str(tmp_path / "work")],
         capture_output=True,
         text=True,
         timeout=120,
