@@ -350,13 +350,13 @@ def main(argv: list[str] | None = None) -> int:
     args = vars(parser.parse_args(argv))
     keep = args.pop("keep")
     options = Options(**args)
-    started, load = time.monotonic(), os.getloadavg()[0]
+    started, load, niceness = time.monotonic(), os.getloadavg()[0], os.nice(0)
     rows = measure.alone("disttree", keep, lambda work: run_all(options, work))
     import run
 
     print(
         f"carry disttree bench: {options.units} units{' and the demo' if options.demo else ''}, arches {ARCHES}, "
-        f"{SERVERS} servers on loopback; {measure.cores()} cores, niceness {os.nice(0)}, load average "
+        f"{SERVERS} servers on loopback; {measure.cores()} cores, niceness {niceness}, load average "
         f"{load:.1f} -> {os.getloadavg()[0]:.1f}; took {time.monotonic() - started:.0f} s\n"
     )
     print(run.table([run.Row(*r) for r in rows]))
