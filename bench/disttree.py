@@ -234,7 +234,7 @@ def compared(reference: Built, built: Built) -> tuple[bool, str]:
 
 
 def rows_for(project: Project, done: list[Built]) -> list[tuple]:
-    """Two rows per build: its figures against its target, and the line that told the user."""
+    """Per build: its figures against its target, what was stopped mid-build, and the line that told the user."""
     reference, rows = done[0], []
     for built in done:
         case, dist = built.case, built.dist
