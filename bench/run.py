@@ -173,8 +173,7 @@ class Row:
 
 def carry_env(cache: Path, cuda_home: Path | None = None) -> dict[str, str]:
     """The caller's environment without its own carry/ccache settings, with a private cache."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CARRY_", "CCACHE_", "SCCACHE_"))}
-    env["CARRY_CACHE"] = str(cache)
+    env = {**measure.clean_env(), "CARRY_CACHE": str(cache)}
     if cuda_home is not None:
         env["CUDA_HOME"] = str(cuda_home)
     return env

@@ -122,6 +122,7 @@ def test_the_heavy_factor_is_fitted_to_the_anchor():
         ("distbuild", ["--port", "10600"], "--port 10600"),
         ("distbuild", ["--model-only"], "--model-only needs --measured"),
         ("distbuild", ["--sdist", str(ROOT / "VERSION")], "not vllm-0.33.0.tar.gz"),
+        ("distbuild", ["--port", "x"], "argument --port: invalid int value: 'x'"),
         ("disttree", ["--units", "1"], "--units 1: at least 2"),
         ("disttree", ["--port", "10800"], "--port 10800: use 10900"),
         ("disttree", ["--units", "many"], "argument --units: invalid int value: 'many'"),
