@@ -67,6 +67,7 @@ SLOW_FIXTURES = {"vllm_history", "fixed_wheels", "locked_vllm", "cold_vllm", "in
 HEAVY_GROUPS = ("test_nightly_pin", "test_precompiled")
 RELEASED_EARLY = {"vllm_registry"}
 _RELEASE: dict[str, Callable[[], None]] = {}  # name -> how to release it, set by the fixture
+_RAN_DOCKER: list[str] = []  # the engine tests that ran (the controller's view: xdist or not)
 SLOW_MODULE_FIXTURES = {
     "test_buildenv": {"vllm_env"},  # vLLM's real build environment: PyPI's CUDA torch from uv's cache
     "test_lock": {"project"},  # resolves with uv against the runtime bases, both platforms
@@ -240,7 +241,8 @@ def pytest_sessionfinish(session, exitstatus):
     Python bases carry derived from the test bases (its engine-side cache) go with the run."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    _remove_derived_test_bases()
+    if _RAN_DOCKER:  # a run of no engine test (a second pytest beside CI's) leaves the engine's bases to their run
+        _remove_derived_test_bases()
     if "names" in _DIST_BEFORE:
         _remove_what_the_run_made_in_dist(_DIST_BEFORE["names"])
     if "files" not in _STORE_BEFORE:
@@ -287,6 +289,8 @@ def _remove_derived_test_bases() -> None:
 
 
 def pytest_runtest_logreport(report):
+    if "docker" in report.keywords:
+        _RAN_DOCKER.append(report.nodeid)
     module = report.nodeid.split("::", 1)[0]
     _MODULE_SECONDS[module] = _MODULE_SECONDS.get(module, 0.0) + getattr(report, "duration", 0.0)
     node = getattr(report, "node", None)  # pytest-xdist's controller: the worker that ran it
