@@ -18,9 +18,12 @@ generators) and the commands of a configured project stubbed gives each extensio
 arch, ptxas per real arch and the host compile on a server; preprocessing and fatbinary on the client), costed from
 the sample's phases; files that reach CUTLASS/CuTe or Marlin's templates cost a factor more, fitted to one published
 build time (the others are shown beside). The jobs are list-scheduled on the client's cores and the servers'.
+--heavy-sample compiles two of the Marlin kernel files vLLM's generator writes (plainly, nvcc --time, their own
+-gencode pairs): a reading more where Marlin's files cost what they measured and only CUTLASS/CuTe's keep a factor.
 
     python bench/distbuild.py [--quick] [--json OUT]        measure, then model (--quick: two small TUs, once)
     python bench/distbuild.py --model-only --measured OUT   the model alone, from a measuring run's --json
+    python bench/distbuild.py --model-only --measured OUT --heavy-sample --json OUT2   and Marlin's files measured
 --sdist PATH: vLLM 0.33.0's sdist (default: carry's download store's); --torch-include DIR: torch 2.14.0's headers
 (default: a carry build env's); --include DIR: more headers (cuBLAS's, which most of csrc includes; found by
 itself beside a build env's torch); --port N: the cluster's scheduler port, its servers above it.
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import heapq
 import json
@@ -73,6 +77,14 @@ TORCH_NVCC_FLAGS = (
 # run does not call: without --expt-extended-lambda, csrc/quantization/w8a8/fp8/common.cu does not compile
 TORCH_CMAKE_CUDA_FLAGS = ("--expt-relaxed-constexpr", "--expt-extended-lambda")
 HEAVY_INCLUDES = ("cutlass/", "cute/", "marlin_template.h")
+# --heavy-sample: two of the Marlin kernel files vLLM's generator writes (csrc/quantization/marlin/generate_kernels.py),
+# one dense (GPTQ int4, bf16: compute_90 and 12.0f for '9.0 12.1') and one MoE (GPTQ int4, fp16: compute_80 and
+# 12.0f), each of 60 kernel instantiations, the most any generated file has
+HEAVY_SAMPLE = (
+    "csrc/quantization/marlin/sm80_kernel_bfloat16_u4b8_bfloat16.cu",
+    "csrc/moe/marlin_moe_wna16/sm80_kernel_float16_u4b8_float16.cu",
+)
+INSTANCE_RE = re.compile(r"^template __global__ ", re.M)  # one kernel instantiation of a generated Marlin file
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +96,7 @@ class Options:
     port: int = 10800
     model_only: bool = False
     measured: Path | None = None  # a measurement's --json, for --model-only
+    heavy_sample: bool = False  # also compile HEAVY_SAMPLE plainly (with --model-only, only those)
     json_out: Path | None = None
 
     def validate(self) -> None:
@@ -247,6 +260,18 @@ macro(set_gencode_flag_for_srcs)
     file(APPEND "${CARRY_OUT}" "GENCODE\t${carry_src}\t${carry_ARCH}\t${carry_CODE}\n")
   endforeach()
 endmacro()
+function(set_source_files_properties)
+  list(FIND ARGV PROPERTIES carry_at)
+  list(SUBLIST ARGV 0 ${carry_at} carry_srcs)
+  list(FIND ARGV COMPILE_FLAGS carry_flags_at)
+  if(carry_flags_at GREATER carry_at)
+    math(EXPR carry_flags_at "${carry_flags_at} + 1")
+    list(GET ARGV ${carry_flags_at} carry_flags)
+    foreach(carry_src ${carry_srcs})
+      file(APPEND "${CARRY_OUT}" "SRCFLAGS\t${carry_src}\t${carry_flags}\n")
+    endforeach()
+  endif()
+endfunction()
 function(define_extension_target name)
   cmake_parse_arguments(PARSE_ARGV 1 ARG "WITH_SOABI" "DESTINATION;LANGUAGE;USE_SABI"
     "SOURCES;ARCHITECTURES;COMPILE_FLAGS;INCLUDE_DIRECTORIES;LIBRARIES")
@@ -262,6 +287,7 @@ class Unit:
     path: str  # relative to the source root
     target: str
     gencodes: tuple[tuple[str, str], ...]
+    flags: tuple[str, ...] = ()  # its own (set_source_files_properties' COMPILE_FLAGS)
 
     @property
     def virtual(self) -> tuple[str, ...]:
@@ -331,12 +357,14 @@ def _build(root: Path, arches: str, records: list[list[str]]) -> Build:
         return str(Path(path).relative_to(root)) if Path(path).is_absolute() else path
 
     gencodes: dict[str, list[tuple[str, str]]] = {}
-    units, flags, defs, externals, notes = [], {}, {}, [], []
+    units, flags, defs, externals, notes, own = [], {}, {}, [], [], {}
     for kind, *fields in records:
         if kind == "GENCODE":
             pair = (fields[1], fields[2])
             if pair not in gencodes.setdefault(rel(fields[0]), []):
                 gencodes[rel(fields[0])].append(pair)
+        elif kind == "SRCFLAGS":
+            own[rel(fields[0])] = tuple(fields[1].split())
         elif kind == "DEFS":
             defs.setdefault(fields[0], []).extend(d for d in fields[1].split(";") if d and d != "PRIVATE")
         elif kind == "EXTERNAL":
@@ -351,7 +379,7 @@ def _build(root: Path, arches: str, records: list[list[str]]) -> Build:
             units += [(name, rel(s)) for s in dict.fromkeys(sources.split(";")) if s]
     return Build(
         arches,
-        tuple(Unit(path, target, tuple(gencodes.get(path, ()))) for target, path in units),
+        tuple(Unit(path, target, tuple(gencodes.get(path, ())), own.get(path, ())) for target, path in units),
         {name: value + tuple(f"-D{d}" for d in defs.get(name, ())) for name, value in flags.items()},
         tuple(externals),
         tuple(notes),
@@ -442,6 +470,21 @@ def phases(csv_text: str) -> dict[str, float]:
             out[name.removesuffix("++")] += ms
         else:  # gcc (compiling): the host object
             out["host"] += ms
+    return out
+
+
+def arch_phases(csv_text: str) -> dict[str, dict[str, float]]:
+    """nvcc --time's CSV as milliseconds per step as `phases` sorts them, the per-arch steps per arch (arch_pre and
+    cicc by virtual arch, ptxas by real arch) and the others under ""."""
+    out: dict[str, dict[str, float]] = {}
+    for row in csv_text.splitlines()[1:]:
+        cells = [c.strip() for c in row.split(",")]
+        if len(cells) < 8:
+            continue
+        one = phases(f"\n{row}")  # this row alone: its step (a row of 0 ms adds nothing wherever it goes)
+        step = max(one, key=lambda k: one[k])
+        arch = cells[4] if step in ("arch_pre", "cicc", "ptxas") else ""
+        out.setdefault(step, {})[arch] = out.get(step, {}).get(arch, 0.0) + float(cells[6])
     return out
 
 
@@ -555,16 +598,18 @@ def cluster(state: Path, port: int, count: int = 2) -> Iterator[Cluster]:
             time.sleep(0.1)
 
 
-def compile_argv(nvcc: str, build: Build, unit: Unit, root: Path, includes: list[Path], obj: Path) -> list[str]:
+def compile_argv(
+    nvcc: str, build: Build, unit: Unit, root: Path, includes: list[Path], obj: Path, gencodes=MEASURED_GENCODES
+) -> list[str]:
     """nvcc's command for `unit` as vLLM's CMake sets it up (torch's CMake CUDA flags; Release: -O3 -DNDEBUG;
-    C++20; the target's flags and definitions; csrc/ and torch's, Python's and the extra include dirs), for
-    MEASURED_GENCODES."""
+    C++20; the target's flags and definitions, the source's own; csrc/ and torch's, Python's and the extra include
+    dirs), for `gencodes` (the sample's: MEASURED_GENCODES)."""
     target = unit.target
-    argv = [nvcc, "-forward-unknown-to-host-compiler", *TORCH_CMAKE_CUDA_FLAGS, *build.flags[target]]
+    argv = [nvcc, "-forward-unknown-to-host-compiler", *TORCH_CMAKE_CUDA_FLAGS, *build.flags[target], *unit.flags]
     argv += [f"-DTORCH_EXTENSION_NAME={target}", f"-D{target}_EXPORTS", "-DPy_LIMITED_API=3", f"-I{root / 'csrc'}"]
     argv += [item for path in includes for item in ("-isystem", str(path))]
     argv += ["-O3", "-DNDEBUG", "-std=c++20", "-Xcompiler=-fPIC"]
-    argv += [f"-gencode=arch={arch},code={code}" for arch, code in MEASURED_GENCODES]
+    argv += [f"-gencode=arch={arch},code={code}" for arch, code in gencodes]
     return [*argv, "-x", "cu", "-c", str(root / unit.path), "-o", str(obj)]
 
 
@@ -623,6 +668,7 @@ def measure_here(options: Options, work: Path, root: Path, build: Build) -> dict
             server = {"local": local, "cluster": remote}.get(mode)
             timing = work / "time.csv"
             if server is None:
+                timing.unlink(missing_ok=True)  # nvcc --time appends to it
                 argv = [*argv[:1], "--time", str(timing), *argv[1:]]
             else:
                 server.zero()
@@ -661,6 +707,54 @@ def measure_here(options: Options, work: Path, root: Path, build: Build) -> dict
                 for mode in ("plain", "local", "cluster"):
                     result["tus"].setdefault(path, {}).setdefault(mode, []).append(once(mode, units[path], rep))
     return result
+
+
+def measure_heavy(options: Options, work: Path, root: Path, build: Build) -> dict:
+    """HEAVY_SAMPLE's files (generated by vLLM's own generator as `build` was read), each compiled once, plainly,
+    with nvcc --time, for the -gencode pairs vLLM's CMake gives it: wall, CPU (rusage) and phases per arch."""
+    from carry.wheelbuild import toolchain
+
+    nvcc = toolchain.find_nvcc(dict(os.environ))
+    if nvcc is None:
+        raise BadInput("nvcc is not on PATH or under $CUDA_HOME/bin (CUDA 13.0's nvcc is measured)")
+    units = {unit.path: unit for unit in build.units}
+    missing = [path for path in HEAVY_SAMPLE if path not in units]
+    if missing:
+        raise BadInput(f"{', '.join(missing)}: not a source of vLLM {VLLM}'s CMake build for {build.requested}")
+    includes = sample_includes(dataclasses.replace(options, quick=True), build, root, nvcc, work / "heavy")
+    result: dict = {"tools": version([nvcc, "--version"], "release"), "files": {}}
+    (work / "heavy").mkdir(parents=True, exist_ok=True)
+    for path in HEAVY_SAMPLE:
+        unit, obj = units[path], work / "heavy" / (Path(path).stem + ".o")
+        timing = obj.with_suffix(".time.csv")
+        timing.unlink(missing_ok=True)  # nvcc --time appends to it
+        argv = compile_argv(nvcc, build, unit, root, includes, obj, unit.gencodes)
+        print(f"distbuild: compiling {path} ({', '.join(c for _, c in unit.gencodes)})", file=sys.stderr, flush=True)
+        load0 = os.getloadavg()[0]
+        run = measure.run([*argv[:1], "--time", str(timing), *argv[1:]], _base_env(), root)
+        if run.code != 0:
+            raise SystemExit(f"bench: plain compile of {path} exited {run.code}:\n{run.err[-3000:]}")
+        result["files"][path] = {
+            "wall": run.wall_s,
+            "cpu": run.cpu_s,
+            "load": (load0 + os.getloadavg()[0]) / 2,
+            "gencodes": unit.gencodes,
+            "flags": unit.flags,
+            "instances": len(INSTANCE_RE.findall((root / path).read_text())),
+            "phases_ms": arch_phases(timing.read_text()),
+            "cubins": sorted(cubins(obj)),
+        }
+    return result
+
+
+def heavy_steps(heavy: dict) -> dict:
+    """Per measured heavy file: its CPU seconds per step and arch (rusage CPU split as --time's phases)."""
+    out = {}
+    for path, got in heavy["files"].items():
+        spent = sum(ms for by_arch in got["phases_ms"].values() for ms in by_arch.values()) or 1.0
+        steps = {k: {a: got["cpu"] * ms / spent for a, ms in v.items()} for k, v in got["phases_ms"].items()}
+        out[path] = {"instances": got["instances"], "wall": got["wall"], "cpu": got["cpu"], "steps": steps}
+    return out
 
 
 def medians(runs: list[dict]) -> dict:
@@ -750,6 +844,48 @@ class Heavy:
     device: float
     host: float
     client: float
+    measured: dict[str, Costs] = dataclasses.field(default_factory=dict)  # files that cost what was measured
+
+
+@dataclasses.dataclass(frozen=True)
+class Costs:
+    """A heavy file's CPU seconds per step, from a measured one: per file (host_pre, cudafe, host) and per arch
+    (arch_pre and cicc by virtual arch, ptxas by real arch; an arch not measured costs the mean of those that were)."""
+
+    host_pre: float
+    cudafe: float
+    host: float
+    arch_pre: dict[str, float]
+    cicc: dict[str, float]
+    ptxas: dict[str, float]
+
+    def of(self, step: str, arch: str = "") -> float:
+        value = getattr(self, step)
+        if isinstance(value, dict):
+            return value.get(arch, statistics.mean(value.values()) if value else 0.0)
+        return value
+
+
+def marlin_costs(root: Path, heavy: set[str], steps: dict, profile: Profile) -> dict[str, Costs]:
+    """Each generated Marlin file of `heavy` (a file of kernel instantiations in a measured file's folder: dense or
+    MoE) costed from that measured file: per step from the sample's cost (no kernels) to the measured file's, in
+    proportion to the kernel instantiations; per arch as measured (an arch not measured: their mean)."""
+    out = {}
+    for path in sorted(heavy):
+        ref = next((m for m in steps if Path(m).parent == Path(path).parent), None)
+        count = len(INSTANCE_RE.findall((root / path).read_text(errors="replace"))) if ref else 0
+        if ref is None or not count:
+            continue
+        share, got = count / steps[ref]["instances"], steps[ref]["steps"]
+
+        def scaled(step: str, seconds: float, share: float = share) -> float:
+            light = getattr(profile, step)
+            return max(0.0, light + share * (seconds - light))
+
+        whole = {k: scaled(k, sum(got.get(k, {}).values())) for k in ("host_pre", "cudafe", "host")}
+        each = {k: {a: scaled(k, v) for a, v in got.get(k, {}).items()} for k in ("arch_pre", "cicc", "ptxas")}
+        out[path] = Costs(**whole, **each)
+    return out
 
 
 @dataclasses.dataclass
@@ -775,17 +911,23 @@ def jobs_for(units: tuple[Unit, ...], profile: Profile, heavy: Heavy, cluster: b
     for unit in units:
         big = unit.path in heavy.paths
         device, host, client = (heavy.device, heavy.host, heavy.client) if big else (1.0, 1.0, 1.0)
+        cost = functools.partial(_seconds, profile, heavy.measured.get(unit.path))
         sent = 2 + len(unit.virtual) + len(unit.real) if unit.path.endswith(".cu") else 1
-        pre = add(True, client * profile.host_pre + (profile.client_per_job * sent if cluster else 0.0), ())
+        pre = add(True, cost(client, "host_pre") + (profile.client_per_job * sent if cluster else 0.0), ())
         if not unit.path.endswith(".cu"):
-            add(False, host * profile.host, (pre,))
+            add(False, cost(host, "host"), (pre,))
             continue
-        cudafe = add(False, host * profile.cudafe, (pre,))
-        cicc = {arch: add(False, device * profile.cicc, (add(True, client * profile.arch_pre, (cudafe,)),))
+        cudafe = add(False, cost(host, "cudafe"), (pre,))
+        cicc = {arch: add(False, cost(device, "cicc", arch), (add(True, cost(client, "arch_pre", arch), (cudafe,)),))
                 for arch in unit.virtual}  # fmt: skip
-        ends = [add(False, device * profile.ptxas, (cicc[arch],)) for arch, _ in unit.real]
-        add(False, host * profile.host, tuple(ends) or tuple(cicc.values()))
+        ends = [add(False, cost(device, "ptxas", code), (cicc[arch],)) for arch, code in unit.real]
+        add(False, cost(host, "host"), tuple(ends) or tuple(cicc.values()))
     return jobs
+
+
+def _seconds(profile: Profile, own: Costs | None, factor: float, step: str, arch: str = "") -> float:
+    """A job's CPU seconds: a measured heavy file's own, else the sample's times the factor."""
+    return own.of(step, arch) if own else factor * getattr(profile, step)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -913,8 +1055,11 @@ def fitted(builds: dict[str, Build], heavy: set[str], profile: Profile, reading,
     return chosen, shape, k
 
 
-def model(root: Path, profile: Profile, source: str) -> tuple[list[tuple], list[str], dict]:
-    """The model's rows (section, measure, value, target, ok), its assumptions and its numbers."""
+def model(
+    root: Path, profile: Profile, source: str, heavy_sample: dict | None = None
+) -> tuple[list[tuple], list[str], dict]:
+    """The model's rows (section, measure, value, target, ok), its assumptions and its numbers; with `heavy_sample`
+    (heavy_steps' of measured Marlin files) a reading more: Marlin's files cost what was measured."""
     releases = release_arches(root)
     builds = {arches: read_build(root, arches) for arches in dict.fromkeys((MODEL_ARCHES, "12.1", releases))}
     scanner = Includes(root)
@@ -959,6 +1104,8 @@ def model(root: Path, profile: Profile, source: str) -> tuple[list[tuple], list[
                  base.wall / got.wall >= TARGET_SPEEDUP if target else None)
             )  # fmt: skip
             results[f"servers_{servers}"] = {**dataclasses.asdict(got), "speedup": base.wall / got.wall}
+    if heavy_sample:
+        rows.append(measured_marlin(builds, heavy, profile, marlin_costs(root, heavy, heavy_sample, profile), results))
     for item in ANCHORS:
         build = builds[releases if item.arches == "release" else item.arches]
         got = schedule(jobs_for(build.units, profile, main_shape, cluster=False), item.slots, 0)
@@ -974,6 +1121,40 @@ def model(root: Path, profile: Profile, source: str) -> tuple[list[tuple], list[
          f"model, 1 server: {results['servers_1']['speedup']:.2f}x", "", None)
     )  # fmt: skip
     return rows, assumptions(builds[MODEL_ARCHES], heavy, profile, source, results), results
+
+
+def measured_marlin(builds: dict[str, Build], heavy: set[str], profile: Profile, marlin: dict, results: dict) -> tuple:
+    """The reading where Marlin's files cost what was measured and only CUTLASS/CuTe's keep a factor, fitted again to
+    the first anchor: its row under the 16 servers (and its numbers in `results`)."""
+    rest = frozenset(heavy - set(marlin))
+    anchor, main = ANCHORS[0], builds[MODEL_ARCHES].units
+
+    def shape(k: float) -> Heavy:
+        return Heavy(rest, k, k, 1.0, marlin)
+
+    k = calibrate(builds[anchor.arches].units, profile, shape, anchor.slots, 60 * sum(anchor.minutes) / 2)
+    base = schedule(jobs_for(main, profile, shape(k or 1.0), cluster=False), CORES, 0)
+    got = schedule(jobs_for(main, profile, shape(k or 1.0), cluster=True), CORES, TARGET_SERVERS * CORES)
+    fit = schedule(jobs_for(builds[anchor.arches].units, profile, shape(k or 1.0), cluster=False), anchor.slots, 0)
+    ours = [u for u in main if u.path in marlin]
+    chain = max(schedule(jobs_for((u,), profile, shape(1.0), cluster=False), CORES, 0).wall for u in ours)
+    cpu = sum(schedule(jobs_for((u,), profile, shape(1.0), cluster=False), 1, 0).wall for u in ours)
+    as_fitted = sum(schedule(jobs_for((u,), profile, Heavy(frozenset(heavy), results["factor"], results["factor"],
+                                                            1.0), cluster=False), 1, 0).wall for u in ours)  # fmt: skip
+    results["marlin_measured"] = {
+        "factor": k, "files": len(ours), "cutlass_files": len(rest & {u.path for u in main}),
+        "marlin_cpu_s": cpu, "marlin_cpu_s_as_fitted": as_fitted, "marlin_longest_chain": chain,
+        "alone": dataclasses.asdict(base), "servers_16": dataclasses.asdict(got), "speedup": base.wall / got.wall,
+        "anchor_chain_bound": fit.critical >= 0.99 * fit.wall,
+    }  # fmt: skip
+    bound = ": the anchor's time is then one file's chain" if fit.critical >= 0.99 * fit.wall else ""
+    fit = f"CUTLASS/CuTe's factor {k:.1f}{bound}" if k is not None else "CUTLASS/CuTe's factor not fittable (1.0)"
+    return (
+        "model", f"  {TARGET_SERVERS} servers, if Marlin's {len(ours)} files cost what was measured",
+        f"{got.wall / 60:.1f} min = {base.wall / got.wall:.1f}x its one machine ({base.wall / 60:.1f} min; {fit}; "
+        f"Marlin {cpu / 3600:.1f} CPU-h, not {as_fitted / 3600:.1f} as fitted; its longest file "
+        f"{chain / 60:.1f} min; longest chain {got.critical / 60:.1f} min)", "", None,
+    )  # fmt: skip
 
 
 def assumptions(main: Build, heavy: set[str], profile: Profile, source: str, results: dict) -> list[str]:
@@ -1008,7 +1189,19 @@ def assumptions(main: Build, heavy: set[str], profile: Profile, source: str, res
         f"cache hits; as many parallel nvcc as there are slots",
         "schedule: list scheduling, the longest remaining chain first; one machine alone runs the same jobs on its "
         "cores",
-    ]
+    ] + (
+        [
+            f"measured Marlin (--heavy-sample; the last row under the 16 servers): {ours['files']} generated Marlin "
+            f"kernel files cost, per step and arch, what the measured file of their folder did (dense or MoE: "
+            f"{len(HEAVY_SAMPLE)} compiled plainly, once, nvcc --time, CPU split as its phases), from the sample's "
+            f"cost at no kernel instantiations to the measured one's at its count, in proportion (an arch it lacks: "
+            f"its arches' mean); only CUTLASS/CuTe's {ours['cutlass_files']} heavy .cu keep a factor, fitted again "
+            f"to the anchor"
+            + (": there it is then one CUTLASS file's chain, not work" if ours["anchor_chain_bound"] else "")
+        ]
+        if (ours := results.get("marlin_measured"))
+        else []
+    )
 
 
 # the report -------------------------------------------------------------------------------------------------------
@@ -1055,6 +1248,22 @@ def measured_rows(summary: dict, measured: dict) -> list[tuple]:
     ]  # fmt: skip
 
 
+def heavy_rows(steps: dict, heavy: dict) -> list[tuple]:
+    """The rows of the heavy sample measured plainly: per file its wall, CPU and CPU-s per step and arch."""
+    rows = []
+    for path, got in steps.items():
+        each = "; ".join(
+            f"{step} " + ", ".join(f"{a.removeprefix('compute_')} {s:.0f}" if a else f"{s:.0f}" for a, s in v.items())
+            for step, v in got["steps"].items()
+        )
+        rows.append(
+            ("here", f"heavy: {Path(path).name} ({got['instances']} kernels)",
+             f"plain {got['wall']:.0f} s / {got['cpu']:.0f} CPU-s (load {heavy['files'][path]['load']:.1f}); CPU-s: "
+             f"{each}", "", None)
+        )  # fmt: skip
+    return rows
+
+
 def run_all(options: Options, work: Path) -> tuple[list[tuple], list[str], dict]:
     """Measure (unless --model-only: read a measurement's --json), then model; the rows, assumptions and numbers."""
     rows: list[tuple] = []
@@ -1070,8 +1279,14 @@ def run_all(options: Options, work: Path) -> tuple[list[tuple], list[str], dict]
         measured.update(root=str(root), sample=options.sample, quick=options.quick)
         summary = summarize(measured)
         rows, profile = measured_rows(summary, measured), Profile.of(summary)
+    if options.heavy_sample:
+        measured["heavy"] = measure_heavy(options, work, root, read_build(root, MODEL_ARCHES))
+    if "heavy" in measured:
+        summary["heavy"] = heavy_steps(measured["heavy"])
+        rows += heavy_rows(summary["heavy"], measured["heavy"])
     small = " (--quick: two small ones)" if measured.get("quick") else ""
-    model_rows, assumptions, results = model(root, profile, f"median of {len(summary['tus'])} measured TU(s){small}")
+    source = f"median of {len(summary['tus'])} measured TU(s){small}"
+    model_rows, assumptions, results = model(root, profile, source, summary.get("heavy"))
     data = {"measured": measured, "summary": summary, "model": results, "assumptions": assumptions}
     if options.json_out:
         options.json_out.write_text(json.dumps(data, indent=1, default=str))
@@ -1095,6 +1310,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=10800, help="the cluster's scheduler port; servers above it")
     parser.add_argument("--model-only", action="store_true", help="no compiles: the model from --measured")
     parser.add_argument("--measured", type=Path, help="a measuring run's --json")
+    parser.add_argument(
+        "--heavy-sample", action="store_true", help="also compile two of Marlin's kernel files plainly (minutes each)"
+    )
     parser.add_argument("--json", type=Path, dest="json_out", help="write what was measured and modelled here")
     args = vars(parser.parse_args(argv))
     keep, includes = args.pop("keep"), tuple(args.pop("include"))

@@ -34,6 +34,8 @@ def test_vllm_cmake_gives_each_source_its_arches(vllm_source):
     assert units["csrc/quantization/fp4/nvfp4_quant_kernels.cu"].gencodes == (("compute_120f", "sm_120f"),)
     marlin = units["csrc/quantization/marlin/marlin.cu"]
     assert marlin.virtual == ("compute_80",) and marlin.real == (("compute_80", "sm_80"),), marlin
+    assert marlin.flags == ("-static-global-template-stub=false",)  # its own COMPILE_FLAGS (CUDA >= 12.8)
+    assert units["csrc/activation_kernels.cu"].flags == ()
     assert "csrc/attention/mla/sm100_cutlass_mla_kernel.cu" not in units  # 10.0f only
     assert "vllm_flash_attn" in build.externals
     assert any(note.startswith("Marlin generation failed") for note in build.notes), build.notes
@@ -137,3 +139,29 @@ def test_bad_input_is_one_line_and_exit_2(script, args, needle, tmp_path):
     )
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1 and needle in lines[0], done.stderr
+
+
+def test_a_measured_marlin_file_costs_its_own_steps_per_arch(tmp_path):
+    csv = """source file name , phase name , phase input files , phase output file , arch , tool, metric , unit
+k.cu , cudafe++ , /tmp/k.cpp4.ii  , /tmp/k.cudafe1.cpp , compute_90 , nvcc , 2000.0 , ms
+k.cu , cicc ,  /tmp/k.compute_90.cpp1.ii  , /tmp/k.compute_90.ptx , compute_90 , nvcc , 1600.0 , ms
+k.cu , ptxas , /tmp/k.compute_90.ptx  , /tmp/k.compute_90.cubin , sm_90 , nvcc , 50.0 , ms
+k.cu , cicc ,  /tmp/k.compute_120.cpp1.ii  , /tmp/k.compute_120.ptx , compute_120 , nvcc , 1700.0 , ms
+"""
+    got = distbuild.arch_phases(csv)
+    assert got["cudafe"] == {"": 2000.0} and got["ptxas"] == {"sm_90": 50.0}
+    assert got["cicc"] == {"compute_90": 1600.0, "compute_120": 1700.0}
+    # a generated file of 2 kernels, costed from the measured one of 4 in its folder: the sample's + half the excess
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "a.cu").write_text("template __global__ void K<1>(int);\n" * 2)
+    measured = {"host_pre": {"": 3}, "cudafe": {"": 6}, "host": {"": 7}, "arch_pre": {"compute_90": 1}}
+    measured |= {"cicc": {"compute_90": 20, "compute_120": 10}, "ptxas": {"sm_90": 5}}
+    steps = {"m/c.cu": {"instances": 4, "steps": measured}}
+    costs = distbuild.marlin_costs(tmp_path, {"m/a.cu", "b.cu"}, steps, PROFILE)
+    assert list(costs) == ["m/a.cu"]
+    own = costs["m/a.cu"]
+    assert (own.host_pre, own.cudafe, own.host, own.cicc) == (2, 4, 5, {"compute_90": 12, "compute_120": 7})
+    # sm_120's ptxas and compute_120's preprocessing were not measured: the mean of the arches that were
+    heavy = distbuild.Heavy(frozenset(), 1, 1, 1, costs)
+    alone = distbuild.schedule(distbuild.jobs_for(units("m/a.cu"), PROFILE, heavy, cluster=False), 1, 0)
+    assert alone.wall == 2 + 4 + (1 + 12) + (1 + 7) + 3 + 3 + 5
