@@ -731,7 +731,7 @@ def measure_heavy(options: Options, work: Path, root: Path, build: Build) -> dic
         argv = compile_argv(nvcc, build, unit, root, includes, obj, unit.gencodes)
         print(f"distbuild: compiling {path} ({', '.join(c for _, c in unit.gencodes)})", file=sys.stderr, flush=True)
         load0 = os.getloadavg()[0]
-        run = measure.run([*argv[:1], "--time", str(timing), *argv[1:]], _base_env(), root)
+        run = measure.run([*argv[:1], "--time", str(timing), *argv[1:]], measure.clean_env(), root)
         if run.code != 0:
             raise SystemExit(f"bench: plain compile of {path} exited {run.code}:\n{run.err[-3000:]}")
         result["files"][path] = {
@@ -742,7 +742,7 @@ def measure_heavy(options: Options, work: Path, root: Path, build: Build) -> dic
             "flags": unit.flags,
             "instances": len(INSTANCE_RE.findall((root / path).read_text())),
             "phases_ms": arch_phases(timing.read_text()),
-            "cubins": sorted(cubins(obj)),
+            "cubins": sorted(cubins(obj.read_bytes())),
         }
     return result
 
