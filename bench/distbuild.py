@@ -453,38 +453,40 @@ def reap_orphans(mine: set[int]) -> float:
     return seconds
 
 
-def phases(csv_text: str) -> dict[str, float]:
-    """nvcc --time's CSV as milliseconds per step: host_pre (its host preprocessing, fatbinary, the driver),
-    arch_pre, cudafe, cicc, ptxas, host (the host compile); the per-arch steps summed over arches."""
-    out = dict.fromkeys(("host_pre", "arch_pre", "cudafe", "cicc", "ptxas", "host"), 0.0)
+def timed_steps(csv_text: str) -> Iterator[tuple[str, str, float]]:
+    """nvcc --time's CSV as (step, arch, ms) per row: host_pre (its host preprocessing, fatbinary, the driver),
+    arch_pre, cudafe, cicc, ptxas, host (the host compile); arch as nvcc names it."""
     for row in csv_text.splitlines()[1:]:
         cells = [c.strip() for c in row.split(",")]
         if len(cells) < 8:
             continue
         name, arch, ms = cells[1], cells[4], float(cells[6])
         if name.startswith("gcc (preprocessing") and arch:
-            out["arch_pre"] += ms
+            yield "arch_pre", arch, ms
         elif name.startswith(LOCAL_PHASES):
-            out["host_pre"] += ms
+            yield "host_pre", arch, ms
         elif name in ("cudafe++", "cicc", "ptxas"):
-            out[name.removesuffix("++")] += ms
+            yield name.removesuffix("++"), arch, ms
         else:  # gcc (compiling): the host object
-            out["host"] += ms
+            yield "host", arch, ms
+
+
+def phases(csv_text: str) -> dict[str, float]:
+    """nvcc --time's CSV as milliseconds per step (`timed_steps`), the per-arch steps summed over arches."""
+    out = dict.fromkeys(("host_pre", "arch_pre", "cudafe", "cicc", "ptxas", "host"), 0.0)
+    for step, _, ms in timed_steps(csv_text):
+        out[step] += ms
     return out
 
 
 def arch_phases(csv_text: str) -> dict[str, dict[str, float]]:
-    """nvcc --time's CSV as milliseconds per step as `phases` sorts them, the per-arch steps per arch (arch_pre and
-    cicc by virtual arch, ptxas by real arch) and the others under ""."""
+    """nvcc --time's CSV as milliseconds per step (`timed_steps`), the per-arch steps per arch (arch_pre and cicc by
+    virtual arch, ptxas by real arch) and the others under ""; a row of 0 ms adds nothing."""
     out: dict[str, dict[str, float]] = {}
-    for row in csv_text.splitlines()[1:]:
-        cells = [c.strip() for c in row.split(",")]
-        if len(cells) < 8:
-            continue
-        one = phases(f"\n{row}")  # this row alone: its step (a row of 0 ms adds nothing wherever it goes)
-        step = max(one, key=lambda k: one[k])
-        arch = cells[4] if step in ("arch_pre", "cicc", "ptxas") else ""
-        out.setdefault(step, {})[arch] = out.get(step, {}).get(arch, 0.0) + float(cells[6])
+    for step, arch, ms in timed_steps(csv_text):
+        if ms:
+            key = arch if step in ("arch_pre", "cicc", "ptxas") else ""
+            out.setdefault(step, {})[key] = out.get(step, {}).get(key, 0.0) + ms
     return out
 
 
